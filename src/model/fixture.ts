@@ -1,0 +1,261 @@
+/**
+ * Generated checkpoints in exactly the Hugging Face layout, deterministic from
+ * a seed. Tests, benchmarks and the offline demo run on these instead of
+ * downloading real models; they exercise the same loader, tokenizer and graph
+ * paths (GQA, llama3 RoPE scaling, Qwen2 q/k/v bias, sharded index).
+ *
+ * Pure: no host API, no transcendental Math (Math.log/cos may differ between
+ * engines), so the same seed gives the same bytes in Node and every browser.
+ */
+import { encodeTensor } from '../protocol/tensor.ts';
+import { fillerCorpus, FIXTURE_CORPUS, trainBpe } from './bpe.ts';
+import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames, parseModelConfig, expectedTensorShape } from './config.ts';
+import type { ModelConfig } from './config.ts';
+import { serializeSafetensors } from './safetensors.ts';
+import type { TensorEntry } from './safetensors.ts';
+
+export const FIXTURE_PRESETS = ['tiny', 'small', 'tiny-qwen2'] as const;
+export type FixturePreset = (typeof FIXTURE_PRESETS)[number];
+
+export function isFixturePreset(s: string): s is FixturePreset {
+  return (FIXTURE_PRESETS as readonly string[]).includes(s);
+}
+
+/** Bump when the generator's output changes, so cached fixture directories are remade. */
+export const FIXTURE_VERSION = 1;
+
+export const SPECIAL_TOKENS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'] as const;
+
+export const CHATML_TEMPLATE =
+  "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+interface PresetSpec {
+  config: Record<string, unknown>;
+  /** Number of safetensors files; >1 writes model.safetensors.index.json. */
+  shards: number;
+}
+
+function presetSpec(preset: FixturePreset): PresetSpec {
+  const common = {
+    attention_dropout: 0,
+    hidden_act: 'silu',
+    initializer_range: 0.02,
+    rms_norm_eps: 1e-5,
+    torch_dtype: 'bfloat16',
+    transformers_version: '4.46.0',
+    use_cache: true,
+  };
+  switch (preset) {
+    case 'tiny':
+      // SmolLM2-shaped: tied embeddings, ids 0/1/2 = endoftext/im_start/im_end.
+      // llama3 scaling with original 256 puts head_dim-16 frequencies in all
+      // three bands (kept, smoothed, divided by factor).
+      return {
+        shards: 1,
+        config: {
+          architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common,
+          attention_bias: false, mlp_bias: false, pretraining_tp: 1,
+          vocab_size: 512, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 4,
+          num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16,
+          max_position_embeddings: 2048, rope_theta: 10000,
+          rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 256 },
+          tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2,
+        },
+      };
+    case 'small':
+      // Untied lm_head so the sharded checkpoint also covers that tensor.
+      return {
+        shards: 3,
+        config: {
+          architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common,
+          attention_bias: false, mlp_bias: false, pretraining_tp: 1,
+          vocab_size: 2048, hidden_size: 512, intermediate_size: 1536, num_hidden_layers: 12,
+          num_attention_heads: 8, num_key_value_heads: 2, head_dim: 64,
+          max_position_embeddings: 2048, rope_theta: 10000, rope_scaling: null,
+          tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2,
+        },
+      };
+    case 'tiny-qwen2':
+      // Qwen2.5-shaped: q/k/v bias, no attention_bias key, bos = endoftext.
+      return {
+        shards: 1,
+        config: {
+          architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', ...common,
+          vocab_size: 512, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 4,
+          num_attention_heads: 4, num_key_value_heads: 2,
+          max_position_embeddings: 2048, max_window_layers: 4, rope_theta: 1000000, rope_scaling: null,
+          sliding_window: 2048, use_sliding_window: false,
+          tie_word_embeddings: false, bos_token_id: 0, eos_token_id: 2,
+        },
+      };
+  }
+}
+
+/** The parsed config a preset produces (no weights generated). */
+export function fixtureConfig(preset: FixturePreset): ModelConfig {
+  return parseModelConfig(presetSpec(preset).config, `${preset}/config.json`);
+}
+
+function mulberry32(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function fnv1a(text: string, seed: number): number {
+  let h = (0x811c9dc5 ^ Math.imul(seed | 0, 0x9e3779b1)) >>> 0;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h;
+}
+
+const SQRT3 = Math.sqrt(3);
+
+/**
+ * Approximately N(mean, std) per element: Irwin–Hall of four uniforms. Only
+ * + and × (exactly rounded everywhere), unlike Box–Muller's log/cos. Each
+ * tensor has its own stream, so its bytes do not depend on the tensor order.
+ */
+function gaussian(name: string, seed: number, n: number, mean: number, std: number): Float32Array {
+  const rand = mulberry32(fnv1a(name, seed));
+  const out = new Float32Array(n);
+  const k = std * SQRT3;
+  for (let i = 0; i < n; i++) out[i] = mean + (rand() + rand() + rand() + rand() - 2) * k;
+  return out;
+}
+
+/**
+ * Init scales, chosen so that (a) the residual stream stays O(1) through every
+ * layer (fan-in scaled projections, pre-norm), (b) the layers dominate the
+ * residual (otherwise tied logits just echo the input token), and (c) logits
+ * spread by a few units, so greedy decoding is not one token forever.
+ */
+function tensorInit(cfg: ModelConfig, name: string): { mean: number; std: number } {
+  const h = cfg.hiddenSize;
+  if (name === EMBED_TENSOR || name === LM_HEAD_TENSOR) return { mean: 0, std: 3 / Math.sqrt(h) };
+  if (name.endsWith('layernorm.weight') || name === FINAL_NORM_TENSOR) return { mean: 1, std: 0.05 };
+  if (name.endsWith('.bias')) return { mean: 0, std: 0.1 };
+  if (name.endsWith('o_proj.weight')) return { mean: 0, std: 1 / Math.sqrt(cfg.numHeads * cfg.headDim) };
+  if (name.endsWith('down_proj.weight')) return { mean: 0, std: 1 / Math.sqrt(cfg.intermediateSize) };
+  return { mean: 0, std: 1 / Math.sqrt(h) };
+}
+
+/** Tensor names of a full checkpoint, embedding first, in layer order. */
+export function checkpointTensorNames(cfg: ModelConfig): string[] {
+  const names = [EMBED_TENSOR];
+  for (let l = 0; l < cfg.numLayers; l++) names.push(...layerTensorNames(cfg, l));
+  names.push(FINAL_NORM_TENSOR);
+  if (!cfg.tieWordEmbeddings) names.push(LM_HEAD_TENSOR);
+  return names;
+}
+
+function byName(a: [string, TensorEntry], b: [string, TensorEntry]): number {
+  return a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0;
+}
+
+function tokenizerFiles(cfg: ModelConfig, preset: FixturePreset): { tokenizer: unknown; tokenizerConfig: unknown } {
+  const bpe = trainBpe([FIXTURE_CORPUS, fillerCorpus()], cfg.vocabSize - SPECIAL_TOKENS.length, [1e5, 1]);
+  if (bpe.tokens.length + SPECIAL_TOKENS.length !== cfg.vocabSize) {
+    throw new Error(`fixture tokenizer reached ${bpe.tokens.length + SPECIAL_TOKENS.length} tokens, config wants ${cfg.vocabSize}`);
+  }
+  const vocab: Record<string, number> = {};
+  SPECIAL_TOKENS.forEach((t, i) => (vocab[t] = i));
+  bpe.tokens.forEach((t, i) => (vocab[t] = SPECIAL_TOKENS.length + i));
+  const added = SPECIAL_TOKENS.map((content, id) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+  const byteLevel = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
+  const tokenizer = {
+    version: '1.0',
+    truncation: null,
+    padding: null,
+    added_tokens: added,
+    normalizer: null,
+    pre_tokenizer: byteLevel,
+    post_processor: byteLevel,
+    decoder: byteLevel,
+    model: {
+      type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null,
+      fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: bpe.merges,
+    },
+  };
+  const qwen = preset === 'tiny-qwen2';
+  const addedDecoder: Record<string, unknown> = {};
+  for (const a of added) addedDecoder[String(a.id)] = { content: a.content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true };
+  const tokenizerConfig = {
+    add_bos_token: false,
+    add_eos_token: false,
+    add_prefix_space: false,
+    added_tokens_decoder: addedDecoder,
+    additional_special_tokens: ['<|im_start|>', '<|im_end|>'],
+    bos_token: qwen ? null : '<|im_start|>',
+    chat_template: CHATML_TEMPLATE,
+    // A true here would turn " ." into "." on decode and break round trips.
+    clean_up_tokenization_spaces: false,
+    eos_token: '<|im_end|>',
+    model_max_length: cfg.maxPositionEmbeddings,
+    pad_token: qwen ? '<|endoftext|>' : '<|im_end|>',
+    tokenizer_class: qwen ? 'Qwen2Tokenizer' : 'GPT2Tokenizer',
+    unk_token: qwen ? null : '<|endoftext|>',
+    vocab_size: cfg.vocabSize,
+  };
+  return { tokenizer, tokenizerConfig };
+}
+
+const json = (v: unknown): Uint8Array => new TextEncoder().encode(JSON.stringify(v, null, 2) + '\n');
+
+/**
+ * Every file of a preset checkpoint, keyed by file name: config.json,
+ * generation_config.json, tokenizer.json, tokenizer_config.json,
+ * model.safetensors or model-0000i-of-0000n.safetensors + index.
+ */
+export function makeModel(preset: FixturePreset, seed = 0): Map<string, Uint8Array> {
+  if (!isFixturePreset(preset)) throw new Error(`unknown fixture preset "${String(preset)}" (have: ${FIXTURE_PRESETS.join(', ')})`);
+  const spec = presetSpec(preset);
+  const cfg = parseModelConfig(spec.config);
+  const files = new Map<string, Uint8Array>();
+  files.set('config.json', json(spec.config));
+  files.set('generation_config.json', json({ bos_token_id: spec.config.bos_token_id, eos_token_id: spec.config.eos_token_id, transformers_version: '4.46.0' }));
+  const { tokenizer, tokenizerConfig } = tokenizerFiles(cfg, preset);
+  files.set('tokenizer.json', json(tokenizer));
+  files.set('tokenizer_config.json', json(tokenizerConfig));
+
+  const names = checkpointTensorNames(cfg);
+  const tensors: Array<[string, TensorEntry]> = names.map((name) => {
+    const shape = expectedTensorShape(cfg, name)!;
+    const n = shape.reduce((a, b) => a * b, 1);
+    const { mean, std } = tensorInit(cfg, name);
+    return [name, { dtype: 'BF16', shape, data: encodeTensor(gaussian(name, seed, n, mean, std), 'bf16') }];
+  });
+
+  if (spec.shards === 1) {
+    // The reference writer sorts tensors by name; layers.10 lands before layers.2.
+    files.set('model.safetensors', serializeSafetensors([...tensors].sort(byName)));
+    return files;
+  }
+  // Like save_pretrained: split in state-dict order by size, then each file sorted by name.
+  const total = tensors.reduce((s, [, t]) => s + t.data.byteLength, 0);
+  const groups: Array<Array<[string, TensorEntry]>> = [[]];
+  let acc = 0;
+  for (const entry of tensors) {
+    const size = entry[1].data.byteLength;
+    if (acc > 0 && acc + size > (total * groups.length) / spec.shards && groups.length < spec.shards) groups.push([]);
+    groups[groups.length - 1]!.push(entry);
+    acc += size;
+  }
+  const pad = (i: number): string => String(i).padStart(5, '0');
+  const weightMap: Record<string, string> = {};
+  groups.forEach((group, i) => {
+    const file = `model-${pad(i + 1)}-of-${pad(groups.length)}.safetensors`;
+    for (const [name] of group) weightMap[name] = file;
+    files.set(file, serializeSafetensors([...group].sort(byName)));
+  });
+  files.set('model.safetensors.index.json', json({ metadata: { total_size: total }, weight_map: weightMap }));
+  return files;
+}
