@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { register as relay } from './relay.ts';
 
 /** Every subcommand registers itself here; one line each. */
-export const commands: Array<(program: Command) => void> = [];
+export const commands: Array<(program: Command) => void> = [relay];

@@ -1,0 +1,37 @@
+import type { Command } from 'commander';
+import { RELAY_DEFAULTS } from '../../relay/options.ts';
+import { startRelay } from '../../relay/server.ts';
+import { int, onShutdown } from '../util.ts';
+
+export function register(program: Command): void {
+  program
+    .command('relay')
+    .description('Run the relay: the WebSocket hub NAT\'d nodes connect out to (/ws), the ADR-0014 /rpc path and the binary fast path')
+    .option('--port <n>', 'TCP port (0 picks a free one)', int, RELAY_DEFAULTS.port)
+    .option('--host <addr>', 'interface to bind', RELAY_DEFAULTS.host)
+    .option('--public-url <url>', 'base URL given to peers as relay_addr (ws[s]://host[:port])')
+    .option('--max-body-bytes <n>', 'largest request/response body in bytes', int, RELAY_DEFAULTS.maxBodyBytes)
+    .option('--max-in-flight-per-peer <n>', 'requests in flight towards one peer before 503', int, RELAY_DEFAULTS.maxInFlightPerPeer)
+    .option('--request-timeout-ms <n>', 'no answer for this long: 504', int, RELAY_DEFAULTS.requestTimeoutMs)
+    .option('--max-peers <n>', 'registered peers at most', int, RELAY_DEFAULTS.maxPeers)
+    .option('--ping-interval-ms <n>', 'liveness ping period', int, RELAY_DEFAULTS.pingIntervalMs)
+    .option('--high-water-bytes <n>', 'target send-buffer level above which new requests get 503', int, RELAY_DEFAULTS.highWaterBytes)
+    .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', RELAY_DEFAULTS.logLevel)
+    .action(async (o: Record<string, unknown>) => {
+      const relay = await startRelay({
+        port: o.port as number,
+        host: o.host as string,
+        publicUrl: o.publicUrl as string | undefined,
+        maxBodyBytes: o.maxBodyBytes as number,
+        maxInFlightPerPeer: o.maxInFlightPerPeer as number,
+        requestTimeoutMs: o.requestTimeoutMs as number,
+        maxPeers: o.maxPeers as number,
+        pingIntervalMs: o.pingIntervalMs as number,
+        highWaterBytes: o.highWaterBytes as number,
+        logLevel: o.logLevel as string,
+      });
+      // One machine-readable line first: scripts and tests wait for it.
+      process.stdout.write(`${JSON.stringify({ event: 'listening', role: 'relay', url: relay.url, port: relay.port })}\n`);
+      onShutdown(() => relay.close());
+    });
+}

@@ -1,0 +1,149 @@
+/**
+ * JSON messages of PROTOCOL.md §1–3, as zod schemas and the types inferred
+ * from them. Everything a socket receives is parsed through these before use.
+ */
+import { z } from 'zod';
+import { decodeBase64, encodeBase64 } from './base64.ts';
+import { MeshError } from './errors.ts';
+import { normalizeHeaders, isTextContentType, type HeaderMap } from './headers.ts';
+
+const headersSchema = z.record(z.string(), z.union([z.string(), z.number(), z.boolean()]).transform(String));
+const requestId = z.string().min(1).max(128);
+
+export const challengeSchema = z.object({ type: z.literal('challenge'), nonce: z.string().regex(/^[0-9a-f]{16,128}$/) });
+export const registerSchema = z.object({
+  type: z.literal('register'),
+  public_key: z.string().min(1).max(128),
+  signature: z.string().min(1).max(256),
+  info: z.record(z.string(), z.unknown()).default({}),
+});
+export const registeredSchema = z.object({ type: z.literal('registered'), peer_id: z.string(), relay_addr: z.string() });
+
+const bodyFields = { body_base64: z.string().optional(), body: z.string().optional() };
+
+export const relayHttpRequestSchema = z.object({
+  type: z.literal('relay-http-request'),
+  request_id: requestId,
+  method: z.string().min(1).max(16),
+  path: z.string().min(1).max(8192),
+  headers: headersSchema.default({}),
+  ...bodyFields,
+});
+export const relayHttpResponseSchema = z.object({
+  type: z.literal('relay-http-response'),
+  request_id: requestId,
+  status: z.number().int().min(100).max(599),
+  headers: headersSchema.default({}),
+  ...bodyFields,
+});
+/** What an `/rpc` caller sends (the ADR's request, without `type`). */
+export const rpcRequestSchema = z.object({
+  request_id: requestId,
+  method: z.string().min(1).max(16).default('POST'),
+  path: z.string().min(1).max(8192),
+  headers: headersSchema.default({}),
+  ...bodyFields,
+});
+export const rpcResponseSchema = z.object({
+  request_id: requestId.nullable(),
+  status: z.number().int().min(100).max(599),
+  headers: headersSchema.default({}),
+  ...bodyFields,
+});
+
+export type ChallengeMsg = z.infer<typeof challengeSchema>;
+export type RegisterMsg = z.input<typeof registerSchema>;
+export type RegisteredMsg = z.infer<typeof registeredSchema>;
+export type RelayHttpRequest = z.infer<typeof relayHttpRequestSchema>;
+export type RelayHttpResponse = z.infer<typeof relayHttpResponseSchema>;
+export type RpcRequest = z.infer<typeof rpcRequestSchema>;
+export type RpcResponse = z.infer<typeof rpcResponseSchema>;
+
+/** Any JSON message a peer may receive from the relay on `/ws`. */
+export const relayToPeerSchema = z.discriminatedUnion('type', [challengeSchema, registeredSchema, relayHttpRequestSchema, z.object({ type: z.literal('error'), code: z.string(), message: z.string() })]);
+export type RelayToPeer = z.infer<typeof relayToPeerSchema>;
+
+/** A host-neutral HTTP request: what a bridge handler receives. */
+export interface MeshRequest {
+  method: string;
+  path: string;
+  headers: HeaderMap;
+  body: Uint8Array;
+  /** Fires when the caller cancels or its connection drops. */
+  signal?: AbortSignal;
+}
+
+/** A host-neutral answer. `body` may be streamed (several chunks, then end). */
+export interface MeshResponse {
+  status: number;
+  headers: HeaderMap;
+  body: Uint8Array | AsyncIterable<Uint8Array>;
+}
+
+/** A fully received answer (what a caller gets back). */
+export interface MeshReply {
+  status: number;
+  headers: HeaderMap;
+  body: Uint8Array;
+}
+
+const utf8 = new TextEncoder();
+const utf8d = new TextDecoder();
+
+/** Body of an envelope (`body_base64` or `body`) as bytes. */
+export function envelopeBody(m: { body_base64?: string | undefined; body?: string | undefined }): Uint8Array {
+  if (m.body_base64 !== undefined) {
+    try {
+      return decodeBase64(m.body_base64);
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'body_base64 is not valid base64');
+    }
+  }
+  if (m.body !== undefined) return utf8.encode(m.body);
+  return new Uint8Array(0);
+}
+
+/** Envelope body fields for bytes: text for text content types, base64 otherwise, nothing when empty. */
+export function bodyFieldsFor(body: Uint8Array, headers: HeaderMap): { body_base64?: string; body?: string } {
+  if (body.byteLength === 0) return {};
+  const ct = headers['content-type'] ?? headers['Content-Type'];
+  if (isTextContentType(ct)) {
+    try {
+      return { body: new TextDecoder('utf-8', { fatal: true }).decode(body) };
+    } catch {
+      // not valid UTF-8 after all: fall through to base64 so no byte is lost
+    }
+  }
+  return { body_base64: encodeBase64(body) };
+}
+
+export function meshRequestFromEnvelope(m: RelayHttpRequest | RpcRequest): MeshRequest {
+  return { method: m.method.toUpperCase(), path: m.path, headers: normalizeHeaders(m.headers), body: envelopeBody(m) };
+}
+
+export function jsonReply(status: number, value: unknown, headers: HeaderMap = {}): MeshReply {
+  return { status, headers: { 'content-type': 'application/json', ...headers }, body: utf8.encode(JSON.stringify(value)) };
+}
+
+export function replyJson<T = unknown>(reply: MeshReply): T {
+  return JSON.parse(utf8d.decode(reply.body)) as T;
+}
+
+/** Collect a possibly streamed body into one array. */
+export async function collectBody(body: Uint8Array | AsyncIterable<Uint8Array>): Promise<Uint8Array> {
+  if (body instanceof Uint8Array) return body;
+  const parts: Uint8Array[] = [];
+  let n = 0;
+  for await (const chunk of body) {
+    parts.push(chunk);
+    n += chunk.byteLength;
+  }
+  if (parts.length === 1) return parts[0]!;
+  const out = new Uint8Array(n);
+  let off = 0;
+  for (const p of parts) {
+    out.set(p, off);
+    off += p.byteLength;
+  }
+  return out;
+}

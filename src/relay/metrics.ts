@@ -1,0 +1,20 @@
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+
+/** Relay metrics on a registry of its own, so several relays can share a process (tests). */
+export function createRelayMetrics() {
+  const registry = new Registry();
+  const peers = new Gauge({ name: 'meshnet_relay_peers', help: 'Registered peers', registers: [registry] });
+  const inFlight = new Gauge({ name: 'meshnet_relay_in_flight', help: 'Requests awaiting their final answer frame', registers: [registry] });
+  const hops = new Counter({ name: 'meshnet_relay_hops_total', help: 'Requests forwarded to a peer, by path', labelNames: ['path'] as const, registers: [registry] });
+  const bytes = new Counter({ name: 'meshnet_relay_bytes_total', help: 'Bytes forwarded, by direction', labelNames: ['direction'] as const, registers: [registry] });
+  const errors = new Counter({ name: 'meshnet_relay_errors_total', help: 'Error answers the relay itself produced, by code', labelNames: ['code'] as const, registers: [registry] });
+  const latency = new Histogram({
+    name: 'meshnet_relay_hop_seconds',
+    help: 'Time from forwarding a request to forwarding its final answer frame',
+    labelNames: ['path'] as const,
+    buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
+    registers: [registry],
+  });
+  return { registry, peers, inFlight, hops, bytes, errors, latency };
+}
+export type RelayMetrics = ReturnType<typeof createRelayMetrics>;

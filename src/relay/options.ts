@@ -1,0 +1,57 @@
+/**
+ * Relay options: one place for every limit, its unit and its default.
+ * The CLI's help and docs/protocol.md are written from this table.
+ */
+export interface RelayOptions {
+  /** TCP port; 0 picks a free one. @defaultValue 8787 */
+  port: number;
+  /** Interface to bind. @defaultValue '127.0.0.1' */
+  host: string;
+  /** Base URL peers are told to use for `/rpc` (`relay_addr`). @defaultValue `ws://host:port` */
+  publicUrl?: string;
+  /** Largest request or response body, bytes. @defaultValue 33554432 (32 MiB) */
+  maxBodyBytes: number;
+  /** Requests in flight towards one peer before new ones get 503. @defaultValue 1024 */
+  maxInFlightPerPeer: number;
+  /** A request with no answer frame for this long gets 504. @defaultValue 30000 */
+  requestTimeoutMs: number;
+  /** Registered peers; more are refused at registration. @defaultValue 10000 */
+  maxPeers: number;
+  /** Ping period; a peer that misses one pong is dropped. @defaultValue 15000 */
+  pingIntervalMs: number;
+  /** Time a new `/ws` connection has to register. @defaultValue 10000 */
+  registerTimeoutMs: number;
+  /** A target whose socket buffers more than this gets no new requests (503). @defaultValue 8388608 (8 MiB) */
+  highWaterBytes: number;
+  /** A caller that lets more than this pile up unread is disconnected. @defaultValue 67108864 (64 MiB) */
+  maxBufferedBytes: number;
+  /** On shutdown, how long in-flight requests may still finish. @defaultValue 5000 */
+  shutdownGraceMs: number;
+  /** pino level. @defaultValue 'info' */
+  logLevel: string;
+}
+
+export const RELAY_DEFAULTS: RelayOptions = {
+  port: 8787,
+  host: '127.0.0.1',
+  maxBodyBytes: 32 * 1024 * 1024,
+  maxInFlightPerPeer: 1024,
+  requestTimeoutMs: 30_000,
+  maxPeers: 10_000,
+  pingIntervalMs: 15_000,
+  registerTimeoutMs: 10_000,
+  highWaterBytes: 8 * 1024 * 1024,
+  maxBufferedBytes: 64 * 1024 * 1024,
+  shutdownGraceMs: 5_000,
+  logLevel: 'info',
+};
+
+export function resolveRelayOptions(partial: Partial<RelayOptions>): RelayOptions {
+  const o: RelayOptions = { ...RELAY_DEFAULTS };
+  for (const [k, v] of Object.entries(partial)) if (v !== undefined) (o as unknown as Record<string, unknown>)[k] = v;
+  for (const k of ['maxBodyBytes', 'maxInFlightPerPeer', 'requestTimeoutMs', 'maxPeers', 'pingIntervalMs', 'registerTimeoutMs', 'highWaterBytes', 'maxBufferedBytes'] as const) {
+    if (!Number.isFinite(o[k]) || o[k] <= 0) throw new TypeError(`relay option ${k} must be a positive number, got ${o[k]}`);
+  }
+  if (o.highWaterBytes > o.maxBufferedBytes) throw new TypeError('highWaterBytes must not exceed maxBufferedBytes');
+  return o;
+}
