@@ -38,7 +38,7 @@ export function encodeBase64(bytes: Uint8Array): string {
     out[o++] = ENC[v >>> 18]!;
     out[o++] = ENC[(v >>> 12) & 63]!;
     out[o++] = rest === 2 ? ENC[(v >>> 6) & 63]! : 61;
-    out[o++] = 61;
+    out[o] = 61;
   }
   return latin1.decode(out);
 }

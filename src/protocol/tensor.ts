@@ -45,7 +45,7 @@ export function f32ToF16Bits(x: number): number {
   const exp = (bits >>> 23) & 0xff;
   let mant = bits & 0x7fffff;
   if (exp === 0xff) return sign | 0x7c00 | (mant !== 0 ? 0x200 : 0);
-  let e = exp - 127 + 15;
+  const e = exp - 127 + 15;
   if (e >= 0x1f) return sign | 0x7c00;
   if (e <= 0) {
     if (e < -10) return sign;
@@ -59,8 +59,7 @@ export function f32ToF16Bits(x: number): number {
   }
   const rem = mant & 0x1fff;
   let h = (e << 10) | (mant >>> 13);
-  if (rem > 0x1000 || (rem === 0x1000 && (h & 1) === 1)) h += 1; // may carry into exponent: correct
-  e = h >>> 10;
+  if (rem > 0x1000 || (rem === 0x1000 && (h & 1) === 1)) h += 1; // a carry into the exponent is the correct rounding
   return sign | h;
 }
 

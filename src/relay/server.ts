@@ -25,7 +25,6 @@ import {
   decodeBase64,
   decodeFrame,
   encodeErrorFrame,
-  encodeRequestFrame,
   encodeResponseFrame,
   encodeCancelFrame,
   envelopeBody,
@@ -442,7 +441,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
       return refuse(CLOSE.badSignature, 'public_key and signature must be base64url');
     }
     if (key.byteLength !== 32 || sig.byteLength !== 64) return refuse(CLOSE.badSignature, 'public_key must be 32 bytes and signature 64 bytes');
-    let ok = false;
+    let ok: boolean;
     try {
       const pub = createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(key).toString('base64url') }, format: 'jwk' });
       ok = verifySignature(null, registrationMessage(nonce), pub, sig);
