@@ -1,0 +1,70 @@
+#!/usr/bin/env node
+// `npm test`: typecheck, lint, unit + integration (vitest), e2e (Playwright in
+// Debian Chromium). Every runner's counts are summed into one closing line,
+// `N passed, N failed`, which CI reads.
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { ensureChromium } from './setup.mjs';
+
+const only = process.argv.slice(2); // e.g. `npm test -- unit e2e`
+const want = (name) => only.length === 0 || only.includes(name);
+let passed = 0;
+let failed = 0;
+let skipped = 0;
+const rows = [];
+
+function run(name, cmd, args, env = {}) {
+  const t0 = Date.now();
+  console.log(`\n▶ ${name}: ${cmd} ${args.join(' ')}`);
+  const r = spawnSync(cmd, args, { stdio: 'inherit', env: { ...process.env, ...env } });
+  return { ok: r.status === 0, seconds: ((Date.now() - t0) / 1000).toFixed(1) };
+}
+
+function check(name, cmd, args) {
+  const r = run(name, cmd, args);
+  if (r.ok) passed++;
+  else failed++;
+  rows.push(`${name.padEnd(10)} ${r.ok ? 'ok' : 'FAILED'} (${r.seconds}s)`);
+}
+
+mkdirSync('test-results', { recursive: true });
+if (want('typecheck')) check('typecheck', 'npx', ['tsc', '-p', 'tsconfig.json', '--noEmit']);
+if (want('lint')) check('lint', 'npx', ['eslint', '.']);
+
+if (want('unit')) {
+  rmSync('test-results/vitest.json', { force: true });
+  const r = run('unit', 'npx', ['vitest', 'run', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest.json']);
+  if (existsSync('test-results/vitest.json')) {
+    const j = JSON.parse(readFileSync('test-results/vitest.json', 'utf8'));
+    passed += j.numPassedTests;
+    failed += j.numFailedTests + (j.numFailedTestSuites ?? 0) - (j.numFailedTestSuites && j.numFailedTests ? 0 : 0);
+    skipped += (j.numPendingTests ?? 0) + (j.numTodoTests ?? 0);
+    rows.push(`unit       ${j.numPassedTests} passed, ${j.numFailedTests} failed, ${j.numFailedTestSuites ?? 0} suites failed (${r.seconds}s)`);
+    if (!r.ok && j.numFailedTests === 0) failed++; // a suite that failed to load has no failed tests
+  } else {
+    failed++;
+    rows.push(`unit       runner crashed (${r.seconds}s)`);
+  }
+}
+
+if (want('e2e') && existsSync('playwright.config.ts')) {
+  ensureChromium();
+  rmSync('test-results/e2e.json', { force: true });
+  const r = run('e2e', 'npx', ['playwright', 'test'], { PLAYWRIGHT_JSON_OUTPUT_NAME: 'test-results/e2e.json' });
+  if (existsSync('test-results/e2e.json')) {
+    const s = JSON.parse(readFileSync('test-results/e2e.json', 'utf8')).stats ?? {};
+    passed += (s.expected ?? 0) + (s.flaky ?? 0);
+    failed += s.unexpected ?? 0;
+    skipped += s.skipped ?? 0;
+    rows.push(`e2e        ${(s.expected ?? 0) + (s.flaky ?? 0)} passed, ${s.unexpected ?? 0} failed, ${s.flaky ?? 0} flaky (${r.seconds}s)`);
+    if (!r.ok && !s.unexpected) failed++;
+  } else {
+    failed++;
+    rows.push(`e2e        runner crashed (${r.seconds}s)`);
+  }
+}
+
+console.log('\nSummary');
+for (const row of rows) console.log(`  ${row}`);
+console.log(`${passed} passed, ${failed} failed${skipped ? `, ${skipped} skipped` : ''}`);
+process.exit(failed === 0 ? 0 : 1);
