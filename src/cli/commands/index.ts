@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { register as relay } from './relay.ts';
+import { register as makeModel } from './make-model.ts';
 
 /** Every subcommand registers itself here; one line each. */
-export const commands: Array<(program: Command) => void> = [relay];
+export const commands: Array<(program: Command) => void> = [relay, makeModel];
