@@ -1,0 +1,51 @@
+/**
+ * OnnxBackend over onnxruntime-node (CPU execution provider).
+ */
+import * as ort from 'onnxruntime-node';
+import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from '../shard/backend.ts';
+
+export interface NodeBackendOptions {
+  /** Default threads per operator for sessions that do not say; ORT picks when absent. */
+  intraOpNumThreads?: number;
+}
+
+type OrtModule = typeof ort;
+
+/** Shared by the node and wasm adapters: both packages expose the same InferenceSession/Tensor API. */
+export function wrapSession(o: Pick<OrtModule, 'Tensor'>, session: ort.InferenceSession): OnnxSession {
+  return {
+    inputNames: session.inputNames,
+    outputNames: session.outputNames,
+    async run(feeds) {
+      const input: Record<string, ort.Tensor> = {};
+      for (const [name, t] of Object.entries(feeds)) input[name] = new o.Tensor(t.type, t.data, t.dims);
+      const out = await session.run(input);
+      const result: Record<string, BackendTensor> = {};
+      for (const [name, t] of Object.entries(out)) {
+        result[name] = { type: t.type as BackendTensor['type'], data: t.data as BackendTensor['data'], dims: t.dims };
+      }
+      return result;
+    },
+    release: () => session.release(),
+  };
+}
+
+export function ortSessionOptions(options: BackendSessionOptions | undefined, fallbackThreads: number | undefined): ort.InferenceSession.SessionOptions {
+  const threads = options?.intraOpNumThreads ?? fallbackThreads;
+  return {
+    graphOptimizationLevel: options?.graphOptimizationLevel ?? 'all',
+    ...(threads !== undefined ? { intraOpNumThreads: threads } : {}),
+    interOpNumThreads: 1,
+    executionMode: 'sequential',
+  };
+}
+
+export function createNodeBackend(opts: NodeBackendOptions = {}): OnnxBackend {
+  return {
+    name: 'onnxruntime-node/cpu',
+    async createSession(model, options) {
+      const session = await ort.InferenceSession.create(model, { ...ortSessionOptions(options, opts.intraOpNumThreads), executionProviders: ['cpu'] });
+      return wrapSession(ort, session);
+    },
+  };
+}

@@ -1,0 +1,52 @@
+/**
+ * Rotary-embedding tables for the ONNX graphs. The executor computes cos/sin
+ * for the positions of one call and feeds them to every layer: one small
+ * tensor per step instead of a max-context table baked into each layer.
+ */
+import type { ModelConfig } from './config.ts';
+
+/** Inverse frequencies (headDim/2 of them) with llama3 scaling, as transformers computes them. */
+export function ropeInvFreq(cfg: ModelConfig): Float64Array {
+  const half = cfg.headDim / 2;
+  const inv = new Float64Array(half);
+  for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(cfg.ropeTheta, (2 * i) / cfg.headDim);
+  const s = cfg.ropeScaling;
+  if (!s) return inv;
+  const lowWavelen = s.originalMaxPositionEmbeddings / s.lowFreqFactor;
+  const highWavelen = s.originalMaxPositionEmbeddings / s.highFreqFactor;
+  for (let i = 0; i < half; i++) {
+    const f = inv[i]!;
+    const wavelen = (2 * Math.PI) / f;
+    if (wavelen > lowWavelen) inv[i] = f / s.factor;
+    else if (wavelen >= highWavelen) {
+      const smooth = (s.originalMaxPositionEmbeddings / wavelen - s.lowFreqFactor) / (s.highFreqFactor - s.lowFreqFactor);
+      inv[i] = (1 - smooth) * (f / s.factor) + smooth * f;
+    }
+  }
+  return inv;
+}
+
+/**
+ * cos and signed sin for positions [start, start+count), each [count, headDim].
+ * The sin table carries -sin on the first half so the graph computes
+ * rotate_half as a swap of halves with no Neg: x*cos + swap(x)*sinSigned.
+ */
+export function ropeTables(invFreq: Float64Array, start: number, count: number): { cos: Float32Array; sin: Float32Array } {
+  const half = invFreq.length;
+  const dim = half * 2;
+  const cos = new Float32Array(count * dim);
+  const sin = new Float32Array(count * dim);
+  for (let p = 0; p < count; p++) {
+    const base = p * dim;
+    for (let i = 0; i < half; i++) {
+      const a = (start + p) * invFreq[i]!;
+      const c = Math.cos(a);
+      const s = Math.sin(a);
+      cos[base + i] = c;
+      cos[base + half + i] = c;
+      sin[base + i] = -s;
+      sin[base + half + i] = s;
+    }
+  }
+  return { cos, sin };
+}

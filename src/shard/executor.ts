@@ -1,0 +1,312 @@
+/**
+ * The shard executor: decoder layers [startLayer, endLayer) of one model over
+ * an injected OnnxBackend, plus the embedding when it holds layer 0 and the
+ * final norm + LM head when it holds the last layer.
+ *
+ * Graphs are built per segment; by default every layer is its own segment,
+ * so a request may start at any held layer (the ADR-0012 overlap protocol)
+ * and stop before any. Fewer, longer segments trade that freedom for fewer
+ * session.run calls (see bench/shard.ts for what that buys).
+ *
+ * Forwards run one at a time: KV positions must advance in request order,
+ * and a CPU backend gains nothing from overlapping two runs.
+ */
+import type { ModelConfig } from '../model/config.ts';
+import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
+import { IO, buildEmbedGraph, buildHeadGraph, buildLayersGraph, maskValue, type GraphDtype, type WeightSource } from '../model/graph.ts';
+import { ropeInvFreq, ropeTables } from '../model/rope.ts';
+import { firstNonFinite } from '../protocol/tensor.ts';
+import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
+import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
+import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
+import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
+
+/** Supplies the tensors one graph needs, by HF name; called once per graph, so a host can fetch just those bytes. */
+export type WeightLoader = (names: readonly string[]) => WeightSource | Promise<WeightSource>;
+
+export interface ShardExecutorOptions {
+  config: ModelConfig;
+  backend: OnnxBackend;
+  weights: WeightLoader;
+  startLayer: number;
+  endLayer: number;
+  dtype?: GraphDtype;
+  /** Tokens each session's cache is preallocated for; default min(maxPositionEmbeddings, 2048). */
+  maxContext?: number;
+  /** Default 512 MiB. */
+  kvBudgetBytes?: number;
+  /** Idle time after which a session's cache may be dropped; default 10 minutes. */
+  kvTtlMs?: number;
+  /**
+   * Layer indices at which graphs are cut, strictly inside (startLayer, endLayer).
+   * Default: every layer, so any start/end layer is servable.
+   */
+  segmentBoundaries?: number[];
+  sessionOptions?: BackendSessionOptions;
+  now?: () => number;
+}
+
+export interface ForwardRequest {
+  /** KV session id; absent: a stateless forward over the whole sequence (position 0, nothing kept). */
+  session?: string;
+  /** Tokens the session's cache holds before this call. 0 restarts the session. */
+  position?: number;
+  startLayer?: number;
+  endLayer?: number;
+  /** Input activation [1, seq, hidden], row-major. */
+  activation?: { data: Float32Array; shape: readonly number[] };
+  /** Token ids, when this shard holds the embedding and starts at layer 0. */
+  tokenIds?: readonly number[];
+  sampling?: SamplingParams;
+}
+
+export type ForwardResult =
+  | { kind: 'activation'; data: Float32Array; shape: [1, number, number] }
+  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]. */ logits: Float32Array };
+
+interface Segment {
+  start: number;
+  end: number;
+  session: OnnxSession;
+}
+
+export class ShardExecutor {
+  readonly config: ModelConfig;
+  readonly startLayer: number;
+  readonly endLayer: number;
+  readonly dtype: GraphDtype;
+  readonly maxContext: number;
+  /** Bytes of weights held by this shard's graphs. */
+  readonly weightBytes: number;
+  private readonly kv: KvStore;
+  private readonly invFreq: Float64Array;
+  private queue: Promise<unknown> = Promise.resolve();
+
+  private constructor(
+    o: ShardExecutorOptions,
+    maxContext: number,
+    private readonly segments: Segment[],
+    private readonly embed: OnnxSession | null,
+    private readonly head: OnnxSession | null,
+    weightBytes: number,
+  ) {
+    this.config = o.config;
+    this.startLayer = o.startLayer;
+    this.endLayer = o.endLayer;
+    this.dtype = o.dtype ?? 'f32';
+    this.maxContext = maxContext;
+    this.weightBytes = weightBytes;
+    this.invFreq = ropeInvFreq(o.config);
+    this.kv = new KvStore({
+      startLayer: o.startLayer,
+      endLayer: o.endLayer,
+      kvHeads: o.config.numKvHeads,
+      headDim: o.config.headDim,
+      maxContext,
+      elem: this.dtype,
+      budgetBytes: o.kvBudgetBytes ?? 512 * 2 ** 20,
+      ttlMs: o.kvTtlMs ?? 10 * 60_000,
+      ...(o.now ? { now: o.now } : {}),
+    });
+  }
+
+  /** Builds and loads every graph of the shard, one at a time so only one graph's weights are in flight. */
+  static async create(o: ShardExecutorOptions): Promise<ShardExecutor> {
+    const cfg = o.config;
+    const { startLayer: a, endLayer: b } = o;
+    if (!(Number.isInteger(a) && Number.isInteger(b) && 0 <= a && a < b && b <= cfg.numLayers)) {
+      throw new RangeError(`layer range [${a}, ${b}) is not inside 0..${cfg.numLayers}`);
+    }
+    const maxContext = o.maxContext ?? Math.min(cfg.maxPositionEmbeddings, 2048);
+    const cuts = o.segmentBoundaries ?? Array.from({ length: b - a - 1 }, (_, i) => a + i + 1);
+    const bounds = [a, ...[...new Set(cuts)].sort((x, y) => x - y), b];
+    if (bounds.some((v, i) => i > 0 && v <= bounds[i - 1]!)) throw new RangeError(`segment boundaries ${cuts.join(',')} must lie strictly inside (${a}, ${b})`);
+    const graphOpts = { dtype: o.dtype ?? 'f32' } as const;
+
+    const opened: OnnxSession[] = [];
+    const open = async (bytes: Uint8Array) => {
+      const s = await o.backend.createSession(bytes, o.sessionOptions);
+      opened.push(s);
+      return s;
+    };
+    try {
+      let weightBytes = 0;
+      const segments: Segment[] = [];
+      for (let i = 0; i + 1 < bounds.length; i++) {
+        const start = bounds[i]!;
+        const end = bounds[i + 1]!;
+        const names: string[] = [];
+        for (let l = start; l < end; l++) names.push(...layerTensorNames(cfg, l));
+        const built = buildLayersGraph(cfg, await o.weights(names), start, end, graphOpts);
+        weightBytes += built.weightBytes;
+        segments.push({ start, end, session: await open(built.bytes) });
+      }
+      let embed: OnnxSession | null = null;
+      if (a === 0) {
+        const built = buildEmbedGraph(cfg, await o.weights([EMBED_TENSOR]), graphOpts);
+        weightBytes += built.weightBytes;
+        embed = await open(built.bytes);
+      }
+      let head: OnnxSession | null = null;
+      if (b === cfg.numLayers) {
+        const built = buildHeadGraph(cfg, await o.weights([FINAL_NORM_TENSOR, cfg.tieWordEmbeddings ? EMBED_TENSOR : LM_HEAD_TENSOR]), graphOpts);
+        weightBytes += built.weightBytes;
+        head = await open(built.bytes);
+      }
+      return new ShardExecutor(o, maxContext, segments, embed, head, weightBytes);
+    } catch (e) {
+      await Promise.allSettled(opened.map((s) => s.release()));
+      throw e;
+    }
+  }
+
+  get holdsEmbedding(): boolean {
+    return this.embed !== null;
+  }
+
+  get holdsHead(): boolean {
+    return this.head !== null;
+  }
+
+  kvStats(): KvStats {
+    return this.kv.stats();
+  }
+
+  /** Tokens a session's cache holds at `layer` (default: the first held layer); 0 when unknown. */
+  sessionLength(id: string, layer = this.startLayer): number {
+    const s = this.kv.get(id);
+    return s ? s.lengths[layer - this.startLayer]! : 0;
+  }
+
+  dropSession(id: string): boolean {
+    return this.kv.delete(id);
+  }
+
+  forward(req: ForwardRequest): Promise<ForwardResult> {
+    const run = this.queue.then(() => this.forwardNow(req));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  async release(): Promise<void> {
+    await this.queue;
+    const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
+    await Promise.all(all.map((s) => s.release()));
+  }
+
+  private async forwardNow(req: ForwardRequest): Promise<ForwardResult> {
+    const cfg = this.config;
+    const held = { startLayer: this.startLayer, endLayer: this.endLayer };
+    const start = req.startLayer ?? this.startLayer;
+    const end = req.endLayer ?? this.endLayer;
+    if (!(Number.isInteger(start) && Number.isInteger(end) && this.startLayer <= start && start < end && end <= this.endLayer)) {
+      throw layerRangeError(`layers [${start}, ${end}) are not within the held range [${this.startLayer}, ${this.endLayer})`, held);
+    }
+    const first = this.segments.findIndex((s) => s.start === start);
+    const last = this.segments.findIndex((s) => s.end === end);
+    if (first < 0 || last < 0) throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
+    if (req.sampling) validateSampling(req.sampling);
+
+    // Input: token ids (embedding) or an activation.
+    let hidden: Float32Array;
+    let seq: number;
+    if (req.tokenIds !== undefined) {
+      if (req.activation) throw badRequestError('give token ids or an activation, not both');
+      if (!this.embed || start !== 0) throw layerRangeError('token ids need the embedding, held only by the shard of layer 0 starting there', held);
+      seq = req.tokenIds.length;
+      if (seq === 0) throw badShapeError('no token ids');
+      const ids = new BigInt64Array(seq);
+      req.tokenIds.forEach((t, i) => {
+        if (!(Number.isInteger(t) && t >= 0 && t < cfg.vocabSize)) throw badRequestError(`token id ${t} is outside 0..${cfg.vocabSize - 1}`);
+        ids[i] = BigInt(t);
+      });
+      const out = await this.embed.run({ [IO.inputIds]: { type: 'int64', data: ids, dims: [1, seq] } });
+      hidden = out[IO.hiddenOut]!.data as Float32Array;
+    } else if (req.activation) {
+      const { data, shape } = req.activation;
+      if (shape.length !== 3 || shape[0] !== 1 || shape[2] !== cfg.hiddenSize || !Number.isInteger(shape[1]) || shape[1]! < 1) {
+        throw badShapeError(`activation shape [${shape.join(',')}] is not [1, seq, ${cfg.hiddenSize}]`);
+      }
+      seq = shape[1]!;
+      if (data.length !== seq * cfg.hiddenSize) throw badShapeError(`activation has ${data.length} values, shape [${shape.join(',')}] needs ${seq * cfg.hiddenSize}`);
+      const bad = firstNonFinite(data);
+      if (bad >= 0) throw nonFiniteError(bad, data[bad]!);
+      hidden = data;
+    } else throw badRequestError('no input: give token ids or an activation');
+
+    // Cache: the session's preallocated buffers, or an empty past for a stateless call.
+    const position = req.position ?? 0;
+    if (!(Number.isInteger(position) && position >= 0)) throw badRequestError(`position ${position} is not a non-negative integer`);
+    let kv: KvSession | null = null;
+    if (req.session !== undefined) {
+      if (position + seq > this.maxContext) throw tooLargeError(`positions up to ${position + seq} exceed the context of ${this.maxContext}`);
+      kv = position === 0 ? this.kv.open(req.session) : (this.kv.get(req.session) ?? null);
+      if (!kv) throw new PositionMismatchError(req.session, position, 0);
+      if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = 0;
+      let actual = Infinity;
+      for (let l = start; l < end; l++) actual = Math.min(actual, kv.lengths[l - this.startLayer]!);
+      for (let l = start; l < end; l++) if (kv.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(req.session, position, actual);
+    } else if (position !== 0) {
+      throw badRequestError('a stateless forward (no session) starts at position 0');
+    } else if (seq > this.maxContext) throw tooLargeError(`${seq} tokens exceed the context of ${this.maxContext}`);
+
+    const { numKvHeads: KV, headDim: D } = cfg;
+    const rowElems = KV * D;
+    const kvType = this.dtype === 'f16' ? 'float16' : 'float32';
+    const emptyPast = this.dtype === 'f16' ? new Uint16Array(0) : new Float32Array(0);
+    const { cos, sin } = ropeTables(this.invFreq, position, seq);
+    const shared: Record<string, BackendTensor> = {
+      [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, seq, 1, D] },
+      [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, seq, 1, D] },
+      [IO.mask]: { type: 'float32', data: this.causalMask(position, seq), dims: [(cfg.numHeads / KV) * seq, position + seq] },
+    };
+
+    for (let si = first; si <= last; si++) {
+      const seg = this.segments[si]!;
+      const feeds: Record<string, BackendTensor> = { ...shared, [IO.hidden]: { type: 'float32', data: hidden, dims: [1, seq, cfg.hiddenSize] } };
+      for (let l = seg.start; l < seg.end; l++) {
+        const i = l - this.startLayer;
+        // Zero-copy views of exactly the filled prefix.
+        const k = kv ? kv.keys[i]!.subarray(0, position * rowElems) : emptyPast;
+        const v = kv ? kv.values[i]!.subarray(0, position * rowElems) : emptyPast;
+        feeds[IO.pastKey(l)] = { type: kvType, data: k, dims: [1, position, KV, D] };
+        feeds[IO.pastValue(l)] = { type: kvType, data: v, dims: [1, position, KV, D] };
+      }
+      const out = await seg.session.run(feeds);
+      if (kv) {
+        for (let l = seg.start; l < seg.end; l++) {
+          const i = l - this.startLayer;
+          (kv.keys[i] as Float32Array).set(out[IO.presentKey(l)]!.data as Float32Array, position * rowElems);
+          (kv.values[i] as Float32Array).set(out[IO.presentValue(l)]!.data as Float32Array, position * rowElems);
+        }
+      }
+      hidden = out[IO.hiddenOut]!.data as Float32Array;
+    }
+    // Lengths move only once every layer of the call has written its rows.
+    if (kv) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = position + seq;
+
+    if (end === cfg.numLayers && this.head) {
+      const h = cfg.hiddenSize;
+      const lastRow = hidden.subarray((seq - 1) * h, seq * h);
+      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: lastRow, dims: [1, 1, h] } });
+      const logits = out[IO.logits]!.data as Float32Array;
+      const { tokenId, logprob } = sampleToken(logits, req.sampling ?? {}, position + seq);
+      return { kind: 'token', tokenId, logprob, logits };
+    }
+    return { kind: 'activation', data: hidden, shape: [1, seq, cfg.hiddenSize] };
+  }
+
+  /** Additive causal mask [groups*seq, position+seq]; row g*seq+i sees columns <= position+i. */
+  private causalMask(position: number, seq: number): Float32Array {
+    const groups = this.config.numHeads / this.config.numKvHeads;
+    const total = position + seq;
+    const neg = maskValue(this.dtype);
+    const mask = new Float32Array(groups * seq * total);
+    for (let i = 0; i < seq; i++) {
+      const row = mask.subarray(i * total, (i + 1) * total);
+      row.fill(neg, position + i + 1);
+    }
+    for (let g = 1; g < groups; g++) mask.copyWithin(g * seq * total, 0, seq * total);
+    return mask;
+  }
+}
