@@ -134,17 +134,22 @@ function gaussian(name: string, seed: number, n: number, mean: number, std: numb
 
 /**
  * Init scales, chosen so that (a) the residual stream stays O(1) through every
- * layer (fan-in scaled projections, pre-norm), (b) the layers dominate the
- * residual (otherwise tied logits just echo the input token), and (c) logits
- * spread by a few units, so greedy decoding is not one token forever.
+ * layer (fan-in scaled projections, pre-norm), (b) logits spread by about 3
+ * units, so greedy decoding is not one token forever. With tied embeddings
+ * the input token's own embedding boosts its logit by about
+ * std(logits) * |e| / |residual|: the embeddings are kept small against what
+ * the layers add (the final norm's gain restores the spread), otherwise the
+ * model just echoes its input token.
  */
 function tensorInit(cfg: ModelConfig, name: string): { mean: number; std: number } {
   const h = cfg.hiddenSize;
-  if (name === EMBED_TENSOR || name === LM_HEAD_TENSOR) return { mean: 0, std: 3 / Math.sqrt(h) };
-  if (name.endsWith('layernorm.weight') || name === FINAL_NORM_TENSOR) return { mean: 1, std: 0.05 };
+  if (name === EMBED_TENSOR) return { mean: 0, std: (cfg.tieWordEmbeddings ? 1.5 : 3) / Math.sqrt(h) };
+  if (name === LM_HEAD_TENSOR) return { mean: 0, std: 3 / Math.sqrt(h) };
+  if (name === FINAL_NORM_TENSOR) return { mean: cfg.tieWordEmbeddings ? 2 : 1, std: 0.05 };
+  if (name.endsWith('layernorm.weight')) return { mean: 1, std: 0.05 };
   if (name.endsWith('.bias')) return { mean: 0, std: 0.1 };
-  if (name.endsWith('o_proj.weight')) return { mean: 0, std: 1 / Math.sqrt(cfg.numHeads * cfg.headDim) };
-  if (name.endsWith('down_proj.weight')) return { mean: 0, std: 1 / Math.sqrt(cfg.intermediateSize) };
+  if (name.endsWith('o_proj.weight')) return { mean: 0, std: 1.5 / Math.sqrt(cfg.numHeads * cfg.headDim) };
+  if (name.endsWith('down_proj.weight')) return { mean: 0, std: 1.5 / Math.sqrt(cfg.intermediateSize) };
   return { mean: 0, std: 1 / Math.sqrt(h) };
 }
 
