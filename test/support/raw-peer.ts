@@ -5,8 +5,10 @@
 import { createHash, generateKeyPairSync, sign, type KeyObject } from 'node:crypto';
 import { WebSocket } from 'ws';
 import {
+  FrameError,
   FrameKind,
   decodeFrame,
+  encodeErrorFrame,
   encodeRequestFrame,
   encodeResponseFrame,
   hexToBytes,
@@ -102,7 +104,14 @@ export class RawPeer {
       }
       return;
     }
-    const f = decodeFrame(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+    let f: Frame;
+    try {
+      f = decodeFrame(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+    } catch (e) {
+      // What a real bridge does with a frame the relay forwarded unparsed: answer 400 on its stream.
+      if (e instanceof FrameError && e.streamId !== null && this.ws.readyState === WebSocket.OPEN) this.ws.send(encodeErrorFrame(e.streamId, e));
+      return;
+    }
     this.received.push(f);
     if (f.kind === FrameKind.Request) {
       const r = await this.handler({ method: f.method, path: f.path, headers: f.headers, body: f.body, from: Buffer.from(f.peerId).toString('hex') });
