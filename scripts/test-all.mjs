@@ -37,7 +37,7 @@ if (want('unit')) {
   if (existsSync('test-results/vitest.json')) {
     const j = JSON.parse(readFileSync('test-results/vitest.json', 'utf8'));
     passed += j.numPassedTests;
-    failed += j.numFailedTests + (j.numFailedTestSuites ?? 0) - (j.numFailedTestSuites && j.numFailedTests ? 0 : 0);
+    failed += j.numFailedTests;
     skipped += (j.numPendingTests ?? 0) + (j.numTodoTests ?? 0);
     rows.push(`unit       ${j.numPassedTests} passed, ${j.numFailedTests} failed, ${j.numFailedTestSuites ?? 0} suites failed (${r.seconds}s)`);
     if (!r.ok && j.numFailedTests === 0) failed++; // a suite that failed to load has no failed tests
