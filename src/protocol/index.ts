@@ -5,3 +5,4 @@ export * from './frames.ts';
 export * from './headers.ts';
 export * from './ids.ts';
 export * from './tensor.ts';
+export * from './tracker.ts';

@@ -1,0 +1,146 @@
+/**
+ * The tracker's own API (control plane), shared by the tracker and every
+ * node host. Nodes sign what they send with their relay identity (the same
+ * Ed25519 key), so nobody can speak for another node; the tracker signs the
+ * routes it hands to heads, so no client can point a head at arbitrary
+ * endpoints. Everything here is JSON over HTTP (or over the relay, same
+ * shapes), validated with these schemas on arrival.
+ */
+import { z } from 'zod';
+
+const peerId = z.string().regex(/^[0-9a-f]{32}$/);
+
+/** What a node offers; sent at registration and refreshed by heartbeats. */
+export const nodeInfoSchema = z.object({
+  /** Model id the node serves (the tracker's model registry key). */
+  model: z.string().min(1).max(200),
+  backend: z.enum(['webgpu', 'wasm', 'onnxruntime-node', 'cpu']).or(z.string().max(40)),
+  /** Memory the donor gives, MiB (weights + KV reserve). */
+  memory_budget_mb: z.number().positive().max(1 << 24),
+  host: z.enum(['browser', 'node']),
+  version: z.string().max(40).optional(),
+});
+export type NodeInfo = z.infer<typeof nodeInfoSchema>;
+
+/** Rolling stats a heartbeat carries (ADR-0013). */
+export const nodeStatsSchema = z.object({
+  /** Requests answered in the last 60 s. */
+  rpm: z.number().nonnegative(),
+  /** Median compute time per layer per decode step, ms. */
+  layer_ms: z.number().nonnegative(),
+  queue_depth: z.number().int().nonnegative(),
+  kv_free_bytes: z.number().nonnegative(),
+  tokens_served: z.number().int().nonnegative(),
+});
+export type NodeStats = z.infer<typeof nodeStatsSchema>;
+
+export const assignmentSchema = z.object({
+  model: z.string(),
+  start_layer: z.number().int().nonnegative(),
+  /** Exclusive. */
+  end_layer: z.number().int().positive(),
+  /** Base URL of the HF-layout checkpoint to fetch the layers from. */
+  model_url: z.string(),
+});
+export type Assignment = z.infer<typeof assignmentSchema>;
+
+/** Body of POST /api/nodes/register and /api/nodes/heartbeat, before signing. */
+export const nodeMessageSchema = z.object({
+  peer_id: peerId,
+  /** base64url raw Ed25519 public key; peer_id must be its sha256 prefix. */
+  public_key: z.string().min(40).max(64),
+  relay_addr: z.string().max(500).optional(),
+  /** Direct HTTP base URL (Node.js nodes). */
+  endpoint: z.string().max(500).optional(),
+  info: nodeInfoSchema,
+  stats: nodeStatsSchema.optional(),
+  /** The span the node currently holds and serves (may differ while it loads a new assignment). */
+  serving: z.object({ start_layer: z.number().int().nonnegative(), end_layer: z.number().int().positive() }).nullable().optional(),
+  /** ms since epoch; the tracker refuses messages more than 60 s off (replay guard). */
+  timestamp: z.number().int(),
+});
+export type NodeMessage = z.infer<typeof nodeMessageSchema>;
+
+/** A signed message: `signature` is base64url Ed25519 over canonicalJson(body). */
+export const signedSchema = <T extends z.ZodTypeAny>(body: T) => z.object({ body, signature: z.string().min(40).max(200) });
+
+export const registerAnswerSchema = z.object({
+  assignment: assignmentSchema.nullable(),
+  heartbeat_interval_ms: z.number().int().positive(),
+  /** base64url raw Ed25519 key the tracker signs routes with. */
+  tracker_public_key: z.string(),
+});
+export type RegisterAnswer = z.infer<typeof registerAnswerSchema>;
+
+/** One downstream hop, as in the ADR's tracker injection plus our fields. */
+export const routeHopSchema = z.object({
+  peer_id: peerId,
+  start_layer: z.number().int().nonnegative(),
+  end_layer: z.number().int().positive(),
+  endpoint: z.string().optional(),
+  relay_addr: z.string().optional(),
+});
+export type RouteHop = z.infer<typeof routeHopSchema>;
+export const routeSchema = z.array(routeHopSchema).min(1).max(256);
+
+/**
+ * The head's view of a route: `X-Meshnet-Route` is JSON of the downstream
+ * hops; `X-Meshnet-Route-Signature` is the tracker's signature over
+ * `route-v1:` + head peer id + `:` + expires_at + `:` + the header's exact text,
+ * sent with `X-Meshnet-Route-Expires` so a captured route cannot be reused
+ * for long or on another head.
+ */
+export function routeSigningMessage(headPeerId: string, expiresAt: number, routeHeader: string): Uint8Array {
+  return new TextEncoder().encode(`route-v1:${headPeerId}:${expiresAt}:${routeHeader}`);
+}
+
+/** JSON with sorted keys, no spaces: what signatures cover. */
+export function canonicalJson(value: unknown): string {
+  if (value === null || typeof value !== 'object') return JSON.stringify(value);
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
+  const entries = Object.entries(value as Record<string, unknown>)
+    .filter(([, v]) => v !== undefined)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(',')}}`;
+}
+
+/**
+ * The request a tracker sends to a head node: `POST /generate` with the
+ * route headers. The head answers a stream of NDJSON lines, one
+ * `GenerateEvent` per line (over the fast path as DATA frames).
+ */
+export const generateRequestSchema = z.object({
+  /** Chat messages (rendered with the model's chat template) or a raw prompt. */
+  messages: z.array(z.object({ role: z.string(), content: z.string() })).optional(),
+  prompt: z.string().optional(),
+  /** Tokens already generated (failover: a new head continues from here). */
+  prefix_token_ids: z.array(z.number().int().nonnegative()).default([]),
+  max_tokens: z.number().int().positive(),
+  temperature: z.number().min(0).max(2).default(1),
+  top_p: z.number().gt(0).max(1).default(1),
+  top_k: z.number().int().nonnegative().default(0),
+  seed: z.number().int().optional(),
+  stop: z.array(z.string()).default([]),
+  session_id: z.string().min(1).max(100),
+});
+export type GenerateRequest = z.infer<typeof generateRequestSchema>;
+
+export const generateEventSchema = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('start'), prompt_tokens: z.number().int(), route: z.array(z.string()) }),
+  z.object({ type: z.literal('token'), index: z.number().int(), token_id: z.number().int(), text: z.string(), logprob: z.number() }),
+  z.object({ type: z.literal('recovered'), failed_peer_id: z.string(), replacement_peer_id: z.string(), recovery_ms: z.number() }),
+  z.object({ type: z.literal('done'), finish_reason: z.enum(['stop', 'length']), completion_tokens: z.number().int(), prompt_tokens: z.number().int() }),
+  z.object({ type: z.literal('error'), code: z.string(), message: z.string() }),
+]);
+export type GenerateEvent = z.infer<typeof generateEventSchema>;
+
+/** POST /api/route/replace: a head asks for a span to replace a failed hop (signed by the head). */
+export const replaceRequestSchema = z.object({
+  head_peer_id: peerId,
+  failed_peer_id: peerId,
+  start_layer: z.number().int().nonnegative(),
+  end_layer: z.number().int().positive(),
+  model: z.string(),
+  timestamp: z.number().int(),
+});
+export type ReplaceRequest = z.infer<typeof replaceRequestSchema>;
