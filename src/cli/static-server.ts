@@ -164,6 +164,12 @@ export async function startStaticServer(opts: StaticServerOptions): Promise<Stat
       abortRule.left--;
       cutAfter = abortRule.afterBytes;
     }
+    if (cutAfter <= 0) {
+      res.flushHeaders();
+      await new Promise((ok) => setTimeout(ok, 20));
+      res.destroy();
+      return;
+    }
     const fh = await open(file, 'r');
     try {
       const buf = Buffer.allocUnsafe(Math.min(256 * 1024, length));
@@ -171,22 +177,21 @@ export async function startStaticServer(opts: StaticServerOptions): Promise<Stat
       let sent = 0;
       while (pos <= end) {
         const want = Math.min(buf.byteLength, end + 1 - pos, cutAfter - sent);
-        if (want <= 0) {
-          res.destroy();
-          return;
-        }
         const { bytesRead } = await fh.read(buf, 0, want, pos);
         if (bytesRead === 0) break;
         const chunk = Buffer.from(buf.subarray(0, bytesRead));
         count(urlPath, bytesRead);
         sent += bytesRead;
         pos += bytesRead;
+        if (sent >= cutAfter) {
+          // Let the partial body reach the socket before killing it: destroy() drops unflushed writes.
+          await new Promise<void>((ok) => res.write(chunk, () => ok()));
+          await new Promise((ok) => setTimeout(ok, 20));
+          res.destroy();
+          return;
+        }
         if (!res.write(chunk)) await new Promise<void>((ok) => res.once('drain', ok));
         if (res.destroyed) return;
-      }
-      if (sent >= cutAfter) {
-        res.destroy();
-        return;
       }
       res.end();
     } finally {

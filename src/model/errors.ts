@@ -14,3 +14,19 @@ export class ModelFormatError extends Error {
     this.tensor = tensor;
   }
 }
+
+/**
+ * A checkpoint file could not be fetched (HTTP error, connection cut
+ * mid-body). Unlike ModelFormatError, retrying or another mirror may help.
+ */
+export class ModelFetchError extends Error {
+  readonly file: string;
+  readonly status: number | null;
+
+  constructor(file: string, message: string, status: number | null = null) {
+    super(`${file}: ${message}`);
+    this.name = 'ModelFetchError';
+    this.file = file;
+    this.status = status;
+  }
+}

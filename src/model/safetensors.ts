@@ -6,7 +6,7 @@
 import { z } from 'zod';
 import { decodeTensor } from '../protocol/tensor.ts';
 import type { Dtype } from '../protocol/tensor.ts';
-import { ModelFormatError } from './errors.ts';
+import { ModelFetchError, ModelFormatError } from './errors.ts';
 
 export type SafetensorsDtype = 'BF16' | 'F16' | 'F32';
 
@@ -207,7 +207,13 @@ class BodyCursor {
     let done = 0;
     while (done < n) {
       if (this.chunkPos >= this.chunk.byteLength) {
-        const r = await this.reader.read();
+        let r: ReadableStreamReadResult<Uint8Array>;
+        try {
+          r = await this.reader.read();
+        } catch (e) {
+          if ((e as Error).name === 'AbortError') throw e;
+          throw new ModelFetchError(this.file, `download interrupted at byte ${this.pos}: ${(e as Error).message}`);
+        }
         if (r.done) return false;
         this.chunk = r.value;
         this.chunkPos = 0;
@@ -305,7 +311,10 @@ export class SafetensorsReader {
         await res.body?.cancel();
         files = [SINGLE_FILE];
       } else {
-        if (!res.ok) throw new ModelFormatError(INDEX_FILE, `HTTP ${res.status} from ${joinUrl(this.baseUrl, INDEX_FILE)}`);
+        if (!res.ok) {
+          await res.body?.cancel();
+          throw new ModelFetchError(INDEX_FILE, `HTTP ${res.status} from ${joinUrl(this.baseUrl, INDEX_FILE)}`, res.status);
+        }
         const text = await res.text();
         this.stats.bytesReceived += text.length;
         let json: unknown;
@@ -345,7 +354,7 @@ export class SafetensorsReader {
       return await this.fetchFn(joinUrl(this.baseUrl, file), { headers, signal });
     } catch (e) {
       if ((e as Error).name === 'AbortError') throw e;
-      throw new ModelFormatError(file, `fetch failed: ${(e as Error).message}`);
+      throw new ModelFetchError(file, `fetch failed: ${(e as Error).message}`);
     }
   }
 
@@ -358,7 +367,7 @@ export class SafetensorsReader {
     }
     if (!res.ok) {
       await res.body?.cancel();
-      throw new ModelFormatError(file, `HTTP ${res.status} from ${joinUrl(this.baseUrl, file)}`);
+      throw new ModelFetchError(file, `HTTP ${res.status} from ${joinUrl(this.baseUrl, file)}`, res.status);
     }
     if (!res.body) throw new ModelFormatError(file, 'response has no body');
     const counted = res.body.pipeThrough(

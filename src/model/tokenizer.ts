@@ -149,6 +149,8 @@ export class ModelTokenizer {
   }
 
   decode(ids: readonly number[], opts: { skipSpecialTokens?: boolean } = {}): string {
+    // The library throws on an empty list; the stream decoder asks for empty windows.
+    if (ids.length === 0) return '';
     // clean_up_tokenization_spaces off: it rewrites " ." and breaks streaming deltas.
     return this.inner.decode([...ids], { skip_special_tokens: opts.skipSpecialTokens ?? false, clean_up_tokenization_spaces: false });
   }
