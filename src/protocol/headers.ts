@@ -9,6 +9,8 @@ export const H = {
   sampling: 'x-meshnet-sampling',
   route: 'x-meshnet-route',
   routeSignature: 'x-meshnet-route-signature',
+  /** ms since epoch after which a head refuses the signed route. */
+  routeExpires: 'x-meshnet-route-expires',
   requestId: 'x-meshnet-request-id',
   contentType: 'content-type',
 } as const;

@@ -113,7 +113,12 @@ export const generateRequestSchema = z.object({
   /** Chat messages (rendered with the model's chat template) or a raw prompt. */
   messages: z.array(z.object({ role: z.string(), content: z.string() })).optional(),
   prompt: z.string().optional(),
-  /** Tokens already generated (failover: a new head continues from here). */
+  /**
+   * Tokens already generated (failover: a new head continues from here).
+   * The head replays them into the caches without emitting them again;
+   * `index` of the next token event is prefix_token_ids.length, and
+   * max_tokens counts the prefix too (it is the original request's limit).
+   */
   prefix_token_ids: z.array(z.number().int().nonnegative()).default([]),
   max_tokens: z.number().int().positive(),
   temperature: z.number().min(0).max(2).default(1),
@@ -144,3 +149,19 @@ export const replaceRequestSchema = z.object({
   timestamp: z.number().int(),
 });
 export type ReplaceRequest = z.infer<typeof replaceRequestSchema>;
+
+/**
+ * The tracker's answer to POST /api/route/replace: hops covering exactly
+ * [start_layer, end_layer) of the failed hop, signed like a route header
+ * (`route` is the JSON text of a RouteHop list, `signature` is over
+ * routeSigningMessage(head_peer_id, expires_at, route)), so a head accepts
+ * replacement endpoints only from the tracker. 503 when no node covers the
+ * span yet (the head retries with backoff).
+ */
+export const replaceAnswerSchema = z.object({
+  route: z.string().min(2).max(64_000),
+  /** ms since epoch, as X-Meshnet-Route-Expires. */
+  expires_at: z.number().int(),
+  signature: z.string().min(40).max(200),
+});
+export type ReplaceAnswer = z.infer<typeof replaceAnswerSchema>;
