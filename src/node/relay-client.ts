@@ -156,6 +156,8 @@ class Connection {
 class InboundCall {
   /** Set once the answer (or the decision not to answer) is taken: guards exactly-once. */
   settled = false;
+  /** Set once the call stops counting against maxConcurrentRequests. */
+  released = false;
   readonly controller = new AbortController();
   timer: ReturnType<typeof setTimeout> | undefined;
   constructor(
@@ -568,6 +570,7 @@ export class RelayClient {
       return;
     }
     const call = new InboundCall(conn, -1, parsed.data.request_id);
+    call.released = true; // not counted until admitted
     if (!this.admit(call)) return;
     conn.inboundEnvelopes.set(parsed.data.request_id, call);
     this.runHandler(call, req);
@@ -622,6 +625,7 @@ export class RelayClient {
       return;
     }
     const call = new InboundCall(conn, streamId, undefined);
+    call.released = true; // not counted until admitted
     if (!this.admit(call)) return;
     conn.inboundFrames.set(streamId, call);
     this.runHandler(call, { method: frame.method, path: frame.path, headers: frame.headers, body: frame.body });
@@ -653,6 +657,7 @@ export class RelayClient {
   private runHandler(call: InboundCall, req: MeshRequest): void {
     const handler = this.handler!;
     this.inFlight++;
+    call.released = false;
     req.signal = call.controller.signal;
     if (this.options.handlerTimeoutMs > 0) {
       call.timer = setTimeout(() => {
@@ -680,26 +685,28 @@ export class RelayClient {
       )
       .catch((e: unknown) => this.log({ level: 'error', event: 'send-failed', message: `answering failed: ${(e as Error).message}`, streamId: call.streamId, requestId: call.requestId, error: e }))
       .finally(() => {
-        this.inFlight--;
         if (call.timer !== undefined) clearTimeout(call.timer);
         this.forgetInbound(call);
       });
   }
 
+  /** The call no longer owes an answer: free its id and its concurrency slot (a handler that ignores its abort signal cannot hold a slot forever). */
   private forgetInbound(call: InboundCall): void {
+    if (!call.released) {
+      call.released = true;
+      this.inFlight--;
+    }
     if (call.requestId !== undefined) {
       if (call.conn.inboundEnvelopes.get(call.requestId) === call) call.conn.inboundEnvelopes.delete(call.requestId);
     } else if (call.conn.inboundFrames.get(call.streamId) === call) call.conn.inboundFrames.delete(call.streamId);
   }
 
   private abandonInbound(call: InboundCall, reason: MeshError): void {
-    if (call.settled) {
-      // Mid-stream: the answer loop sees the abort and stops.
-      call.controller.abort(reason);
-      return;
-    }
+    // Mid-stream, the answer loop sees the abort and stops; before the answer, the answer is dropped.
     call.settled = true;
     call.controller.abort(reason);
+    if (call.timer !== undefined) clearTimeout(call.timer);
+    this.forgetInbound(call);
   }
 
   /** Validate what a handler returned; a bad answer is the handler's bug, so the caller gets 500, not garbage. */
