@@ -22,7 +22,6 @@ import {
 import { registeredClient, type Harness } from './support/fake-socket.ts';
 
 const SOURCE = hexToBytes('0123456789abcdef0123456789abcdef');
-const utf8 = new TextEncoder();
 
 const handler = async (req: MeshRequest): Promise<MeshResponse> => {
   if (req.path.includes('throw')) throw new Error('handler bug');
