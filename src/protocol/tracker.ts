@@ -81,7 +81,14 @@ export const routeHopSchema = z.object({
   relay_addr: z.string().optional(),
 });
 export type RouteHop = z.infer<typeof routeHopSchema>;
-export const routeSchema = z.array(routeHopSchema).min(1).max(256);
+/**
+ * The hops after the head, in order (the ADR's "downstream hops"). Each hop
+ * runs [start_layer, end_layer): `start_layer` may lie inside the node's
+ * range (ADR-0012: the previous hop already ran the overlap), `end_layer` is
+ * where it stops (send it as X-Meshnet-End-Layer). The head runs
+ * [0, route[0].start_layer); an empty list means the head holds every layer.
+ */
+export const routeSchema = z.array(routeHopSchema).max(256);
 
 /**
  * The head's view of a route: `X-Meshnet-Route` is JSON of the downstream
