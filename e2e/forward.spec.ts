@@ -1,0 +1,50 @@
+/**
+ * The browser node answers /forward through the real relay, by the fast
+ * path and by /rpc, with the activation the float64 reference computes for
+ * its layers.
+ */
+import { expect, test } from '@playwright/test';
+import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
+import { newRefCache } from '../src/model/reference.ts';
+import type { StaticServer } from '../src/cli/static-server.ts';
+import type { RelayClient } from '../src/node/relay-client.ts';
+import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, startCaller, startModelServer, startRelayProcess, waitForState, type RelayProcess } from './support/mesh.ts';
+
+// f32 on the wire, ORT's f32 kernels vs float64: relative to the activation's scale.
+const TOL = 1e-4;
+
+let relay: RelayProcess;
+let model: StaticServer;
+let caller: RelayClient;
+
+test.beforeAll(async () => {
+  [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
+  caller = await startCaller(relay);
+});
+test.afterAll(async () => {
+  caller?.close();
+  await Promise.all([relay?.stop(), model?.close()]);
+});
+
+test('registers with the relay and answers /forward by the fast path and by /rpc with the reference activation', async ({ page }) => {
+  page.on('console', (m) => console.log(`[page] ${m.text()}`));
+  await page.goto(nodeUrl(relay, model, [1, 3], { backend: 'wasm' }));
+  const s = await waitForState(page, 'serving');
+  expect(s.peerId).toMatch(/^[0-9a-f]{32}$/);
+  expect(s.backend?.kind).toBe('wasm');
+  expect(s.crossOriginIsolated).toBe(true);
+  await expect(page.locator('#state')).toHaveText('Serving');
+
+  const ref = reference('tiny');
+  const H = ref.cfg.hiddenSize;
+  const x = Float32Array.from(ref.embed([5, 40, 77, 300]));
+  const want = ref.layers(1, 3, Float64Array.from(x), 4, 0, newRefCache(ref.cfg));
+  for (const via of ['fast', 'rpc'] as const) {
+    const args = { activation: encodeTensor(x, 'f32'), shape: [1, 4, H] as [number, number, number] };
+    const reply = via === 'fast' ? await forwardFast(caller, s.peerId!, args) : await forwardRpc(relay, s.peerId!, args);
+    expect(reply.status, new TextDecoder().decode(reply.body)).toBe(200);
+    expect(reply.headers['x-meshnet-shape']).toBe(`1,4,${H}`);
+    const { err, scale } = maxAbsDiff(decodeTensor(reply.body, 'f32'), want);
+    expect(err, via).toBeLessThanOrEqual(TOL * Math.max(1, scale));
+  }
+});

@@ -1,0 +1,114 @@
+/**
+ * What the e2e specs share: a relay process, a model server with byte
+ * counters, a Node-side peer that calls pages through the relay (fast path)
+ * or by /rpc, and page helpers that wait for a state.
+ */
+import { expect, type Page } from '@playwright/test';
+import WebSocket from 'ws';
+import { ensureModel } from '../../src/cli/models.ts';
+import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
+import { fixtureConfig, makeModel, type FixturePreset } from '../../src/model/fixture.ts';
+import { ReferenceModel } from '../../src/model/reference.ts';
+import type { MeshReply } from '../../src/protocol/envelopes.ts';
+import { Identity, MemoryKeyStore } from '../../src/node/identity.ts';
+import { RelayClient } from '../../src/node/relay-client.ts';
+import { relayHop } from '../../src/node/relay-hop.ts';
+import type { WebSocketConstructor } from '../../src/node/socket.ts';
+import type { NodeStatus } from '../../src/browser/engine.ts';
+import { weightsFromFiles } from '../../test/helpers/weights.ts';
+import { startRelayProcess, type RelayProcess } from '../../test/support/relay-process.ts';
+
+export { startRelayProcess, type RelayProcess };
+
+export const WS = WebSocket as unknown as WebSocketConstructor;
+
+export function appUrl(): string {
+  const u = process.env.MESHNET_APP_URL;
+  if (!u) throw new Error('MESHNET_APP_URL is unset: run through playwright.config.ts (global setup)');
+  return u;
+}
+
+export async function startModelServer(preset: FixturePreset): Promise<StaticServer> {
+  const dir = await ensureModel(preset);
+  return startStaticServer({ root: dir, port: 0, host: '127.0.0.1' });
+}
+
+const refs = new Map<string, ReferenceModel>();
+export function reference(preset: FixturePreset): ReferenceModel {
+  let r = refs.get(preset);
+  if (!r) {
+    r = new ReferenceModel(fixtureConfig(preset), weightsFromFiles(makeModel(preset)));
+    refs.set(preset, r);
+  }
+  return r;
+}
+
+export function nodeUrl(relay: RelayProcess, model: StaticServer, layers: [number, number], extra: Record<string, string> = {}): string {
+  const q = new URLSearchParams({ relay: relay.url, model: model.url.endsWith('/') ? model.url : `${model.url}/`, layers: `${layers[0]}-${layers[1]}`, ...extra });
+  return `${appUrl()}?${q}`;
+}
+
+export async function status(page: Page): Promise<NodeStatus> {
+  return page.evaluate(() => window.meshnet!.engine.status());
+}
+
+/** Waits until the node reports `state` (failing early, with the reason, on an unexpected error). */
+export async function waitForState(page: Page, state: NodeStatus['state'], timeoutMs = 60_000): Promise<NodeStatus> {
+  const t0 = Date.now();
+  for (;;) {
+    const s = await status(page).catch(() => undefined);
+    if (s?.state === state) return s;
+    if (s?.state === 'error' && state !== 'error') throw new Error(`node failed: ${s.error?.code}: ${s.error?.message}`);
+    if (Date.now() - t0 > timeoutMs) throw new Error(`node stayed ${s?.state ?? 'unreachable'} for ${timeoutMs} ms, wanted ${state}`);
+    await page.waitForTimeout(100);
+  }
+}
+
+/** A Node-side caller registered with the relay: reaches pages by the fast path. */
+export async function startCaller(relay: RelayProcess): Promise<RelayClient> {
+  const identity = await Identity.loadOrCreate(new MemoryKeyStore());
+  const client = new RelayClient({ relayUrl: relay.url, WebSocket: WS, identity, info: { role: 'e2e-caller' } });
+  client.start();
+  await client.ready(10_000);
+  return client;
+}
+
+export interface ForwardArgs {
+  activation: Uint8Array;
+  shape: [number, number, number];
+  dtype?: 'f32' | 'bf16' | 'f16';
+  session?: string;
+  position?: number;
+  startLayer?: number;
+  endLayer?: number;
+  sampling?: Record<string, number>;
+}
+
+function forwardHeaders(a: ForwardArgs): Record<string, string> {
+  const h: Record<string, string> = { 'x-meshnet-shape': a.shape.join(','), 'x-meshnet-dtype': a.dtype ?? 'f32', 'content-type': 'application/octet-stream' };
+  if (a.session !== undefined) h['x-meshnet-session'] = a.session;
+  if (a.position !== undefined) h['x-meshnet-position'] = String(a.position);
+  if (a.startLayer !== undefined) h['x-meshnet-start-layer'] = String(a.startLayer);
+  if (a.endLayer !== undefined) h['x-meshnet-end-layer'] = String(a.endLayer);
+  if (a.sampling) h['x-meshnet-sampling'] = JSON.stringify(a.sampling);
+  return h;
+}
+
+export function forwardFast(caller: RelayClient, peerId: string, a: ForwardArgs): Promise<MeshReply> {
+  return caller.request(peerId, { method: 'POST', path: '/forward', headers: forwardHeaders(a), body: a.activation }, { timeoutMs: 60_000 });
+}
+
+export function forwardRpc(relay: RelayProcess, peerId: string, a: ForwardArgs): Promise<MeshReply> {
+  return relayHop(`${relay.url.replace(/\/ws$/, '')}/rpc/${peerId}`, { method: 'POST', path: '/forward', headers: forwardHeaders(a), body: a.activation }, { WebSocket: WS, timeoutMs: 60_000 });
+}
+
+export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): { err: number; scale: number } {
+  expect(a.length).toBe(b.length);
+  let err = 0;
+  let scale = 0;
+  for (let i = 0; i < a.length; i++) {
+    err = Math.max(err, Math.abs(a[i]! - b[i]!));
+    scale = Math.max(scale, Math.abs(b[i]!));
+  }
+  return { err, scale };
+}

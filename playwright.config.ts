@@ -1,0 +1,29 @@
+/**
+ * End-to-end: the donor page in Debian's Chromium (never a downloaded one),
+ * against a real relay process and a local model server. Global setup builds
+ * the app once and serves dist/ with COOP/COEP (vite preview).
+ */
+import { defineConfig } from '@playwright/test';
+
+export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'];
+
+export default defineConfig({
+  testDir: 'e2e',
+  testMatch: '*.spec.ts',
+  globalSetup: './e2e/support/global-setup.ts',
+  // Two cores: one browser at a time keeps timings honest and memory bounded.
+  workers: 1,
+  fullyParallel: false,
+  timeout: 120_000,
+  expect: { timeout: 30_000 },
+  retries: 0,
+  reporter: [['list'], ['json', { outputFile: process.env.PLAYWRIGHT_JSON_OUTPUT_NAME ?? 'test-results/e2e.json' }]],
+  outputDir: 'test-results/e2e-artifacts',
+  use: {
+    browserName: 'chromium',
+    launchOptions: { executablePath: process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium', args: CHROMIUM_ARGS },
+    trace: 'retain-on-failure',
+    screenshot: 'only-on-failure',
+    viewport: { width: 1200, height: 900 },
+  },
+});

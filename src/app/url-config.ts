@@ -1,0 +1,52 @@
+/**
+ * The span a page serves, from its URL until the tracker assigns spans:
+ * `?relay=ws://…&model=<base url>&layers=0-6[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>]`.
+ * Parsed with zod: a URL is outside data.
+ */
+import { z } from 'zod';
+import type { NodeConfig } from '../browser/engine.ts';
+
+const layersRe = /^(\d{1,4})-(\d{1,4})$/;
+
+const paramsSchema = z.object({
+  relay: z.string().regex(/^wss?:\/\//, 'relay must be a ws:// or wss:// URL'),
+  model: z.string().regex(/^https?:\/\//, 'model must be an http(s) base URL'),
+  layers: z
+    .string()
+    .regex(layersRe, 'layers must look like 0-6 (first layer, then the layer to stop before)')
+    .transform((s) => s.match(layersRe)!.slice(1, 3).map(Number) as [number, number])
+    .refine(([a, b]) => a < b, 'layers: the first must be below the end'),
+  backend: z.enum(['auto', 'wasm', 'webgpu']).optional(),
+  threads: z.coerce.number().int().min(1).max(64).optional(),
+  budget: z.coerce.number().int().min(16).max(65536).optional(),
+});
+
+export type UrlConfigResult = { ok: true; config: NodeConfig } | { ok: false; missing: boolean; message: string };
+
+/** Reads the config from a query string; `missing` is true when the page was opened without one. */
+export function configFromSearch(search: string): UrlConfigResult {
+  const q = new URLSearchParams(search);
+  if (!q.has('relay') && !q.has('model') && !q.has('layers')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
+  const raw: Record<string, string> = {};
+  for (const k of ['relay', 'model', 'layers', 'backend', 'threads', 'budget']) {
+    const v = q.get(k);
+    if (v !== null && v !== '') raw[k] = v;
+  }
+  const parsed = paramsSchema.safeParse(raw);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    return { ok: false, missing: false, message: `${issue.path.join('.') || 'url'}: ${issue.message}` };
+  }
+  const p = parsed.data;
+  const config: NodeConfig = {
+    relayUrl: p.relay,
+    modelUrl: p.model.endsWith('/') ? p.model : `${p.model}/`,
+    startLayer: p.layers[0],
+    endLayer: p.layers[1],
+  };
+  // Absent parameters leave the node's stored settings in force.
+  if (p.backend !== undefined) config.backend = p.backend;
+  if (p.threads !== undefined) config.threads = p.threads;
+  if (p.budget !== undefined) config.memoryBudgetBytes = p.budget * 1024 * 1024;
+  return { ok: true, config };
+}

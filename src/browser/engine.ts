@@ -1,0 +1,107 @@
+/**
+ * The donor page's view of a browser node: one interface whether the node
+ * runs in a Web Worker (workers/node.worker.ts, reached through Comlink) or
+ * in the page itself (tests). src/app depends on this and nothing else, so
+ * the page never touches `Worker` (web-llm's MLCEngineInterface pattern).
+ */
+
+/** Where the node is in its life; the page shows one badge per state. */
+export const NodeState = {
+  /** Not started: the page has no span to serve yet. */
+  Idle: 'idle',
+  /** Choosing a backend, opening storage, reaching the relay. */
+  Connecting: 'connecting',
+  /** Fetching the span's weights (progress in `download`). */
+  Downloading: 'downloading',
+  /** Verifying stored weights and building the ONNX sessions. */
+  Loading: 'loading',
+  /** Registered with the relay and answering /forward. */
+  Serving: 'serving',
+  /** The donor paused: new requests are refused with 503, weights stay. */
+  Paused: 'paused',
+  /** Stopped with a reason; `error.action` says what the donor can do. */
+  Error: 'error',
+} as const;
+export type NodeState = (typeof NodeState)[keyof typeof NodeState];
+
+export type BackendKind = 'wasm' | 'webgpu';
+export type BackendChoice = BackendKind | 'auto';
+
+/** What the page asks the node to serve (from the URL until the tracker assigns spans). */
+export interface NodeConfig {
+  /** ws(s)://RELAY/ws — or the relay's base URL; `/ws` is appended when missing. */
+  relayUrl: string;
+  /** Base URL of a Hugging Face layout model (config.json, *.safetensors). */
+  modelUrl: string;
+  /** First layer held. */
+  startLayer: number;
+  /** Layer to stop before (exclusive). */
+  endLayer: number;
+  /** 'auto' calibrates WebGPU against WASM; the others force one. Absent: the stored setting, else 'auto'. */
+  backend?: BackendChoice;
+  /** WASM threads; default min(4, hardwareConcurrency), 1 without cross-origin isolation. */
+  threads?: number;
+  /** KV-cache memory budget in bytes. Absent: the stored setting, else 256 MiB. */
+  memoryBudgetBytes?: number;
+}
+
+export interface NodeErrorInfo {
+  /** Stable code: MESH_ERR_* or one of the page's own (MESH_ERR_QUOTA, MESH_ERR_MODEL_FETCH, …). */
+  code: string;
+  message: string;
+  /** What the donor can do about it, in one sentence. */
+  action: string;
+  /** True when pressing Retry may help (the node keeps its stored weights). */
+  retryable: boolean;
+}
+
+export interface BackendInfo {
+  kind: BackendKind;
+  /** Adapter description (vendor / architecture) or "CPU (WASM)". */
+  adapter: string;
+  /** WASM threads in use (1 for WebGPU's CPU fallback ops). */
+  threads: number;
+  fp16: boolean;
+  /** Why this backend: forced, calibration numbers, or why WebGPU was not usable. */
+  reason: string;
+}
+
+export interface NodeStatus {
+  state: NodeState;
+  error?: NodeErrorInfo;
+  peerId?: string;
+  relayUrl?: string;
+  /** Downloading: bytes of the span's weights present (stored + this session) / needed. */
+  download?: { loadedBytes: number; totalBytes: number };
+  backend?: BackendInfo;
+  model?: { baseUrl: string; name: string; numLayers: number; startLayer: number; endLayer: number; holdsHead: boolean };
+  /** Weight bytes kept in IndexedDB for the span. */
+  storedBytes: number;
+  /** Weight bytes fetched from the model server since the worker started (0 after a reload that found everything stored). */
+  fetchedBytes: number;
+  requestsServed: number;
+  tokensServed: number;
+  requestsPerMinute: number;
+  /** Tokens per second, one value per second, oldest first (the sparkline). */
+  throughput: number[];
+  /** Live inference sessions (KV caches) and their bytes. */
+  sessions: number;
+  kvBytes: number;
+  memoryBudgetBytes: number;
+  /** Whether the page is cross-origin isolated (WASM threads need it). */
+  crossOriginIsolated: boolean;
+}
+
+/** Every call may reject with an Error carrying `code` (kept across the worker boundary). */
+export interface NodeEngine {
+  /** Start (or restart with a new config): storage, backend, weights, relay. Resolves once the attempt settled (serving or error). */
+  start(config: NodeConfig): Promise<NodeStatus>;
+  /** Retry after an error with the last config; stored weights are kept. */
+  retry(): Promise<NodeStatus>;
+  pause(): Promise<void>;
+  resume(): Promise<void>;
+  setMemoryBudget(bytes: number): Promise<void>;
+  status(): Promise<NodeStatus>;
+  /** Close the relay connection and release sessions; the node can be started again. */
+  stop(): Promise<void>;
+}

@@ -1,0 +1,53 @@
+/**
+ * The page's end of the node worker: a NodeEngine that forwards each call
+ * through Comlink. Pending calls settle when the worker dies (Comlink's own
+ * resolver map never rejects), so the page never waits forever.
+ */
+import { wrap, releaseProxy, type Remote } from 'comlink';
+import type { NodeConfig, NodeEngine, NodeStatus } from './engine.ts';
+import './transfer.ts';
+
+export interface WorkerEngine extends NodeEngine {
+  /** Ends the worker; later calls reject with MESH_ERR_SHUTTING_DOWN. */
+  terminate(): void;
+}
+
+function codedError(code: string, message: string): Error {
+  return Object.assign(new Error(message), { code });
+}
+
+export function createWorkerEngine(worker: Worker): WorkerEngine {
+  const remote: Remote<NodeEngine> = wrap<NodeEngine>(worker);
+  let dead: Error | undefined;
+  const rejectors = new Set<(e: Error) => void>();
+  const die = (e: Error) => {
+    if (dead) return;
+    dead = e;
+    for (const r of rejectors) r(e);
+    rejectors.clear();
+  };
+  worker.addEventListener('error', (ev) => die(codedError('MESH_ERR_INTERNAL', `the node worker crashed: ${ev.message || 'unknown error'}; reload the page`)));
+
+  const call = <T>(f: () => Promise<T>): Promise<T> => {
+    if (dead) return Promise.reject(dead);
+    return new Promise<T>((resolve, reject) => {
+      rejectors.add(reject);
+      f().then(resolve, reject).finally(() => rejectors.delete(reject));
+    });
+  };
+
+  return {
+    start: (config: NodeConfig) => call(() => remote.start(config) as Promise<NodeStatus>),
+    retry: () => call(() => remote.retry() as Promise<NodeStatus>),
+    pause: () => call(() => remote.pause()),
+    resume: () => call(() => remote.resume()),
+    setMemoryBudget: (bytes: number) => call(() => remote.setMemoryBudget(bytes)),
+    status: () => call(() => remote.status() as Promise<NodeStatus>),
+    stop: () => call(() => remote.stop()),
+    terminate() {
+      remote[releaseProxy]();
+      worker.terminate();
+      die(codedError('MESH_ERR_SHUTTING_DOWN', 'the node worker was stopped'));
+    },
+  };
+}
