@@ -33,7 +33,9 @@ export async function startDelayProxy(upstreamPort: number, delayMs: number, ups
       queued.length = 0;
       upstream.on('data', (d) => {
         stats.down += d.byteLength;
-        later(() => client.writable && client.write(d));
+        later(() => {
+          if (client.writable) client.write(d);
+        });
       });
       upstream.on('close', () => later(() => client.destroy()));
       upstream.on('error', () => client.destroy());
@@ -41,8 +43,8 @@ export async function startDelayProxy(upstreamPort: number, delayMs: number, ups
     client.on('data', (d) => {
       stats.up += d.byteLength;
       later(() => {
-        if (upstream) upstream.writable && upstream.write(d);
-        else queued.push(d);
+        if (!upstream) queued.push(d);
+        else if (upstream.writable) upstream.write(d);
       });
     });
     client.on('close', () => later(() => upstream?.destroy()));

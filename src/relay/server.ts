@@ -130,6 +130,11 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   const opts = resolveRelayOptions(partial);
   const logger = pino({ name: 'relay', level: opts.logLevel });
   const metrics = createRelayMetrics();
+  // Label lookups hash their label object on every call; bind the hot ones once.
+  const bytesIn = metrics.bytes.labels('in');
+  const bytesOut = metrics.bytes.labels('out');
+  const hopsBy = { fast: metrics.hops.labels('fast'), rpc: metrics.hops.labels('rpc'), envelope: metrics.hops.labels('envelope') };
+  const latencyBy = { fast: metrics.latency.labels('fast'), rpc: metrics.latency.labels('rpc'), envelope: metrics.latency.labels('envelope') };
   const peers = new Map<string, PeerConn>();
   const streams = new Set<Stream>();
   const jsonPending = new Map<string, Stream>();
@@ -195,7 +200,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
 
   function completeStream(s: Stream): void {
     if (!dropStream(s)) return;
-    metrics.latency.observe({ path: s.path }, (performance.now() - s.startedAt) / 1000);
+    latencyBy[s.path].observe((performance.now() - s.startedAt) / 1000);
     if (closing && streams.size === 0) drained?.();
   }
 
@@ -225,14 +230,14 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     if (caller.kind === 'rpc') caller.pending.set(callerId as string, s);
     else caller.outgoing.set(callerId as number, s);
     metrics.inFlight.set(streams.size);
-    metrics.hops.inc({ path });
+    hopsBy[path].inc();
     return s;
   }
 
   // ------------------------------------------------------------ fast path
 
   function peerOnBinary(peer: PeerConn, data: Buffer): void {
-    metrics.bytes.inc({ direction: 'in' }, data.byteLength);
+    bytesIn.inc(data.byteLength);
     if (data.byteLength < 8) {
       peer.ws.close(CLOSE.protocolError, 'frame shorter than its 8-byte head');
       return;
@@ -251,7 +256,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
         const end = (head.flags & FLAG_END) !== 0;
         if (end) completeStream(s);
         writeStreamId(data, s.callerId as number);
-        metrics.bytes.inc({ direction: 'out' }, data.byteLength);
+        bytesOut.inc(data.byteLength);
         sendTo(s.caller.ws, data);
         return;
       }
@@ -282,7 +287,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     const s = openStream(peer, streamId, target, 'fast', false);
     writeRequestPeerId(data, peer.idBytes);
     writeStreamId(data, s.relayStreamId);
-    metrics.bytes.inc({ direction: 'out' }, data.byteLength);
+    bytesOut.inc(data.byteLength);
     target.ws.send(data);
   }
 

@@ -48,7 +48,7 @@ describe('registration on /ws', () => {
     const challenge = await nextJson(ws);
     const msg = registerMessage(keys, challenge.nonce as string);
     const sig = Buffer.from(msg.signature, 'base64url');
-    sig[0] ^= 0xff;
+    sig[0] = sig[0]! ^ 0xff;
     ws.send(JSON.stringify({ ...msg, signature: sig.toString('base64url') }));
     const [err] = await Promise.all([nextJson(ws), once(ws, 'close')]).then(([e, c]) => [e, c] as const);
     expect(err).toMatchObject({ type: 'error', code: 'MESH_ERR_UNAUTHORIZED' });

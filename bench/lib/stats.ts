@@ -1,0 +1,40 @@
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { dirname } from 'node:path';
+
+export function quantile(sorted: number[], q: number): number {
+  if (sorted.length === 0) return NaN;
+  const i = Math.min(sorted.length - 1, Math.max(0, Math.round(q * (sorted.length - 1))));
+  return sorted[i]!;
+}
+
+export function summarize(samples: number[]): { n: number; p50: number; p99: number; mean: number } {
+  const s = [...samples].sort((a, b) => a - b);
+  return { n: s.length, p50: quantile(s, 0.5), p99: quantile(s, 0.99), mean: s.reduce((a, b) => a + b, 0) / Math.max(1, s.length) };
+}
+
+export function printTable(title: string, header: string[], rows: Array<Array<string | number>>): void {
+  const cells = [header, ...rows.map((r) => r.map((c) => (typeof c === 'number' ? fmt(c) : c)))];
+  const widths = header.map((_, i) => Math.max(...cells.map((r) => String(r[i] ?? '').length)));
+  console.log(`\n${title}`);
+  for (const [k, r] of cells.entries()) {
+    console.log(`  ${r.map((c, i) => String(c).padStart(widths[i]!)).join('  ')}`);
+    if (k === 0) console.log(`  ${widths.map((w) => '-'.repeat(w)).join('  ')}`);
+  }
+}
+
+export function fmt(n: number): string {
+  if (!Number.isFinite(n)) return String(n);
+  if (Math.abs(n) >= 100) return n.toFixed(0);
+  if (Math.abs(n) >= 10) return n.toFixed(1);
+  if (Math.abs(n) >= 1) return n.toFixed(2);
+  if (n === 0) return '0';
+  return Math.abs(n) >= 0.01 ? n.toFixed(3) : n.toPrecision(2);
+}
+
+export function writeResult(file: string, data: unknown): void {
+  mkdirSync(dirname(file), { recursive: true });
+  const machine = { cpus: cpus().length, cpu: cpus()[0]?.model ?? 'unknown', node: process.version };
+  writeFileSync(file, `${JSON.stringify({ date: new Date().toISOString(), machine, ...(data as object) }, null, 2)}\n`);
+  console.log(`\nwrote ${file}`);
+}
