@@ -18,7 +18,7 @@ import { fileURLToPath } from 'node:url';
 import { fixtureConfig, makeModel } from '../src/model/fixture.ts';
 import { layerTensorNames } from '../src/model/config.ts';
 import { SafetensorsReader } from '../src/model/safetensors.ts';
-import { ShardExecutor } from '../src/shard/executor.ts';
+import { ShardExecutor, type WeightLoader } from '../src/shard/executor.ts';
 import { readerWeightLoader } from '../src/shard/weights.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
 import { createNodeBackend } from '../src/cli/onnx-node.ts';
@@ -129,7 +129,7 @@ interface SpeedResult {
   prefillTokensPerS: number;
 }
 
-async function speed(backendName: string, graphs: 'per-layer' | 'fused', weights: (names: readonly string[]) => Promise<import('../src/model/graph.ts').WeightSource>): Promise<SpeedResult> {
+async function speed(backendName: string, graphs: 'per-layer' | 'fused', weights: WeightLoader): Promise<SpeedResult> {
   const cfg = fixtureConfig(PRESET);
   const ex = await ShardExecutor.create({
     config: cfg,
