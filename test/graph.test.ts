@@ -73,7 +73,8 @@ describe.each(['tiny', 'tiny-qwen2', 'small'] as const)('%s graphs vs float64 re
     await s.release();
   });
 
-  it.skipIf(preset === 'small')('f16 variant within its tolerance', async () => {
+  // f16 is checked on the tiny presets only: on `small` it adds ~20 s and no new code path.
+  if (preset !== 'small') it('f16 variant within its tolerance', async () => {
     const ex = await executor(f, 0, f.cfg.numLayers, { dtype: 'f16' });
     const cache = newRefCache(f.cfg);
     const want = ref.forward(prompt, 0, cache);
