@@ -1,6 +1,8 @@
 import type { Command } from 'commander';
 import { register as relay } from './relay.ts';
 import { register as makeModel } from './make-model.ts';
+import { register as tracker } from './tracker.ts';
+import { register as node } from './node.ts';
 
 /** Every subcommand registers itself here; one line each. */
-export const commands: Array<(program: Command) => void> = [relay, makeModel];
+export const commands: Array<(program: Command) => void> = [relay, tracker, node, makeModel];

@@ -1,0 +1,56 @@
+import { InvalidArgumentError, type Command } from 'commander';
+import { TRACKER_DEFAULTS, type TrackerModelSource } from '../../tracker/options.ts';
+import { startTracker } from '../../tracker/server.ts';
+import { int, onShutdown } from '../util.ts';
+
+function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerModelSource[] {
+  const i = value.indexOf('=');
+  if (i <= 0 || i === value.length - 1) throw new InvalidArgumentError(`expected NAME=URL (the base URL of an HF-layout checkpoint), got "${value}"`);
+  const url = value.slice(i + 1);
+  try {
+    new URL(url);
+  } catch {
+    throw new InvalidArgumentError(`"${url}" is not a URL`);
+  }
+  return [...previous, { name: value.slice(0, i), url }];
+}
+
+export function register(program: Command): void {
+  const d = TRACKER_DEFAULTS;
+  program
+    .command('tracker')
+    .description('Run the tracker: node registry and heartbeats, layer assignment from memory budgets, availability map, throughput routing, and the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)')
+    .requiredOption('--model <NAME=URL>', 'a model to serve: its name and the base URL of its HF-layout checkpoint (repeatable)', modelArg)
+    .option('--port <n>', 'TCP port (0 picks a free one)', int, d.port)
+    .option('--host <addr>', 'interface to bind', d.host)
+    .option('--relay <url>', 'relay to register with (reaches NAT\'d heads over its fast path)')
+    .option('--key-file <path>', 'file holding the tracker\'s Ed25519 key (created when missing); without it the key changes every run')
+    .option('--max-tokens-limit <n>', 'largest max_tokens a client may ask for', int, d.maxTokensLimit)
+    .option('--default-max-tokens <n>', 'max_tokens when a request gives none', int, d.defaultMaxTokens)
+    .option('--heartbeat-interval-ms <n>', 'heartbeat period given to nodes; a node missing 3 is removed', int, d.heartbeatIntervalMs)
+    .option('--kv-context <n>', 'tokens of KV cache reserved per node when sizing spans', int, d.kvReserveContextTokens)
+    .option('--hop-latency-ms <n>', 'estimated network cost of one hop, for routing', int, d.hopLatencyMs)
+    .option('--route-ttl-ms <n>', 'validity of a signed route', int, d.routeTtlMs)
+    .option('--generate-timeout-ms <n>', 'longest silence from a head before failing over', int, d.generateIdleTimeoutMs)
+    .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', d.logLevel)
+    .action(async (o: Record<string, unknown>) => {
+      const tracker = await startTracker({
+        port: o.port as number,
+        host: o.host as string,
+        relayUrl: o.relay as string | undefined,
+        keyFile: o.keyFile as string | undefined,
+        models: o.model as TrackerModelSource[],
+        maxTokensLimit: o.maxTokensLimit as number,
+        defaultMaxTokens: o.defaultMaxTokens as number,
+        heartbeatIntervalMs: o.heartbeatIntervalMs as number,
+        kvReserveContextTokens: o.kvContext as number,
+        hopLatencyMs: o.hopLatencyMs as number,
+        routeTtlMs: o.routeTtlMs as number,
+        generateIdleTimeoutMs: o.generateTimeoutMs as number,
+        logLevel: o.logLevel as string,
+      });
+      // One machine-readable line first: scripts and tests wait for it.
+      process.stdout.write(`${JSON.stringify({ event: 'listening', role: 'tracker', url: tracker.url, port: tracker.port, peer_id: tracker.identity.peerId, public_key: tracker.publicKey })}\n`);
+      onShutdown(() => tracker.close());
+    });
+}

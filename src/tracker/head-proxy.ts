@@ -1,0 +1,306 @@
+/**
+ * Proxying a generation to a head node, with head failover.
+ *
+ *   client ──/v1/chat──▶ tracker ──POST /generate + signed route──▶ head ──/forward──▶ hops …
+ *                               ◀── NDJSON GenerateEvent lines ───
+ *
+ * The tracker never sees an activation: it picks the route, signs it, and
+ * turns the head's token events into the client's stream. When the head's
+ * stream breaks (an error event, a dropped connection, the peer gone, silence
+ * past the idle timeout), the generation restarts on another head — or the
+ * same one when nothing else holds layer 0 — with `prefix_token_ids` = the
+ * tokens so far: the client's stream just goes on.
+ */
+import type { Logger } from 'pino';
+import { MeshError, errorCodeOf, type MeshErrorCode, ERROR_STATUS } from '../protocol/errors.ts';
+import { H } from '../protocol/headers.ts';
+import { randomHex } from '../protocol/ids.ts';
+import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
+import type { Identity } from '../node/identity.ts';
+import type { RelayClient } from '../node/relay-client.ts';
+import type { TrackerMetrics } from './metrics.ts';
+import type { TrackerOptions } from './options.ts';
+import type { NodeRecord, NodeRegistry } from './registry.ts';
+import type { RoutePlan } from './routing.ts';
+import { signRoute } from './signing.ts';
+
+const utf8 = new TextEncoder();
+const utf8d = new TextDecoder();
+
+// ---------------------------------------------------------------- transport
+
+export interface HeadTarget {
+  peerId: string;
+  endpoint?: string;
+  relayAddr?: string;
+}
+
+export interface OpenOptions {
+  signal: AbortSignal;
+  /** Longest wait for the answer's head and for each later chunk, ms. */
+  idleTimeoutMs: number;
+}
+
+/** Opens `POST /generate` on a head and yields the raw NDJSON bytes; a non-200 answer throws its MeshError. */
+export interface HeadTransport {
+  open(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>>;
+}
+
+function errorFromBody(status: number, body: Uint8Array): MeshError {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(utf8d.decode(body));
+  } catch {
+    parsed = undefined;
+  }
+  const code = errorCodeOf(parsed);
+  const message = (parsed as { error?: { message?: unknown } } | undefined)?.error?.message;
+  const text = typeof message === 'string' ? message : `head answered HTTP ${status}`;
+  if (code !== undefined && code in ERROR_STATUS) return new MeshError(code as MeshErrorCode, text);
+  return new MeshError(status === 400 ? 'MESH_ERR_BAD_REQUEST' : 'MESH_ERR_UPSTREAM', text, { head_status: status });
+}
+
+async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promise<Uint8Array> {
+  const parts: Uint8Array[] = [];
+  let n = 0;
+  for await (const c of body) {
+    parts.push(c);
+    n += c.byteLength;
+    if (n > max) break;
+  }
+  const out = new Uint8Array(n);
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.byteLength;
+  }
+  return out;
+}
+
+/** Reads with a per-chunk idle timeout; cancelling the loop cancels the body. */
+async function* readWithIdleTimeout(reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number): AsyncGenerator<Uint8Array> {
+  try {
+    for (;;) {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new MeshError('MESH_ERR_TIMEOUT', `head silent for ${idleMs} ms`)), idleMs);
+      });
+      try {
+        const r = await Promise.race([reader.read(), timeout]);
+        if (r.done) return;
+        yield r.value;
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
+}
+
+/**
+ * Direct HTTP when the head has an endpoint (Node.js nodes), the relay's fast
+ * path otherwise; a direct attempt that cannot connect falls back to the
+ * relay when the head has both.
+ */
+export function createHeadTransport(deps: { relay?: RelayClient; fetch?: typeof fetch }): HeadTransport {
+  const fetchFn = deps.fetch ?? globalThis.fetch;
+
+  async function viaRelay(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
+    if (!deps.relay) throw new MeshError('MESH_ERR_UNAVAILABLE', `head ${head.peerId} has no endpoint and the tracker has no relay`);
+    const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
+    if (reply.status !== 200) throw errorFromBody(reply.status, await collect(reply.body));
+    return reply.body;
+  }
+
+  async function direct(endpoint: string, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
+    const ctl = new AbortController();
+    const onAbort = () => ctl.abort();
+    o.signal.addEventListener('abort', onAbort, { once: true });
+    const timer = setTimeout(() => ctl.abort(), o.idleTimeoutMs);
+    let res: Response;
+    try {
+      res = await fetchFn(endpoint.replace(/\/+$/, '') + '/generate', { method: 'POST', headers, body: body as Uint8Array<ArrayBuffer>, signal: ctl.signal });
+    } catch (e) {
+      throw new MeshError(o.signal.aborted ? 'MESH_ERR_CANCELLED' : 'MESH_ERR_PEER_GONE', `cannot reach head at ${endpoint} (${(e as Error).message})`);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (res.status !== 200 || !res.body) throw errorFromBody(res.status, new Uint8Array(await res.arrayBuffer().catch(() => new ArrayBuffer(0))));
+    const reader = res.body.getReader();
+    return (async function* () {
+      try {
+        yield* readWithIdleTimeout(reader, o.idleTimeoutMs);
+      } finally {
+        o.signal.removeEventListener('abort', onAbort);
+      }
+    })();
+  }
+
+  return {
+    async open(head, headers, body, o) {
+      if (head.endpoint) {
+        try {
+          return await direct(head.endpoint, headers, body, o);
+        } catch (e) {
+          // Only a connection failure is worth another path; an answered error is the head's word.
+          if (!(e instanceof MeshError && e.code === 'MESH_ERR_PEER_GONE' && deps.relay && head.relayAddr)) throw e;
+        }
+      }
+      return viaRelay(head, headers, body, o);
+    },
+  };
+}
+
+/** Split a byte stream into NDJSON lines. */
+export async function* ndjsonLines(chunks: AsyncIterable<Uint8Array>): AsyncGenerator<string> {
+  const decoder = new TextDecoder();
+  let buf = '';
+  for await (const c of chunks) {
+    buf += decoder.decode(c, { stream: true });
+    let i: number;
+    while ((i = buf.indexOf('\n')) >= 0) {
+      const line = buf.slice(0, i).trim();
+      buf = buf.slice(i + 1);
+      if (line) yield line;
+    }
+    if (buf.length > 1 << 20) throw new MeshError('MESH_ERR_UPSTREAM', 'head sent a line over 1 MiB');
+  }
+  buf += decoder.decode();
+  if (buf.trim()) yield buf.trim();
+}
+
+// ---------------------------------------------------------------- generation with failover
+
+export type GenerationEvent =
+  | { type: 'start'; promptTokens: number }
+  | { type: 'token'; tokenId: number; text: string }
+  | { type: 'done'; finish: 'stop' | 'length'; promptTokens: number; completionTokens: number };
+
+export interface GenerationDeps {
+  registry: NodeRegistry;
+  transport: HeadTransport;
+  identity: Identity;
+  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'now'>;
+  logger: Logger;
+  metrics: TrackerMetrics;
+  /** Called for each route handed to a head (dashboard). */
+  onRoute?(kind: 'generate' | 'failover', model: string, plan: RoutePlan): void;
+}
+
+export type GenerationInput = Omit<GenerateRequest, 'prefix_token_ids' | 'session_id'>;
+
+/** Errors a head gives for the request itself: another head would say the same. */
+const CLIENT_ERRORS = new Set<string>(['MESH_ERR_BAD_REQUEST', 'MESH_ERR_TOO_LARGE', 'MESH_ERR_BAD_SHAPE']);
+
+export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: boolean): RouteHop[] {
+  return plan.hops.slice(skipFirst ? 1 : 0).map((h) => {
+    const n = registry.nodes.get(h.id);
+    const hop: RouteHop = { peer_id: h.id, start_layer: h.start, end_layer: h.end };
+    if (n?.endpoint) hop.endpoint = n.endpoint;
+    if (n?.relayAddr) hop.relay_addr = n.relayAddr;
+    return hop;
+  });
+}
+
+/**
+ * Run one generation: yields token events, then one done event. Throws
+ * MeshError when it cannot go on (no route left, failovers exhausted, the
+ * head refused the request itself).
+ */
+export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, firstPlan: RoutePlan, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
+  const requestId = randomHex(8);
+  const tokens: number[] = [];
+  let promptTokens = 0;
+  const failedHeads = new Set<string>();
+  let plan: RoutePlan | undefined = firstPlan;
+  let lastError: MeshError | undefined;
+  const log = deps.logger.child({ request_id: requestId, model });
+
+  for (let attempt = 0; attempt <= deps.options.maxHeadFailovers; attempt++) {
+    if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
+    if (!plan) {
+      try {
+        plan = deps.registry.pick(model, failedHeads);
+      } catch {
+        // Nothing else holds layer 0: the failed head itself may have recovered (or been reassigned).
+        await new Promise((r) => setTimeout(r, 250));
+        plan = deps.registry.pick(model);
+      }
+      deps.metrics.failovers.inc();
+      deps.onRoute?.('failover', model, plan);
+    } else deps.onRoute?.('generate', model, plan);
+    const headId = plan.hops[0]!.id;
+    const head = deps.registry.nodes.get(headId);
+    const hops = routeHops(deps.registry, plan, true);
+    const routeNodes = plan.hops.map((h) => deps.registry.nodes.get(h.id)).filter((n): n is NodeRecord => n !== undefined);
+    for (const n of routeNodes) n.inFlight++;
+    const ctl = new AbortController();
+    const onAbort = () => ctl.abort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
+      const signed = await signRoute(deps.identity, headId, hops, deps.options.now() + deps.options.routeTtlMs);
+      const req: GenerateRequest = { ...input, prefix_token_ids: [...tokens], session_id: `${requestId}-${attempt}` };
+      const headers: Record<string, string> = {
+        'content-type': 'application/json',
+        accept: 'application/x-ndjson',
+        [H.route]: signed.header,
+        [H.routeExpires]: String(signed.expiresAt),
+        [H.routeSignature]: signed.signature,
+        [H.requestId]: requestId,
+      };
+      const body = await deps.transport.open({ peerId: headId, endpoint: head.endpoint, relayAddr: head.relayAddr }, headers, utf8.encode(JSON.stringify(req)), { signal: ctl.signal, idleTimeoutMs: deps.options.generateIdleTimeoutMs });
+      for await (const line of ndjsonLines(body)) {
+        let parsed;
+        try {
+          parsed = generateEventSchema.safeParse(JSON.parse(line));
+        } catch {
+          parsed = undefined;
+        }
+        if (!parsed?.success) throw new MeshError('MESH_ERR_UPSTREAM', `head ${headId} sent a line that is not a GenerateEvent: ${line.slice(0, 200)}`);
+        const ev = parsed.data;
+        if (ev.type === 'start') {
+          if (promptTokens === 0) {
+            promptTokens = ev.prompt_tokens;
+            yield { type: 'start', promptTokens };
+          }
+        } else if (ev.type === 'token') {
+          // A head restarted with a prefix numbers its first new token prefix.length; anything earlier we already have.
+          if (ev.index < tokens.length) continue;
+          tokens.push(ev.token_id);
+          deps.metrics.tokens.inc();
+          yield { type: 'token', tokenId: ev.token_id, text: ev.text };
+          if (tokens.length >= input.max_tokens) {
+            yield { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length };
+            return;
+          }
+        } else if (ev.type === 'recovered') {
+          log.info({ failed: ev.failed_peer_id, replacement: ev.replacement_peer_id, recovery_ms: ev.recovery_ms }, 'head recovered a hop');
+          deps.metrics.hopRecoveries.inc();
+        } else if (ev.type === 'done') {
+          yield { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
+          return;
+        } else {
+          const code = ev.code in ERROR_STATUS ? (ev.code as MeshErrorCode) : 'MESH_ERR_UPSTREAM';
+          throw new MeshError(code, `head ${headId}: ${ev.message}`);
+        }
+      }
+      throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);
+    } catch (e) {
+      const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_UPSTREAM', (e as Error).message);
+      if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
+      if (CLIENT_ERRORS.has(err.code) && tokens.length === 0) throw err;
+      lastError = err;
+      failedHeads.add(headId);
+      if (head) head.failures++;
+      log.warn({ head: headId, attempt, code: err.code, err: err.message, tokens: tokens.length }, 'head failed; restarting on another head');
+      plan = undefined;
+    } finally {
+      signal.removeEventListener('abort', onAbort);
+      ctl.abort();
+      for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
+    }
+  }
+  throw new MeshError('MESH_ERR_UPSTREAM', `generation failed after ${deps.options.maxHeadFailovers + 1} head(s): ${lastError?.message ?? 'unknown error'}`, { last_code: lastError?.code });
+}

@@ -1,0 +1,29 @@
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+
+/** Tracker metrics on a registry of its own, so several trackers can share a process (tests). */
+export function createTrackerMetrics() {
+  const registry = new Registry();
+  const nodes = new Gauge({ name: 'meshnet_tracker_nodes', help: 'Registered nodes by model and status', labelNames: ['model', 'status'] as const, registers: [registry] });
+  const registrations = new Counter({ name: 'meshnet_tracker_registrations_total', help: 'Register/heartbeat messages by kind and result', labelNames: ['kind', 'result'] as const, registers: [registry] });
+  const removals = new Counter({ name: 'meshnet_tracker_node_removals_total', help: 'Nodes removed, by reason', labelNames: ['reason'] as const, registers: [registry] });
+  const moves = new Counter({ name: 'meshnet_tracker_reassignments_total', help: 'Nodes moved to another span by rebalancing', registers: [registry] });
+  const requests = new Counter({ name: 'meshnet_tracker_requests_total', help: 'Public API requests by endpoint and status', labelNames: ['endpoint', 'status'] as const, registers: [registry] });
+  const tokens = new Counter({ name: 'meshnet_tracker_tokens_total', help: 'Tokens streamed to clients', registers: [registry] });
+  const failovers = new Counter({ name: 'meshnet_tracker_head_failovers_total', help: 'Generations restarted on another head', registers: [registry] });
+  const hopRecoveries = new Counter({ name: 'meshnet_tracker_hop_recoveries_total', help: 'Hop failures a head recovered from (recovered events)', registers: [registry] });
+  const replacements = new Counter({ name: 'meshnet_tracker_route_replacements_total', help: 'Replacement spans handed to heads, by result', labelNames: ['result'] as const, registers: [registry] });
+  const generation = new Histogram({
+    name: 'meshnet_tracker_generation_seconds',
+    help: 'Time from a chat request to its last token',
+    buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120],
+    registers: [registry],
+  });
+  const firstToken = new Histogram({
+    name: 'meshnet_tracker_first_token_seconds',
+    help: 'Time from a chat request to its first token',
+    buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registers: [registry],
+  });
+  return { registry, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken };
+}
+export type TrackerMetrics = ReturnType<typeof createTrackerMetrics>;

@@ -1,0 +1,190 @@
+/**
+ * The OpenAI-compatible surface: request schemas, the error shape
+ * `{error:{message,type,param,code}}`, completion objects and SSE chunks
+ * exactly as OpenAI sends them (`data: {json}\n\n`, last `data: [DONE]\n\n`).
+ */
+import { z } from 'zod';
+import { HttpError } from './http.ts';
+
+export type OpenAiErrorType = 'invalid_request_error' | 'not_found_error' | 'server_error' | 'service_unavailable' | 'rate_limit_error';
+
+export function openAiError(status: number, message: string, opts: { type?: OpenAiErrorType; param?: string | null; code?: string | null; extra?: Record<string, unknown> } = {}): HttpError {
+  const type = opts.type ?? (status === 404 ? 'not_found_error' : status >= 500 ? (status === 503 ? 'service_unavailable' : 'server_error') : 'invalid_request_error');
+  return new HttpError(status, { error: { message, type, param: opts.param ?? null, code: opts.code ?? null, ...opts.extra } });
+}
+
+const textPart = z.object({ type: z.literal('text'), text: z.string() });
+const messageSchema = z.object({
+  role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']),
+  content: z.union([z.string(), z.array(textPart), z.null()]),
+  name: z.string().optional(),
+});
+
+const common = {
+  model: z.string().min(1).max(200),
+  max_tokens: z.number().int().positive().nullish(),
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().min(0).max(1).nullish(),
+  seed: z.number().int().min(-(2 ** 53)).max(2 ** 53).nullish(),
+  stop: z.union([z.string().min(1), z.array(z.string().min(1)).max(4)]).nullish(),
+  stream: z.boolean().nullish(),
+  stream_options: z.object({ include_usage: z.boolean().optional() }).nullish(),
+  n: z.number().int().positive().nullish(),
+  user: z.string().optional(),
+};
+
+export const chatRequestSchema = z.object({
+  ...common,
+  messages: z.array(messageSchema).min(1).max(1000),
+  max_completion_tokens: z.number().int().positive().nullish(),
+});
+export type ChatRequest = z.infer<typeof chatRequestSchema>;
+
+export const completionRequestSchema = z.object({
+  ...common,
+  prompt: z.union([z.string(), z.array(z.string()).length(1)]),
+  echo: z.boolean().nullish(),
+});
+export type CompletionRequest = z.infer<typeof completionRequestSchema>;
+
+/** Parse with zod, answering the first problem as OpenAI does (400, `param` = the field). */
+export function parseOpenAi<T>(schema: z.ZodType<T>, body: unknown): T {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw openAiError(400, 'the request body must be a JSON object', { code: 'invalid_request_body' });
+  const r = schema.safeParse(body);
+  if (r.success) return r.data;
+  const issue = r.error.issues[0]!;
+  const param = issue.path.map(String).join('.') || null;
+  const missing = issue.code === 'invalid_type' && issue.message.includes('undefined');
+  throw openAiError(400, missing ? `'${param}' is a required property` : `invalid value for '${param}': ${issue.message}`, { param, code: missing ? 'missing_required_parameter' : 'invalid_value' });
+}
+
+export function messageText(content: ChatRequest['messages'][number]['content']): string {
+  if (content === null) return '';
+  if (typeof content === 'string') return content;
+  return content.map((p) => p.text).join('');
+}
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+export function usage(prompt: number, completion: number): Usage {
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+}
+
+export type FinishReason = 'stop' | 'length';
+export type ApiKind = 'chat' | 'completion';
+
+export interface CompletionIds {
+  id: string;
+  created: number;
+  model: string;
+}
+
+export function completionObject(kind: ApiKind, ids: CompletionIds, text: string, finish: FinishReason, u: Usage) {
+  if (kind === 'chat') {
+    return {
+      id: ids.id,
+      object: 'chat.completion',
+      created: ids.created,
+      model: ids.model,
+      choices: [{ index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: finish }],
+      usage: u,
+      system_fingerprint: null,
+    };
+  }
+  return {
+    id: ids.id,
+    object: 'text_completion',
+    created: ids.created,
+    model: ids.model,
+    choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
+    usage: u,
+    system_fingerprint: null,
+  };
+}
+
+/** One streamed chunk: `delta` text (chat: with role on the first), or the finish reason, or (choices empty) usage. */
+export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null }) {
+  const finish_reason = part.finish ?? null;
+  if (kind === 'chat') {
+    const delta: Record<string, unknown> = {};
+    if (part.role) delta.role = 'assistant';
+    if (part.text !== undefined) delta.content = part.text;
+    return {
+      id: ids.id,
+      object: 'chat.completion.chunk',
+      created: ids.created,
+      model: ids.model,
+      system_fingerprint: null,
+      choices: part.usage ? [] : [{ index: 0, delta, logprobs: null, finish_reason }],
+      ...(part.usage !== undefined ? { usage: part.usage } : {}),
+    };
+  }
+  return {
+    id: ids.id,
+    object: 'text_completion',
+    created: ids.created,
+    model: ids.model,
+    system_fingerprint: null,
+    choices: part.usage ? [] : [{ index: 0, text: part.text ?? '', logprobs: null, finish_reason }],
+    ...(part.usage !== undefined ? { usage: part.usage } : {}),
+  };
+}
+
+export function sseData(obj: unknown): string {
+  return `data: ${JSON.stringify(obj)}\n\n`;
+}
+export const SSE_DONE = 'data: [DONE]\n\n';
+
+/**
+ * Stop strings over a stream of text pieces: text is released only once it
+ * cannot be the start of a stop string, and nothing from the first match on
+ * is ever released (OpenAI leaves the stop sequence out).
+ */
+export class StopFilter {
+  private pending = '';
+  private readonly holdBack: number;
+  stopped = false;
+  constructor(private readonly stops: readonly string[]) {
+    this.holdBack = stops.reduce((m, s) => Math.max(m, s.length - 1), 0);
+  }
+
+  /** Text safe to emit now. After a match, `stopped` is true and later pushes return ''. */
+  push(text: string): string {
+    if (this.stopped) return '';
+    this.pending += text;
+    let cut = -1;
+    for (const s of this.stops) {
+      const i = this.pending.indexOf(s);
+      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+    }
+    if (cut >= 0) {
+      this.stopped = true;
+      const out = this.pending.slice(0, cut);
+      this.pending = '';
+      return out;
+    }
+    // Keep the longest suffix that is a prefix of some stop string.
+    let keep = 0;
+    for (let k = Math.min(this.holdBack, this.pending.length); k > 0; k--) {
+      const tail = this.pending.slice(this.pending.length - k);
+      if (this.stops.some((s) => s.startsWith(tail))) {
+        keep = k;
+        break;
+      }
+    }
+    const out = this.pending.slice(0, this.pending.length - keep);
+    this.pending = this.pending.slice(this.pending.length - keep);
+    return out;
+  }
+
+  /** What is still held back when the stream ends without a match. */
+  flush(): string {
+    const out = this.stopped ? '' : this.pending;
+    this.pending = '';
+    return out;
+  }
+}

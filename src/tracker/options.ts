@@ -1,0 +1,111 @@
+/**
+ * Every tracker knob in one place: type, default, unit. `meshnet tracker
+ * --help` prints its defaults from here.
+ */
+
+export interface TrackerModelSource {
+  /** Model id clients ask for (`model` in OpenAI requests, `info.model` of nodes). */
+  name: string;
+  /** Base URL of an HF-layout checkpoint (config.json, safetensors, tokenizer). */
+  url: string;
+}
+
+export interface TrackerOptions {
+  /** TCP port; 0 picks a free one. @defaultValue 8080 */
+  port: number;
+  /** Interface to bind. @defaultValue '127.0.0.1' */
+  host: string;
+  /** Relay to register with (the tracker reaches heads over its fast path); absent: direct HTTP only. */
+  relayUrl: string | undefined;
+  models: TrackerModelSource[];
+  /** File holding the tracker's Ed25519 key (JWK); created when missing. Absent: a fresh key per run. */
+  keyFile: string | undefined;
+  /** Largest `max_tokens` a client may ask for. @defaultValue 4096 */
+  maxTokensLimit: number;
+  /** `max_tokens` when the client gives none (bounded by the limit). @defaultValue 256 */
+  defaultMaxTokens: number;
+  /** Period nodes are told to heartbeat at, ms. @defaultValue 5000 */
+  heartbeatIntervalMs: number;
+  /** A node missing this many heartbeat periods is removed. @defaultValue 3 */
+  deadAfterMissedHeartbeats: number;
+  /** Signed messages further than this from the tracker's clock are refused (replay guard), ms. @defaultValue 60000 */
+  maxClockSkewMs: number;
+  /** Context length each node's KV reserve is sized for, tokens (capped by the model's). @defaultValue 2048 */
+  kvReserveContextTokens: number;
+  /** Concurrent sessions the KV reserve is sized for. @defaultValue 1 */
+  kvReserveSessions: number;
+  /** Bytes per weight held in memory: the shard executor converts to f32. @defaultValue 4 */
+  weightBytesPerParam: number;
+  /** Assumed ms per layer per decode step for a node that has not reported stats yet. @defaultValue 5 */
+  defaultLayerMs: number;
+  /** Estimated network cost of one hop, ms (routing). @defaultValue 10 */
+  hopLatencyMs: number;
+  /** Routes costing up to (1 + slack) × the best one share traffic in proportion to their throughput. 0: always the best. @defaultValue 1 */
+  routeSlack: number;
+  /** How long a signed route stays valid, ms. @defaultValue 300000 */
+  routeTtlMs: number;
+  /** Longest silence from a head while generating (first event included), ms. @defaultValue 60000 */
+  generateIdleTimeoutMs: number;
+  /** Head restarts per request after the first head fails. @defaultValue 3 */
+  maxHeadFailovers: number;
+  /** A rebalance moves a node only when the worst layer's throughput improves below this ratio (Petals' balance_quality). @defaultValue 0.75 */
+  balanceQuality: number;
+  /** Largest JSON body accepted, bytes. @defaultValue 1048576 */
+  maxBodyBytes: number;
+  /** Routes kept for the dashboard. @defaultValue 50 */
+  recentRoutes: number;
+  /** pino level. @defaultValue 'info' */
+  logLevel: string;
+  /** Clock, ms since epoch (tests pin it). */
+  now: () => number;
+  /** Randomness in [0, 1) for route picks (tests pin it). */
+  random: () => number;
+}
+
+export const TRACKER_DEFAULTS: TrackerOptions = {
+  port: 8080,
+  host: '127.0.0.1',
+  relayUrl: undefined,
+  models: [],
+  keyFile: undefined,
+  maxTokensLimit: 4096,
+  defaultMaxTokens: 256,
+  heartbeatIntervalMs: 5000,
+  deadAfterMissedHeartbeats: 3,
+  maxClockSkewMs: 60_000,
+  kvReserveContextTokens: 2048,
+  kvReserveSessions: 1,
+  weightBytesPerParam: 4,
+  defaultLayerMs: 5,
+  hopLatencyMs: 10,
+  routeSlack: 1,
+  routeTtlMs: 300_000,
+  generateIdleTimeoutMs: 60_000,
+  maxHeadFailovers: 3,
+  balanceQuality: 0.75,
+  maxBodyBytes: 1 << 20,
+  recentRoutes: 50,
+  logLevel: 'info',
+  now: () => Date.now(),
+  random: () => Math.random(),
+};
+
+export function resolveTrackerOptions(partial: Partial<TrackerOptions>): TrackerOptions {
+  const o: TrackerOptions = { ...TRACKER_DEFAULTS };
+  for (const [k, v] of Object.entries(partial)) if (v !== undefined) (o as unknown as Record<string, unknown>)[k] = v;
+  const positive: Array<keyof TrackerOptions> = ['maxTokensLimit', 'defaultMaxTokens', 'heartbeatIntervalMs', 'deadAfterMissedHeartbeats', 'maxClockSkewMs', 'kvReserveContextTokens', 'weightBytesPerParam', 'defaultLayerMs', 'routeTtlMs', 'generateIdleTimeoutMs', 'maxBodyBytes'];
+  for (const k of positive) {
+    const v = o[k];
+    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new TypeError(`tracker option ${k} must be a positive number, got ${String(v)}`);
+  }
+  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers'] as const) {
+    if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`tracker option ${k} must be a non-negative number, got ${o[k]}`);
+  }
+  if (!(o.balanceQuality > 0 && o.balanceQuality <= 1)) throw new TypeError(`tracker option balanceQuality must be in (0, 1], got ${o.balanceQuality}`);
+  const names = new Set<string>();
+  for (const m of o.models) {
+    if (names.has(m.name)) throw new TypeError(`model "${m.name}" is given twice`);
+    names.add(m.name);
+  }
+  return o;
+}

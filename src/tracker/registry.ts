@@ -1,0 +1,297 @@
+/**
+ * The tracker's view of the swarm: who is online, what each node was asked
+ * to hold (assignment) and what it actually serves, its rolling stats, and
+ * the routes through it.
+ *
+ * Everything here is rebuilt from register/heartbeat messages: a restarted
+ * tracker answers the first heartbeat of an unknown node with 404, the node
+ * registers again carrying the span it serves, and the tracker adopts that
+ * span as its assignment. No state needs to survive a restart.
+ */
+import { MeshError } from '../protocol/errors.ts';
+import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
+import { chooseSpan, coverage, rebalance, type Holder, type Move, type Span } from './assignment.ts';
+import type { ModelSpec } from './model-registry.ts';
+import { findRoutes, formatLayers, missingLayers, pickRoute, type RoutePlan, type ServingNode } from './routing.ts';
+import type { TrackerOptions } from './options.ts';
+
+export const NodeStatus = {
+  /** Told what to load; not serving it yet. */
+  Loading: 'loading',
+  /** Serves its assignment. */
+  Serving: 'serving',
+  /** Its budget holds no layer of the model. */
+  Idle: 'idle',
+} as const;
+export type NodeStatus = (typeof NodeStatus)[keyof typeof NodeStatus];
+
+export interface StatsSample {
+  at: number;
+  stats: NodeStats;
+}
+
+export interface NodeRecord {
+  peerId: string;
+  publicKey: string;
+  relayAddr?: string;
+  endpoint?: string;
+  info: NodeInfo;
+  assignment: Span | null;
+  serving: Span | null;
+  stats?: NodeStats;
+  /** Last few heartbeats' stats, oldest first (rolling view for the dashboard). */
+  history: StatsSample[];
+  /** Smoothed ms per layer per step (EWMA of reported layer_ms). */
+  layerMsEwma: number | undefined;
+  registeredAt: number;
+  lastSeen: number;
+  /** Generations this tracker currently runs through the node (head or hop). */
+  inFlight: number;
+  /** Head failures seen by this tracker. */
+  failures: number;
+}
+
+const HISTORY = 12;
+const EWMA_ALPHA = 0.3;
+
+export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'>;
+
+export interface RegistryEvents {
+  onRemoved?(node: NodeRecord, reason: string): void;
+  onMoved?(node: NodeRecord, move: Move): void;
+}
+
+export class NodeRegistry {
+  readonly nodes = new Map<string, NodeRecord>();
+  readonly models: ReadonlyMap<string, ModelSpec>;
+
+  constructor(
+    models: readonly ModelSpec[],
+    private readonly o: RegistryOptions,
+    private readonly events: RegistryEvents = {},
+  ) {
+    this.models = new Map(models.map((m) => [m.name, m]));
+  }
+
+  model(name: string): ModelSpec {
+    const m = this.models.get(name);
+    if (!m) throw new MeshError('MESH_ERR_NOT_FOUND', `unknown model "${name}"; this tracker serves: ${[...this.models.keys()].join(', ') || '(none)'}`, { models: [...this.models.keys()] });
+    return m;
+  }
+
+  /** Layer-steps per second the node sustains. */
+  throughput(n: NodeRecord): number {
+    return 1000 / this.layerMs(n);
+  }
+
+  layerMs(n: NodeRecord): number {
+    const v = n.layerMsEwma;
+    return v !== undefined && v > 0 ? v : this.o.defaultLayerMs;
+  }
+
+  status(n: NodeRecord): NodeStatus {
+    if (!n.assignment) return NodeStatus.Idle;
+    if (n.serving && n.serving.start === n.assignment.start && n.serving.end === n.assignment.end) return NodeStatus.Serving;
+    return NodeStatus.Loading;
+  }
+
+  private holders(model: string, except?: string): Holder[] {
+    const out: Holder[] = [];
+    for (const n of this.nodes.values()) {
+      if (n.info.model !== model || n.peerId === except || !n.assignment) continue;
+      out.push({ id: n.peerId, start: n.assignment.start, end: n.assignment.end, throughput: this.throughput(n) });
+    }
+    return out;
+  }
+
+  /** A verified register message: (re)create the record and give it an assignment. */
+  register(msg: NodeMessage): NodeRecord {
+    const model = this.model(msg.info.model);
+    const now = this.o.now();
+    const prev = this.nodes.get(msg.peer_id);
+    const rec: NodeRecord = {
+      peerId: msg.peer_id,
+      publicKey: msg.public_key,
+      relayAddr: msg.relay_addr,
+      endpoint: msg.endpoint,
+      info: msg.info,
+      assignment: null,
+      serving: validSpan(msg.serving, model),
+      history: prev?.history ?? [],
+      layerMsEwma: prev?.layerMsEwma,
+      registeredAt: now,
+      lastSeen: now,
+      inFlight: prev?.inFlight ?? 0,
+      failures: prev?.failures ?? 0,
+    };
+    this.nodes.set(rec.peerId, rec);
+    this.absorbStats(rec, msg.stats, now);
+    const budget = budgetBytes(msg.info);
+    if (prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb) {
+      // Re-registration (reconnect): keep what it was asked to hold.
+      rec.assignment = prev.assignment;
+    } else if (rec.serving) {
+      // It already serves a span (a restarted tracker): adopt it, no reload.
+      rec.assignment = rec.serving;
+    } else {
+      rec.assignment = chooseSpan(model, budget, this.holders(model.name, rec.peerId));
+    }
+    return rec;
+  }
+
+  /** A verified heartbeat; 404 for a node this tracker does not know (it must register). */
+  heartbeat(msg: NodeMessage): NodeRecord {
+    const rec = this.nodes.get(msg.peer_id);
+    if (!rec) throw new MeshError('MESH_ERR_NOT_FOUND', `peer ${msg.peer_id} is not registered here (tracker restarted or node expired); register again`);
+    if (rec.info.model !== msg.info.model || rec.info.memory_budget_mb !== msg.info.memory_budget_mb) return this.register(msg);
+    const now = this.o.now();
+    rec.lastSeen = now;
+    rec.info = msg.info;
+    rec.publicKey = msg.public_key;
+    rec.relayAddr = msg.relay_addr;
+    rec.endpoint = msg.endpoint;
+    if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, this.model(rec.info.model));
+    this.absorbStats(rec, msg.stats, now);
+    return rec;
+  }
+
+  private absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number): void {
+    if (!stats) return;
+    rec.stats = stats;
+    rec.history.push({ at: now, stats });
+    if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
+    // A node that has not run a step yet reports 0: keep the estimate until it has.
+    if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
+  }
+
+  remove(peerId: string, reason: string): boolean {
+    const rec = this.nodes.get(peerId);
+    if (!rec) return false;
+    this.nodes.delete(peerId);
+    this.events.onRemoved?.(rec, reason);
+    this.rebalance(rec.info.model);
+    return true;
+  }
+
+  /** Drop nodes silent for deadAfterMissedHeartbeats × interval, then rebalance every model. Returns the removed ids. */
+  sweep(): string[] {
+    const cutoff = this.o.now() - this.o.deadAfterMissedHeartbeats * this.o.heartbeatIntervalMs;
+    const dead = [...this.nodes.values()].filter((n) => n.lastSeen < cutoff);
+    for (const n of dead) {
+      this.nodes.delete(n.peerId);
+      this.events.onRemoved?.(n, 'missed heartbeats');
+    }
+    for (const m of this.models.keys()) this.rebalance(m);
+    return dead.map((n) => n.peerId);
+  }
+
+  /** Move nodes where that clearly improves the worst-covered layer; moved nodes see it in their next answer. */
+  rebalance(modelName: string): Move[] {
+    const model = this.models.get(modelName);
+    if (!model) return [];
+    const nodes = [...this.nodes.values()].filter((n) => n.info.model === modelName);
+    // Idle nodes (nothing fit before) get a chance whenever the picture changes.
+    for (const n of nodes) if (!n.assignment) n.assignment = chooseSpan(model, budgetBytes(n.info), this.holders(modelName, n.peerId));
+    const moves = rebalance(
+      model,
+      nodes.filter((n) => n.assignment).map((n) => ({
+        id: n.peerId,
+        start: n.assignment!.start,
+        end: n.assignment!.end,
+        throughput: this.throughput(n),
+        budgetBytes: budgetBytes(n.info),
+        movable: this.status(n) === NodeStatus.Serving,
+      })),
+      this.o.balanceQuality,
+    );
+    for (const mv of moves) {
+      const n = this.nodes.get(mv.id)!;
+      n.assignment = mv.to;
+      this.events.onMoved?.(n, mv);
+    }
+    return moves;
+  }
+
+  /** Nodes of `model` that serve a span now, as routing sees them. */
+  servingNodes(model: string, exclude: ReadonlySet<string> = new Set()): ServingNode[] {
+    const out: ServingNode[] = [];
+    for (const n of this.nodes.values()) {
+      if (n.info.model !== model || !n.serving || exclude.has(n.peerId)) continue;
+      out.push({ id: n.peerId, start: n.serving.start, end: n.serving.end, layerMs: this.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight });
+    }
+    return out;
+  }
+
+  /** Routes over [from, to) of `model`, cheapest first. */
+  routes(model: string, from: number, to: number, exclude?: ReadonlySet<string>): RoutePlan[] {
+    return findRoutes(this.servingNodes(model, exclude), from, to, { hopLatencyMs: this.o.hopLatencyMs });
+  }
+
+  /**
+   * A route for one request over [from, to), picked among the near-best by
+   * throughput; 503 naming the missing layers when none exists.
+   */
+  pick(modelName: string, exclude?: ReadonlySet<string>, from = 0, to?: number): RoutePlan {
+    const model = this.model(modelName);
+    const end = to ?? model.numLayers;
+    const serving = this.servingNodes(modelName, exclude);
+    const plan = pickRoute(findRoutes(serving, from, end, { hopLatencyMs: this.o.hopLatencyMs }), this.o.routeSlack, this.o.random);
+    if (plan) return plan;
+    const missing = missingLayers(serving, from, end);
+    const loading = [...this.nodes.values()].filter((n) => n.info.model === modelName && this.status(n) === NodeStatus.Loading).length;
+    throw new MeshError(
+      'MESH_ERR_UNAVAILABLE',
+      `no route for model "${modelName}": layers ${formatLayers(missing)} of 0-${model.numLayers - 1} are not served by any node${loading ? ` (${loading} node(s) still loading)` : ''}; add nodes or wait for them to load`,
+      { missing_layers: missing },
+    );
+  }
+
+  /** The availability map of one model: per layer, who holds it. */
+  availability(modelName: string) {
+    const model = this.model(modelName);
+    const nodes = [...this.nodes.values()].filter((n) => n.info.model === modelName);
+    const serving = this.servingNodes(modelName);
+    const cov = coverage(
+      model.numLayers,
+      serving.map((s) => ({ id: s.id, start: s.start, end: s.end, throughput: 1000 / s.layerMs })),
+    );
+    const missing = missingLayers(serving, 0, model.numLayers);
+    return {
+      model: modelName,
+      num_layers: model.numLayers,
+      complete: missing.length === 0,
+      missing_layers: missing,
+      layers: cov.count.map((count, layer) => ({
+        layer,
+        nodes: serving.filter((s) => s.start <= layer && layer < s.end).map((s) => s.id),
+        count,
+        throughput: round(cov.throughput[layer]!),
+      })),
+      nodes: nodes.map((n) => ({
+        peer_id: n.peerId,
+        status: this.status(n),
+        assignment: n.assignment && { start_layer: n.assignment.start, end_layer: n.assignment.end },
+        serving: n.serving && { start_layer: n.serving.start, end_layer: n.serving.end },
+        layer_ms: round(this.layerMs(n)),
+        throughput: round(this.throughput(n)),
+        backend: n.info.backend,
+        host: n.info.host,
+        relay: n.relayAddr !== undefined,
+        direct: n.endpoint !== undefined,
+      })),
+    };
+  }
+}
+
+function round(x: number): number {
+  return Math.round(x * 1000) / 1000;
+}
+
+export function budgetBytes(info: NodeInfo): number {
+  return info.memory_budget_mb * 1024 * 1024;
+}
+
+function validSpan(s: { start_layer: number; end_layer: number } | null | undefined, model: ModelSpec): Span | null {
+  if (!s || s.start_layer >= s.end_layer || s.end_layer > model.numLayers) return null;
+  return { start: s.start_layer, end: s.end_layer };
+}

@@ -1,0 +1,106 @@
+/**
+ * The tracker process: the app on Node's http server, a relay registration
+ * (the tracker is a peer too: it reaches heads over the relay's fast path and
+ * answers tracker API calls that arrive over the relay), the sweep timer, and
+ * the model registry loaded from each model's checkpoint URL.
+ */
+import pino, { type Logger } from 'pino';
+import { WebSocket } from 'ws';
+import { type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
+import { Identity, MemoryKeyStore } from '../node/identity.ts';
+import { RelayClient, type MeshHandler } from '../node/relay-client.ts';
+import type { WebSocketConstructor } from '../node/socket.ts';
+import { createTracker, type Tracker } from './app.ts';
+import { createHeadTransport } from './head-proxy.ts';
+import { serveApp } from './http.ts';
+import { FileKeyStore } from './key-file.ts';
+import { createTrackerMetrics } from './metrics.ts';
+import { loadModelSpec, type ModelSpec } from './model-registry.ts';
+import { resolveTrackerOptions, type TrackerOptions } from './options.ts';
+
+export interface RunningTracker extends Tracker {
+  url: string;
+  port: number;
+  logger: Logger;
+  relay: RelayClient | undefined;
+  close(): Promise<void>;
+}
+
+export interface StartTrackerExtras {
+  /** Already sized models (skips fetching config.json). */
+  modelSpecs?: ModelSpec[];
+  fetch?: typeof fetch;
+  identity?: Identity;
+  logger?: Logger;
+}
+
+/** The app as a relay bridge handler: tracker API calls may arrive over the relay too. */
+export function relayHandlerFor(fetchFn: (req: Request) => Promise<Response>): MeshHandler {
+  return async (req: MeshRequest): Promise<MeshResponse> => {
+    const body = req.method === 'GET' || req.method === 'HEAD' ? undefined : (req.body as Uint8Array<ArrayBuffer>);
+    const res = await fetchFn(new Request(new URL(req.path, 'http://tracker.relay'), { method: req.method, headers: req.headers, body, signal: req.signal }));
+    const headers: Record<string, string> = {};
+    res.headers.forEach((v, k) => (headers[k] = v));
+    // Streamed as it comes (SSE answers stay streams over the relay too).
+    return { status: res.status, headers, body: res.body ? streamChunks(res.body) : new Uint8Array(0) };
+  };
+}
+
+async function* streamChunks(body: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
+  const reader = body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    yield value;
+  }
+}
+
+export async function startTracker(partial: Partial<TrackerOptions>, extras: StartTrackerExtras = {}): Promise<RunningTracker> {
+  const o = resolveTrackerOptions(partial);
+  const logger = extras.logger ?? pino({ name: 'tracker', level: o.logLevel }, pino.destination(2));
+  const fetchFn = extras.fetch ?? globalThis.fetch;
+  const identity = extras.identity ?? (await Identity.loadOrCreate(o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore()));
+  const models = extras.modelSpecs ?? (await Promise.all(o.models.map((m) => loadModelSpec(m.name, m.url, fetchFn, o))));
+  if (models.length === 0) throw new TypeError('the tracker needs at least one model (--model NAME=URL)');
+  for (const m of models) logger.info({ model: m.name, url: m.url, layers: m.numLayers, layer_mb: +(m.layerBytes[0]! / 2 ** 20).toFixed(2), kv_mb_per_layer: +(m.kvBytesPerLayer / 2 ** 20).toFixed(2), sized_from: m.sizedFrom }, 'model registered');
+
+  let relay: RelayClient | undefined;
+  if (o.relayUrl) {
+    relay = new RelayClient({ relayUrl: o.relayUrl, WebSocket: WebSocket as unknown as WebSocketConstructor, identity, info: { role: 'tracker', models: models.map((m) => m.name) } });
+  }
+  const metrics = createTrackerMetrics();
+  const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay, fetch: fetchFn }), logger, metrics });
+  if (relay) {
+    relay.setHandler(relayHandlerFor(tracker.app.fetch));
+    relay.on('state', (e) => logger.info({ state: e.state, attempt: e.attempt, reason: e.reason }, 'relay connection'));
+    relay.start();
+    try {
+      await relay.ready(10_000);
+    } catch (e) {
+      // The tracker still serves direct-HTTP heads; the client keeps reconnecting.
+      logger.warn({ err: (e as Error).message }, 'relay not reachable yet; retrying in the background');
+    }
+  }
+  const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes);
+  const sweeper = setInterval(() => {
+    try {
+      tracker.sweep();
+    } catch (e) {
+      logger.error({ err: e }, 'sweep failed');
+    }
+  }, o.heartbeatIntervalMs);
+  sweeper.unref();
+  logger.info({ url: served.url, peer_id: identity.peerId, relay: o.relayUrl ?? null }, 'tracker listening');
+  return {
+    ...tracker,
+    url: served.url,
+    port: served.port,
+    logger,
+    relay,
+    async close() {
+      clearInterval(sweeper);
+      relay?.close();
+      await served.close();
+    },
+  };
+}
