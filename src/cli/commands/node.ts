@@ -1,0 +1,57 @@
+import type { Command } from 'commander';
+import { InvalidArgumentError } from 'commander';
+import { NODE_HOST_DEFAULTS, startNodeHost } from '../node-host.ts';
+import { int, onShutdown } from '../util.ts';
+
+function layerRange(value: string): [number, number] {
+  const m = /^(\d+)-(\d+)$/.exec(value);
+  if (!m || Number(m[1]) >= Number(m[2])) throw new InvalidArgumentError(`expected "a-b" with a < b (end exclusive), got "${value}"`);
+  return [Number(m[1]), Number(m[2])];
+}
+
+export function register(program: Command): void {
+  program
+    .command('node')
+    .description('Run a Node.js node: serves layers over direct HTTP and the relay, registers with the tracker, heads pipelines when it holds layer 0')
+    .option('--relay <url>', 'relay base URL (ws[s]:// or http[s]://)')
+    .option('--tracker <url>', 'tracker base URL (assignment, heartbeats, replacement spans)')
+    .option('--port <n>', 'direct HTTP port (0 picks a free one)', int, NODE_HOST_DEFAULTS.port)
+    .option('--host <addr>', 'interface the direct HTTP surface binds', NODE_HOST_DEFAULTS.host)
+    .option('--public-host <name>', 'host name advertised in the endpoint (default: the bound interface)')
+    .option('--budget-mb <n>', 'memory given to the mesh, MiB (weights + KV)', int, NODE_HOST_DEFAULTS.budgetMb)
+    .option('--key-file <path>', 'Ed25519 identity file (created on first run; keeps the peer id across restarts)')
+    .option('--layers <a-b>', 'static span [a, b) instead of the tracker\'s assignment (needs --model-url)', layerRange)
+    .option('--model-url <url>', 'base URL of the HF-layout checkpoint for --layers')
+    .option('--model <name>', 'model id as the tracker knows it', NODE_HOST_DEFAULTS.model)
+    .option('--threads <n>', 'ONNX intra-op threads (default: onnxruntime decides)', int)
+    .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
+    .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
+    .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
+    .option('--max-context <n>', 'tokens each session\'s KV cache is preallocated for', int, NODE_HOST_DEFAULTS.maxContext)
+    .option('--prefer-direct', 'try a hop\'s endpoint before its relay address (loopback/LAN meshes)', NODE_HOST_DEFAULTS.preferDirect)
+    .action(async (o: Record<string, unknown>) => {
+      if (!o.tracker && !o.layers) throw new InvalidArgumentError('give --tracker, or --layers with --model-url');
+      const host = await startNodeHost({
+        relayUrl: o.relay as string | undefined,
+        trackerUrl: o.tracker as string | undefined,
+        port: o.port as number,
+        host: o.host as string,
+        publicHost: o.publicHost as string | undefined,
+        budgetMb: o.budgetMb as number,
+        keyFile: o.keyFile as string | undefined,
+        layers: o.layers as [number, number] | undefined,
+        modelUrl: o.modelUrl as string | undefined,
+        model: o.model as string,
+        threads: o.threads as number | undefined,
+        injectDelayMs: o.injectDelayMs as number,
+        trackerKey: o.trackerKey as string | undefined,
+        maxBodyBytes: o.maxBodyBytes as number,
+        maxContext: o.maxContext as number,
+        preferDirect: Boolean(o.preferDirect),
+        // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
+        emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),
+        log: (level, message) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`),
+      });
+      onShutdown(() => host.close());
+    });
+}

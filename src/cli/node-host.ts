@@ -1,0 +1,487 @@
+/**
+ * The Node.js host of the node core: onnxruntime-node for compute, `ws` for
+ * the relay, node:http for the direct HTTP surface, a file for the identity.
+ *
+ *   startNodeHost()
+ *     ├─ Identity (key file)          peer id stable across restarts
+ *     ├─ node:http server             POST /forward, POST /generate, GET /health, GET /info, DELETE /sessions/<id>
+ *     ├─ RelayClient (ws)             same handler over the relay (fast path + envelopes)
+ *     ├─ TrackerClient                register → assignment; heartbeats with stats; re-register on 404
+ *     └─ Span                         ShardExecutor over the assigned layers, fetched by Range from the model URL;
+ *                                     swapped (load new, then switch, then release old) when the assignment moves
+ *
+ * Everything the node core does is in src/node; this file only wires hosts.
+ */
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { once } from 'node:events';
+import { chmod, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { dirname } from 'node:path';
+import type { AddressInfo } from 'node:net';
+import { WebSocket } from 'ws';
+import { parseModelConfig, type ModelConfig } from '../model/config.ts';
+import { openSafetensors } from '../model/safetensors.ts';
+import { ModelTokenizer } from '../model/tokenizer.ts';
+import type { MeshRequest, MeshResponse } from '../protocol/envelopes.ts';
+import { MeshError, errorBody } from '../protocol/errors.ts';
+import { normalizeHeaders } from '../protocol/headers.ts';
+import { decodeBase64 } from '../protocol/base64.ts';
+import type { Assignment, NodeMessage, NodeStats } from '../protocol/tracker.ts';
+import { createForwardHandler, type ForwardEvent } from '../node/forward-handler.ts';
+import { createHeadHandler } from '../node/head-handler.ts';
+import { HopTransport } from '../node/hop-transport.ts';
+import { Identity, type KeyStore, type StoredIdentity } from '../node/identity.ts';
+import { PipelineDriver } from '../node/pipeline.ts';
+import { RelayClient, type MeshHandler } from '../node/relay-client.ts';
+import { RpcConnection, watchWsHandshake } from '../node/relay-hop.ts';
+import type { WebSocketConstructor } from '../node/socket.ts';
+import { NotRegisteredError, TrackerClient } from '../node/tracker-client.ts';
+import { ShardExecutor } from '../shard/executor.ts';
+import { readerWeightLoader } from '../shard/weights.ts';
+import { createNodeBackend } from './onnx-node.ts';
+
+export interface NodeHostOptions {
+  /** Relay base URL (ws[s]:// or http[s]://); absent: direct HTTP only. */
+  relayUrl?: string;
+  /** Tracker base URL; absent: a static span (layers + modelUrl) and a configured tracker key. */
+  trackerUrl?: string;
+  /** Direct HTTP port; 0 picks a free one. */
+  port: number;
+  /** Interface to bind. */
+  host: string;
+  /** Host name put in the advertised endpoint (default: the bound host). */
+  publicHost?: string;
+  /** Memory the donor gives, MiB (weights + KV). */
+  budgetMb: number;
+  /** Where the Ed25519 identity lives; absent: a fresh id each run. */
+  keyFile?: string;
+  /** Static span [start, end) instead of the tracker's assignment. */
+  layers?: [number, number];
+  modelUrl?: string;
+  /** Model id as the tracker's registry knows it. */
+  model: string;
+  /** ONNX intra-op threads; absent: ORT decides. */
+  threads?: number;
+  /** Test hook: every /forward waits this long first (a slow donor). */
+  injectDelayMs: number;
+  /** base64url raw Ed25519 key that signs routes, for a head without a tracker (tests). */
+  trackerKey?: string;
+  /** Largest request body, bytes (413 above). */
+  maxBodyBytes: number;
+  /** Tokens each session's KV cache is preallocated for. */
+  maxContext: number;
+  /** Try a hop's endpoint before its relay address. */
+  preferDirect: boolean;
+  /** Machine-readable events (stdout). */
+  emit: (event: Record<string, unknown>) => void;
+  /** Log lines (stderr). */
+  log: (level: 'info' | 'warn' | 'error', message: string) => void;
+}
+
+export const NODE_HOST_DEFAULTS = {
+  port: 0,
+  host: '127.0.0.1',
+  budgetMb: 1024,
+  injectDelayMs: 0,
+  maxBodyBytes: 64 * 1024 * 1024,
+  maxContext: 2048,
+  preferDirect: false,
+  model: 'default',
+} as const;
+
+/** The identity as a JSON file, written atomically with mode 0600. */
+export class FileKeyStore implements KeyStore {
+  constructor(private readonly path: string) {}
+  async load(): Promise<StoredIdentity | undefined> {
+    try {
+      return JSON.parse(await readFile(this.path, 'utf8')) as StoredIdentity;
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `key file ${this.path} is unreadable (${(e as Error).message}); delete it to start with a new peer id`);
+    }
+  }
+  async save(identity: StoredIdentity): Promise<void> {
+    await mkdir(dirname(this.path), { recursive: true });
+    const tmp = `${this.path}.${process.pid}.tmp`;
+    await writeFile(tmp, JSON.stringify(identity) + '\n', { mode: 0o600 });
+    await chmod(tmp, 0o600);
+    await rename(tmp, this.path);
+  }
+}
+
+interface Span {
+  model: string;
+  modelUrl: string;
+  config: ModelConfig;
+  executor: ShardExecutor;
+  tokenizer: ModelTokenizer | undefined;
+  forward: MeshHandler;
+  pipeline: PipelineDriver | undefined;
+}
+
+/** Rolling stats of the heartbeat (ADR-0013). */
+class Stats {
+  private readonly times: number[] = [];
+  private readonly stepMs: number[] = [];
+  inFlight = 0;
+  tokensServed = 0;
+  record(e: ForwardEvent, layers: number): void {
+    const now = Date.now();
+    this.times.push(now);
+    while (this.times.length > 0 && this.times[0]! < now - 60_000) this.times.shift();
+    if (e.status === 200) {
+      this.tokensServed += e.tokens;
+      if (e.tokens === 1 && layers > 0) {
+        this.stepMs.push(e.ms / layers);
+        if (this.stepMs.length > 101) this.stepMs.shift();
+      }
+    }
+  }
+  snapshot(kvFree: number): NodeStats {
+    const now = Date.now();
+    while (this.times.length > 0 && this.times[0]! < now - 60_000) this.times.shift();
+    const sorted = [...this.stepMs].sort((a, b) => a - b);
+    return {
+      rpm: this.times.length,
+      layer_ms: sorted.length ? Math.round(sorted[sorted.length >> 1]! * 1000) / 1000 : 0,
+      queue_depth: this.inFlight,
+      kv_free_bytes: Math.max(0, kvFree),
+      tokens_served: this.tokensServed,
+    };
+  }
+}
+
+const utf8 = new TextEncoder();
+
+function jsonResponse(status: number, value: unknown): MeshResponse {
+  return { status, headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(value)) };
+}
+
+export interface NodeHost {
+  peerId: string;
+  endpoint: string;
+  relayAddr: string | undefined;
+  /** The span served now, if any. */
+  serving(): { start_layer: number; end_layer: number } | null;
+  close(): Promise<void>;
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
+  const identity = o.keyFile ? await Identity.loadOrCreate(new FileKeyStore(o.keyFile)) : await Identity.generate();
+  const backend = createNodeBackend(o.threads !== undefined ? { intraOpNumThreads: o.threads } : {});
+  const stats = new Stats();
+  let span: Span | undefined;
+  let loading: Promise<void> | undefined;
+  let closed = false;
+  const budgetBytes = o.budgetMb * 2 ** 20;
+
+  const tracker = o.trackerUrl ? new TrackerClient({ trackerUrl: o.trackerUrl, fetch: globalThis.fetch, identity }) : undefined;
+  const staticTrackerKey = o.trackerKey ? decodeBase64(o.trackerKey) : undefined;
+
+  // ---- transports of the head's pipeline
+  let relay: RelayClient | undefined;
+  const NodeWebSocket = WebSocket as unknown as WebSocketConstructor;
+  const transport = new HopTransport({
+    ...(o.relayUrl
+      ? {
+          fast: {
+            relayUrl: o.relayUrl,
+            get isRegistered() {
+              return relay?.state === 'registered';
+            },
+            request: (peerId, req, opts) => relay!.request(peerId, req, opts),
+          },
+          rpc: (addr: string) => new RpcConnection(addr, { WebSocket: NodeWebSocket, watchHandshake: watchWsHandshake }),
+        }
+      : {}),
+    fetch: globalThis.fetch,
+    preferDirect: o.preferDirect,
+    onLog: (m) => o.log('warn', m),
+  });
+
+  // ---- the handler every host path serves through
+  const forwardOrUnavailable: MeshHandler = async (req) => {
+    const s = span;
+    const path = req.path.split('?')[0]!;
+    if (!s) {
+      if (path === '/health') return jsonResponse(200, { status: 'loading', sessions: 0 });
+      if (path === '/info') return jsonResponse(200, { peer_id: identity.peerId, model: o.model, start_layer: null, end_layer: null, loading: loading !== undefined });
+      return jsonResponse(503, errorBody('MESH_ERR_UNAVAILABLE', 'this node has no span loaded yet; route around it or retry later'));
+    }
+    if (path === '/forward' && req.method.toUpperCase() === 'POST') {
+      stats.inFlight++;
+      try {
+        if (o.injectDelayMs > 0) await sleep(o.injectDelayMs);
+        return await s.forward(req);
+      } finally {
+        stats.inFlight--;
+      }
+    }
+    return s.forward(req);
+  };
+  const handler = createHeadHandler({
+    forward: forwardOrUnavailable,
+    peerId: identity.peerId,
+    trackerKey: () => tracker?.trackerKey ?? staticTrackerKey,
+    pipeline: () => span?.pipeline,
+    onLog: (m) => o.log('warn', m),
+  });
+
+  // ---- direct HTTP surface
+  const server = createServer({ noDelay: true, keepAliveTimeout: 30_000 }, (req, res) => {
+    serveHttp(req, res).catch((e: unknown) => {
+      o.log('error', `http ${req.method} ${req.url}: ${(e as Error).stack ?? String(e)}`);
+      if (!res.headersSent) res.writeHead(500, { 'content-type': 'application/json' });
+      res.end();
+    });
+  });
+  async function serveHttp(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const declared = Number(req.headers['content-length'] ?? '0');
+    if (declared > o.maxBodyBytes) {
+      res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
+      res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body of ${declared} bytes is over ${o.maxBodyBytes}`)));
+      req.destroy();
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let n = 0;
+    for await (const c of req as AsyncIterable<Buffer>) {
+      n += c.byteLength;
+      if (n > o.maxBodyBytes) {
+        res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
+        res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body is over ${o.maxBodyBytes} bytes`)));
+        req.destroy();
+        return;
+      }
+      chunks.push(c);
+    }
+    const buf = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, n);
+    const ac = new AbortController();
+    res.on('close', () => {
+      if (!res.writableFinished) ac.abort(new Error('client went away'));
+    });
+    const mreq: MeshRequest = {
+      method: req.method ?? 'GET',
+      path: req.url ?? '/',
+      headers: normalizeHeaders(req.headers as Record<string, unknown>),
+      body: new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength),
+      signal: ac.signal,
+    };
+    const r = await handler(mreq);
+    if (r.body instanceof Uint8Array) {
+      res.writeHead(r.status, { ...r.headers, 'content-length': String(r.body.byteLength) });
+      res.end(r.body);
+      return;
+    }
+    res.writeHead(r.status, r.headers);
+    for await (const chunk of r.body) {
+      if (ac.signal.aborted) break;
+      if (!res.write(chunk)) await Promise.race([once(res, 'drain'), once(res, 'close')]);
+    }
+    res.end();
+  }
+  server.listen(o.port, o.host);
+  await once(server, 'listening');
+  const port = (server.address() as AddressInfo).port;
+  const endpoint = `http://${o.publicHost ?? (o.host === '0.0.0.0' || o.host === '::' ? '127.0.0.1' : o.host)}:${port}`;
+
+  // ---- relay
+  if (o.relayUrl) {
+    relay = new RelayClient({
+      relayUrl: o.relayUrl,
+      WebSocket: NodeWebSocket,
+      identity,
+      handler,
+      info: { host: 'node', model: o.model, backend: backend.name },
+      onLog: (e) => {
+        if (e.level === 'warn' || e.level === 'error') o.log(e.level, `relay: ${e.event}: ${e.message}`);
+      },
+    });
+    relay.start();
+    await relay.ready(20_000);
+  }
+  o.emit({ event: 'listening', role: 'node', peer_id: identity.peerId, endpoint, relay_addr: relay?.relayAddr ?? null, port });
+
+  // ---- spans
+  async function loadSpan(a: Assignment): Promise<Span> {
+    const base = a.model_url.endsWith('/') ? a.model_url : `${a.model_url}/`;
+    const res = await fetch(`${base}config.json`);
+    if (!res.ok) throw new MeshError('MESH_ERR_UNAVAILABLE', `config.json: HTTP ${res.status} from ${base}`);
+    const config = parseModelConfig(await res.json());
+    const reader = await openSafetensors(globalThis.fetch, base);
+    const maxContext = Math.min(o.maxContext, config.maxPositionEmbeddings);
+    const executor = await ShardExecutor.create({
+      config,
+      backend,
+      weights: readerWeightLoader(reader),
+      startLayer: a.start_layer,
+      endLayer: a.end_layer,
+      maxContext,
+      // The donor's budget covers weights and KV; half of it for KV caches is the simple split until the tracker sizes spans by measured weight bytes.
+      kvBudgetBytes: budgetBytes / 2,
+    });
+    // The head needs the tokenizer; the last hop uses it for the token's text.
+    const tokenizer = a.start_layer === 0 || a.end_layer === config.numLayers ? await ModelTokenizer.load(globalThis.fetch, base, { extraEosTokenIds: config.eosTokenIds }) : undefined;
+    const layers = a.end_layer - a.start_layer;
+    const forward = createForwardHandler(executor, {
+      model: a.model,
+      backend: backend.name,
+      version: '0.1.0',
+      ...(tokenizer ? { decode: (id: number) => tokenizer.decode([id]) } : {}),
+      extraInfo: () => ({ peer_id: identity.peerId, endpoint, relay_addr: relay?.relayAddr ?? null }),
+      onForward: (e) => stats.record(e, layers),
+      onError: (e) => o.log('error', `forward: ${(e as Error).stack ?? String(e)}`),
+    });
+    const pipeline =
+      a.start_layer === 0 && tokenizer
+        ? new PipelineDriver({
+            executor,
+            tokenizer,
+            transport,
+            ...(tracker ? { replace: (hop, signal) => tracker.replace(a.model, hop, signal) } : {}),
+            onLog: (m) => o.log('warn', `pipeline: ${m}`),
+          })
+        : undefined;
+    return { model: a.model, modelUrl: a.model_url, config, executor, tokenizer, forward, pipeline };
+  }
+
+  function sameSpan(a: Assignment, s: Span | undefined): boolean {
+    return s !== undefined && s.executor.startLayer === a.start_layer && s.executor.endLayer === a.end_layer && s.modelUrl === a.model_url;
+  }
+
+  async function adopt(a: Assignment): Promise<void> {
+    if (sameSpan(a, span)) return;
+    const t0 = Date.now();
+    const next = await loadSpan(a);
+    if (closed) {
+      await next.executor.release();
+      return;
+    }
+    const old = span;
+    span = next;
+    o.emit({ event: 'serving', peer_id: identity.peerId, model: a.model, start_layer: a.start_layer, end_layer: a.end_layer, load_ms: Date.now() - t0 });
+    // release() waits for the old executor's queue, so a forward already running finishes first.
+    if (old) void old.executor.release().catch(() => undefined);
+  }
+
+  /** Adoptions run one after another; a second assignment while loading waits for the first. */
+  let chain: Promise<void> = Promise.resolve();
+  let wanted: Assignment | undefined;
+  function assign(a: Assignment | null | undefined): void {
+    if (!a || o.layers) return;
+    if (sameSpan(a, span) || (wanted && sameAssignment(wanted, a))) return;
+    wanted = a;
+    const run = chain.then(async () => {
+      if (wanted !== a) return; // superseded while queued
+      try {
+        await adopt(a);
+      } catch (e) {
+        o.log('error', `loading [${a.start_layer}, ${a.end_layer}) of ${a.model_url}: ${(e as Error).message}`);
+      } finally {
+        if (wanted === a) wanted = undefined;
+      }
+    });
+    loading = run;
+    chain = run.then(() => {
+      if (loading === run) loading = undefined;
+      // Tell the tracker what we serve as soon as the span is up.
+      return beat();
+    });
+  }
+
+  // ---- tracker
+  function nodeMessage(): NodeMessage {
+    const s = span;
+    const kv = s?.executor.kvStats();
+    return {
+      peer_id: identity.peerId,
+      public_key: encodeUrl(identity.publicKey),
+      ...(relay?.relayAddr ? { relay_addr: relay.relayAddr } : {}),
+      endpoint,
+      info: { model: o.model, backend: 'onnxruntime-node', memory_budget_mb: o.budgetMb, host: 'node', version: '0.1.0' },
+      stats: stats.snapshot(kv ? kv.budgetBytes - kv.bytesUsed : budgetBytes),
+      serving: s ? { start_layer: s.executor.startLayer, end_layer: s.executor.endLayer } : null,
+      timestamp: Date.now(),
+    };
+  }
+
+  let heartbeatMs = 5_000;
+  let beatTimer: ReturnType<typeof setTimeout> | undefined;
+  let registered = false;
+  let beating = false;
+
+  async function register(): Promise<void> {
+    const ans = await tracker!.register(nodeMessage());
+    registered = true;
+    heartbeatMs = ans.heartbeat_interval_ms;
+    o.emit({ event: 'registered', peer_id: identity.peerId, tracker: o.trackerUrl, assignment: ans.assignment });
+    assign(ans.assignment);
+  }
+
+  async function beat(): Promise<void> {
+    if (!tracker || closed || beating) return;
+    beating = true;
+    try {
+      if (!registered) await register();
+      else {
+        try {
+          const ans = await tracker.heartbeat(nodeMessage());
+          if (ans.heartbeatIntervalMs) heartbeatMs = ans.heartbeatIntervalMs;
+          assign(ans.assignment);
+        } catch (e) {
+          if (!(e instanceof NotRegisteredError)) throw e;
+          o.log('warn', 'the tracker forgot this node (restarted?); registering again');
+          registered = false;
+          await register();
+        }
+      }
+    } catch (e) {
+      o.log('warn', `tracker: ${(e as Error).message}`);
+    } finally {
+      beating = false;
+    }
+  }
+
+  function scheduleBeat(): void {
+    if (closed) return;
+    beatTimer = setTimeout(() => {
+      void beat().finally(scheduleBeat);
+    }, heartbeatMs);
+  }
+
+  if (o.layers) {
+    if (!o.modelUrl) throw new MeshError('MESH_ERR_BAD_REQUEST', '--layers needs --model-url');
+    await adopt({ model: o.model, model_url: o.modelUrl, start_layer: o.layers[0], end_layer: o.layers[1] });
+  }
+  if (tracker) {
+    await beat();
+    scheduleBeat();
+  }
+
+  return {
+    peerId: identity.peerId,
+    endpoint,
+    get relayAddr() {
+      return relay?.relayAddr;
+    },
+    serving: () => (span ? { start_layer: span.executor.startLayer, end_layer: span.executor.endLayer } : null),
+    async close() {
+      closed = true;
+      if (beatTimer) clearTimeout(beatTimer);
+      relay?.close();
+      transport.close();
+      server.closeAllConnections();
+      await new Promise<void>((r) => server.close(() => r()));
+      await span?.executor.release().catch(() => undefined);
+    },
+  };
+}
+
+function sameAssignment(a: Assignment, b: Assignment): boolean {
+  return a.start_layer === b.start_layer && a.end_layer === b.end_layer && a.model_url === b.model_url;
+}
+
+function encodeUrl(bytes: Uint8Array): string {
+  return Buffer.from(bytes).toString('base64url');
+}

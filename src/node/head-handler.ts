@@ -1,0 +1,115 @@
+/**
+ * `POST /generate` on a head node (the node holding layer 0, the embedding
+ * and the tokenizer), composed in front of the forward handler: every other
+ * path goes to the node's ordinary HTTP surface.
+ *
+ * A head accepts `X-Meshnet-Route` only from the tracker: the route text,
+ * `X-Meshnet-Route-Expires` (ms since epoch) and this head's peer id must be
+ * covered by `X-Meshnet-Route-Signature` (Ed25519, the tracker's key).
+ * Unsigned, forged, expired or other-head routes get 403 before anything
+ * runs, so no client can point a head at arbitrary endpoints.
+ *
+ * The answer is a stream of NDJSON lines, one GenerateEvent each, produced
+ * as the consumer pulls (relay DATA frames, or chunked HTTP).
+ */
+import { z } from 'zod';
+import type { MeshRequest, MeshResponse } from '../protocol/envelopes.ts';
+import { MeshError, errorBody } from '../protocol/errors.ts';
+import { H } from '../protocol/headers.ts';
+import { generateRequestSchema, type GenerateEvent } from '../protocol/tracker.ts';
+import type { MeshHandler } from './relay-client.ts';
+import type { PipelineDriver } from './pipeline.ts';
+import { verifySignedRoute } from './tracker-client.ts';
+
+export interface HeadHandlerInit {
+  /** Everything but /generate. */
+  forward: MeshHandler;
+  /** This node's peer id: routes are signed for one head. */
+  peerId: string;
+  /** The tracker's route-signing key; undefined until known (then /generate answers 403). */
+  trackerKey(): Uint8Array | undefined;
+  /** The driver while this node holds layer 0 and the tokenizer; undefined otherwise (then /generate answers 421). */
+  pipeline(): PipelineDriver | undefined;
+  /** Largest /generate body, bytes. @defaultValue 1048576 */
+  maxBodyBytes?: number;
+  now?: () => number;
+  onLog?: (message: string) => void;
+}
+
+const utf8 = new TextEncoder();
+const utf8d = new TextDecoder();
+
+function json(status: number, value: unknown): MeshResponse {
+  return { status, headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(value)) };
+}
+
+/** 421 Misdirected Request: a route pointed at a node that is not (or no longer) a head. */
+function notAHead(): MeshResponse {
+  return json(421, errorBody('MESH_ERR_LAYER_RANGE', 'this node does not hold layer 0 and the tokenizer now; ask the tracker for a fresh route'));
+}
+
+async function* ndjson(events: AsyncGenerator<GenerateEvent>): AsyncGenerator<Uint8Array> {
+  try {
+    for await (const ev of events) yield utf8.encode(JSON.stringify(ev) + '\n');
+  } finally {
+    // Runs on completion and when the consumer stops early (client gone): the generator's finally drops the sessions.
+    await events.return(undefined);
+  }
+}
+
+export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
+  const maxBody = init.maxBodyBytes ?? 1 << 20;
+  const now = init.now ?? Date.now;
+
+  async function generate(req: MeshRequest): Promise<MeshResponse> {
+    const h = req.headers;
+    const routeText = h[H.route];
+    const expires = h[H.routeExpires];
+    const signature = h[H.routeSignature];
+    if (routeText === undefined || expires === undefined || signature === undefined) {
+      throw new MeshError('MESH_ERR_FORBIDDEN', `${H.route}, ${H.routeExpires} and ${H.routeSignature} are required: a head accepts routes only from the tracker`);
+    }
+    if (!/^\d{1,16}$/.test(expires.trim())) throw new MeshError('MESH_ERR_FORBIDDEN', `${H.routeExpires} must be ms since epoch`);
+    const route = await verifySignedRoute(init.trackerKey(), init.peerId, routeText, Number(expires.trim()), signature.trim(), now());
+    const driver = init.pipeline();
+    if (!driver) return notAHead();
+    if (req.body.byteLength > maxBody) throw new MeshError('MESH_ERR_TOO_LARGE', `the /generate body is ${req.body.byteLength} bytes, over ${maxBody}`);
+    let raw: unknown;
+    try {
+      raw = JSON.parse(utf8d.decode(req.body));
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'the /generate body is not JSON');
+    }
+    const p = generateRequestSchema.safeParse(raw);
+    if (!p.success) {
+      const i = p.error.issues[0]!;
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `/generate body: ${i.path.join('.') || 'value'}: ${i.message}`);
+    }
+    if ((!p.data.messages || p.data.messages.length === 0) && p.data.prompt === undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', '/generate body: give messages or prompt');
+    // Refuse a bad route now (400) rather than as the stream's first event.
+    driver.planRoute(init.peerId, route);
+    const events = driver.generate(init.peerId, p.data, route, req.signal ? { signal: req.signal } : {});
+    return {
+      status: 200,
+      headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
+      body: ndjson(events),
+    };
+  }
+
+  return async function handle(req: MeshRequest): Promise<MeshResponse> {
+    const path = req.path.split('?')[0]!;
+    if (path !== '/generate') return init.forward(req);
+    if (req.method.toUpperCase() !== 'POST') return { ...json(405, errorBody('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /generate')), headers: { 'content-type': 'application/json', allow: 'POST' } };
+    try {
+      return await generate(req);
+    } catch (e) {
+      if (e instanceof MeshError) {
+        if (e.status === 403) init.onLog?.(`refused /generate: ${e.message}`);
+        return json(e.status, e.toBody());
+      }
+      if (e instanceof z.ZodError) return json(400, errorBody('MESH_ERR_BAD_REQUEST', e.message));
+      init.onLog?.(`/generate failed: ${(e as Error).stack ?? String(e)}`);
+      return json(500, errorBody('MESH_ERR_INTERNAL', 'the head failed to start this generation'));
+    }
+  };
+}

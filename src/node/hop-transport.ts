@@ -1,0 +1,197 @@
+/**
+ * How the head reaches one downstream hop (PROTOCOL.md §5): the relay fast
+ * path over its own persistent `/ws` connection when the hop sits on the same
+ * relay, a kept-open `/rpc/<peer_id>` socket (ADR-0014's path, for a hop on an
+ * ADR-era or other relay), or direct HTTP to the hop's `endpoint`. When one
+ * fails, the next is tried, and the one that answered is remembered per peer
+ * so the next token goes straight to it.
+ *
+ * Host-agnostic: the host injects the relay client, a WebSocket constructor
+ * for `/rpc` and a `fetch`; none is required.
+ */
+import type { MeshReply } from '../protocol/envelopes.ts';
+import { MeshError, errorCodeOf } from '../protocol/errors.ts';
+import type { HeaderMap } from '../protocol/headers.ts';
+import type { RouteHop } from '../protocol/tracker.ts';
+import type { OutgoingRequest, RequestOptions } from './relay-client.ts';
+
+export type TransportKind = 'fast' | 'rpc' | 'direct';
+
+/** What the transports need of RelayClient (structural, so tests may fake it). */
+export interface FastPathClient {
+  /** Our relay's base URL (any of ws/wss/http/https); a hop whose relay_addr has the same host:port is on our relay. */
+  readonly relayUrl: string;
+  /** True while registered: the fast path is usable. */
+  readonly isRegistered: boolean;
+  request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
+}
+
+/** What the transports need of an RpcConnection. */
+export interface RpcLike {
+  request(req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
+  close(): void;
+}
+
+export interface HopTransportInit {
+  fast?: FastPathClient;
+  /** Opens (lazily) a kept-open `/rpc` connection to `relayAddr`; one per address is cached. */
+  rpc?: (relayAddr: string) => RpcLike;
+  fetch?: typeof fetch;
+  /** Try `endpoint` before the relay when a hop has both (loopback / LAN meshes). @defaultValue false */
+  preferDirect?: boolean;
+  onLog?: (message: string) => void;
+}
+
+/** Every transport of a hop failed; `errors` says how each did. */
+export class HopUnreachableError extends MeshError {
+  constructor(
+    readonly hop: RouteHop,
+    readonly errors: Array<{ kind: TransportKind; error: MeshError }>,
+  ) {
+    const last = errors.at(-1)?.error;
+    super(
+      last?.code === 'MESH_ERR_TIMEOUT' ? 'MESH_ERR_TIMEOUT' : 'MESH_ERR_PEER_GONE',
+      `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}) unreachable: ${errors.map((e) => `${e.kind}: ${e.error.message}`).join('; ') || 'it has neither relay_addr nor endpoint'}`,
+      { peer_id: hop.peer_id },
+    );
+  }
+}
+
+function hostPort(url: string): string | undefined {
+  try {
+    const u = new URL(url);
+    const port = u.port || (u.protocol === 'wss:' || u.protocol === 'https:' ? '443' : '80');
+    return `${u.hostname}:${port}`;
+  } catch {
+    return undefined;
+  }
+}
+
+const utf8d = new TextDecoder();
+
+/** Statuses of a reply that mean "this transport did not reach a working hop", as opposed to an answer from the hop. */
+function isTransportFailure(reply: MeshReply): boolean {
+  if (reply.status === 200 || reply.status === 409) return false;
+  return true;
+}
+
+function replyError(reply: MeshReply, kind: TransportKind): MeshError {
+  let code: string | undefined;
+  let message = `HTTP ${reply.status}`;
+  try {
+    const body = JSON.parse(utf8d.decode(reply.body)) as { error?: { message?: unknown } };
+    code = errorCodeOf(body);
+    if (typeof body.error?.message === 'string') message = `${reply.status} ${code ?? ''} ${body.error.message}`.replace(/\s+/g, ' ');
+  } catch {
+    // a non-JSON error body: the status says enough
+  }
+  const meshCode = reply.status === 504 ? 'MESH_ERR_TIMEOUT' : reply.status === 416 ? 'MESH_ERR_LAYER_RANGE' : reply.status === 503 ? 'MESH_ERR_UNAVAILABLE' : 'MESH_ERR_UPSTREAM';
+  return new MeshError(meshCode, `${kind}: ${message}`, { status: reply.status, ...(code ? { remote_code: code } : {}) });
+}
+
+function asMesh(e: unknown, fallback: string): MeshError {
+  if (e instanceof MeshError) return e;
+  const err = e as Error;
+  if (err?.name === 'TimeoutError' || err?.name === 'AbortError') return new MeshError('MESH_ERR_TIMEOUT', `${fallback}: ${err.message}`);
+  const cause = (err as { cause?: { code?: string; message?: string } })?.cause;
+  return new MeshError('MESH_ERR_PEER_GONE', `${fallback}: ${cause?.code ?? cause?.message ?? err?.message ?? String(e)}`);
+}
+
+export class HopTransport {
+  private readonly rpcConns = new Map<string, RpcLike>();
+  /** The transport that last answered each peer: tried first next time. */
+  private readonly preferred = new Map<string, TransportKind>();
+  private readonly ourRelay: string | undefined;
+
+  constructor(private readonly init: HopTransportInit) {
+    this.ourRelay = init.fast ? hostPort(init.fast.relayUrl) : undefined;
+  }
+
+  /** The transports to try for a hop, best first. */
+  plan(hop: RouteHop): TransportKind[] {
+    const relay: TransportKind[] = [];
+    if (hop.relay_addr !== undefined) {
+      const onOurs = this.init.fast !== undefined && this.ourRelay !== undefined && hostPort(hop.relay_addr) === this.ourRelay;
+      if (onOurs && this.init.fast!.isRegistered) relay.push('fast');
+      // /rpc works for any relay, ours included: the fallback when our own connection is down.
+      if (this.init.rpc) relay.push('rpc');
+    }
+    const direct: TransportKind[] = hop.endpoint !== undefined && this.init.fetch ? ['direct'] : [];
+    const order = this.init.preferDirect ? [...direct, ...relay] : [...relay, ...direct];
+    const pref = this.preferred.get(hop.peer_id);
+    if (pref !== undefined && order.includes(pref)) return [pref, ...order.filter((k) => k !== pref)];
+    return order;
+  }
+
+  /**
+   * Send one request to a hop. Resolves with the hop's answer when it is 200
+   * or 409 (the caller replays on 409); any other outcome on every transport
+   * rejects with HopUnreachableError.
+   */
+  async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal): Promise<MeshReply> {
+    const errors: Array<{ kind: TransportKind; error: MeshError }> = [];
+    for (const kind of this.plan(hop)) {
+      if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+      let reply: MeshReply;
+      try {
+        reply = await this.sendOn(kind, hop, req, timeoutMs, signal);
+      } catch (e) {
+        if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+        errors.push({ kind, error: asMesh(e, kind) });
+        continue;
+      }
+      if (isTransportFailure(reply)) {
+        errors.push({ kind, error: replyError(reply, kind) });
+        continue;
+      }
+      if (errors.length > 0) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);
+      this.preferred.set(hop.peer_id, kind);
+      return reply;
+    }
+    this.preferred.delete(hop.peer_id);
+    throw new HopUnreachableError(hop, errors);
+  }
+
+  private sendOn(kind: TransportKind, hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal: AbortSignal | undefined): Promise<MeshReply> {
+    const opts: RequestOptions = { timeoutMs, ...(signal ? { signal } : {}) };
+    if (kind === 'fast') return this.init.fast!.request(hop.peer_id, req, opts);
+    if (kind === 'rpc') {
+      const addr = hop.relay_addr!;
+      let conn = this.rpcConns.get(addr);
+      if (!conn) {
+        conn = this.init.rpc!(addr);
+        this.rpcConns.set(addr, conn);
+      }
+      return conn.request(req, opts);
+    }
+    return this.direct(hop.endpoint!, req, timeoutMs, signal);
+  }
+
+  private async direct(endpoint: string, req: OutgoingRequest, timeoutMs: number, signal: AbortSignal | undefined): Promise<MeshReply> {
+    const signals: AbortSignal[] = [];
+    if (timeoutMs > 0) signals.push(AbortSignal.timeout(timeoutMs));
+    if (signal) signals.push(signal);
+    const url = endpoint.replace(/\/+$/, '') + req.path;
+    const res = await this.init.fetch!(url, {
+      method: req.method,
+      headers: req.headers ?? {},
+      ...(req.body && req.body.byteLength > 0 ? { body: req.body as Uint8Array<ArrayBuffer> } : {}),
+      ...(signals.length > 0 ? { signal: signals.length === 1 ? signals[0]! : AbortSignal.any(signals) } : {}),
+    });
+    const body = new Uint8Array(await res.arrayBuffer());
+    const headers: HeaderMap = {};
+    res.headers.forEach((v, k) => (headers[k] = v));
+    return { status: res.status, headers, body };
+  }
+
+  /** Fire-and-forget (errors ignored): dropping a session on a hop that may be gone. */
+  bestEffort(hop: RouteHop, req: OutgoingRequest, timeoutMs = 5_000): void {
+    this.send(hop, req, timeoutMs).catch(() => undefined);
+  }
+
+  /** Close the kept-open `/rpc` sockets. */
+  close(): void {
+    for (const c of this.rpcConns.values()) c.close();
+    this.rpcConns.clear();
+  }
+}

@@ -1,0 +1,449 @@
+/**
+ * The head's pipeline driver: ADR-0014's `_run_downstream_pipeline`, plus
+ * what the ADR left as "prototype" (a lost hop skipped the token).
+ *
+ *   tracker ── POST /generate (signed route) ──▶ head
+ *   head: tokens ─▶ embed + own layers ─▶ bf16 ─▶ hop 1 ─▶ hop 2 … ─▶ last hop samples
+ *                                         ◀──────────── {token_id,text,logprob}
+ *
+ * Each hop keeps the session's KV cache, so after the prompt every step sends
+ * one token's activation per hop. The head keeps, per hop, the activations it
+ * sent (the hop's input history, bf16 as on the wire, grown by doubling): when
+ * a hop fails it asks the tracker for a replacement span and sends that
+ * history to the replacement at position 0 together with the current step,
+ * which rebuilds the replacement's cache in one request without re-running a
+ * single upstream layer (petals' inference_session keeps the same history for
+ * the same reason). A 409 from a hop (its cache was evicted, or a transport
+ * retry ran the step twice) is repaired the same way on the same hop. The
+ * sampled token of the step does not change, so greedy output is the same
+ * with or without failures, and no token is skipped.
+ *
+ * Host-agnostic: the executor, tokenizer, transports and tracker are injected.
+ */
+import { MeshError } from '../protocol/errors.ts';
+import { H } from '../protocol/headers.ts';
+import { encodeTensor, type Dtype, dtypeBytes } from '../protocol/tensor.ts';
+import type { GenerateEvent, GenerateRequest, RouteHop } from '../protocol/tracker.ts';
+import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
+import { PositionMismatchError } from '../shard/errors.ts';
+import type { HopTransport } from './hop-transport.ts';
+import { z } from 'zod';
+
+/** What the driver needs of the head's ShardExecutor. */
+export interface HeadExecutor {
+  readonly config: { readonly numLayers: number; readonly hiddenSize: number };
+  readonly startLayer: number;
+  readonly endLayer: number;
+  readonly maxContext: number;
+  forward(req: ForwardRequest): Promise<ForwardResult>;
+  dropSession(id: string): boolean;
+}
+
+/** What the driver needs of ModelTokenizer. */
+export interface HeadTokenizer {
+  encode(text: string, opts?: { addSpecialTokens?: boolean }): number[];
+  encodeChat(messages: ReadonlyArray<{ role: string; content: string }>): number[];
+  decode(ids: readonly number[], opts?: { skipSpecialTokens?: boolean }): string;
+  isEos(id: number): boolean;
+}
+
+/** Asks the tracker for hops covering exactly [failed.start_layer, failed.end_layer). */
+export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal) => Promise<RouteHop[]>;
+
+export interface PipelineOptions {
+  /** Wire dtype of activations between hops. @defaultValue 'bf16' */
+  wireDtype: Dtype;
+  /** Longest wait for one hop's answer to a one-token step, ms. @defaultValue 10000 */
+  decodeTimeoutMs: number;
+  /** Longest wait for a hop's answer to a prompt or replay, ms (long prompts on slow donors). @defaultValue 60000 */
+  prefillTimeoutMs: number;
+  /** Hop replacements one generation may go through before it gives up with an error event. @defaultValue 4 */
+  maxRecoveries: number;
+}
+
+export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4 };
+
+export interface PipelineInit extends Partial<PipelineOptions> {
+  executor: HeadExecutor;
+  tokenizer: HeadTokenizer;
+  transport: HopTransport;
+  /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
+  replace?: ReplaceSpan;
+  onLog?: (message: string) => void;
+}
+
+const tokenAnswerSchema = z.object({ token_id: z.number().int().nonnegative(), text: z.string().optional(), logprob: z.number() });
+const utf8d = new TextDecoder();
+
+/** Input activations a hop has been sent so far, rows of `rowBytes`, in one buffer grown by doubling. */
+class History {
+  private buf: Uint8Array;
+  rows = 0;
+  constructor(private readonly rowBytes: number, initialRows: number) {
+    this.buf = new Uint8Array(rowBytes * Math.max(1, initialRows));
+  }
+  private reserve(rows: number): void {
+    const need = rows * this.rowBytes;
+    if (need <= this.buf.byteLength) return;
+    const next = new Uint8Array(Math.max(need, this.buf.byteLength * 2));
+    next.set(this.buf.subarray(0, this.rows * this.rowBytes));
+    this.buf = next;
+  }
+  /** Make the history `total` rows long, given `rows` that end at `total` (the step's input, or all of it). */
+  extendTo(total: number, rows: Uint8Array): void {
+    if (this.rows === total) return; // already recorded (a retry of the same step)
+    const n = rows.byteLength / this.rowBytes;
+    if (n === total) {
+      this.reserve(total);
+      this.buf.set(rows);
+    } else if (this.rows + n === total) {
+      this.reserve(total);
+      this.buf.set(rows, this.rows * this.rowBytes);
+    } else throw new MeshError('MESH_ERR_INTERNAL', `hop history has ${this.rows} rows, cannot reach ${total} with ${n} more`);
+    this.rows = total;
+  }
+  view(): Uint8Array {
+    return this.buf.subarray(0, this.rows * this.rowBytes);
+  }
+}
+
+interface HopState {
+  hop: RouteHop;
+  history: History;
+  /** False: its cache does not hold the history (new replacement, or a 409): the next send replays from position 0. */
+  synced: boolean;
+}
+
+interface PendingRecovery {
+  t0: number;
+  failed: string;
+  replacements: string[];
+  /** Emit once the hop at this index answered. */
+  untilIndex: number;
+}
+
+/** Holds back text that could be the start of a stop string, and finds the first stop. */
+export class StopMatcher {
+  private held = '';
+  constructor(private readonly stops: readonly string[]) {}
+  /** Text safe to emit now, and whether a stop string completed (the text before it is returned, the rest dropped). */
+  push(delta: string): { text: string; stopped: boolean } {
+    if (this.stops.length === 0) return { text: delta, stopped: false };
+    const s = this.held + delta;
+    let first = -1;
+    for (const stop of this.stops) {
+      const i = s.indexOf(stop);
+      if (i >= 0 && (first < 0 || i < first)) first = i;
+    }
+    if (first >= 0) {
+      this.held = '';
+      return { text: s.slice(0, first), stopped: true };
+    }
+    // Longest suffix of s that is a proper prefix of a stop string stays held.
+    let keep = 0;
+    for (const stop of this.stops) {
+      for (let k = Math.min(stop.length - 1, s.length); k > keep; k--) {
+        if (s.endsWith(stop.slice(0, k))) {
+          keep = k;
+          break;
+        }
+      }
+    }
+    this.held = s.slice(s.length - keep);
+    return { text: s.slice(0, s.length - keep), stopped: false };
+  }
+  flush(): string {
+    const t = this.held;
+    this.held = '';
+    return t;
+  }
+}
+
+/** Incremental detokenizer that also works from a context of earlier ids (the prefix of a failover). */
+class Detokenizer {
+  private ids: number[] = [];
+  private prefix = 0;
+  private read = 0;
+  constructor(private readonly tok: HeadTokenizer) {}
+  push(id: number): string {
+    this.ids.push(id);
+    const prev = this.tok.decode(this.ids.slice(this.prefix, this.read), { skipSpecialTokens: true });
+    const text = this.tok.decode(this.ids.slice(this.prefix), { skipSpecialTokens: true });
+    if (text.length > prev.length && !text.endsWith('\uFFFD')) {
+      this.prefix = this.read;
+      this.read = this.ids.length;
+      return text.slice(prev.length);
+    }
+    return '';
+  }
+}
+
+export interface GenerateOptions {
+  signal?: AbortSignal;
+}
+
+export class PipelineDriver {
+  readonly options: PipelineOptions;
+  private readonly rowBytes: number;
+
+  constructor(private readonly init: PipelineInit) {
+    const o = { ...PIPELINE_DEFAULTS };
+    for (const k of Object.keys(PIPELINE_DEFAULTS) as Array<keyof PipelineOptions>) if (init[k] !== undefined) (o as Record<string, unknown>)[k] = init[k];
+    this.options = o;
+    this.rowBytes = init.executor.config.hiddenSize * dtypeBytes(o.wireDtype);
+  }
+
+  /**
+   * The layers the head runs itself and the hops after it, checked to chain
+   * without a gap up to the last layer. A leading hop naming the head itself
+   * (a tracker may list the head as hop 0) becomes the local range.
+   */
+  planRoute(headPeerId: string, route: readonly RouteHop[]): { localEnd: number; hops: RouteHop[] } {
+    const ex = this.init.executor;
+    const L = ex.config.numLayers;
+    const hops = [...route];
+    let localEnd = ex.endLayer;
+    if (hops[0]?.peer_id === headPeerId) {
+      const own = hops.shift()!;
+      if (own.start_layer !== 0 || own.end_layer > ex.endLayer) {
+        throw new MeshError('MESH_ERR_LAYER_RANGE', `the route gives this head layers [${own.start_layer}, ${own.end_layer}); it holds [${ex.startLayer}, ${ex.endLayer})`);
+      }
+      localEnd = own.end_layer;
+    }
+    if (ex.startLayer !== 0) throw new MeshError('MESH_ERR_LAYER_RANGE', `this node holds [${ex.startLayer}, ${ex.endLayer}), not layer 0: it cannot head a pipeline`);
+    // ADR-0012 overlap: the first hop may start before our end; then we stop where it starts.
+    if (hops.length > 0) localEnd = Math.min(localEnd, hops[0]!.start_layer);
+    if (localEnd < 1) throw new MeshError('MESH_ERR_LAYER_RANGE', 'the route leaves the head no layer to run');
+    let at = localEnd;
+    for (const h of hops) {
+      if (h.start_layer !== at || h.end_layer <= h.start_layer) {
+        throw new MeshError('MESH_ERR_BAD_REQUEST', `route hop ${h.peer_id} runs [${h.start_layer}, ${h.end_layer}) but the previous one ends at ${at}`);
+      }
+      if (h.peer_id === headPeerId) throw new MeshError('MESH_ERR_BAD_REQUEST', 'the route sends the activation back to the head');
+      at = h.end_layer;
+    }
+    if (at !== L) throw new MeshError('MESH_ERR_BAD_REQUEST', `the route ends at layer ${at}; the model has ${L}`);
+    return { localEnd, hops };
+  }
+
+  /**
+   * Run one generation; yields GenerateEvents (start, token…, recovered…,
+   * done | error). Pull-driven: a step runs when the consumer asks for the
+   * next event, so a slow reader never lets the pipeline run ahead. Leaving
+   * the loop early cancels and drops the session everywhere.
+   */
+  async *generate(headPeerId: string, req: GenerateRequest, route: readonly RouteHop[], opts: GenerateOptions = {}): AsyncGenerator<GenerateEvent> {
+    const { executor: ex, tokenizer: tok, transport } = this.init;
+    const signal = opts.signal;
+    let plan: { localEnd: number; hops: RouteHop[] };
+    let promptIds: number[];
+    try {
+      plan = this.planRoute(headPeerId, route);
+      if (req.messages && req.messages.length > 0) promptIds = tok.encodeChat(req.messages);
+      else if (req.prompt !== undefined) promptIds = tok.encode(req.prompt);
+      else throw new MeshError('MESH_ERR_BAD_REQUEST', 'give messages or prompt');
+      if (promptIds.length === 0) throw new MeshError('MESH_ERR_BAD_REQUEST', 'the prompt encodes to no tokens');
+      if (promptIds.length + req.prefix_token_ids.length >= ex.maxContext) {
+        throw new MeshError('MESH_ERR_TOO_LARGE', `prompt of ${promptIds.length} tokens (+${req.prefix_token_ids.length} already generated) does not fit the context of ${ex.maxContext}`);
+      }
+    } catch (e) {
+      yield errorEvent(e);
+      return;
+    }
+    const L = ex.config.numLayers;
+    const session = sessionIdFor(req.session_id);
+    const hops: HopState[] = plan.hops.map((hop) => ({ hop, history: new History(this.rowBytes, 64), synced: true }));
+    const sampling = JSON.stringify({ temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) });
+    const localSampling = { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) };
+    const detok = new Detokenizer(tok);
+    const stop = new StopMatcher(req.stop);
+    const pending: GenerateEvent[] = [];
+    let recoveries = 0;
+    let position = 0;
+    let index = req.prefix_token_ids.length;
+
+    yield { type: 'start', prompt_tokens: promptIds.length, route: hops.map((h) => h.hop.peer_id) };
+    for (const id of req.prefix_token_ids) detok.push(id);
+
+    /** One step: `tokens` enter at `position`; returns the sampled token. */
+    const step = async (tokens: number[], allTokens: () => number[]): Promise<{ tokenId: number; logprob: number }> => {
+      const seq = tokens.length;
+      const total = position + seq;
+      let local: ForwardResult;
+      const localReq = (ids: readonly number[], pos: number): ForwardRequest => ({
+        session,
+        position: pos,
+        tokenIds: ids,
+        startLayer: 0,
+        endLayer: plan.localEnd,
+        ...(plan.localEnd === L ? { sampling: localSampling } : {}),
+      });
+      try {
+        local = await ex.forward(localReq(tokens, position));
+      } catch (e) {
+        // Our own cache expired (idle TTL) or was evicted: rebuild it from the token history.
+        if (!(e instanceof PositionMismatchError)) throw e;
+        local = await ex.forward(localReq(allTokens(), 0));
+      }
+      if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
+      // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
+      let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
+      let recovery: PendingRecovery | undefined;
+      let mismatches = 0;
+
+      for (let i = 0; i < hops.length; ) {
+        const hs = hops[i]!;
+        hs.history.extendTo(total, input);
+        const replay = !hs.synced;
+        const body = replay ? hs.history.view() : input.subarray(input.byteLength - seq * this.rowBytes);
+        const rowsSent = replay ? total : seq;
+        const last = i === hops.length - 1;
+        const headers: Record<string, string> = {
+          [H.shape]: `1,${rowsSent},${ex.config.hiddenSize}`,
+          [H.dtype]: this.options.wireDtype,
+          [H.session]: session,
+          [H.position]: String(replay ? 0 : position),
+          [H.startLayer]: String(hs.hop.start_layer),
+          [H.endLayer]: String(hs.hop.end_layer),
+          'content-type': 'application/octet-stream',
+        };
+        if (last) headers[H.sampling] = sampling;
+        const t0 = performance.now();
+        const timeout = rowsSent > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
+        let reply;
+        try {
+          reply = await transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal);
+        } catch (e) {
+          if (signal?.aborted || (e instanceof MeshError && e.code === 'MESH_ERR_CANCELLED')) throw e;
+          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++);
+          continue; // retry index i, now the first replacement hop
+        }
+        if (reply.status === 409) {
+          // The hop's cache is not where we think (evicted, or the step ran twice): replay it.
+          if (++mismatches > 3) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} keeps answering 409 after replays`);
+          this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${total} rows`);
+          hs.synced = false;
+          continue;
+        }
+        hs.synced = true;
+        if (recovery && i >= recovery.untilIndex) {
+          pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
+          recovery = undefined;
+        }
+        if (last) {
+          const ans = parseTokenAnswer(reply.body, hs.hop);
+          return { tokenId: ans.token_id, logprob: ans.logprob };
+        }
+        if (reply.body.byteLength !== rowsSent * this.rowBytes) {
+          throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes for ${rowsSent} rows of ${this.rowBytes}`);
+        }
+        // Zero-copy: the hop's answer (same dtype) is the next hop's body.
+        input = reply.body;
+        i++;
+      }
+      throw new MeshError('MESH_ERR_INTERNAL', 'the route has no last hop');
+    };
+
+    let finish: 'stop' | 'length' = 'length';
+    const history: number[] = [...promptIds, ...req.prefix_token_ids];
+    let completed = false;
+    try {
+      let next: number[] = history.slice();
+      while (index < req.max_tokens && position + next.length <= ex.maxContext) {
+        if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+        const { tokenId, logprob } = await step(next, () => history.slice(0, position + next.length));
+        position += next.length;
+        while (pending.length > 0) yield pending.shift()!;
+        if (tok.isEos(tokenId)) {
+          finish = 'stop';
+          break;
+        }
+        history.push(tokenId);
+        const pushed = stop.push(detok.push(tokenId));
+        let text = pushed.text;
+        // The last token of a length-limited run lets go of text held for a stop string that can no longer complete.
+        if (!pushed.stopped && (index + 1 >= req.max_tokens || position + 1 > ex.maxContext)) text += stop.flush();
+        yield { type: 'token', index, token_id: tokenId, text, logprob };
+        index++;
+        if (pushed.stopped) {
+          finish = 'stop';
+          break;
+        }
+        next = [tokenId];
+      }
+      completed = true;
+      yield { type: 'done', finish_reason: finish, completion_tokens: index, prompt_tokens: promptIds.length };
+    } catch (e) {
+      if (!completed) {
+        while (pending.length > 0) yield pending.shift()!;
+        yield errorEvent(e);
+      }
+    } finally {
+      ex.dropSession(session);
+      for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
+    }
+  }
+
+  /** Replace hops[i] by the tracker's answer; returns the recovery to report once the replacement answers. */
+  private async recover(
+    hops: HopState[],
+    i: number,
+    cause: unknown,
+    headPeerId: string,
+    current: PendingRecovery | undefined,
+    t0: number,
+    signal: AbortSignal | undefined,
+    count: () => number,
+  ): Promise<PendingRecovery> {
+    const failed = hops[i]!;
+    const reason = cause instanceof Error ? cause.message : String(cause);
+    if (!this.init.replace) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; no tracker to ask for a replacement`);
+    if (count() >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
+    this.init.onLog?.(`hop ${failed.hop.peer_id} [${failed.hop.start_layer}, ${failed.hop.end_layer}) failed (${reason}); asking the tracker for a replacement`);
+    const got = await this.init.replace(failed.hop, signal);
+    let at = failed.hop.start_layer;
+    for (const h of got) {
+      if (h.start_layer !== at || h.end_layer <= at || h.peer_id === headPeerId) {
+        throw new MeshError('MESH_ERR_UPSTREAM', `the tracker's replacement does not chain over [${failed.hop.start_layer}, ${failed.hop.end_layer})`);
+      }
+      at = h.end_layer;
+    }
+    if (got.length === 0 || at !== failed.hop.end_layer) throw new MeshError('MESH_ERR_UPSTREAM', `the tracker's replacement does not cover [${failed.hop.start_layer}, ${failed.hop.end_layer})`);
+    // The first replacement inherits the failed hop's input history; the others get theirs from the replay's outputs.
+    const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: false }));
+    hops.splice(i, 1, ...fresh);
+    const failedIds = current ? current.failed : failed.hop.peer_id;
+    return {
+      t0: current?.t0 ?? t0,
+      failed: failedIds,
+      replacements: got.map((h) => h.peer_id),
+      untilIndex: i + got.length - 1,
+    };
+  }
+}
+
+function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {
+  let v: unknown;
+  try {
+    v = JSON.parse(utf8d.decode(body));
+  } catch {
+    throw new MeshError('MESH_ERR_UPSTREAM', `the last hop ${hop.peer_id} answered something other than a token JSON; does it hold layer ${hop.end_layer - 1} and the LM head?`);
+  }
+  const p = tokenAnswerSchema.safeParse(v);
+  if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `the last hop ${hop.peer_id} answered ${JSON.stringify(v).slice(0, 120)}, not {token_id, text, logprob}`);
+  return p.data;
+}
+
+function errorEvent(e: unknown): GenerateEvent {
+  if (e instanceof MeshError) return { type: 'error', code: e.code, message: e.message };
+  return { type: 'error', code: 'MESH_ERR_INTERNAL', message: e instanceof Error ? e.message : String(e) };
+}
+
+const SESSION_RE = /^[A-Za-z0-9._:-]{1,128}$/;
+let sessionCounter = 0;
+
+/** The KV session id on every hop: the tracker's id when it is header-safe, plus a per-run suffix so two runs never share caches. */
+export function sessionIdFor(sessionId: string): string {
+  const base = SESSION_RE.test(sessionId) ? sessionId.slice(0, 100) : 'gen';
+  return `${base}.${(++sessionCounter).toString(36)}${Math.floor(Math.random() * 1e9).toString(36)}`;
+}

@@ -1,0 +1,199 @@
+/**
+ * A node's side of the tracker API (src/protocol/tracker.ts): signed
+ * registration and heartbeats, and the head's signed request for a
+ * replacement span. Every body is `{body, signature}` with the node's relay
+ * identity signing canonicalJson(body), so nobody can speak for another node;
+ * replacement routes come back signed by the tracker and are checked here,
+ * so a head sends activations only where the tracker said.
+ *
+ * Host-agnostic: `fetch` is injected.
+ */
+import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
+import { MeshError, errorCodeOf } from '../protocol/errors.ts';
+import {
+  canonicalJson,
+  registerAnswerSchema,
+  replaceAnswerSchema,
+  routeSchema,
+  routeSigningMessage,
+  assignmentSchema,
+  type NodeMessage,
+  type RegisterAnswer,
+  type ReplaceRequest,
+  type RouteHop,
+  type Assignment,
+} from '../protocol/tracker.ts';
+import { verifyEd25519, type Identity } from './identity.ts';
+import { z } from 'zod';
+
+export interface TrackerClientInit {
+  /** Base URL, e.g. http://127.0.0.1:8080 */
+  trackerUrl: string;
+  fetch: typeof fetch;
+  identity: Identity;
+  /** Per request. @defaultValue 10000 */
+  requestTimeoutMs?: number;
+  /** How long a head keeps asking for a replacement span while the tracker answers 503 (no node covers it yet). @defaultValue 30000 */
+  replaceDeadlineMs?: number;
+}
+
+/** Answer to a heartbeat: a new assignment when the tracker moved the node, else nothing new. Unknown fields are ignored. */
+const heartbeatAnswerSchema = z
+  .object({
+    assignment: assignmentSchema.nullable().optional(),
+    heartbeat_interval_ms: z.number().int().positive().optional(),
+    tracker_public_key: z.string().optional(),
+  })
+  .loose();
+export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number };
+
+/** The tracker forgot this node (it restarted): register again. */
+export class NotRegisteredError extends MeshError {
+  constructor() {
+    super('MESH_ERR_NOT_FOUND', 'the tracker does not know this node (it restarted?); register again');
+  }
+}
+
+const utf8 = new TextEncoder();
+
+export async function signBody<T>(identity: Identity, body: T): Promise<{ body: T; signature: string }> {
+  const sig = await identity.sign(utf8.encode(canonicalJson(body)));
+  return { body, signature: encodeBase64Url(sig) };
+}
+
+/** Verify a tracker-signed route text for `headPeerId`; returns the parsed hops or throws MESH_ERR_FORBIDDEN. */
+export async function verifySignedRoute(trackerKey: Uint8Array | undefined, headPeerId: string, routeText: string, expiresAt: number, signature: string, now: number): Promise<RouteHop[]> {
+  if (!trackerKey) throw new MeshError('MESH_ERR_FORBIDDEN', 'this head has no tracker key yet (not registered with a tracker, and none configured): it accepts no route');
+  if (!Number.isSafeInteger(expiresAt)) throw new MeshError('MESH_ERR_FORBIDDEN', 'route expiry is not an integer (ms since epoch)');
+  if (expiresAt < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expiresAt} ms ago; ask the tracker for a fresh one`);
+  let sig: Uint8Array;
+  try {
+    sig = decodeBase64Url(signature);
+  } catch {
+    throw new MeshError('MESH_ERR_FORBIDDEN', 'route signature is not base64url');
+  }
+  if (!(await verifyEd25519(trackerKey, routeSigningMessage(headPeerId, expiresAt, routeText), sig))) {
+    throw new MeshError('MESH_ERR_FORBIDDEN', 'the route is not signed by the tracker for this head; a head accepts routes only from its tracker');
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(routeText);
+  } catch {
+    throw new MeshError('MESH_ERR_BAD_REQUEST', 'the signed route is not JSON');
+  }
+  // A route whose head runs every layer itself lists no downstream hop: accept the empty list too.
+  const p = (Array.isArray(raw) && raw.length === 0 ? routeSchema.or(z.array(z.never()).max(0)) : routeSchema).safeParse(raw);
+  if (!p.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `the signed route is not a hop list: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
+  return p.data;
+}
+
+export class TrackerClient {
+  private readonly base: string;
+  private readonly timeoutMs: number;
+  private readonly replaceDeadlineMs: number;
+  /** Raw Ed25519 key the tracker signs routes with (from the last registration, or configured). */
+  trackerKey: Uint8Array | undefined;
+
+  constructor(private readonly init: TrackerClientInit) {
+    this.base = init.trackerUrl.replace(/\/+$/, '');
+    this.timeoutMs = init.requestTimeoutMs ?? 10_000;
+    this.replaceDeadlineMs = init.replaceDeadlineMs ?? 30_000;
+  }
+
+  private async post(path: string, payload: unknown, signal?: AbortSignal): Promise<{ status: number; json: unknown }> {
+    const signals = [AbortSignal.timeout(this.timeoutMs), ...(signal ? [signal] : [])];
+    let res: Response;
+    try {
+      res = await this.init.fetch(this.base + path, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(payload),
+        signal: signals.length === 1 ? signals[0]! : AbortSignal.any(signals),
+      });
+    } catch (e) {
+      if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', `${path} cancelled`);
+      throw new MeshError('MESH_ERR_UNAVAILABLE', `tracker ${this.base} unreachable for ${path}: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`);
+    }
+    const text = await res.text();
+    let json: unknown = undefined;
+    try {
+      json = text ? JSON.parse(text) : undefined;
+    } catch {
+      // non-JSON answers are reported by status below
+    }
+    return { status: res.status, json };
+  }
+
+  private fail(path: string, status: number, json: unknown): never {
+    const msg = (json as { error?: { message?: string } } | undefined)?.error?.message ?? `HTTP ${status}`;
+    throw new MeshError(status === 503 ? 'MESH_ERR_UNAVAILABLE' : status === 403 || status === 401 ? 'MESH_ERR_FORBIDDEN' : 'MESH_ERR_UPSTREAM', `tracker ${path}: ${msg}`, {
+      status,
+      ...(errorCodeOf(json) ? { remote_code: errorCodeOf(json) } : {}),
+    });
+  }
+
+  async register(msg: NodeMessage): Promise<RegisterAnswer> {
+    const { status, json } = await this.post('/api/nodes/register', await signBody(this.init.identity, msg));
+    if (status !== 200 && status !== 201) this.fail('/api/nodes/register', status, json);
+    const p = registerAnswerSchema.safeParse(json);
+    if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker register answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
+    this.trackerKey = decodeBase64Url(p.data.tracker_public_key);
+    return p.data;
+  }
+
+  /** Throws NotRegisteredError on 404 (the tracker restarted and forgot us). */
+  async heartbeat(msg: NodeMessage): Promise<HeartbeatAnswer> {
+    const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg));
+    if (status === 404) throw new NotRegisteredError();
+    if (status !== 200) this.fail('/api/nodes/heartbeat', status, json);
+    const p = heartbeatAnswerSchema.safeParse(json ?? {});
+    if (!p.success) return {};
+    if (p.data.tracker_public_key) this.trackerKey = decodeBase64Url(p.data.tracker_public_key);
+    const out: HeartbeatAnswer = {};
+    if (p.data.assignment !== undefined) out.assignment = p.data.assignment;
+    if (p.data.heartbeat_interval_ms !== undefined) out.heartbeatIntervalMs = p.data.heartbeat_interval_ms;
+    return out;
+  }
+
+  /**
+   * Ask for hops covering a failed hop's layers. Retries with backoff while
+   * the tracker answers 503 or names the failed peer again (it may not have
+   * noticed the failure yet), until the deadline.
+   */
+  async replace(model: string, failed: RouteHop, signal?: AbortSignal): Promise<RouteHop[]> {
+    const deadline = Date.now() + this.replaceDeadlineMs;
+    let delay = 100;
+    for (let attempt = 1; ; attempt++) {
+      const req: ReplaceRequest = {
+        head_peer_id: this.init.identity.peerId,
+        failed_peer_id: failed.peer_id,
+        start_layer: failed.start_layer,
+        end_layer: failed.end_layer,
+        model,
+        timestamp: Date.now(),
+      };
+      const { status, json } = await this.post('/api/route/replace', await signBody(this.init.identity, req), signal);
+      let retryable = status === 503 || status === 404;
+      if (status === 200) {
+        const p = replaceAnswerSchema.safeParse(json);
+        if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker replace answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
+        const hops = await verifySignedRoute(this.trackerKey, this.init.identity.peerId, p.data.route, p.data.expires_at, p.data.signature, Date.now());
+        if (!hops.some((h) => h.peer_id === failed.peer_id)) return hops;
+        retryable = true;
+      }
+      if (!retryable || Date.now() + delay > deadline) {
+        if (status === 200) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker keeps routing [${failed.start_layer}, ${failed.end_layer}) through the failed peer ${failed.peer_id}`);
+        this.fail('/api/route/replace', status, json);
+      }
+      await new Promise<void>((resolve, reject) => {
+        const t = setTimeout(resolve, delay);
+        signal?.addEventListener('abort', () => {
+          clearTimeout(t);
+          reject(new MeshError('MESH_ERR_CANCELLED', 'cancelled while waiting for a replacement'));
+        }, { once: true });
+      });
+      delay = Math.min(delay * 2, 2_000);
+      void attempt;
+    }
+  }
+}

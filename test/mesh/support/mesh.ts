@@ -1,0 +1,142 @@
+/**
+ * Real processes on loopback for mesh tests and benches: `meshnet node`
+ * processes (and a tracker when asked), the fixture checkpoint over the
+ * static server, a test route-signing key, and an NDJSON reader of /generate.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { Identity } from '../../../src/node/identity.ts';
+import { encodeBase64Url } from '../../../src/protocol/base64.ts';
+import { generateEventSchema, routeSigningMessage, type GenerateEvent, type GenerateRequest, type RouteHop } from '../../../src/protocol/tracker.ts';
+
+const BIN = fileURLToPath(new URL('../../../bin/meshnet.js', import.meta.url));
+
+export interface Proc {
+  child: ChildProcess;
+  /** Every stdout JSON line so far. */
+  events: Array<Record<string, unknown>>;
+  stderr: () => string;
+  /** Resolves with the first stdout event matching, waiting up to `ms`. */
+  waitFor(pred: (e: Record<string, unknown>) => boolean, ms?: number): Promise<Record<string, unknown>>;
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+export function spawnMeshnet(args: string[], env: Record<string, string> = {}): Proc {
+  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+  let err = '';
+  child.stderr!.on('data', (d) => {
+    err += d;
+    if (err.length > 200_000) err = err.slice(-100_000);
+  });
+  const events: Array<Record<string, unknown>> = [];
+  const waiters: Array<{ pred: (e: Record<string, unknown>) => boolean; resolve: (e: Record<string, unknown>) => void }> = [];
+  createInterface({ input: child.stdout! }).on('line', (line) => {
+    let e: Record<string, unknown>;
+    try {
+      e = JSON.parse(line) as Record<string, unknown>;
+    } catch {
+      return;
+    }
+    events.push(e);
+    for (const w of [...waiters]) {
+      if (w.pred(e)) {
+        waiters.splice(waiters.indexOf(w), 1);
+        w.resolve(e);
+      }
+    }
+  });
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  return {
+    child,
+    events,
+    stderr: () => err,
+    waitFor(pred, ms = 60_000) {
+      const hit = events.find(pred);
+      if (hit) return Promise.resolve(hit);
+      return new Promise((resolve, reject) => {
+        const w = { pred, resolve: (e: Record<string, unknown>) => (clearTimeout(t), resolve(e)) };
+        const t = setTimeout(() => {
+          waiters.splice(waiters.indexOf(w), 1);
+          reject(new Error(`meshnet ${args[0]}: no matching event within ${ms} ms; events ${JSON.stringify(events).slice(0, 500)}; stderr ${err.slice(-2000)}`));
+        }, ms);
+        waiters.push(w);
+        void exited.then((code) => {
+          if (waiters.includes(w)) {
+            clearTimeout(t);
+            waiters.splice(waiters.indexOf(w), 1);
+            reject(new Error(`meshnet ${args[0]} exited with ${code}; stderr ${err.slice(-2000)}`));
+          }
+        });
+      });
+    },
+    stop(signal = 'SIGTERM') {
+      if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(child.exitCode);
+      child.kill(signal);
+      return exited;
+    },
+  };
+}
+
+export interface NodeProc extends Proc {
+  peerId: string;
+  endpoint: string;
+  relayAddr: string | null;
+}
+
+/** Start `meshnet node` and wait for its listening line (and its serving line when `--layers` is given). */
+export async function startNode(args: string[]): Promise<NodeProc> {
+  const p = spawnMeshnet(['node', '--port', '0', '--threads', '1', ...args]);
+  const l = await p.waitFor((e) => e.event === 'listening');
+  if (args.includes('--layers')) await p.waitFor((e) => e.event === 'serving');
+  return Object.assign(p, { peerId: l.peer_id as string, endpoint: l.endpoint as string, relayAddr: (l.relay_addr as string | null) ?? null });
+}
+
+/** A stand-in tracker key for heads without a tracker. */
+export async function testSigner(): Promise<{ identity: Identity; publicKey: string; sign(head: string, hops: RouteHop[], ttlMs?: number): Promise<Record<string, string>> }> {
+  const identity = await Identity.generate();
+  return {
+    identity,
+    publicKey: encodeBase64Url(identity.publicKey),
+    async sign(head, hops, ttlMs = 60_000) {
+      const route = JSON.stringify(hops);
+      const expires = Date.now() + ttlMs;
+      const sig = await identity.sign(routeSigningMessage(head, expires, route));
+      return { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig) };
+    },
+  };
+}
+
+export function hopOf(n: NodeProc, start: number, end: number, via: 'relay' | 'direct' | 'both' = 'both'): RouteHop {
+  const hop: RouteHop = { peer_id: n.peerId, start_layer: start, end_layer: end };
+  if (via !== 'relay') hop.endpoint = n.endpoint;
+  if (via !== 'direct' && n.relayAddr) hop.relay_addr = n.relayAddr;
+  return hop;
+}
+
+/** POST /generate directly to a head; yields parsed events as they arrive. */
+export async function* generateDirect(endpoint: string, headers: Record<string, string>, body: Partial<GenerateRequest>): AsyncGenerator<GenerateEvent> {
+  const res = await fetch(`${endpoint}/generate`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  if (res.status !== 200) throw Object.assign(new Error(`HTTP ${res.status}: ${await res.text()}`), { status: res.status });
+  const dec = new TextDecoder();
+  let buf = '';
+  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+    buf += dec.decode(chunk, { stream: true });
+    let i;
+    while ((i = buf.indexOf('\n')) >= 0) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      if (line.trim()) yield generateEventSchema.parse(JSON.parse(line));
+    }
+  }
+}
+
+export async function collectEvents(it: AsyncIterable<GenerateEvent>): Promise<GenerateEvent[]> {
+  const out: GenerateEvent[] = [];
+  for await (const e of it) out.push(e);
+  return out;
+}
+
+export function tokenIds(events: GenerateEvent[]): number[] {
+  return events.flatMap((e) => (e.type === 'token' ? [e.token_id] : []));
+}
