@@ -99,6 +99,7 @@ export function emptyStatus(): NodeStatus {
     tokensServed: 0,
     requestsPerMinute: 0,
     throughput: [],
+    recentForwardMs: [],
     sessions: 0,
     kvBytes: 0,
     memoryBudgetBytes: 256 * 1024 * 1024,

@@ -102,6 +102,7 @@ export class BrowserNode implements NodeEngine {
       tokensServed: this.stats.tokens,
       requestsPerMinute: this.stats.requestsPerMinute(now),
       throughput: this.stats.tokensPerSecond(now),
+      recentForwardMs: this.stats.recentForwardMs(),
       sessions: kv?.sessions ?? 0,
       kvBytes: kv?.bytesUsed ?? 0,
       memoryBudgetBytes: this.memoryBudget,
@@ -267,7 +268,9 @@ export class BrowserNode implements NodeEngine {
       ...(this.tokenizer ? { decode: (id: number) => this.tokenizer!.decode([id]) } : {}),
       extraInfo: () => ({ peer_id: this.identity?.peerId, host: 'browser', adapter: r.backend.adapter, threads: r.backend.threads, fp16: r.backend.fp16 }),
       onForward: (ev: ForwardEvent) => {
-        if (ev.status === 200) this.stats.record(Date.now(), ev.tokens);
+        if (ev.status !== 200) return;
+        this.stats.record(Date.now(), ev.tokens);
+        this.stats.recordLatency(ev.ms);
       },
     });
   }
@@ -318,7 +321,9 @@ export class BrowserNode implements NodeEngine {
 
   private threadsFor(config: NodeConfig): number {
     if (!this.host.crossOriginIsolated) return 1;
-    return config.threads ?? Math.max(1, Math.min(4, this.host.hardwareConcurrency));
+    // One core stays free for the worker's own thread (relay I/O, codecs) and the page: on a 2-core
+    // machine, 2 ORT threads made a decode step 1.6x slower than 1 (bench/results/browser-node.json).
+    return config.threads ?? Math.max(1, Math.min(4, this.host.hardwareConcurrency - 1));
   }
 
   private backendFor(kind: 'wasm' | 'webgpu', config: NodeConfig): Promise<OnnxBackend> {

@@ -39,7 +39,7 @@ export interface NodeConfig {
   endLayer: number;
   /** 'auto' calibrates WebGPU against WASM; the others force one. Absent: the stored setting, else 'auto'. */
   backend?: BackendChoice;
-  /** WASM threads; default min(4, hardwareConcurrency), 1 without cross-origin isolation. */
+  /** WASM threads; default min(4, hardwareConcurrency - 1), 1 without cross-origin isolation. */
   threads?: number;
   /** KV-cache memory budget in bytes. Absent: the stored setting, else 256 MiB. */
   memoryBudgetBytes?: number;
@@ -84,6 +84,8 @@ export interface NodeStatus {
   requestsPerMinute: number;
   /** Tokens per second, one value per second, oldest first (the sparkline). */
   throughput: number[];
+  /** Time in the node of the last 64 served /forward calls, ms, oldest first (no network). */
+  recentForwardMs: number[];
   /** Live inference sessions (KV caches) and their bytes. */
   sessions: number;
   kvBytes: number;

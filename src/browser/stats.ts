@@ -4,6 +4,7 @@
  * Fixed-size ring of one-second buckets: O(1) per request, no growth.
  */
 export const WINDOW_SECONDS = 60;
+export const RECENT_FORWARDS = 64;
 
 export class StatsWindow {
   requests = 0;
@@ -12,6 +13,19 @@ export class StatsWindow {
   private readonly tokBuckets = new Float64Array(WINDOW_SECONDS);
   /** The second (epoch) each slot currently counts. */
   private readonly slotSecond = new Float64Array(WINDOW_SECONDS).fill(-1);
+
+  /** Handler time of the last RECENT_FORWARDS served /forward calls, ms, oldest first. */
+  private readonly recent: number[] = [];
+
+  /** A served /forward that took `ms` in the node (decode, layers, encode; not the network). */
+  recordLatency(ms: number): void {
+    this.recent.push(ms);
+    if (this.recent.length > RECENT_FORWARDS) this.recent.shift();
+  }
+
+  recentForwardMs(): number[] {
+    return this.recent.slice();
+  }
 
   record(nowMs: number, tokens: number): void {
     const sec = Math.floor(nowMs / 1000);
