@@ -48,3 +48,30 @@ test('registers with the relay and answers /forward by the fast path and by /rpc
     expect(err, via).toBeLessThanOrEqual(TOL * Math.max(1, scale));
   }
 });
+
+test('Pause refuses /forward with 503 until Resume; the memory budget control reaches the node and persists', async ({ page }) => {
+  await page.goto(nodeUrl(relay, model, [0, 2], { backend: 'wasm' }));
+  const s = await waitForState(page, 'serving');
+  const ref = reference('tiny');
+  const args = { activation: encodeTensor(Float32Array.from(ref.embed([3])), 'f32'), shape: [1, 1, ref.cfg.hiddenSize] as [number, number, number] };
+
+  await page.getByRole('button', { name: 'Pause' }).click();
+  await expect(page.locator('#state')).toHaveText('Paused');
+  await expect(page.getByRole('button', { name: 'Resume' })).toHaveAttribute('aria-pressed', 'true');
+  const refused = await forwardFast(caller, s.peerId!, args);
+  expect(refused.status).toBe(503);
+  expect(new TextDecoder().decode(refused.body)).toContain('paused');
+
+  await page.getByRole('button', { name: 'Resume' }).click();
+  await expect(page.locator('#state')).toHaveText('Serving');
+  expect((await forwardFast(caller, s.peerId!, args)).status).toBe(200);
+
+  await page.locator('#budget').fill('512');
+  await page.locator('#budget').dispatchEvent('change');
+  await expect(page.locator('#budget-value')).toHaveText('512 MiB');
+  expect((await forwardFast(caller, s.peerId!, args)).status).toBe(200);
+  // Stored: a reload without ?budget keeps it.
+  await page.reload();
+  const after = await waitForState(page, 'serving');
+  expect(after.memoryBudgetBytes).toBe(512 * 2 ** 20);
+});
