@@ -226,6 +226,9 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     trackerKey: () => tracker?.trackerKey ?? staticTrackerKey,
     pipeline: () => span?.pipeline,
     onLog: (m) => o.log('warn', m),
+    onEvent: (e, sessionId) => {
+      if (e.type === 'recovered' || e.type === 'done' || e.type === 'error') o.emit({ event: `generate-${e.type}`, session_id: sessionId, ...e });
+    },
   });
 
   // ---- direct HTTP surface

@@ -34,6 +34,8 @@ export interface HeadHandlerInit {
   maxBodyBytes?: number;
   now?: () => number;
   onLog?: (message: string) => void;
+  /** Every event of every generation, as it is sent (the host logs recoveries and finishes). */
+  onEvent?: (event: GenerateEvent, sessionId: string) => void;
 }
 
 const utf8 = new TextEncoder();
@@ -48,9 +50,12 @@ function notAHead(): MeshResponse {
   return json(421, errorBody('MESH_ERR_LAYER_RANGE', 'this node does not hold layer 0 and the tokenizer now; ask the tracker for a fresh route'));
 }
 
-async function* ndjson(events: AsyncGenerator<GenerateEvent>): AsyncGenerator<Uint8Array> {
+async function* ndjson(events: AsyncGenerator<GenerateEvent>, onEvent: ((e: GenerateEvent) => void) | undefined): AsyncGenerator<Uint8Array> {
   try {
-    for await (const ev of events) yield utf8.encode(JSON.stringify(ev) + '\n');
+    for await (const ev of events) {
+      onEvent?.(ev);
+      yield utf8.encode(JSON.stringify(ev) + '\n');
+    }
   } finally {
     // Runs on completion and when the consumer stops early (client gone): the generator's finally drops the sessions.
     await events.return(undefined);
@@ -92,7 +97,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     return {
       status: 200,
       headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
-      body: ndjson(events),
+      body: ndjson(events, init.onEvent ? (e) => init.onEvent!(e, p.data.session_id) : undefined),
     };
   }
 

@@ -9,6 +9,12 @@ function layerRange(value: string): [number, number] {
   return [Number(m[1]), Number(m[2])];
 }
 
+function positive(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a positive number, got "${value}"`);
+  return n;
+}
+
 export function register(program: Command): void {
   program
     .command('node')
@@ -18,7 +24,7 @@ export function register(program: Command): void {
     .option('--port <n>', 'direct HTTP port (0 picks a free one)', int, NODE_HOST_DEFAULTS.port)
     .option('--host <addr>', 'interface the direct HTTP surface binds', NODE_HOST_DEFAULTS.host)
     .option('--public-host <name>', 'host name advertised in the endpoint (default: the bound interface)')
-    .option('--budget-mb <n>', 'memory given to the mesh, MiB (weights + KV)', int, NODE_HOST_DEFAULTS.budgetMb)
+    .option('--budget-mb <n>', 'memory given to the mesh, MiB (weights + KV; fractions allowed)', positive, NODE_HOST_DEFAULTS.budgetMb)
     .option('--key-file <path>', 'Ed25519 identity file (created on first run; keeps the peer id across restarts)')
     .option('--layers <a-b>', 'static span [a, b) instead of the tracker\'s assignment (needs --model-url)', layerRange)
     .option('--model-url <url>', 'base URL of the HF-layout checkpoint for --layers')

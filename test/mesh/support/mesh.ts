@@ -140,3 +140,32 @@ export async function collectEvents(it: AsyncIterable<GenerateEvent>): Promise<G
 export function tokenIds(events: GenerateEvent[]): number[] {
   return events.flatMap((e) => (e.type === 'token' ? [e.token_id] : []));
 }
+
+export interface TrackerProc extends Proc {
+  url: string;
+  publicKey: string;
+}
+
+/** Start `meshnet tracker` and wait for its listening line. */
+export async function startTrackerProc(args: string[]): Promise<TrackerProc> {
+  const p = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', ...args]);
+  const l = await p.waitFor((e) => e.event === 'listening');
+  return Object.assign(p, { url: l.url as string, publicKey: l.public_key as string });
+}
+
+/** Poll until `check` resolves truthy. */
+export async function until<T>(check: () => Promise<T | undefined | false>, ms = 30_000, what = 'condition'): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = await check().catch(() => undefined);
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** Sessions a node holds now (GET /health). */
+export async function sessionsOn(n: NodeProc): Promise<number> {
+  const r = await fetch(`${n.endpoint}/health`);
+  return ((await r.json()) as { sessions: number }).sessions;
+}

@@ -1,0 +1,185 @@
+/**
+ * A whole mesh of real processes on loopback: a relay, a tracker, five
+ * `meshnet node` processes (two heads [0,1), two middles [1,3) slowed by
+ * --inject-delay-ms, one tail [3,4)) serving the `tiny` fixture from the
+ * static server, and the official `openai` client talking to the tracker.
+ */
+import { request } from 'node:http';
+import OpenAI from 'openai';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
+import { ensureModel } from '../../src/cli/models.ts';
+import { ReferenceModel } from '../../src/model/reference.ts';
+import { ModelTokenizer } from '../../src/model/tokenizer.ts';
+import { fixture } from '../helpers/shard.ts';
+import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
+import { collectEvents, generateDirect, hopOf, sessionsOn, startNode, startTrackerProc, testSigner, tokenIds, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+
+const f = fixture('tiny');
+const utf8d = new TextDecoder();
+const tok = ModelTokenizer.fromJson(JSON.parse(utf8d.decode(f.files.get('tokenizer.json')!)), JSON.parse(utf8d.decode(f.files.get('tokenizer_config.json')!)), { extraEosTokenIds: f.cfg.eosTokenIds });
+const MESSAGES = [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }];
+const MAX_TOKENS = 40;
+
+/** Reference greedy ids (cut at eos) and the text a streaming detokenizer makes of them. */
+function reference(): { ids: number[]; text: string } {
+  const ref = new ReferenceModel(f.cfg, f.weights);
+  const all = ref.greedy(tok.encodeChat(MESSAGES), MAX_TOKENS);
+  const eos = all.findIndex((t) => tok.isEos(t));
+  const ids = eos >= 0 ? all.slice(0, eos) : all;
+  const dec = tok.streamDecoder({ skipSpecialTokens: true });
+  return { ids, text: ids.map((t) => dec.push(t)).join('') };
+}
+
+async function streamChat(client: OpenAI, onChunk?: (n: number) => Promise<void> | void): Promise<{ text: string; chunks: number; completionTokens: number | undefined; finish: string | null }> {
+  const stream = await client.chat.completions.create({ model: 'tiny', messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0, stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let chunks = 0;
+  let completionTokens: number | undefined;
+  let finish: string | null = null;
+  for await (const c of stream) {
+    if (c.usage) completionTokens = c.usage.completion_tokens;
+    const choice = c.choices[0];
+    if (!choice) continue;
+    if (choice.finish_reason) finish = choice.finish_reason;
+    if (choice.delta.content !== undefined && choice.delta.content !== null) {
+      text += choice.delta.content;
+      chunks++;
+      await onChunk?.(chunks);
+    }
+  }
+  return { text, chunks, completionTokens, finish };
+}
+
+describe('a mesh of meshnet node processes behind a tracker', () => {
+  let st: StaticServer;
+  let relay: RelayProcess;
+  let tracker: TrackerProc;
+  let heads: NodeProc[] = [];
+  let middles: NodeProc[] = [];
+  let tail: NodeProc;
+  let client: OpenAI;
+  const want = reference();
+
+  beforeAll(async () => {
+    st = await startStaticServer({ root: await ensureModel('tiny') });
+    relay = await startRelayProcess();
+    tracker = await startTrackerProc(['--model', `tiny=${st.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
+    const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', 'tiny', '--model-url', st.url, '--budget-mb', '64'];
+    // Pinned spans (--layers) are adopted by the tracker as served, so the route shape is known.
+    const started = await Promise.all([
+      startNode([...common, '--layers', '0-1']),
+      startNode([...common, '--layers', '0-1']),
+      startNode([...common, '--layers', '1-3', '--inject-delay-ms', '15']),
+      startNode([...common, '--layers', '1-3', '--inject-delay-ms', '15']),
+      startNode([...common, '--layers', '3-4']),
+    ]);
+    heads = started.slice(0, 2);
+    middles = started.slice(2, 4);
+    tail = started[4]!;
+    await Promise.all(started.map((n) => n.waitFor((e) => e.event === 'registered')));
+    await until(async () => (await fetch(`${tracker.url}/api/route?model=tiny`)).ok, 20_000, 'a complete route');
+    client = new OpenAI({ baseURL: `${tracker.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+  }, 120_000);
+
+  afterAll(async () => {
+    await Promise.all([...heads, ...middles, tail].filter(Boolean).map((n) => n.stop()));
+    await tracker?.stop();
+    await relay?.stop();
+    await st?.close();
+  });
+
+  it('streams a chat completion through the openai client whose text and token count are the float64 reference greedy continuation', async () => {
+    expect(want.ids.length).toBeGreaterThan(5);
+    const got = await streamChat(client);
+    expect(got.text).toBe(want.text);
+    expect(got.completionTokens).toBe(want.ids.length);
+    expect(got.finish).toBe(want.ids.length === MAX_TOKENS ? 'length' : 'stop');
+  });
+
+  it('streams the reference token ids over POST /generate when a head is given a tracker-signed route', async () => {
+    const route = (await (await fetch(`${tracker.url}/api/route?model=tiny`)).json()) as { head: string; route_header: string; expires_at: number; signature: string };
+    const head = heads.find((h) => h.peerId === route.head)!;
+    const events = await collectEvents(
+      generateDirect(head.endpoint, { 'x-meshnet-route': route.route_header, 'x-meshnet-route-expires': String(route.expires_at), 'x-meshnet-route-signature': route.signature }, { messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'direct-1' }),
+    );
+    expect(tokenIds(events)).toEqual(want.ids);
+  });
+
+  it('refuses unsigned, forged, expired and other-head routes with 403 and keeps serving', async () => {
+    const [h1, h2] = heads as [NodeProc, NodeProc];
+    const hops = [hopOf(middles[0]!, 1, 3), hopOf(tail, 3, 4)];
+    const forger = await testSigner();
+    const body = JSON.stringify({ messages: MESSAGES, max_tokens: 3, session_id: 'forged' });
+    const post = (headers: Record<string, string>) => fetch(`${h1.endpoint}/generate`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+    const cases: Array<[string, Record<string, string>]> = [
+      ['unsigned', { 'x-meshnet-route': JSON.stringify(hops) }],
+      ['signed by another key', await forger.sign(h1.peerId, hops)],
+    ];
+    // A real tracker signature, replayed against the other head or with the route text changed.
+    const real = (await (await fetch(`${tracker.url}/api/route?model=tiny`)).json()) as { head: string; route_header: string; expires_at: number; signature: string };
+    const realHeaders = { 'x-meshnet-route': real.route_header, 'x-meshnet-route-expires': String(real.expires_at), 'x-meshnet-route-signature': real.signature };
+    const other = real.head === h1.peerId ? h2 : h1;
+    const tampered = { ...realHeaders, 'x-meshnet-route': real.route_header.replace(/"end_layer":4/, '"end_layer":4 ') };
+    const expired = { ...realHeaders, 'x-meshnet-route-expires': String(Date.now() - 1000) };
+    for (const [name, headers] of cases) {
+      const r = await post(headers);
+      expect([name, r.status]).toEqual([name, 403]);
+      expect(((await r.json()) as { error: { code: string } }).error.code).toBe('MESH_ERR_FORBIDDEN');
+    }
+    for (const [name, headers] of [['other head', realHeaders], ['tampered', tampered], ['expired', expired]] as const) {
+      const target = name === 'other head' ? other : heads.find((h) => h.peerId === real.head)!;
+      const r = await fetch(`${target.endpoint}/generate`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+      expect([name, r.status]).toEqual([name, 403]);
+    }
+    expect((await fetch(`${h1.endpoint}/health`)).status).toBe(200);
+  });
+
+  it('answers 413 to a direct body over the limit and keeps serving', async () => {
+    // Declared length over the limit: refused from the headers, before a byte of body is read.
+    const status = await new Promise<number>((resolve, reject) => {
+      const req = request(`${tail.endpoint}/forward`, { method: 'POST', headers: { 'content-length': String(65 * 1024 * 1024), 'x-meshnet-shape': '1,1,64' } }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      req.on('error', reject);
+      req.flushHeaders();
+    });
+    expect(status).toBe(413);
+    expect((await fetch(`${tail.endpoint}/health`)).status).toBe(200);
+  });
+
+  it('loses no token when the middle node serving the stream is killed mid-generation (hop replacement + history replay)', async () => {
+    let killed: NodeProc | undefined;
+    const got = await streamChat(client, async (n) => {
+      if (n !== 6) return;
+      for (const m of middles) if ((await sessionsOn(m)) > 0) killed = m;
+      killed?.child.kill('SIGKILL');
+    });
+    expect(killed).toBeDefined();
+    expect(got.text).toBe(want.text);
+    expect(got.completionTokens).toBe(want.ids.length);
+    const rec = await until(async () => heads.flatMap((h) => h.events).find((e) => e.event === 'generate-recovered' && e.failed_peer_id === killed!.peerId), 5_000, 'a recovered event');
+    expect(rec.replacement_peer_id).toBe(middles.find((m) => m !== killed)!.peerId);
+    console.log(`[mesh] middle node killed after 6 tokens: recovered in ${rec.recovery_ms} ms (replacement ${String(rec.replacement_peer_id).slice(0, 8)})`);
+    middles = middles.filter((m) => m !== killed);
+  });
+
+  it('goes on streaming when the head is killed mid-generation (tracker failover with prefix_token_ids)', async () => {
+    let killed: NodeProc | undefined;
+    const t0 = performance.now();
+    let killedAt = 0;
+    const got = await streamChat(client, async (n) => {
+      if (n !== 6) return;
+      for (const h of heads) if ((await sessionsOn(h)) > 0) killed = h;
+      killedAt = performance.now();
+      killed?.child.kill('SIGKILL');
+    });
+    expect(killed).toBeDefined();
+    expect(got.text).toBe(want.text);
+    expect(got.completionTokens).toBe(want.ids.length);
+    const survivor = heads.find((h) => h !== killed)!;
+    expect(survivor.events.some((e) => e.event === 'generate-done')).toBe(true);
+    console.log(`[mesh] head killed after 6 tokens: stream finished ${Math.round(performance.now() - killedAt)} ms later (${Math.round(performance.now() - t0)} ms total)`);
+  });
+});
