@@ -1,0 +1,180 @@
+/**
+ * The chat proxy end to end over a real relay: OpenAI client → tracker (real
+ * HTTP) → relay fast path → in-test heads that speak the /generate NDJSON
+ * contract and check the tracker's route signature.
+ */
+import OpenAI from 'openai';
+import { afterEach, describe, expect, it } from 'vitest';
+import { WebSocket } from 'ws';
+import { Identity } from '../../src/node/identity.ts';
+import { RelayClient, type MeshHandler } from '../../src/node/relay-client.ts';
+import type { WebSocketConstructor } from '../../src/node/socket.ts';
+import { encodeBase64Url } from '../../src/protocol/base64.ts';
+import { generateRequestSchema, type GenerateEvent, type GenerateRequest, type NodeMessage } from '../../src/protocol/tracker.ts';
+import { startRelay, type Relay } from '../../src/relay/server.ts';
+import type { TrackerOptions } from '../../src/tracker/options.ts';
+import { startTracker, type RunningTracker } from '../../src/tracker/server.ts';
+import { signBody, verifyRoute } from '../../src/tracker/signing.ts';
+import { smallSpec } from './support.ts';
+
+const utf8 = new TextEncoder();
+const cleanups: Array<() => Promise<void> | void> = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+interface HeadBehaviour {
+  /** Tokens to emit after the prefix (text per token). */
+  words: string[];
+  /** Drop the relay connection after emitting this many tokens. */
+  dieAfter?: number;
+  delayMs?: number;
+}
+
+interface TestHead {
+  peerId: string;
+  client: RelayClient;
+  requests: GenerateRequest[];
+  routeErrors: string[];
+  cancelled: number;
+}
+
+async function startHead(relay: Relay, tracker: RunningTracker, behaviour: HeadBehaviour, layerMs = 1): Promise<TestHead> {
+  const identity = await Identity.generate();
+  const head: TestHead = { peerId: identity.peerId, client: undefined as unknown as RelayClient, requests: [], routeErrors: [], cancelled: 0 };
+  const handler: MeshHandler = async (req) => {
+    if (req.path !== '/generate') return { status: 404, headers: { 'content-type': 'application/json' }, body: utf8.encode('{"error":{"code":"MESH_ERR_NOT_FOUND","message":"no"}}') };
+    const reason = await verifyRoute(tracker.publicKey, identity.peerId, { header: req.headers['x-meshnet-route'] ?? '', expiresAt: Number(req.headers['x-meshnet-route-expires']), signature: req.headers['x-meshnet-route-signature'] ?? '' });
+    if (reason) {
+      head.routeErrors.push(reason);
+      return { status: 403, headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify({ error: { code: 'MESH_ERR_FORBIDDEN', message: reason } })) };
+    }
+    const body = generateRequestSchema.parse(JSON.parse(new TextDecoder().decode(req.body)));
+    head.requests.push(body);
+    const signal = req.signal;
+    signal?.addEventListener('abort', () => head.cancelled++, { once: true });
+    async function* events(): AsyncGenerator<Uint8Array> {
+      const line = (e: GenerateEvent) => utf8.encode(JSON.stringify(e) + '\n');
+      yield line({ type: 'start', prompt_tokens: 4, route: [] });
+      let emitted = 0;
+      for (let i = body.prefix_token_ids.length; i < Math.min(behaviour.words.length, body.max_tokens); i++) {
+        if (signal?.aborted) return;
+        await new Promise((r) => setTimeout(r, behaviour.delayMs ?? 5));
+        if (behaviour.dieAfter !== undefined && emitted >= behaviour.dieAfter) {
+          head.client.close(); // the head's process "dies": the relay answers the tracker 502
+          await new Promise((r) => setTimeout(r, 1000));
+          return;
+        }
+        yield line({ type: 'token', index: i, token_id: 1000 + i, text: behaviour.words[i]!, logprob: -0.5 });
+        emitted++;
+      }
+      yield line({ type: 'done', finish_reason: body.max_tokens <= behaviour.words.length ? 'length' : 'stop', completion_tokens: emitted, prompt_tokens: 4 });
+    }
+    return { status: 200, headers: { 'content-type': 'application/x-ndjson' }, body: events() };
+  };
+  const client = new RelayClient({ relayUrl: relay.url, WebSocket: WebSocket as unknown as WebSocketConstructor, identity, handler, info: { role: 'test-head' } });
+  head.client = client;
+  client.start();
+  const reg = await client.ready(5000);
+  cleanups.push(() => client.close());
+  // Register with the tracker as a node serving every layer, reachable through the relay only.
+  const msg: NodeMessage = {
+    peer_id: identity.peerId,
+    public_key: encodeBase64Url(identity.publicKey),
+    relay_addr: reg.relayAddr,
+    info: { model: 'small', backend: 'cpu', memory_budget_mb: 4096, host: 'node' },
+    stats: { rpm: 0, layer_ms: layerMs, queue_depth: 0, kv_free_bytes: 1e9, tokens_served: 0 },
+    serving: { start_layer: 0, end_layer: 12 },
+    timestamp: Date.now(),
+  };
+  const res = await fetch(`${tracker.url}/api/nodes/register`, { method: 'POST', body: JSON.stringify(await signBody(identity, msg)) });
+  expect(res.status).toBe(200);
+  return head;
+}
+
+async function mesh(o: Partial<TrackerOptions> = {}) {
+  const relay = await startRelay({ port: 0, logLevel: 'warn' });
+  cleanups.push(() => relay.close());
+  const tracker = await startTracker({ port: 0, relayUrl: relay.url, logLevel: 'silent', generateIdleTimeoutMs: 5000, ...o }, { modelSpecs: [smallSpec()] });
+  cleanups.push(() => tracker.close());
+  const openai = new OpenAI({ baseURL: `${tracker.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  return { relay, tracker, openai };
+}
+
+const WORDS = ['The', ' quick', ' brown', ' fox', ' jumps', ' over', ' the', ' lazy', ' dog', '.'];
+
+describe('chat proxy over a real relay', () => {
+  it('streams a chat completion to the OpenAI client through the relay fast path', async () => {
+    const { relay, tracker, openai } = await mesh();
+    const head = await startHead(relay, tracker, { words: WORDS });
+    const stream = await openai.chat.completions.create({ model: 'small', messages: [{ role: 'user', content: 'Tell me about foxes' }], stream: true, max_tokens: 50, seed: 1, stream_options: { include_usage: true } });
+    let text = '';
+    let finish: string | null = null;
+    let usage: { completion_tokens: number } | undefined;
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      if (chunk.usage) usage = chunk.usage;
+    }
+    expect(text).toBe(WORDS.join(''));
+    expect(finish).toBe('stop');
+    expect(usage?.completion_tokens).toBe(10);
+    expect(head.routeErrors).toEqual([]);
+    expect(head.requests[0]!.messages).toEqual([{ role: 'user', content: 'Tell me about foxes' }]);
+    expect(head.requests[0]!.seed).toBe(1);
+  });
+
+  it('answers non-streamed chat and completions through the OpenAI client', async () => {
+    const { relay, tracker, openai } = await mesh();
+    await startHead(relay, tracker, { words: WORDS });
+    const c = await openai.chat.completions.create({ model: 'small', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 });
+    expect(c.choices[0]!.message.content).toBe('The quick brown fox');
+    expect(c.choices[0]!.finish_reason).toBe('length');
+    expect(c.usage).toMatchObject({ prompt_tokens: 4, completion_tokens: 4, total_tokens: 8 });
+    const t = await openai.completions.create({ model: 'small', prompt: 'x', max_tokens: 2 });
+    expect(t.choices[0]!.text).toBe('The quick');
+    const models = await openai.models.list();
+    expect(models.data.map((m) => m.id)).toEqual(['small']);
+    await expect(openai.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'hi' }] })).rejects.toMatchObject({ status: 404, code: 'model_not_found' });
+    await expect(openai.chat.completions.create({ model: 'small', messages: [{ role: 'user', content: 'hi' }], max_tokens: 100_000 })).rejects.toMatchObject({ status: 400, param: 'max_tokens' });
+  });
+
+  it('restarts the generation on another head when the head dies mid-stream; the client sees every token once', async () => {
+    const { relay, tracker, openai } = await mesh({ routeSlack: 0 });
+    // The faster head is always picked first (slack 0), and dies after 3 tokens.
+    const a = await startHead(relay, tracker, { words: WORDS, dieAfter: 3 }, 1);
+    const b = await startHead(relay, tracker, { words: WORDS }, 2);
+    const stream = await openai.chat.completions.create({ model: 'small', messages: [{ role: 'user', content: 'go' }], stream: true, max_tokens: 50 });
+    let text = '';
+    let finish: string | null = null;
+    let chunks = 0;
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      chunks++;
+    }
+    expect(text).toBe(WORDS.join(''));
+    expect(finish).toBe('stop');
+    expect(a.requests.length).toBe(1);
+    expect(b.requests.length).toBe(1);
+    expect(b.requests[0]!.prefix_token_ids).toEqual([1000, 1001, 1002]);
+    expect(b.requests[0]!.max_tokens).toBe(50);
+    expect(chunks).toBe(1 + 10 + 1); // role, one chunk per token, finish: nothing repeated
+    expect(tracker.recentRoutes.some((r) => r.kind === 'failover' && r.head === b.peerId)).toBe(true);
+  });
+
+  it('cancels the head\'s generation when the client goes away', async () => {
+    const { relay, tracker } = await mesh();
+    const head = await startHead(relay, tracker, { words: Array.from({ length: 200 }, (_, i) => ` w${i}`), delayMs: 20 });
+    const ctl = new AbortController();
+    const res = await fetch(`${tracker.url}/v1/chat/completions`, { method: 'POST', signal: ctl.signal, body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: 'x' }], stream: true, max_tokens: 200 }) });
+    const reader = res.body!.getReader();
+    await reader.read();
+    await reader.read();
+    ctl.abort();
+    await reader.cancel().catch(() => {});
+    const deadline = Date.now() + 3000;
+    while (head.cancelled === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    expect(head.cancelled).toBe(1);
+  });
+});
