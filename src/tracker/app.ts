@@ -377,6 +377,14 @@ export function createTracker(deps: TrackerDeps): Tracker {
       return next();
     }
 
+    /** A generation error as the client sees it: a prompt too long for the context is OpenAI's 400 context_length_exceeded. */
+    const clientError = (e: unknown): HttpError => {
+      const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
+      metrics.requests.inc({ endpoint, status: String(err.code === 'MESH_ERR_TOO_LARGE' ? 400 : err.status) });
+      if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: 'messages', code: 'context_length_exceeded' });
+      return openAiError(err.status, err.message, { code: err.code, extra: err.details });
+    };
+
     if (!stream) {
       let text = '';
       try {
@@ -390,12 +398,19 @@ export function createTracker(deps: TrackerDeps): Tracker {
         }
       } catch (e) {
         abort.abort();
-        const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
-        metrics.requests.inc({ endpoint, status: String(err.status) });
-        throw openAiError(err.status, err.message, { code: err.code, extra: err.details });
+        throw clientError(e);
       }
     }
 
+    // Wait for the head's first output before committing to a 200 stream:
+    // a request the head refuses (or no head at all) still gets a plain HTTP error.
+    let firstPart: Awaited<ReturnType<typeof nextOut>> | undefined;
+    try {
+      firstPart = await nextOut();
+    } catch (e) {
+      abort.abort();
+      throw clientError(e);
+    }
     let sentRole = false;
     let finished = false;
     const sse = new ReadableStream<Uint8Array>({
@@ -407,7 +422,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
             controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, kind === 'chat' ? { role: true, text: '' } : { text: '' }))));
             return;
           }
-          const part = await nextOut();
+          const part = firstPart ?? (await nextOut());
+          firstPart = undefined;
           if ('text' in part) {
             controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, { text: part.text }))));
             return;

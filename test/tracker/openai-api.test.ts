@@ -252,6 +252,16 @@ describe('chat completions through a head', () => {
     expect(calls.length).toBe(1);
   });
 
+  it('answers a streamed request the head refuses before any token with a plain HTTP error, not a 200 stream', async () => {
+    const { t, heads, scripts } = await setup();
+    scripts[heads[0]!.peerId] = [() => [{ type: 'error', code: 'MESH_ERR_TOO_LARGE', message: 'prompt of 3000 tokens does not fit the context of 2048' }]];
+    const res = await post(t, '/v1/chat/completions', chat({ stream: true }));
+    expect(res.status).toBe(400);
+    expect(res.headers.get('content-type')).toMatch(/json/);
+    const e = ((await res.json()) as { error: { code: string; param: string; type: string } }).error;
+    expect(e).toMatchObject({ code: 'context_length_exceeded', param: 'messages', type: 'invalid_request_error' });
+  });
+
   it('gives up after maxHeadFailovers and reports the error in the stream', async () => {
     const { t, heads, scripts, calls } = await setup({ maxHeadFailovers: 2 }, 1);
     const broken: Script = () => [{ type: 'start', prompt_tokens: 5, route: [] }, ...tokenEvents(['a']), 'break'];
