@@ -163,6 +163,19 @@ describe('chat proxy over a real relay', () => {
     expect(tracker.recentRoutes.some((r) => r.kind === 'failover' && r.head === b.peerId)).toBe(true);
   });
 
+  it('answers tracker API calls that arrive over the relay (the tracker is a registered peer)', async () => {
+    const { relay, tracker } = await mesh();
+    const caller = new RelayClient({ relayUrl: relay.url, WebSocket: WebSocket as unknown as WebSocketConstructor, identity: await Identity.generate() });
+    caller.start();
+    await caller.ready(5000);
+    cleanups.push(() => caller.close());
+    const reply = await caller.request(tracker.identity.peerId, { method: 'GET', path: '/api/tracker' });
+    expect(reply.status).toBe(200);
+    expect((JSON.parse(new TextDecoder().decode(reply.body)) as { public_key: string }).public_key).toBe(tracker.publicKey);
+    const bad = await caller.request(tracker.identity.peerId, { method: 'POST', path: '/api/nodes/register', body: utf8.encode('garbage') });
+    expect(bad.status).toBe(400);
+  });
+
   it('cancels the head\'s generation when the client goes away', async () => {
     const { relay, tracker } = await mesh();
     const head = await startHead(relay, tracker, { words: Array.from({ length: 200 }, (_, i) => ` w${i}`), delayMs: 20 });
