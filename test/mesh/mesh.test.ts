@@ -4,14 +4,22 @@
  * --inject-delay-ms, one tail [3,4)) serving the `tiny` fixture from the
  * static server, and the official `openai` client talking to the tracker.
  */
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { request } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { ensureModel } from '../../src/cli/models.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
+import { Identity } from '../../src/node/identity.ts';
+import { RelayClient } from '../../src/node/relay-client.ts';
+import { encodeBase64Url } from '../../src/protocol/base64.ts';
+import { generateEventSchema, routeSigningMessage, type GenerateEvent, type RouteHop } from '../../src/protocol/tracker.ts';
 import { fixture } from '../helpers/shard.ts';
+import { NodeWebSocket } from '../node/support/ws-host.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
 import { collectEvents, generateDirect, hopOf, sessionsOn, startNode, startTrackerProc, testSigner, tokenIds, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
 
@@ -60,11 +68,22 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
   let tail: NodeProc;
   let client: OpenAI;
   const want = reference();
+  // The test holds the tracker's key (given to it by --key-file), so it can sign any route a real tracker could.
+  let trackerId: Identity;
+  const work = mkdtempSync(join(tmpdir(), 'meshnet-mesh-test-'));
+  const signed = async (head: string, hops: RouteHop[]): Promise<Record<string, string>> => {
+    const route = JSON.stringify(hops);
+    const expires = Date.now() + 60_000;
+    const sig = await trackerId.sign(routeSigningMessage(head, expires, route));
+    return { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig) };
+  };
 
   beforeAll(async () => {
     st = await startStaticServer({ root: await ensureModel('tiny') });
     relay = await startRelayProcess();
-    tracker = await startTrackerProc(['--model', `tiny=${st.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
+    trackerId = await Identity.generate();
+    writeFileSync(join(work, 'tracker.key'), JSON.stringify(await trackerId.export()));
+    tracker = await startTrackerProc(['--model', `tiny=${st.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', '--key-file', join(work, 'tracker.key')]);
     const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', 'tiny', '--model-url', st.url, '--budget-mb', '64'];
     // Pinned spans (--layers) are adopted by the tracker as served, so the route shape is known.
     const started = await Promise.all([
@@ -87,6 +106,7 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
     await tracker?.stop();
     await relay?.stop();
     await st?.close();
+    rmSync(work, { recursive: true, force: true });
   });
 
   it('streams a chat completion through the openai client whose text and token count are the float64 reference greedy continuation', async () => {
@@ -104,6 +124,46 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
       generateDirect(head.endpoint, { 'x-meshnet-route': route.route_header, 'x-meshnet-route-expires': String(route.expires_at), 'x-meshnet-route-signature': route.signature }, { messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'direct-1' }),
     );
     expect(tokenIds(events)).toEqual(want.ids);
+  });
+
+  it('reaches hops over the relay fast path, over /rpc (a hop on another relay address), and falls back to direct HTTP when the relay path fails', async () => {
+    const [h1] = heads as [NodeProc];
+    const [m1] = middles as [NodeProc];
+    const run = async (hops: RouteHop[], id: string) => tokenIds(await collectEvents(generateDirect(h1.endpoint, await signed(h1.peerId, hops), { messages: MESSAGES, max_tokens: 12, temperature: 0, session_id: id })));
+    const fast = await run([hopOf(m1, 1, 3, 'relay'), hopOf(tail, 3, 4, 'relay')], 't-fast');
+    // "localhost" is not the host the head's relay client uses: the head takes the ADR-0014 /rpc path to it.
+    const rpcAddr = (n: NodeProc) => n.relayAddr!.replace('127.0.0.1', 'localhost');
+    const rpc = await run([{ ...hopOf(m1, 1, 3, 'relay'), relay_addr: rpcAddr(m1) }, { ...hopOf(tail, 3, 4, 'relay'), relay_addr: rpcAddr(tail) }], 't-rpc');
+    // A relay address nobody listens on, plus an endpoint: the head falls back to direct HTTP.
+    const dead = (n: NodeProc) => `ws://127.0.0.1:1/rpc/${n.peerId}`;
+    const fallback = await run([{ ...hopOf(m1, 1, 3, 'both'), relay_addr: dead(m1) }, { ...hopOf(tail, 3, 4, 'both'), relay_addr: dead(tail) }], 't-fallback');
+    expect(fast).toEqual(want.ids.slice(0, 12));
+    expect(rpc).toEqual(want.ids.slice(0, 12));
+    expect(fallback).toEqual(want.ids.slice(0, 12));
+  });
+
+  it('streams /generate as fast-path DATA frames to a peer that asks over the relay', async () => {
+    const [h1] = heads as [NodeProc];
+    const caller = new RelayClient({ relayUrl: relay.url, WebSocket: NodeWebSocket, identity: await Identity.generate() });
+    caller.start();
+    await caller.ready(10_000);
+    try {
+      const headers = await signed(h1.peerId, [hopOf(middles[0]!, 1, 3, 'relay'), hopOf(tail, 3, 4, 'relay')]);
+      const reply = await caller.requestStream(h1.peerId, { method: 'POST', path: '/generate', headers: { 'content-type': 'application/json', ...headers }, body: new TextEncoder().encode(JSON.stringify({ messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'via-relay' })) });
+      expect(reply.status).toBe(200);
+      let text = '';
+      let frames = 0;
+      for await (const chunk of reply.body) {
+        frames++;
+        text += utf8d.decode(chunk, { stream: true });
+      }
+      const events: GenerateEvent[] = text.trim().split('\n').map((l) => generateEventSchema.parse(JSON.parse(l)));
+      expect(tokenIds(events)).toEqual(want.ids);
+      // One frame per event: tokens are pushed as they come, not buffered to the end.
+      expect(frames).toBeGreaterThanOrEqual(want.ids.length);
+    } finally {
+      caller.close();
+    }
   });
 
   it('refuses unsigned, forged, expired and other-head routes with 403 and keeps serving', async () => {
