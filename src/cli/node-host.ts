@@ -37,6 +37,7 @@ import type { WebSocketConstructor } from '../node/socket.ts';
 import { NotRegisteredError, TrackerClient } from '../node/tracker-client.ts';
 import { ShardExecutor } from '../shard/executor.ts';
 import { readerWeightLoader } from '../shard/weights.ts';
+import { createHttpDirect } from './http-direct.ts';
 import { createNodeBackend } from './onnx-node.ts';
 
 export interface NodeHostOptions {
@@ -182,6 +183,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
   // ---- transports of the head's pipeline
   let relay: RelayClient | undefined;
   const NodeWebSocket = WebSocket as unknown as WebSocketConstructor;
+  const httpDirect = createHttpDirect();
   const transport = new HopTransport({
     ...(o.relayUrl
       ? {
@@ -195,7 +197,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
           rpc: (addr: string) => new RpcConnection(addr, { WebSocket: NodeWebSocket, watchHandshake: watchWsHandshake }),
         }
       : {}),
-    fetch: globalThis.fetch,
+    direct: httpDirect.send,
     preferDirect: o.preferDirect,
     onLog: (m) => o.log('warn', m),
   });
@@ -474,6 +476,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       if (beatTimer) clearTimeout(beatTimer);
       relay?.close();
       transport.close();
+      httpDirect.close();
       server.closeAllConnections();
       await new Promise<void>((r) => server.close(() => r()));
       await span?.executor.release().catch(() => undefined);
