@@ -47,8 +47,25 @@ async function spawnLine(cmd: string, args: string[]): Promise<{ child: ChildPro
 
 const echoHandler = async (req: MeshRequest): Promise<MeshResponse> => ({ status: 200, headers: { 'x-meshnet-shape': req.headers['x-meshnet-shape'] ?? '', 'x-meshnet-dtype': 'bf16' }, body: req.body });
 
-type Mode = 'a-direct' | 'b-adr-rpc-per-hop' | 'c-rpc-kept-open' | 'd-fast-path';
-const MODES: Mode[] = ['a-direct', 'b-adr-rpc-per-hop', 'c-rpc-kept-open', 'd-fast-path'];
+type Mode = 'a-direct' | 'b-adr-rpc-per-hop' | 'c-rpc-kept-open' | 'd-fast-path' | 'floor-bare-ws-forwarder';
+const MODES: Mode[] = ['a-direct', 'b-adr-rpc-per-hop', 'c-rpc-kept-open', 'd-fast-path', 'floor-bare-ws-forwarder'];
+
+/** A caller on the bare forwarder: one message out, one back, nothing else. */
+async function bareCaller(url: string): Promise<{ hop: () => Promise<void>; close: () => void }> {
+  const ws = new WebSocket(url);
+  await new Promise((r) => ws.once('open', r));
+  ws.send('caller');
+  const waiting: Array<() => void> = [];
+  ws.on('message', () => waiting.shift()?.());
+  return {
+    hop: () =>
+      new Promise<void>((resolve) => {
+        waiting.push(resolve);
+        ws.send(activation);
+      }),
+    close: () => ws.close(),
+  };
+}
 
 interface Callers {
   hop: Record<Mode, () => Promise<void>>;
@@ -56,7 +73,8 @@ interface Callers {
   close(): void;
 }
 
-async function makeCallers(relayUrl: string, peerId: string): Promise<Callers> {
+async function makeCallers(relayUrl: string, peerId: string, bareUrl: string): Promise<Callers> {
+  const bare = await bareCaller(bareUrl);
   const client = new RelayClient({ relayUrl, WebSocket: WS, identity: await Identity.generate() });
   client.start();
   await client.ready(10_000);
@@ -85,10 +103,12 @@ async function makeCallers(relayUrl: string, peerId: string): Promise<Callers> {
         const r = await client.request(peerId, request, { timeoutMs: 10_000 });
         check(r.status, r.body.byteLength);
       },
+      'floor-bare-ws-forwarder': bare.hop,
     },
     close() {
       kept.close();
       client.close();
+      bare.close();
     },
   };
 }
@@ -110,13 +130,13 @@ async function latency(callers: Callers, counts: Record<Mode, number>, rounds: n
   return samples;
 }
 
-async function throughput(callers: Callers, inFlight: number, seconds: number): Promise<number> {
+async function throughput(callers: Callers, inFlight: number, seconds: number, mode: Mode = 'd-fast-path'): Promise<number> {
   let done = 0;
   const until = performance.now() + seconds * 1000;
   await Promise.all(
     Array.from({ length: inFlight }, async () => {
       while (performance.now() < until) {
-        await callers.hop['d-fast-path']();
+        await callers.hop[mode]();
         done++;
       }
     }),
@@ -127,7 +147,7 @@ async function throughput(callers: Callers, inFlight: number, seconds: number): 
 async function wireBytes(proxy: DelayProxy, callers: Callers, n: number): Promise<Record<Mode, { up: number; down: number }>> {
   const out = {} as Record<Mode, { up: number; down: number }>;
   for (const m of MODES) {
-    if (m === 'a-direct') {
+    if (m === 'a-direct' || m === 'floor-bare-ws-forwarder') {
       out[m] = { up: 0, down: 0 };
       continue;
     }
@@ -185,9 +205,10 @@ interface ScenarioResult {
   latency_ms: Record<Mode, { n: number; p50: number; p99: number; mean: number }>;
   wire_bytes_per_hop: Record<Mode, { up: number; down: number }>;
   fast_path_hops_per_s_64_in_flight: number;
+  bare_forwarder_hops_per_s_64_in_flight: number;
 }
 
-async function scenario(relayUrl: string, delayMs: number, relayPort: number): Promise<ScenarioResult> {
+async function scenario(relayUrl: string, delayMs: number, relayPort: number, barePort: number): Promise<ScenarioResult> {
   // Responder and caller each reach the relay through their own delaying proxy (or directly on loopback).
   const respProxy = delayMs > 0 ? await startDelayProxy(relayPort, delayMs) : null;
   const callProxy = delayMs > 0 ? await startDelayProxy(relayPort, delayMs) : null;
@@ -195,24 +216,30 @@ async function scenario(relayUrl: string, delayMs: number, relayPort: number): P
   const callUrl = callProxy ? `ws://127.0.0.1:${callProxy.port}` : relayUrl;
   const echo = await spawnLine(process.execPath, ['--import', 'tsx', 'bench/lib/echo-peer.ts', respUrl]);
   const peerId = echo.line.peer_id as string;
-  const callers = await makeCallers(callUrl, peerId);
+  // The floor: the same topology (caller, forwarder process, responder process, same proxies) with nothing but ws.
+  const bareRespProxy = delayMs > 0 ? await startDelayProxy(barePort, delayMs) : null;
+  const bareCallProxy = delayMs > 0 ? await startDelayProxy(barePort, delayMs) : null;
+  const bareEcho = await spawnLine(process.execPath, ['--import', 'tsx', 'bench/lib/bare-forwarder.ts', 'echo', `ws://127.0.0.1:${bareRespProxy?.port ?? barePort}`]);
+  const callers = await makeCallers(callUrl, peerId, `ws://127.0.0.1:${bareCallProxy?.port ?? barePort}`);
 
   const counts: Record<Mode, number> =
     delayMs > 0
-      ? { 'a-direct': 2000, 'b-adr-rpc-per-hop': quick ? 20 : 60, 'c-rpc-kept-open': quick ? 20 : 60, 'd-fast-path': quick ? 20 : 60 }
-      : { 'a-direct': 20000, 'b-adr-rpc-per-hop': quick ? 300 : 1500, 'c-rpc-kept-open': quick ? 1000 : 5000, 'd-fast-path': quick ? 1000 : 5000 };
+      ? { 'a-direct': 2000, 'b-adr-rpc-per-hop': quick ? 20 : 60, 'c-rpc-kept-open': quick ? 20 : 60, 'd-fast-path': quick ? 20 : 60, 'floor-bare-ws-forwarder': quick ? 20 : 60 }
+      : { 'a-direct': 20000, 'b-adr-rpc-per-hop': quick ? 300 : 1500, 'c-rpc-kept-open': quick ? 1000 : 5000, 'd-fast-path': quick ? 1000 : 5000, 'floor-bare-ws-forwarder': quick ? 1000 : 5000 };
   const samples = await latency(callers, counts, delayMs > 0 ? 2 : 5);
   const tput = await throughput(callers, 64, quick ? 1.5 : 4);
+  const bareTput = await throughput(callers, 64, quick ? 1.5 : 4, 'floor-bare-ws-forwarder');
 
   // Bytes: through a 0-delay counting proxy on loopback, or the caller's delaying proxy.
   const countProxy = callProxy ?? (await startDelayProxy(relayPort, 0));
-  const countCallers = callProxy ? callers : await makeCallers(`ws://127.0.0.1:${countProxy.port}`, peerId);
+  const countCallers = callProxy ? callers : await makeCallers(`ws://127.0.0.1:${countProxy.port}`, peerId, `ws://127.0.0.1:${barePort}`);
   const bytes = await wireBytes(countProxy, countCallers, delayMs > 0 ? 20 : 200);
   if (countCallers !== callers) countCallers.close();
 
   callers.close();
   echo.child.kill('SIGTERM');
-  for (const p of [respProxy, callProxy, callProxy ? null : countProxy]) await p?.close();
+  bareEcho.child.kill('SIGTERM');
+  for (const p of [respProxy, callProxy, callProxy ? null : countProxy, bareRespProxy, bareCallProxy]) await p?.close();
   return {
     scenario: delayMs > 0 ? `wan-${delayMs}ms` : 'loopback',
     one_way_delay_ms: delayMs,
@@ -220,18 +247,22 @@ async function scenario(relayUrl: string, delayMs: number, relayPort: number): P
     latency_ms: Object.fromEntries(MODES.map((m) => [m, summarize(samples[m])])) as ScenarioResult['latency_ms'],
     wire_bytes_per_hop: bytes,
     fast_path_hops_per_s_64_in_flight: tput,
+    bare_forwarder_hops_per_s_64_in_flight: bareTput,
   };
 }
 
 const relay = await spawnLine(process.execPath, ['bin/meshnet.js', 'relay', '--port', '0', '--log-level', 'warn']);
+const bareFwd = await spawnLine(process.execPath, ['--import', 'tsx', 'bench/lib/bare-forwarder.ts']);
 const relayUrl = relay.line.url as string;
 const relayPort = relay.line.port as number;
+const barePort = bareFwd.line.port as number;
 const results: ScenarioResult[] = [];
 try {
-  results.push(await scenario(relayUrl, 0, relayPort));
-  results.push(await scenario(relayUrl, 10, relayPort));
+  results.push(await scenario(relayUrl, 0, relayPort, barePort));
+  results.push(await scenario(relayUrl, 10, relayPort, barePort));
 } finally {
   relay.child.kill('SIGTERM');
+  bareFwd.child.kill('SIGTERM');
 }
 
 for (const r of results) {
@@ -242,12 +273,13 @@ for (const r of results) {
     MODES.map((m) => {
       const l = r.latency_ms[m];
       const b = r.wire_bytes_per_hop[m];
-      return [m, String(l.n), l.p50, l.p99, ...(rtt ? [l.p50 / rtt] : []), Math.round(b.up), Math.round(b.down), m === 'a-direct' ? '-' : `${Math.round(b.up - PAYLOAD)}/${Math.round(b.down - PAYLOAD)}`];
+      const noBytes = m === 'a-direct' || m === 'floor-bare-ws-forwarder';
+      return [m, String(l.n), l.p50, l.p99, ...(rtt ? [l.p50 / rtt] : []), noBytes ? '-' : Math.round(b.up), noBytes ? '-' : Math.round(b.down), noBytes ? '-' : `${Math.round(b.up - PAYLOAD)}/${Math.round(b.down - PAYLOAD)}`];
     }),
   );
-  console.log(`  fast path, 64 in flight: ${Math.round(r.fast_path_hops_per_s_64_in_flight)} hops/s`);
+  console.log(`  64 in flight: fast path ${Math.round(r.fast_path_hops_per_s_64_in_flight)} hops/s, bare ws forwarder ${Math.round(r.bare_forwarder_hops_per_s_64_in_flight)} hops/s (ratio ${(r.fast_path_hops_per_s_64_in_flight / r.bare_forwarder_hops_per_s_64_in_flight).toFixed(2)})`);
 }
 const loop = results[0]!;
-console.log(`\nfast path vs ADR path (loopback p50): ${(loop.latency_ms['b-adr-rpc-per-hop'].p50 / loop.latency_ms['d-fast-path'].p50).toFixed(1)}x faster; vs kept-open /rpc: ${(loop.latency_ms['c-rpc-kept-open'].p50 / loop.latency_ms['d-fast-path'].p50).toFixed(2)}x`);
+console.log(`\nloopback p50: fast path is ${(loop.latency_ms['b-adr-rpc-per-hop'].p50 / loop.latency_ms['d-fast-path'].p50).toFixed(1)}x faster than the ADR path, ${(loop.latency_ms['c-rpc-kept-open'].p50 / loop.latency_ms['d-fast-path'].p50).toFixed(2)}x faster than a kept-open /rpc socket, and ${(loop.latency_ms['d-fast-path'].p50 / loop.latency_ms['floor-bare-ws-forwarder'].p50).toFixed(2)}x the bare ws forwarder`);
 writeResult(`${root}bench/results/relay-hop.json`, { bench: 'relay-hop', payload_bytes: PAYLOAD, quick, results });
 process.exit(0);

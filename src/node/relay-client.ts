@@ -158,13 +158,31 @@ class InboundCall {
   settled = false;
   /** Set once the call stops counting against maxConcurrentRequests. */
   released = false;
-  readonly controller = new AbortController();
   timer: ReturnType<typeof setTimeout> | undefined;
+  /** Made on first use: most handlers never look at their signal, and an AbortController per hop showed in profiles. */
+  private controller: AbortController | undefined;
+  private abortReason: unknown;
+  aborted = false;
   constructor(
     readonly conn: Connection,
     readonly streamId: number,
     readonly requestId: string | undefined,
   ) {}
+
+  get signal(): AbortSignal {
+    if (this.controller === undefined) {
+      this.controller = new AbortController();
+      if (this.aborted) this.controller.abort(this.abortReason);
+    }
+    return this.controller.signal;
+  }
+
+  abort(reason: unknown): void {
+    if (this.aborted) return;
+    this.aborted = true;
+    this.abortReason = reason;
+    this.controller?.abort(reason);
+  }
 }
 
 const enum CallPhase {
@@ -348,7 +366,10 @@ export class RelayClient {
     let socket: WebSocketLike;
     try {
       socket = new this.WebSocketCtor(this.wsUrl);
-      socket.binaryType = 'arraybuffer';
+      // Node's `ws` can hand us its Buffer as is ('nodebuffer'); a browser ignores
+      // that value, and then 'arraybuffer' it is. Saves a copy of every frame.
+      socket.binaryType = 'nodebuffer';
+      if (socket.binaryType !== 'nodebuffer') socket.binaryType = 'arraybuffer';
     } catch (e) {
       this.log({ level: 'warn', event: 'connection', message: `cannot open ${this.wsUrl}: ${(e as Error).message}`, error: e });
       this.scheduleReconnect('socket constructor failed');
@@ -658,12 +679,12 @@ export class RelayClient {
     const handler = this.handler!;
     this.inFlight++;
     call.released = false;
-    req.signal = call.controller.signal;
+    Object.defineProperty(req, 'signal', { get: () => call.signal, enumerable: true, configurable: true });
     if (this.options.handlerTimeoutMs > 0) {
       call.timer = setTimeout(() => {
         if (call.settled) return;
         const err = new MeshError('MESH_ERR_TIMEOUT', `the handler did not answer within ${this.options.handlerTimeoutMs} ms`);
-        call.controller.abort(err);
+        call.abort(err);
         this.answerError(call, err);
       }, this.options.handlerTimeoutMs);
     }
@@ -704,7 +725,7 @@ export class RelayClient {
   private abandonInbound(call: InboundCall, reason: MeshError): void {
     // Mid-stream, the answer loop sees the abort and stops; before the answer, the answer is dropped.
     call.settled = true;
-    call.controller.abort(reason);
+    call.abort(reason);
     if (call.timer !== undefined) clearTimeout(call.timer);
     this.forgetInbound(call);
   }
@@ -752,7 +773,7 @@ export class RelayClient {
       this.sendEnvelope(call.conn, { type: 'relay-http-response', request_id: call.requestId, status: err.status, headers: { 'content-type': 'application/json' }, body: JSON.stringify(err.toBody()) }, call.requestId);
       return;
     }
-    if (call.controller.signal.aborted) return;
+    if (call.aborted) return;
     this.sendEnvelope(call.conn, { type: 'relay-http-response', request_id: call.requestId, status: res.status, headers: res.headers, ...bodyFieldsFor(body, res.headers) }, call.requestId);
   }
 
@@ -769,12 +790,11 @@ export class RelayClient {
       return;
     }
     const iterator = res.body[Symbol.asyncIterator]();
-    const signal = call.controller.signal;
     try {
       await this.sendFrame(conn, encodeResponseFrame({ streamId, status: res.status, headers: res.headers, end: false }), streamId);
-      while (!signal.aborted) {
+      while (!call.aborted) {
         const step = await iterator.next();
-        if (signal.aborted) break;
+        if (call.aborted) break;
         if (step.done) {
           await this.sendFrame(conn, encodeDataFrame(streamId, EMPTY, true), streamId);
           return;
@@ -784,7 +804,7 @@ export class RelayClient {
       }
       await iterator.return?.();
     } catch (e) {
-      if (signal.aborted || conn.closed) {
+      if (call.aborted || conn.closed) {
         void Promise.resolve(iterator.return?.()).catch(() => {});
         return;
       }

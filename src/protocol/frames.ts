@@ -139,41 +139,66 @@ export function requestBodyBytes(bytes: Uint8Array): number {
 
 // ---------------------------------------------------------------- encoding
 
-function headerBytes(headers: HeaderMap): { size: number; entries: Array<[number | Uint8Array, Uint8Array]> } {
-  const entries: Array<[number | Uint8Array, Uint8Array]> = [];
+/** Header text is nearly always short ASCII: encode it inline instead of through TextEncoder (which showed in profiles). */
+function isShortAscii(s: string): boolean {
+  if (s.length > 256) return false;
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return false;
+  return true;
+}
+
+type HeaderText = string | Uint8Array;
+type HeaderEntry = [number | HeaderText, HeaderText];
+
+function textLength(t: HeaderText): number {
+  return typeof t === 'string' ? t.length : t.byteLength;
+}
+
+function headerBytes(headers: HeaderMap): { size: number; entries: HeaderEntry[] } {
+  const entries: HeaderEntry[] = [];
   let size = 1;
-  for (const [rawName, value] of Object.entries(headers)) {
+  for (const rawName in headers) {
+    const value = headers[rawName]!;
     const name = rawName.toLowerCase();
-    const v = utf8.encode(value);
-    if (v.byteLength > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', `header ${name} is over 65535 bytes`);
+    const v: HeaderText = isShortAscii(value) ? value : utf8.encode(value);
+    const vLen = textLength(v);
+    if (vLen > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', `header ${name} is over 65535 bytes`);
     const idx = STATIC_INDEX.get(name);
     if (idx !== undefined) {
       entries.push([idx, v]);
-      size += 1 + 2 + v.byteLength;
+      size += 1 + 2 + vLen;
     } else {
-      const n = utf8.encode(name);
-      if (n.byteLength === 0 || n.byteLength > 0x7f) throw new MeshError('MESH_ERR_BAD_REQUEST', `header name "${name}" must be 1..127 bytes`);
+      const n: HeaderText = isShortAscii(name) ? name : utf8.encode(name);
+      const nLen = textLength(n);
+      if (nLen === 0 || nLen > 0x7f) throw new MeshError('MESH_ERR_BAD_REQUEST', `header name "${name}" must be 1..127 bytes`);
       entries.push([n, v]);
-      size += 1 + n.byteLength + 2 + v.byteLength;
+      size += 1 + nLen + 2 + vLen;
     }
   }
   if (entries.length > 0xff) throw new MeshError('MESH_ERR_BAD_REQUEST', 'more than 255 headers');
   return { size, entries };
 }
 
-function writeHeaders(out: Uint8Array, off: number, entries: Array<[number | Uint8Array, Uint8Array]>): number {
+function writeText(out: Uint8Array, off: number, t: HeaderText): number {
+  if (typeof t === 'string') {
+    for (let i = 0; i < t.length; i++) out[off + i] = t.charCodeAt(i);
+    return off + t.length;
+  }
+  out.set(t, off);
+  return off + t.byteLength;
+}
+
+function writeHeaders(out: Uint8Array, off: number, entries: HeaderEntry[]): number {
   out[off++] = entries.length;
   for (const [name, value] of entries) {
     if (typeof name === 'number') out[off++] = 0x80 | name;
     else {
-      out[off++] = name.byteLength;
-      out.set(name, off);
-      off += name.byteLength;
+      out[off++] = textLength(name);
+      off = writeText(out, off, name);
     }
-    out[off++] = value.byteLength & 0xff;
-    out[off++] = value.byteLength >>> 8;
-    out.set(value, off);
-    off += value.byteLength;
+    const vLen = textLength(value);
+    out[off++] = vLen & 0xff;
+    out[off++] = vLen >>> 8;
+    off = writeText(out, off, value);
   }
   return off;
 }
@@ -302,6 +327,15 @@ class Cursor {
   }
   text(n: number, what: string): string {
     this.need(n, what);
+    if (n <= 64) {
+      let ascii = true;
+      for (let i = this.off; i < this.off + n; i++) if (this.bytes[i]! > 0x7f) ascii = false;
+      if (ascii) {
+        const s = String.fromCharCode.apply(null, this.bytes.subarray(this.off, this.off + n) as unknown as number[]);
+        this.off += n;
+        return s;
+      }
+    }
     try {
       return utf8d.decode(this.bytes.subarray(this.off, (this.off += n)));
     } catch {

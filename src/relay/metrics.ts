@@ -1,12 +1,56 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 
 /** Relay metrics on a registry of its own, so several relays can share a process (tests). */
+/**
+ * Hot-path tallies are plain numbers the data path bumps; prom-client reads
+ * them at scrape time (`collect`), so a hop pays an addition, not a labelled
+ * counter update.
+ */
+export interface HotCounters {
+  bytesIn: number;
+  bytesOut: number;
+  hops: { fast: number; rpc: number; envelope: number };
+  /** Requests in flight now; the server installs the real getter. */
+  inFlight: () => number;
+}
+
 export function createRelayMetrics() {
   const registry = new Registry();
+  const hot: HotCounters = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, inFlight: () => 0 };
+  const reported = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 } };
   const peers = new Gauge({ name: 'meshnet_relay_peers', help: 'Registered peers', registers: [registry] });
-  const inFlight = new Gauge({ name: 'meshnet_relay_in_flight', help: 'Requests awaiting their final answer frame', registers: [registry] });
-  const hops = new Counter({ name: 'meshnet_relay_hops_total', help: 'Requests forwarded to a peer, by path', labelNames: ['path'] as const, registers: [registry] });
-  const bytes = new Counter({ name: 'meshnet_relay_bytes_total', help: 'Bytes forwarded, by direction', labelNames: ['direction'] as const, registers: [registry] });
+  const inFlight = new Gauge({
+    name: 'meshnet_relay_in_flight',
+    help: 'Requests awaiting their final answer frame',
+    registers: [registry],
+    collect() {
+      this.set(hot.inFlight());
+    },
+  });
+  const hops = new Counter({
+    name: 'meshnet_relay_hops_total',
+    help: 'Requests forwarded to a peer, by path',
+    labelNames: ['path'] as const,
+    registers: [registry],
+    collect() {
+      for (const path of ['fast', 'rpc', 'envelope'] as const) {
+        this.inc({ path }, hot.hops[path] - reported.hops[path]);
+        reported.hops[path] = hot.hops[path];
+      }
+    },
+  });
+  const bytes = new Counter({
+    name: 'meshnet_relay_bytes_total',
+    help: 'Bytes forwarded, by direction',
+    labelNames: ['direction'] as const,
+    registers: [registry],
+    collect() {
+      this.inc({ direction: 'in' }, hot.bytesIn - reported.bytesIn);
+      this.inc({ direction: 'out' }, hot.bytesOut - reported.bytesOut);
+      reported.bytesIn = hot.bytesIn;
+      reported.bytesOut = hot.bytesOut;
+    },
+  });
   const errors = new Counter({ name: 'meshnet_relay_errors_total', help: 'Error answers the relay itself produced, by code', labelNames: ['code'] as const, registers: [registry] });
   const latency = new Histogram({
     name: 'meshnet_relay_hop_seconds',
@@ -15,6 +59,6 @@ export function createRelayMetrics() {
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
     registers: [registry],
   });
-  return { registry, peers, inFlight, hops, bytes, errors, latency };
+  return { registry, hot, peers, inFlight, hops, bytes, errors, latency };
 }
 export type RelayMetrics = ReturnType<typeof createRelayMetrics>;

@@ -130,10 +130,9 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   const opts = resolveRelayOptions(partial);
   const logger = pino({ name: 'relay', level: opts.logLevel });
   const metrics = createRelayMetrics();
-  // Label lookups hash their label object on every call; bind the hot ones once.
-  const bytesIn = metrics.bytes.labels('in');
-  const bytesOut = metrics.bytes.labels('out');
-  const hopsBy = { fast: metrics.hops.labels('fast'), rpc: metrics.hops.labels('rpc'), envelope: metrics.hops.labels('envelope') };
+  const hot = metrics.hot;
+  hot.inFlight = () => streams.size;
+  // Label lookups hash their label object on every call; bind the histogram's once.
   const latencyBy = { fast: metrics.latency.labels('fast'), rpc: metrics.latency.labels('rpc'), envelope: metrics.latency.labels('envelope') };
   const peers = new Map<string, PeerConn>();
   const streams = new Set<Stream>();
@@ -194,7 +193,6 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     if (s.relayRequestId !== null) jsonPending.delete(s.relayRequestId);
     if (s.caller.kind === 'rpc') s.caller.pending.delete(s.callerId as string);
     else s.caller.outgoing.delete(s.callerId as number);
-    metrics.inFlight.set(streams.size);
     return true;
   }
 
@@ -229,15 +227,14 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     if (s.relayRequestId !== null) jsonPending.set(s.relayRequestId, s);
     if (caller.kind === 'rpc') caller.pending.set(callerId as string, s);
     else caller.outgoing.set(callerId as number, s);
-    metrics.inFlight.set(streams.size);
-    hopsBy[path].inc();
+    hot.hops[path]++;
     return s;
   }
 
   // ------------------------------------------------------------ fast path
 
   function peerOnBinary(peer: PeerConn, data: Buffer): void {
-    bytesIn.inc(data.byteLength);
+    hot.bytesIn += data.byteLength;
     if (data.byteLength < 8) {
       peer.ws.close(CLOSE.protocolError, 'frame shorter than its 8-byte head');
       return;
@@ -256,7 +253,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
         const end = (head.flags & FLAG_END) !== 0;
         if (end) completeStream(s);
         writeStreamId(data, s.callerId as number);
-        bytesOut.inc(data.byteLength);
+        hot.bytesOut += data.byteLength;
         sendTo(s.caller.ws, data);
         return;
       }
@@ -287,7 +284,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     const s = openStream(peer, streamId, target, 'fast', false);
     writeRequestPeerId(data, peer.idBytes);
     writeStreamId(data, s.relayStreamId);
-    bytesOut.inc(data.byteLength);
+    hot.bytesOut += data.byteLength;
     target.ws.send(data);
   }
 

@@ -10,7 +10,14 @@ import { RelayClient, type RelayClientInit, type RelayLogEntry } from '../../../
 
 export class FakeSocket implements WebSocketLike {
   static instances: FakeSocket[] = [];
-  binaryType = 'blob';
+  // Like a browser WebSocket: values other than 'blob' and 'arraybuffer' are ignored, not thrown.
+  private binaryTypeValue = 'blob';
+  get binaryType(): string {
+    return this.binaryTypeValue;
+  }
+  set binaryType(v: string) {
+    if (v === 'blob' || v === 'arraybuffer') this.binaryTypeValue = v;
+  }
   readyState = 0;
   bufferedAmount = 0;
   sent: Array<string | Uint8Array> = [];
