@@ -225,6 +225,18 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
     middles = middles.filter((m) => m !== killed);
   });
 
+  it('re-registers every node (with the span it serves) after the tracker restarts, and chats flow again', async () => {
+    const port = new URL(tracker.url).port;
+    const registeredBefore = [...heads, ...middles, tail].map((n) => n.events.filter((e) => e.event === 'registered').length);
+    await tracker.stop();
+    tracker = await startTrackerProc(['--model', `tiny=${st.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', '--key-file', join(work, 'tracker.key'), '--port', port]);
+    // The next heartbeat gets 404; the node registers again, and the tracker adopts its span.
+    await Promise.all([...heads, ...middles, tail].map((n, i) => until(async () => n.events.filter((e) => e.event === 'registered').length > registeredBefore[i]!, 15_000, 're-registration')));
+    await until(async () => (await fetch(`${tracker.url}/api/route?model=tiny`)).ok, 10_000, 'a complete route after the restart');
+    const got = await streamChat(client);
+    expect(got.text).toBe(want.text);
+  });
+
   it('goes on streaming when the head is killed mid-generation (tracker failover with prefix_token_ids)', async () => {
     let killed: NodeProc | undefined;
     const t0 = performance.now();
