@@ -249,19 +249,25 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       req.destroy();
       return;
     }
-    const chunks: Buffer[] = [];
-    let n = 0;
-    for await (const c of req as AsyncIterable<Buffer>) {
-      n += c.byteLength;
-      if (n > o.maxBodyBytes) {
-        res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
-        res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body is over ${o.maxBodyBytes} bytes`)));
-        req.destroy();
-        return;
-      }
-      chunks.push(c);
-    }
-    const buf = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, n);
+    // Plain 'data' events: cheaper per request than async iteration, and this runs once per hop per token.
+    const buf = await new Promise<Buffer | null>((resolve, reject) => {
+      const chunks: Buffer[] = [];
+      let n = 0;
+      req.on('data', (c: Buffer) => {
+        n += c.byteLength;
+        if (n > o.maxBodyBytes) {
+          res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
+          res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body is over ${o.maxBodyBytes} bytes`)));
+          req.destroy();
+          resolve(null);
+          return;
+        }
+        chunks.push(c);
+      });
+      req.on('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, n)));
+      req.on('error', reject);
+    });
+    if (buf === null) return;
     const ac = new AbortController();
     res.on('close', () => {
       if (!res.writableFinished) ac.abort(new Error('client went away'));
