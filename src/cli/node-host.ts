@@ -14,8 +14,6 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { once } from 'node:events';
-import { chmod, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
-import { dirname } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { WebSocket } from 'ws';
 import { parseModelConfig, type ModelConfig } from '../model/config.ts';
@@ -29,7 +27,8 @@ import type { Assignment, NodeMessage, NodeStats } from '../protocol/tracker.ts'
 import { createForwardHandler, type ForwardEvent } from '../node/forward-handler.ts';
 import { createHeadHandler } from '../node/head-handler.ts';
 import { HopTransport } from '../node/hop-transport.ts';
-import { Identity, type KeyStore, type StoredIdentity } from '../node/identity.ts';
+import { Identity } from '../node/identity.ts';
+import { FileKeyStore } from '../tracker/key-file.ts';
 import { PipelineDriver } from '../node/pipeline.ts';
 import { RelayClient, type MeshHandler } from '../node/relay-client.ts';
 import { RpcConnection, watchWsHandshake } from '../node/relay-hop.ts';
@@ -88,26 +87,6 @@ export const NODE_HOST_DEFAULTS = {
   preferDirect: false,
   model: 'default',
 } as const;
-
-/** The identity as a JSON file, written atomically with mode 0600. */
-export class FileKeyStore implements KeyStore {
-  constructor(private readonly path: string) {}
-  async load(): Promise<StoredIdentity | undefined> {
-    try {
-      return JSON.parse(await readFile(this.path, 'utf8')) as StoredIdentity;
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
-      throw new MeshError('MESH_ERR_BAD_REQUEST', `key file ${this.path} is unreadable (${(e as Error).message}); delete it to start with a new peer id`);
-    }
-  }
-  async save(identity: StoredIdentity): Promise<void> {
-    await mkdir(dirname(this.path), { recursive: true });
-    const tmp = `${this.path}.${process.pid}.tmp`;
-    await writeFile(tmp, JSON.stringify(identity) + '\n', { mode: 0o600 });
-    await chmod(tmp, 0o600);
-    await rename(tmp, this.path);
-  }
-}
 
 interface Span {
   model: string;

@@ -35,8 +35,9 @@ export function register(program: Command): void {
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
     .option('--max-context <n>', 'tokens each session\'s KV cache is preallocated for', int, NODE_HOST_DEFAULTS.maxContext)
     .option('--prefer-direct', 'try a hop\'s endpoint before its relay address (loopback/LAN meshes)', NODE_HOST_DEFAULTS.preferDirect)
-    .action(async (o: Record<string, unknown>) => {
-      if (!o.tracker && !o.layers) throw new InvalidArgumentError('give --tracker, or --layers with --model-url');
+    .action(async (o: Record<string, unknown>, cmd: Command) => {
+      if (!o.tracker && !o.layers) cmd.error('error: give --tracker, or --layers with --model-url');
+      if (o.layers && !o.modelUrl) cmd.error('error: --layers needs --model-url');
       const host = await startNodeHost({
         relayUrl: o.relay as string | undefined,
         trackerUrl: o.tracker as string | undefined,
