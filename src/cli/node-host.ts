@@ -69,8 +69,8 @@ export interface NodeHostOptions {
   maxBodyBytes: number;
   /** Tokens each session's KV cache is preallocated for. */
   maxContext: number;
-  /** Try a hop's endpoint before its relay address. */
-  preferDirect: boolean;
+  /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
+  hopOrder: 'relay' | 'direct' | 'adaptive';
   /** Machine-readable events (stdout). */
   emit: (event: Record<string, unknown>) => void;
   /** Log lines (stderr). */
@@ -84,7 +84,7 @@ export const NODE_HOST_DEFAULTS = {
   injectDelayMs: 0,
   maxBodyBytes: 64 * 1024 * 1024,
   maxContext: 2048,
-  preferDirect: false,
+  hopOrder: 'relay',
   model: 'default',
 } as const;
 
@@ -177,7 +177,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
         }
       : {}),
     direct: httpDirect.send,
-    preferDirect: o.preferDirect,
+    order: o.hopOrder,
     onLog: (m) => o.log('warn', m),
   });
 

@@ -48,8 +48,15 @@ export interface HopTransportInit {
   direct?: DirectRequest;
   /** Direct HTTP through fetch, when no `direct` is given. */
   fetch?: typeof fetch;
-  /** Try `endpoint` before the relay when a hop has both (loopback / LAN meshes). @defaultValue false */
-  preferDirect?: boolean;
+  /**
+   * Which path first when a hop has both a relay address and an endpoint:
+   * 'relay' (ADR-0014: relay, then direct), 'direct', or 'adaptive' — the one
+   * with the lower measured round trip to that peer, both measured on real
+   * requests (the other path gets every 32nd request while it has fewer than
+   * 3 samples, then every 256th, so a change of conditions is noticed).
+   * Either way a failing path falls back to the other. @defaultValue 'relay'
+   */
+  order?: 'relay' | 'direct' | 'adaptive';
   onLog?: (message: string) => void;
 }
 
@@ -112,6 +119,8 @@ export class HopTransport {
   private readonly rpcConns = new Map<string, RpcLike>();
   /** The transport that last answered each peer: tried first next time. */
   private readonly preferred = new Map<string, TransportKind>();
+  /** Adaptive order: per peer, round-trip EWMA (ms) and sample count per path, and requests sent. */
+  private readonly rtt = new Map<string, { ms: Partial<Record<TransportKind, number>>; n: Partial<Record<TransportKind, number>>; sent: number }>();
   private readonly ourRelay: string | undefined;
 
   private readonly directRequest: DirectRequest | undefined;
@@ -131,22 +140,25 @@ export class HopTransport {
       if (this.init.rpc) relay.push('rpc');
     }
     const direct: TransportKind[] = hop.endpoint !== undefined && this.directRequest ? ['direct'] : [];
-    const order = this.init.preferDirect ? [...direct, ...relay] : [...relay, ...direct];
+    const mode = this.init.order ?? 'relay';
+    const order = mode === 'direct' ? [...direct, ...relay] : [...relay, ...direct];
+    if (mode === 'adaptive' && relay.length > 0 && direct.length > 0) return this.adaptive(hop.peer_id, order);
     const pref = this.preferred.get(hop.peer_id);
     if (pref !== undefined && order.includes(pref)) return [pref, ...order.filter((k) => k !== pref)];
     return order;
   }
 
   /**
-   * Send one request to a hop. Resolves with the hop's answer when it is 200
+   * Send one request to a hop; `sample`: its round trip feeds the adaptive order. Resolves with the hop's answer when it is 200
    * or 409 (the caller replays on 409); any other outcome on every transport
    * rejects with HopUnreachableError.
    */
-  async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal): Promise<MeshReply> {
+  async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal, opts: { sample?: boolean } = {}): Promise<MeshReply> {
     const errors: Array<{ kind: TransportKind; error: MeshError }> = [];
     for (const kind of this.plan(hop)) {
       if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
       let reply: MeshReply;
+      const t0 = performance.now();
       try {
         reply = await this.sendOn(kind, hop, req, timeoutMs, signal);
       } catch (e) {
@@ -159,11 +171,40 @@ export class HopTransport {
         continue;
       }
       if (errors.length > 0) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);
+      // Only like requests are compared (the pipeline samples one-token steps, not prompts or replays).
+      if (opts.sample) this.observe(hop.peer_id, kind, performance.now() - t0);
       this.preferred.set(hop.peer_id, kind);
       return reply;
     }
     this.preferred.delete(hop.peer_id);
     throw new HopUnreachableError(hop, errors);
+  }
+
+  /** Faster measured path first; explores the other one now and then (see HopTransportInit.order). */
+  private adaptive(peer: string, order: TransportKind[]): TransportKind[] {
+    let r = this.rtt.get(peer);
+    if (!r) {
+      if (this.rtt.size >= 4096) this.rtt.clear();
+      r = { ms: {}, n: {}, sent: 0 };
+      this.rtt.set(peer, r);
+    }
+    r.sent++;
+    // Compare the best relay path with direct; unmeasured paths count as slowest.
+    const best = [...order].sort((a, b) => (r.ms[a] ?? Infinity) - (r.ms[b] ?? Infinity) || order.indexOf(a) - order.indexOf(b));
+    const other = best.find((k) => (k === 'direct') !== (best[0] === 'direct'));
+    const needs = other !== undefined && (r.n[other] ?? 0) < 3;
+    if (other !== undefined && r.sent % (needs ? 32 : 256) === 0) return [other, ...best.filter((k) => k !== other)];
+    // Until both are measured, alternate so the comparison starts early.
+    if (other !== undefined && (r.n[best[0]!] ?? 0) >= 1 && (r.n[other] ?? 0) === 0) return [other, ...best.filter((k) => k !== other)];
+    return best;
+  }
+
+  private observe(peer: string, kind: TransportKind, ms: number): void {
+    const r = this.rtt.get(peer);
+    if (!r) return;
+    const prev = r.ms[kind];
+    r.ms[kind] = prev === undefined ? ms : prev + 0.2 * (ms - prev);
+    r.n[kind] = (r.n[kind] ?? 0) + 1;
   }
 
   private sendOn(kind: TransportKind, hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal: AbortSignal | undefined): Promise<MeshReply> {

@@ -312,7 +312,7 @@ export class PipelineDriver {
         const timeout = rowsSent > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
         let reply;
         try {
-          reply = await transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal);
+          reply = await transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rowsSent === 1 });
         } catch (e) {
           if (signal?.aborted || (e instanceof MeshError && e.code === 'MESH_ERR_CANCELLED')) throw e;
           recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++);

@@ -9,6 +9,11 @@ function layerRange(value: string): [number, number] {
   return [Number(m[1]), Number(m[2])];
 }
 
+function hopOrder(value: string): 'relay' | 'direct' | 'adaptive' {
+  if (value !== 'relay' && value !== 'direct' && value !== 'adaptive') throw new InvalidArgumentError(`expected relay, direct or adaptive, got "${value}"`);
+  return value;
+}
+
 function positive(value: string): number {
   const n = Number(value);
   if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a positive number, got "${value}"`);
@@ -34,7 +39,7 @@ export function register(program: Command): void {
     .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
     .option('--max-context <n>', 'tokens each session\'s KV cache is preallocated for', int, NODE_HOST_DEFAULTS.maxContext)
-    .option('--prefer-direct', 'try a hop\'s endpoint before its relay address (loopback/LAN meshes)', NODE_HOST_DEFAULTS.preferDirect)
+    .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .action(async (o: Record<string, unknown>, cmd: Command) => {
       if (!o.tracker && !o.layers) cmd.error('error: give --tracker, or --layers with --model-url');
       if (o.layers && !o.modelUrl) cmd.error('error: --layers needs --model-url');
@@ -54,7 +59,7 @@ export function register(program: Command): void {
         trackerKey: o.trackerKey as string | undefined,
         maxBodyBytes: o.maxBodyBytes as number,
         maxContext: o.maxContext as number,
-        preferDirect: Boolean(o.preferDirect),
+        hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),
         log: (level, message) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`),

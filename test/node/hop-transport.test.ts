@@ -1,0 +1,73 @@
+import { describe, expect, it } from 'vitest';
+import { HopTransport, HopUnreachableError, type DirectRequest, type FastPathClient } from '../../src/node/hop-transport.ts';
+import type { MeshReply } from '../../src/protocol/envelopes.ts';
+import type { MeshError } from '../../src/protocol/errors.ts';
+import type { RouteHop } from '../../src/protocol/tracker.ts';
+
+const PEER = 'b'.repeat(32);
+const HOP: RouteHop = { peer_id: PEER, start_layer: 1, end_layer: 2, relay_addr: 'ws://127.0.0.1:9000/rpc/' + PEER, endpoint: 'http://127.0.0.1:7000' };
+const ok: MeshReply = { status: 200, headers: {}, body: new Uint8Array([1]) };
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const req = { method: 'POST', path: '/forward', body: new Uint8Array(2) };
+
+function paths(fastMs: number, directMs: number, opts: { fastFails?: boolean; directStatus?: number } = {}) {
+  const used: string[] = [];
+  const fast: FastPathClient = {
+    relayUrl: 'ws://127.0.0.1:9000',
+    isRegistered: true,
+    async request() {
+      used.push('fast');
+      await sleep(fastMs);
+      if (opts.fastFails) return { status: 404, headers: { 'content-type': 'application/json' }, body: new TextEncoder().encode('{"error":{"code":"MESH_ERR_NO_SUCH_PEER","message":"gone"}}') };
+      return ok;
+    },
+  };
+  const direct: DirectRequest = async (url) => {
+    used.push(`direct ${url}`);
+    await sleep(directMs);
+    if (opts.directStatus) return { ...ok, status: opts.directStatus };
+    return ok;
+  };
+  return { used, fast, direct };
+}
+
+describe('HopTransport', () => {
+  it('takes the fast path for a hop on its own relay, and falls back to direct HTTP when the relay answers 404', async () => {
+    const p = paths(0, 0, { fastFails: true });
+    const t = new HopTransport({ fast: p.fast, direct: p.direct });
+    expect(t.plan(HOP)).toEqual(['fast', 'direct']);
+    expect((await t.send(HOP, req, 1000)).status).toBe(200);
+    expect(p.used).toEqual(['fast', 'direct http://127.0.0.1:7000/forward']);
+    // The path that answered goes first next time.
+    expect(t.plan(HOP)).toEqual(['direct', 'fast']);
+  });
+
+  it('uses /rpc for a relay address on another relay and direct HTTP for a hop with only an endpoint', () => {
+    const p = paths(0, 0);
+    const t = new HopTransport({ fast: p.fast, direct: p.direct, rpc: () => ({ request: async () => ok, close() {} }) });
+    expect(t.plan({ ...HOP, relay_addr: 'ws://relay.example:443/rpc/' + PEER })).toEqual(['rpc', 'direct']);
+    expect(t.plan({ peer_id: PEER, start_layer: 1, end_layer: 2, endpoint: 'http://x' })).toEqual(['direct']);
+  });
+
+  it('passes a 409 through (the caller replays) and rejects with HopUnreachableError when every path fails', async () => {
+    const p409 = paths(0, 0, { fastFails: true, directStatus: 409 });
+    expect((await new HopTransport({ fast: p409.fast, direct: p409.direct }).send(HOP, req, 1000)).status).toBe(409);
+    const dead = paths(0, 0, { fastFails: true, directStatus: 502 });
+    const err = await new HopTransport({ fast: dead.fast, direct: dead.direct }).send(HOP, req, 1000).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(HopUnreachableError);
+    expect((err as MeshError).code).toBe('MESH_ERR_PEER_GONE');
+  });
+
+  it("with order 'adaptive', moves one-token steps to the path with the lower measured round trip", async () => {
+    const p = paths(40, 1);
+    const t = new HopTransport({ fast: p.fast, direct: p.direct, order: 'adaptive' });
+    for (let i = 0; i < 40; i++) await t.send(HOP, req, 1000, undefined, { sample: true });
+    const last = p.used.slice(10).map((u) => u.split(' ')[0]);
+    expect(last.filter((u) => u === 'direct').length, last.join(' ')).toBeGreaterThanOrEqual(last.length - 2);
+    const q = paths(1, 40);
+    const t2 = new HopTransport({ fast: q.fast, direct: q.direct, order: 'adaptive' });
+    for (let i = 0; i < 40; i++) await t2.send(HOP, req, 1000, undefined, { sample: true });
+    const last2 = q.used.slice(10).map((u) => u.split(' ')[0]);
+    expect(last2.filter((u) => u === 'fast').length, last2.join(' ')).toBeGreaterThanOrEqual(last2.length - 2);
+  });
+});
