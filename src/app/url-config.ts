@@ -1,6 +1,9 @@
 /**
- * The span a page serves, from its URL until the tracker assigns spans:
- * `?relay=ws://…&model=<base url>&layers=0-6[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>]`.
+ * What a page serves, from its URL:
+ * - with a tracker, whatever span it assigns:
+ *   `?relay=ws://…&tracker=http://…[&model=<name at the tracker>]`;
+ * - without, a fixed span: `?relay=ws://…&model=<base url>&layers=0-6`;
+ * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>]`.
  * Parsed with zod: a URL is outside data.
  */
 import { z } from 'zod';
@@ -18,7 +21,17 @@ const paramsSchema = z.object({
     .refine(([a, b]) => a < b, 'layers: the first must be below the end'),
   backend: z.enum(['auto', 'wasm', 'webgpu']).optional(),
   threads: z.coerce.number().int().min(1).max(64).optional(),
-  budget: z.coerce.number().int().min(16).max(65536).optional(),
+  // Fractions allowed: the tracker sizes spans from it, and test meshes split tiny models with a few MiB.
+  budget: z.coerce.number().min(0.25).max(65536).optional(),
+});
+
+const trackedSchema = z.object({
+  relay: paramsSchema.shape.relay,
+  tracker: z.string().regex(/^https?:\/\//, 'tracker must be an http(s) base URL'),
+  model: z.string().min(1).max(200).optional(),
+  backend: paramsSchema.shape.backend,
+  threads: paramsSchema.shape.threads,
+  budget: paramsSchema.shape.budget,
 });
 
 export type UrlConfigResult = { ok: true; config: NodeConfig } | { ok: false; missing: boolean; message: string };
@@ -26,12 +39,13 @@ export type UrlConfigResult = { ok: true; config: NodeConfig } | { ok: false; mi
 /** Reads the config from a query string; `missing` is true when the page was opened without one. */
 export function configFromSearch(search: string): UrlConfigResult {
   const q = new URLSearchParams(search);
-  if (!q.has('relay') && !q.has('model') && !q.has('layers')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
+  if (!q.has('relay') && !q.has('model') && !q.has('layers') && !q.has('tracker')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
   const raw: Record<string, string> = {};
-  for (const k of ['relay', 'model', 'layers', 'backend', 'threads', 'budget']) {
+  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget']) {
     const v = q.get(k);
     if (v !== null && v !== '') raw[k] = v;
   }
+  if (raw.tracker !== undefined) return trackedConfig(raw);
   const parsed = paramsSchema.safeParse(raw);
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;
@@ -48,5 +62,20 @@ export function configFromSearch(search: string): UrlConfigResult {
   if (p.backend !== undefined) config.backend = p.backend;
   if (p.threads !== undefined) config.threads = p.threads;
   if (p.budget !== undefined) config.memoryBudgetBytes = p.budget * 1024 * 1024;
+  return { ok: true, config };
+}
+
+function trackedConfig(raw: Record<string, string>): UrlConfigResult {
+  const parsed = trackedSchema.safeParse(raw);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    return { ok: false, missing: false, message: `${issue.path.join('.') || 'url'}: ${issue.message}` };
+  }
+  const p = parsed.data;
+  const config: NodeConfig = { relayUrl: p.relay, trackerUrl: p.tracker };
+  if (p.model !== undefined) config.modelName = p.model;
+  if (p.backend !== undefined) config.backend = p.backend;
+  if (p.threads !== undefined) config.threads = p.threads;
+  if (p.budget !== undefined) config.memoryBudgetBytes = Math.round(p.budget * 1024 * 1024);
   return { ok: true, config };
 }

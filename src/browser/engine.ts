@@ -27,16 +27,24 @@ export type NodeState = (typeof NodeState)[keyof typeof NodeState];
 export type BackendKind = 'wasm' | 'webgpu';
 export type BackendChoice = BackendKind | 'auto';
 
-/** What the page asks the node to serve (from the URL until the tracker assigns spans). */
+/**
+ * What the page asks the node to serve: a fixed span from the URL, or, with
+ * `trackerUrl`, whatever span the tracker assigns (then modelUrl and the
+ * layers are not needed: the assignment carries them).
+ */
 export interface NodeConfig {
   /** ws(s)://RELAY/ws — or the relay's base URL; `/ws` is appended when missing. */
   relayUrl: string;
-  /** Base URL of a Hugging Face layout model (config.json, *.safetensors). */
-  modelUrl: string;
-  /** First layer held. */
-  startLayer: number;
-  /** Layer to stop before (exclusive). */
-  endLayer: number;
+  /** Tracker base URL: register (signed with the relay identity), heartbeat, serve the assigned span. */
+  trackerUrl?: string;
+  /** The model's id at the tracker. Absent: the tracker's first model. */
+  modelName?: string;
+  /** Base URL of a Hugging Face layout model (config.json, *.safetensors). Required without a tracker. */
+  modelUrl?: string;
+  /** First layer held. Required without a tracker. */
+  startLayer?: number;
+  /** Layer to stop before (exclusive). Required without a tracker. */
+  endLayer?: number;
   /** 'auto' calibrates WebGPU against WASM; the others force one. Absent: the stored setting, else 'auto'. */
   backend?: BackendChoice;
   /** WASM threads; default min(4, hardwareConcurrency - 1), 1 without cross-origin isolation. */
@@ -71,10 +79,13 @@ export interface NodeStatus {
   error?: NodeErrorInfo;
   peerId?: string;
   relayUrl?: string;
+  /** With a tracker: its URL, whether it accepted this node, and the span it assigned (null: nothing fits the budget). */
+  tracker?: { url: string; registered: boolean; assignment: { startLayer: number; endLayer: number } | null | undefined };
   /** Downloading: bytes of the span's weights present (stored + this session) / needed. */
   download?: { loadedBytes: number; totalBytes: number };
   backend?: BackendInfo;
-  model?: { baseUrl: string; name: string; numLayers: number; startLayer: number; endLayer: number; holdsHead: boolean };
+  /** `holdsHead`: holds the last layer and the LM head; `pipelineHead`: holds layer 0 and the tokenizer, so it serves POST /generate. */
+  model?: { baseUrl: string; name: string; numLayers: number; startLayer: number; endLayer: number; holdsHead: boolean; pipelineHead?: boolean };
   /** Weight bytes kept in IndexedDB for the span. */
   storedBytes: number;
   /** Weight bytes fetched from the model server since the worker started (0 after a reload that found everything stored). */

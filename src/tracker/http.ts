@@ -141,6 +141,12 @@ export async function serveApp(fetchFn: (req: Request) => Promise<Response>, por
   };
 }
 
+const CORS_HEADERS = {
+  'access-control-allow-origin': '*',
+  'access-control-allow-methods': 'GET, POST, OPTIONS',
+  'access-control-allow-headers': 'content-type, authorization',
+};
+
 async function handleNode(fetchFn: (req: Request) => Promise<Response>, req: IncomingMessage, res: ServerResponse, host: string, maxBodyBytes: number): Promise<void> {
   const abort = new AbortController();
   res.on('close', () => {
@@ -163,6 +169,12 @@ async function handleNode(fetchFn: (req: Request) => Promise<Response>, req: Inc
       res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body over ${maxBodyBytes} bytes`)));
       return;
     }
+    // Browser nodes (another origin: the donor page) register and heartbeat with fetch: answer CORS preflights.
+    if (req.method === 'OPTIONS') {
+      res.writeHead(204, { ...CORS_HEADERS, 'access-control-max-age': '600' });
+      res.end();
+      return;
+    }
     const headers = new Headers();
     for (const [k, v] of Object.entries(req.headers)) if (typeof v === 'string') headers.set(k, v);
     else if (Array.isArray(v)) headers.set(k, v.join(', '));
@@ -170,7 +182,7 @@ async function handleNode(fetchFn: (req: Request) => Promise<Response>, req: Inc
     const body = method === 'GET' || method === 'HEAD' ? undefined : Buffer.concat(chunks);
     const request = new Request(`http://${req.headers.host ?? host}${req.url ?? '/'}`, { method, headers, body, signal: abort.signal });
     const response = await fetchFn(request);
-    const outHeaders: Record<string, string> = {};
+    const outHeaders: Record<string, string> = { 'access-control-allow-origin': '*' };
     response.headers.forEach((v, k) => (outHeaders[k] = v));
     res.writeHead(response.status, outHeaders);
     if (!response.body || method === 'HEAD') {

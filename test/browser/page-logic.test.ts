@@ -27,6 +27,14 @@ describe('configFromSearch', () => {
     expect(configFromSearch('?relay=ws://h&model=http://m/&layers=4-2')).toMatchObject({ ok: false, message: expect.stringMatching(/^layers/) });
     expect(configFromSearch('?relay=ws://h&model=http://m/&layers=0-2&backend=cuda')).toMatchObject({ ok: false, message: expect.stringMatching(/^backend/) });
   });
+  it('with a tracker takes no layers (the tracker assigns them), a model name instead of a URL, and a fractional budget', () => {
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&model=tiny&budget=1.5&backend=wasm')).toEqual({
+      ok: true,
+      config: { relayUrl: 'ws://h:1', trackerUrl: 'http://t:2', modelName: 'tiny', memoryBudgetBytes: 1.5 * 2 ** 20, backend: 'wasm' },
+    });
+    expect(configFromSearch('?relay=ws://h:1&tracker=ftp://t')).toMatchObject({ ok: false, message: expect.stringMatching(/^tracker/) });
+    expect(configFromSearch('?tracker=http://t')).toMatchObject({ ok: false, message: expect.stringMatching(/^relay/) });
+  });
 });
 
 describe('format', () => {

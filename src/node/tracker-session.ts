@@ -1,0 +1,106 @@
+/**
+ * A node's life with the tracker, on any host: register, then heartbeat
+ * every `heartbeat_interval_ms` with fresh stats; hand every assignment the
+ * tracker answers to the host (it decides whether that is a change); when
+ * the tracker answers 404 (it restarted, or expired us) register again.
+ *
+ *   start() ── register ──▶ onAssignment(a)
+ *      └─ every interval: heartbeat ──▶ onAssignment(a)   (404 → register)
+ *   beatNow()  the host loaded a span: tell the tracker at once, not a period later
+ *
+ * The signing is TrackerClient's (the relay identity); the message is built
+ * by the host on each beat, so stats and the served span are always current.
+ * Host-agnostic: only timers, which Node.js and browsers both have.
+ */
+import type { Assignment, NodeMessage } from '../protocol/tracker.ts';
+import { NotRegisteredError, type TrackerClient } from './tracker-client.ts';
+
+export interface TrackerSessionInit {
+  client: TrackerClient;
+  /** The message to send now (peer, info, stats, the span served). */
+  message(): NodeMessage;
+  /** Every answer's assignment (the same one again, most of the time). */
+  onAssignment(assignment: Assignment | null): void;
+  onLog?(level: 'info' | 'warn', message: string): void;
+  /** Until the first answer tells us. @defaultValue 5000 */
+  heartbeatMs?: number;
+}
+
+export class TrackerSession {
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  private registered = false;
+  private beating: Promise<void> | undefined;
+  private again = false;
+  private closed = false;
+  private heartbeatMs: number;
+
+  constructor(private readonly init: TrackerSessionInit) {
+    this.heartbeatMs = init.heartbeatMs ?? 5_000;
+  }
+
+  get isRegistered(): boolean {
+    return this.registered;
+  }
+
+  /** Registers once (rejects when the tracker refuses or is unreachable), then heartbeats until close(). */
+  async start(): Promise<void> {
+    await this.register();
+    this.schedule();
+  }
+
+  /** Heartbeat now (after a span loaded); overlapping calls coalesce into one more beat. */
+  beatNow(): Promise<void> {
+    if (this.closed) return Promise.resolve();
+    if (this.beating) {
+      this.again = true;
+      return this.beating;
+    }
+    this.beating = this.beat().finally(() => {
+      this.beating = undefined;
+      if (this.again) {
+        this.again = false;
+        void this.beatNow();
+      }
+    });
+    return this.beating;
+  }
+
+  close(): void {
+    this.closed = true;
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  private async register(): Promise<void> {
+    const ans = await this.init.client.register(this.init.message());
+    this.registered = true;
+    this.heartbeatMs = ans.heartbeat_interval_ms;
+    if (!this.closed) this.init.onAssignment(ans.assignment);
+  }
+
+  private async beat(): Promise<void> {
+    try {
+      if (!this.registered) return await this.register();
+      try {
+        const ans = await this.init.client.heartbeat(this.init.message());
+        if (ans.heartbeatIntervalMs) this.heartbeatMs = ans.heartbeatIntervalMs;
+        if (ans.assignment !== undefined && !this.closed) this.init.onAssignment(ans.assignment);
+      } catch (e) {
+        if (!(e instanceof NotRegisteredError)) throw e;
+        this.init.onLog?.('warn', 'the tracker forgot this node (restarted, or heartbeats were missed); registering again');
+        this.registered = false;
+        await this.register();
+      }
+    } catch (e) {
+      // A missed beat is not fatal: the next one retries, and the tracker expires us only after several.
+      this.init.onLog?.('warn', `tracker: ${(e as Error).message}`);
+    }
+  }
+
+  private schedule(): void {
+    if (this.closed) return;
+    this.timer = setTimeout(() => {
+      void this.beatNow().finally(() => this.schedule());
+    }, this.heartbeatMs);
+  }
+}
