@@ -294,34 +294,27 @@ export class PipelineDriver {
       for (let i = 0; i < hops.length; ) {
         const hs = hops[i]!;
         hs.history.extendTo(total, input);
-        const replay = !hs.synced;
-        const body = replay ? hs.history.view() : input.subarray(input.byteLength - seq * this.rowBytes);
-        const rowsSent = replay ? total : seq;
         const last = i === hops.length - 1;
-        const headers: Record<string, string> = {
-          [H.shape]: `1,${rowsSent},${ex.config.hiddenSize}`,
-          [H.dtype]: this.options.wireDtype,
-          [H.session]: session,
-          [H.position]: String(replay ? 0 : position),
-          [H.startLayer]: String(hs.hop.start_layer),
-          [H.endLayer]: String(hs.hop.end_layer),
-          'content-type': 'application/octet-stream',
-        };
-        if (last) headers[H.sampling] = sampling;
         const t0 = performance.now();
-        const timeout = rowsSent > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
+        let replayed: Uint8Array[] | null = null;
         let reply;
         try {
-          reply = await transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rowsSent === 1 });
+          if (!hs.synced) replayed = await this.replayHop(hs, bounds(), session, last, sampling, signal);
+          reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, signal);
         } catch (e) {
           if (signal?.aborted || (e instanceof MeshError && e.code === 'MESH_ERR_CANCELLED')) throw e;
+          if (e instanceof ReplayMismatch) {
+            if (++mismatches > 3) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} keeps answering 409 while being replayed`);
+            continue;
+          }
           recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++);
           continue; // retry index i, now the first replacement hop
         }
+        const rowsSent = seq;
         if (reply.status === 409) {
           // The hop's cache is not where we think (evicted, or the step ran twice): replay it.
           if (++mismatches > 3) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} keeps answering 409 after replays`);
-          this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${total} rows`);
+          this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${position} rows`);
           hs.synced = false;
           continue;
         }
@@ -337,8 +330,9 @@ export class PipelineDriver {
         if (reply.body.byteLength !== rowsSent * this.rowBytes) {
           throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes for ${rowsSent} rows of ${this.rowBytes}`);
         }
-        // Zero-copy: the hop's answer (same dtype) is the next hop's body.
-        input = reply.body;
+        // Zero-copy: the hop's answer (same dtype) is the next hop's body. After a replay the next
+        // hop may need every row (when it is a fresh replacement too): hand it the replay's outputs as well.
+        input = replayed && !hops[i + 1]!.synced ? concatBytes([...replayed, reply.body]) : reply.body;
         i++;
       }
       throw new MeshError('MESH_ERR_INTERNAL', 'the route has no last hop');
@@ -346,12 +340,16 @@ export class PipelineDriver {
 
     let finish: 'stop' | 'length' = 'length';
     const history: number[] = [...promptIds, ...req.prefix_token_ids];
+    // Where each step started: a replay resends the history in these same chunks.
+    const stepStarts: number[] = [];
+    const bounds = (): number[] => [...stepStarts, position];
     let completed = false;
     try {
       let next: number[] = history.slice();
       while (index < req.max_tokens && position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         const { tokenId, logprob } = await step(next, () => history.slice(0, position + next.length));
+        stepStarts.push(position);
         position += next.length;
         while (pending.length > 0) yield pending.shift()!;
         if (tok.isEos(tokenId)) {
@@ -382,6 +380,47 @@ export class PipelineDriver {
       ex.dropSession(session);
       for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
     }
+  }
+
+  /** One /forward of `rows` rows at `pos`; a 409 comes back as the reply (the caller replays). */
+  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, signal: AbortSignal | undefined) {
+    const headers: Record<string, string> = {
+      [H.shape]: `1,${rows},${this.init.executor.config.hiddenSize}`,
+      [H.dtype]: this.options.wireDtype,
+      [H.session]: session,
+      [H.position]: String(pos),
+      [H.startLayer]: String(hs.hop.start_layer),
+      [H.endLayer]: String(hs.hop.end_layer),
+      'content-type': 'application/octet-stream',
+    };
+    if (last) headers[H.sampling] = sampling;
+    const timeout = rows > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
+    return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
+  }
+
+  /**
+   * Rebuild a hop's cache from its input history, in the chunks the rows were
+   * first computed in (the prompt, then one row per step): a kernel run on
+   * [1, n] rows rounds differently from n runs on [1, 1], and replaying in
+   * the original shapes keeps the cache, and so every later token, bit for
+   * bit what it would have been. Returns the outputs (null for the last hop,
+   * whose answers are tokens).
+   */
+  private async replayHop(hs: HopState, starts: number[], session: string, last: boolean, sampling: string, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
+    const outs: Uint8Array[] = [];
+    const hist = hs.history.view();
+    for (let k = 0; k + 1 < starts.length; k++) {
+      const a = starts[k]!;
+      const b = starts[k + 1]!;
+      const reply = await this.sendRows(hs, hist.subarray(a * this.rowBytes, b * this.rowBytes), a, b - a, session, last, sampling, signal);
+      if (reply.status === 409) throw new ReplayMismatch();
+      if (!last) {
+        if (reply.body.byteLength !== (b - a) * this.rowBytes) throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes replaying ${b - a} rows`);
+        outs.push(reply.body);
+      }
+    }
+    hs.synced = true;
+    return last ? null : outs;
   }
 
   /** Replace hops[i] by the tracker's answer; returns the recovery to report once the replacement answers. */
@@ -420,6 +459,21 @@ export class PipelineDriver {
       untilIndex: i + got.length - 1,
     };
   }
+}
+
+/** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
+class ReplayMismatch extends Error {}
+
+function concatBytes(parts: Uint8Array[]): Uint8Array {
+  let n = 0;
+  for (const p of parts) n += p.byteLength;
+  const out = new Uint8Array(n);
+  let off = 0;
+  for (const p of parts) {
+    out.set(p, off);
+    off += p.byteLength;
+  }
+  return out;
 }
 
 function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {

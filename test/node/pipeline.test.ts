@@ -58,6 +58,8 @@ describe('PipelineDriver', () => {
   const net = new FakeNet();
   const promptIds = tok.encode(PROMPT);
   let want: number[];
+  let undisturbed: GenerateEvent[] = [];
+  const logprobs = (ev: GenerateEvent[]) => ev.flatMap((e) => (e.type === 'token' ? [e.logprob] : []));
 
   beforeAll(async () => {
     head = await executor(f, 0, 1);
@@ -74,6 +76,7 @@ describe('PipelineDriver', () => {
   it('streams the float64 reference greedy tokens through a head and two hops, sending one token per hop after the prompt', async () => {
     net.log.length = 0;
     const ev = await run(driver(), [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 12 });
+    undisturbed = ev;
     expect(ev[0]).toMatchObject({ type: 'start', prompt_tokens: promptIds.length, route: [pid('b'), pid('c')] });
     expect(ids(ev)).toEqual(want);
     expect(ev.at(-1)).toEqual({ type: 'done', finish_reason: 'length', completion_tokens: 12, prompt_tokens: promptIds.length });
@@ -89,20 +92,35 @@ describe('PipelineDriver', () => {
     net.killAt.set('b.test', (net.counts.get('b.test') ?? 0) + 6);
     const asked: RouteHop[] = [];
     const ev = await run(driver(async (h) => (asked.push(h), [hop('e', 1, 2), hop('g', 2, 3)])), [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 12 });
+    net.dead.clear();
+    net.killAt.clear();
     expect(ids(ev)).toEqual(want);
     expect(asked).toEqual([hop('b', 1, 3)]);
     const rec = ev.find((e) => e.type === 'recovered');
     expect(rec).toMatchObject({ failed_peer_id: pid('b'), replacement_peer_id: `${pid('e')},${pid('g')}` });
     // The recovered event comes before the token of the step that failed.
     expect(ev.findIndex((e) => e.type === 'recovered')).toBe(ev.findIndex((e) => e.type === 'token' && e.index === 5) - 1);
-    // b answered 5 steps (prompt + 4 tokens); the 6th went, whole history, to e and then g at position 0.
+    // b answered 5 steps (prompt + 4 tokens); for the 6th, e and then g got the history replayed in the
+    // same chunks (prompt at 0, then one row per step), then the step itself: the cache is bit-identical.
+    const P = promptIds.length;
+    const chunks = (host: string) => net.log.filter((l) => l.host === host).slice(0, 6).map((l) => [l.headers['x-meshnet-position'], l.headers['x-meshnet-shape']]);
+    const expected = [['0', `1,${P},64`], ...[0, 1, 2, 3, 4].map((k) => [String(P + k), '1,1,64'])];
+    expect(chunks('e.test')).toEqual(expected);
+    expect(chunks('g.test')).toEqual(expected);
     const toE = net.log.filter((l) => l.host === 'e.test');
-    expect(toE[0]!.headers).toMatchObject({ 'x-meshnet-position': '0', 'x-meshnet-shape': `1,${promptIds.length + 5},64`, 'x-meshnet-start-layer': '1', 'x-meshnet-end-layer': '2' });
-    expect(net.log.filter((l) => l.host === 'g.test')[0]!.headers).toMatchObject({ 'x-meshnet-position': '0', 'x-meshnet-shape': `1,${promptIds.length + 5},64` });
-    expect(toE.slice(1).every((l) => l.headers['x-meshnet-shape'] === '1,1,64')).toBe(true);
-    expect(toE.length).toBe(12 - 5);
+    expect(toE[0]!.headers).toMatchObject({ 'x-meshnet-start-layer': '1', 'x-meshnet-end-layer': '2' });
+    expect(toE.length).toBe(5 + (12 - 5));
     net.dead.clear();
     net.killAt.clear();
+  });
+
+  it('rebuilds a replacement cache bit for bit: the same log-probabilities as the undisturbed run', async () => {
+    net.killAt.set('b.test', (net.counts.get('b.test') ?? 0) + 7);
+    const ev = await run(driver(async () => [hop('d', 1, 3)]), [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 12 });
+    net.dead.clear();
+    net.killAt.clear();
+    expect(ev.some((e) => e.type === 'recovered')).toBe(true);
+    expect(logprobs(ev)).toEqual(logprobs(undisturbed));
   });
 
   it('replays a hop whose cache vanished (409) on the same hop, without asking the tracker', async () => {
