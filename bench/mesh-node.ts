@@ -197,13 +197,14 @@ async function main(): Promise<void> {
     await until(async () => (await fetch(`${tracker!.url}/api/route?model=small`)).ok, 20_000, 'tracker route');
     const rec = await viaMesh(c, [hopOf(d, 4, 8, 'relay'), hopOf(e, 8, 12, 'relay')], { node: d, afterTokens: 10 });
     const recoveredSame = rec.ids.join() === results.get(configs[3]!)![0]!.ids.join();
+    const recoveredDivergence = firstDivergence(rec.ids, results.get(configs[3]!)![0]!.ids);
     void spare;
 
     const pad = (s: string | number, n: number) => String(s).padEnd(n);
     console.log(`\nmesh bench: small (${cfg.numLayers} layers, hidden ${cfg.hiddenSize}), f32, ${threads} ONNX threads per process, ${NEW_TOKENS} new tokens, bf16 wire, loopback, medians of ${RUNS}`);
     console.log(`${pad('config', 40)}${pad('transport', 18)}${pad('TTFT ms', 10)}${pad('decode tok/s', 14)}${pad('× one process', 15)}first token ≠ one process`);
     for (const r of rows) console.log(`${pad(r.config, 40)}${pad(r.transport, 18)}${pad(r.ttft_ms, 10)}${pad(r.decode_tokens_per_s, 14)}${pad(r.ratio_vs_one_process.toFixed(3), 15)}${r.first_divergence ?? 'none'}`);
-    console.log(`recovery after killing the middle node at token 10: ${rec.recoveryMs ?? 'no recovered event'} ms; tokens unchanged: ${recoveredSame}`);
+    console.log(`recovery after killing the middle node at token 10: ${rec.recoveryMs ?? 'no recovered event'} ms; tokens unchanged: ${recoveredSame}${recoveredSame ? '' : ` (first difference at ${recoveredDivergence})`}`);
     console.log(`greedy tokens identical across the runs of each config: ${sameTokens}`);
     for (const three of rows.filter((r) => r.nodes === 3)) {
       console.log(`target 3 nodes ≥ 0.85 × one process, ${three.transport}: ${three.ratio_vs_one_process >= 0.85 ? 'met' : 'NOT met'} (${three.ratio_vs_one_process})`);
