@@ -158,6 +158,10 @@ export class BrowserNode implements NodeEngine {
       trackerKey: () => this.trackerClient?.trackerKey,
       pipeline: () => this.running?.pipeline,
       onLog: (m) => console.warn(`meshnet node: ${m}`),
+      // A head computes every token it streams (embedding, its layers) without a /forward: count them as served.
+      onEvent: (e) => {
+        if (e.type === 'token') this.stats.record(Date.now(), 1);
+      },
     });
   }
 

@@ -1,0 +1,276 @@
+/**
+ * A mesh of browser nodes on this machine: N headless Chromium pages, each
+ * the donor page opened with `?relay=…&tracker=…`, each in its own browser
+ * context (its own IndexedDB, so its own identity, peer id and stored span).
+ * The tracker assigns their spans; this module only opens the pages, watches
+ * them (the page's own status, polled through `window.meshnet`), reopens a
+ * page whose renderer crashed (same context: same peer id, weights kept),
+ * and relaunches the browser if it dies.
+ *
+ * Used by `meshnet mesh` and by `meshnet demo`.
+ */
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import type { NodeStatus } from '../browser/engine.ts';
+import { REPO_ROOT } from './models.ts';
+import { startStaticServer, type StaticServer } from './static-server.ts';
+
+export const CHROMIUM_FLAGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'];
+
+export interface BrowserMeshOptions {
+  /** Pages to open. */
+  nodes: number;
+  trackerUrl: string;
+  relayUrl: string;
+  /** The built donor page; absent: dist/ is served here (built first when missing). */
+  appUrl?: string;
+  /** Model id at the tracker; absent: the tracker's first model. */
+  model?: string;
+  backend: 'wasm' | 'webgpu' | 'auto';
+  /** Memory each page gives the mesh, MiB; absent: the page's default. */
+  budgetMb?: number;
+  /** WASM threads per page; absent: the page decides (cores - 1). */
+  threads?: number;
+  /** @defaultValue /usr/bin/chromium (or MESHNET_CHROMIUM) */
+  chromium?: string;
+  /** Status poll period, ms. @defaultValue 1000 */
+  pollMs?: number;
+  /** Every poll, with every node's row. */
+  onUpdate?(rows: readonly NodeRow[]): void;
+  /** Lifecycle lines (crash, restart, browser relaunch). */
+  log?(message: string): void;
+}
+
+/** One page as the terminal shows it. */
+export interface NodeRow {
+  index: number;
+  peerId: string | undefined;
+  state: NodeStatus['state'] | 'starting' | 'crashed';
+  layers: [number, number] | undefined;
+  /** 0..100 while downloading. */
+  downloadPct: number | undefined;
+  tokensServed: number;
+  requestsPerMinute: number;
+  backend: string | undefined;
+  restarts: number;
+  error: string | undefined;
+}
+
+export interface BrowserMesh {
+  appUrl: string;
+  rows(): readonly NodeRow[];
+  /** The donor page URL a person can open to join this mesh. */
+  donorUrl(): string;
+  /** Node `index`'s page now (tools and tests: screenshots, fault injection). */
+  page(index: number): Page | undefined;
+  /** Resolves when every page serves (and the tracker has their spans), or rejects after `timeoutMs`. */
+  waitServing(timeoutMs: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+interface Slot {
+  row: NodeRow;
+  context: BrowserContext | undefined;
+  page: Page | undefined;
+  reopening: boolean;
+}
+
+export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMesh> {
+  const log = o.log ?? (() => {});
+  let app: StaticServer | undefined;
+  let appUrl = o.appUrl;
+  if (!appUrl) {
+    app = await serveBuiltApp();
+    appUrl = `${app.url}/`;
+  }
+  const base = appUrl.endsWith('/') ? appUrl : `${appUrl}/`;
+  const q = new URLSearchParams({ relay: o.relayUrl, tracker: o.trackerUrl });
+  if (o.model) q.set('model', o.model);
+  if (o.backend !== 'auto') q.set('backend', o.backend);
+  if (o.budgetMb !== undefined) q.set('budget', String(o.budgetMb));
+  if (o.threads !== undefined) q.set('threads', String(o.threads));
+  const pageUrl = `${base}?${q}`;
+
+  const executablePath = o.chromium ?? process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium';
+  const args = [...CHROMIUM_FLAGS, ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : [])];
+  let browser: Browser | undefined;
+  let closing = false;
+
+  const slots: Slot[] = Array.from({ length: o.nodes }, (_, index) => ({
+    row: { index, peerId: undefined, state: 'starting', layers: undefined, downloadPct: undefined, tokensServed: 0, requestsPerMinute: 0, backend: undefined, restarts: 0, error: undefined },
+    context: undefined,
+    page: undefined,
+    reopening: false,
+  }));
+
+  async function launch(): Promise<void> {
+    const b = await chromium.launch({ executablePath, headless: true, args });
+    browser = b;
+    b.on('disconnected', () => {
+      if (closing || browser !== b) return;
+      log('the browser exited; relaunching every node');
+      for (const s of slots) {
+        s.context = undefined;
+        s.page = undefined;
+        s.row.state = 'crashed';
+        s.row.restarts++;
+      }
+      void launch().then(
+        () => Promise.all(slots.map((s) => openPage(s))),
+        (e: Error) => log(`relaunching the browser failed: ${e.message}`),
+      );
+    });
+  }
+
+  async function openPage(s: Slot): Promise<void> {
+    if (closing || !browser) return;
+    // A context per node: separate IndexedDB, so a separate identity and span.
+    s.context ??= await browser.newContext({ serviceWorkers: 'block' });
+    const page = await s.context.newPage();
+    s.page = page;
+    page.on('crash', () => {
+      if (closing || s.page !== page) return;
+      s.row.state = 'crashed';
+      s.row.restarts++;
+      log(`node ${s.row.index + 1}: the page crashed; reopening it (same identity, stored layers kept)`);
+      void reopen(s);
+    });
+    page.on('pageerror', (e) => log(`node ${s.row.index + 1}: ${e.message}`));
+    await page.goto(pageUrl);
+  }
+
+  async function reopen(s: Slot): Promise<void> {
+    if (s.reopening) return;
+    s.reopening = true;
+    try {
+      await s.page?.close().catch(() => undefined);
+      s.page = undefined;
+      await openPage(s);
+    } catch (e) {
+      log(`node ${s.row.index + 1}: reopening failed: ${(e as Error).message}`);
+    } finally {
+      s.reopening = false;
+    }
+  }
+
+  async function poll(s: Slot): Promise<void> {
+    const page = s.page;
+    if (!page || page.isClosed() || s.row.state === 'crashed') return;
+    const st = await page.evaluate(() => window.meshnet?.engine.status()).catch(() => undefined);
+    if (!st) return;
+    const r = s.row;
+    r.peerId = st.peerId;
+    r.state = st.state;
+    r.layers = st.model ? [st.model.startLayer, st.model.endLayer] : undefined;
+    r.downloadPct = st.state === 'downloading' && st.download && st.download.totalBytes > 0 ? Math.floor((100 * st.download.loadedBytes) / st.download.totalBytes) : undefined;
+    r.tokensServed = st.tokensServed;
+    r.requestsPerMinute = st.requestsPerMinute;
+    r.backend = st.backend?.kind;
+    r.error = st.error ? `${st.error.code}: ${st.error.message}` : undefined;
+  }
+
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const tick = async () => {
+    await Promise.all(slots.map((s) => poll(s)));
+    o.onUpdate?.(slots.map((s) => s.row));
+    if (!closing) timer = setTimeout(() => void tick(), o.pollMs ?? 1000);
+  };
+
+  await launch();
+  // One page at a time: the tracker sizes each span knowing the spans already given, and two
+  // cores stay responsive while each page starts its worker.
+  for (const s of slots) await openPage(s);
+  void tick();
+
+  return {
+    appUrl: base,
+    rows: () => slots.map((s) => s.row),
+    donorUrl: () => pageUrl,
+    page: (index) => slots[index]?.page,
+    async waitServing(timeoutMs) {
+      const deadline = Date.now() + timeoutMs;
+      for (;;) {
+        await Promise.all(slots.map((s) => poll(s)));
+        if (slots.every((s) => s.row.state === 'serving')) return;
+        if (Date.now() > deadline) {
+          throw new Error(`not every node serves after ${timeoutMs} ms: ${slots.map((s) => `node ${s.row.index + 1} ${s.row.state}${s.row.error ? ` (${s.row.error})` : ''}`).join(', ')}`);
+        }
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    },
+    async close() {
+      closing = true;
+      if (timer) clearTimeout(timer);
+      await Promise.all(slots.map((s) => s.context?.close().catch(() => undefined)));
+      await browser?.close().catch(() => undefined);
+      await app?.close();
+    },
+  };
+}
+
+/** dist/ on a local port with COOP/COEP (WASM threads), built with vite first when missing. */
+export async function serveBuiltApp(dir = join(REPO_ROOT, 'dist')): Promise<StaticServer> {
+  if (!existsSync(join(dir, 'index.html'))) {
+    // vite is a dev dependency: imported only when a build is needed.
+    const { build } = await import('vite');
+    await build({ root: REPO_ROOT, logLevel: 'warn', build: { outDir: dir } });
+  }
+  return startStaticServer({ root: dir, port: 0, host: '127.0.0.1' });
+}
+
+// ---------------------------------------------------------------- terminal view
+
+const pad = (s: string, n: number) => (s.length >= n ? s.slice(0, n) : s + ' '.repeat(n - s.length));
+
+/** The table's lines: one header, one line per node. */
+export function formatRows(rows: readonly NodeRow[]): string[] {
+  const head = `${pad('node', 5)} ${pad('peer', 9)} ${pad('state', 16)} ${pad('layers', 8)} ${pad('backend', 8)} ${pad('tokens', 7)} ${pad('req/min', 7)} restarts`;
+  return [
+    head,
+    ...rows.map((r) => {
+      const state = r.state === 'downloading' && r.downloadPct !== undefined ? `downloading ${r.downloadPct}%` : r.state;
+      const layers = r.layers ? `${r.layers[0]}-${r.layers[1] - 1}` : '-';
+      const line = `${pad(String(r.index + 1), 5)} ${pad(r.peerId?.slice(0, 8) ?? '-', 9)} ${pad(state, 16)} ${pad(layers, 8)} ${pad(r.backend ?? '-', 8)} ${pad(String(r.tokensServed), 7)} ${pad(String(r.requestsPerMinute), 7)} ${r.restarts}`;
+      return r.error && r.state === 'error' ? `${line}  ${r.error}` : line;
+    }),
+  ];
+}
+
+/**
+ * Shows the rows: redrawn in place on a TTY; otherwise one plain line per
+ * node whenever its state, span or download decile changes, and its tokens
+ * at most every `plainEveryMs`.
+ */
+export function terminalView(out: NodeJS.WriteStream, plainEveryMs = 10_000): { update(rows: readonly NodeRow[]): void; clear(): void } {
+  if (out.isTTY) {
+    let drawn = 0;
+    return {
+      update(rows) {
+        const lines = formatRows(rows);
+        // Up to the table's first line, clear to the end of the screen, draw again.
+        out.write(`${drawn ? `\x1b[${drawn}A` : ''}\x1b[J${lines.join('\n')}\n`);
+        drawn = lines.length;
+      },
+      clear() {
+        drawn = 0;
+      },
+    };
+  }
+  const last = new Map<number, { key: string; tokens: number; at: number }>();
+  return {
+    update(rows) {
+      const now = Date.now();
+      for (const r of rows) {
+        const key = `${r.state}|${r.layers?.join('-')}|${r.downloadPct === undefined ? '' : Math.floor(r.downloadPct / 10)}|${r.restarts}`;
+        const prev = last.get(r.index);
+        const tokensDue = prev !== undefined && r.tokensServed !== prev.tokens && now - prev.at >= plainEveryMs;
+        if (prev?.key === key && !tokensDue) continue;
+        last.set(r.index, { key, tokens: r.tokensServed, at: now });
+        const state = r.state === 'downloading' && r.downloadPct !== undefined ? `downloading ${r.downloadPct}%` : r.state;
+        out.write(`node ${r.index + 1}${r.peerId ? ` ${r.peerId.slice(0, 8)}` : ''}: ${state}${r.layers ? `, layers ${r.layers[0]}-${r.layers[1] - 1}` : ''}${r.backend ? `, ${r.backend}` : ''}, ${r.tokensServed} tokens served${r.restarts ? `, ${r.restarts} restarts` : ''}${r.error && r.state === 'error' ? ` — ${r.error}` : ''}\n`);
+      }
+    },
+    clear() {},
+  };
+}
