@@ -15,7 +15,7 @@
  *   npx tsx bench/mesh-node.ts [--quick] [--threads N]
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
@@ -74,6 +74,8 @@ interface Row {
 }
 
 async function main(): Promise<void> {
+  // Other work on the machine moves these numbers a lot on few cores: the load average goes into the JSON.
+  const loadBefore = loadavg()[0]!;
   const dir = await ensureModel('small');
   const st = await startStaticServer({ root: dir });
   const relay = await startRelayProcess();
@@ -201,7 +203,8 @@ async function main(): Promise<void> {
     void spare;
 
     const pad = (s: string | number, n: number) => String(s).padEnd(n);
-    console.log(`\nmesh bench: small (${cfg.numLayers} layers, hidden ${cfg.hiddenSize}), f32, ${threads} ONNX threads per process, ${NEW_TOKENS} new tokens, bf16 wire, loopback, medians of ${RUNS}`);
+    console.log(`\n1-minute load average before/after: ${loadBefore.toFixed(2)} / ${loadavg()[0]!.toFixed(2)} on ${cpus().length} cores`);
+    console.log(`mesh bench: small (${cfg.numLayers} layers, hidden ${cfg.hiddenSize}), f32, ${threads} ONNX threads per process, ${NEW_TOKENS} new tokens, bf16 wire, loopback, medians of ${RUNS}`);
     console.log(`${pad('config', 40)}${pad('transport', 18)}${pad('TTFT ms', 10)}${pad('decode tok/s', 14)}${pad('× one process', 15)}first token ≠ one process`);
     for (const r of rows) console.log(`${pad(r.config, 40)}${pad(r.transport, 18)}${pad(r.ttft_ms, 10)}${pad(r.decode_tokens_per_s, 14)}${pad(r.ratio_vs_one_process.toFixed(3), 15)}${r.first_divergence ?? 'none'}`);
     console.log(`recovery after killing the middle node at token 10: ${rec.recoveryMs ?? 'no recovered event'} ms; tokens unchanged: ${recoveredSame}${recoveredSame ? '' : ` (first difference at ${recoveredDivergence})`}`);
@@ -219,6 +222,7 @@ async function main(): Promise<void> {
           date: new Date().toISOString(),
           model: 'small',
           cpus: cpus().length,
+          load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
           onnx_threads_per_process: threads,
           new_tokens: NEW_TOKENS,
           runs: RUNS,

@@ -289,7 +289,8 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       },
     });
     relay.start();
-    await relay.ready(20_000);
+    // A relay that is down at start is not fatal: the client keeps reconnecting, and direct HTTP serves meanwhile.
+    await relay.ready(20_000).catch((e: unknown) => o.log('warn', `relay: ${(e as Error).message}; serving direct HTTP while the client keeps trying`));
   }
   o.emit({ event: 'listening', role: 'node', peer_id: identity.peerId, endpoint, relay_addr: relay?.relayAddr ?? null, port });
 
