@@ -211,9 +211,11 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
 
   it('loses no token when the middle node serving the stream is killed mid-generation (hop replacement + history replay)', async () => {
     let killed: NodeProc | undefined;
+    // The middle in this stream's route is the one that gained a session since it started.
+    const before = new Map(await Promise.all(middles.map(async (m) => [m, await sessionsOn(m)] as const)));
     const got = await streamChat(client, async (n) => {
       if (n !== 6) return;
-      for (const m of middles) if ((await sessionsOn(m)) > 0) killed = m;
+      for (const m of middles) if ((await sessionsOn(m)) > before.get(m)!) killed = m;
       killed?.child.kill('SIGKILL');
     });
     expect(killed).toBeDefined();
@@ -242,9 +244,10 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
     const t0 = performance.now();
     let killedAt = 0;
     const doneBefore = new Map(heads.map((h) => [h, h.events.filter((e) => e.event === 'generate-done').length]));
+    const before = new Map(await Promise.all(heads.map(async (h) => [h, await sessionsOn(h)] as const)));
     const got = await streamChat(client, async (n) => {
       if (n !== 6) return;
-      for (const h of heads) if ((await sessionsOn(h)) > 0) killed = h;
+      for (const h of heads) if ((await sessionsOn(h)) > before.get(h)!) killed = h;
       killedAt = performance.now();
       killed?.child.kill('SIGKILL');
     });
