@@ -125,6 +125,20 @@ test('four pages join the tracker, serve a streamed chat equal to the reference,
     const route = (await dashboard()).recent_routes.find((r) => r.kind === 'generate')!;
     expect(route.hops.map((h) => [h.start_layer, h.end_layer])).toEqual([[0, 2], [2, 4]]);
 
+    // The dashboard draws the same picture: every layer held twice, four browser nodes, the route just taken.
+    const dash = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    try {
+      await dash.goto(`${tracker.url}/dashboard`);
+      await expect(dash.locator('.grid .cov')).toHaveText(['2', '2', '2', '2']);
+      await expect(dash.locator('.grid td.peer')).toHaveCount(4 + 1);
+      await expect(dash.locator('.badge.ok')).toHaveText('every layer served');
+      await expect(dash.locator('#nodes tr')).toHaveCount(4 + 1);
+      await expect(dash.locator('#routes td.route').first()).toContainText(`${route.hops[0]!.peer_id.slice(0, 8)} [0–1]`);
+      await dash.screenshot({ path: 'docs/dashboard.png', fullPage: true });
+    } finally {
+      await dash.close();
+    }
+
     // Second chat: once it is under way, close the route's second page.
     let closed: BrowserNodePage | undefined;
     const t0 = performance.now();

@@ -35,7 +35,7 @@ import { createForwardHandler, type ForwardEvent } from '../node/forward-handler
 import { createHeadHandler } from '../node/head-handler.ts';
 import { HopTransport } from '../node/hop-transport.ts';
 import { Identity } from '../node/identity.ts';
-import { PipelineDriver } from '../node/pipeline.ts';
+import { PipelineDriver, type HeadExecutor } from '../node/pipeline.ts';
 import { RelayClient, RelayClientState, type MeshHandler, type RelayStateEvent } from '../node/relay-client.ts';
 import { RpcConnection } from '../node/relay-hop.ts';
 import { TrackerClient } from '../node/tracker-client.ts';
@@ -481,20 +481,39 @@ export class BrowserNode implements NodeEngine {
         if (ev.status !== 200) return;
         this.stats.record(Date.now(), ev.tokens);
         this.stats.recordLatency(ev.ms);
-        if (ev.tokens === 1 && layers > 0) {
-          this.stepMs.push(ev.ms / layers);
-          if (this.stepMs.length > 101) this.stepMs.shift();
-        }
+        if (ev.tokens === 1 && layers > 0) this.recordStep(ev.ms / layers);
       },
     });
+  }
+
+  private recordStep(msPerLayer: number): void {
+    this.stepMs.push(msPerLayer);
+    if (this.stepMs.length > 101) this.stepMs.shift();
   }
 
   private pipelineFor(r: Pick<Running, 'executor' | 'span' | 'tokenizer'>): PipelineDriver | undefined {
     if (r.span.startLayer !== 0 || !r.tokenizer || !this.transport) return undefined;
     const client = this.trackerClient;
     const model = r.span.model;
+    const executor = r.executor;
+    const layers = executor.endLayer - executor.startLayer;
+    // The head runs its layers without a /forward: time its one-token steps here, or the tracker
+    // would only ever see a default layer_ms for heads (and rebalance on that guess).
+    const timed: HeadExecutor = {
+      config: executor.config,
+      startLayer: executor.startLayer,
+      endLayer: executor.endLayer,
+      maxContext: executor.maxContext,
+      dropSession: (id) => executor.dropSession(id),
+      forward: async (req) => {
+        const t0 = performance.now();
+        const out = await executor.forward(req);
+        if (req.tokenIds?.length === 1 && layers > 0) this.recordStep((performance.now() - t0) / layers);
+        return out;
+      },
+    };
     return new PipelineDriver({
-      executor: r.executor,
+      executor: timed,
       tokenizer: r.tokenizer,
       transport: this.transport,
       ...(client ? { replace: (hop, signal) => client.replace(model, hop, signal) } : {}),

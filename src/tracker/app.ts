@@ -8,6 +8,7 @@
  *   GET  /api/route?model=      a signed route, as a head would get it (debugging, benches)
  *   GET  /api/availability      per model: layers × nodes, spans, status, throughput
  *   GET  /api/dashboard         nodes, stats, recent routes
+ *   GET  /dashboard             the dashboard page over /api/dashboard (dashboard.ts)
  *   GET  /api/tracker           the tracker's public key
  *   GET  /v1/models, POST /v1/chat/completions, POST /v1/completions
  *   GET  /metrics, GET /healthz
@@ -18,6 +19,7 @@ import { MeshError, errorBody } from '../protocol/errors.ts';
 import { nodeMessageSchema, replaceRequestSchema, signedSchema, type NodeMessage, type RegisterAnswer, type ReplaceAnswer } from '../protocol/tracker.ts';
 import type { Identity } from '../node/identity.ts';
 import { randomHex } from '../protocol/ids.ts';
+import { DASHBOARD_HTML } from './dashboard.ts';
 import { App, HttpError, json, readJson, type RouteContext } from './http.ts';
 import { routeHops, runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput, type HeadTransport } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
@@ -238,6 +240,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
       recent_routes: [...recentRoutes].reverse(),
     });
   });
+
+  app.get('/dashboard', () => new Response(DASHBOARD_HTML, { status: 200, headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-cache' } }));
 
   app.get('/healthz', () => json(200, { status: 'ok', nodes: registry.nodes.size, models: [...registry.models.keys()] }));
 

@@ -1,0 +1,166 @@
+/**
+ * GET /dashboard: the mesh at a glance, one self-contained page (no build,
+ * no framework) that polls GET /api/dashboard once a second:
+ *
+ * - the availability map: layers × nodes, a cell per layer a node holds
+ *   (solid: serving, pale: assigned and still loading), and per layer how
+ *   many nodes serve it (red where none does);
+ * - the node list: host, backend, status, span, throughput, RPM over the
+ *   last heartbeats, tokens served;
+ * - the recent routes.
+ *
+ * Node-supplied strings (backend, version) reach the page only through
+ * textContent, never as markup.
+ */
+export const DASHBOARD_HTML = /* html */ `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>meshnet · mesh dashboard</title>
+<style>
+  :root { --bg:#0f1419; --panel:#171d24; --line:#2a323c; --text:#d8dee6; --dim:#8a96a3; --ok:#3fb950; --load:#2f5f3a; --bad:#f85149; --accent:#58a6ff; }
+  * { box-sizing: border-box; }
+  body { margin:0; font:14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; background:var(--bg); color:var(--text); }
+  header { display:flex; align-items:baseline; gap:16px; padding:14px 22px; border-bottom:1px solid var(--line); }
+  header h1 { font-size:18px; margin:0; }
+  header .meta { color:var(--dim); font-size:13px; }
+  main { padding:16px 22px; display:grid; gap:16px; grid-template-columns: 1fr; max-width:1280px; }
+  section { background:var(--panel); border:1px solid var(--line); border-radius:8px; padding:14px 16px; }
+  h2 { font-size:14px; margin:0 0 10px; color:var(--dim); font-weight:600; text-transform:uppercase; letter-spacing:.04em; }
+  .model-title { display:flex; gap:12px; align-items:baseline; margin-bottom:8px; }
+  .badge { padding:1px 8px; border-radius:10px; font-size:12px; }
+  .badge.ok { background:#1f3d2a; color:var(--ok); } .badge.bad { background:#42201f; color:var(--bad); }
+  table { border-collapse:collapse; width:100%; font-variant-numeric: tabular-nums; }
+  th, td { text-align:left; padding:4px 8px; border-bottom:1px solid var(--line); white-space:nowrap; }
+  th { color:var(--dim); font-weight:500; font-size:12px; }
+  table.grid { width:auto; }
+  .grid td, .grid th { padding:0; border:none; text-align:center; min-width:34px; }
+  .grid th.l { font-size:11px; }
+  .grid td.peer, .grid th.peer { text-align:right; padding-right:10px; font-family:ui-monospace, monospace; font-size:12px; color:var(--dim); white-space:nowrap; }
+  .cell { display:block; height:20px; margin:1px; border-radius:3px; background:#1d242c; }
+  .cell.serving { background:var(--ok); } .cell.loading { background:var(--load); }
+  .cov { display:block; margin:1px; border-radius:3px; font-size:11px; height:18px; line-height:18px; color:#0f1419; font-weight:600; }
+  .mono { font-family:ui-monospace, monospace; font-size:12px; }
+  .dim { color:var(--dim); }
+  .status-serving { color:var(--ok); } .status-loading { color:#d29922; } .status-idle { color:var(--dim); }
+  svg.spark { vertical-align:middle; }
+  .route { font-family:ui-monospace, monospace; font-size:12px; }
+  .empty { color:var(--dim); font-style:italic; }
+  #err { color:var(--bad); }
+</style>
+</head>
+<body>
+<header><h1>meshnet mesh</h1><span class="meta" id="meta">connecting…</span><span id="err"></span></header>
+<main>
+  <section><h2>Availability map</h2><div id="maps"></div></section>
+  <section><h2>Nodes</h2><div id="nodes"></div></section>
+  <section><h2>Recent routes</h2><div id="routes"></div></section>
+</main>
+<script>
+"use strict";
+const $ = (id) => document.getElementById(id);
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else if (k === "style") e.style.cssText = v; else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return e;
+}
+const short = (id) => id.slice(0, 8);
+const span = (s) => (s ? s.start_layer + "–" + (s.end_layer - 1) : "–");
+function ago(ms) { return ms < 1500 ? "now" : ms < 90000 ? Math.round(ms / 1000) + " s ago" : Math.round(ms / 60000) + " min ago"; }
+function covColor(n, max) {
+  if (n === 0) return "var(--bad)";
+  const t = Math.min(1, n / Math.max(2, max));
+  return "hsl(" + (90 + 40 * t) + ", 55%, " + (38 + 14 * t) + "%)";
+}
+function sparkline(values, w = 90, h = 18) {
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("class", "spark"); svg.setAttribute("width", w); svg.setAttribute("height", h);
+  if (values.length > 1) {
+    const max = Math.max(1, ...values);
+    const pts = values.map((v, i) => (i * (w - 2)) / (values.length - 1) + 1 + "," + (h - 1 - (v / max) * (h - 3))).join(" ");
+    const p = document.createElementNS(NS, "polyline");
+    p.setAttribute("points", pts); p.setAttribute("fill", "none"); p.setAttribute("stroke", "#58a6ff"); p.setAttribute("stroke-width", "1.5");
+    svg.append(p);
+  }
+  return svg;
+}
+
+function renderMaps(d) {
+  const root = $("maps");
+  root.replaceChildren();
+  for (const m of d.models) {
+    const nodes = d.nodes.filter((n) => n.model === m.name && (n.assignment || n.serving));
+    const title = el("div", { class: "model-title" }, el("strong", {}, m.name), el("span", { class: "dim" }, m.num_layers + " layers"),
+      m.complete ? el("span", { class: "badge ok" }, "every layer served") : el("span", { class: "badge bad" }, "missing layers " + m.missing_layers.join(", ")));
+    const grid = el("table", { class: "grid" });
+    const head = el("tr", {}, el("th", { class: "peer" }, "node \\\\ layer"));
+    for (let l = 0; l < m.num_layers; l++) head.append(el("th", { class: "l dim" }, l));
+    grid.append(head);
+    for (const n of nodes) {
+      const row = el("tr", {}, el("td", { class: "peer" }, short(n.peer_id) + " · " + n.host));
+      for (let l = 0; l < m.num_layers; l++) {
+        const serves = n.serving && n.serving.start_layer <= l && l < n.serving.end_layer;
+        const assigned = n.assignment && n.assignment.start_layer <= l && l < n.assignment.end_layer;
+        row.append(el("td", {}, el("span", { class: "cell" + (serves ? " serving" : assigned ? " loading" : ""), title: serves ? "serving" : assigned ? "assigned, loading" : "" })));
+      }
+      grid.append(row);
+    }
+    if (nodes.length === 0) grid.append(el("tr", {}, el("td", { class: "peer empty", colspan: String(m.num_layers + 1) }, "no node holds a layer yet")));
+    const max = Math.max(0, ...m.coverage);
+    const cov = el("tr", {}, el("td", { class: "peer" }, "coverage"));
+    for (const c of m.coverage) cov.append(el("td", {}, el("span", { class: "cov", style: "background:" + covColor(c, max) }, c)));
+    grid.append(cov);
+    root.append(title, grid);
+  }
+}
+
+function renderNodes(d) {
+  const root = $("nodes");
+  if (d.nodes.length === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
+  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "queue", "budget", "last seen"].map((h) => el("th", {}, h))));
+  for (const n of d.nodes) {
+    t.append(el("tr", {},
+      el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend),
+      el("td", { class: "status-" + n.status }, n.status), el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
+      el("td", {}, n.throughput.toFixed(0)), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
+      el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, n.queue_depth + n.in_flight),
+      el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
+  }
+  root.replaceChildren(t);
+}
+
+function renderRoutes(d) {
+  const root = $("routes");
+  if (d.recent_routes.length === 0) { root.replaceChildren(el("div", { class: "empty" }, "No route yet: send a chat to /v1/chat/completions.")); return; }
+  const t = el("table", {}, el("tr", {}, ...["when", "kind", "model", "route (node [layers])", "est. ms/token"].map((h) => el("th", {}, h))));
+  const now = Date.now();
+  for (const r of d.recent_routes.slice(0, 12)) {
+    const path = r.hops.map((h) => short(h.peer_id) + " [" + h.start_layer + "–" + (h.end_layer - 1) + "]").join("  →  ");
+    t.append(el("tr", {}, el("td", { class: "dim" }, ago(now - r.at)), el("td", {}, r.kind), el("td", {}, r.model), el("td", { class: "route" }, path), el("td", {}, r.cost_ms)));
+  }
+  root.replaceChildren(t);
+}
+
+async function refresh() {
+  try {
+    const res = await fetch("api/dashboard", { cache: "no-store" });
+    if (!res.ok) throw new Error("HTTP " + res.status);
+    const d = await res.json();
+    $("meta").textContent = "tracker " + short(d.tracker.peer_id) + " · up " + d.tracker.uptime_s + " s · " + d.nodes.length + " node(s) · " + d.models.map((m) => m.name).join(", ");
+    $("err").textContent = "";
+    renderMaps(d); renderNodes(d); renderRoutes(d);
+  } catch (e) {
+    $("err").textContent = "tracker unreachable: " + e.message;
+  }
+}
+refresh();
+setInterval(refresh, 1000);
+</script>
+</body>
+</html>
+`;
