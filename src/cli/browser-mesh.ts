@@ -34,6 +34,8 @@ export interface BrowserMeshOptions {
   threads?: number;
   /** @defaultValue /usr/bin/chromium (or MESHNET_CHROMIUM) */
   chromium?: string;
+  /** More Chromium flags (also from MESHNET_CHROMIUM_EXTRA, space-separated: for experiments such as --enable-features=NetworkServiceInProcess). */
+  extraArgs?: string[];
   /** Status poll period, ms. @defaultValue 1000 */
   pollMs?: number;
   /** Every poll, with every node's row. */
@@ -64,6 +66,8 @@ export interface BrowserMesh {
   donorUrl(): string;
   /** Node `index`'s page now (tools and tests: screenshots, fault injection). */
   page(index: number): Page | undefined;
+  /** The browser now (benches read its processes over CDP). */
+  browser(): Browser | undefined;
   /** Resolves when every page serves (and the tracker has their spans), or rejects after `timeoutMs`. */
   waitServing(timeoutMs: number): Promise<void>;
   close(): Promise<void>;
@@ -93,7 +97,7 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   const pageUrl = `${base}?${q}`;
 
   const executablePath = o.chromium ?? process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium';
-  const args = [...CHROMIUM_FLAGS, ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : [])];
+  const args = [...CHROMIUM_FLAGS, ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : []), ...(o.extraArgs ?? []), ...(process.env.MESHNET_CHROMIUM_EXTRA?.split(' ').filter(Boolean) ?? [])];
   let browser: Browser | undefined;
   let closing = false;
 
@@ -188,6 +192,7 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
     rows: () => slots.map((s) => s.row),
     donorUrl: () => pageUrl,
     page: (index) => slots[index]?.page,
+    browser: () => browser,
     async waitServing(timeoutMs) {
       const deadline = Date.now() + timeoutMs;
       for (;;) {
