@@ -59,7 +59,7 @@ interface Row {
 async function pageMemory(mesh: BrowserMesh, nodes: number): Promise<{ rss: number | null; heap: number | null }> {
   const browser = mesh.browser()!;
   const cdp = await browser.newBrowserCDPSession();
-  let rss: number | null = null;
+  let rss: number | null;
   try {
     const info = (await cdp.send('SystemInfo.getProcessInfo')) as { processInfo: Array<{ type: string; id: number }> };
     const kb = info.processInfo
