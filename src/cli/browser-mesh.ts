@@ -155,6 +155,7 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
     });
     page.on('pageerror', (e) => log(`node ${s.row.index + 1}: ${e.message}`));
     await page.goto(pageUrl);
+    if (s.row.state === 'crashed') s.row.state = 'starting';
   }
 
   async function reopen(s: Slot): Promise<void> {
@@ -173,7 +174,8 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
 
   async function poll(s: Slot): Promise<void> {
     const page = s.page;
-    if (!page || page.isClosed() || s.row.state === 'crashed') return;
+    // A crashed page answers nothing until its replacement is up.
+    if (!page || page.isClosed() || s.reopening || s.page !== page) return;
     const st = await page.evaluate(() => window.meshnet?.engine.status()).catch(() => undefined);
     if (!st) return;
     const r = s.row;
