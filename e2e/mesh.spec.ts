@@ -9,6 +9,7 @@ import type { StaticServer } from '../src/cli/static-server.ts';
 import type { RelayClient } from '../src/node/relay-client.ts';
 import { replyJson } from '../src/protocol/envelopes.ts';
 import { forwardFast, nodeUrl, reference, startCaller, startModelServer, startRelayProcess, waitForState, type RelayProcess } from './support/mesh.ts';
+import { screenshotPath } from './support/screenshots.ts';
 
 let relay: RelayProcess;
 let model: StaticServer;
@@ -104,7 +105,7 @@ test('screenshot of the page while serving (docs/browser-node.png)', async ({ br
     await node.page.waitForTimeout(700);
     await expect(node.page.locator('#state')).toHaveText('Serving');
     await node.page.setViewportSize({ width: 1100, height: 820 });
-    await node.page.screenshot({ path: 'docs/browser-node.png', fullPage: true });
+    await node.page.screenshot({ path: screenshotPath('browser-node.png'), fullPage: true });
   } finally {
     await node.context.close();
   }

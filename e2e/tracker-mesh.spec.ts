@@ -22,6 +22,7 @@ import { makeModel } from '../src/model/fixture.ts';
 import type { NodeStatus } from '../src/browser/engine.ts';
 import { startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
 import { appUrl, reference, startModelServer, startRelayProcess, status, type RelayProcess } from './support/mesh.ts';
+import { screenshotPath } from './support/screenshots.ts';
 
 const MESSAGES = [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }];
 // Long enough that closing a page after the first token lands mid-generation (no eos within it for this prompt).
@@ -134,7 +135,7 @@ test('four pages join the tracker, serve a streamed chat equal to the reference,
       await expect(dash.locator('.badge.ok')).toHaveText('every layer served');
       await expect(dash.locator('#nodes tr')).toHaveCount(4 + 1);
       await expect(dash.locator('#routes td.route').first()).toContainText(`${route.hops[0]!.peer_id.slice(0, 8)} [0–1]`);
-      await dash.screenshot({ path: 'docs/dashboard.png', fullPage: true });
+      await dash.screenshot({ path: screenshotPath('dashboard.png'), fullPage: true });
     } finally {
       await dash.close();
     }
