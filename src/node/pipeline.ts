@@ -24,6 +24,7 @@ import { MeshError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { encodeTensor, type Dtype, dtypeBytes } from '../protocol/tensor.ts';
 import type { GenerateEvent, GenerateRequest, RouteHop } from '../protocol/tracker.ts';
+import { concatBytes } from '../protocol/bytes.ts';
 import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
 import type { HopTransport } from './hop-transport.ts';
@@ -463,18 +464,6 @@ export class PipelineDriver {
 
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
 class ReplayMismatch extends Error {}
-
-function concatBytes(parts: Uint8Array[]): Uint8Array {
-  let n = 0;
-  for (const p of parts) n += p.byteLength;
-  const out = new Uint8Array(n);
-  let off = 0;
-  for (const p of parts) {
-    out.set(p, off);
-    off += p.byteLength;
-  }
-  return out;
-}
 
 function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {
   let v: unknown;

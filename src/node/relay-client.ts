@@ -39,6 +39,7 @@ import {
 } from '../protocol/frames.ts';
 import { normalizeHeaders, type HeaderMap } from '../protocol/headers.ts';
 import { hexToBytes, isPeerId } from '../protocol/ids.ts';
+import { concatBytes } from '../protocol/bytes.ts';
 import type { Identity } from './identity.ts';
 import { resolveRelayClientOptions, type RelayClientOptions } from './relay-options.ts';
 import { SendGate, WS_OPEN, messageBytes, type SocketCloseEvent, type SocketMessageEvent, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
@@ -222,17 +223,7 @@ class OutboundCall {
 }
 
 function concat(parts: Uint8Array[]): Uint8Array {
-  if (parts.length === 0) return EMPTY;
-  if (parts.length === 1) return parts[0]!;
-  let n = 0;
-  for (const p of parts) n += p.byteLength;
-  const out = new Uint8Array(n);
-  let off = 0;
-  for (const p of parts) {
-    out.set(p, off);
-    off += p.byteLength;
-  }
-  return out;
+  return parts.length === 0 ? EMPTY : concatBytes(parts);
 }
 
 function asMeshError(e: unknown): MeshError | undefined {

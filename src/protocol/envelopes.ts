@@ -6,6 +6,7 @@ import { z } from 'zod';
 import { decodeBase64, encodeBase64 } from './base64.ts';
 import { MeshError } from './errors.ts';
 import { normalizeHeaders, isTextContentType, type HeaderMap } from './headers.ts';
+import { concatBytes } from './bytes.ts';
 
 const headersSchema = z.record(z.string(), z.union([z.string(), z.number(), z.boolean()]).transform(String));
 const requestId = z.string().min(1).max(128);
@@ -133,17 +134,6 @@ export function replyJson<T = unknown>(reply: MeshReply): T {
 export async function collectBody(body: Uint8Array | AsyncIterable<Uint8Array>): Promise<Uint8Array> {
   if (body instanceof Uint8Array) return body;
   const parts: Uint8Array[] = [];
-  let n = 0;
-  for await (const chunk of body) {
-    parts.push(chunk);
-    n += chunk.byteLength;
-  }
-  if (parts.length === 1) return parts[0]!;
-  const out = new Uint8Array(n);
-  let off = 0;
-  for (const p of parts) {
-    out.set(p, off);
-    off += p.byteLength;
-  }
-  return out;
+  for await (const chunk of body) parts.push(chunk);
+  return parts.length === 0 ? new Uint8Array(0) : concatBytes(parts);
 }

@@ -6,3 +6,4 @@ export * from './headers.ts';
 export * from './ids.ts';
 export * from './tensor.ts';
 export * from './tracker.ts';
+export * from './bytes.ts';

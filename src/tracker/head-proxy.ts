@@ -23,6 +23,7 @@ import type { TrackerOptions } from './options.ts';
 import type { NodeRecord, NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 import { signRoute } from './signing.ts';
+import { concatBytes } from '../protocol/bytes.ts';
 
 const utf8 = new TextEncoder();
 const utf8d = new TextDecoder();
@@ -68,13 +69,7 @@ async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promis
     n += c.byteLength;
     if (n > max) break;
   }
-  const out = new Uint8Array(n);
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.byteLength;
-  }
-  return out;
+  return parts.length === 0 ? new Uint8Array(0) : concatBytes(parts);
 }
 
 /** Reads with a per-chunk idle timeout; cancelling the loop cancels the body. */
