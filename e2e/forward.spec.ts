@@ -8,7 +8,7 @@ import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
 import { newRefCache } from '../src/model/reference.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import type { RelayClient } from '../src/node/relay-client.ts';
-import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, startCaller, startModelServer, startRelayProcess, waitForState, type RelayProcess } from './support/mesh.ts';
+import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 
 // f32 on the wire, ORT's f32 kernels vs float64: relative to the activation's scale.
 const TOL = 1e-4;
@@ -17,14 +17,8 @@ let relay: RelayProcess;
 let model: StaticServer;
 let caller: RelayClient;
 
-test.beforeAll(async () => {
-  [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
-  caller = await startCaller(relay);
-});
-test.afterAll(async () => {
-  caller?.close();
-  await Promise.all([relay?.stop(), model?.close()]);
-});
+test.beforeAll(async () => ({ relay, model, caller } = await startRelayMesh()));
+test.afterAll(() => stopRelayMesh({ relay, model, caller }));
 
 test('registers with the relay and answers /forward by the fast path and by /rpc with the reference activation', async ({ page }) => {
   page.on('console', (m) => console.log(`[page] ${m.text()}`));

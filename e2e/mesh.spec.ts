@@ -8,21 +8,15 @@ import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import type { RelayClient } from '../src/node/relay-client.ts';
 import { replyJson } from '../src/protocol/envelopes.ts';
-import { forwardFast, nodeUrl, reference, startCaller, startModelServer, startRelayProcess, waitForState, type RelayProcess } from './support/mesh.ts';
+import { forwardFast, nodeUrl, reference, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 import { screenshotPath } from './support/screenshots.ts';
 
 let relay: RelayProcess;
 let model: StaticServer;
 let caller: RelayClient;
 
-test.beforeAll(async () => {
-  [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
-  caller = await startCaller(relay);
-});
-test.afterAll(async () => {
-  caller?.close();
-  await Promise.all([relay?.stop(), model?.close()]);
-});
+test.beforeAll(async () => ({ relay, model, caller } = await startRelayMesh()));
+test.afterAll(() => stopRelayMesh({ relay, model, caller }));
 
 async function openNode(browser: Browser, layers: [number, number]): Promise<{ context: BrowserContext; page: Page; peerId: string }> {
   // A context per node: its own IndexedDB, so its own identity and peer id.

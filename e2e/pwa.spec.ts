@@ -8,20 +8,14 @@ import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
 import { newRefCache } from '../src/model/reference.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import type { RelayClient } from '../src/node/relay-client.ts';
-import { forwardFast, maxAbsDiff, nodeUrl, reference, startCaller, startModelServer, startRelayProcess, status, waitForState, type RelayProcess } from './support/mesh.ts';
+import { forwardFast, maxAbsDiff, nodeUrl, reference, status, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 
 let relay: RelayProcess;
 let model: StaticServer;
 let caller: RelayClient;
 
-test.beforeAll(async () => {
-  [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
-  caller = await startCaller(relay);
-});
-test.afterAll(async () => {
-  caller?.close();
-  await Promise.all([relay?.stop(), model?.close()]);
-});
+test.beforeAll(async () => ({ relay, model, caller } = await startRelayMesh()));
+test.afterAll(() => stopRelayMesh({ relay, model, caller }));
 
 test('a reload serves from IndexedDB with zero weight bytes fetched and the same peer id', async ({ page }) => {
   await page.goto(nodeUrl(relay, model, [0, 2], { backend: 'wasm' }));

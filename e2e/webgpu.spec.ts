@@ -11,7 +11,7 @@ import { newRefCache } from '../src/model/reference.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import type { RelayClient } from '../src/node/relay-client.ts';
 import { replyJson } from '../src/protocol/envelopes.ts';
-import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, startCaller, startModelServer, startRelayProcess, waitForState, type RelayProcess } from './support/mesh.ts';
+import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 
 test.use({ launchOptions: { executablePath: process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium', args: [...CHROMIUM_ARGS, '--enable-unsafe-webgpu'] }, serviceWorkers: 'block' });
 
@@ -22,14 +22,8 @@ let relay: RelayProcess;
 let model: StaticServer;
 let caller: RelayClient;
 
-test.beforeAll(async () => {
-  [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
-  caller = await startCaller(relay);
-});
-test.afterAll(async () => {
-  caller?.close();
-  await Promise.all([relay?.stop(), model?.close()]);
-});
+test.beforeAll(async () => ({ relay, model, caller } = await startRelayMesh()));
+test.afterAll(() => stopRelayMesh({ relay, model, caller }));
 
 test('forced WebGPU (SwiftShader, fp32) answers /forward with the reference activation and token', async ({ page }) => {
   await page.goto(nodeUrl(relay, model, [2, 4], { backend: 'webgpu' }));

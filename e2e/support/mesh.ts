@@ -73,6 +73,23 @@ export async function startCaller(relay: RelayProcess): Promise<RelayClient> {
   return client;
 }
 
+/** What most specs share: a real relay process, a model server and a caller peer on that relay. */
+export interface RelayMesh {
+  relay: RelayProcess;
+  model: StaticServer;
+  caller: RelayClient;
+}
+
+export async function startRelayMesh(preset: FixturePreset = 'tiny'): Promise<RelayMesh> {
+  const [relay, model] = await Promise.all([startRelayProcess(), startModelServer(preset)]);
+  return { relay, model, caller: await startCaller(relay) };
+}
+
+export async function stopRelayMesh(m: Partial<RelayMesh>): Promise<void> {
+  m.caller?.close();
+  await Promise.all([m.relay?.stop(), m.model?.close()]);
+}
+
 export interface ForwardArgs {
   activation: Uint8Array;
   shape: [number, number, number];
