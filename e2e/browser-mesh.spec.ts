@@ -6,21 +6,15 @@
 import { expect, test } from '@playwright/test';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import { startBrowserMesh } from '../src/cli/browser-mesh.ts';
-import { startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
-import { appUrl, startModelServer, startRelayProcess, type RelayProcess } from './support/mesh.ts';
+import { until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { appUrl, type RelayProcess, startTrackerMesh, stopTrackerMesh } from './support/mesh.ts';
 
 let relay: RelayProcess;
 let model: StaticServer;
 let tracker: TrackerProc;
 
-test.beforeAll(async () => {
-  [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
-  tracker = await startTrackerProc(['--model', `tiny=${model.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
-});
-test.afterAll(async () => {
-  await tracker?.stop();
-  await Promise.all([relay?.stop(), model?.close()]);
-});
+test.beforeAll(async () => ({ relay, model, tracker } = await startTrackerMesh()));
+test.afterAll(() => stopTrackerMesh({ relay, model, tracker }));
 
 test('opens pages that join the tracker, reopens a crashed page with the same peer id, and closes every page', async () => {
   const logs: string[] = [];

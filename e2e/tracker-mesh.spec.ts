@@ -20,8 +20,8 @@ import type { StaticServer } from '../src/cli/static-server.ts';
 import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { makeModel } from '../src/model/fixture.ts';
 import type { NodeStatus } from '../src/browser/engine.ts';
-import { startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
-import { appUrl, reference, startModelServer, startRelayProcess, status, type RelayProcess } from './support/mesh.ts';
+import { until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { appUrl, reference, status, type RelayProcess, startTrackerMesh, stopTrackerMesh } from './support/mesh.ts';
 import { screenshotPath } from './support/screenshots.ts';
 
 const MESSAGES = [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }];
@@ -32,14 +32,8 @@ let relay: RelayProcess;
 let model: StaticServer;
 let tracker: TrackerProc;
 
-test.beforeAll(async () => {
-  [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
-  tracker = await startTrackerProc(['--model', `tiny=${model.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
-});
-test.afterAll(async () => {
-  await tracker?.stop();
-  await Promise.all([relay?.stop(), model?.close()]);
-});
+test.beforeAll(async () => ({ relay, model, tracker } = await startTrackerMesh()));
+test.afterAll(() => stopTrackerMesh({ relay, model, tracker }));
 
 interface BrowserNodePage {
   context: BrowserContext;

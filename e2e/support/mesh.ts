@@ -3,7 +3,7 @@
  * counters, a Node-side peer that calls pages through the relay (fast path)
  * or by /rpc, and page helpers that wait for a state.
  */
-import { expect, type Page } from '@playwright/test';
+import type { Page } from '@playwright/test';
 import WebSocket from 'ws';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
@@ -17,6 +17,7 @@ import type { WebSocketConstructor } from '../../src/node/socket.ts';
 import type { NodeStatus } from '../../src/browser/engine.ts';
 import { weightsFromFiles } from '../../test/helpers/weights.ts';
 import { startRelayProcess, type RelayProcess } from '../../test/support/relay-process.ts';
+import { startTrackerProc, type TrackerProc } from '../../test/mesh/support/mesh.ts';
 
 export { startRelayProcess, type RelayProcess };
 
@@ -119,13 +120,22 @@ export function forwardRpc(relay: RelayProcess, peerId: string, a: ForwardArgs):
   return relayHop(`${relay.url.replace(/\/ws$/, '')}/rpc/${peerId}`, { method: 'POST', path: '/forward', headers: forwardHeaders(a), body: a.activation }, { WebSocket: WS, timeoutMs: 60_000 });
 }
 
-export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): { err: number; scale: number } {
-  expect(a.length).toBe(b.length);
-  let err = 0;
-  let scale = 0;
-  for (let i = 0; i < a.length; i++) {
-    err = Math.max(err, Math.abs(a[i]! - b[i]!));
-    scale = Math.max(scale, Math.abs(b[i]!));
-  }
-  return { err, scale };
+export { maxAbsDiff } from '../../test/helpers/shard.ts';
+
+/** A relay, the tiny model's server and a tracker process serving it: the browser-mesh specs' setting. */
+export interface TrackerMesh {
+  relay: RelayProcess;
+  model: StaticServer;
+  tracker: TrackerProc;
+}
+
+export async function startTrackerMesh(): Promise<TrackerMesh> {
+  const [relay, model] = await Promise.all([startRelayProcess(), startModelServer('tiny')]);
+  const tracker = await startTrackerProc(['--model', `tiny=${model.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
+  return { relay, model, tracker };
+}
+
+export async function stopTrackerMesh(m: Partial<TrackerMesh>): Promise<void> {
+  await m.tracker?.stop();
+  await Promise.all([m.relay?.stop(), m.model?.close()]);
 }
