@@ -46,7 +46,9 @@ describe('tracker assignment with meshnet node processes', () => {
       // One at a time, so each sees the previous ones' assignments.
       await nodes[i]!.waitFor((e) => e.event === 'serving', 30_000);
     }
-    await until(async () => (await availability()).complete, 20_000, 'complete coverage');
+    // A node's 'serving' event is local; the tracker learns of it at that node's next heartbeat, so wait for all three to be reported.
+    const allServing = (a: Availability['models'][number], n: number) => a.complete && a.nodes.length === n && a.nodes.every((x) => x.serving !== null);
+    await until(async () => allServing(await availability(), 3), 20_000, 'complete coverage, every node serving');
     const av = await availability();
     const spans = av.nodes.map((n) => n.serving!);
     for (const s of spans) expect(s.end_layer - s.start_layer).toBe(2);
@@ -68,7 +70,7 @@ describe('tracker assignment with meshnet node processes', () => {
     // Removed after 3 missed heartbeats; a duplicate holder is moved onto the bare layers and loads them.
     await until(async () => {
       const a = await availability();
-      return !a.nodes.some((n) => n.peer_id === soleId) && a.complete;
+      return !a.nodes.some((n) => n.peer_id === soleId) && allServing(a, 2);
     }, 30_000, 'reassignment after the node died');
     const healed = await availability();
     expect(healed.nodes.length).toBe(2);
