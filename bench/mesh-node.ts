@@ -3,7 +3,8 @@
  * `meshnet node` processes on loopback, side by side in one run:
  *
  *   - decode tokens/s and time to first token through 1, 2 and 3 nodes
- *     (head → hops over the relay fast path, and 3 nodes over direct HTTP),
+ *     (head → hops over the relay fast path, over direct links, and over
+ *     direct HTTP),
  *     against the un-split model driven in this one process (the same
  *     ShardExecutor, no transport) — target: 3 nodes ≥ 0.85 × one process;
  *   - recovery time when the middle node of a 3-node route is killed
@@ -98,12 +99,14 @@ async function main(): Promise<void> {
 
     process.stderr.write('starting nodes...\n');
     const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', 'small', '--model-url', st.url, '--budget-mb', '2048', '--threads', String(threads), '--max-context', '512'];
-    const spans = ['0-12', '0-6', '6-12', '0-4', '4-8', '8-12', '4-8'];
+    const spans = ['0-12', '0-6', '6-12', '0-4', '4-8', '8-12', '4-8', '0-4'];
     // Two at a time: loading is CPU-bound and the machine may have two cores. The 3-node head measures its paths (--hop-order adaptive).
     for (let i = 0; i < spans.length; i += 2) {
-      nodes.push(...(await Promise.all(spans.slice(i, i + 2).map((s, k) => startNode([...common, '--layers', s, ...(i + k === 3 ? ['--hop-order', 'adaptive'] : [])])))));
+      const extra = (n: number) => (n === 3 ? ['--hop-order', 'adaptive'] : n === 7 ? ['--no-links'] : []);
+      nodes.push(...(await Promise.all(spans.slice(i, i + 2).map((s, k) => startNode([...common, '--layers', s, ...extra(i + k)])))));
     }
-    const [n1, a, b, c, d, e, spare] = nodes as [NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc];
+    // f heads without links, so its direct hops go by HTTP.
+    const [n1, a, b, c, d, e, spare, f] = nodes as [NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc];
     await Promise.all(nodes.map((n) => n.waitFor((ev) => ev.event === 'registered')));
 
     // ---- one process: the un-split model, the same executor, no transport
@@ -161,8 +164,10 @@ async function main(): Promise<void> {
       { config: 'one process (un-split, no transport)', nodes: 0, transport: '-', run: oneProcess },
       { config: '1 node', nodes: 1, transport: 'http /generate', run: () => viaMesh(n1, []) },
       { config: '2 nodes', nodes: 2, transport: 'relay fast path', run: () => viaMesh(a, [hopOf(b, 6, 12, 'relay')]) },
+      { config: '2 nodes', nodes: 2, transport: 'direct link', run: () => viaMesh(a, [hopOf(b, 6, 12, 'direct')]) },
       { config: '3 nodes', nodes: 3, transport: 'relay fast path', run: () => viaMesh(c, [hopOf(d, 4, 8, 'relay'), hopOf(e, 8, 12, 'relay')]) },
-      { config: '3 nodes', nodes: 3, transport: 'direct http', run: () => viaMesh(c, [hopOf(d, 4, 8, 'direct'), hopOf(e, 8, 12, 'direct')]) },
+      { config: '3 nodes', nodes: 3, transport: 'direct link', run: () => viaMesh(c, [hopOf(d, 4, 8, 'direct'), hopOf(e, 8, 12, 'direct')]) },
+      { config: '3 nodes', nodes: 3, transport: 'direct http', run: () => viaMesh(f, [hopOf(d, 4, 8, 'direct'), hopOf(e, 8, 12, 'direct')]) },
       { config: '3 nodes', nodes: 3, transport: 'both, adaptive', run: () => viaMesh(c, [hopOf(d, 4, 8, 'both'), hopOf(e, 8, 12, 'both')]) },
     ];
     // Warm every path once (graph warm-up, keep-alive sockets), then interleave runs so drift hits all configs alike.
@@ -198,8 +203,9 @@ async function main(): Promise<void> {
     process.stderr.write('recovery: killing the middle node mid-generation...\n');
     await until(async () => (await fetch(`${tracker!.url}/api/route?model=small`)).ok, 20_000, 'tracker route');
     const rec = await viaMesh(c, [hopOf(d, 4, 8, 'relay'), hopOf(e, 8, 12, 'relay')], { node: d, afterTokens: 10 });
-    const recoveredSame = rec.ids.join() === results.get(configs[3]!)![0]!.ids.join();
-    const recoveredDivergence = firstDivergence(rec.ids, results.get(configs[3]!)![0]!.ids);
+    const threeRelay = results.get(configs.find((cf) => cf.nodes === 3)!)![0]!.ids;
+    const recoveredSame = rec.ids.join() === threeRelay.join();
+    const recoveredDivergence = firstDivergence(rec.ids, threeRelay);
     void spare;
 
     const pad = (s: string | number, n: number) => String(s).padEnd(n);

@@ -15,7 +15,7 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
-import { WebSocket } from 'ws';
+import { WebSocket, WebSocketServer } from 'ws';
 import { parseModelConfig, type ModelConfig } from '../model/config.ts';
 import { openSafetensors } from '../model/safetensors.ts';
 import { ModelTokenizer } from '../model/tokenizer.ts';
@@ -27,6 +27,7 @@ import type { Assignment, NodeMessage, NodeStats } from '../protocol/tracker.ts'
 import { createForwardHandler, type ForwardEvent } from '../node/forward-handler.ts';
 import { createHeadHandler } from '../node/head-handler.ts';
 import { HopTransport } from '../node/hop-transport.ts';
+import { LINK_PATH, LinkPool, acceptLink, type AcceptedLink } from '../node/direct-link.ts';
 import { Identity } from '../node/identity.ts';
 import { FileKeyStore } from '../tracker/key-file.ts';
 import { PipelineDriver } from '../node/pipeline.ts';
@@ -71,6 +72,8 @@ export interface NodeHostOptions {
   maxContext: number;
   /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
   hopOrder: 'relay' | 'direct' | 'adaptive';
+  /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
+  links?: boolean;
   /** Machine-readable events (stdout). */
   emit: (event: Record<string, unknown>) => void;
   /** Log lines (stderr). */
@@ -163,7 +166,14 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
   let relay: RelayClient | undefined;
   const NodeWebSocket = WebSocket as unknown as WebSocketConstructor;
   const httpDirect = createHttpDirect();
+  // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
+  const links = new LinkPool({ identity, WebSocket: NodeWebSocket, onLog: (m) => o.log('warn', m) });
   const transport = new HopTransport({
+    link: (endpoint) => {
+      if (o.links === false) return undefined;
+      const c = links.get(endpoint);
+      return c ? (peerId, req, opts) => c.request(peerId, req, opts) : undefined;
+    },
     ...(o.relayUrl
       ? {
           fast: {
@@ -212,6 +222,15 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     },
   });
 
+  // Requests served per surface, in /info: which paths callers really take.
+  const served = { relay: 0, link: 0, http: 0 };
+  const counted =
+    (surface: keyof typeof served): MeshHandler =>
+    (req) => {
+      served[surface]++;
+      return handler(req);
+    };
+
   // ---- direct HTTP surface
   const server = createServer({ noDelay: true, keepAliveTimeout: 30_000 }, (req, res) => {
     serveHttp(req, res).catch((e: unknown) => {
@@ -258,7 +277,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       body: new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength),
       signal: ac.signal,
     };
-    const r = await handler(mreq);
+    const r = await counted('http')(mreq);
     if (r.body instanceof Uint8Array) {
       res.writeHead(r.status, { ...r.headers, 'content-length': String(r.body.byteLength) });
       res.end(r.body);
@@ -271,6 +290,28 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     }
     res.end();
   }
+  // ---- direct links: the fast path's frames from callers that can reach this endpoint
+  const linkServer = new WebSocketServer({ noServer: true, maxPayload: o.maxBodyBytes + 64 * 1024, perMessageDeflate: false });
+  const accepted = new Set<AcceptedLink>();
+  server.on('upgrade', (req, socket, head) => {
+    if (o.links === false || (req.url ?? '').split('?')[0] !== LINK_PATH) {
+      socket.end('HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+      return;
+    }
+    linkServer.handleUpgrade(req, socket, head, (ws) => {
+      const link = acceptLink(ws as unknown as Parameters<typeof acceptLink>[0], {
+        identity,
+        handler: counted('link'),
+        onOpen: (caller) => o.emit({ event: 'link-open', caller_peer_id: caller }),
+        options: { maxMessageBytes: o.maxBodyBytes + 64 * 1024 },
+        onLog: (e) => {
+          if (e.level === 'warn' || e.level === 'error') o.log(e.level, `link: ${e.event}: ${e.message}`);
+        },
+      });
+      accepted.add(link);
+      void link.closed.then(() => accepted.delete(link));
+    });
+  });
   server.listen(o.port, o.host);
   await once(server, 'listening');
   const port = (server.address() as AddressInfo).port;
@@ -282,7 +323,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       relayUrl: o.relayUrl,
       WebSocket: NodeWebSocket,
       identity,
-      handler,
+      handler: counted('relay'),
       info: { host: 'node', model: o.model, backend: backend.name },
       onLog: (e) => {
         if (e.level === 'warn' || e.level === 'error') o.log(e.level, `relay: ${e.event}: ${e.message}`);
@@ -320,7 +361,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       backend: backend.name,
       version: '0.1.0',
       ...(tokenizer ? { decode: (id: number) => tokenizer.decode([id]) } : {}),
-      extraInfo: () => ({ peer_id: identity.peerId, endpoint, relay_addr: relay?.relayAddr ?? null }),
+      extraInfo: () => ({ peer_id: identity.peerId, endpoint, relay_addr: relay?.relayAddr ?? null, requests_served: { ...served } }),
       onForward: (e) => stats.record(e, layers),
       onError: (e) => o.log('error', `forward: ${(e as Error).stack ?? String(e)}`),
     });
@@ -462,6 +503,9 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       if (beatTimer) clearTimeout(beatTimer);
       relay?.close();
       transport.close();
+      links.close();
+      for (const l of accepted) l.close();
+      linkServer.close();
       httpDirect.close();
       server.closeAllConnections();
       await new Promise<void>((r) => server.close(() => r()));

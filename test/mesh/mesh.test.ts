@@ -142,6 +142,22 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
     expect(fallback).toEqual(want.ids.slice(0, 12));
   });
 
+  it('reaches direct-only hops over direct links once they are up (HTTP until then), with the same tokens', async () => {
+    const [h1] = heads as [NodeProc];
+    const [m1] = middles as [NodeProc];
+    const servedOn = async (n: NodeProc) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { requests_served: { relay: number; link: number; http: number } }).requests_served;
+    const before = await servedOn(tail);
+    const ids = tokenIds(await collectEvents(generateDirect(h1.endpoint, await signed(h1.peerId, [hopOf(m1, 1, 3, 'direct'), hopOf(tail, 3, 4, 'direct')]), { messages: MESSAGES, max_tokens: 12, temperature: 0, session_id: 't-link' })));
+    expect(ids).toEqual(want.ids.slice(0, 12));
+    // The head dialled both hops' /link and proved its key there.
+    await m1.waitFor((e) => e.event === 'link-open' && e.caller_peer_id === h1.peerId, 5_000);
+    await tail.waitFor((e) => e.event === 'link-open' && e.caller_peer_id === h1.peerId, 5_000);
+    const after = await servedOn(tail);
+    // The first step or two went by HTTP while the link came up; the rest by the link, none through the relay.
+    expect(after.link - before.link).toBeGreaterThan(after.http - before.http);
+    expect(after.relay).toBe(before.relay);
+  });
+
   it('streams /generate as fast-path DATA frames to a peer that asks over the relay', async () => {
     const [h1] = heads as [NodeProc];
     const caller = new RelayClient({ relayUrl: relay.url, WebSocket: NodeWebSocket, identity: await Identity.generate() });

@@ -40,6 +40,7 @@ export function register(program: Command): void {
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
     .option('--max-context <n>', 'tokens each session\'s KV cache is preallocated for', int, NODE_HOST_DEFAULTS.maxContext)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
+    .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
     .action(async (o: Record<string, unknown>, cmd: Command) => {
       if (!o.tracker && !o.layers) cmd.error('error: give --tracker, or --layers with --model-url');
       if (o.layers && !o.modelUrl) cmd.error('error: --layers needs --model-url');
@@ -60,6 +61,7 @@ export function register(program: Command): void {
         maxBodyBytes: o.maxBodyBytes as number,
         maxContext: o.maxContext as number,
         hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
+        links: o.links !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),
         log: (level, message) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`),

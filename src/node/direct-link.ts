@@ -1,0 +1,367 @@
+/**
+ * Direct links: the relay fast path's frames (PROTOCOL.md §4) over one
+ * WebSocket straight to a node that accepts connections (`GET /link` on a
+ * Node.js node's endpoint), with no relay process in between.
+ *
+ *   caller (head)                              node
+ *    |  ---- open ws://ENDPOINT/link ------->  |
+ *    |  <--- {"type":"challenge"} -----------  |
+ *    |  ---- {"type":"register"} ----------->  |   the caller's Ed25519 key, checked
+ *    |  <--- {"type":"registered"} ----------  |
+ *    |  ==== REQUEST → RESPONSE/DATA, CANCEL   |   the node plays a relay with one peer: itself
+ *
+ * Why: on few cores every process a hop wakes costs more than the work it
+ * does (a wake after another process's compute runs on cold caches), so a
+ * hop through the relay (caller → relay → node → relay → caller) pays four
+ * wakes where a link pays two; direct HTTP pays two as well but its request
+ * path costs about as much as the relay's two extra wakes.
+ *
+ * Both ends reuse RelayClient whole (multiplexing, timeouts, CANCEL,
+ * streamed answers, limits, backpressure): the caller's is an ordinary
+ * client pointed at the link URL; the node's runs over the accepted socket,
+ * behind a shim that answers its handshake locally. The node rewrites each
+ * REQUEST's peer id from itself (target) to the caller (source), as a relay
+ * does, and refuses frames addressed to anyone else.
+ *
+ * Host-agnostic: the host accepts the socket (Node.js: `ws` on the node's
+ * HTTP server) and injects the WebSocket constructor for the caller side.
+ */
+import { registerSchema } from '../protocol/envelopes.ts';
+import { MeshError } from '../protocol/errors.ts';
+import { FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, encodeErrorFrame } from '../protocol/frames.ts';
+import { decodeBase64 } from '../protocol/base64.ts';
+import { PEER_ID_BYTES, hexToBytes, peerIdFromPublicKey, randomHex, registrationMessage } from '../protocol/ids.ts';
+import { verifyEd25519, type Identity } from './identity.ts';
+import { RelayClient, type MeshHandler, type RelayLogEntry } from './relay-client.ts';
+import type { RelayClientOptions } from './relay-options.ts';
+import { WS_OPEN, type SocketCloseEvent, type SocketMessageEvent, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
+
+/** Path of the link endpoint on a node's HTTP surface. */
+export const LINK_PATH = '/link';
+
+/** WebSocket close codes of the link handshake (the relay's, PROTOCOL.md §2). */
+const CLOSE_POLICY = 4400;
+const CLOSE_BAD_SIGNATURE = 4401;
+const CLOSE_REGISTER_TIMEOUT = 4408;
+
+export interface AcceptLinkInit {
+  /** This node's identity: REQUEST frames must name its peer id. */
+  identity: Identity;
+  handler: MeshHandler;
+  /** Limits of the node side (maxMessageBytes, maxConcurrentRequests, handlerTimeoutMs …). */
+  options?: Partial<RelayClientOptions>;
+  registerTimeoutMs?: number;
+  /** The caller proved its key and the link carries frames from now on. */
+  onOpen?: (callerId: string) => void;
+  onLog?: (entry: RelayLogEntry) => void;
+}
+
+export interface AcceptedLink {
+  /** Caller's peer id once it proved its key; undefined before. */
+  readonly callerId: string | undefined;
+  /** Settled when the socket is gone. */
+  readonly closed: Promise<void>;
+  close(): void;
+}
+
+/**
+ * The node's end of a link: the handshake, then every REQUEST to `handler`
+ * through a RelayClient that sees this socket as its relay.
+ */
+export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): AcceptedLink {
+  const log = init.onLog ?? (() => {});
+  const nonce = randomHex(16);
+  const ownId = hexToBytes(init.identity.peerId);
+  let callerId: string | undefined;
+  let callerIdBytes: Uint8Array | undefined;
+  let client: RelayClient | undefined;
+  let shim: LinkSocket | undefined;
+  let state: 'challenged' | 'verifying' | 'open' | 'closed' = 'challenged';
+  let resolveClosed: () => void = () => {};
+  const closed = new Promise<void>((r) => (resolveClosed = r));
+
+  socket.binaryType = 'nodebuffer';
+  if (socket.binaryType !== 'nodebuffer') socket.binaryType = 'arraybuffer';
+
+  const finish = (): void => {
+    if (state === 'closed') return;
+    state = 'closed';
+    clearTimeout(registerTimer);
+    client?.close();
+    resolveClosed();
+  };
+  const refuse = (code: number, reason: string): void => {
+    try {
+      socket.send(JSON.stringify({ type: 'error', code: 'MESH_ERR_UNAUTHORIZED', message: reason }));
+      socket.close(code, reason.slice(0, 120));
+    } catch {
+      // already going away
+    }
+    finish();
+  };
+  const registerTimer = setTimeout(() => {
+    if (state !== 'open') refuse(CLOSE_REGISTER_TIMEOUT, 'no registration within the time limit');
+  }, init.registerTimeoutMs ?? 10_000);
+
+  socket.onclose = (ev) => {
+    shim?.deliverClose(ev);
+    finish();
+  };
+  socket.onerror = () => {};
+  socket.onmessage = (ev) => {
+    if (state === 'open') {
+      onFrame(ev);
+      return;
+    }
+    if (state !== 'challenged' || typeof ev.data !== 'string') {
+      refuse(CLOSE_POLICY, 'send one register message, then frames once registered');
+      return;
+    }
+    state = 'verifying';
+    void verify(ev.data);
+  };
+  socket.send(JSON.stringify({ type: 'challenge', nonce }));
+
+  async function verify(text: string): Promise<void> {
+    let parsed;
+    try {
+      parsed = registerSchema.safeParse(JSON.parse(text));
+    } catch {
+      parsed = undefined;
+    }
+    if (!parsed?.success) return refuse(CLOSE_POLICY, 'malformed register message');
+    let key: Uint8Array;
+    let sig: Uint8Array;
+    try {
+      key = decodeBase64(parsed.data.public_key);
+      sig = decodeBase64(parsed.data.signature);
+    } catch {
+      return refuse(CLOSE_BAD_SIGNATURE, 'public_key and signature must be base64url');
+    }
+    const ok = key.byteLength === 32 && sig.byteLength === 64 && (await verifyEd25519(key, registrationMessage(nonce), sig).catch(() => false));
+    if (!ok) return refuse(CLOSE_BAD_SIGNATURE, 'bad signature: sign "meshnet-register:" + this connection\'s nonce');
+    if (state !== 'verifying') return;
+    callerId = await peerIdFromPublicKey(key);
+    callerIdBytes = hexToBytes(callerId);
+    // The node side registers (locally) before the caller hears "registered": no frame can arrive before a handler is ready.
+    shim = new LinkSocket(socket, init.identity.peerId);
+    const s = shim;
+    client = new RelayClient({
+      ...init.options,
+      relayUrl: `ws://link.invalid${LINK_PATH}`,
+      WebSocket: function LinkSocketFactory() {
+        return s;
+      } as unknown as WebSocketConstructor,
+      identity: init.identity,
+      handler: init.handler,
+      onLog: log,
+    });
+    client.on('state', (e) => {
+      if (e.state === 'registered' && state === 'verifying') {
+        state = 'open';
+        clearTimeout(registerTimer);
+        socket.send(JSON.stringify({ type: 'registered', peer_id: callerId, relay_addr: `link:${init.identity.peerId}` }));
+        init.onOpen?.(callerId!);
+      } else if (e.state === 'disconnected') finish(); // an accepted socket cannot be redialled
+    });
+    client.start();
+  }
+
+  function onFrame(ev: SocketMessageEvent): void {
+    const data = ev.data;
+    if (typeof data === 'string') {
+      // relay-http-request envelopes work too: the node side answers them.
+      shim!.deliverMessage(ev);
+      return;
+    }
+    const bytes = data instanceof ArrayBuffer ? new Uint8Array(data) : ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : undefined;
+    if (bytes !== undefined && bytes.byteLength >= FRAME_HEAD_BYTES + PEER_ID_BYTES && bytes[0] === FRAME_VERSION && bytes[1] === FrameKind.Request) {
+      const target = bytes.subarray(FRAME_HEAD_BYTES, FRAME_HEAD_BYTES + PEER_ID_BYTES);
+      if (!sameBytes(target, ownId)) {
+        const streamId = (bytes[4]! | (bytes[5]! << 8) | (bytes[6]! << 16) | (bytes[7]! << 24)) >>> 0;
+        const err = new MeshError('MESH_ERR_NO_SUCH_PEER', `this link ends at ${init.identity.peerId}; the frame names another peer`);
+        if (socket.readyState === WS_OPEN) socket.send(encodeErrorFrame(streamId, err));
+        return;
+      }
+      // As a relay does: the handler side sees who called.
+      target.set(callerIdBytes!);
+    }
+    shim!.deliverMessage(ev);
+  }
+
+  return {
+    get callerId() {
+      return callerId;
+    },
+    closed,
+    close() {
+      try {
+        socket.close(1001, 'node shutting down');
+      } catch {
+        // already closed
+      }
+      finish();
+    },
+  };
+}
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.byteLength !== b.byteLength) return false;
+  for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+/**
+ * The accepted socket as the node side's RelayClient sees it: open already,
+ * its handshake answered here (a challenge at once, "registered" for its
+ * register message), everything else passed through.
+ */
+class LinkSocket implements WebSocketLike {
+  onopen: ((ev: unknown) => void) | null = null;
+  onmessage: ((ev: SocketMessageEvent) => void) | null = null;
+  onclose: ((ev: SocketCloseEvent) => void) | null = null;
+  onerror: ((ev: unknown) => void) | null = null;
+  private registered = false;
+
+  constructor(
+    private readonly socket: WebSocketLike,
+    private readonly peerId: string,
+  ) {
+    // RelayClient sets its handlers right after construction; the challenge follows in a microtask.
+    queueMicrotask(() => this.onmessage?.({ data: JSON.stringify({ type: 'challenge', nonce: randomHex(16) }) }));
+  }
+
+  get binaryType(): string {
+    return this.socket.binaryType;
+  }
+  set binaryType(v: string) {
+    this.socket.binaryType = v;
+  }
+  get readyState(): number {
+    return this.socket.readyState;
+  }
+  get bufferedAmount(): number {
+    return this.socket.bufferedAmount;
+  }
+
+  send(data: string | Uint8Array): void {
+    if (!this.registered && typeof data === 'string') {
+      // Its register message: the caller already proved who it is; this side is the node itself.
+      this.registered = true;
+      queueMicrotask(() => this.onmessage?.({ data: JSON.stringify({ type: 'registered', peer_id: this.peerId, relay_addr: 'link' }) }));
+      return;
+    }
+    this.socket.send(data);
+  }
+
+  close(code?: number, reason?: string): void {
+    this.socket.close(code, reason);
+  }
+
+  deliverMessage(ev: SocketMessageEvent): void {
+    this.onmessage?.(ev);
+  }
+
+  deliverClose(ev: SocketCloseEvent): void {
+    this.onclose?.(ev);
+  }
+}
+
+export interface LinkPoolInit {
+  identity: Identity;
+  WebSocket: WebSocketConstructor;
+  /** Links kept open at most; the least recently used is closed beyond. @defaultValue 64 */
+  maxLinks?: number;
+  /** A link unused this long is closed. @defaultValue 300000 */
+  idleMs?: number;
+  options?: Partial<RelayClientOptions>;
+  onLog?: (message: string) => void;
+  now?: () => number;
+}
+
+interface PooledLink {
+  client: RelayClient;
+  lastUsed: number;
+}
+
+/** The caller's end: one link per node endpoint, opened on first sight, redialled by RelayClient's backoff. */
+export class LinkPool {
+  private readonly links = new Map<string, PooledLink>(); // insertion order = LRU order
+  private readonly now: () => number;
+
+  constructor(private readonly init: LinkPoolInit) {
+    this.now = init.now ?? Date.now;
+  }
+
+  /**
+   * The registered link to `endpoint`, or undefined while it is not up (the
+   * first call starts dialling; callers use another path meanwhile).
+   */
+  get(endpoint: string): RelayClient | undefined {
+    const key = linkUrl(endpoint);
+    if (key === undefined) return undefined;
+    const t = this.now();
+    let link = this.links.get(key);
+    if (link) {
+      this.links.delete(key);
+      this.links.set(key, link);
+      link.lastUsed = t;
+    } else {
+      this.sweep(t);
+      link = { client: this.open(key), lastUsed: t };
+      this.links.set(key, link);
+    }
+    return link.client.state === 'registered' ? link.client : undefined;
+  }
+
+  /** Links open now (registered or dialling). */
+  get size(): number {
+    return this.links.size;
+  }
+
+  close(): void {
+    for (const l of this.links.values()) l.client.close();
+    this.links.clear();
+  }
+
+  private open(url: string): RelayClient {
+    const client = new RelayClient({
+      ...this.init.options,
+      relayUrl: url,
+      WebSocket: this.init.WebSocket,
+      identity: this.init.identity,
+      info: { host: 'link-caller' },
+      onLog: (e) => {
+        if (e.level === 'warn' || e.level === 'error') this.init.onLog?.(`link ${url}: ${e.event}: ${e.message}`);
+      },
+    });
+    client.start();
+    return client;
+  }
+
+  private sweep(t: number): void {
+    const idle = this.init.idleMs ?? 300_000;
+    const max = this.init.maxLinks ?? 64;
+    for (const [url, l] of this.links) {
+      if (this.links.size < max && t - l.lastUsed <= idle) continue;
+      l.client.close();
+      this.links.delete(url);
+    }
+  }
+}
+
+/** `ws(s)://host:port/link` for a node endpoint (`http(s)://host:port[/]`); undefined when it is not a URL. */
+export function linkUrl(endpoint: string): string | undefined {
+  try {
+    const u = new URL(endpoint);
+    if (u.protocol === 'http:') u.protocol = 'ws:';
+    else if (u.protocol === 'https:') u.protocol = 'wss:';
+    else if (u.protocol !== 'ws:' && u.protocol !== 'wss:') return undefined;
+    u.pathname = u.pathname.replace(/\/+$/, '') + LINK_PATH;
+    u.search = '';
+    u.hash = '';
+    return u.toString();
+  } catch {
+    return undefined;
+  }
+}
