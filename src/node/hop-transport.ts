@@ -86,7 +86,18 @@ export class HopUnreachableError extends MeshError {
   }
 }
 
+/** Parsed once per address: plan() runs for every hop of every token, and a URL parse there showed up cold. */
+const hostPortCache = new Map<string, string | undefined>();
+
 function hostPort(url: string): string | undefined {
+  if (hostPortCache.has(url)) return hostPortCache.get(url);
+  if (hostPortCache.size >= 4096) hostPortCache.clear();
+  const hp = parseHostPort(url);
+  hostPortCache.set(url, hp);
+  return hp;
+}
+
+function parseHostPort(url: string): string | undefined {
   try {
     const u = new URL(url);
     const port = u.port || (u.protocol === 'wss:' || u.protocol === 'https:' ? '443' : '80');
