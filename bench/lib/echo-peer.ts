@@ -3,16 +3,15 @@
  * the real RelayClient and answers every request with its own body and
  * headers (what a pass-through shard costs, minus compute).
  */
-import { WebSocket } from 'ws';
 import { Identity } from '../../src/node/identity.ts';
 import { RelayClient } from '../../src/node/relay-client.ts';
-import type { WebSocketConstructor } from '../../src/node/socket.ts';
+import { NodeWebSocketConstructor } from '../../src/relay/node-socket.ts';
 
 const relayUrl = process.argv[2];
 if (!relayUrl) throw new Error('usage: echo-peer.ts <relay url>');
 const client = new RelayClient({
   relayUrl,
-  WebSocket: WebSocket as unknown as WebSocketConstructor,
+  WebSocket: NodeWebSocketConstructor,
   identity: await Identity.generate(),
   handler: async (req) => ({ status: 200, headers: { 'x-meshnet-shape': req.headers['x-meshnet-shape'] ?? '', 'x-meshnet-dtype': 'bf16' }, body: req.body }),
 });

@@ -15,7 +15,7 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import { once } from 'node:events';
 import type { AddressInfo } from 'node:net';
-import { WebSocket, WebSocketServer } from 'ws';
+import { WebSocketServer } from 'ws';
 import { parseModelConfig, type ModelConfig } from '../model/config.ts';
 import { openSafetensors } from '../model/safetensors.ts';
 import { ModelTokenizer } from '../model/tokenizer.ts';
@@ -33,8 +33,8 @@ import { FileKeyStore } from '../tracker/key-file.ts';
 import { PipelineDriver } from '../node/pipeline.ts';
 import { RelayClient, type MeshHandler } from '../node/relay-client.ts';
 import { RpcConnection, watchWsHandshake } from '../node/relay-hop.ts';
-import type { WebSocketConstructor } from '../node/socket.ts';
 import { NotRegisteredError, TrackerClient } from '../node/tracker-client.ts';
+import { NodeWebSocketConstructor as NodeWebSocket } from '../relay/node-socket.ts';
 import { ShardExecutor } from '../shard/executor.ts';
 import { readerWeightLoader } from '../shard/weights.ts';
 import { createHttpDirect } from './http-direct.ts';
@@ -164,7 +164,6 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
 
   // ---- transports of the head's pipeline
   let relay: RelayClient | undefined;
-  const NodeWebSocket = WebSocket as unknown as WebSocketConstructor;
   const httpDirect = createHttpDirect();
   // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
   const links = new LinkPool({ identity, WebSocket: NodeWebSocket, onLog: (m) => o.log('warn', m) });
