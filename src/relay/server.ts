@@ -150,6 +150,26 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
 
   // ------------------------------------------------------------ answering
 
+  // One read from a peer often carries many frames (64 requests in flight
+  // arrive in a few reads). Each ws.send() would be its own write(2); instead
+  // the first send to a socket in this tick corks it and the tick's end
+  // uncorks it, so everything the relay forwards to one peer while handling
+  // one read leaves in one writev. Nothing waits longer than the current tick.
+  let corked: Duplex[] = [];
+  const flushCorked = (): void => {
+    const sockets = corked;
+    corked = [];
+    for (const socket of sockets) socket.uncork();
+  };
+  function send(ws: WebSocket, data: Uint8Array | string): void {
+    const socket = (ws as unknown as { _socket?: Duplex | null })._socket;
+    if (socket && socket.writableCorked === 0) {
+      socket.cork();
+      if (corked.push(socket) === 1) process.nextTick(flushCorked);
+    }
+    ws.send(data);
+  }
+
   function sendTo(ws: WebSocket, data: Uint8Array | string): void {
     if (ws.readyState !== WebSocket.OPEN) return;
     if (ws.bufferedAmount > opts.maxBufferedBytes) {
@@ -158,7 +178,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
       ws.close(CLOSE.slowConsumer, 'slow consumer: too much unread data');
       return;
     }
-    ws.send(data);
+    send(ws, data);
   }
 
   function rpcAnswer(caller: RpcCaller, requestId: string | null, status: number, headers: Record<string, string>, fields: { body_base64?: string; body?: string }): void {
@@ -180,7 +200,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   function failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean): void {
     if (!dropStream(s)) return;
     if (notifyTarget && s.target.ws.readyState === WebSocket.OPEN && s.path !== 'rpc' && s.relayRequestId === null) {
-      s.target.ws.send(encodeCancelFrame(s.relayStreamId));
+      send(s.target.ws, encodeCancelFrame(s.relayStreamId));
     }
     if (s.caller.kind === 'rpc') rpcError(s.caller, s.callerId as string, code, message);
     else frameError(s.caller.ws, s.callerId as number, code, message);
@@ -285,7 +305,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     writeRequestPeerId(data, peer.idBytes);
     writeStreamId(data, s.relayStreamId);
     hot.bytesOut += data.byteLength;
-    target.ws.send(data);
+    send(target.ws, data);
   }
 
   /** An ADR-era target only reads JSON envelopes: translate this one request. */
