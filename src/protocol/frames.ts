@@ -95,6 +95,7 @@ export interface FrameHead {
 }
 
 const utf8 = new TextEncoder();
+const NO_HEADERS: HeaderMap = {};
 const utf8d = new TextDecoder('utf-8', { fatal: true });
 
 /** A frame that cannot be parsed; `streamId` is set when the head was readable. */
@@ -139,67 +140,119 @@ export function requestBodyBytes(bytes: Uint8Array): number {
 
 // ---------------------------------------------------------------- encoding
 
-/** Header text is nearly always short ASCII: encode it inline instead of through TextEncoder (which showed in profiles). */
-function isShortAscii(s: string): boolean {
-  if (s.length > 256) return false;
-  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) > 0x7f) return false;
-  return true;
+/**
+ * Frames are carved from 256 KiB slabs instead of allocated one by one: a
+ * fresh 8 KiB ArrayBuffer costs ~1.5 µs to allocate and collect (external
+ * memory with its own GC bookkeeping), a view into a slab a tenth of that.
+ * Every byte of a slab belongs to one frame and is written once, so frames
+ * never share bytes; a slab lives as long as any frame cut from it. Big
+ * frames get their own buffer. A frame is therefore a view: use its
+ * byteOffset/byteLength, not its `.buffer`, to see its bytes.
+ */
+const SLAB_BYTES = 256 * 1024;
+const SLAB_MAX_FRAME = 32 * 1024;
+let slab = new ArrayBuffer(0);
+let slabUsed = 0;
+
+function allocFrame(n: number): Uint8Array {
+  if (n > SLAB_MAX_FRAME) return new Uint8Array(n);
+  if (slabUsed + n > slab.byteLength) {
+    slab = new ArrayBuffer(SLAB_BYTES);
+    slabUsed = 0;
+  }
+  const out = new Uint8Array(slab, slabUsed, n);
+  slabUsed += (n + 7) & ~7;
+  return out;
 }
 
-type HeaderText = string | Uint8Array;
-type HeaderEntry = [number | HeaderText, HeaderText];
-
-function textLength(t: HeaderText): number {
-  return typeof t === 'string' ? t.length : t.byteLength;
+/** UTF-8 length of `s` when it is short ASCII (nearly every header and path), else -1: such text is written inline, not through TextEncoder (which showed in profiles). */
+function shortAsciiLength(s: string): number {
+  const n = s.length;
+  if (n > 256) return -1;
+  for (let i = 0; i < n; i++) if (s.charCodeAt(i) > 0x7f) return -1;
+  return n;
 }
 
-function headerBytes(headers: HeaderMap): { size: number; entries: HeaderEntry[] } {
-  const entries: HeaderEntry[] = [];
+/** Header names and values that are not short ASCII, encoded once while sizing (rare). */
+type Encoded = Map<string, Uint8Array>;
+
+function encodedLength(s: string, enc: { map: Encoded | undefined }): number {
+  const n = shortAsciiLength(s);
+  if (n >= 0) return n;
+  let map = enc.map;
+  if (map === undefined) map = enc.map = new Map();
+  let bytes = map.get(s);
+  if (bytes === undefined) {
+    bytes = utf8.encode(s);
+    map.set(s, bytes);
+  }
+  return bytes.byteLength;
+}
+
+/** The static-table index of a lowercase header name, or -1. */
+function staticIndex(name: string): number {
+  return STATIC_INDEX.get(name) ?? -1;
+}
+
+/**
+ * Bytes the header block takes (count byte included), validating as it goes.
+ * Names are lowercased on the wire; values must be strings.
+ */
+function headerBlockBytes(headers: HeaderMap, enc: { map: Encoded | undefined }): number {
   let size = 1;
+  let count = 0;
   for (const rawName in headers) {
     const value = headers[rawName]!;
     const name = rawName.toLowerCase();
-    const v: HeaderText = isShortAscii(value) ? value : utf8.encode(value);
-    const vLen = textLength(v);
+    const vLen = encodedLength(value, enc);
     if (vLen > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', `header ${name} is over 65535 bytes`);
-    const idx = STATIC_INDEX.get(name);
-    if (idx !== undefined) {
-      entries.push([idx, v]);
-      size += 1 + 2 + vLen;
-    } else {
-      const n: HeaderText = isShortAscii(name) ? name : utf8.encode(name);
-      const nLen = textLength(n);
+    if (staticIndex(name) >= 0) size += 1 + 2 + vLen;
+    else {
+      const nLen = encodedLength(name, enc);
       if (nLen === 0 || nLen > 0x7f) throw new MeshError('MESH_ERR_BAD_REQUEST', `header name "${name}" must be 1..127 bytes`);
-      entries.push([n, v]);
       size += 1 + nLen + 2 + vLen;
     }
+    count++;
   }
-  if (entries.length > 0xff) throw new MeshError('MESH_ERR_BAD_REQUEST', 'more than 255 headers');
-  return { size, entries };
+  if (count > 0xff) throw new MeshError('MESH_ERR_BAD_REQUEST', 'more than 255 headers');
+  return size;
 }
 
-function writeText(out: Uint8Array, off: number, t: HeaderText): number {
-  if (typeof t === 'string') {
-    for (let i = 0; i < t.length; i++) out[off + i] = t.charCodeAt(i);
-    return off + t.length;
+function writeText(out: Uint8Array, off: number, t: string, enc: { map: Encoded | undefined }): number {
+  const bytes = enc.map?.get(t);
+  if (bytes !== undefined) {
+    out.set(bytes, off);
+    return off + bytes.byteLength;
   }
-  out.set(t, off);
-  return off + t.byteLength;
+  for (let i = 0; i < t.length; i++) out[off + i] = t.charCodeAt(i);
+  return off + t.length;
 }
 
-function writeHeaders(out: Uint8Array, off: number, entries: HeaderEntry[]): number {
-  out[off++] = entries.length;
-  for (const [name, value] of entries) {
-    if (typeof name === 'number') out[off++] = 0x80 | name;
+function writeU16(out: Uint8Array, off: number, v: number): void {
+  out[off] = v & 0xff;
+  out[off + 1] = v >>> 8;
+}
+
+/** Writes the block sized by {@link headerBlockBytes} (same headers, same `enc`). */
+function writeHeaders(out: Uint8Array, off: number, headers: HeaderMap, enc: { map: Encoded | undefined }): number {
+  const countAt = off++;
+  let count = 0;
+  for (const rawName in headers) {
+    const value = headers[rawName]!;
+    const name = rawName.toLowerCase();
+    const idx = staticIndex(name);
+    if (idx >= 0) out[off++] = 0x80 | idx;
     else {
-      out[off++] = textLength(name);
-      off = writeText(out, off, name);
+      const nameAt = off++;
+      off = writeText(out, off, name, enc);
+      out[nameAt] = off - nameAt - 1;
     }
-    const vLen = textLength(value);
-    out[off++] = vLen & 0xff;
-    out[off++] = vLen >>> 8;
-    off = writeText(out, off, value);
+    const lenAt = off;
+    off = writeText(out, off + 2, value, enc);
+    writeU16(out, lenAt, off - lenAt - 2);
+    count++;
   }
+  out[countAt] = count;
   return off;
 }
 
@@ -209,6 +262,12 @@ function writeHead(out: Uint8Array, kind: FrameKind, flags: number, streamId: nu
   out[2] = flags;
   out[3] = 0;
   writeStreamId(out, streamId);
+}
+
+/** Method code for a method name, any case; -1 if unsupported. */
+function methodCode(method: string): number {
+  const m = METHODS.indexOf(method as Method);
+  return m >= 0 ? m : METHODS.indexOf(method.toUpperCase() as Method);
 }
 
 export interface RequestInit {
@@ -223,26 +282,23 @@ export interface RequestInit {
 
 export function encodeRequestFrame(r: RequestInit): Uint8Array {
   if (r.peerId.byteLength !== PEER_ID_BYTES) throw new MeshError('MESH_ERR_BAD_REQUEST', 'peer id must be 16 bytes');
-  const m = METHODS.indexOf(r.method.toUpperCase() as Method);
+  const m = methodCode(r.method);
   if (m < 0) throw new MeshError('MESH_ERR_BAD_REQUEST', `unsupported method ${r.method}`);
-  const path = utf8.encode(r.path);
-  if (path.byteLength > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', 'path over 65535 bytes');
-  const h = headerBytes(r.headers ?? {});
-  const metaLen = 1 + 2 + path.byteLength + h.size;
+  const enc: { map: Encoded | undefined } = { map: undefined };
+  const pathLen = encodedLength(r.path, enc);
+  if (pathLen > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', 'path over 65535 bytes');
+  const headers = r.headers ?? NO_HEADERS;
+  const metaLen = 1 + 2 + pathLen + headerBlockBytes(headers, enc);
   if (metaLen > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', 'request meta over 65535 bytes');
   const body = r.body ?? EMPTY;
-  const out = new Uint8Array(26 + metaLen + body.byteLength);
+  const out = allocFrame(26 + metaLen + body.byteLength);
   writeHead(out, FrameKind.Request, r.flags ?? FLAG_END, r.streamId);
   out.set(r.peerId, 8);
-  out[24] = metaLen & 0xff;
-  out[25] = metaLen >>> 8;
-  let off = 26;
-  out[off++] = m;
-  out[off++] = path.byteLength & 0xff;
-  out[off++] = path.byteLength >>> 8;
-  out.set(path, off);
-  off += path.byteLength;
-  off = writeHeaders(out, off, h.entries);
+  writeU16(out, 24, metaLen);
+  out[26] = m;
+  writeU16(out, 27, pathLen);
+  let off = writeText(out, 29, r.path, enc);
+  off = writeHeaders(out, off, headers, enc);
   out.set(body, off);
   return out;
 }
@@ -257,22 +313,22 @@ export interface ResponseInit {
 }
 
 export function encodeResponseFrame(r: ResponseInit): Uint8Array {
-  const h = headerBytes(r.headers ?? {});
-  if (h.size > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', 'response meta over 65535 bytes');
+  const enc: { map: Encoded | undefined } = { map: undefined };
+  const headers = r.headers ?? NO_HEADERS;
+  const metaLen = headerBlockBytes(headers, enc);
+  if (metaLen > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', 'response meta over 65535 bytes');
   const body = r.body ?? EMPTY;
-  const out = new Uint8Array(12 + h.size + body.byteLength);
+  const out = allocFrame(12 + metaLen + body.byteLength);
   writeHead(out, FrameKind.Response, r.end === false ? 0 : FLAG_END, r.streamId);
-  out[8] = r.status & 0xff;
-  out[9] = (r.status >>> 8) & 0xff;
-  out[10] = h.size & 0xff;
-  out[11] = h.size >>> 8;
-  const off = writeHeaders(out, 12, h.entries);
+  writeU16(out, 8, r.status & 0xffff);
+  writeU16(out, 10, metaLen);
+  const off = writeHeaders(out, 12, headers, enc);
   out.set(body, off);
   return out;
 }
 
 export function encodeDataFrame(streamId: number, body: Uint8Array, end: boolean): Uint8Array {
-  const out = new Uint8Array(FRAME_HEAD_BYTES + body.byteLength);
+  const out = allocFrame(FRAME_HEAD_BYTES + body.byteLength);
   writeHead(out, FrameKind.Data, end ? FLAG_END : 0, streamId);
   out.set(body, FRAME_HEAD_BYTES);
   return out;
@@ -281,14 +337,14 @@ export function encodeDataFrame(streamId: number, body: Uint8Array, end: boolean
 /** The last frame of a streamed answer that failed midway (see {@link FLAG_ERROR}). */
 export function encodeStreamErrorFrame(streamId: number, err: MeshError): Uint8Array {
   const body = utf8.encode(JSON.stringify(err.toBody()));
-  const out = new Uint8Array(FRAME_HEAD_BYTES + body.byteLength);
+  const out = allocFrame(FRAME_HEAD_BYTES + body.byteLength);
   writeHead(out, FrameKind.Data, FLAG_END | FLAG_ERROR, streamId);
   out.set(body, FRAME_HEAD_BYTES);
   return out;
 }
 
 export function encodeCancelFrame(streamId: number): Uint8Array {
-  const out = new Uint8Array(FRAME_HEAD_BYTES);
+  const out = allocFrame(FRAME_HEAD_BYTES);
   writeHead(out, FrameKind.Cancel, FLAG_END, streamId);
   return out;
 }

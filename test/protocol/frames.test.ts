@@ -42,6 +42,40 @@ describe('frame codec', () => {
       expect(decodeFrame(encodeCancelFrame(streamId))).toMatchObject({ kind: FrameKind.Cancel, streamId });
     }));
   });
+  it('round-trips any Unicode in paths and header values, long ones and mixed-case names included', () => {
+    const text = fc.string({ unit: 'grapheme', maxLength: 300 });
+    const names = fc.oneof(headerName, fc.stringMatching(/^X-[A-Za-z0-9-]{1,40}$/), fc.string({ unit: 'grapheme', minLength: 1, maxLength: 20 }).filter((n) => new TextEncoder().encode(n.toLowerCase()).byteLength <= 127));
+    fc.assert(fc.property(fc.string({ unit: 'grapheme', minLength: 1, maxLength: 400 }), fc.dictionary(names, text, { maxKeys: 6 }), bytes, (path, h, body) => {
+      const lower = Object.fromEntries(Object.entries(h).map(([k, v]) => [k.toLowerCase(), v]));
+      fc.pre(Object.keys(lower).length === Object.keys(h).length);
+      const f = decodeFrame(encodeRequestFrame({ streamId: 5, peerId: new Uint8Array(16), method: 'put', path, headers: h, body }));
+      expect(f).toMatchObject({ kind: FrameKind.Request, method: 'PUT', path, headers: lower });
+      const r = decodeFrame(encodeResponseFrame({ streamId: 5, status: 201, headers: h, body }));
+      expect(r).toMatchObject({ kind: FrameKind.Response, status: 201, headers: lower });
+      if (r.kind !== FrameKind.Response) throw new Error('kind');
+      expect(Array.from(r.body)).toEqual(Array.from(body));
+    }));
+  });
+  it('frames never share bytes: each is its own view, and later frames leave earlier ones intact', () => {
+    const frames = Array.from({ length: 200 }, (_, i) => encodeResponseFrame({ streamId: i, status: 200, headers: { 'x-meshnet-shape': String(i) }, body: new Uint8Array(1000 + i).fill(i & 0xff) }));
+    frames.push(encodeRequestFrame({ streamId: 7, peerId: new Uint8Array(16), method: 'POST', path: '/big', body: new Uint8Array(100_000).fill(3) }));
+    frames.push(encodeCancelFrame(9), encodeDataFrame(10, new Uint8Array(5).fill(1), true));
+    const spans = frames.map((f) => [f.buffer, f.byteOffset, f.byteOffset + f.byteLength] as const);
+    for (let i = 0; i < spans.length; i++) {
+      for (let j = i + 1; j < spans.length; j++) {
+        const [ba, a0, a1] = spans[i]!;
+        const [bb, b0, b1] = spans[j]!;
+        if (ba === bb) expect(a1 <= b0 || b1 <= a0).toBe(true);
+      }
+    }
+    for (let i = 0; i < 200; i++) {
+      const f = decodeFrame(frames[i]!);
+      if (f.kind !== FrameKind.Response) throw new Error('kind');
+      expect(f.headers['x-meshnet-shape']).toBe(String(i));
+      expect(f.body.byteLength).toBe(1000 + i);
+      expect(f.body.every((b) => b === (i & 0xff))).toBe(true);
+    }
+  });
   it('costs ≤ 64 bytes over the payload for a forward hop (incl. a 8-byte masked WebSocket header)', () => {
     const body = new Uint8Array(8192);
     const req = encodeRequestFrame({ streamId: 1, peerId: new Uint8Array(16), method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': '1,1,4096', 'x-meshnet-dtype': 'bf16' }, body });
