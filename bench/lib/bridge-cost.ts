@@ -65,7 +65,7 @@ export async function measureBridgeCost(requests: number, bodyBytes: number): Pr
   const times: number[] = [];
   for (let i = 0; i < requests + warmup; i++) {
     // A fresh ArrayBuffer per message, as a socket delivers it.
-    const frame = encodeRequestFrame({ streamId: i + 1, peerId: source, method: 'POST', path: '/forward', headers, body }).slice().buffer;
+    const frame = encodeRequestFrame({ streamId: i + 1, peerId: source, method: 'POST', path: '/forward', headers, body }).buffer;
     const sent = new Promise<void>((resolve) => (onSent = () => resolve()));
     const t0 = performance.now();
     sockets[0]!.onmessage?.({ data: frame });

@@ -140,31 +140,6 @@ export function requestBodyBytes(bytes: Uint8Array): number {
 
 // ---------------------------------------------------------------- encoding
 
-/**
- * Frames are carved from 256 KiB slabs instead of allocated one by one: a
- * fresh 8 KiB ArrayBuffer costs ~1.5 µs to allocate and collect (external
- * memory with its own GC bookkeeping), a view into a slab a tenth of that.
- * Every byte of a slab belongs to one frame and is written once, so frames
- * never share bytes; a slab lives as long as any frame cut from it. Big
- * frames get their own buffer. A frame is therefore a view: use its
- * byteOffset/byteLength, not its `.buffer`, to see its bytes.
- */
-const SLAB_BYTES = 256 * 1024;
-const SLAB_MAX_FRAME = 32 * 1024;
-let slab = new ArrayBuffer(0);
-let slabUsed = 0;
-
-function allocFrame(n: number): Uint8Array {
-  if (n > SLAB_MAX_FRAME) return new Uint8Array(n);
-  if (slabUsed + n > slab.byteLength) {
-    slab = new ArrayBuffer(SLAB_BYTES);
-    slabUsed = 0;
-  }
-  const out = new Uint8Array(slab, slabUsed, n);
-  slabUsed += (n + 7) & ~7;
-  return out;
-}
-
 /** UTF-8 length of `s` when it is short ASCII (nearly every header and path), else -1: such text is written inline, not through TextEncoder (which showed in profiles). */
 function shortAsciiLength(s: string): number {
   const n = s.length;
@@ -291,7 +266,7 @@ export function encodeRequestFrame(r: RequestInit): Uint8Array {
   const metaLen = 1 + 2 + pathLen + headerBlockBytes(headers, enc);
   if (metaLen > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', 'request meta over 65535 bytes');
   const body = r.body ?? EMPTY;
-  const out = allocFrame(26 + metaLen + body.byteLength);
+  const out = new Uint8Array(26 + metaLen + body.byteLength);
   writeHead(out, FrameKind.Request, r.flags ?? FLAG_END, r.streamId);
   out.set(r.peerId, 8);
   writeU16(out, 24, metaLen);
@@ -318,7 +293,7 @@ export function encodeResponseFrame(r: ResponseInit): Uint8Array {
   const metaLen = headerBlockBytes(headers, enc);
   if (metaLen > 0xffff) throw new MeshError('MESH_ERR_TOO_LARGE', 'response meta over 65535 bytes');
   const body = r.body ?? EMPTY;
-  const out = allocFrame(12 + metaLen + body.byteLength);
+  const out = new Uint8Array(12 + metaLen + body.byteLength);
   writeHead(out, FrameKind.Response, r.end === false ? 0 : FLAG_END, r.streamId);
   writeU16(out, 8, r.status & 0xffff);
   writeU16(out, 10, metaLen);
@@ -328,7 +303,7 @@ export function encodeResponseFrame(r: ResponseInit): Uint8Array {
 }
 
 export function encodeDataFrame(streamId: number, body: Uint8Array, end: boolean): Uint8Array {
-  const out = allocFrame(FRAME_HEAD_BYTES + body.byteLength);
+  const out = new Uint8Array(FRAME_HEAD_BYTES + body.byteLength);
   writeHead(out, FrameKind.Data, end ? FLAG_END : 0, streamId);
   out.set(body, FRAME_HEAD_BYTES);
   return out;
@@ -337,14 +312,14 @@ export function encodeDataFrame(streamId: number, body: Uint8Array, end: boolean
 /** The last frame of a streamed answer that failed midway (see {@link FLAG_ERROR}). */
 export function encodeStreamErrorFrame(streamId: number, err: MeshError): Uint8Array {
   const body = utf8.encode(JSON.stringify(err.toBody()));
-  const out = allocFrame(FRAME_HEAD_BYTES + body.byteLength);
+  const out = new Uint8Array(FRAME_HEAD_BYTES + body.byteLength);
   writeHead(out, FrameKind.Data, FLAG_END | FLAG_ERROR, streamId);
   out.set(body, FRAME_HEAD_BYTES);
   return out;
 }
 
 export function encodeCancelFrame(streamId: number): Uint8Array {
-  const out = allocFrame(FRAME_HEAD_BYTES);
+  const out = new Uint8Array(FRAME_HEAD_BYTES);
   writeHead(out, FrameKind.Cancel, FLAG_END, streamId);
   return out;
 }
