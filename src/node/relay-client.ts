@@ -146,6 +146,15 @@ class Connection {
   readonly inboundEnvelopes = new Map<string, InboundCall>();
   /** Our requests by our stream id. */
   readonly outbound = new Map<number, OutboundCall>();
+  /**
+   * One timer for every deadline on this connection (outgoing answers,
+   * incoming handlers) instead of a timer per request: it is due at the
+   * earliest deadline known when it was armed, and each sweep re-arms it at
+   * the next one. Cleared when nothing is pending.
+   */
+  sweepTimer: ReturnType<typeof setTimeout> | undefined;
+  /** When sweepTimer fires (ms since epoch); Infinity when not armed. */
+  sweepAt = Infinity;
   constructor(
     readonly socket: WebSocketLike,
     options: RelayClientOptions,
@@ -159,7 +168,8 @@ class InboundCall {
   settled = false;
   /** Set once the call stops counting against maxConcurrentRequests. */
   released = false;
-  timer: ReturnType<typeof setTimeout> | undefined;
+  /** When the handler's time is up (ms since epoch); 0: no limit. */
+  deadline = 0;
   /** Made on first use: most handlers never look at their signal, and an AbortController per hop showed in profiles. */
   private controller: AbortController | undefined;
   private abortReason: unknown;
@@ -186,6 +196,27 @@ class InboundCall {
   }
 }
 
+/**
+ * What a handler receives: its `signal` is a getter, made on first read. A
+ * class (not a plain object with a property defined per request, which sent
+ * every request object into dictionary mode) keeps the shape fixed.
+ */
+class InboundRequest implements MeshRequest {
+  readonly #call: InboundCall;
+  constructor(
+    public method: string,
+    public path: string,
+    public headers: HeaderMap,
+    public body: Uint8Array,
+    call: InboundCall,
+  ) {
+    this.#call = call;
+  }
+  get signal(): AbortSignal {
+    return this.#call.signal;
+  }
+}
+
 const enum CallPhase {
   AwaitingHead,
   Streaming,
@@ -204,7 +235,6 @@ class OutboundCall {
   headers: HeaderMap = {};
   parts: Uint8Array[] = [];
   lastFrameAt = Date.now();
-  timer: ReturnType<typeof setTimeout> | undefined;
   // stream mode
   chunkWaiter: { resolve: (r: IteratorResult<Uint8Array>) => void; reject: (e: unknown) => void } | undefined;
   failure: unknown;
@@ -220,6 +250,26 @@ class OutboundCall {
     readonly resolveHead: (r: MeshStreamReply) => void,
     readonly reject: (e: unknown) => void,
   ) {}
+}
+
+/** Later deadlines than the armed sweep by less than this do not re-arm it. */
+const SWEEP_SLACK_MS = 10;
+const NOOP = (): void => {};
+const NO_OPTIONS: RequestOptions = {};
+
+/** Headers a handler returned, as is when they already are what normalizeHeaders would make (lowercase names, string values): the common case copies nothing. */
+function normalHeaders(headers: Record<string, unknown> | undefined): HeaderMap {
+  if (headers === undefined || headers === null) return {};
+  const proto = Object.getPrototypeOf(headers);
+  if (proto !== Object.prototype && proto !== null) return normalizeHeaders(headers);
+  for (const name in headers) {
+    if (typeof headers[name] !== 'string') return normalizeHeaders(headers);
+    for (let i = 0; i < name.length; i++) {
+      const c = name.charCodeAt(i);
+      if ((c >= 0x41 && c <= 0x5a) || c > 0x7f) return normalizeHeaders(headers);
+    }
+  }
+  return headers as HeaderMap;
 }
 
 function concat(parts: Uint8Array[]): Uint8Array {
@@ -265,6 +315,7 @@ export class RelayClient {
   private nextStreamId = 0;
   private inFlight = 0;
   private readonly peerIdBytes = new Map<string, Uint8Array>();
+  private readonly sweepOnTimer = (conn: Connection): void => this.sweep(conn);
 
   constructor(init: RelayClientInit) {
     this.options = resolveRelayClientOptions(init);
@@ -388,6 +439,7 @@ export class RelayClient {
     if (conn.closed) return;
     conn.closed = true;
     if (conn.registerTimer !== undefined) clearTimeout(conn.registerTimer);
+    this.disarmSweep(conn);
     conn.socket.onmessage = null;
     conn.socket.onclose = null;
     conn.socket.onerror = null;
@@ -585,7 +637,7 @@ export class RelayClient {
     call.released = true; // not counted until admitted
     if (!this.admit(call)) return;
     conn.inboundEnvelopes.set(parsed.data.request_id, call);
-    this.runHandler(call, req);
+    this.runHandler(call, new InboundRequest(req.method, req.path, req.headers, req.body, call));
   }
 
   private onBinary(conn: Connection, bytes: Uint8Array): void {
@@ -640,7 +692,7 @@ export class RelayClient {
     call.released = true; // not counted until admitted
     if (!this.admit(call)) return;
     conn.inboundFrames.set(streamId, call);
-    this.runHandler(call, { method: frame.method, path: frame.path, headers: frame.headers, body: frame.body });
+    this.runHandler(call, new InboundRequest(frame.method, frame.path, frame.headers, frame.body, call));
   }
 
   private onCancel(conn: Connection, streamId: number): void {
@@ -666,18 +718,13 @@ export class RelayClient {
     return true;
   }
 
-  private runHandler(call: InboundCall, req: MeshRequest): void {
+  private runHandler(call: InboundCall, req: InboundRequest): void {
     const handler = this.handler!;
     this.inFlight++;
     call.released = false;
-    Object.defineProperty(req, 'signal', { get: () => call.signal, enumerable: true, configurable: true });
     if (this.options.handlerTimeoutMs > 0) {
-      call.timer = setTimeout(() => {
-        if (call.settled) return;
-        const err = new MeshError('MESH_ERR_TIMEOUT', `the handler did not answer within ${this.options.handlerTimeoutMs} ms`);
-        call.abort(err);
-        this.answerError(call, err);
-      }, this.options.handlerTimeoutMs);
+      call.deadline = Date.now() + this.options.handlerTimeoutMs;
+      this.armSweep(call.conn, call.deadline);
     }
     let pending: Promise<MeshResponse>;
     try {
@@ -685,21 +732,33 @@ export class RelayClient {
     } catch (e) {
       pending = Promise.reject(e);
     }
-    Promise.resolve(pending)
-      .then(
-        (res) => this.answer(call, res),
-        (e: unknown) => {
-          if (call.settled) return;
-          const err = asMeshError(e);
-          if (err === undefined) this.log({ level: 'error', event: 'handler-error', message: `handler threw: ${(e as Error)?.message ?? String(e)}`, streamId: call.streamId, requestId: call.requestId, error: e });
-          this.answerError(call, err ?? new MeshError('MESH_ERR_INTERNAL', 'the node failed to handle the request; see its log'));
-        },
-      )
-      .catch((e: unknown) => this.log({ level: 'error', event: 'send-failed', message: `answering failed: ${(e as Error).message}`, streamId: call.streamId, requestId: call.requestId, error: e }))
-      .finally(() => {
-        if (call.timer !== undefined) clearTimeout(call.timer);
-        this.forgetInbound(call);
-      });
+    void this.awaitHandler(call, pending);
+  }
+
+  /** Answer once the handler settles. An async method, not a then-chain: no closures or extra promises per request. */
+  private async awaitHandler(call: InboundCall, pending: Promise<MeshResponse>): Promise<void> {
+    try {
+      let res: MeshResponse;
+      try {
+        res = await pending;
+      } catch (e) {
+        this.onHandlerError(call, e);
+        return;
+      }
+      const answered = this.answer(call, res);
+      if (answered !== undefined) await answered;
+    } catch (e) {
+      this.log({ level: 'error', event: 'send-failed', message: `answering failed: ${(e as Error).message}`, streamId: call.streamId, requestId: call.requestId, error: e });
+    } finally {
+      this.forgetInbound(call);
+    }
+  }
+
+  private onHandlerError(call: InboundCall, e: unknown): void {
+    if (call.settled) return;
+    const err = asMeshError(e);
+    if (err === undefined) this.log({ level: 'error', event: 'handler-error', message: `handler threw: ${(e as Error)?.message ?? String(e)}`, streamId: call.streamId, requestId: call.requestId, error: e });
+    this.answerError(call, err ?? new MeshError('MESH_ERR_INTERNAL', 'the node failed to handle the request; see its log'));
   }
 
   /** The call no longer owes an answer: free its id and its concurrency slot (a handler that ignores its abort signal cannot hold a slot forever). */
@@ -708,17 +767,70 @@ export class RelayClient {
       call.released = true;
       this.inFlight--;
     }
+    const conn = call.conn;
     if (call.requestId !== undefined) {
-      if (call.conn.inboundEnvelopes.get(call.requestId) === call) call.conn.inboundEnvelopes.delete(call.requestId);
-    } else if (call.conn.inboundFrames.get(call.streamId) === call) call.conn.inboundFrames.delete(call.streamId);
+      if (conn.inboundEnvelopes.get(call.requestId) === call) conn.inboundEnvelopes.delete(call.requestId);
+    } else if (conn.inboundFrames.get(call.streamId) === call) conn.inboundFrames.delete(call.streamId);
+    this.maybeDisarmSweep(conn);
   }
 
   private abandonInbound(call: InboundCall, reason: MeshError): void {
     // Mid-stream, the answer loop sees the abort and stops; before the answer, the answer is dropped.
     call.settled = true;
     call.abort(reason);
-    if (call.timer !== undefined) clearTimeout(call.timer);
     this.forgetInbound(call);
+  }
+
+  // ------------------------------------------------------------ deadlines
+
+  /** Make sure a sweep runs by `deadline` (give or take SWEEP_SLACK_MS). */
+  private armSweep(conn: Connection, deadline: number): void {
+    if (deadline + SWEEP_SLACK_MS >= conn.sweepAt || conn.closed) return;
+    if (conn.sweepTimer !== undefined) clearTimeout(conn.sweepTimer);
+    conn.sweepAt = deadline;
+    conn.sweepTimer = setTimeout(this.sweepOnTimer, Math.max(0, deadline - Date.now()), conn);
+  }
+
+  private disarmSweep(conn: Connection): void {
+    if (conn.sweepTimer !== undefined) clearTimeout(conn.sweepTimer);
+    conn.sweepTimer = undefined;
+    conn.sweepAt = Infinity;
+  }
+
+  /** Nothing pending: drop the timer, so an idle client holds no timer (and does not keep a process alive). */
+  private maybeDisarmSweep(conn: Connection): void {
+    if (conn.sweepTimer !== undefined && conn.outbound.size === 0 && conn.inboundFrames.size === 0 && conn.inboundEnvelopes.size === 0) this.disarmSweep(conn);
+  }
+
+  /** Time out what is due; re-arm for the earliest deadline left. */
+  private sweep(conn: Connection): void {
+    conn.sweepTimer = undefined;
+    conn.sweepAt = Infinity;
+    if (conn.closed) return;
+    const now = Date.now();
+    let next = Infinity;
+    for (const call of conn.outbound.values()) {
+      if (call.timeoutMs <= 0 || call.phase === CallPhase.Done) continue;
+      // Idle time: every answer frame moves the deadline (onAnswerFrame sets lastFrameAt).
+      const deadline = call.lastFrameAt + call.timeoutMs;
+      if (deadline <= now) this.cancelCall(call, new MeshError('MESH_ERR_TIMEOUT', `no answer frame from the peer within ${call.timeoutMs} ms`, { streamId: call.streamId }));
+      else if (deadline < next) next = deadline;
+    }
+    next = this.sweepInbound(conn.inboundFrames, now, next);
+    next = this.sweepInbound(conn.inboundEnvelopes, now, next);
+    if (next !== Infinity) this.armSweep(conn, next);
+  }
+
+  private sweepInbound(calls: Map<unknown, InboundCall>, now: number, next: number): number {
+    for (const call of calls.values()) {
+      if (call.settled || call.deadline === 0) continue;
+      if (call.deadline <= now) {
+        const err = new MeshError('MESH_ERR_TIMEOUT', `the handler did not answer within ${this.options.handlerTimeoutMs} ms`);
+        call.abort(err);
+        this.answerError(call, err);
+      } else if (call.deadline < next) next = call.deadline;
+    }
+    return next;
   }
 
   /** Validate what a handler returned; a bad answer is the handler's bug, so the caller gets 500, not garbage. */
@@ -731,10 +843,11 @@ export class RelayClient {
     if (!(body instanceof Uint8Array) && typeof (body as AsyncIterable<Uint8Array>)[Symbol.asyncIterator] !== 'function') {
       throw new MeshError('MESH_ERR_INTERNAL', 'the handler returned a body that is neither bytes nor an async iterable');
     }
-    return { status: r.status, headers: normalizeHeaders(r.headers), body };
+    return { status: r.status, headers: normalHeaders(r.headers), body };
   }
 
-  private async answer(call: InboundCall, raw: MeshResponse): Promise<void> {
+  /** Send the handler's answer; synchronous (no promise) for a bytes body that the send gate lets through at once, the common case. */
+  private answer(call: InboundCall, raw: MeshResponse): Promise<void> | void {
     if (call.settled) {
       // Timed out or cancelled already: release a stream the handler may have opened.
       const body = (raw as MeshResponse | undefined)?.body;
@@ -749,9 +862,9 @@ export class RelayClient {
       return;
     }
     call.settled = true;
-    if (call.requestId !== undefined) await this.answerEnvelope(call, res);
-    else await this.answerFrames(call, res);
-    this.forgetInbound(call);
+    if (call.requestId !== undefined) return this.answerEnvelope(call, res);
+    if (res.body instanceof Uint8Array) return this.answerBytes(call, res.status, res.headers, res.body);
+    return this.answerStream(call, res.status, res.headers, res.body);
   }
 
   private async answerEnvelope(call: InboundCall, res: MeshResponse): Promise<void> {
@@ -768,21 +881,22 @@ export class RelayClient {
     this.sendEnvelope(call.conn, { type: 'relay-http-response', request_id: call.requestId, status: res.status, headers: res.headers, ...bodyFieldsFor(body, res.headers) }, call.requestId);
   }
 
-  private async answerFrames(call: InboundCall, res: MeshResponse): Promise<void> {
-    const { conn, streamId } = call;
-    if (res.body instanceof Uint8Array) {
-      let frame: Uint8Array;
-      try {
-        frame = encodeResponseFrame({ streamId, status: res.status, headers: res.headers, body: res.body });
-      } catch (e) {
-        frame = encodeErrorFrame(streamId, asMeshError(e) ?? new MeshError('MESH_ERR_INTERNAL', 'the response could not be encoded'));
-      }
-      await this.sendFrame(conn, frame, streamId);
-      return;
-    }
-    const iterator = res.body[Symbol.asyncIterator]();
+  private answerBytes(call: InboundCall, status: number, headers: HeaderMap, body: Uint8Array): Promise<void> | void {
+    const streamId = call.streamId;
+    let frame: Uint8Array;
     try {
-      await this.sendFrame(conn, encodeResponseFrame({ streamId, status: res.status, headers: res.headers, end: false }), streamId);
+      frame = encodeResponseFrame({ streamId, status, headers, body });
+    } catch (e) {
+      frame = encodeErrorFrame(streamId, asMeshError(e) ?? new MeshError('MESH_ERR_INTERNAL', 'the response could not be encoded'));
+    }
+    return this.sendFrame(call.conn, frame, streamId);
+  }
+
+  private async answerStream(call: InboundCall, status: number, headers: HeaderMap, body: AsyncIterable<Uint8Array>): Promise<void> {
+    const { conn, streamId } = call;
+    const iterator = body[Symbol.asyncIterator]();
+    try {
+      await this.sendFrame(conn, encodeResponseFrame({ streamId, status, headers, end: false }), streamId);
       while (!call.aborted) {
         const step = await iterator.next();
         if (call.aborted) break;
@@ -831,34 +945,35 @@ export class RelayClient {
 
   /** Send on one connection; never throws: a lost answer is logged (the relay answers the caller 502). */
   private sendFrame(conn: Connection, data: string | Uint8Array, streamId?: number, requestId?: string): Promise<void> | void {
-    const failed = (e: unknown): void => {
-      this.log({ level: 'warn', event: 'send-failed', message: `answer not sent: ${(e as Error).message}`, streamId, requestId, error: e });
-    };
     if (conn.closed) {
-      failed(new MeshError('MESH_ERR_PEER_GONE', 'connection closed before the answer was ready'));
+      this.sendFailed(new MeshError('MESH_ERR_PEER_GONE', 'connection closed before the answer was ready'), streamId, requestId);
       return;
     }
     try {
       const p = conn.gate.send(data);
-      if (p !== undefined) return p.catch(failed);
+      if (p !== undefined) return p.catch((e: unknown) => this.sendFailed(e, streamId, requestId));
     } catch (e) {
-      failed(e);
+      this.sendFailed(e, streamId, requestId);
     }
+  }
+
+  private sendFailed(e: unknown, streamId: number | undefined, requestId: string | undefined): void {
+    this.log({ level: 'warn', event: 'send-failed', message: `answer not sent: ${(e as Error).message}`, streamId, requestId, error: e });
   }
 
   // ------------------------------------------------------------ outgoing
 
   /** Send a request to another peer over the fast path and collect its whole answer. Relay errors (404, 502, 504 …) are replies, not throws. */
-  request(peerId: string, req: OutgoingRequest, opts: RequestOptions = {}): Promise<MeshReply> {
+  request(peerId: string, req: OutgoingRequest, opts: RequestOptions = NO_OPTIONS): Promise<MeshReply> {
     return new Promise<MeshReply>((resolve, reject) => {
-      this.startCall(peerId, req, opts, false, resolve, () => {}, reject);
+      this.startCall(peerId, req, opts, false, resolve, NOOP, reject);
     });
   }
 
   /** Like request(), but resolves at the answer's head and yields the body as it arrives. */
-  requestStream(peerId: string, req: OutgoingRequest, opts: RequestOptions = {}): Promise<MeshStreamReply> {
+  requestStream(peerId: string, req: OutgoingRequest, opts: RequestOptions = NO_OPTIONS): Promise<MeshStreamReply> {
     return new Promise<MeshStreamReply>((resolve, reject) => {
-      this.startCall(peerId, req, opts, true, () => {}, resolve, reject);
+      this.startCall(peerId, req, opts, true, NOOP, resolve, reject);
     });
   }
 
@@ -894,7 +1009,7 @@ export class RelayClient {
     const timeoutMs = opts.timeoutMs ?? this.options.requestTimeoutMs;
     const call = new OutboundCall(streamId, conn, streaming, timeoutMs, resolveReply, resolveHead, reject);
     conn.outbound.set(streamId, call);
-    if (timeoutMs > 0) call.timer = setTimeout(() => this.callOnTimer(call), timeoutMs);
+    if (timeoutMs > 0) this.armSweep(conn, call.lastFrameAt + timeoutMs);
     if (signal) {
       const onAbort = (): void => this.cancelCall(call, new MeshError('MESH_ERR_CANCELLED', 'the request was cancelled', { reason: String(signal.reason) }));
       signal.addEventListener('abort', onAbort, { once: true });
@@ -914,18 +1029,6 @@ export class RelayClient {
       this.nextStreamId = (this.nextStreamId + 1) >>> 0;
       if (this.nextStreamId !== 0 && !conn.outbound.has(this.nextStreamId)) return this.nextStreamId;
     }
-  }
-
-  /** Timers are not reset per frame: on expiry, re-arm for the rest of the idle window if a frame came meanwhile. */
-  private callOnTimer(call: OutboundCall): void {
-    call.timer = undefined;
-    if (call.phase === CallPhase.Done) return;
-    const idle = Date.now() - call.lastFrameAt;
-    if (idle < call.timeoutMs) {
-      call.timer = setTimeout(() => this.callOnTimer(call), call.timeoutMs - idle);
-      return;
-    }
-    this.cancelCall(call, new MeshError('MESH_ERR_TIMEOUT', `no answer frame from the peer within ${call.timeoutMs} ms`, { streamId: call.streamId }));
   }
 
   /** Give up on a call and tell the far side to stop (CANCEL). */
@@ -949,11 +1052,12 @@ export class RelayClient {
 
   private finishCall(call: OutboundCall, removeFromMap: boolean): void {
     call.phase = CallPhase.Done;
-    if (call.timer !== undefined) clearTimeout(call.timer);
-    call.timer = undefined;
     call.abortCleanup?.();
     call.abortCleanup = undefined;
-    if (removeFromMap && call.conn.outbound.get(call.streamId) === call) call.conn.outbound.delete(call.streamId);
+    if (removeFromMap && call.conn.outbound.get(call.streamId) === call) {
+      call.conn.outbound.delete(call.streamId);
+      this.maybeDisarmSweep(call.conn);
+    }
   }
 
   private onAnswerFrame(call: OutboundCall, bytes: Uint8Array): void {

@@ -364,6 +364,36 @@ describe('bridge: incoming requests', () => {
     expect((framesOn(h, 5)[1] as ResponseFrame).status).toBe(200);
   });
 
+  it('times out each never-answering handler on its own deadline while the others answer (one sweep timer for all)', async () => {
+    const signals = new Map<string, AbortSignal>();
+    const h = await client({
+      handlerTimeoutMs: 60,
+      handler: (req) => {
+        signals.set(req.path, req.signal!);
+        return req.path.startsWith('/hang') ? new Promise<MeshResponse>(() => {}) : echo(req);
+      },
+    });
+    const t0 = Date.now();
+    h.socket.binary(requestFrame(1, utf8.encode('a'), '/hang-a'));
+    for (let i = 10; i < 20; i++) h.socket.binary(requestFrame(i, utf8.encode(String(i)), '/ok'));
+    await new Promise((r) => setTimeout(r, 35));
+    h.socket.binary(requestFrame(2, utf8.encode('b'), '/hang-b'));
+    await until(() => framesOn(h, 1).length === 1);
+    const aAt = Date.now() - t0;
+    expect(aAt).toBeGreaterThanOrEqual(55);
+    expect((framesOn(h, 1)[0] as ResponseFrame).status).toBe(504);
+    expect(errorCode((framesOn(h, 1)[0] as ResponseFrame).body)).toBe('MESH_ERR_TIMEOUT');
+    expect(signals.get('/hang-a')!.aborted).toBe(true);
+    // b came 35 ms later: it still has its own 60 ms.
+    expect(framesOn(h, 2)).toHaveLength(0);
+    expect(signals.get('/hang-b')!.aborted).toBe(false);
+    await until(() => framesOn(h, 2).length === 1);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(35 + 55);
+    expect((framesOn(h, 2)[0] as ResponseFrame).status).toBe(504);
+    for (let i = 10; i < 20; i++) expect(framesOn(h, i).map((f) => (f as ResponseFrame).status)).toEqual([200]);
+    expect(h.client.pendingIncoming).toBe(0);
+  });
+
   it('aborts running handlers when the connection drops, and sends nothing on the old socket', async () => {
     let signal: AbortSignal | undefined;
     const h = await client({ minBackoffMs: 1000, maxBackoffMs: 1000, handler: (req) => ((signal = req.signal), new Promise<MeshResponse>(() => {})) });
@@ -486,6 +516,56 @@ describe('outgoing requests', () => {
     // a late answer is ignored, not delivered to anyone
     h.socket.binary(encodeResponseFrame({ streamId, status: 200 }));
     expect(h.logs.some((l) => l.event === 'ignored' && l.streamId === streamId)).toBe(true);
+  });
+
+  it('times out the one request whose answer never comes, among many answered ones', async () => {
+    const h = await client();
+    const ps: Array<Promise<unknown>> = [];
+    const ids: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      ps.push(h.client.request(TARGET, { method: 'POST', path: '/x' }, { timeoutMs: 50 }));
+      ids.push(lastRequest(h).streamId);
+    }
+    for (const id of ids.slice(0, 19)) h.socket.binary(encodeResponseFrame({ streamId: id, status: 200 }));
+    const results = await Promise.allSettled(ps);
+    expect(results.slice(0, 19).every((r) => r.status === 'fulfilled')).toBe(true);
+    expect(results[19]).toMatchObject({ status: 'rejected', reason: { code: 'MESH_ERR_TIMEOUT' } });
+    const cancel = decodeFrame(h.socket.sentFrames().at(-1)!);
+    expect([cancel.kind, cancel.streamId]).toEqual([FrameKind.Cancel, ids[19]]);
+    expect(h.client.pendingOutgoing).toBe(0);
+  });
+
+  it('a short timeout sent after long ones still fires on time, and the long ones keep waiting', async () => {
+    const h = await client();
+    const long = h.client.request(TARGET, { method: 'POST', path: '/long' }, { timeoutMs: 10_000 });
+    const longId = lastRequest(h).streamId;
+    const none = h.client.request(TARGET, { method: 'POST', path: '/forever' }, { timeoutMs: 0 });
+    const noneId = lastRequest(h).streamId;
+    const t0 = Date.now();
+    await expect(h.client.request(TARGET, { method: 'POST', path: '/short' }, { timeoutMs: 30 })).rejects.toMatchObject({ code: 'MESH_ERR_TIMEOUT' });
+    const took = Date.now() - t0;
+    expect(took).toBeGreaterThanOrEqual(25);
+    expect(took).toBeLessThan(1000);
+    expect(h.client.pendingOutgoing).toBe(2);
+    h.socket.binary(encodeResponseFrame({ streamId: longId, status: 200 }));
+    h.socket.binary(encodeResponseFrame({ streamId: noneId, status: 201 }));
+    expect((await long).status).toBe(200);
+    expect((await none).status).toBe(201);
+  });
+
+  it('holds no timer once nothing is pending (an idle client keeps no process alive)', async () => {
+    const h = await client({ handlerTimeoutMs: 1000 });
+    const conn = () => (h.client as unknown as { conn: { sweepTimer: unknown } }).conn;
+    const p = h.client.request(TARGET, { method: 'POST', path: '/x' }, { timeoutMs: 1000 });
+    expect(conn().sweepTimer).toBeDefined();
+    h.socket.binary(encodeResponseFrame({ streamId: lastRequest(h).streamId, status: 200 }));
+    await p;
+    expect(conn().sweepTimer).toBeUndefined();
+    h.client.setHandler(echo);
+    h.socket.binary(requestFrame(3));
+    await until(() => framesOn(h, 3).length === 1);
+    await flush();
+    expect(conn().sweepTimer).toBeUndefined();
   });
 
   it('treats the timeout as an idle timeout on streamed answers', async () => {
