@@ -49,8 +49,17 @@ import { createOrtWebBackend } from './ort-web.ts';
 import { SpanWeights, WeightIntegrityError } from './span-weights.ts';
 import { NodeStorage, QuotaError, isQuotaError } from './storage.ts';
 import { StatsWindow } from './stats.ts';
+import { warmUp } from './warm-up.ts';
 
 export const DEFAULT_MEMORY_BUDGET = 256 * 2 ** 20;
+/**
+ * Warm-up of a new executor (warm-up.ts): the first WASM one in this worker runs until V8 has tiered
+ * up onnxruntime's hot WASM functions (~600 layer runs settled them on the `small` fixture); later
+ * ones (the module is compiled by then) and WebGPU ones (the compute is on the GPU) only pay their
+ * sessions' first runs (buffers, WebGPU pipelines).
+ */
+const FIRST_WARM_UP = { layerRuns: 600, maxMs: 6_000 };
+const NEXT_WARM_UP = { layerRuns: 24, maxMs: 1_000 };
 const VERSION = '0.1.0';
 
 export interface BrowserNodeHost {
@@ -132,6 +141,8 @@ export class BrowserNode implements NodeEngine {
   private readonly stepMs: number[] = [];
   private inFlight = 0;
   private startSeq = 0;
+  /** Whether onnxruntime's WASM module has had its FIRST_WARM_UP in this worker. */
+  private wasmWarmed = false;
   private readonly host: BrowserNodeHost;
 
   // One relay connection for the node's life: span swaps change the handler's target, not the socket.
@@ -628,7 +639,7 @@ export class BrowserNode implements NodeEngine {
 
   private async buildExecutor(span: SpanSpec, cfg: ModelConfig, kind: 'wasm' | 'webgpu', fp16: boolean, config: NodeConfig, weights?: SpanWeights): Promise<ShardExecutor> {
     const w = weights ?? new SpanWeights(this.storage!, span.modelUrl, cfg, span.startLayer, span.endLayer);
-    return ShardExecutor.create({
+    const executor = await ShardExecutor.create({
       config: cfg,
       backend: await this.backendFor(kind, config),
       weights: w.loader(),
@@ -637,6 +648,16 @@ export class BrowserNode implements NodeEngine {
       dtype: fp16 ? 'f16' : 'f32',
       kvBudgetBytes: this.memoryBudget,
     });
+    const first = kind === 'wasm' && !this.wasmWarmed;
+    try {
+      const done = await warmUp(executor, first ? FIRST_WARM_UP : NEXT_WARM_UP);
+      if (kind === 'wasm') this.wasmWarmed = true;
+      if (first) console.info(`meshnet node: warmed up layers ${span.startLayer}-${span.endLayer - 1} in ${Math.round(done.ms)} ms (${done.steps} steps)`);
+    } catch (e) {
+      // Serving finds the same fault on its own and answers it per request; a warm-up only saves time.
+      console.warn(`meshnet node: warm-up failed: ${(e as Error).message}`);
+    }
+    return executor;
   }
 
   private async teardown(): Promise<void> {
