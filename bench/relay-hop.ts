@@ -22,7 +22,7 @@ import { Identity } from '../src/node/identity.ts';
 import { RelayClient } from '../src/node/relay-client.ts';
 import { RpcConnection, relayHop } from '../src/node/relay-hop.ts';
 import type { MeshRequest, MeshResponse } from '../src/protocol/envelopes.ts';
-import { NodeWebSocketConstructor } from '../src/relay/node-socket.ts';
+import { NodeWebSocketConstructor } from '../src/cli/node-socket.ts';
 import { encodeTensor } from '../src/protocol/tensor.ts';
 import { startDelayProxy, type DelayProxy } from './lib/delay-proxy.ts';
 import { printTable, summarize, writeResult } from './lib/stats.ts';

@@ -5,7 +5,7 @@
  */
 import { Identity } from '../../src/node/identity.ts';
 import { RelayClient } from '../../src/node/relay-client.ts';
-import { NodeWebSocketConstructor } from '../../src/relay/node-socket.ts';
+import { NodeWebSocketConstructor } from '../../src/cli/node-socket.ts';
 
 const relayUrl = process.argv[2];
 if (!relayUrl) throw new Error('usage: echo-peer.ts <relay url>');

@@ -34,7 +34,7 @@ import { PipelineDriver } from '../node/pipeline.ts';
 import { RelayClient, type MeshHandler } from '../node/relay-client.ts';
 import { RpcConnection, watchWsHandshake } from '../node/relay-hop.ts';
 import { NotRegisteredError, TrackerClient } from '../node/tracker-client.ts';
-import { NodeWebSocketConstructor as NodeWebSocket } from '../relay/node-socket.ts';
+import { NodeWebSocketConstructor as NodeWebSocket } from './node-socket.ts';
 import { ShardExecutor } from '../shard/executor.ts';
 import { readerWeightLoader } from '../shard/weights.ts';
 import { createHttpDirect } from './http-direct.ts';

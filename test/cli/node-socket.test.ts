@@ -5,7 +5,7 @@
 import { createHash } from 'node:crypto';
 import { createServer, type Server, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { NodeWebSocket } from '../../src/relay/node-socket.ts';
+import { NodeWebSocket } from '../../src/cli/node-socket.ts';
 
 const GUID = '258EAFA5-E914-47DA-95CA-C5AB0DC85B11';
 
