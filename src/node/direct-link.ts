@@ -287,6 +287,7 @@ interface PooledLink {
 /** The caller's end: one link per node endpoint, opened on first sight, redialled by RelayClient's backoff. */
 export class LinkPool {
   private readonly links = new Map<string, PooledLink>(); // insertion order = LRU order
+  private readonly urls = new Map<string, string | undefined>();
   private readonly now: () => number;
 
   constructor(private readonly init: LinkPoolInit) {
@@ -298,7 +299,13 @@ export class LinkPool {
    * first call starts dialling; callers use another path meanwhile).
    */
   get(endpoint: string): RelayClient | undefined {
-    const key = linkUrl(endpoint);
+    let key = this.urls.get(endpoint);
+    if (key === undefined && !this.urls.has(endpoint)) {
+      // Called for every hop of every token: parse each endpoint once.
+      if (this.urls.size >= 4096) this.urls.clear();
+      key = linkUrl(endpoint);
+      this.urls.set(endpoint, key);
+    }
     if (key === undefined) return undefined;
     const t = this.now();
     let link = this.links.get(key);

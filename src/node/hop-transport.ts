@@ -51,8 +51,10 @@ export interface HopTransportInit {
   rpc?: (relayAddr: string) => RpcLike;
   /**
    * A direct link (src/node/direct-link.ts) to a hop's endpoint when one is
-   * up; undefined meanwhile (the first call may start dialling it). Tried
-   * before direct HTTP: same path, a fraction of the cost per request.
+   * up; undefined meanwhile (the first call may start dialling it). A link
+   * that is up goes first in the 'relay' and 'direct' orders (it proved the
+   * endpoint reachable, and costs the least); 'adaptive' measures it as a
+   * direct path.
    */
   link?: (endpoint: string) => FastPathClient['request'] | undefined;
   /** Direct HTTP; wins over `fetch` when both are given. */
@@ -161,13 +163,13 @@ export class HopTransport {
       // /rpc works for any relay, ours included: the fallback when our own connection is down.
       if (this.init.rpc) relay.push('rpc');
     }
-    const direct: TransportKind[] = [];
-    if (hop.endpoint !== undefined) {
-      if (this.init.link?.(hop.endpoint) !== undefined) direct.push('link');
-      if (this.directRequest) direct.push('direct');
-    }
+    const linkUp = hop.endpoint !== undefined && this.init.link?.(hop.endpoint) !== undefined;
+    const direct: TransportKind[] = hop.endpoint !== undefined && this.directRequest ? ['direct'] : [];
     const mode = this.init.order ?? 'relay';
+    if (mode === 'adaptive' && linkUp) direct.unshift('link');
     const order = mode === 'direct' ? [...direct, ...relay] : [...relay, ...direct];
+    // A link that is up has already proved the endpoint reachable (ADR-0014's reason to try the relay first), and skips the relay's two wakes: it leads.
+    if (mode !== 'adaptive' && linkUp) order.unshift('link');
     if (mode === 'adaptive' && relay.length > 0 && direct.length > 0) return this.adaptive(hop.peer_id, order);
     const pref = this.preferred.get(hop.peer_id);
     if (pref !== undefined && order.includes(pref)) return [pref, ...order.filter((k) => k !== pref)];

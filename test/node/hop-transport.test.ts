@@ -49,6 +49,28 @@ describe('HopTransport', () => {
     expect(t.plan({ peer_id: PEER, start_layer: 1, end_layer: 2, endpoint: 'http://x' })).toEqual(['direct']);
   });
 
+  it('puts a link that is up first in the relay and direct orders, and measures it as a direct path in adaptive order', async () => {
+    const p = paths(0, 0);
+    let up = false;
+    const viaLink: string[] = [];
+    const link = () => (up ? async (peer: string) => (viaLink.push(peer), ok) : undefined);
+    const relayOrder = new HopTransport({ fast: p.fast, direct: p.direct, link });
+    expect(relayOrder.plan(HOP)).toEqual(['fast', 'direct']);
+    up = true;
+    expect(relayOrder.plan(HOP)).toEqual(['link', 'fast', 'direct']);
+    expect(new HopTransport({ fast: p.fast, direct: p.direct, link, order: 'direct' }).plan(HOP)).toEqual(['link', 'direct', 'fast']);
+    await relayOrder.send(HOP, req, 1000);
+    expect(viaLink).toEqual([PEER]);
+    expect(p.used).toEqual([]);
+    // The link went down: the relay again, with no failed attempt first.
+    up = false;
+    await relayOrder.send(HOP, req, 1000);
+    expect(p.used).toEqual(['fast']);
+    const adaptive = new HopTransport({ fast: p.fast, direct: p.direct, link: () => async () => ok, order: 'adaptive' });
+    const first = adaptive.plan(HOP);
+    expect(first.slice().sort()).toEqual(['direct', 'fast', 'link']);
+  });
+
   it('passes a 409 through (the caller replays) and rejects with HopUnreachableError when every path fails', async () => {
     const p409 = paths(0, 0, { fastFails: true, directStatus: 409 });
     expect((await new HopTransport({ fast: p409.fast, direct: p409.direct }).send(HOP, req, 1000)).status).toBe(409);
