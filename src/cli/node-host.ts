@@ -168,9 +168,9 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
   // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
   const links = new LinkPool({ identity, WebSocket: NodeWebSocket, onLog: (m) => o.log('warn', m) });
   const transport = new HopTransport({
-    link: (endpoint) => {
+    link: (endpoint, peerId) => {
       if (o.links === false) return undefined;
-      const c = links.get(endpoint);
+      const c = links.get(endpoint, peerId);
       return c ? (peerId, req, opts) => c.request(peerId, req, opts) : undefined;
     },
     ...(o.relayUrl

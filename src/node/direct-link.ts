@@ -160,7 +160,7 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
       if (e.state === 'registered' && state === 'verifying') {
         state = 'open';
         clearTimeout(registerTimer);
-        socket.send(JSON.stringify({ type: 'registered', peer_id: callerId, relay_addr: `link:${init.identity.peerId}` }));
+        socket.send(JSON.stringify({ type: 'registered', peer_id: callerId, relay_addr: linkAddress(init.identity.peerId) }));
         init.onOpen?.(callerId!);
       } else if (e.state === 'disconnected') finish(); // an accepted socket cannot be redialled
     });
@@ -296,9 +296,10 @@ export class LinkPool {
 
   /**
    * The registered link to `endpoint`, or undefined while it is not up (the
-   * first call starts dialling; callers use another path meanwhile).
+   * first call starts dialling; callers use another path meanwhile) or when
+   * it ends at another peer than `peerId`.
    */
-  get(endpoint: string): RelayClient | undefined {
+  get(endpoint: string, peerId?: string): RelayClient | undefined {
     let key = this.urls.get(endpoint);
     if (key === undefined && !this.urls.has(endpoint)) {
       // Called for every hop of every token: parse each endpoint once.
@@ -318,7 +319,10 @@ export class LinkPool {
       link = { client: this.open(key), lastUsed: t };
       this.links.set(key, link);
     }
-    return link.client.state === 'registered' ? link.client : undefined;
+    if (link.client.state !== 'registered') return undefined;
+    // The node says who it is in its registered message; an endpoint can lead somewhere else than the route thinks.
+    if (peerId !== undefined && link.client.relayAddr !== linkAddress(peerId)) return undefined;
+    return link.client;
   }
 
   /** Links open now (registered or dialling). */
@@ -355,6 +359,11 @@ export class LinkPool {
       this.links.delete(url);
     }
   }
+}
+
+/** What a node's `registered` message on a link gives as relay_addr: its own peer id, for the caller to check. */
+export function linkAddress(peerId: string): string {
+  return `link:${peerId}`;
 }
 
 /** `ws(s)://host:port/link` for a node endpoint (`http(s)://host:port[/]`); undefined when it is not a URL. */

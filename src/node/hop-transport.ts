@@ -54,9 +54,10 @@ export interface HopTransportInit {
    * up; undefined meanwhile (the first call may start dialling it). A link
    * that is up goes first in the 'relay' and 'direct' orders (it proved the
    * endpoint reachable, and costs the least); 'adaptive' measures it as a
-   * direct path.
+   * direct path. Undefined too when the link ends at another peer than
+   * `peerId` (an endpoint that is wrong, or names a local port on the caller's machine).
    */
-  link?: (endpoint: string) => FastPathClient['request'] | undefined;
+  link?: (endpoint: string, peerId: string) => FastPathClient['request'] | undefined;
   /** Direct HTTP; wins over `fetch` when both are given. */
   direct?: DirectRequest;
   /** Direct HTTP through fetch, when no `direct` is given. */
@@ -163,7 +164,7 @@ export class HopTransport {
       // /rpc works for any relay, ours included: the fallback when our own connection is down.
       if (this.init.rpc) relay.push('rpc');
     }
-    const linkUp = hop.endpoint !== undefined && this.init.link?.(hop.endpoint) !== undefined;
+    const linkUp = hop.endpoint !== undefined && this.init.link?.(hop.endpoint, hop.peer_id) !== undefined;
     const direct: TransportKind[] = hop.endpoint !== undefined && this.directRequest ? ['direct'] : [];
     const mode = this.init.order ?? 'relay';
     if (mode === 'adaptive' && linkUp) direct.unshift('link');
@@ -239,7 +240,7 @@ export class HopTransport {
     const opts: RequestOptions = { timeoutMs, ...(signal ? { signal } : {}) };
     if (kind === 'fast') return this.init.fast!.request(hop.peer_id, req, opts);
     if (kind === 'link') {
-      const request = this.init.link?.(hop.endpoint!);
+      const request = this.init.link?.(hop.endpoint!, hop.peer_id);
       if (request === undefined) return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', `the link to ${hop.endpoint} went down`));
       return request(hop.peer_id, req, opts);
     }

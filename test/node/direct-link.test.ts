@@ -178,14 +178,16 @@ describe('direct links', () => {
     const { node, pool } = await setup();
     const used: string[] = [];
     const transport = new HopTransport({
-      link: (endpoint) => {
-        const c = pool.get(endpoint);
+      link: (endpoint, peerId) => {
+        const c = pool.get(endpoint, peerId);
         return c ? (peer, req, opts) => (used.push('link'), c.request(peer, req, opts)) : undefined;
       },
       direct: async () => (used.push('direct'), { status: 200, headers: {}, body: utf8.encode('http') }),
     });
     const hop = { peer_id: node.identity.peerId, start_layer: 0, end_layer: 1, endpoint: node.endpoint };
     expect(transport.plan(hop)).toEqual(['link', 'direct']);
+    // The same endpoint named for another peer (a wrong or machine-local address): not that link.
+    expect(transport.plan({ ...hop, peer_id: randomHex(16) })).toEqual(['direct']);
     const r = await transport.send(hop, { method: 'POST', path: '/forward', body: utf8.encode('via link') }, 1_000);
     expect(utf8d.decode(r.body)).toBe('via link');
 
