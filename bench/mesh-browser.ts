@@ -15,11 +15,8 @@
  *
  * `compute ms/token` sums what the nodes report to the tracker (ms per
  * layer × layers held); `ms/token` minus that is the pipeline's transport
- * cost. On the 2-core dev box (shared, load 2-3) that is ~4.6 ms per hop
- * page → relay → page and back, against ~22 ms of compute for all 12
- * layers, so 3 pages reach ~0.6-0.65 × one page, short of the 0.8 target;
- * a Node caller → page round trip costs ~2.5-3 ms over the page's handler
- * time, Node → Node over the same relay ~0.5 ms.
+ * cost (docs/benchmarks.md has the latest figures and where a hop's ~3 ms
+ * go: mostly Chromium's own WebSocket crossings).
  *
  * Each configuration gets a fresh relay, tracker and browser; the browser
  * nodes run the real code path (relay fast path between pages, tracker
