@@ -15,7 +15,7 @@
  * body copy and no parse. Integers are little-endian.
  */
 import { MeshError } from './errors.ts';
-import type { HeaderMap } from './headers.ts';
+import { setHeader, type HeaderMap } from './headers.ts';
 import { PEER_ID_BYTES } from './ids.ts';
 
 export const FRAME_VERSION = 1;
@@ -389,7 +389,7 @@ function readHeaders(c: Cursor): HeaderMap {
       if (n === 0) throw new FrameError('empty header name', c.streamId);
       name = c.text(n, 'header name').toLowerCase();
     }
-    headers[name] = c.text(c.u16('header value length'), `header ${name}`);
+    setHeader(headers, name, c.text(c.u16('header value length'), `header ${name}`));
   }
   return headers;
 }

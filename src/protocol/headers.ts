@@ -17,13 +17,23 @@ export const H = {
 
 export type HeaderMap = Record<string, string>;
 
+/**
+ * Sets a header as an own property, whatever its name: a peer may send a
+ * header named `__proto__`, which plain assignment would swallow (it sets
+ * the prototype, or nothing, instead of a key).
+ */
+export function setHeader(headers: HeaderMap, name: string, value: string): void {
+  if (name === '__proto__') Object.defineProperty(headers, name, { value, enumerable: true, writable: true, configurable: true });
+  else headers[name] = value;
+}
+
 /** Header names are case-insensitive on the wire; the code works on lowercase keys. */
 export function normalizeHeaders(headers: Record<string, unknown> | undefined): HeaderMap {
   const out: HeaderMap = {};
   if (!headers) return out;
   for (const [k, v] of Object.entries(headers)) {
     if (v === undefined || v === null) continue;
-    out[k.toLowerCase()] = Array.isArray(v) ? v.join(', ') : String(v);
+    setHeader(out, k.toLowerCase(), Array.isArray(v) ? v.join(', ') : String(v));
   }
   return out;
 }

@@ -56,6 +56,13 @@ describe('frame codec', () => {
       expect(Array.from(r.body)).toEqual(Array.from(body));
     }));
   });
+  it('keeps a header named __proto__ as a header (seed 1539088431 found it dropped)', () => {
+    const headers = JSON.parse('{"__proto__":"x","a":"b"}') as Record<string, string>;
+    const f = decodeFrame(encodeRequestFrame({ streamId: 1, peerId: new Uint8Array(16), method: 'GET', path: '/', headers }));
+    if (f.kind !== FrameKind.Request) throw new Error('kind');
+    expect(Object.entries(f.headers)).toEqual([['__proto__', 'x'], ['a', 'b']]);
+    expect(Object.getPrototypeOf(f.headers)).toBe(Object.prototype);
+  });
   it('costs ≤ 64 bytes over the payload for a forward hop (incl. a 8-byte masked WebSocket header)', () => {
     const body = new Uint8Array(8192);
     const req = encodeRequestFrame({ streamId: 1, peerId: new Uint8Array(16), method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': '1,1,4096', 'x-meshnet-dtype': 'bf16' }, body });
