@@ -26,10 +26,10 @@
  * Host-agnostic: the host accepts the socket (Node.js: `ws` on the node's
  * HTTP server) and injects the WebSocket constructor for the caller side.
  */
-import { registerSchema } from '../protocol/envelopes.ts';
+import { CLOSE } from '../protocol/close-codes.ts';
+import { parseRegister } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, encodeErrorFrame } from '../protocol/frames.ts';
-import { decodeBase64 } from '../protocol/base64.ts';
 import { PEER_ID_BYTES, hexToBytes, peerIdFromPublicKey, randomHex, registrationMessage } from '../protocol/ids.ts';
 import { verifyEd25519, type Identity } from './identity.ts';
 import { RelayClient, type MeshHandler, type RelayLogEntry } from './relay-client.ts';
@@ -39,10 +39,6 @@ import { WS_OPEN, type SocketCloseEvent, type SocketMessageEvent, type WebSocket
 /** Path of the link endpoint on a node's HTTP surface. */
 export const LINK_PATH = '/link';
 
-/** WebSocket close codes of the link handshake (the relay's, PROTOCOL.md §2). */
-const CLOSE_POLICY = 4400;
-const CLOSE_BAD_SIGNATURE = 4401;
-const CLOSE_REGISTER_TIMEOUT = 4408;
 
 export interface AcceptLinkInit {
   /** This node's identity: REQUEST frames must name its peer id. */
@@ -100,7 +96,7 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
     finish();
   };
   const registerTimer = setTimeout(() => {
-    if (state !== 'open') refuse(CLOSE_REGISTER_TIMEOUT, 'no registration within the time limit');
+    if (state !== 'open') refuse(CLOSE.registerTimeout, 'no registration within the time limit');
   }, init.registerTimeoutMs ?? 10_000);
 
   socket.onclose = (ev) => {
@@ -114,7 +110,7 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
       return;
     }
     if (state !== 'challenged' || typeof ev.data !== 'string') {
-      refuse(CLOSE_POLICY, 'send one register message, then frames once registered');
+      refuse(CLOSE.policy, 'send one register message, then frames once registered');
       return;
     }
     state = 'verifying';
@@ -123,23 +119,11 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
   socket.send(JSON.stringify({ type: 'challenge', nonce }));
 
   async function verify(text: string): Promise<void> {
-    let parsed;
-    try {
-      parsed = registerSchema.safeParse(JSON.parse(text));
-    } catch {
-      parsed = undefined;
-    }
-    if (!parsed?.success) return refuse(CLOSE_POLICY, 'malformed register message');
-    let key: Uint8Array;
-    let sig: Uint8Array;
-    try {
-      key = decodeBase64(parsed.data.public_key);
-      sig = decodeBase64(parsed.data.signature);
-    } catch {
-      return refuse(CLOSE_BAD_SIGNATURE, 'public_key and signature must be base64url');
-    }
-    const ok = key.byteLength === 32 && sig.byteLength === 64 && (await verifyEd25519(key, registrationMessage(nonce), sig).catch(() => false));
-    if (!ok) return refuse(CLOSE_BAD_SIGNATURE, 'bad signature: sign "meshnet-register:" + this connection\'s nonce');
+    const cred = parseRegister(text);
+    if (!cred.ok) return refuse(CLOSE[cred.close], cred.reason);
+    const key = cred.publicKey;
+    const ok = await verifyEd25519(key, registrationMessage(nonce), cred.signature).catch(() => false);
+    if (!ok) return refuse(CLOSE.badSignature, 'bad signature: sign "meshnet-register:" + this connection\'s nonce');
     if (state !== 'verifying') return;
     callerId = await peerIdFromPublicKey(key);
     callerIdBytes = hexToBytes(callerId);

@@ -20,6 +20,33 @@ export const registerSchema = z.object({
 });
 export const registeredSchema = z.object({ type: z.literal('registered'), peer_id: z.string(), relay_addr: z.string() });
 
+/** A register message's key and signature, decoded; or why the sender must be refused, and with which close code of §8. */
+export type RegisterCredentials =
+  | { ok: true; publicKey: Uint8Array; signature: Uint8Array; info: Record<string, unknown> }
+  | { ok: false; close: 'policy' | 'badSignature'; reason: string };
+
+/** The first message on `/ws` (and on a node's `/link`): parsed, base64url-decoded and length-checked; the signature is the caller's to verify. */
+export function parseRegister(text: string): RegisterCredentials {
+  let msg: unknown;
+  try {
+    msg = JSON.parse(text);
+  } catch {
+    return { ok: false, close: 'policy', reason: 'first message must be a JSON register message' };
+  }
+  const parsed = registerSchema.safeParse(msg);
+  if (!parsed.success) return { ok: false, close: 'policy', reason: 'malformed register message' };
+  let publicKey: Uint8Array;
+  let signature: Uint8Array;
+  try {
+    publicKey = decodeBase64(parsed.data.public_key);
+    signature = decodeBase64(parsed.data.signature);
+  } catch {
+    return { ok: false, close: 'badSignature', reason: 'public_key and signature must be base64url' };
+  }
+  if (publicKey.byteLength !== 32 || signature.byteLength !== 64) return { ok: false, close: 'badSignature', reason: 'public_key must be 32 bytes and signature 64 bytes' };
+  return { ok: true, publicKey, signature, info: parsed.data.info };
+}
+
 const bodyFields = { body_base64: z.string().optional(), body: z.string().optional() };
 
 export const relayHttpRequestSchema = z.object({

@@ -7,3 +7,4 @@ export * from './ids.ts';
 export * from './tensor.ts';
 export * from './tracker.ts';
 export * from './bytes.ts';
+export * from './close-codes.ts';

@@ -22,7 +22,6 @@ import {
   MeshError,
   PEER_ID_BYTES,
   bodyFieldsFor,
-  decodeBase64,
   decodeFrame,
   encodeErrorFrame,
   encodeResponseFrame,
@@ -31,7 +30,7 @@ import {
   errorBody,
   normalizeHeaders,
   readFrameHead,
-  registerSchema,
+  parseRegister,
   registrationMessage,
   relayHttpResponseSchema,
   requestBodyBytes,
@@ -43,20 +42,9 @@ import {
 } from '../protocol/index.ts';
 import { createRelayMetrics, type RelayMetrics } from './metrics.ts';
 import { resolveRelayOptions, type RelayOptions } from './options.ts';
+import { CLOSE } from '../protocol/close-codes.ts';
 
-/** Close codes the relay uses (4000–4999 is the application range). */
-export const CLOSE = {
-  normal: 1000,
-  goingAway: 1001,
-  protocolError: 1002,
-  policy: 1008,
-  tooBig: 1009,
-  tryAgainLater: 1013,
-  badSignature: 4001,
-  replaced: 4002,
-  registerTimeout: 4003,
-  slowConsumer: 4004,
-} as const;
+export { CLOSE } from '../protocol/close-codes.ts';
 
 /** The capability a peer announces in `info.protocols` to receive binary frames. */
 export const FAST_PATH_PROTOCOL = 'mesh-frames/1';
@@ -446,23 +434,9 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
       ws.close(code, reason.slice(0, 120));
       return null;
     };
-    let msg: unknown;
-    try {
-      msg = JSON.parse(text);
-    } catch {
-      return refuse(CLOSE.policy, 'first message must be a JSON register message');
-    }
-    const parsed = registerSchema.safeParse(msg);
-    if (!parsed.success) return refuse(CLOSE.policy, 'malformed register message');
-    let key: Uint8Array;
-    let sig: Uint8Array;
-    try {
-      key = decodeBase64(parsed.data.public_key);
-      sig = decodeBase64(parsed.data.signature);
-    } catch {
-      return refuse(CLOSE.badSignature, 'public_key and signature must be base64url');
-    }
-    if (key.byteLength !== 32 || sig.byteLength !== 64) return refuse(CLOSE.badSignature, 'public_key must be 32 bytes and signature 64 bytes');
+    const cred = parseRegister(text);
+    if (!cred.ok) return refuse(CLOSE[cred.close], cred.reason);
+    const { publicKey: key, signature: sig } = cred;
     let ok: boolean;
     try {
       const pub = createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(key).toString('base64url') }, format: 'jwk' });
@@ -476,7 +450,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     const id = Buffer.from(idBytes).toString('hex');
     const old = peers.get(id);
     if (old === undefined && peers.size >= opts.maxPeers) return refuse(CLOSE.tryAgainLater, `relay full (${opts.maxPeers} peers)`);
-    const info = parsed.data.info;
+    const info = cred.info;
     const protocols = Array.isArray(info.protocols) ? info.protocols : [];
     const peer = new PeerConn(ws, id, new Uint8Array(idBytes), info, protocols.includes(FAST_PATH_PROTOCOL));
     if (old) {
