@@ -221,12 +221,12 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     },
   });
 
-  // Requests served per surface, in /info: which paths callers really take.
+  // /forward requests served per surface, in /info: which paths hops really take.
   const served = { relay: 0, link: 0, http: 0 };
   const counted =
     (surface: keyof typeof served): MeshHandler =>
     (req) => {
-      served[surface]++;
+      if (req.path === '/forward' || req.path.startsWith('/forward?')) served[surface]++;
       return handler(req);
     };
 
@@ -360,7 +360,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       backend: backend.name,
       version: '0.1.0',
       ...(tokenizer ? { decode: (id: number) => tokenizer.decode([id]) } : {}),
-      extraInfo: () => ({ peer_id: identity.peerId, endpoint, relay_addr: relay?.relayAddr ?? null, requests_served: { ...served } }),
+      extraInfo: () => ({ peer_id: identity.peerId, endpoint, relay_addr: relay?.relayAddr ?? null, forwards_served: { ...served } }),
       onForward: (e) => stats.record(e, layers),
       onError: (e) => o.log('error', `forward: ${(e as Error).stack ?? String(e)}`),
     });

@@ -145,17 +145,22 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
   it('reaches direct-only hops over direct links once they are up (HTTP until then), with the same tokens', async () => {
     const [h1] = heads as [NodeProc];
     const [m1] = middles as [NodeProc];
-    const servedOn = async (n: NodeProc) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { requests_served: { relay: number; link: number; http: number } }).requests_served;
-    const before = await servedOn(tail);
-    const ids = tokenIds(await collectEvents(generateDirect(h1.endpoint, await signed(h1.peerId, [hopOf(m1, 1, 3, 'direct'), hopOf(tail, 3, 4, 'direct')]), { messages: MESSAGES, max_tokens: 12, temperature: 0, session_id: 't-link' })));
-    expect(ids).toEqual(want.ids.slice(0, 12));
-    // The head dialled both hops' /link and proved its key there.
-    await m1.waitFor((e) => e.event === 'link-open' && e.caller_peer_id === h1.peerId, 5_000);
-    await tail.waitFor((e) => e.event === 'link-open' && e.caller_peer_id === h1.peerId, 5_000);
-    const after = await servedOn(tail);
-    // The first step or two went by HTTP while the link came up; the rest by the link, none through the relay.
-    expect(after.link - before.link).toBeGreaterThan(after.http - before.http);
-    expect(after.relay).toBe(before.relay);
+    const servedOn = async (n: NodeProc) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { forwards_served: { relay: number; link: number; http: number } }).forwards_served;
+    const headers = await signed(h1.peerId, [hopOf(m1, 1, 3, 'direct'), hopOf(tail, 3, 4, 'direct')]);
+    const run = async (id: string) => tokenIds(await collectEvents(generateDirect(h1.endpoint, headers, { messages: MESSAGES, max_tokens: 12, temperature: 0, session_id: id })));
+    // The first generation dials the links (its steps go by HTTP until they are up).
+    expect(await run('t-link-1')).toEqual(want.ids.slice(0, 12));
+    await m1.waitFor((e) => e.event === 'link-open' && e.caller_peer_id === h1.peerId, 10_000);
+    await tail.waitFor((e) => e.event === 'link-open' && e.caller_peer_id === h1.peerId, 10_000);
+    const before = await Promise.all([servedOn(m1), servedOn(tail)]);
+    expect(await run('t-link-2')).toEqual(want.ids.slice(0, 12));
+    const after = await Promise.all([servedOn(m1), servedOn(tail)]);
+    // Every step of the second one went over the links: none by HTTP or the relay.
+    for (const k of [0, 1]) {
+      expect(after[k]!.link - before[k]!.link).toBeGreaterThanOrEqual(12);
+      expect(after[k]!.http).toBe(before[k]!.http);
+      expect(after[k]!.relay).toBe(before[k]!.relay);
+    }
   });
 
   it('streams /generate as fast-path DATA frames to a peer that asks over the relay', async () => {
