@@ -29,12 +29,12 @@
 import { CLOSE } from '../protocol/close-codes.ts';
 import { parseRegister } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
-import { FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, encodeErrorFrame } from '../protocol/frames.ts';
+import { FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, encodeErrorFrame, readFrameHead } from '../protocol/frames.ts';
 import { PEER_ID_BYTES, hexToBytes, peerIdFromPublicKey, randomHex, registrationMessage } from '../protocol/ids.ts';
 import { verifyEd25519, type Identity } from './identity.ts';
 import { RelayClient, type MeshHandler, type RelayLogEntry } from './relay-client.ts';
 import type { RelayClientOptions } from './relay-options.ts';
-import { WS_OPEN, type SocketCloseEvent, type SocketMessageEvent, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
+import { WS_OPEN, messageBytes, type SocketCloseEvent, type SocketMessageEvent, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
 
 /** Path of the link endpoint on a node's HTTP surface. */
 export const LINK_PATH = '/link';
@@ -158,13 +158,12 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
       shim!.deliverMessage(ev);
       return;
     }
-    const bytes = data instanceof ArrayBuffer ? new Uint8Array(data) : ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : undefined;
+    const bytes = messageBytes(data);
     if (bytes !== undefined && bytes.byteLength >= FRAME_HEAD_BYTES + PEER_ID_BYTES && bytes[0] === FRAME_VERSION && bytes[1] === FrameKind.Request) {
       const target = bytes.subarray(FRAME_HEAD_BYTES, FRAME_HEAD_BYTES + PEER_ID_BYTES);
       if (!sameBytes(target, ownId)) {
-        const streamId = (bytes[4]! | (bytes[5]! << 8) | (bytes[6]! << 16) | (bytes[7]! << 24)) >>> 0;
         const err = new MeshError('MESH_ERR_NO_SUCH_PEER', `this link ends at ${init.identity.peerId}; the frame names another peer`);
-        if (socket.readyState === WS_OPEN) socket.send(encodeErrorFrame(streamId, err));
+        if (socket.readyState === WS_OPEN) socket.send(encodeErrorFrame(readFrameHead(bytes).streamId, err));
         return;
       }
       // As a relay does: the handler side sees who called.
@@ -180,7 +179,7 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
     closed,
     close() {
       try {
-        socket.close(1001, 'node shutting down');
+        socket.close(CLOSE.goingAway, 'node shutting down');
       } catch {
         // already closed
       }
