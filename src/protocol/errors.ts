@@ -22,6 +22,7 @@ export const ERROR_STATUS = {
   MESH_ERR_PEER_GONE: 502,
   MESH_ERR_UPSTREAM: 502,
   MESH_ERR_BACKPRESSURE: 503,
+  MESH_ERR_BUSY: 503,
   MESH_ERR_SHUTTING_DOWN: 503,
   MESH_ERR_UNAVAILABLE: 503,
   MESH_ERR_TIMEOUT: 504,
@@ -57,6 +58,16 @@ export function isMeshError(e: unknown): e is MeshError {
 
 export function errorBody(code: MeshErrorCode | string, message: string, details: Record<string, unknown> = {}): ErrorBody {
   return { error: { code, message, ...details } };
+}
+
+/**
+ * `Retry-After` (whole seconds, at least 1) for an error whose details carry
+ * `retry_after_ms`; undefined for any other error.
+ */
+export function retryAfterHeader(details: Record<string, unknown>): string | undefined {
+  const ms = details.retry_after_ms;
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) return undefined;
+  return String(Math.max(1, Math.ceil(ms / 1000)));
 }
 
 /** The code carried by an error-shaped JSON body, if any. */
