@@ -39,7 +39,7 @@ import { PipelineDriver, type HeadExecutor } from '../node/pipeline.ts';
 import { RelayClient, RelayClientState, type MeshHandler, type RelayStateEvent } from '../node/relay-client.ts';
 import { RpcConnection } from '../node/relay-hop.ts';
 import { TrackerClient } from '../node/tracker-client.ts';
-import { TrackerSession } from '../node/tracker-session.ts';
+import { TrackerSession, kvHeartbeat } from '../node/tracker-session.ts';
 import type { WebSocketConstructor } from '../node/socket.ts';
 import { ShardExecutor } from '../shard/executor.ts';
 import type { OnnxBackend } from '../shard/backend.ts';
@@ -105,7 +105,6 @@ interface Running {
   cfg: ModelConfig;
   executor: ShardExecutor;
   backend: BackendInfo;
-  budget: number;
   tokenizer: ModelTokenizer | undefined;
   /** Present when the span starts at layer 0 and the tokenizer loaded: this node can head a pipeline. */
   pipeline: PipelineDriver | undefined;
@@ -190,7 +189,7 @@ export class BrowserNode implements NodeEngine {
       throughput: this.stats.tokensPerSecond(now),
       recentForwardMs: this.stats.recentForwardMs(),
       sessions: kv?.sessions ?? 0,
-      kvBytes: kv?.bytesUsed ?? 0,
+      kvBytes: kv?.reservedBytes ?? 0,
       memoryBudgetBytes: this.memoryBudget,
       crossOriginIsolated: this.host.crossOriginIsolated,
     };
@@ -245,17 +244,8 @@ export class BrowserNode implements NodeEngine {
     if (!Number.isFinite(bytes) || bytes < 16 * 2 ** 20) throw new MeshError('MESH_ERR_BAD_REQUEST', 'the memory budget must be at least 16 MiB');
     this.memoryBudget = Math.floor(bytes);
     await this.storage?.saveSettings({ memoryBudgetBytes: this.memoryBudget });
-    // The KV store's budget is fixed when the executor is built: rebuild it (live sessions answer 409 and are replayed by their heads).
-    const r = this.running;
-    if (r && r.budget !== this.memoryBudget && (this.state === 'serving' || this.state === 'paused')) {
-      const next = await this.buildExecutor(r.span, r.cfg, r.backend.kind, r.backend.fp16, r.config);
-      const old = r.executor;
-      r.executor = next;
-      r.budget = this.memoryBudget;
-      r.forward = this.forwardFor(r);
-      r.pipeline = this.pipelineFor(r);
-      await old.release();
-    }
+    // The KV caches get what the weights leave of the budget, from now on; live sessions keep their room (never a 409 for it).
+    this.running?.executor.setMemoryBudget(this.memoryBudget);
     // The tracker sizes spans from the budget: a new one may move this node.
     void this.trackerSession?.beatNow();
   }
@@ -410,8 +400,8 @@ export class BrowserNode implements NodeEngine {
         rpm: this.stats.requestsPerMinute(Date.now()),
         layer_ms: sorted.length ? Math.round(sorted[sorted.length >> 1]! * 1000) / 1000 : 0,
         queue_depth: this.inFlight,
-        kv_free_bytes: kv ? Math.max(0, kv.budgetBytes - kv.bytesUsed) : this.memoryBudget,
         tokens_served: this.stats.tokens,
+        ...kvHeartbeat(kv, this.memoryBudget),
       },
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: r && !this.paused ? { start_layer: r.span.startLayer, end_layer: r.span.endLayer } : null,
@@ -560,7 +550,7 @@ export class BrowserNode implements NodeEngine {
     const tokenizer = needsTokenizer ? await this.loadTokenizer(span.modelUrl, cfgFiles, cfg) : undefined;
     const backend: BackendInfo = { kind: decision.kind, fp16: decision.fp16, threads, adapter: decision.adapter, reason: decision.reason };
     const base = { span, executor, backend, tokenizer };
-    const r: Running = { key: spanKey(span, choice, config.threads), config, cfg, budget: this.memoryBudget, ...base, forward: this.forwardFor(base), pipeline: this.pipelineFor(base) };
+    const r: Running = { key: spanKey(span, choice, config.threads), config, cfg, ...base, forward: this.forwardFor(base), pipeline: this.pipelineFor(base) };
     if (seqStale(current)) await executor.release();
     return r;
   }
@@ -646,7 +636,8 @@ export class BrowserNode implements NodeEngine {
       startLayer: span.startLayer,
       endLayer: span.endLayer,
       dtype: fp16 ? 'f16' : 'f32',
-      kvBudgetBytes: this.memoryBudget,
+      // The budget means weights + KV, as the tracker sizes spans: the KV caches get what the weights leave.
+      memoryBudgetBytes: this.memoryBudget,
     });
     const first = kind === 'wasm' && !this.wasmWarmed;
     try {

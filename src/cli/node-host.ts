@@ -34,6 +34,7 @@ import { PipelineDriver } from '../node/pipeline.ts';
 import { RelayClient, type MeshHandler } from '../node/relay-client.ts';
 import { RpcConnection, watchWsHandshake } from '../node/relay-hop.ts';
 import { NotRegisteredError, TrackerClient } from '../node/tracker-client.ts';
+import { kvHeartbeat } from '../node/tracker-session.ts';
 import { NodeWebSocketConstructor as NodeWebSocket } from './node-socket.ts';
 import { ShardExecutor } from '../shard/executor.ts';
 import { readerWeightLoader } from '../shard/weights.ts';
@@ -51,7 +52,7 @@ export interface NodeHostOptions {
   host: string;
   /** Host name put in the advertised endpoint (default: the bound host). */
   publicHost?: string;
-  /** Memory the donor gives, MiB (weights + KV). */
+  /** Memory the donor gives, MiB: the span's weights, and the KV caches get the rest. */
   budgetMb: number;
   /** Where the Ed25519 identity lives; absent: a fresh id each run. */
   keyFile?: string;
@@ -68,8 +69,10 @@ export interface NodeHostOptions {
   trackerKey?: string;
   /** Largest request body, bytes (413 above). */
   maxBodyBytes: number;
-  /** Tokens each session's KV cache is preallocated for. */
+  /** Positions one session may reach (its KV cache grows to at most this). */
   maxContext: number;
+  /** A KV session idle this long may be dropped when room is needed, ms. @defaultValue 120000 */
+  kvIdleTtlMs?: number;
   /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
   hopOrder: 'relay' | 'direct' | 'adaptive';
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
@@ -119,7 +122,7 @@ class Stats {
       }
     }
   }
-  snapshot(kvFree: number): NodeStats {
+  snapshot(kv: ReturnType<typeof kvHeartbeat>): NodeStats {
     const now = Date.now();
     while (this.times.length > 0 && this.times[0]! < now - 60_000) this.times.shift();
     const sorted = [...this.stepMs].sort((a, b) => a - b);
@@ -127,8 +130,8 @@ class Stats {
       rpm: this.times.length,
       layer_ms: sorted.length ? Math.round(sorted[sorted.length >> 1]! * 1000) / 1000 : 0,
       queue_depth: this.inFlight,
-      kv_free_bytes: Math.max(0, kvFree),
       tokens_served: this.tokensServed,
+      ...kv,
     };
   }
 }
@@ -349,9 +352,14 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       startLayer: a.start_layer,
       endLayer: a.end_layer,
       maxContext,
-      // The donor's budget covers weights and KV; half of it for KV caches is the simple split until the tracker sizes spans by measured weight bytes.
-      kvBudgetBytes: budgetBytes / 2,
+      // The budget means weights + KV, as the tracker sizes spans: the KV caches get what the weights leave.
+      memoryBudgetBytes: budgetBytes,
+      ...(o.kvIdleTtlMs !== undefined ? { kvTtlMs: o.kvIdleTtlMs } : {}),
     });
+    const kvStart = executor.kvStats();
+    if (kvStart.budgetBytes < kvStart.bytesPerToken * Math.min(maxContext, 256)) {
+      o.log('warn', `layers [${a.start_layer}, ${a.end_layer}) hold ${(executor.weightBytes / 2 ** 20).toFixed(1)} MiB of weights, leaving ${(kvStart.budgetBytes / 2 ** 20).toFixed(2)} MiB of the ${o.budgetMb} MiB budget for KV caches: sessions will be refused (503 MESH_ERR_BUSY); give --budget-mb more`);
+    }
     // The head needs the tokenizer; the last hop uses it for the token's text.
     const tokenizer = a.start_layer === 0 || a.end_layer === config.numLayers ? await ModelTokenizer.load(globalThis.fetch, base, { extraEosTokenIds: config.eosTokenIds }) : undefined;
     const layers = a.end_layer - a.start_layer;
@@ -431,7 +439,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       ...(relay?.relayAddr ? { relay_addr: relay.relayAddr } : {}),
       endpoint,
       info: { model: o.model, backend: 'onnxruntime-node', memory_budget_mb: o.budgetMb, host: 'node', version: '0.1.0' },
-      stats: stats.snapshot(kv ? kv.budgetBytes - kv.bytesUsed : budgetBytes),
+      stats: stats.snapshot(kvHeartbeat(kv, budgetBytes)),
       serving: s ? { start_layer: s.executor.startLayer, end_layer: s.executor.endLayer } : null,
       timestamp: Date.now(),
     };
