@@ -19,12 +19,13 @@ import { MeshError, errorBody } from '../protocol/errors.ts';
 import { nodeMessageSchema, replaceRequestSchema, signedSchema, type NodeMessage, type RegisterAnswer, type ReplaceAnswer } from '../protocol/tracker.ts';
 import type { Identity } from '../node/identity.ts';
 import { randomHex } from '../protocol/ids.ts';
+import { Admission } from './admission.ts';
 import { DASHBOARD_HTML } from './dashboard.ts';
 import { App, HttpError, json, readJson, type RouteContext } from './http.ts';
 import { routeHops, runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput, type HeadTransport } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { ModelSpec } from './model-registry.ts';
-import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, sseData, SSE_DONE, StopFilter, usage, type ApiKind, type CompletionIds, type FinishReason } from './openai.ts';
+import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, sseData, SSE_DONE, StopFilter, tooManyRequests, usage, type ApiKind, type CompletionIds, type FinishReason } from './openai.ts';
 import type { TrackerOptions } from './options.ts';
 import { NodeRegistry, NodeStatus, type NodeRecord } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
@@ -41,7 +42,7 @@ export interface TrackerDeps {
 
 export interface RecentRoute {
   at: number;
-  kind: 'generate' | 'failover' | 'replace' | 'inspect';
+  kind: 'generate' | 'failover' | 'rerouted' | 'replace' | 'inspect';
   model: string;
   head: string;
   hops: Array<{ peer_id: string; start_layer: number; end_layer: number }>;
@@ -51,6 +52,8 @@ export interface RecentRoute {
 export interface Tracker {
   app: App;
   registry: NodeRegistry;
+  /** The KV admission queue: chats wait here when no route has room. */
+  admission: Admission;
   identity: Identity;
   publicKey: string;
   recentRoutes: RecentRoute[];
@@ -72,6 +75,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
     onRemoved(n, reason) {
       metrics.removals.inc({ reason });
       logger.info({ peer_id: n.peerId, model: n.info.model, reason }, 'node removed');
+      // Waiting chats whose layers are now missing get their 503 now, not at their deadline.
+      queueMicrotask(() => admission.kick());
     },
     onMoved(n, mv) {
       metrics.moves.inc();
@@ -91,7 +96,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
     if (recentRoutes.length > o.recentRoutes) recentRoutes.splice(0, recentRoutes.length - o.recentRoutes);
   }
 
-  const genDeps: GenerationDeps = { registry, transport: deps.transport, identity, options: o, logger, metrics, onRoute: (kind, model, plan) => recordRoute(kind, model, plan) };
+  const admission = new Admission(registry, o, metrics);
+  const genDeps: GenerationDeps = { registry, admission, transport: deps.transport, identity, options: o, logger, metrics, onRoute: (kind, model, plan) => recordRoute(kind, model, plan) };
 
   function updateNodeGauge(): void {
     metrics.nodes.reset();
@@ -126,7 +132,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
 
   const app = new App();
   app.onError = (err) => {
-    if (err instanceof HttpError) return json(err.status, err.body);
+    if (err instanceof HttpError) return json(err.status, err.body, err.headers);
     if (err instanceof MeshError) return json(err.status, err.toBody());
     logger.error({ err }, 'unhandled error');
     return json(500, errorBody('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving'));
@@ -140,6 +146,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     metrics.registrations.inc({ kind: 'register', result: 'ok' });
     logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving }, 'node registered');
     updateNodeGauge();
+    admission.kick();
     return json(200, answerFor(n));
   });
 
@@ -154,6 +161,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
     }
     metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
     updateNodeGauge();
+    // Fresh KV figures: room may have freed up for waiting chats.
+    admission.kick();
     return json(200, answerFor(n));
   });
 
@@ -229,6 +238,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
         rpm: n.stats?.rpm ?? 0,
         queue_depth: n.stats?.queue_depth ?? 0,
         kv_free_bytes: n.stats?.kv_free_bytes ?? null,
+        kv: kvView(n),
         tokens_served: n.stats?.tokens_served ?? 0,
         rpm_history: n.history.map((h) => ({ at: h.at, rpm: h.stats.rpm, layer_ms: h.stats.layer_ms })),
         in_flight: n.inFlight,
@@ -237,9 +247,29 @@ export function createTracker(deps: TrackerDeps): Tracker {
         endpoint: n.endpoint ?? null,
         relay_addr: n.relayAddr ?? null,
       })),
+      queue: queueView(),
       recent_routes: [...recentRoutes].reverse(),
     });
   });
+
+  /** A node's KV cache as the dashboard shows it; null for a node that does not report it. */
+  function kvView(n: NodeRecord) {
+    const st = n.stats;
+    if (st?.kv_budget_bytes === undefined) return null;
+    const free = registry.kvFree(n);
+    return {
+      budget_bytes: st.kv_budget_bytes,
+      used_bytes: st.kv_used_bytes ?? Math.max(0, st.kv_budget_bytes - st.kv_free_bytes),
+      sessions: st.kv_sessions ?? null,
+      held_by_tracker_bytes: registry.kvHeldOn(n.peerId),
+      free_estimate_bytes: Number.isFinite(free) ? free : null,
+      busy: n.busyUntil > o.now(),
+    };
+  }
+
+  function queueView() {
+    return { length: admission.length, running: admission.running, max_length: o.queueMaxLength, max_wait_ms: o.queueMaxWaitMs, oldest_wait_ms: admission.oldestWaitMs() };
+  }
 
   app.get('/dashboard', () => new Response(DASHBOARD_HTML, { status: 200, headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-cache' } }));
 
@@ -247,6 +277,18 @@ export function createTracker(deps: TrackerDeps): Tracker {
 
   app.get('/metrics', async () => {
     updateNodeGauge();
+    metrics.queueLength.set(admission.length);
+    metrics.queueRunning.set(admission.running);
+    metrics.nodeKv.reset();
+    for (const n of registry.nodes.values()) {
+      const kv = kvView(n);
+      if (!kv) continue;
+      const labels = { peer_id: n.peerId, model: n.info.model };
+      metrics.nodeKv.set({ ...labels, kind: 'budget' }, kv.budget_bytes);
+      metrics.nodeKv.set({ ...labels, kind: 'used' }, kv.used_bytes);
+      metrics.nodeKv.set({ ...labels, kind: 'held' }, kv.held_by_tracker_bytes);
+      if (kv.free_estimate_bytes !== null) metrics.nodeKv.set({ ...labels, kind: 'free' }, kv.free_estimate_bytes);
+    }
     return new Response(await metrics.registry.metrics(), { status: 200, headers: { 'content-type': metrics.registry.contentType } });
   });
 
@@ -320,19 +362,11 @@ export function createTracker(deps: TrackerDeps): Tracker {
       throw e;
     }
 
-    let plan: RoutePlan;
-    try {
-      plan = registry.pick(modelName);
-    } catch (e) {
-      metrics.requests.inc({ endpoint, status: '503' });
-      if (e instanceof MeshError) throw openAiError(e.status, e.message, { code: e.code, extra: e.details });
-      throw e;
-    }
-
     const ids: CompletionIds = { id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomHex(12)}`, created: Math.floor(o.now() / 1000), model: modelName };
     const abort = new AbortController();
     req.signal.addEventListener('abort', () => abort.abort(), { once: true });
-    const events = runGeneration(genDeps, modelName, input, plan, abort.signal);
+    // Admission happens inside: the first event waits for KV room on a route (or fails with 429 / 503).
+    const events = runGeneration(genDeps, modelName, input, abort.signal);
     const stops = new StopFilter(input.stop);
     let firstTokenSeen = false;
 
@@ -381,11 +415,19 @@ export function createTracker(deps: TrackerDeps): Tracker {
       return next();
     }
 
-    /** A generation error as the client sees it: a prompt too long for the context is OpenAI's 400 context_length_exceeded. */
+    /**
+     * A generation error as the client sees it: a prompt too long for the
+     * context is OpenAI's 400 context_length_exceeded; no KV room in time is
+     * OpenAI's 429 rate_limit_exceeded with Retry-After.
+     */
     const clientError = (e: unknown): HttpError => {
       const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
       metrics.requests.inc({ endpoint, status: String(err.code === 'MESH_ERR_TOO_LARGE' ? 400 : err.status) });
       if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: 'messages', code: 'context_length_exceeded' });
+      if (err.code === 'MESH_ERR_TOO_MANY_REQUESTS') {
+        const { retry_after_ms: retry, ...rest } = err.details;
+        return tooManyRequests(err.message, typeof retry === 'number' ? retry : admission.retryAfterMs(), { meshnet_code: err.code, ...rest });
+      }
       return openAiError(err.status, err.message, { code: err.code, extra: err.details });
     };
 
@@ -460,6 +502,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
   return {
     app,
     registry,
+    admission,
     identity,
     publicKey,
     recentRoutes,

@@ -10,6 +10,12 @@
  * past the idle timeout), the generation restarts on another head — or the
  * same one when nothing else holds layer 0 — with `prefix_token_ids` = the
  * tokens so far: the client's stream just goes on.
+ *
+ * Every generation holds an admission lease (admission.ts): KV room on each
+ * node of its route, as the tracker counts it. A node that answers
+ * MESH_ERR_BUSY (no room after all) is not a failure: it is marked busy and
+ * the chat is routed again, ahead of the queue; the client sees nothing of
+ * it but a later first token.
  */
 import type { Logger } from 'pino';
 import { MeshError, errorCodeOf, type MeshErrorCode, ERROR_STATUS } from '../protocol/errors.ts';
@@ -18,6 +24,7 @@ import { randomHex } from '../protocol/ids.ts';
 import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
 import type { Identity } from '../node/identity.ts';
 import type { RelayClient } from '../node/relay-client.ts';
+import type { Admission, Lease } from './admission.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { TrackerOptions } from './options.ts';
 import type { NodeRecord, NodeRegistry } from './registry.ts';
@@ -174,16 +181,37 @@ export type GenerationEvent =
 
 export interface GenerationDeps {
   registry: NodeRegistry;
+  admission: Admission;
   transport: HeadTransport;
   identity: Identity;
-  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'now'>;
+  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'>;
   logger: Logger;
   metrics: TrackerMetrics;
-  /** Called for each route handed to a head (dashboard). */
-  onRoute?(kind: 'generate' | 'failover', model: string, plan: RoutePlan): void;
+  /** Called for each route handed to a head (dashboard): the first, after a failed head, after a MESH_ERR_BUSY answer. */
+  onRoute?(kind: 'generate' | 'failover' | 'rerouted', model: string, plan: RoutePlan): void;
 }
 
 export type GenerationInput = Omit<GenerateRequest, 'prefix_token_ids' | 'session_id'>;
+
+/**
+ * Positions a chat may reach, as the tracker can tell before the head
+ * tokenizes it: about a token per 3 prompt bytes (English BPE averages
+ * nearer 4), a few per message for the chat template, plus max_tokens. The
+ * head's `start` event gives the exact prompt length one round trip later,
+ * and a node that finds the estimate short answers MESH_ERR_BUSY, so a miss
+ * costs a re-route, never a failed chat.
+ */
+export function estimateTokens(input: GenerationInput, contextTokens: number): number {
+  let bytes = 0;
+  let messages = 0;
+  if (input.messages) {
+    for (const m of input.messages) bytes += utf8.encode(m.content).byteLength + m.role.length;
+    messages = input.messages.length;
+  } else if (input.prompt !== undefined) bytes = utf8.encode(input.prompt).byteLength;
+  return Math.min(contextTokens, Math.ceil(bytes / 3) + 6 * messages + 4 + input.max_tokens);
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Errors a head gives for the request itself: another head would say the same. */
 const CLIENT_ERRORS = new Set<string>(['MESH_ERR_BAD_REQUEST', 'MESH_ERR_TOO_LARGE', 'MESH_ERR_BAD_SHAPE']);
@@ -200,31 +228,41 @@ export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: bo
 
 /**
  * Run one generation: yields token events, then one done event. Throws
- * MeshError when it cannot go on (no route left, failovers exhausted, the
- * head refused the request itself).
+ * MeshError when it cannot go on: 429 when no route had KV room in time,
+ * 503 when layers are missing, the head's own error for a bad request, 502
+ * when failovers are exhausted. The admission lease is given back before
+ * the done event, whatever the consumer does next.
  */
-export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, firstPlan: RoutePlan, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
+export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
   const requestId = randomHex(8);
   const tokens: number[] = [];
   let promptTokens = 0;
   const failedHeads = new Set<string>();
-  let plan: RoutePlan | undefined = firstPlan;
   let lastError: MeshError | undefined;
+  let failovers = 0;
+  let reroutes = 0;
+  let why: 'generate' | 'failover' | 'rerouted' = 'generate';
   const log = deps.logger.child({ request_id: requestId, model });
+  const context = deps.registry.model(model).contextTokens;
+  const estimate = estimateTokens(input, context);
 
-  for (let attempt = 0; attempt <= deps.options.maxHeadFailovers; attempt++) {
+  for (let attempt = 0; ; attempt++) {
     if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
-    if (!plan) {
+    const need = promptTokens > 0 ? Math.min(context, promptTokens + input.max_tokens) : estimate;
+    let lease: Lease;
+    if (why === 'failover') {
       try {
-        plan = deps.registry.pick(model, failedHeads);
-      } catch {
+        lease = await deps.admission.acquire(model, need, { signal, exclude: failedHeads, front: true });
+      } catch (e) {
+        if (!(e instanceof MeshError && e.code === 'MESH_ERR_UNAVAILABLE')) throw e;
         // Nothing else holds layer 0: the failed head itself may have recovered (or been reassigned).
-        await new Promise((r) => setTimeout(r, 250));
-        plan = deps.registry.pick(model);
+        await sleep(250);
+        lease = await deps.admission.acquire(model, need, { signal, front: true });
       }
       deps.metrics.failovers.inc();
-      deps.onRoute?.('failover', model, plan);
-    } else deps.onRoute?.('generate', model, plan);
+    } else lease = await deps.admission.acquire(model, need, { signal, front: why === 'rerouted' });
+    const plan = lease.plan;
+    deps.onRoute?.(why, model, plan);
     const headId = plan.hops[0]!.id;
     const head = deps.registry.nodes.get(headId);
     const hops = routeHops(deps.registry, plan, true);
@@ -260,6 +298,8 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
             promptTokens = ev.prompt_tokens;
             yield { type: 'start', promptTokens };
           }
+          // The exact length now: hold what the head declares to its hops, no more.
+          lease.resize(Math.min(context, ev.prompt_tokens + input.max_tokens));
         } else if (ev.type === 'token') {
           // A head restarted with a prefix numbers its first new token prefix.length; anything earlier we already have.
           if (ev.index < tokens.length) continue;
@@ -267,6 +307,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           deps.metrics.tokens.inc();
           yield { type: 'token', tokenId: ev.token_id, text: ev.text };
           if (tokens.length >= input.max_tokens) {
+            lease.release();
             yield { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length };
             return;
           }
@@ -274,26 +315,42 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           log.info({ failed: ev.failed_peer_id, replacement: ev.replacement_peer_id, recovery_ms: ev.recovery_ms }, 'head recovered a hop');
           deps.metrics.hopRecoveries.inc();
         } else if (ev.type === 'done') {
+          lease.release();
           yield { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
           return;
         } else {
           const code = ev.code in ERROR_STATUS ? (ev.code as MeshErrorCode) : 'MESH_ERR_UPSTREAM';
-          throw new MeshError(code, `head ${headId}: ${ev.message}`);
+          throw new MeshError(code, `head ${headId}: ${ev.message}`, { ...(ev.peer_id !== undefined ? { peer_id: ev.peer_id } : {}), ...(ev.retry_after_ms !== undefined ? { retry_after_ms: ev.retry_after_ms } : {}) });
         }
       }
       throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_UPSTREAM', (e as Error).message);
       if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
+      if (err.code === 'MESH_ERR_BUSY') {
+        // A node had no KV room after all: not a failure. Keep new chats off it for its Retry-After, and route this one again.
+        const busy = typeof err.details.peer_id === 'string' ? err.details.peer_id : headId;
+        const retry = typeof err.details.retry_after_ms === 'number' ? err.details.retry_after_ms : 1_000;
+        deps.registry.markBusy(busy, retry);
+        deps.metrics.busyAnswers.inc();
+        if (++reroutes > deps.options.maxBusyReroutes) {
+          throw new MeshError('MESH_ERR_TOO_MANY_REQUESTS', `nodes kept answering that they have no KV room (${reroutes - 1} re-routes); retry later`, { retry_after_ms: deps.admission.retryAfterMs(), reason: 'busy' });
+        }
+        log.info({ busy, retry_after_ms: retry, tokens: tokens.length }, 'a node had no KV room; routing the chat again');
+        why = 'rerouted';
+        continue;
+      }
       if (CLIENT_ERRORS.has(err.code) && tokens.length === 0) throw err;
       lastError = err;
       failedHeads.add(headId);
       if (head) head.failures++;
       log.warn({ head: headId, attempt, code: err.code, err: err.message, tokens: tokens.length }, 'head failed; restarting on another head');
-      plan = undefined;
+      if (++failovers > deps.options.maxHeadFailovers) break;
+      why = 'failover';
     } finally {
       signal.removeEventListener('abort', onAbort);
       ctl.abort();
+      lease.release();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
     }
   }

@@ -99,6 +99,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     relay,
     async close() {
       clearInterval(sweeper);
+      tracker.admission.close();
       relay?.close();
       await served.close();
     },
