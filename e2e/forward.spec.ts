@@ -60,9 +60,18 @@ test('Pause refuses /forward with 503 until Resume; the memory budget control re
   await expect(page.locator('#state')).toHaveText('Serving');
   expect((await forwardFast(caller, s.peerId!, args)).status).toBe(200);
 
+  // A live session survives a new budget: the KV caches get what the weights leave of it, in place (no rebuild, no 409).
+  const step = (position: number) =>
+    caller.request(s.peerId!, { method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': `1,1,${ref.cfg.hiddenSize}`, 'x-meshnet-dtype': 'f32', 'x-meshnet-session': 'live', 'x-meshnet-position': String(position), ...(position === 0 ? { 'x-meshnet-session-tokens': '16' } : {}) }, body: args.activation }, { timeoutMs: 60_000 });
+  expect((await step(0)).status).toBe(200);
   await page.locator('#budget').fill('512');
   await page.locator('#budget').dispatchEvent('change');
   await expect(page.locator('#budget-value')).toHaveText('512 MiB');
+  expect((await step(1)).status).toBe(200);
+  const info = JSON.parse(new TextDecoder().decode((await caller.request(s.peerId!, { method: 'GET', path: '/info' }, { timeoutMs: 10_000 })).body)) as { kv: { budget_bytes: number; sessions: number } };
+  expect(info.kv.sessions).toBe(1);
+  expect(info.kv.budget_bytes).toBeGreaterThan(500 * 2 ** 20);
+  expect(info.kv.budget_bytes).toBeLessThan(512 * 2 ** 20);
   expect((await forwardFast(caller, s.peerId!, args)).status).toBe(200);
   // Stored: a reload without ?budget keeps it.
   await page.reload();

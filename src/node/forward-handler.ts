@@ -21,7 +21,7 @@ import type { KvStats } from '../shard/kv-store.ts';
 import type { SamplingParams } from '../shard/sampling.ts';
 
 /** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
-export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
+export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
   forward(req: ForwardRequest): Promise<ForwardResult>;
 };
 
@@ -190,6 +190,8 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       dtype: executor.dtype,
       wire_dtypes: ['bf16', 'f16', 'f32'],
       max_context: executor.maxContext,
+      // The memory budget is these weights plus kv.budget_bytes.
+      weight_bytes: executor.weightBytes,
       kv: kvInfo(kv),
       paused: info.isPaused?.() ?? false,
       ...(info.version ? { version: info.version } : {}),

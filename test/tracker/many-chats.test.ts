@@ -80,8 +80,10 @@ describe('many chats at once through the tracker', () => {
     // Every session was given back on every node.
     await until(async () => (await dashboard()).queue.running === 0, 5_000, 'no chat running');
     for (const n of nodes) {
-      const info = (await (await fetch(`${n.endpoint}/info`)).json()) as { kv: { sessions: number; evictions: number } };
+      const info = (await (await fetch(`${n.endpoint}/info`)).json()) as { weight_bytes: number; kv: { sessions: number; evictions: number; budget_bytes: number } };
       expect(info.kv).toMatchObject({ sessions: 0, evictions: 0 });
+      // The budget means weights + KV: the KV caches got exactly what the weights left.
+      expect(info.weight_bytes + info.kv.budget_bytes).toBe(Math.floor(0.5 * 2 ** 20));
     }
   }, 120_000);
 });
