@@ -13,6 +13,10 @@
  *      wait (FIFO) ── room (a lease released, a heartbeat, a busy mark expired) ──▶ Lease
  *                  └─ queueMaxWaitMs passed ──▶ 429 + Retry-After
  *
+ * The order is FIFO per model (a chat of one model never waits behind
+ * another model's), and strict: a later, smaller chat does not overtake the
+ * first waiting one, so a long chat is never starved.
+ *
  * Nodes stay the authority on their memory: the tracker's view is an
  * estimate, and a node that refuses anyway (503 MESH_ERR_BUSY) is marked busy
  * for its Retry-After while the chat is routed again, ahead of the queue.
@@ -95,8 +99,8 @@ export class Admission {
    */
   acquire(model: string, tokens: number, opts: AcquireOptions): Promise<Lease> {
     if (opts.signal.aborted) return Promise.reject(cancelled());
-    // FIFO: a newcomer goes straight through only when nobody waits; a re-routed chat always may.
-    if (opts.front || this.queue.length === 0) {
+    // FIFO: a newcomer goes straight through only when no chat of its model waits; a re-routed chat always may.
+    if (opts.front || !this.queue.some((w) => w.model === model)) {
       let plan: RoutePlan | undefined;
       try {
         plan = this.registry.pickWithRoom(model, tokens, opts.exclude);
@@ -134,22 +138,31 @@ export class Admission {
     });
   }
 
-  /** Room may have freed up (a lease ended, a heartbeat came): start waiting chats in order while the first one fits. */
+  /** Room may have freed up (a lease ended, a heartbeat came): start waiting chats in order, per model while its first one fits. */
   kick(): void {
-    while (this.queue.length > 0) {
-      const w = this.queue[0]!;
+    const blocked = new Set<string>();
+    for (let i = 0; i < this.queue.length; ) {
+      const w = this.queue[i]!;
+      if (blocked.has(w.model)) {
+        i++;
+        continue;
+      }
       let plan: RoutePlan | undefined;
       try {
         plan = this.registry.pickWithRoom(w.model, w.tokens, w.exclude);
       } catch (e) {
         // Layers went missing while it waited (a node left): it gets the same answer a newcomer would.
-        this.queue.shift();
+        this.queue.splice(i, 1);
         w.cleanup();
         w.reject(e);
         continue;
       }
-      if (!plan) break;
-      this.queue.shift();
+      if (!plan) {
+        blocked.add(w.model);
+        i++;
+        continue;
+      }
+      this.queue.splice(i, 1);
       w.cleanup();
       this.metrics?.queueWait.observe((this.o.now() - w.since) / 1000);
       w.resolve(this.lease(plan, w.tokens));

@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest';
 import type { GenerateEvent } from '../../src/protocol/tracker.ts';
 import type { TrackerOptions } from '../../src/tracker/options.ts';
-import { FakeNode, makeTracker, scriptedTransport, tokenEvents, type TestTracker } from './support.ts';
+import { FakeNode, makeTracker, scriptedTransport, smallSpec, tokenEvents, type TestTracker } from './support.ts';
 
 type Script = Parameters<typeof scriptedTransport>[0][string][number];
 
@@ -135,6 +135,29 @@ describe('KV admission at the tracker', () => {
     expect(m).toMatch(/^meshnet_tracker_queue_rejections_total\{reason="queue_full"\} 1$/m);
     expect(m).toMatch(/^meshnet_tracker_queue_wait_seconds_count 2$/m);
     expect(m).toMatch(/^meshnet_tracker_queue_length 0$/m);
+  });
+
+  it('keeps one FIFO per model: a chat of a model with room does not wait behind another model\'s queue', async () => {
+    const scripts: Record<string, Script[]> = {};
+    const st = scriptedTransport(scripts);
+    const t = await makeTracker({ random: () => 0 }, st.transport, [smallSpec('small'), smallSpec('other')]);
+    const a = await head(t, { budget: BLOCK });
+    const b = (await FakeNode.create({ memory_budget_mb: 4096, model: 'other' })).withStats(1).withKv({ ...KV, budget: BLOCK });
+    b.serving = { start_layer: 0, end_layer: 12 };
+    await b.register(t);
+    const gate = deferred();
+    scripts[a.peerId] = [gated(gate.promise), happy(['x'])];
+    scripts[b.peerId] = [happy(['y'])];
+    const running = post(t, chat('a-1'));
+    await until(() => st.calls.length === 1, 'the first chat started');
+    const waiting = post(t, chat('a-2'));
+    await until(() => t.admission.length === 1, 'a-2 queued');
+    const other = await post(t, { ...chat('b-1'), model: 'other' });
+    expect(other.status).toBe(200);
+    expect(st.calls.map(content)).toEqual(['a-1', 'b-1']);
+    gate.resolve();
+    expect((await running).status).toBe(200);
+    expect((await waiting).status).toBe(200);
   });
 
   it('answers a chat 429 + Retry-After within its wait limit when no room frees up, streamed or not', async () => {
