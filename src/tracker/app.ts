@@ -114,14 +114,16 @@ export function createTracker(deps: TrackerDeps): Tracker {
   }
 
   async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat'): Promise<NodeMessage> {
-    const parsed = nodeMessage.safeParse(await readJson(req, o.maxBodyBytes));
+    const raw = await readJson(req, o.maxBodyBytes);
+    const parsed = nodeMessage.safeParse(raw);
     if (!parsed.success) {
       metrics.registrations.inc({ kind, result: 'malformed' });
       const issue = parsed.error.issues[0]!;
       throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected {body: NodeMessage, signature}`);
     }
     try {
-      await verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs);
+      // Over the body as sent: fields a newer node adds (and this schema strips) are signed too.
+      await verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
     } catch (e) {
       metrics.registrations.inc({ kind, result: 'refused' });
       logger.warn({ peer_id: parsed.data.body.peer_id, kind, err: (e as Error).message }, 'signed node message refused');
@@ -167,7 +169,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
   });
 
   app.post('/api/route/replace', async ({ req }) => {
-    const parsed = replaceMessage.safeParse(await readJson(req, o.maxBodyBytes));
+    const raw = await readJson(req, o.maxBodyBytes);
+    const parsed = replaceMessage.safeParse(raw);
     if (!parsed.success) {
       const issue = parsed.error.issues[0]!;
       throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected {body: ReplaceRequest, signature}`);
@@ -175,7 +178,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     const body = parsed.data.body;
     const head = registry.nodes.get(body.head_peer_id);
     if (!head) throw new MeshError('MESH_ERR_NOT_FOUND', `head ${body.head_peer_id} is not registered here; register first`);
-    await verifyTimestampedSignature(head.publicKey, parsed.data, o.now(), o.maxClockSkewMs);
+    await verifyTimestampedSignature(head.publicKey, parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
     const model = registry.model(body.model);
     if (body.start_layer >= body.end_layer || body.end_layer > model.numLayers) {
       throw new MeshError('MESH_ERR_BAD_REQUEST', `span [${body.start_layer}, ${body.end_layer}) is not inside the model's 0..${model.numLayers}`);
