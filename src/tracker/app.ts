@@ -22,7 +22,7 @@ import { randomHex } from '../protocol/ids.ts';
 import { Admission } from './admission.ts';
 import { DASHBOARD_HTML } from './dashboard.ts';
 import { App, HttpError, json, readJson, type RouteContext } from './http.ts';
-import { routeHops, runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput, type HeadTransport } from './head-proxy.ts';
+import { PromptSizer, routeHops, runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput, type HeadTransport } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { ModelSpec } from './model-registry.ts';
 import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, sseData, SSE_DONE, StopFilter, tooManyRequests, usage, type ApiKind, type CompletionIds, type FinishReason } from './openai.ts';
@@ -97,7 +97,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
   }
 
   const admission = new Admission(registry, o, metrics);
-  const genDeps: GenerationDeps = { registry, admission, transport: deps.transport, identity, options: o, logger, metrics, onRoute: (kind, model, plan) => recordRoute(kind, model, plan) };
+  const genDeps: GenerationDeps = { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, options: o, logger, metrics, onRoute: (kind, model, plan) => recordRoute(kind, model, plan) };
 
   function updateNodeGauge(): void {
     metrics.nodes.reset();

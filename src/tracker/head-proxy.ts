@@ -182,6 +182,8 @@ export type GenerationEvent =
 export interface GenerationDeps {
   registry: NodeRegistry;
   admission: Admission;
+  /** Prompt lengths by model, learned from the heads' start events. */
+  sizer: PromptSizer;
   transport: HeadTransport;
   identity: Identity;
   options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'>;
@@ -195,20 +197,35 @@ export type GenerationInput = Omit<GenerateRequest, 'prefix_token_ids' | 'sessio
 
 /**
  * Positions a chat may reach, as the tracker can tell before the head
- * tokenizes it: about a token per 3 prompt bytes (English BPE averages
- * nearer 4), a few per message for the chat template, plus max_tokens. The
- * head's `start` event gives the exact prompt length one round trip later,
- * and a node that finds the estimate short answers MESH_ERR_BUSY, so a miss
- * costs a re-route, never a failed chat.
+ * tokenizes it: prompt bytes × the model's tokens per byte (learned from the
+ * heads' `start` events, 1/3 until the first: English BPE averages nearer
+ * 1/4), 10 % over, plus max_tokens. The head's `start` event gives the exact
+ * count one round trip later, and a node that finds the estimate short
+ * answers MESH_ERR_BUSY, so a miss costs a re-route, never a failed chat.
  */
-export function estimateTokens(input: GenerationInput, contextTokens: number): number {
-  let bytes = 0;
-  let messages = 0;
-  if (input.messages) {
-    for (const m of input.messages) bytes += utf8.encode(m.content).byteLength + m.role.length;
-    messages = input.messages.length;
-  } else if (input.prompt !== undefined) bytes = utf8.encode(input.prompt).byteLength;
-  return Math.min(contextTokens, Math.ceil(bytes / 3) + 6 * messages + 4 + input.max_tokens);
+export class PromptSizer {
+  private readonly perByte = new Map<string, number>();
+
+  /** Bytes of what the chat template will render, roles included. */
+  static bytes(input: GenerationInput): number {
+    if (input.messages) return input.messages.reduce((n, m) => n + utf8.encode(m.content).byteLength + m.role.length + 8, 0);
+    return input.prompt !== undefined ? utf8.encode(input.prompt).byteLength : 0;
+  }
+
+  estimate(model: string, input: GenerationInput, contextTokens: number): number {
+    const ratio = this.perByte.get(model) ?? 1 / 3;
+    return Math.min(contextTokens, Math.ceil(PromptSizer.bytes(input) * ratio * 1.1) + 4 + input.max_tokens);
+  }
+
+  /** The head counted `promptTokens` for this input. */
+  learn(model: string, input: GenerationInput, promptTokens: number): void {
+    const bytes = PromptSizer.bytes(input);
+    if (bytes < 16 || promptTokens <= 0) return;
+    const r = Math.min(2, Math.max(0.05, promptTokens / bytes));
+    const prev = this.perByte.get(model);
+    // The larger of the new sample and a slowly decaying average: over-estimating only queues a chat a little early.
+    this.perByte.set(model, prev === undefined ? r : Math.max(r, prev + 0.1 * (r - prev)));
+  }
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -244,7 +261,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   let why: 'generate' | 'failover' | 'rerouted' = 'generate';
   const log = deps.logger.child({ request_id: requestId, model });
   const context = deps.registry.model(model).contextTokens;
-  const estimate = estimateTokens(input, context);
+  const estimate = deps.sizer.estimate(model, input, context);
 
   for (let attempt = 0; ; attempt++) {
     if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
@@ -296,6 +313,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         if (ev.type === 'start') {
           if (promptTokens === 0) {
             promptTokens = ev.prompt_tokens;
+            deps.sizer.learn(model, input, promptTokens);
             yield { type: 'start', promptTokens };
           }
           // The exact length now: hold what the head declares to its hops, no more.

@@ -210,6 +210,41 @@ describe('KV admission at the tracker', () => {
     expect(m).not.toMatch(/meshnet_tracker_requests_total\{endpoint="chat",status="5\d\d"\}/);
   });
 
+  it('holds an estimate of the chat\'s length until the head counts it, and learns the model\'s tokens per byte from that count', async () => {
+    const scripts: Record<string, Script[]> = {};
+    const { t } = await tracker({}, scripts);
+    // Blocks of one position: what the tracker holds is its token estimate × 1000 bytes.
+    const n = (await FakeNode.create({ memory_budget_mb: 4096 })).withStats(1).withKv({ perToken: 1000, block: 1, budget: 10 * BLOCK });
+    n.serving = { start_layer: 0, end_layer: 12 };
+    await n.register(t);
+    const held = () => t.registry.kvHeldOn(n.peerId);
+    const text = 'x'.repeat(90); // 90 + 4 (role) + 8 (template) = 102 bytes
+    for (const [before, after] of [
+      [Math.ceil((102 / 3) * 1.1) + 4 + 8, 51 + 8], // no count yet: a third of a token per byte
+      [Math.ceil(102 * 0.5 * 1.1) + 4 + 8, 51 + 8], // learned: 51 tokens for 102 bytes
+    ]) {
+      const started = deferred();
+      const gate = deferred();
+      scripts[n.peerId] = [
+        async function* () {
+          await started.promise;
+          yield { type: 'start', prompt_tokens: 51, route: [] } as GenerateEvent;
+          await gate.promise;
+          yield* tokenEvents(['a']);
+          yield { type: 'done', finish_reason: 'stop', completion_tokens: 1, prompt_tokens: 51 } as GenerateEvent;
+        },
+      ];
+      const res = post(t, chat(text));
+      await until(() => held() > 0, 'the chat holding room');
+      expect(held()).toBe(before! * 1000);
+      started.resolve();
+      await until(() => held() === after! * 1000, 'the lease resized to the head\'s count');
+      gate.resolve();
+      expect((await res).status).toBe(200);
+      expect(held()).toBe(0);
+    }
+  });
+
   it('answers 400 context_length_exceeded at once when no route could hold the chat even idle', async () => {
     const { t, calls } = await tracker({}, {});
     await head(t, { budget: BLOCK });
