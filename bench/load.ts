@@ -292,7 +292,7 @@ async function runMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<Me
   process.stderr.write(`\n[${kind}] starting relay, tracker and 3 nodes...\n`);
   const m = await startMesh(kind, modelUrl);
   try {
-    const dash = (await (await fetch(`${m.tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ serving: { start_layer: number; end_layer: number }; kv: { budget_bytes: number } }> };
+    const dash = (await (await fetch(`${m.tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ serving: { start_layer: number; end_layer: number }; kv?: { budget_bytes: number } | null }> };
     const queue = kind === 'split' ? { length: SPLIT_QUEUE.length, wait_ms: SPLIT_QUEUE.waitMs } : { length: 128, wait_ms: 30_000 };
     // Warm every node (graph first runs, sockets), then each prompt alone: the texts every later chat must match.
     process.stderr.write(`[${kind}] warm-up and ${TOPICS.length} chats alone...\n`);
@@ -321,7 +321,7 @@ async function runMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<Me
     return {
       mesh: kind,
       spans: dash.nodes.map((n) => [n.serving.start_layer, n.serving.end_layer]),
-      kv_budget_mib: dash.nodes.map((n) => +(n.kv.budget_bytes / 2 ** 20).toFixed(1)),
+      kv_budget_mib: dash.nodes.map((n) => (n.kv ? +(n.kv.budget_bytes / 2 ** 20).toFixed(1) : NaN)),
       queue,
       alone_then_16: { ok: sixteen.ok, text_mismatches: sixteen.text_mismatches, failures: sixteen.chats - sixteen.ok },
       rounds,

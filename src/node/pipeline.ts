@@ -306,7 +306,8 @@ export class PipelineDriver {
       // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
       let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
       let recovery: PendingRecovery | undefined;
-      let mismatches = 0;
+      /** Hops replayed after a 409 in this step: each gets one replay. */
+      const replayed409 = new Set<HopState>();
 
       for (let i = 0; i < hops.length; ) {
         const hs = hops[i]!;
@@ -321,7 +322,8 @@ export class PipelineDriver {
         } catch (e) {
           if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
           if (e instanceof ReplayMismatch) {
-            if (++mismatches > 1) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again while being replayed`);
+            if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again while being replayed`);
+            replayed409.add(hs);
             continue;
           }
           recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++);
@@ -330,7 +332,8 @@ export class PipelineDriver {
         const rowsSent = seq;
         if (reply.status === 409) {
           // The hop lost the session's cache (it restarted, the session idled past its TTL, or the step ran twice): replay it, once.
-          if (++mismatches > 1) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again after a replay`);
+          if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again after a replay`);
+          replayed409.add(hs);
           this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${position} rows`);
           hs.synced = false;
           continue;

@@ -129,17 +129,23 @@ describe('PipelineDriver', () => {
     expect(logprobs(ev)).toEqual(logprobs(undisturbed));
   });
 
-  it('replays a hop whose cache vanished (409) on the same hop, without asking the tracker', async () => {
+  it('replays each hop whose cache vanished (409) on the same hop, without asking the tracker, two in one step included', async () => {
     const c = net.handlers.get('c.test')!;
-    let calls = 0;
-    // Drop c's session before its 4th step: c answers 409 and must be replayed.
-    net.handlers.set('c.test', async (r) => {
-      if (r.path === '/forward' && ++calls === 4) await c({ method: 'DELETE', path: `/sessions/${r.headers['x-meshnet-session']}`, headers: {}, body: new Uint8Array(0) });
-      return c(r);
-    });
+    const d = net.handlers.get('d.test')!;
+    // Drop both hops' sessions before their 4th step: each answers 409 and must be replayed.
+    const dropping = (h: typeof c) => {
+      let calls = 0;
+      return async (r: MeshRequest) => {
+        if (r.path === '/forward' && ++calls === 4) await h({ method: 'DELETE', path: `/sessions/${r.headers['x-meshnet-session']}`, headers: {}, body: new Uint8Array(0) });
+        return h(r);
+      };
+    };
+    net.handlers.set('c.test', dropping(c));
+    net.handlers.set('d.test', dropping(d));
     let asked = 0;
     const ev = await run(driver(async () => (asked++, [])), [hop('d', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 8 });
     net.handlers.set('c.test', c);
+    net.handlers.set('d.test', d);
     expect(ids(ev)).toEqual(want.slice(0, 8));
     expect(asked).toBe(0);
     expect(ev.some((e) => e.type === 'error')).toBe(false);
