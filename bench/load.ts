@@ -21,7 +21,8 @@
  *   - the nodes' logs: no 409 replay.
  *
  * Batching at a hop (issue 11) should raise the aggregate figures: rerun with
- * `--label <name>` on each branch and `--compare <an earlier JSON>` to print
+ * `--label <name>` on each branch and `--compare <a copy of an earlier
+ * bench/results/load.json>` to print
  * the ratio per row (runs on different days differ; the lead reruns on a
  * quiet machine). Table on stdout, JSON in bench/results/load.json.
  *
