@@ -132,7 +132,7 @@ function kvCell(kv) {
   if (!kv) return el("span", { class: "dim" }, "–");
   const frac = kv.budget_bytes > 0 ? Math.min(1, kv.used_bytes / kv.budget_bytes) : 1;
   const bar = el("span", { class: "kv" + (kv.busy ? " busy" : ""), title: "held by this tracker's chats: " + mib(kv.held_by_tracker_bytes) + " MiB" }, el("span", { style: "width:" + Math.round(frac * 100) + "%" }));
-  return el("span", {}, bar, mib(kv.used_bytes) + " / " + mib(kv.budget_bytes) + " MiB" + (kv.sessions != null ? " · " + kv.sessions + " s" : "") + (kv.busy ? " · busy" : ""));
+  return el("span", {}, bar, mib(kv.used_bytes) + " / " + mib(kv.budget_bytes) + " MiB" + (kv.sessions != null ? " · " + kv.sessions + (kv.sessions === 1 ? " session" : " sessions") : "") + (kv.busy ? " · busy" : ""));
 }
 
 function renderQueue(d) {
