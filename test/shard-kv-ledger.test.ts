@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { KvBusyError, KvLedger } from '../src/shard/kv-ledger.ts';
-import { MeshError } from '../src/protocol/errors.ts';
+import type { MeshError } from '../src/protocol/errors.ts';
 
 function ledger(over: Partial<ConstructorParameters<typeof KvLedger>[0]> = {}, clock = { now: 0 }) {
   return new KvLedger({ budgetBytes: 1000, bytesPerToken: 10, blockTokens: 16, maxTokens: 40, idleTtlMs: 100, retryAfterMs: 1500, now: () => clock.now, ...over });
