@@ -131,31 +131,34 @@ interface Mesh {
 
 async function startMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<Mesh> {
   const relay = await startRelayProcess();
-  const queue = kind === 'split' ? ['--queue-max-length', String(SPLIT_QUEUE.length), '--queue-max-wait-ms', String(SPLIT_QUEUE.waitMs)] : [];
-  const tracker = await startTrackerProc(['--model', `small=${modelUrl}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', ...queue]);
+  let tracker: TrackerProc | undefined;
   const nodes: NodeProc[] = [];
-  const budget = kind === 'split' ? ['--budget-mb', '60'] : [];
-  // One at a time: each sees the previous ones' spans (split: 0-4, 4-8, 8-12). One ONNX thread each: three processes share the cores.
-  for (let i = 0; i < 3; i++) {
-    const n = await startNode(['--relay', relay.url, '--tracker', tracker.url, '--model', 'small', '--threads', '1', ...budget]);
-    nodes.push(n);
-    await n.waitFor((e) => e.event === 'serving', 120_000);
-  }
-  await until(async () => {
-    const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ status: string; kv: unknown }> };
-    return d.nodes.length === 3 && d.nodes.every((n) => n.status === 'serving' && n.kv !== null);
-  }, 30_000, 'three serving nodes reporting KV');
-  return {
-    kind,
-    relay,
-    tracker,
-    nodes,
-    async stop() {
-      await Promise.all(nodes.map((n) => n.stop()));
-      await tracker.stop();
-      await relay.stop();
-    },
+  const stop = async () => {
+    await Promise.all(nodes.map((n) => n.stop()));
+    await tracker?.stop();
+    await relay.stop();
   };
+  try {
+    const queue = kind === 'split' ? ['--queue-max-length', String(SPLIT_QUEUE.length), '--queue-max-wait-ms', String(SPLIT_QUEUE.waitMs)] : [];
+    const t = await startTrackerProc(['--model', `small=${modelUrl}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', ...queue]);
+    tracker = t;
+    const budget = kind === 'split' ? ['--budget-mb', '60'] : [];
+    // One at a time: each sees the previous ones' spans (split: 0-4, 4-8, 8-12). One ONNX thread each: three processes share the cores.
+    for (let i = 0; i < 3; i++) {
+      const n = await startNode(['--relay', relay.url, '--tracker', t.url, '--model', 'small', '--threads', '1', ...budget]);
+      nodes.push(n);
+      await n.waitFor((e) => e.event === 'serving', 120_000);
+    }
+    await until(async () => {
+      const d = (await (await fetch(`${t.url}/api/dashboard`)).json()) as { nodes: Array<{ status: string; kv: unknown }> };
+      return d.nodes.length === 3 && d.nodes.every((n) => n.status === 'serving' && n.kv !== null);
+    }, 30_000, 'three serving nodes reporting KV');
+    return { kind, relay, tracker: t, nodes, stop };
+  } catch (e) {
+    // Leave no process behind when the mesh does not come up.
+    await stop();
+    throw e;
+  }
 }
 
 function rssKiB(pid: number | undefined): number {
