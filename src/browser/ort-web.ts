@@ -18,6 +18,12 @@ export interface OrtWebOptions {
   numThreads: number;
   /** Where ORT's runtime files (ort-wasm-simd-threaded*.{mjs,wasm}) are served. */
   wasmPaths: string;
+  /**
+   * ORT's info-level log (one "Starting program" line per GPU program run,
+   * node placements at session creation), to the console; tests count
+   * programs with it.
+   */
+  infoLog?: boolean;
 }
 
 const loaded = new Map<BackendKind, Promise<Ort>>();
@@ -225,6 +231,7 @@ export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions
         executionProviders: [kind === 'webgpu' ? 'webgpu' : 'wasm'],
         graphOptimizationLevel: options?.graphOptimizationLevel ?? 'all',
         executionMode: 'sequential',
+        ...(opts.infoLog ? { logSeverityLevel: 1 as const, logVerbosityLevel: 0 } : {}),
         ...(kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
         ...(kind === 'webgpu' && options?.graphCapture ? { enableGraphCapture: true } : {}),
       });
@@ -236,9 +243,9 @@ export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions
     },
   };
   if (kind === 'webgpu') {
-    // The EP's device exists once the first session has been created; a throwaway one makes it now.
-    const probe = await backend.createSession(identityModel());
-    await probe.release();
+    // The EP creates its device with the first session and drops it with the last one: this
+    // one-node session is held for the backend's life, so buffers we allocate stay valid.
+    await backend.createSession(identityModel());
   }
   return backend;
 }

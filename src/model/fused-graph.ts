@@ -30,7 +30,7 @@
 import type { ModelConfig } from './config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR } from './config.ts';
 import { ElemType, GraphBuilder, MS_DOMAIN, writeFloats } from './onnx-builder.ts';
-import { concatQ4Rows, q4BlocksPerRow, q4Bytes, quantizeQ4, Q4_BLOCK, type Q4Matrix } from './quantize.ts';
+import { q4BlocksPerRow, q4Bytes, quantizeQ4, Q4_BLOCK, type Q4Matrix, type Q4Scheme } from './quantize.ts';
 import { ropeInvFreq } from './rope.ts';
 import type { BuiltGraph, WeightSource, WeightTensor } from './graph.ts';
 
@@ -77,13 +77,16 @@ function expectShape(name: string, w: WeightTensor, shape: number[]): void {
 }
 
 /** The default Q4Source: quantize the checkpoint's tensor now. */
-export function quantizingSource(src: WeightSource): Q4Source {
+export function quantizingSource(src: WeightSource, scheme: Q4Scheme = FUSED_Q4_SCHEME): Q4Source {
   return (name) => {
     const w = src(name);
     if (w.shape.length !== 2) throw new RangeError(`${name}: a projection must be 2-D, got [${w.shape.join(',')}]`);
-    return quantizeQ4(w.data, w.shape[0]!, w.shape[1]!);
+    return quantizeQ4(w.data, w.shape[0]!, w.shape[1]!, scheme);
   };
 }
+
+/** Symmetric: the scheme onnxruntime's WebGPU MatMulNBits fusions accept (see quantize.ts). */
+export const FUSED_Q4_SCHEME: Q4Scheme = 'symmetric';
 
 /** HF names of the projections a fused layer packs, in packing order. */
 export function fusedProjectionNames(layer: number): { qkv: string[]; o: string; gateUp: string[]; down: string } {
@@ -116,23 +119,23 @@ class FusedBuilder {
     return this.g.initializer(name, ElemType.FLOAT, [len], (dst) => writeFloats(dst, w.data, ElemType.FLOAT));
   }
 
-  /** x · Wᵀ for HF [out, in] matrices stacked along out. */
-  linear(x: string, names: string[], inDim: number, outDims: number[], label: string): string {
+  /** x · Wᵀ through MatMulNBits for one HF [out, in] matrix (optional bias through the op's bias input). */
+  nbits(x: string, name: string, inDim: number, outDim: number, label: string, bias?: string): string {
+    const m = this.q4(name);
+    if (m.n !== outDim || m.k !== inDim) throw new RangeError(`${name}: quantized [${m.n}, ${m.k}], expected [${outDim}, ${inDim}]`);
+    const kb = q4BlocksPerRow(inDim);
+    const g = this.g;
+    const b = g.initializer(`${label}.q4`, ElemType.UINT8, [outDim, kb, Q4_BLOCK / 2], (dst) => dst.set(m.packed));
+    const s = g.initializer(`${label}.scales`, ElemType.FLOAT, [outDim * kb], (dst) => writeFloats(dst, m.scales, ElemType.FLOAT));
+    const zp = m.zeroPoints;
+    const z = zp ? g.initializer(`${label}.zero_points`, ElemType.UINT8, [zp.length], (dst) => dst.set(zp)) : '';
+    const inputs = bias ? [x, b, s, z, '', bias] : zp ? [x, b, s, z] : [x, b, s];
+    return g.op1('MatMulNBits', inputs, { K: inDim, N: outDim, bits: 4, block_size: Q4_BLOCK, accuracy_level: 0 }, undefined, MS_DOMAIN);
+  }
+
+  /** x · Wᵀ as one f32 MatMul over HF [out, in] matrices stacked along out. */
+  packedMatMul(x: string, names: string[], inDim: number, outDims: number[], label: string): string {
     const n = outDims.reduce((a, b) => a + b, 0);
-    if (this.opts.weights === 'q4') {
-      const parts = names.map((nm, i) => {
-        const m = this.q4(nm);
-        if (m.n !== outDims[i] || m.k !== inDim) throw new RangeError(`${nm}: quantized [${m.n}, ${m.k}], expected [${outDims[i]}, ${inDim}]`);
-        return m;
-      });
-      const m = parts.length === 1 ? parts[0]! : concatQ4Rows(parts);
-      const kb = q4BlocksPerRow(inDim);
-      const g = this.g;
-      const b = g.initializer(`${label}.q4`, ElemType.UINT8, [n, kb, Q4_BLOCK / 2], (dst) => dst.set(m.packed));
-      const s = g.initializer(`${label}.scales`, ElemType.FLOAT, [n * kb], (dst) => writeFloats(dst, m.scales, ElemType.FLOAT));
-      const z = g.initializer(`${label}.zero_points`, ElemType.UINT8, [m.zeroPoints.length], (dst) => dst.set(m.zeroPoints));
-      return g.op1('MatMulNBits', [x, b, s, z], { K: inDim, N: n, bits: 4, block_size: Q4_BLOCK, accuracy_level: 0 }, undefined, MS_DOMAIN);
-    }
     const ws = names.map((nm, i) => {
       const w = this.src(nm);
       expectShape(nm, w, [outDims[i]!, inDim]);
@@ -153,6 +156,16 @@ class FusedBuilder {
       }
     });
     return this.g.op1('MatMul', [x, wt]);
+  }
+
+  /** One projection in the graph's weight format. */
+  linear(x: string, name: string, inDim: number, outDim: number, label: string): string {
+    return this.opts.weights === 'q4' ? this.nbits(x, name, inDim, outDim, label) : this.packedMatMul(x, [name], inDim, [outDim], label);
+  }
+
+  /** One projection's bias as an initializer. */
+  bias(name: string, len: number): string {
+    return this.vector(name, len);
   }
 
   /** Concatenated q|k|v bias as one initializer (Qwen2 and attention_bias Llamas). */
@@ -229,13 +242,23 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
     }
 
     const qkvSizes = [H * D, KV * D, KV * D];
-    let qkv = b.linear(n1, names.qkv, h, qkvSizes, `${p}.self_attn.qkv_proj`);
-    if (cfg.attentionBias) qkv = g.op1('Add', [qkv, b.qkvBias(l, qkvSizes)]);
     const pastK = g.input(FUSED_IO.pastKey(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
     const pastV = g.input(FUSED_IO.pastValue(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
+    let qkvInputs: string[];
+    if (opts.weights === 'q4') {
+      // Separate projections off one norm: the shape onnxruntime's WebGPU fusions match (MatMulNBitsQkv).
+      qkvInputs = names.qkv.map((nm, i) => {
+        const bias = cfg.attentionBias ? b.bias(nm.replace(/weight$/, 'bias'), qkvSizes[i]!) : undefined;
+        return b.nbits(n1, nm, h, qkvSizes[i]!, nm.replace(/\.weight$/, ''), bias);
+      });
+    } else {
+      let qkv = b.packedMatMul(n1, names.qkv, h, qkvSizes, `${p}.self_attn.qkv_proj`);
+      if (cfg.attentionBias) qkv = g.op1('Add', [qkv, b.qkvBias(l, qkvSizes)]);
+      qkvInputs = [qkv, '', ''];
+    }
     const [attn] = g.op(
       'GroupQueryAttention',
-      [qkv, '', '', pastK, pastV, seqlensK, totalLen, cos, sin],
+      [...qkvInputs, pastK, pastV, seqlensK, totalLen, cos, sin],
       { num_heads: H, kv_num_heads: KV, do_rotary: 1, rotary_interleaved: 0, scale: { float: 1 / Math.sqrt(D) } },
       [g.fresh('attn'), FUSED_IO.presentKey(l), FUSED_IO.presentValue(l)],
       MS_DOMAIN,
@@ -243,15 +266,23 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
     g.output(FUSED_IO.presentKey(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
     g.output(FUSED_IO.presentValue(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
 
-    const o = b.linear(attn, [names.o], H * D, [h], `${p}.self_attn.o_proj`);
+    const o = b.linear(attn, names.o, H * D, h, `${p}.self_attn.o_proj`);
     const sum2 = g.fresh('residual');
     const n2 = g.op('SkipSimplifiedLayerNormalization', [o, residual, wPost], { epsilon: eps }, [g.fresh('norm'), '', '', sum2], MS_DOMAIN)[0]!;
     residual = sum2;
 
-    const gu = b.linear(n2, names.gateUp, h, [I, I], `${p}.mlp.gate_up_proj`);
-    const [gate, up] = g.op('Split', [gu], { axis: -1 }, 2) as [string, string];
-    const act = g.op1('Mul', [g.op1('QuickGelu', [gate], { alpha: { float: 1 } }, undefined, MS_DOMAIN), up]);
-    pending = b.linear(act, [names.down], I, [h], `${p}.mlp.down_proj`);
+    let act: string;
+    if (opts.weights === 'q4') {
+      // gate * sigmoid(gate) * up over separate projections: what MatMulNBitsMlp fuses (with the norm) on WebGPU.
+      const gate = b.nbits(n2, names.gateUp[0]!, h, I, `${p}.mlp.gate_proj`);
+      const up = b.nbits(n2, names.gateUp[1]!, h, I, `${p}.mlp.up_proj`);
+      act = g.op1('Mul', [g.op1('Mul', [gate, g.op1('Sigmoid', [gate])]), up]);
+    } else {
+      const gu = b.packedMatMul(n2, names.gateUp, h, [I, I], `${p}.mlp.gate_up_proj`);
+      const [gate, up] = g.op('Split', [gu], { axis: -1 }, 2) as [string, string];
+      act = g.op1('Mul', [g.op1('QuickGelu', [gate], { alpha: { float: 1 } }, undefined, MS_DOMAIN), up]);
+    }
+    pending = b.linear(act, names.down, I, h, `${p}.mlp.down_proj`);
   }
   g.op1('Add', [pending!, residual], {}, FUSED_IO.hiddenOut);
   g.output(FUSED_IO.hiddenOut, ElemType.FLOAT, [1, 'seq', h]);
@@ -267,7 +298,7 @@ export function fusedLayerBytes(cfg: ModelConfig, weights: FusedWeights): number
     [2 * I, h],
     [h, I],
   ];
-  const proj = mats.reduce((s, [n, k]) => s + (weights === 'f32' ? n * k * 4 : q4Bytes(n, k)), 0);
+  const proj = mats.reduce((s, [n, k]) => s + (weights === 'f32' ? n * k * 4 : q4Bytes(n, k, FUSED_Q4_SCHEME)), 0);
   const bias = cfg.attentionBias ? (H + 2 * KV) * D * 4 : 0;
   return proj + 2 * h * 4 + bias;
 }
@@ -287,7 +318,7 @@ export function buildLastRowHeadGraph(cfg: ModelConfig, src: WeightSource, opts:
   const last = g.op1('Gather', [x, g.constI64('last_row', [-1], [])], { axis: 1 }); // [1, hidden]
   const n = g.op1('SimplifiedLayerNormalization', [last, b.vector(FINAL_NORM_TENSOR, cfg.hiddenSize)], { axis: -1, epsilon: { float: cfg.rmsNormEps }, stash_type: 1 });
   const head = cfg.tieWordEmbeddings ? EMBED_TENSOR : LM_HEAD_TENSOR;
-  const logits = b.linear(n, [head], cfg.hiddenSize, [cfg.vocabSize], 'lm_head');
+  const logits = b.linear(n, head, cfg.hiddenSize, cfg.vocabSize, 'lm_head');
   g.op1('Identity', [logits], {}, HEAD_IO.logits);
   g.output(HEAD_IO.logits, ElemType.FLOAT, [1, cfg.vocabSize]);
   return { bytes: g.encode(), weightBytes: g.initializerBytes() };

@@ -6,6 +6,7 @@
 import { expect } from 'vitest';
 import type { WeightSource } from '../../src/model/graph.ts';
 import { dequantizeQ4, quantizeQ4 } from '../../src/model/quantize.ts';
+import { FUSED_Q4_SCHEME } from '../../src/model/fused-graph.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import type { ForwardResult } from '../../src/shard/executor.ts';
 import { maxAbsDiff, type Fixture } from './shard.ts';
@@ -18,7 +19,7 @@ export function dequantizedWeights(src: WeightSource): WeightSource {
     if (!(/_proj\.weight$/.test(name) || name === 'lm_head.weight') || w.shape.length !== 2) return w;
     let d = cache.get(name);
     if (!d) {
-      d = { shape: w.shape, data: dequantizeQ4(quantizeQ4(w.data, w.shape[0]!, w.shape[1]!)) };
+      d = { shape: w.shape, data: dequantizeQ4(quantizeQ4(w.data, w.shape[0]!, w.shape[1]!, FUSED_Q4_SCHEME)) };
       cache.set(name, d);
     }
     return d;

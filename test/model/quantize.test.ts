@@ -20,15 +20,15 @@ describe('quantizeQ4', () => {
     const q = quantizeQ4(row, 1, 64);
     expect(q.packed.length).toBe(32);
     expect(q.scales.length).toBe(2);
-    expect(q.zeroPoints.length).toBe(1);
+    expect(q.zeroPoints!.length).toBe(1);
     // Block 0: min -1, max 0.875 → scale 0.125, zero point 8; element i quantizes to i % 16.
     expect(q.scales[0]).toBeCloseTo(0.125, 7);
-    expect(q.zeroPoints[0]! & 15).toBe(8);
+    expect(q.zeroPoints![0]! & 15).toBe(8);
     expect(q.packed[0]).toBe(0 | (1 << 4));
     expect(q.packed[7]).toBe(14 | (15 << 4));
     // Block 1: range [0, 2] (zero kept inside) → scale 2/15, zero point 0, every element 15.
     expect(q.scales[1]).toBeCloseTo(2 / 15, 7);
-    expect(q.zeroPoints[0]! >> 4).toBe(0);
+    expect(q.zeroPoints![0]! >> 4).toBe(0);
     expect([...q.packed.subarray(16, 32)].every((b) => b === 0xff)).toBe(true);
     expect(q4Bytes(1, 64)).toBe(32 + 8 + 1);
   });
@@ -69,6 +69,23 @@ describe('quantizeQ4', () => {
     expect(cat.scales).toEqual(whole.scales);
     expect(cat.zeroPoints).toEqual(whole.zeroPoints);
     expect(() => concatQ4Rows([quantizeQ4(a, 3, 64), quantizeQ4(new Float32Array(32), 1, 32)])).toThrow(/differ/);
+  });
+
+  it('symmetric: no zero points, the smallest step that fits both ends of a block, nothing clipped', () => {
+    const w = Float32Array.from({ length: 64 }, (_, i) => (i < 32 ? (i - 16) / 4 : (i - 40) / 10));
+    const q = quantizeQ4(w, 1, 64, 'symmetric');
+    expect(q.zeroPoints).toBeNull();
+    expect(q4Bytes(1, 64, 'symmetric')).toBe(32 + 8);
+    // Block 0 spans [-4, 3.75]: -4/8 = 0.5 < 3.75/7, so the step is 3.75/7 and 3.75 lands on +7.
+    expect(q.scales[0]).toBeCloseTo(3.75 / 7, 6);
+    // Block 1 spans [-0.8, 2.3]: 2.3/7 is the step.
+    expect(q.scales[1]).toBeCloseTo(2.3 / 7, 6);
+    const d = dequantizeQ4(q);
+    expect(d[31]).toBeCloseTo(3.75, 5);
+    expect(d[63]).toBeCloseTo(2.3, 5);
+    for (let i = 0; i < 64; i++) expect(Math.abs(d[i]! - w[i]!)).toBeLessThanOrEqual(q.scales[i < 32 ? 0 : 1]! / 2 + 1e-6);
+    // The layout decodes by hand: element 63 is the high nibble of the block's last byte, q = 15.
+    expect(q.packed[31]! >> 4).toBe(15);
   });
 
   it('refuses non-finite weights and mismatched sizes', () => {
