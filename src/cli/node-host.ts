@@ -31,7 +31,8 @@ import { LINK_PATH, LinkPool, acceptLink, type AcceptedLink } from '../node/dire
 import { Identity } from '../node/identity.ts';
 import { FileKeyStore } from '../tracker/key-file.ts';
 import { PipelineDriver } from '../node/pipeline.ts';
-import { RelayClient, type MeshHandler } from '../node/relay-client.ts';
+import type { MeshHandler } from '../node/mesh-types.ts';
+import { RelayClient } from '../node/relay-client.ts';
 import { RpcConnection, watchWsHandshake } from '../node/relay-hop.ts';
 import { NotRegisteredError, TrackerClient } from '../node/tracker-client.ts';
 import { NodeWebSocketConstructor as NodeWebSocket } from './node-socket.ts';

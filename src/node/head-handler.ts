@@ -17,7 +17,7 @@ import type { MeshRequest, MeshResponse } from '../protocol/envelopes.ts';
 import { MeshError, errorBody } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { generateRequestSchema, type GenerateEvent } from '../protocol/tracker.ts';
-import type { MeshHandler } from './relay-client.ts';
+import type { MeshHandler } from './mesh-types.ts';
 import type { PipelineDriver } from './pipeline.ts';
 import { verifySignedRoute } from './tracker-client.ts';
 

@@ -13,7 +13,7 @@ import type { MeshReply } from '../protocol/envelopes.ts';
 import { MeshError, errorCodeOf } from '../protocol/errors.ts';
 import type { HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
-import type { OutgoingRequest, RequestOptions } from './relay-client.ts';
+import type { OutgoingRequest, RequestOptions } from './mesh-types.ts';
 
 export type TransportKind = 'fast' | 'rpc' | 'link' | 'direct';
 

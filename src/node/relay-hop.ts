@@ -12,7 +12,7 @@ import { bodyFieldsFor, envelopeBody, rpcResponseSchema, type MeshReply } from '
 import { MeshError, type MeshErrorCode } from '../protocol/errors.ts';
 import { normalizeHeaders } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
-import type { OutgoingRequest, RelayLogEntry, RequestOptions } from './relay-client.ts';
+import type { OutgoingRequest, RelayLogEntry, RequestOptions } from './mesh-types.ts';
 import { RPC_DEFAULTS, type RpcOptions } from './relay-options.ts';
 import { SendGate, WS_OPEN, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
 

@@ -69,3 +69,21 @@ export function errorCodeOf(body: unknown): string | undefined {
   }
   return undefined;
 }
+
+const utf8d = new TextDecoder();
+
+/**
+ * A remote error body (`{"error":{"code","message"}}`, as bytes) as a
+ * MeshError, keeping its code when we know it.
+ */
+export function meshErrorFromBody(body: Uint8Array, fallback: string): MeshError {
+  try {
+    const v = JSON.parse(utf8d.decode(body)) as { error?: { code?: unknown; message?: unknown } };
+    const code = v.error?.code;
+    const message = typeof v.error?.message === 'string' ? v.error.message : fallback;
+    if (typeof code === 'string' && code in ERROR_STATUS) return new MeshError(code as MeshErrorCode, message);
+    return new MeshError('MESH_ERR_UPSTREAM', message, { remoteCode: code });
+  } catch {
+    return new MeshError('MESH_ERR_UPSTREAM', fallback);
+  }
+}

@@ -9,7 +9,7 @@ import { WebSocket, WebSocketServer } from 'ws';
 import { LINK_PATH, LinkPool, acceptLink, linkUrl, type AcceptedLink } from '../../src/node/direct-link.ts';
 import { HopTransport } from '../../src/node/hop-transport.ts';
 import { Identity } from '../../src/node/identity.ts';
-import type { MeshHandler } from '../../src/node/relay-client.ts';
+import type { MeshHandler } from '../../src/node/mesh-types.ts';
 import type { WebSocketConstructor, WebSocketLike } from '../../src/node/socket.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { MeshError } from '../../src/protocol/errors.ts';
