@@ -25,11 +25,10 @@
 import { parseModelConfig, type ModelConfig } from '../model/config.ts';
 import { ModelTokenizer } from '../model/tokenizer.ts';
 import { ModelFetchError, ModelFormatError } from '../model/errors.ts';
-import { MeshError } from '../protocol/errors.ts';
+import { MeshError, isMeshErrorCode, type MeshErrorCode } from '../protocol/errors.ts';
 import { z } from 'zod';
 import { encodeBase64Url } from '../protocol/base64.ts';
-import type { MeshRequest, MeshResponse } from '../protocol/envelopes.ts';
-import { errorBody } from '../protocol/errors.ts';
+import { errorReply, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
 import type { Assignment, NodeMessage } from '../protocol/tracker.ts';
 import { createForwardHandler, type ForwardEvent } from '../node/forward-handler.ts';
 import { createHeadHandler } from '../node/head-handler.ts';
@@ -47,8 +46,8 @@ import type { OnnxBackend } from '../shard/backend.ts';
 import { calibrate, decide, probeWebGpu, type BackendDecision, type GpuLike } from './backend-select.ts';
 import type { BackendChoice, BackendInfo, NodeConfig, NodeEngine, NodeErrorInfo, NodeState, NodeStatus } from './engine.ts';
 import { createOrtWebBackend } from './ort-web.ts';
-import { SpanWeights, WeightIntegrityError } from './span-weights.ts';
-import { NodeStorage, QuotaError, isQuotaError } from './storage.ts';
+import { SpanWeights } from './span-weights.ts';
+import { NodeStorage, isQuotaError } from './storage.ts';
 import { StatsWindow } from './stats.ts';
 import { warmUp } from './warm-up.ts';
 
@@ -458,7 +457,7 @@ export class BrowserNode implements NodeEngine {
     if (!r) {
       if (path === '/health') return jsonReply(200, { status: 'loading', sessions: 0 });
       if (path === '/info') return jsonReply(200, { peer_id: this.identity?.peerId, start_layer: null, end_layer: null, host: 'browser' });
-      return jsonReply(503, errorBody('MESH_ERR_UNAVAILABLE', 'this node has no span loaded yet; route around it or retry later'));
+      return errorReply(new MeshError('MESH_ERR_UNAVAILABLE', 'this node has no span loaded yet; route around it or retry later'));
     }
     if (path !== '/forward') return r.forward(req);
     this.inFlight++;
@@ -717,32 +716,26 @@ function modelNameOf(url: string): string {
   return parts[parts.length - 1] || url;
 }
 
-/** Every failure the donor can see, with what to do about it. */
+/** What the donor can do about each failure, by code; anything else: Retry. */
+const ACTIONS: Partial<Record<MeshErrorCode, string>> = {
+  MESH_ERR_QUOTA: 'Free disk space or clear other sites’ data (browser settings → Privacy → Site data), or open this page with fewer layers; then press Retry. Layers already stored are kept.',
+  MESH_ERR_MODEL_FETCH: 'Check that the model server is up and reachable, then press Retry: the download resumes where it stopped.',
+  MESH_ERR_MODEL_FORMAT: 'The model files are not what this node can run; check the model URL.',
+  MESH_ERR_WEIGHTS_CORRUPT: 'Press Retry: the damaged layer is fetched again.',
+  MESH_ERR_LAYER_RANGE: 'Open the page with a layer range inside the model.',
+};
+
+/** Every failure the donor can see, with its code (docs/protocol.md §6) and what to do about it. */
 export function describeError(e: unknown): NodeErrorInfo {
-  if (e instanceof QuotaError || isQuotaError(e)) {
-    return {
-      code: 'MESH_ERR_QUOTA',
-      message: e instanceof Error ? e.message : 'browser storage is full',
-      action: 'Free disk space or clear other sites’ data (browser settings → Privacy → Site data), or open this page with fewer layers; then press Retry. Layers already stored are kept.',
-      retryable: true,
-    };
-  }
-  if (e instanceof ModelFetchError) {
-    return { code: 'MESH_ERR_MODEL_FETCH', message: `model download failed: ${e.message}`, action: 'Check the connection to the model server, then press Retry: the download resumes where it stopped.', retryable: true };
-  }
-  if (e instanceof ModelFormatError) {
-    return { code: 'MESH_ERR_MODEL_FORMAT', message: e.message, action: 'The model files are not what this node can run; check the model URL.', retryable: true };
-  }
-  if (e instanceof WeightIntegrityError) {
-    return { code: e.code, message: e.message, action: 'Press Retry: the damaged layer is fetched again.', retryable: true };
-  }
-  if (e instanceof MeshError) {
-    return { code: e.code, message: e.message, action: e.code === 'MESH_ERR_LAYER_RANGE' ? 'Open the page with a layer range inside the model.' : 'Press Retry; if it fails again, reload the page.', retryable: true };
-  }
-  const err = e as { name?: string; message?: string };
+  const err = e as { name?: string; message?: string; code?: unknown };
+  let code: MeshErrorCode = isMeshErrorCode(err?.code) ? err.code : 'MESH_ERR_INTERNAL';
+  let message = err?.message ?? String(e);
+  if (isQuotaError(e)) code = 'MESH_ERR_QUOTA';
   // fetch() rejects with TypeError("Failed to fetch") when the server is gone.
-  if (err?.name === 'TypeError' && /fetch|network/i.test(err.message ?? '')) {
-    return { code: 'MESH_ERR_MODEL_FETCH', message: `model server unreachable: ${err.message}`, action: 'Check that the model server is up, then press Retry: the download resumes where it stopped.', retryable: true };
-  }
-  return { code: 'MESH_ERR_INTERNAL', message: err?.message ?? String(e), action: 'Press Retry; if it fails again, reload the page and report this message.', retryable: true };
+  else if (code === 'MESH_ERR_INTERNAL' && err?.name === 'TypeError' && /fetch|network/i.test(message)) {
+    code = 'MESH_ERR_MODEL_FETCH';
+    message = `model server unreachable: ${message}`;
+  } else if (e instanceof ModelFetchError) message = `model download failed: ${message}`;
+  const action = ACTIONS[code] ?? (code === 'MESH_ERR_INTERNAL' ? 'Press Retry; if it fails again, reload the page and report this message.' : 'Press Retry; if it fails again, reload the page.');
+  return { code, message: code === 'MESH_ERR_QUOTA' && !(e instanceof Error) ? 'browser storage is full' : message, action, retryable: true };
 }

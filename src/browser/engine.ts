@@ -4,6 +4,7 @@
  * in the page itself (tests). src/app depends on this and nothing else, so
  * the page never touches `Worker` (web-llm's MLCEngineInterface pattern).
  */
+import type { MeshErrorCode } from '../protocol/errors.ts';
 
 /** Where the node is in its life; the page shows one badge per state. */
 export const NodeState = {
@@ -54,8 +55,8 @@ export interface NodeConfig {
 }
 
 export interface NodeErrorInfo {
-  /** Stable code: MESH_ERR_* or one of the page's own (MESH_ERR_QUOTA, MESH_ERR_MODEL_FETCH, …). */
-  code: string;
+  /** Stable code (docs/protocol.md §6): the page's own (MESH_ERR_QUOTA, MESH_ERR_MODEL_FETCH, …) are there too. */
+  code: MeshErrorCode;
   message: string;
   /** What the donor can do about it, in one sentence. */
   action: string;

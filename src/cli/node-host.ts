@@ -19,8 +19,8 @@ import { WebSocketServer } from 'ws';
 import { parseModelConfig, type ModelConfig } from '../model/config.ts';
 import { openSafetensors } from '../model/safetensors.ts';
 import { ModelTokenizer } from '../model/tokenizer.ts';
-import type { MeshRequest, MeshResponse } from '../protocol/envelopes.ts';
-import { MeshError, errorBody } from '../protocol/errors.ts';
+import { errorReply, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { normalizeHeaders } from '../protocol/headers.ts';
 import { decodeBase64 } from '../protocol/base64.ts';
 import type { Assignment, NodeMessage, NodeStats } from '../protocol/tracker.ts';
@@ -149,6 +149,12 @@ export interface NodeHost {
   close(): Promise<void>;
 }
 
+/** An error answer on node:http, closing the connection (its request body may still be arriving). */
+function writeError(res: ServerResponse, err: MeshError): void {
+  res.writeHead(err.status, { 'content-type': 'application/json', connection: 'close' });
+  res.end(JSON.stringify(err.toBody()));
+}
+
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
@@ -198,7 +204,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     if (!s) {
       if (path === '/health') return jsonResponse(200, { status: 'loading', sessions: 0 });
       if (path === '/info') return jsonResponse(200, { peer_id: identity.peerId, model: o.model, start_layer: null, end_layer: null, loading: loading !== undefined });
-      return jsonResponse(503, errorBody('MESH_ERR_UNAVAILABLE', 'this node has no span loaded yet; route around it or retry later'));
+      return errorReply(new MeshError('MESH_ERR_UNAVAILABLE', 'this node has no span loaded yet; route around it or retry later'));
     }
     if (path === '/forward' && req.method.toUpperCase() === 'POST') {
       stats.inFlight++;
@@ -242,8 +248,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
   async function serveHttp(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const declared = Number(req.headers['content-length'] ?? '0');
     if (declared > o.maxBodyBytes) {
-      res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
-      res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body of ${declared} bytes is over ${o.maxBodyBytes}`)));
+      writeError(res, new MeshError('MESH_ERR_TOO_LARGE', `body of ${declared} bytes is over ${o.maxBodyBytes}`));
       req.destroy();
       return;
     }
@@ -254,8 +259,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       req.on('data', (c: Buffer) => {
         n += c.byteLength;
         if (n > o.maxBodyBytes) {
-          res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
-          res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body is over ${o.maxBodyBytes} bytes`)));
+          writeError(res, new MeshError('MESH_ERR_TOO_LARGE', `body is over ${o.maxBodyBytes} bytes`));
           req.destroy();
           resolve(null);
           return;

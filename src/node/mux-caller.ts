@@ -7,7 +7,7 @@
  * answered, failed, timed out, cancelled or disconnected.
  */
 import type { MeshReply } from '../protocol/envelopes.ts';
-import { MeshError, meshErrorFromBody } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import { FLAG_END, FLAG_ERROR, FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, decodeFrame, encodeCancelFrame, encodeRequestFrame } from '../protocol/frames.ts';
 import type { HeaderMap } from '../protocol/headers.ts';
 import { hexToBytes, isPeerId } from '../protocol/ids.ts';
@@ -213,7 +213,7 @@ export class MuxCaller {
     }
     const body = bytes.subarray(FRAME_HEAD_BYTES);
     if ((flags & FLAG_ERROR) !== 0) {
-      this.fail(call, meshErrorFromBody(body, 'the peer failed midway through a streamed answer'), true);
+      this.fail(call, remoteError(undefined, body, 'the peer failed midway through a streamed answer'), true);
       return;
     }
     if (!call.streaming) {

@@ -9,7 +9,7 @@
  * Host-agnostic: `fetch` is injected.
  */
 import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
-import { MeshError, errorCodeOf } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import {
   canonicalJson,
   registerAnswerSchema,
@@ -125,11 +125,7 @@ export class TrackerClient {
   }
 
   private fail(path: string, status: number, json: unknown): never {
-    const msg = (json as { error?: { message?: string } } | undefined)?.error?.message ?? `HTTP ${status}`;
-    throw new MeshError(status === 503 ? 'MESH_ERR_UNAVAILABLE' : status === 403 || status === 401 ? 'MESH_ERR_FORBIDDEN' : 'MESH_ERR_UPSTREAM', `tracker ${path}: ${msg}`, {
-      status,
-      ...(errorCodeOf(json) ? { remote_code: errorCodeOf(json) } : {}),
-    });
+    throw remoteError(status, json, `tracker ${path}`);
   }
 
   async register(msg: NodeMessage): Promise<RegisterAnswer> {

@@ -15,12 +15,12 @@
  */
 import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
-import { MeshError, errorBody } from '../protocol/errors.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { nodeMessageSchema, replaceRequestSchema, signedSchema, type NodeMessage, type RegisterAnswer, type ReplaceAnswer } from '../protocol/tracker.ts';
 import type { Identity } from '../node/identity.ts';
 import { randomHex } from '../protocol/ids.ts';
 import { DASHBOARD_HTML } from './dashboard.ts';
-import { App, HttpError, json, readJson, type RouteContext } from './http.ts';
+import { App, HttpError, json, meshErrorResponse, readJson, type RouteContext } from './http.ts';
 import { routeHops, runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput, type HeadTransport } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { ModelSpec } from './model-registry.ts';
@@ -127,9 +127,9 @@ export function createTracker(deps: TrackerDeps): Tracker {
   const app = new App();
   app.onError = (err) => {
     if (err instanceof HttpError) return json(err.status, err.body);
-    if (err instanceof MeshError) return json(err.status, err.toBody());
+    if (err instanceof MeshError) return meshErrorResponse(err);
     logger.error({ err }, 'unhandled error');
-    return json(500, errorBody('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving'));
+    return meshErrorResponse(new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving'));
   };
 
   // ------------------------------------------------------------ nodes
