@@ -556,7 +556,8 @@ export class BrowserNode implements NodeEngine {
     current();
     const executor = await this.buildExecutor(span, cfg, decision.kind, decision.fp16, config, weights);
     const threads = decision.kind === 'wasm' ? this.threadsFor(config) : 1;
-    const needsTokenizer = span.startLayer === 0 || span.endLayer === cfg.numLayers;
+    // Only a head needs the tokenizer: the last hop answers token ids, and the head detokenizes.
+    const needsTokenizer = span.startLayer === 0;
     const tokenizer = needsTokenizer ? await this.loadTokenizer(span.modelUrl, cfgFiles, cfg) : undefined;
     const backend: BackendInfo = { kind: decision.kind, fp16: decision.fp16, threads, adapter: decision.adapter, reason: decision.reason };
     const base = { span, executor, backend, tokenizer };

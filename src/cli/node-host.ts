@@ -357,8 +357,8 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
       // The donor's budget covers weights and KV; half of it for KV caches is the simple split until the tracker sizes spans by measured weight bytes.
       kvBudgetBytes: budgetBytes / 2,
     });
-    // The head needs the tokenizer; the last hop uses it for the token's text.
-    const tokenizer = a.start_layer === 0 || a.end_layer === config.numLayers ? await ModelTokenizer.load(globalThis.fetch, base, { extraEosTokenIds: config.eosTokenIds }) : undefined;
+    // Only a head needs the tokenizer: the last hop answers token ids, and the head detokenizes.
+    const tokenizer = a.start_layer === 0 ? await ModelTokenizer.load(globalThis.fetch, base, { extraEosTokenIds: config.eosTokenIds }) : undefined;
     const layers = a.end_layer - a.start_layer;
     const forward = createForwardHandler(executor, {
       model: a.model,

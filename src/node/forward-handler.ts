@@ -30,7 +30,10 @@ export interface ForwardHandlerInfo {
   /** e.g. "onnxruntime-web/wasm", "onnxruntime-node/cpu". */
   backend: string;
   version?: string;
-  /** Token text for the JSON answer of the last hop; absent: `text` is "". */
+  /**
+   * Token text for the last hop's JSON answer (shared/PROTOCOL.md §5's `text`); absent: "".
+   * Hosts give it only to a node that holds the tokenizer anyway (a head): heads read `token_id` alone.
+   */
   decode?(tokenId: number): string;
   /** True while the donor has paused the node: /forward answers 503, the rest keeps working. */
   isPaused?(): boolean;

@@ -24,8 +24,9 @@ import { App, HttpError, json, meshErrorResponse, readJson, type RouteContext } 
 import { routeHops, runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput, type HeadTransport } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { ModelSpec } from './model-registry.ts';
-import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, sseData, SSE_DONE, StopFilter, usage, type ApiKind, type CompletionIds, type FinishReason } from './openai.ts';
+import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, sseData, SSE_DONE, usage, type ApiKind, type CompletionIds, type FinishReason } from './openai.ts';
 import type { TrackerOptions } from './options.ts';
+import { StopMatcher } from '../model/text-stream.ts';
 import { NodeRegistry, NodeStatus, type NodeRecord } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 import { signRoute, verifyNodeMessage, verifyTimestampedSignature } from './signing.ts';
@@ -333,7 +334,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     const abort = new AbortController();
     req.signal.addEventListener('abort', () => abort.abort(), { once: true });
     const events = runGeneration(genDeps, modelName, input, plan, abort.signal);
-    const stops = new StopFilter(input.stop);
+    const stops = new StopMatcher(input.stop);
     let firstTokenSeen = false;
 
     /** Pull the next piece of client-visible output: text, or the end. */
@@ -352,8 +353,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
             metrics.firstToken.observe((performance.now() - t0) / 1000);
           }
           completionTokens++;
-          const text = stops.push(ev.text);
-          if (stops.stopped) {
+          const { text, stopped } = stops.push(ev.text);
+          if (stopped) {
             void events.return(undefined);
             pendingFinish = { finish: 'stop', promptTokens: lastPrompt, completionTokens };
           }
