@@ -33,8 +33,9 @@ import { MeshError } from '../protocol/errors.ts';
 import { FRAME_HEAD_BYTES } from '../protocol/frames.ts';
 import { PEER_ID_BYTES, hexToBytes, peerIdFromPublicKey, randomHex, registrationMessage } from '../protocol/ids.ts';
 import { FrameMux } from './frame-mux.ts';
+import type { LinkDialer } from './runtime/host.ts';
 import { verifyEd25519, type Identity } from './identity.ts';
-import type { MeshHandler, RelayLogEntry } from './mesh-types.ts';
+import type { MeshHandler, MeshRequestFn, RelayLogEntry } from './mesh-types.ts';
 import { RelayClient } from './relay-client.ts';
 import { resolveRelayClientOptions, type MuxOptions, type RelayClientOptions } from './relay-options.ts';
 import type { WebSocketConstructor, WebSocketLike } from './socket.ts';
@@ -185,11 +186,13 @@ export interface LinkPoolInit {
 
 interface PooledLink {
   client: RelayClient;
+  /** client.request, bound once: HopTransport asks for it per hop per token. */
+  request: MeshRequestFn;
   lastUsed: number;
 }
 
 /** The caller's end: one link per node endpoint, opened on first sight, redialled by RelayClient's backoff. */
-export class LinkPool {
+export class LinkPool implements LinkDialer {
   private readonly links = new Map<string, PooledLink>(); // insertion order = LRU order
   private readonly urls = new Map<string, string | undefined>();
   private readonly now: () => number;
@@ -204,6 +207,15 @@ export class LinkPool {
    * it ends at another peer than `peerId`.
    */
   get(endpoint: string, peerId?: string): RelayClient | undefined {
+    return this.lookup(endpoint, peerId)?.client;
+  }
+
+  /** Like get(), as the request function a HopTransport calls. */
+  requester(endpoint: string, peerId: string): MeshRequestFn | undefined {
+    return this.lookup(endpoint, peerId)?.request;
+  }
+
+  private lookup(endpoint: string, peerId: string | undefined): PooledLink | undefined {
     let key = this.urls.get(endpoint);
     if (key === undefined && !this.urls.has(endpoint)) {
       // Called for every hop of every token: parse each endpoint once.
@@ -220,13 +232,14 @@ export class LinkPool {
       link.lastUsed = t;
     } else {
       this.sweep(t);
-      link = { client: this.open(key), lastUsed: t };
+      const client = this.open(key);
+      link = { client, request: client.request.bind(client), lastUsed: t };
       this.links.set(key, link);
     }
     if (link.client.state !== 'registered') return undefined;
     // The node says who it is in its registered message; an endpoint can lead somewhere else than the route thinks.
     if (peerId !== undefined && link.client.relayAddr !== linkAddress(peerId)) return undefined;
-    return link.client;
+    return link;
   }
 
   /** Links open now (registered or dialling). */

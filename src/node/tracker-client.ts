@@ -45,6 +45,8 @@ const heartbeatAnswerSchema = z
     tracker_public_key: z.string().optional(),
   })
   .loose();
+const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
+
 export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number };
 
 /** The tracker forgot this node (it restarted): register again. */
@@ -126,6 +128,20 @@ export class TrackerClient {
 
   private fail(path: string, status: number, json: unknown): never {
     throw remoteError(status, json, `tracker ${path}`);
+  }
+
+  /** The models the tracker serves (GET /api/tracker). */
+  async models(): Promise<string[]> {
+    const url = `${this.base}/api/tracker`;
+    let res: Response;
+    try {
+      res = await this.init.fetch(url, { signal: AbortSignal.timeout(this.timeoutMs) });
+    } catch (e) {
+      throw new MeshError('MESH_ERR_UNAVAILABLE', `cannot reach the tracker at ${url}: ${(e as Error).message}`);
+    }
+    const p = trackerInfoSchema.safeParse(await res.json().catch(() => undefined));
+    if (!res.ok || !p.success) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${url} answered no model list (HTTP ${res.status})`);
+    return p.data.models;
   }
 
   async register(msg: NodeMessage): Promise<RegisterAnswer> {
