@@ -7,7 +7,8 @@ import type { ModelConfig } from '../model/config.ts';
 import type { MeshErrorCode } from '../protocol/errors.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, layerTensorNames } from '../model/config.ts';
 import type { WeightSource } from '../model/graph.ts';
-import { SafetensorsReader, decodeTensorBytes, dtypeSize, type RawTensor } from '../model/safetensors.ts';
+import { SafetensorsReader } from '../model/safetensors.ts';
+import { decodeTensorBytes, dtypeSize, type RawTensor } from '../model/safetensors-format.ts';
 import type { WeightLoader } from '../shard/executor.ts';
 import { QuotaError, sha256Hex, type NodeStorage, type StoredTensor } from './storage.ts';
 

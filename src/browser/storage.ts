@@ -10,7 +10,7 @@
  */
 import type { MeshErrorCode } from '../protocol/errors.ts';
 import { openDB, type DBSchema, type IDBPDatabase } from 'idb';
-import type { SafetensorsDtype } from '../model/safetensors.ts';
+import type { SafetensorsDtype } from '../model/safetensors-format.ts';
 import type { KeyStore, StoredIdentity } from '../node/identity.ts';
 
 export const DB_NAME = 'meshnet';

@@ -16,6 +16,7 @@ import { routeSigningMessage, type GenerateEvent } from '../../src/protocol/trac
 import { Identity } from '../../src/node/identity.ts';
 import { fixture, maxAbsDiff } from '../helpers/shard.ts';
 import { MODEL_URL, assignment, fakeHost, scriptedTracker, type FakeHost } from './support/fake-host.ts';
+import { until } from './support/fake-socket.ts';
 
 const f = fixture('tiny');
 const H = f.cfg.hiddenSize;
@@ -52,14 +53,6 @@ function forward(x: Float32Array, seq: number, extra: Record<string, string> = {
 }
 const get = (path: string): MeshRequest => ({ method: 'GET', path, headers: {}, body: new Uint8Array(0) });
 const activation = (seq: number) => Float32Array.from(ref.embed(Array.from({ length: seq }, (_, i) => 5 + i * 11)));
-
-async function until(check: () => boolean, ms = 5000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!check()) {
-    if (Date.now() > deadline) throw new Error('timed out');
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
 
 describe('NodeRuntime', () => {
   it('serves a static span through its handler (the float64 reference), and walks idle → connecting → downloading → loading → serving', async () => {

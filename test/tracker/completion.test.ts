@@ -28,15 +28,8 @@ async function collect(parts: AsyncIterable<CompletionPart>): Promise<Completion
   return out;
 }
 
-function httpError(f: () => unknown): { status: number; body: { error: { param: string | null; code: string | null } } } {
-  try {
-    f();
-  } catch (e) {
-    expect(e).toBeInstanceOf(HttpError);
-    return e as never;
-  }
-  throw new Error('expected an HttpError');
-}
+/** What `f` throws: OpenAI's error as an HttpError (status, and the body's param and code). */
+const refusal = (status: number, error: Record<string, unknown> = {}) => expect.objectContaining({ status, body: expect.objectContaining({ error: expect.objectContaining(error) }) });
 
 describe('parseCompletion', () => {
   it('fills the defaults: max_tokens from the options, top_p 0 as greedy, message parts joined, stop as a list', async () => {
@@ -55,20 +48,19 @@ describe('parseCompletion', () => {
   it('refuses what OpenAI refuses, naming the field: n > 1, max_tokens over the limit or the context, an unknown model', async () => {
     const t = await makeTracker();
     const ctx = { registry: t.registry, options: resolveTrackerOptions({ maxTokensLimit: 100 }) };
-    expect(httpError(() => parseCompletion(ctx, 'chat', chat({ n: 2 }))).body.error).toMatchObject({ param: 'n', code: 'unsupported_value' });
-    expect(httpError(() => parseCompletion(ctx, 'chat', chat({ max_completion_tokens: 101 }))).body.error).toMatchObject({ param: 'max_completion_tokens' });
+    expect(() => parseCompletion(ctx, 'chat', chat({ n: 2 }))).toThrow(refusal(400, { param: 'n', code: 'unsupported_value' }));
+    expect(() => parseCompletion(ctx, 'chat', chat({ max_completion_tokens: 101 }))).toThrow(refusal(400, { param: 'max_completion_tokens' }));
     const big = { registry: t.registry, options: resolveTrackerOptions({ maxTokensLimit: 1 << 20 }) };
-    expect(httpError(() => parseCompletion(big, 'chat', chat({ max_tokens: 1 << 19 }))).body.error).toMatchObject({ code: 'context_length_exceeded' });
-    expect(httpError(() => parseCompletion(ctx, 'chat', chat({ model: 'gpt-5' }))).status).toBe(404);
+    expect(() => parseCompletion(big, 'chat', chat({ max_tokens: 1 << 19 }))).toThrow(refusal(400, { code: 'context_length_exceeded' }));
+    expect(() => parseCompletion(ctx, 'chat', chat({ model: 'gpt-5' }))).toThrow(HttpError);
+    expect(() => parseCompletion(ctx, 'chat', chat({ model: 'gpt-5' }))).toThrow(refusal(404, { code: 'model_not_found' }));
   });
 });
 
 describe('planCompletion', () => {
   it('answers 503 naming the missing layers when no node serves the model', async () => {
     const t = await makeTracker();
-    const e = httpError(() => planCompletion(t, 'small'));
-    expect(e.status).toBe(503);
-    expect(JSON.stringify(e.body)).toMatch(/missing_layers/);
+    expect(() => planCompletion(t, 'small')).toThrow(refusal(503, { missing_layers: expect.any(Array) }));
   });
 });
 

@@ -15,6 +15,7 @@ import { LINK_PATH, acceptLink, type AcceptedLink } from '../../node/direct-link
 import type { Identity } from '../../node/identity.ts';
 import type { MeshHandler } from '../../node/mesh-types.ts';
 import type { LogLevel } from '../../node/runtime/host.ts';
+import type { MuxOptions } from '../../node/relay-options.ts';
 
 export interface SurfaceOptions {
   port: number;
@@ -25,6 +26,10 @@ export interface SurfaceOptions {
   maxBodyBytes: number;
   /** Accept direct links on GET /link. */
   links: boolean;
+  /** Limits of each accepted link (maxMessageBytes defaults to the body limit + 64 KiB of frame). */
+  linkOptions?: Partial<MuxOptions>;
+  /** Time a link's caller has to register. @defaultValue 10000 */
+  linkRegisterTimeoutMs?: number;
   identity: Identity;
   http: MeshHandler;
   link: MeshHandler;
@@ -36,6 +41,8 @@ export interface Surface {
   port: number;
   /** `http://host:port`: where hops and heads reach this node directly. */
   endpoint: string;
+  /** Links open now. */
+  readonly links: ReadonlySet<AcceptedLink>;
   close(): Promise<void>;
 }
 
@@ -117,7 +124,8 @@ export async function openSurface(o: SurfaceOptions): Promise<Surface> {
         identity: o.identity,
         handler: o.link,
         onOpen: o.onLinkOpen,
-        options: { maxMessageBytes: o.maxBodyBytes + 64 * 1024 },
+        options: { maxMessageBytes: o.maxBodyBytes + 64 * 1024, ...o.linkOptions },
+        ...(o.linkRegisterTimeoutMs !== undefined ? { registerTimeoutMs: o.linkRegisterTimeoutMs } : {}),
         onLog: (e) => {
           if (e.level === 'warn' || e.level === 'error') o.log(e.level, `link: ${e.event}: ${e.message}`);
         },
@@ -133,6 +141,7 @@ export async function openSurface(o: SurfaceOptions): Promise<Surface> {
   return {
     port,
     endpoint,
+    links: accepted,
     async close() {
       for (const l of accepted) l.close();
       linkServer.close();
