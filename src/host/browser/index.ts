@@ -41,6 +41,8 @@ export class BrowserNode implements NodeEngine {
   private lastConfig: NodeConfig | undefined;
   private startError: unknown;
   private startSeq = 0;
+  /** Starts under way. */
+  private starting = 0;
   private paused = false;
   private memoryBudget = DEFAULT_MEMORY_BUDGET;
   private readonly counters: StorageCounters = { fetchedBytes: 0, storedBytes: 0 };
@@ -53,13 +55,14 @@ export class BrowserNode implements NodeEngine {
   }
 
   async status(): Promise<NodeStatus> {
-    return pageStatus({ runtime: this.runtime, config: this.lastConfig, startError: this.startError, counters: this.counters, memoryBudgetBytes: this.memoryBudget, crossOriginIsolated: this.g.crossOriginIsolated });
+    return pageStatus({ runtime: this.runtime, config: this.lastConfig, startError: this.startError, starting: this.starting > 0, counters: this.counters, memoryBudgetBytes: this.memoryBudget, crossOriginIsolated: this.g.crossOriginIsolated });
   }
 
   async start(config: NodeConfig): Promise<NodeStatus> {
     const seq = ++this.startSeq;
     this.lastConfig = config;
     this.startError = undefined;
+    this.starting++;
     try {
       const runtime = await this.runtimeFor(config, seq);
       if (runtime) await runtime.start({ waitForSpan: true });
@@ -67,6 +70,8 @@ export class BrowserNode implements NodeEngine {
       // The runtime keeps its own failure (its error state); a failure before it took over is ours.
       const cancelled = e instanceof MeshError && e.code === 'MESH_ERR_CANCELLED';
       if (seq === this.startSeq && !cancelled && this.runtime?.error === undefined) this.startError = e;
+    } finally {
+      this.starting--;
     }
     return this.status();
   }

@@ -41,6 +41,8 @@ export interface PageFacts {
   config: NodeConfig | undefined;
   /** A failure before the runtime could take over (bad config, storage). */
   startError: unknown;
+  /** A start is under way (storage, identity) before the runtime runs: already "connecting" for the page. */
+  starting: boolean;
   counters: StorageCounters;
   memoryBudgetBytes: number;
   crossOriginIsolated: boolean;
@@ -53,7 +55,8 @@ export function pageStatus(f: PageFacts): NodeStatus {
   const kv = span?.executor.kvStats();
   const activity = rt?.activity.window;
   const now = Date.now();
-  const state = f.startError !== undefined ? NodeState.Error : (rt?.state ?? NodeState.Idle);
+  const runtimeState = rt?.state ?? NodeState.Idle;
+  const state = f.startError !== undefined ? NodeState.Error : runtimeState === NodeState.Idle && f.starting ? NodeState.Connecting : runtimeState;
   const s: NodeStatus = {
     state,
     storedBytes: f.counters.storedBytes,
