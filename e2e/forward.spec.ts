@@ -8,7 +8,8 @@ import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
 import { newRefCache } from '../src/model/reference.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import type { RelayClient } from '../src/node/relay-client.ts';
-import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
+import { formatBytes } from '../src/app/format.ts';
+import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, status, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 
 // f32 on the wire, ORT's f32 kernels vs float64: relative to the activation's scale.
 const TOL = 1e-4;
@@ -72,6 +73,9 @@ test('Pause refuses /forward with 503 until Resume; the memory budget control re
   expect(info.kv.sessions).toBe(1);
   expect(info.kv.budget_bytes).toBeGreaterThan(500 * 2 ** 20);
   expect(info.kv.budget_bytes).toBeLessThan(512 * 2 ** 20);
+  // The page shows the KV caches against their own share of the budget (the weights' bytes apart).
+  await expect.poll(async () => (await status(page)).kvBudgetBytes).toBe(info.kv.budget_bytes);
+  await expect(page.locator('#sessions')).toContainText(`of ${formatBytes(info.kv.budget_bytes)} KV cache`);
   expect((await forwardFast(caller, s.peerId!, args)).status).toBe(200);
   // Stored: a reload without ?budget keeps it.
   await page.reload();

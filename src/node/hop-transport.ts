@@ -10,10 +10,10 @@
  * for `/rpc` and a `fetch`; none is required.
  */
 import type { MeshReply } from '../protocol/envelopes.ts';
-import { MeshError, errorCodeOf } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import type { HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
-import type { OutgoingRequest, RequestOptions } from './relay-client.ts';
+import type { OutgoingRequest, RequestOptions } from './mesh-types.ts';
 
 export type TransportKind = 'fast' | 'rpc' | 'link' | 'direct';
 
@@ -110,8 +110,6 @@ function parseHostPort(url: string): string | undefined {
   }
 }
 
-const utf8d = new TextDecoder();
-
 /** Statuses of a reply that mean "this transport did not reach a working hop", as opposed to an answer from the hop. */
 function isTransportFailure(reply: MeshReply): boolean {
   if (reply.status === 200 || reply.status === 409) return false;
@@ -122,26 +120,7 @@ function isTransportFailure(reply: MeshReply): boolean {
 
 /** A 503 whose body is MESH_ERR_BUSY: the hop refused a session for lack of KV room (not a relay's 503). */
 export function isBusyReply(reply: MeshReply): boolean {
-  if (reply.status !== 503) return false;
-  try {
-    return errorCodeOf(JSON.parse(utf8d.decode(reply.body))) === 'MESH_ERR_BUSY';
-  } catch {
-    return false;
-  }
-}
-
-function replyError(reply: MeshReply, kind: TransportKind): MeshError {
-  let code: string | undefined;
-  let message = `HTTP ${reply.status}`;
-  try {
-    const body = JSON.parse(utf8d.decode(reply.body)) as { error?: { message?: unknown } };
-    code = errorCodeOf(body);
-    if (typeof body.error?.message === 'string') message = `${reply.status} ${code ?? ''} ${body.error.message}`.replace(/\s+/g, ' ');
-  } catch {
-    // a non-JSON error body: the status says enough
-  }
-  const meshCode = reply.status === 504 ? 'MESH_ERR_TIMEOUT' : reply.status === 416 ? 'MESH_ERR_LAYER_RANGE' : reply.status === 503 ? 'MESH_ERR_UNAVAILABLE' : 'MESH_ERR_UPSTREAM';
-  return new MeshError(meshCode, `${kind}: ${message}`, { status: reply.status, ...(code ? { remote_code: code } : {}) });
+  return reply.status === 503 && remoteError(reply.status, reply.body).code === 'MESH_ERR_BUSY';
 }
 
 function asMesh(e: unknown, fallback: string): MeshError {
@@ -209,7 +188,7 @@ export class HopTransport {
         continue;
       }
       if (isTransportFailure(reply)) {
-        errors.push({ kind, error: replyError(reply, kind) });
+        errors.push({ kind, error: remoteError(reply.status, reply.body, `HTTP ${reply.status}`) });
         continue;
       }
       if (errors.length > 0) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);

@@ -12,7 +12,7 @@
  * by the host on each beat, so stats and the served span are always current.
  * Host-agnostic: only timers, which Node.js and browsers both have.
  */
-import type { Assignment, NodeMessage, NodeStats } from '../protocol/tracker.ts';
+import type { Assignment, NodeMessage, NodeStats, RegisterAnswer } from '../protocol/tracker.ts';
 import type { KvStats } from '../shard/kv-store.ts';
 import { NotRegisteredError, type TrackerClient } from './tracker-client.ts';
 
@@ -22,6 +22,8 @@ export interface TrackerSessionInit {
   message(): NodeMessage;
   /** Every answer's assignment (the same one again, most of the time). */
   onAssignment(assignment: Assignment | null): void;
+  /** Each (re-)registration's answer. */
+  onRegistered?(answer: RegisterAnswer): void;
   onLog?(level: 'info' | 'warn', message: string): void;
   /** Until the first answer tells us. @defaultValue 5000 */
   heartbeatMs?: number;
@@ -43,10 +45,13 @@ export class TrackerSession {
     return this.registered;
   }
 
-  /** Registers once (rejects when the tracker refuses or is unreachable), then heartbeats until close(). */
+  /** Registers once, then heartbeats until close(); rejects when that first registration fails (refused, unreachable), and keeps trying on the heartbeat period unless closed. */
   async start(): Promise<void> {
-    await this.register();
-    this.schedule();
+    try {
+      await this.register();
+    } finally {
+      this.schedule();
+    }
   }
 
   /** Heartbeat now (after a span loaded); overlapping calls coalesce into one more beat. */
@@ -76,7 +81,9 @@ export class TrackerSession {
     const ans = await this.init.client.register(this.init.message());
     this.registered = true;
     this.heartbeatMs = ans.heartbeat_interval_ms;
-    if (!this.closed) this.init.onAssignment(ans.assignment);
+    if (this.closed) return;
+    this.init.onRegistered?.(ans);
+    this.init.onAssignment(ans.assignment);
   }
 
   private async beat(): Promise<void> {
@@ -106,12 +113,14 @@ export class TrackerSession {
   }
 }
 
+export type KvHeartbeat = Pick<NodeStats, 'kv_free_bytes' | 'kv_budget_bytes' | 'kv_used_bytes' | 'kv_sessions' | 'kv_bytes_per_token' | 'kv_block_tokens' | 'kv_max_tokens'>;
+
 /**
  * The KV fields of a heartbeat: the tracker routes by free KV and sizes its
  * own estimates with bytes per position. Without a span loaded the whole
  * memory budget is free (no weights held yet).
  */
-export function kvHeartbeat(kv: KvStats | undefined, memoryBudgetBytes: number): Pick<NodeStats, 'kv_free_bytes' | 'kv_budget_bytes' | 'kv_used_bytes' | 'kv_sessions' | 'kv_bytes_per_token' | 'kv_block_tokens' | 'kv_max_tokens'> {
+export function kvHeartbeat(kv: KvStats | undefined, memoryBudgetBytes: number): KvHeartbeat {
   if (!kv) return { kv_free_bytes: Math.max(0, memoryBudgetBytes) };
   return {
     kv_free_bytes: kv.freeBytes,

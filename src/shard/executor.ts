@@ -272,7 +272,7 @@ export class ShardExecutor {
     if (req.session !== undefined) {
       if (position + seq > this.maxContext) throw tooLargeError(`positions up to ${position + seq} exceed the context of ${this.maxContext}`);
       // Admission happens here, before any compute: a refusal costs the caller one round trip.
-      kv = position === 0 ? this.kv.open(req.session, Math.min(this.maxContext, Math.max(seq, declared ?? 0))) : (this.kv.get(req.session) ?? null);
+      kv = position === 0 ? await this.kv.open(req.session, Math.min(this.maxContext, Math.max(seq, declared ?? 0))) : (this.kv.get(req.session) ?? null);
       if (!kv) throw new PositionMismatchError(req.session, position, 0);
       if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = 0;
       let actual = Infinity;
@@ -281,7 +281,7 @@ export class ShardExecutor {
       // Past its room (an undeclared session, or one outgrowing its declaration): whole blocks more, or 503.
       let held = 0;
       for (const n of kv.lengths) held = Math.max(held, n);
-      this.kv.ensure(kv, position + seq, held);
+      await this.kv.ensure(kv, position + seq, held);
     } else if (position !== 0) {
       throw badRequestError('a stateless forward (no session) starts at position 0');
     } else if (seq > this.maxContext) throw tooLargeError(`${seq} tokens exceed the context of ${this.maxContext}`);

@@ -11,6 +11,7 @@
  *                       nothing: an ADR-era caller) grows by whole blocks
  *                       while the budget allows, else KvBusyError
  *   touch / release     last use; the session ended
+ *   shrink(id, tokens)  back to less room (a growth the storage failed)
  *
  * A live session is never evicted to make room (that turned into a storm of
  * 409 replays under load: every eviction made a head replay, and the replay
@@ -145,6 +146,14 @@ export class KvLedger {
     e.tokens = want;
     this.reserved += need;
     return want;
+  }
+
+  /** Back to `tokens` positions of room (a growth the storage could not carry out); never refuses. */
+  shrink(id: string, tokens: number): void {
+    const e = this.entries.get(id);
+    if (!e || tokens >= e.tokens) return;
+    this.reserved -= (e.tokens - tokens) * this.o.bytesPerToken;
+    e.tokens = tokens;
   }
 
   touch(id: string): void {

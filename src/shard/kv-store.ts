@@ -10,6 +10,7 @@
  * contiguous view (see src/model/graph.ts), written in place between
  * growths.
  */
+import { MeshError } from '../protocol/errors.ts';
 import { KvLedger, type KvLedgerOptions, type KvLedgerStats } from './kv-ledger.ts';
 
 export type KvElem = 'f32' | 'f16';
@@ -17,13 +18,14 @@ export type KvElem = 'f32' | 'f16';
 /**
  * Where a backend keeps its caches. The store asks the ledger first and calls
  * these only for room the ledger granted, so a storage never needs its own
- * accounting. `capacity` is in positions.
+ * accounting. `capacity` is in positions. A device storage may allocate
+ * asynchronously (GPU buffers); a rejection gives the room back.
  */
 export interface KvStorage<C> {
   /** Memory for a new session holding `capacity` positions. */
-  allocate(capacity: number): C;
-  /** The session's memory with room for `capacity` positions, its first `keep` positions unchanged. May return `cache` itself. */
-  resize(cache: C, capacity: number, keep: number): C;
+  allocate(capacity: number): C | Promise<C>;
+  /** The session's memory with room for `capacity` positions, its first `keep` positions unchanged. May return `cache` itself; otherwise the store frees `cache` afterwards. */
+  resize(cache: C, capacity: number, keep: number): C | Promise<C>;
   /** The session ended or was evicted (a GPU storage destroys its buffers here). */
   free(cache: C): void;
 }
@@ -117,19 +119,24 @@ export class KvStore<C = CpuKv> {
    * by the ledger) when absent, grown when it holds less. Throws KvBusyError
    * when there is no room; a session that exists keeps what it had.
    */
-  open(id: string, tokens: number): KvSession<C> {
+  async open(id: string, tokens: number): Promise<KvSession<C>> {
     const existing = this.get(id);
     if (existing) {
-      this.ensure(existing, tokens, 0);
+      await this.ensure(existing, tokens, Math.max(0, ...existing.lengths));
       return existing;
     }
     const capacity = this.ledger.admit(id, tokens);
     let cache: C;
     try {
-      cache = this.storage.allocate(capacity);
+      cache = await this.storage.allocate(capacity);
     } catch (e) {
       this.ledger.release(id);
       throw e;
+    }
+    if (!this.ledger.has(id)) {
+      // Dropped (DELETE /sessions) while its memory was being allocated.
+      this.storage.free(cache);
+      throw new MeshError('MESH_ERR_CANCELLED', `session ${id} ended while its KV cache was being allocated`);
     }
     const s: KvSession<C> = { id, cache, capacity, lengths: new Int32Array(this.layers) };
     this.sessions.set(id, s);
@@ -137,18 +144,25 @@ export class KvStore<C = CpuKv> {
   }
 
   /** Room for `tokens` positions, keeping the first `keep` (grows by whole blocks; KvBusyError when it cannot). */
-  ensure(s: KvSession<C>, tokens: number, keep: number): void {
+  async ensure(s: KvSession<C>, tokens: number, keep: number): Promise<void> {
     if (tokens <= s.capacity) return;
     const before = s.capacity;
     const capacity = this.ledger.grow(s.id, tokens);
+    let cache: C;
     try {
-      s.cache = this.storage.resize(s.cache, capacity, keep);
+      cache = await this.storage.resize(s.cache, capacity, keep);
     } catch (e) {
       // Give back what the storage could not take; the session keeps its old room.
-      this.ledger.release(s.id);
-      this.ledger.admit(s.id, before);
+      this.ledger.shrink(s.id, before);
       throw e;
     }
+    if (this.sessions.get(s.id) !== s) {
+      // Dropped while it grew: its old memory is freed already.
+      if (cache !== s.cache) this.storage.free(cache);
+      throw new MeshError('MESH_ERR_CANCELLED', `session ${s.id} ended while its KV cache was growing`);
+    }
+    if (cache !== s.cache) this.storage.free(s.cache);
+    s.cache = cache;
     s.capacity = capacity;
   }
 
@@ -159,6 +173,11 @@ export class KvStore<C = CpuKv> {
 
   has(id: string): boolean {
     return this.sessions.has(id);
+  }
+
+  /** Every session ended (the executor is released): their memory is freed. */
+  clear(): void {
+    for (const id of [...this.sessions.keys()]) this.delete(id);
   }
 
   setBudget(bytes: number): void {

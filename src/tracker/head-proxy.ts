@@ -18,7 +18,7 @@
  * it but a later first token.
  */
 import type { Logger } from 'pino';
-import { MeshError, errorCodeOf, type MeshErrorCode, ERROR_STATUS } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
 import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
@@ -33,7 +33,6 @@ import { signRoute } from './signing.ts';
 import { concatBytes } from '../protocol/bytes.ts';
 
 const utf8 = new TextEncoder();
-const utf8d = new TextDecoder();
 
 // ---------------------------------------------------------------- transport
 
@@ -52,20 +51,6 @@ export interface OpenOptions {
 /** Opens `POST /generate` on a head and yields the raw NDJSON bytes; a non-200 answer throws its MeshError. */
 export interface HeadTransport {
   open(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>>;
-}
-
-function errorFromBody(status: number, body: Uint8Array): MeshError {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(utf8d.decode(body));
-  } catch {
-    parsed = undefined;
-  }
-  const code = errorCodeOf(parsed);
-  const message = (parsed as { error?: { message?: unknown } } | undefined)?.error?.message;
-  const text = typeof message === 'string' ? message : `head answered HTTP ${status}`;
-  if (code !== undefined && code in ERROR_STATUS) return new MeshError(code as MeshErrorCode, text);
-  return new MeshError(status === 400 ? 'MESH_ERR_BAD_REQUEST' : 'MESH_ERR_UPSTREAM', text, { head_status: status });
 }
 
 async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promise<Uint8Array> {
@@ -111,7 +96,7 @@ export function createHeadTransport(deps: { relay?: RelayClient; fetch?: typeof 
   async function viaRelay(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
     if (!deps.relay) throw new MeshError('MESH_ERR_UNAVAILABLE', `head ${head.peerId} has no endpoint and the tracker has no relay`);
     const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
-    if (reply.status !== 200) throw errorFromBody(reply.status, await collect(reply.body));
+    if (reply.status !== 200) throw remoteError(reply.status, await collect(reply.body));
     return reply.body;
   }
 
@@ -128,7 +113,7 @@ export function createHeadTransport(deps: { relay?: RelayClient; fetch?: typeof 
     } finally {
       clearTimeout(timer);
     }
-    if (res.status !== 200 || !res.body) throw errorFromBody(res.status, new Uint8Array(await res.arrayBuffer().catch(() => new ArrayBuffer(0))));
+    if (res.status !== 200 || !res.body) throw remoteError(res.status, new Uint8Array(await res.arrayBuffer().catch(() => new ArrayBuffer(0))));
     const reader = res.body.getReader();
     return (async function* () {
       try {
@@ -248,9 +233,13 @@ export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: bo
  * MeshError when it cannot go on: 429 when no route had KV room in time,
  * 503 when layers are missing, the head's own error for a bad request, 502
  * when failovers are exhausted. The admission lease is given back before
- * the done event, whatever the consumer does next.
+ * the done event, whatever the consumer does next. `first`: a lease the
+ * caller already holds (completion.ts admits before streaming), used for
+ * the first attempt; the generator owns it from then on, so the caller
+ * must start iterating it.
  */
-export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
+export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, signal: AbortSignal, first?: Lease): AsyncGenerator<GenerationEvent> {
+  let given = first;
   const requestId = randomHex(8);
   const tokens: number[] = [];
   let promptTokens = 0;
@@ -264,10 +253,16 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   const estimate = deps.sizer.estimate(model, input, context);
 
   for (let attempt = 0; ; attempt++) {
-    if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
+    if (signal.aborted) {
+      given?.release();
+      throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
+    }
     const need = promptTokens > 0 ? Math.min(context, promptTokens + input.max_tokens) : estimate;
     let lease: Lease;
-    if (why === 'failover') {
+    if (given) {
+      lease = given;
+      given = undefined;
+    } else if (why === 'failover') {
       try {
         lease = await deps.admission.acquire(model, need, { signal, exclude: failedHeads, front: true });
       } catch (e) {
@@ -337,8 +332,9 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           yield { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
           return;
         } else {
-          const code = ev.code in ERROR_STATUS ? (ev.code as MeshErrorCode) : 'MESH_ERR_UPSTREAM';
-          throw new MeshError(code, `head ${headId}: ${ev.message}`, { ...(ev.peer_id !== undefined ? { peer_id: ev.peer_id } : {}), ...(ev.retry_after_ms !== undefined ? { retry_after_ms: ev.retry_after_ms } : {}) });
+          // The error names the node that refused (MESH_ERR_BUSY: which one to route around) and when to come back.
+          const err = remoteError(undefined, { error: ev }, `head ${headId}`);
+          throw ev.peer_id !== undefined ? new MeshError(err.code, err.message, { ...err.details, peer_id: ev.peer_id }) : err;
         }
       }
       throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
-import { NODE_HOST_DEFAULTS, startNodeHost } from '../node-host.ts';
+import { NODE_HOST_DEFAULTS, startNodeHost } from '../../host/node/index.ts';
 import { KV_DEFAULTS } from '../../shard/kv-ledger.ts';
 import { int, onShutdown } from '../util.ts';
 
