@@ -403,6 +403,9 @@ export function createTracker(deps: TrackerDeps): Tracker {
       } catch (e) {
         abort.abort();
         throw clientError(e);
+      } finally {
+        // The generation has released its route by now; this ends the generator itself.
+        void events.return(undefined);
       }
     }
 
@@ -439,6 +442,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
           controller.enqueue(utf8.encode(SSE_DONE));
           metrics.requests.inc({ endpoint, status: '200' });
           controller.close();
+          void events.return(undefined);
         } catch (e) {
           finished = true;
           const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
