@@ -37,6 +37,8 @@ export interface TrackerDeps {
   transport: HeadTransport;
   logger: Logger;
   metrics: TrackerMetrics;
+  /** Models configured but not loaded yet (their checkpoints are retried): 503 for them, not 404. */
+  pendingModels?: ReadonlyMap<string, { url: string; lastError: string }>;
 }
 
 export interface RecentRoute {
@@ -107,6 +109,12 @@ export function createTracker(deps: TrackerDeps): Tracker {
     };
   }
 
+  /** 503 for a model whose checkpoint is still being retried. */
+  function notLoadedYet(model: string): MeshError | undefined {
+    const p = deps.pendingModels?.get(model);
+    return p && new MeshError('MESH_ERR_UNAVAILABLE', `model "${model}" is not loaded yet: its checkpoint at ${p.url} failed (${p.lastError}); the tracker keeps retrying`);
+  }
+
   async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat'): Promise<NodeMessage> {
     const parsed = nodeMessage.safeParse(await readJson(req, o.maxBodyBytes));
     if (!parsed.success) {
@@ -136,6 +144,10 @@ export function createTracker(deps: TrackerDeps): Tracker {
 
   app.post('/api/nodes/register', async ({ req }) => {
     const msg = await signedNodeMessage(req, 'register');
+    if (!registry.models.has(msg.info.model)) {
+      const pending = notLoadedYet(msg.info.model);
+      if (pending) throw pending;
+    }
     const n = registry.register(msg);
     metrics.registrations.inc({ kind: 'register', result: 'ok' });
     logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving }, 'node registered');
@@ -198,7 +210,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     return json(200, { model: modelName, head, head_endpoint: registry.nodes.get(head)?.endpoint ?? null, hops, cost_ms: plan.costMs, route_header: signed.header, expires_at: signed.expiresAt, signature: signed.signature });
   });
 
-  app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], heartbeat_interval_ms: o.heartbeatIntervalMs }));
+  app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], models_pending: [...(deps.pendingModels?.keys() ?? [])], heartbeat_interval_ms: o.heartbeatIntervalMs }));
 
   app.get('/api/availability', ({ url }) => {
     const only = url.searchParams.get('model');
