@@ -21,10 +21,10 @@ import type { Identity } from '../node/identity.ts';
 import { randomHex } from '../protocol/ids.ts';
 import { DASHBOARD_HTML } from './dashboard.ts';
 import { App, HttpError, json, readJson, type RouteContext } from './http.ts';
-import { routeHops, runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput, type HeadTransport } from './head-proxy.ts';
+import { routeHops, runGeneration, type GenerationDeps, type GenerationInput, type HeadTransport } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { ModelSpec } from './model-registry.ts';
-import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, sseData, SSE_DONE, StopFilter, usage, type ApiKind, type CompletionIds, type FinishReason } from './openai.ts';
+import { chatRequestSchema, choiceParts, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, usage, type ApiKind, type ChatRequest, type ChoicePart, type CompletionIds, type CompletionRequest, MergedChoices } from './openai.ts';
 import type { TrackerOptions } from './options.ts';
 import { NodeRegistry, NodeStatus, type NodeRecord } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
@@ -296,7 +296,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
       metrics.requests.inc({ endpoint, status: '400' });
       throw openAiError(e instanceof MeshError ? e.status : 400, (e as Error).message, { code: 'invalid_request_body' });
     }
-    let input: GenerationInput;
+    // One input per choice: a chat has one; a completions request one per prompt.
+    let inputs: GenerationInput[];
     let modelName: string;
     let stream: boolean;
     let includeUsage: boolean;
@@ -304,7 +305,11 @@ export function createTracker(deps: TrackerDeps): Tracker {
       const parsed = kind === 'chat' ? parseOpenAi(chatRequestSchema, body) : parseOpenAi(completionRequestSchema, body);
       modelName = parsed.model;
       const model = registry.models.get(modelName);
-      if (!model) throw openAiError(404, `The model '${modelName}' does not exist; this tracker serves: ${[...registry.models.keys()].join(', ')}`, { code: 'model_not_found', param: 'model' });
+      if (!model) {
+        const pending = notLoadedYet(modelName);
+        if (pending) throw openAiError(503, pending.message, { code: 'model_not_loaded', param: 'model' });
+        throw openAiError(404, `The model '${modelName}' does not exist; this tracker serves: ${[...registry.models.keys()].join(', ')}`, { code: 'model_not_found', param: 'model' });
+      }
       if (parsed.n != null && parsed.n !== 1) throw openAiError(400, 'n > 1 is not supported; send one request per completion', { param: 'n', code: 'unsupported_value' });
       const maxField = kind === 'chat' && 'max_completion_tokens' in parsed && parsed.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
       const asked = (maxField === 'max_completion_tokens' ? (parsed as { max_completion_tokens?: number | null }).max_completion_tokens : parsed.max_tokens) ?? null;
@@ -313,7 +318,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
       const maxTokens = asked ?? Math.min(o.defaultMaxTokens, o.maxTokensLimit, model.contextTokens - 1);
       const stop = parsed.stop == null ? [] : typeof parsed.stop === 'string' ? [parsed.stop] : parsed.stop;
       const topP = parsed.top_p ?? 1;
-      input = {
+      const common = {
         max_tokens: maxTokens,
         // top_p 0 means "only the likeliest token": greedy.
         temperature: topP === 0 ? 0 : (parsed.temperature ?? 1),
@@ -321,10 +326,19 @@ export function createTracker(deps: TrackerDeps): Tracker {
         top_k: 0,
         stop,
         ...(parsed.seed != null ? { seed: parsed.seed } : {}),
-        ...(kind === 'chat'
-          ? { messages: (parsed as { messages: Array<{ role: string; content: Parameters<typeof messageText>[0] }> }).messages.map((m) => ({ role: m.role, content: messageText(m.content) })) }
-          : { prompt: typeof (parsed as { prompt: string | string[] }).prompt === 'string' ? ((parsed as { prompt: string }).prompt) : (parsed as { prompt: string[] }).prompt[0]! }),
       };
+      if (kind === 'chat') {
+        inputs = [{ ...common, messages: (parsed as ChatRequest).messages.map((m) => ({ role: m.role, content: messageText(m.content) })) }];
+      } else {
+        const prompts = promptsOf((parsed as CompletionRequest).prompt);
+        for (const p of prompts) {
+          if (!('prompt_token_ids' in p)) continue;
+          const outside = p.prompt_token_ids.find((id) => id >= model.config.vocabSize);
+          if (outside !== undefined) throw openAiError(400, `token id ${outside} is outside the vocabulary of '${modelName}' (0..${model.config.vocabSize - 1})`, { param: 'prompt', code: 'invalid_value' });
+          if (p.prompt_token_ids.length + maxTokens > model.contextTokens) throw openAiError(400, `a prompt of ${p.prompt_token_ids.length} tokens plus ${maxTokens} to generate exceeds the context of ${model.contextTokens} tokens`, { param: 'prompt', code: 'context_length_exceeded' });
+        }
+        inputs = prompts.map((p) => ({ ...common, ...p }));
+      }
       stream = parsed.stream === true;
       includeUsage = parsed.stream_options?.include_usage === true;
     } catch (e) {
@@ -332,9 +346,9 @@ export function createTracker(deps: TrackerDeps): Tracker {
       throw e;
     }
 
-    let plan: RoutePlan;
+    let plans: RoutePlan[];
     try {
-      plan = registry.pick(modelName);
+      plans = inputs.map(() => registry.pick(modelName));
     } catch (e) {
       metrics.requests.inc({ endpoint, status: '503' });
       if (e instanceof MeshError) throw openAiError(e.status, e.message, { code: e.code, extra: e.details });
@@ -344,130 +358,112 @@ export function createTracker(deps: TrackerDeps): Tracker {
     const ids: CompletionIds = { id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomHex(12)}`, created: Math.floor(o.now() / 1000), model: modelName };
     const abort = new AbortController();
     req.signal.addEventListener('abort', () => abort.abort(), { once: true });
-    const events = runGeneration(genDeps, modelName, input, plan, abort.signal);
-    const stops = new StopFilter(input.stop);
     let firstTokenSeen = false;
-
-    /** Pull the next piece of client-visible output: text, or the end. */
-    async function next(): Promise<{ text: string } | { finish: FinishReason; promptTokens: number; completionTokens: number }> {
-      for (;;) {
-        const r = await events.next();
-        if (r.done) throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
-        const ev: GenerationEvent = r.value;
-        if (ev.type === 'start') {
-          lastPrompt = ev.promptTokens;
-          continue;
-        }
-        if (ev.type === 'token') {
-          if (!firstTokenSeen) {
-            firstTokenSeen = true;
-            metrics.firstToken.observe((performance.now() - t0) / 1000);
-          }
-          completionTokens++;
-          const text = stops.push(ev.text);
-          if (stops.stopped) {
-            void events.return(undefined);
-            pendingFinish = { finish: 'stop', promptTokens: lastPrompt, completionTokens };
-          }
-          if (text) return { text };
-          if (pendingFinish) return takeFinish();
-          continue;
-        }
-        const tail = stops.flush();
-        pendingFinish = { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens };
-        if (tail) return { text: tail };
-        return takeFinish();
-      }
-    }
-    let completionTokens = 0;
-    let lastPrompt = 0;
-    let pendingFinish: { finish: FinishReason; promptTokens: number; completionTokens: number } | undefined;
-    function takeFinish() {
-      const f = pendingFinish!;
-      pendingFinish = undefined;
-      metrics.generation.observe((performance.now() - t0) / 1000);
-      return f;
-    }
-    async function nextOut() {
-      if (pendingFinish) return takeFinish();
-      return next();
-    }
+    const onToken = () => {
+      if (firstTokenSeen) return;
+      firstTokenSeen = true;
+      metrics.firstToken.observe((performance.now() - t0) / 1000);
+    };
+    // Each choice is its own generation (own route, own failover), all running at once.
+    const choices = inputs.map((input, i) => choiceParts(runGeneration(genDeps, modelName, input, plans[i]!, abort.signal), input.stop, onToken));
+    /** Stop every choice and release what its generation holds. */
+    const endAll = () => {
+      abort.abort();
+      for (const c of choices) void c.return(undefined);
+    };
 
     /** A generation error as the client sees it: a prompt too long for the context is OpenAI's 400 context_length_exceeded. */
     const clientError = (e: unknown): HttpError => {
       const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
       metrics.requests.inc({ endpoint, status: String(err.code === 'MESH_ERR_TOO_LARGE' ? 400 : err.status) });
-      if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: 'messages', code: 'context_length_exceeded' });
+      if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: kind === 'chat' ? 'messages' : 'prompt', code: 'context_length_exceeded' });
       return openAiError(err.status, err.message, { code: err.code, extra: err.details });
     };
+    const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number }>) =>
+      usage(
+        finishes.reduce((n, f) => n + f.promptTokens, 0),
+        finishes.reduce((n, f) => n + f.completionTokens, 0),
+      );
 
     if (!stream) {
-      let text = '';
       try {
-        for (;;) {
-          const part = await nextOut();
-          if ('text' in part) text += part.text;
-          else {
-            metrics.requests.inc({ endpoint, status: '200' });
-            return json(200, completionObject(kind, ids, text, part.finish, usage(part.promptTokens, part.completionTokens)));
-          }
-        }
+        const results = await Promise.all(
+          choices.map(async (c) => {
+            let text = '';
+            const tokenIds: number[] = [];
+            for await (const part of c) {
+              tokenIds.push(...part.tokenIds);
+              if (part.type === 'text') text += part.text;
+              else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens };
+            }
+            throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
+          }),
+        );
+        metrics.generation.observe((performance.now() - t0) / 1000);
+        metrics.requests.inc({ endpoint, status: '200' });
+        return json(200, completionObject(kind, ids, results, usageOf(results)));
       } catch (e) {
-        abort.abort();
         throw clientError(e);
       } finally {
-        // The generation has released its route by now; this ends the generator itself.
-        void events.return(undefined);
+        endAll();
       }
     }
 
-    // Wait for the head's first output before committing to a 200 stream:
-    // a request the head refuses (or no head at all) still gets a plain HTTP error.
-    let firstPart: Awaited<ReturnType<typeof nextOut>> | undefined;
+    // Wait for every choice's first output before committing to a 200 stream:
+    // a request a head refuses (or no head at all) still gets a plain HTTP error.
+    let firsts: Array<IteratorResult<ChoicePart>>;
     try {
-      firstPart = await nextOut();
+      firsts = await Promise.all(choices.map((c) => c.next()));
     } catch (e) {
-      abort.abort();
+      endAll();
       throw clientError(e);
     }
-    let sentRole = false;
+    const finishes: Array<{ promptTokens: number; completionTokens: number }> = [];
+    const merged = new MergedChoices(choices);
+    let started = false;
     let finished = false;
     const sse = new ReadableStream<Uint8Array>({
       async pull(controller) {
         if (finished) return;
+        const send = (obj: unknown) => controller.enqueue(utf8.encode(sseData(obj)));
         try {
-          if (!sentRole) {
-            sentRole = true;
-            controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, kind === 'chat' ? { role: true, text: '' } : { text: '' }))));
+          if (!started) {
+            started = true;
+            firsts.forEach((r, index) => merged.add(index, r));
+            for (let index = 0; index < choices.length; index++) send(chunkObject(kind, ids, kind === 'chat' ? { index, role: true, text: '' } : { index, text: '' }));
             return;
           }
-          const part = firstPart ?? (await nextOut());
-          firstPart = undefined;
-          if ('text' in part) {
-            controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, { text: part.text }))));
+          const next = await merged.next();
+          if (next) {
+            const { index, part } = next;
+            if (part.type === 'text') send(chunkObject(kind, ids, { index, text: part.text, tokenIds: part.tokenIds }));
+            else {
+              finishes.push(part);
+              send(chunkObject(kind, ids, kind === 'chat' ? { index, finish: part.finish, tokenIds: part.tokenIds } : { index, text: '', finish: part.finish, tokenIds: part.tokenIds }));
+            }
             return;
           }
           finished = true;
-          const u = usage(part.promptTokens, part.completionTokens);
-          controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, kind === 'chat' ? { finish: part.finish } : { text: '', finish: part.finish }))));
-          if (includeUsage) controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, { usage: u }))));
+          if (includeUsage) send(chunkObject(kind, ids, { usage: usageOf(finishes) }));
           controller.enqueue(utf8.encode(SSE_DONE));
+          metrics.generation.observe((performance.now() - t0) / 1000);
           metrics.requests.inc({ endpoint, status: '200' });
           controller.close();
-          void events.return(undefined);
+          endAll();
         } catch (e) {
           finished = true;
+          endAll();
           const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
           metrics.requests.inc({ endpoint, status: String(err.status) });
           logger.warn({ err: err.message, code: err.code }, 'stream failed');
           // OpenAI's in-stream error: one data event with an error object, then the stream ends.
-          controller.enqueue(utf8.encode(sseData(openAiError(err.status, err.message, { code: err.code }).body)));
+          send(openAiError(err.status, err.message, { code: err.code }).body);
           controller.close();
         }
       },
       cancel() {
-        abort.abort();
-        void events.return(undefined);
+        finished = true;
+        endAll();
       },
     });
     return new Response(sse, { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' } });

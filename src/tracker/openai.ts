@@ -4,6 +4,8 @@
  * exactly as OpenAI sends them (`data: {json}\n\n`, last `data: [DONE]\n\n`).
  */
 import { z } from 'zod';
+import { MeshError } from '../protocol/errors.ts';
+import type { GenerationEvent } from './head-proxy.ts';
 import { HttpError } from './http.ts';
 
 export type OpenAiErrorType = 'invalid_request_error' | 'not_found_error' | 'server_error' | 'service_unavailable' | 'rate_limit_error';
@@ -40,9 +42,16 @@ export const chatRequestSchema = z.object({
 });
 export type ChatRequest = z.infer<typeof chatRequestSchema>;
 
+/** Prompts in one /v1/completions request at most (each is one choice, all generated at once). */
+export const MAX_PROMPTS = 16;
+const tokenIds = z.array(z.number().int().nonnegative()).min(1);
+
+/** As OpenAI: a string, a list of strings, a list of token ids, or a list of such lists. */
 export const completionRequestSchema = z.object({
   ...common,
-  prompt: z.union([z.string(), z.array(z.string()).length(1)]),
+  prompt: z.union([z.string(), z.array(z.string()).min(1).max(MAX_PROMPTS), tokenIds, z.array(tokenIds).min(1).max(MAX_PROMPTS)], {
+    error: `give a string, a list of strings, a list of token ids, or a list of token-id lists (1 to ${MAX_PROMPTS} prompts, not mixed)`,
+  }),
   echo: z.boolean().nullish(),
 });
 export type CompletionRequest = z.infer<typeof completionRequestSchema>;
@@ -56,6 +65,13 @@ export function parseOpenAi<T>(schema: z.ZodType<T>, body: unknown): T {
   const param = issue.path.map(String).join('.') || null;
   const missing = issue.code === 'invalid_type' && issue.message.includes('undefined');
   throw openAiError(400, missing ? `'${param}' is a required property` : `invalid value for '${param}': ${issue.message}`, { param, code: missing ? 'missing_required_parameter' : 'invalid_value' });
+}
+
+/** The prompts of a completions request, one per choice: text, or token ids used as they are. */
+export function promptsOf(prompt: CompletionRequest['prompt']): Array<{ prompt: string } | { prompt_token_ids: number[] }> {
+  if (typeof prompt === 'string') return [{ prompt }];
+  if (prompt.length > 0 && typeof prompt[0] === 'number') return [{ prompt_token_ids: prompt as number[] }];
+  return (prompt as Array<string | number[]>).map((p) => (typeof p === 'string' ? { prompt: p } : { prompt_token_ids: p }));
 }
 
 export function messageText(content: ChatRequest['messages'][number]['content']): string {
@@ -83,14 +99,22 @@ export interface CompletionIds {
   model: string;
 }
 
-export function completionObject(kind: ApiKind, ids: CompletionIds, text: string, finish: FinishReason, u: Usage) {
+/** One finished choice of a non-streamed answer. */
+export interface ChoiceResult {
+  text: string;
+  finish: FinishReason;
+  /** Every token the choice generated (a stop string's tokens included): the `token_ids` extension. */
+  tokenIds: number[];
+}
+
+export function completionObject(kind: ApiKind, ids: CompletionIds, choices: readonly ChoiceResult[], u: Usage) {
   if (kind === 'chat') {
     return {
       id: ids.id,
       object: 'chat.completion',
       created: ids.created,
       model: ids.model,
-      choices: [{ index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: finish }],
+      choices: choices.map((c, index) => ({ index, message: { role: 'assistant', content: c.text, refusal: null }, logprobs: null, finish_reason: c.finish, token_ids: c.tokenIds })),
       usage: u,
       system_fingerprint: null,
     };
@@ -100,15 +124,23 @@ export function completionObject(kind: ApiKind, ids: CompletionIds, text: string
     object: 'text_completion',
     created: ids.created,
     model: ids.model,
-    choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
+    choices: choices.map((c, index) => ({ index, text: c.text, logprobs: null, finish_reason: c.finish, token_ids: c.tokenIds })),
     usage: u,
     system_fingerprint: null,
   };
 }
 
-/** One streamed chunk: `delta` text (chat: with role on the first), or the finish reason, or (choices empty) usage. */
-export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null }) {
+/**
+ * One streamed chunk of choice `index`: `delta` text (chat: with role on the
+ * first), or the finish reason, or (choices empty) usage. `tokenIds` are the
+ * tokens generated since the choice's previous chunk (the `token_ids`
+ * extension): text that could still start a stop string is held back, so ids
+ * can arrive a chunk before their text.
+ */
+export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: number; text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null; tokenIds?: number[] }) {
   const finish_reason = part.finish ?? null;
+  const index = part.index ?? 0;
+  const tokens = part.tokenIds !== undefined ? { token_ids: part.tokenIds } : {};
   if (kind === 'chat') {
     const delta: Record<string, unknown> = {};
     if (part.role) delta.role = 'assistant';
@@ -119,7 +151,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { text?: st
       created: ids.created,
       model: ids.model,
       system_fingerprint: null,
-      choices: part.usage ? [] : [{ index: 0, delta, logprobs: null, finish_reason }],
+      choices: part.usage ? [] : [{ index, delta, logprobs: null, finish_reason, ...tokens }],
       ...(part.usage !== undefined ? { usage: part.usage } : {}),
     };
   }
@@ -129,7 +161,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { text?: st
     created: ids.created,
     model: ids.model,
     system_fingerprint: null,
-    choices: part.usage ? [] : [{ index: 0, text: part.text ?? '', logprobs: null, finish_reason }],
+    choices: part.usage ? [] : [{ index, text: part.text ?? '', logprobs: null, finish_reason, ...tokens }],
     ...(part.usage !== undefined ? { usage: part.usage } : {}),
   };
 }
@@ -186,5 +218,84 @@ export class StopFilter {
     const out = this.stopped ? '' : this.pending;
     this.pending = '';
     return out;
+  }
+}
+
+// ---------------------------------------------------------------- a choice's output
+
+/** What a client sees of one choice: text (with the tokens behind it), then the finish. */
+export type ChoicePart =
+  | { type: 'text'; text: string; tokenIds: number[] }
+  | { type: 'finish'; finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[] };
+
+/**
+ * A generation's events as one choice's output: text released through the
+ * stop filter, each piece with the token ids generated since the last, then
+ * one finish. A stop string ends the generation at once (the head is
+ * cancelled, its route released). Returning early ends the generation too.
+ */
+export async function* choiceParts(events: AsyncGenerator<GenerationEvent>, stop: readonly string[], onToken?: () => void): AsyncGenerator<ChoicePart> {
+  const filter = new StopFilter(stop);
+  let ids: number[] = [];
+  const take = () => {
+    const out = ids;
+    ids = [];
+    return out;
+  };
+  let promptTokens = 0;
+  let completionTokens = 0;
+  for await (const ev of events) {
+    if (ev.type === 'start') {
+      promptTokens = ev.promptTokens;
+      continue;
+    }
+    if (ev.type === 'token') {
+      onToken?.();
+      completionTokens++;
+      ids.push(ev.tokenId);
+      const text = filter.push(ev.text);
+      if (filter.stopped) {
+        await events.return(undefined);
+        if (text) yield { type: 'text', text, tokenIds: take() };
+        yield { type: 'finish', finish: 'stop', promptTokens, completionTokens, tokenIds: take() };
+        return;
+      }
+      if (text) yield { type: 'text', text, tokenIds: take() };
+      continue;
+    }
+    const tail = filter.flush();
+    if (tail) yield { type: 'text', text: tail, tokenIds: take() };
+    yield { type: 'finish', finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take() };
+    return;
+  }
+  throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
+}
+
+/** Several choices' parts as one stream, each part as soon as it comes (a streamed request with several prompts). */
+export class MergedChoices {
+  private readonly queue: Array<{ index: number; part: ChoicePart }> = [];
+  private readonly waiting = new Map<number, Promise<{ index: number; r: IteratorResult<ChoicePart> }>>();
+
+  constructor(private readonly choices: ReadonlyArray<AsyncGenerator<ChoicePart>>) {}
+
+  /** Take choice `index`'s result of next(); after a text part, its next part is awaited. */
+  add(index: number, r: IteratorResult<ChoicePart>): void {
+    if (r.done) throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
+    this.queue.push({ index, part: r.value });
+    if (r.value.type !== 'text') return;
+    const pending = this.choices[index]!.next().then((next) => ({ index, r: next }));
+    // Raced later; until then a failure must not count as unhandled.
+    pending.catch(() => undefined);
+    this.waiting.set(index, pending);
+  }
+
+  /** The next part of any choice, in the order they come; undefined once every choice has finished. */
+  async next(): Promise<{ index: number; part: ChoicePart } | undefined> {
+    if (this.queue.length === 0 && this.waiting.size > 0) {
+      const { index, r } = await Promise.race(this.waiting.values());
+      this.waiting.delete(index);
+      this.add(index, r);
+    }
+    return this.queue.shift();
   }
 }

@@ -88,6 +88,9 @@ describe('meshnet tracker with an unreachable model URL', () => {
     expect(warned).toBeDefined();
     expect(warned).toMatch(/retrying in/);
     expect(tracker.stderr()).not.toMatch(/\n\s+at /); // no stack trace
+    const chat = await fetch(`${url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: 'late', messages: [{ role: 'user', content: 'hi' }] }) });
+    expect(chat.status).toBe(503);
+    expect(((await chat.json()) as { error: { code: string; message: string } }).error).toMatchObject({ code: 'model_not_loaded', message: expect.stringContaining(lateUrl) });
 
     // The late model's host comes up: the next retry (≈1 s, then 2 s…) loads it.
     const late = await startStaticServer({ root: await ensureModel('tiny'), port, host: '127.0.0.1' });
