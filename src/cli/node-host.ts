@@ -80,16 +80,7 @@ export interface NodeHostOptions {
   log: (level: 'info' | 'warn' | 'error', message: string) => void;
 }
 
-export const NODE_HOST_DEFAULTS = {
-  port: 0,
-  host: '127.0.0.1',
-  budgetMb: 1024,
-  injectDelayMs: 0,
-  maxBodyBytes: 64 * 1024 * 1024,
-  maxContext: 2048,
-  hopOrder: 'relay',
-  model: 'default',
-} as const;
+export { NODE_HOST_DEFAULTS } from './node-options.ts';
 
 interface Span {
   model: string;
