@@ -5,10 +5,10 @@
  * source file's own, and undefined (run the sources instead) when the
  * sources do not build.
  */
-import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { pathToFileURL } from 'node:url';
+import { dirname, join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { afterAll, describe, expect, it } from 'vitest';
 import { bundledEntry, cachedEntry } from '../../bin/cli-bundle.js';
 
@@ -45,5 +45,43 @@ describe('the CLI bundle cache', () => {
   it('answers undefined when the sources do not build (the CLI then runs them under tsx)', async () => {
     write('where.ts', 'export const here: string = ;\n');
     expect(await bundledEntry(root, 'src/main.ts', cache)).toBeUndefined();
+  });
+});
+
+/** Files and packages a bundle file imports statically (what loads with it), relative to the bundle. */
+function staticImports(file: string): string[] {
+  const src = readFileSync(file, 'utf8');
+  return [...src.matchAll(/^(?:import|export)\s[^;]*?from\s*"([^"]+)";?|^import\s*"([^"]+)";?/gms)].map((m) => (m[1] ?? m[2])!);
+}
+
+describe('the real CLI bundle', () => {
+  it('loads nothing of onnxruntime, Playwright, vite or the tracker for `meshnet relay`', async () => {
+    const root = fileURLToPath(new URL('../..', import.meta.url));
+    const entry = await bundledEntry(root, 'src/cli/main.ts');
+    expect(entry).toBeDefined();
+    const main = readFileSync(entry!, 'utf8');
+    const relayChunk = /import\("(\.\/chunks\/relay-[^"]+)"\)/.exec(main)?.[1];
+    expect(relayChunk).toBeDefined();
+    // Everything `meshnet relay` loads before its action runs, and its action's static imports.
+    const seen = new Set<string>();
+    const packages = new Set<string>();
+    const visit = (file: string) => {
+      if (seen.has(file)) return;
+      seen.add(file);
+      for (const spec of staticImports(file)) {
+        if (spec.startsWith('.')) visit(join(dirname(file), spec));
+        else packages.add(spec);
+      }
+    };
+    visit(entry!);
+    visit(join(dirname(entry!), relayChunk!));
+    const serverChunk = /import\("(\.\/chunk-[^"]+|\.\/server-[^"]+)"\)/.exec(readFileSync(join(dirname(entry!), relayChunk!), 'utf8'))?.[1];
+    expect(serverChunk).toBeDefined();
+    visit(join(dirname(entry!), 'chunks', serverChunk!));
+    const names = [...packages].map((p) => p.replace(/^node:/, ''));
+    for (const heavy of ['onnxruntime-node', 'onnxruntime-web', 'playwright-core', 'vite', 'esbuild', 'tsx']) expect(names).not.toContain(heavy);
+    const sources = [...seen].map((f) => readFileSync(`${f}.map`, 'utf8')).join('\n');
+    expect(sources).toContain('src/relay/server.ts');
+    for (const other of ['src/tracker/', 'src/shard/', 'src/cli/node-host.ts', 'src/cli/browser-mesh.ts', 'src/model/']) expect(sources).not.toContain(other);
   });
 });
