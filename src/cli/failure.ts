@@ -35,9 +35,11 @@ export function describeFailure(e: unknown): string {
     case 'ENOENT':
       return `${s.path ?? 'a file'} does not exist: check the path you gave`;
   }
+  // Some libraries (Playwright) put a whole log in the message: its first line is the summary.
+  const summary = e.message.split('\n')[0]!.trim();
   const cause = (e as { cause?: unknown }).cause;
-  const detail = cause instanceof Error && cause.message && !e.message.includes(cause.message) ? ` (${cause.message})` : '';
-  return `${e.message}${detail} (run with --verbose for the stack trace)`;
+  const detail = cause instanceof Error && cause.message && !summary.includes(cause.message) ? ` (${cause.message.split('\n')[0]})` : '';
+  return `${summary}${detail} (run with --verbose for details)`;
 }
 
 /** Write the failure (one line, or the stack with `verbose`) and exit 1. */
