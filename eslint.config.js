@@ -7,7 +7,7 @@ import tseslint from 'typescript-eslint';
 const hostFree = ['src/protocol/**', 'src/model/**', 'src/shard/**', 'src/node/**'];
 
 export default tseslint.config(
-  { ignores: ['.scratch/**', 'node_modules/**', 'dist/**', 'bench/results/**', 'test-results/**', 'playwright-report/**', '.models/**'] },
+  { ignores: ['.scratch/**', 'gpu-pack/**', 'node_modules/**', 'dist/**', 'bench/results/**', 'test-results/**', 'playwright-report/**', '.models/**'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

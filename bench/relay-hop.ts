@@ -7,13 +7,15 @@
  *   (c) a kept-open /rpc socket, JSON/base64
  *   (d) the fast path: binary frames over the persistent /ws connection
  * p50/p99 latency and bytes on the wire per hop (caller↔relay, both ways,
- * WebSocket framing included), then (d)'s throughput at 64 in flight.
+ * WebSocket framing included), then (d)'s throughput at 64 in flight and
+ * the CPU each process spends per hop meanwhile (Linux /proc accounting).
  * Run on loopback, then with a user-space proxy adding 10 ms one way between
  * each peer and the relay (emulated hop round trip: 4 × 10 ms = 40 ms).
  *
  *   npx tsx bench/relay-hop.ts [--quick]
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -198,6 +200,29 @@ async function measuredHopRtt(delayMs: number): Promise<number> {
   return 2 * summarize(rtts).p50;
 }
 
+/** CPU time a process has used so far, µs: utime + stime from /proc (Linux, 100 ticks/s); undefined elsewhere. */
+function cpuMicros(pid: number | undefined): number | undefined {
+  try {
+    const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return ((Number(f[11]) + Number(f[12])) * 1e6) / 100;
+  } catch {
+    return undefined;
+  }
+}
+
+/** CPU µs per hop of the caller (this process), the relay and the responder while `run` does `hops()` hops. */
+async function cpuPerHop(relayPid: number | undefined, responderPid: number | undefined, run: () => Promise<number>): Promise<{ caller: number; relay: number | null; responder: number | null }> {
+  const c0 = process.cpuUsage();
+  const r0 = cpuMicros(relayPid);
+  const e0 = cpuMicros(responderPid);
+  const hops = await run();
+  const c = process.cpuUsage(c0);
+  const r1 = cpuMicros(relayPid);
+  const e1 = cpuMicros(responderPid);
+  const per = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined ? null : (b - a) / hops);
+  return { caller: (c.user + c.system) / hops, relay: per(r0, r1), responder: per(e0, e1) };
+}
+
 interface ScenarioResult {
   scenario: string;
   one_way_delay_ms: number;
@@ -206,6 +231,8 @@ interface ScenarioResult {
   latency_ms: Record<Mode, { n: number; p50: number; p99: number; mean: number }>;
   wire_bytes_per_hop: Record<Mode, { up: number; down: number }>;
   fast_path_hops_per_s_64_in_flight: number;
+  /** CPU per fast-path hop at 64 in flight, µs, by process (null where /proc is not there). */
+  fast_path_cpu_us_per_hop_64_in_flight: { caller: number; relay: number | null; responder: number | null };
   bare_forwarder_hops_per_s_64_in_flight: number;
 }
 
@@ -228,7 +255,12 @@ async function scenario(relayUrl: string, delayMs: number, relayPort: number, ba
       ? { 'a-direct': 2000, 'b-adr-rpc-per-hop': quick ? 20 : 60, 'c-rpc-kept-open': quick ? 20 : 60, 'd-fast-path': quick ? 20 : 60, 'floor-bare-ws-forwarder': quick ? 20 : 60 }
       : { 'a-direct': 20000, 'b-adr-rpc-per-hop': quick ? 300 : 1500, 'c-rpc-kept-open': quick ? 1000 : 5000, 'd-fast-path': quick ? 1000 : 5000, 'floor-bare-ws-forwarder': quick ? 1000 : 5000 };
   const samples = await latency(callers, counts, delayMs > 0 ? 2 : 5);
-  const tput = await throughput(callers, 64, quick ? 1.5 : 4);
+  const seconds = quick ? 1.5 : 4;
+  let tput = 0;
+  const cpu = await cpuPerHop(relay.child.pid, echo.child.pid, async () => {
+    tput = await throughput(callers, 64, seconds);
+    return tput * seconds;
+  });
   const bareTput = await throughput(callers, 64, quick ? 1.5 : 4, 'floor-bare-ws-forwarder');
 
   // Bytes: through a 0-delay counting proxy on loopback, or the caller's delaying proxy.
@@ -248,6 +280,7 @@ async function scenario(relayUrl: string, delayMs: number, relayPort: number, ba
     latency_ms: Object.fromEntries(MODES.map((m) => [m, summarize(samples[m])])) as ScenarioResult['latency_ms'],
     wire_bytes_per_hop: bytes,
     fast_path_hops_per_s_64_in_flight: tput,
+    fast_path_cpu_us_per_hop_64_in_flight: cpu,
     bare_forwarder_hops_per_s_64_in_flight: bareTput,
   };
 }
@@ -279,6 +312,9 @@ for (const r of results) {
     }),
   );
   console.log(`  64 in flight: fast path ${Math.round(r.fast_path_hops_per_s_64_in_flight)} hops/s, bare ws forwarder ${Math.round(r.bare_forwarder_hops_per_s_64_in_flight)} hops/s (ratio ${(r.fast_path_hops_per_s_64_in_flight / r.bare_forwarder_hops_per_s_64_in_flight).toFixed(2)})`);
+  const cpu = r.fast_path_cpu_us_per_hop_64_in_flight;
+  const us = (v: number | null) => (v === null ? '-' : v.toFixed(1));
+  console.log(`  CPU per fast-path hop at 64 in flight: caller ${us(cpu.caller)} µs, relay ${us(cpu.relay)} µs, responder ${us(cpu.responder)} µs`);
 }
 const loop = results[0]!;
 console.log(`\nloopback p50: fast path is ${(loop.latency_ms['b-adr-rpc-per-hop'].p50 / loop.latency_ms['d-fast-path'].p50).toFixed(1)}x faster than the ADR path, ${(loop.latency_ms['c-rpc-kept-open'].p50 / loop.latency_ms['d-fast-path'].p50).toFixed(2)}x faster than a kept-open /rpc socket, and ${(loop.latency_ms['d-fast-path'].p50 / loop.latency_ms['floor-bare-ws-forwarder'].p50).toFixed(2)}x the bare ws forwarder`);

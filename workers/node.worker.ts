@@ -3,7 +3,7 @@
  * Everything lives in src/browser/; this file only builds it and attaches it.
  */
 import { expose } from 'comlink';
-import { BrowserNode } from '../src/browser/browser-node.ts';
+import { BrowserNode } from '../src/host/browser/index.ts';
 import '../src/browser/transfer.ts';
 
 // ORT's pthread workers are named em-pthread*; should one ever load this chunk, it must not start a second node.

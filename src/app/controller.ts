@@ -3,6 +3,7 @@
  * status (pull, so a busy worker is never flooded), and turns the controls
  * into engine calls. Knows the interface only, never how the node is hosted.
  */
+import { isMeshErrorCode } from '../protocol/errors.ts';
 import type { NodeConfig, NodeEngine, NodeStatus } from '../browser/engine.ts';
 import { renderStatus, type ViewRoot } from './view.ts';
 
@@ -57,12 +58,12 @@ export class PageController {
   };
 
   private showThrown(e: unknown): void {
-    const err = e as { code?: string; message?: string };
+    const err = e as { code?: unknown; message?: string };
     const base: NodeStatus = this.last ?? emptyStatus();
     this.show({
       ...base,
       state: 'error',
-      error: { code: err.code ?? 'MESH_ERR_INTERNAL', message: err.message ?? String(e), action: 'Reload the page; if it happens again, report it with this message.', retryable: true },
+      error: { code: isMeshErrorCode(err.code) ? err.code : 'MESH_ERR_INTERNAL', message: err.message ?? String(e), action: 'Reload the page; if it happens again, report it with this message.', retryable: true },
     });
   }
 

@@ -4,25 +4,11 @@
  * in the page itself (tests). src/app depends on this and nothing else, so
  * the page never touches `Worker` (web-llm's MLCEngineInterface pattern).
  */
+import type { MeshErrorCode } from '../protocol/errors.ts';
 
-/** Where the node is in its life; the page shows one badge per state. */
-export const NodeState = {
-  /** Not started: the page has no span to serve yet. */
-  Idle: 'idle',
-  /** Choosing a backend, opening storage, reaching the relay. */
-  Connecting: 'connecting',
-  /** Fetching the span's weights (progress in `download`). */
-  Downloading: 'downloading',
-  /** Verifying stored weights and building the ONNX sessions. */
-  Loading: 'loading',
-  /** Registered with the relay and answering /forward. */
-  Serving: 'serving',
-  /** The donor paused: new requests are refused with 503, weights stay. */
-  Paused: 'paused',
-  /** Stopped with a reason; `error.action` says what the donor can do. */
-  Error: 'error',
-} as const;
-export type NodeState = (typeof NodeState)[keyof typeof NodeState];
+/** Where the node is in its life (one state machine on every host); the page shows one badge per state. */
+export { NodeState } from '../node/runtime/state.ts';
+import type { NodeState } from '../node/runtime/state.ts';
 
 export type BackendKind = 'wasm' | 'webgpu';
 export type BackendChoice = BackendKind | 'auto';
@@ -54,8 +40,8 @@ export interface NodeConfig {
 }
 
 export interface NodeErrorInfo {
-  /** Stable code: MESH_ERR_* or one of the page's own (MESH_ERR_QUOTA, MESH_ERR_MODEL_FETCH, …). */
-  code: string;
+  /** Stable code (docs/protocol.md §6): the page's own (MESH_ERR_QUOTA, MESH_ERR_MODEL_FETCH, …) are there too. */
+  code: MeshErrorCode;
   message: string;
   /** What the donor can do about it, in one sentence. */
   action: string;

@@ -7,7 +7,8 @@
  * WebGPU runtime.
  */
 import type * as OrtTypes from 'onnxruntime-web';
-import type { BackendTensor, OnnxBackend, OnnxSession } from '../shard/backend.ts';
+import { isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue, type TensorType } from '../shard/backend.ts';
+import { ElemType, GraphBuilder } from '../model/onnx-builder.ts';
 import type { BackendKind } from './engine.ts';
 
 type Ort = typeof OrtTypes;
@@ -17,6 +18,12 @@ export interface OrtWebOptions {
   numThreads: number;
   /** Where ORT's runtime files (ort-wasm-simd-threaded*.{mjs,wasm}) are served. */
   wasmPaths: string;
+  /**
+   * ORT's info-level log (one "Starting program" line per GPU program run,
+   * node placements at session creation), to the console; tests count
+   * programs with it.
+   */
+  infoLog?: boolean;
 }
 
 const loaded = new Map<BackendKind, Promise<Ort>>();
@@ -40,40 +47,213 @@ export function loadOrt(kind: BackendKind, opts: OrtWebOptions): Promise<Ort> {
   return p;
 }
 
-function wrap(ort: Ort, session: OrtTypes.InferenceSession): OnnxSession {
+type OrtTensor = OrtTypes.Tensor;
+
+/** A GPU buffer we own, seen by ORT as a `gpu-buffer` tensor. */
+interface GpuDeviceTensor extends DeviceTensor {
+  readonly buffer: GPUBuffer;
+  readonly tensor: OrtTensor;
+}
+
+const BYTES: Record<TensorType, number> = { float32: 4, float16: 2, int64: 8, int32: 4 };
+
+/** Thrown when the GPU cannot hold what a span needs; the node asks the tracker for a smaller span. */
+export class DeviceAllocationError extends Error {
+  readonly code = 'MESH_ERR_DEVICE_MEMORY';
+  constructor(readonly bytes: number, reason: string) {
+    super(`the GPU could not allocate ${bytes} bytes: ${reason}`);
+    this.name = 'DeviceAllocationError';
+  }
+}
+
+/** Device memory on the GPUDevice onnxruntime's WebGPU EP uses, counting every byte that crosses to or from it. */
+class WebGpuMemory implements DeviceMemory {
+  readonly transfer = { up: 0, down: 0 };
+  readonly lost: Promise<string>;
+
+  constructor(
+    private readonly ort: Ort,
+    readonly device: GPUDevice,
+  ) {
+    this.lost = device.lost.then((info) => `${info.reason ?? 'unknown'}: ${info.message}`);
+  }
+
+  async alloc(type: TensorType, dims: readonly number[]): Promise<GpuDeviceTensor> {
+    const byteLength = dims.reduce((a, b) => a * b, 1) * BYTES[type];
+    // WebGPU sizes are multiples of 4; zero-size buffers are valid but ORT wants a real binding.
+    const size = Math.max(4, Math.ceil(byteLength / 4) * 4);
+    if (size > this.device.limits.maxBufferSize) throw new DeviceAllocationError(size, `over the adapter's maxBufferSize of ${this.device.limits.maxBufferSize}`);
+    this.device.pushErrorScope('out-of-memory');
+    this.device.pushErrorScope('validation');
+    const buffer = this.device.createBuffer({ size, usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+    const invalid = await this.device.popErrorScope();
+    const oom = await this.device.popErrorScope();
+    if (oom || invalid) {
+      buffer.destroy();
+      throw new DeviceAllocationError(size, (oom ?? invalid)!.message);
+    }
+    return this.wrapBuffer(buffer, type, dims, byteLength, true);
+  }
+
+  wrapBuffer(buffer: GPUBuffer, type: TensorType, dims: readonly number[], byteLength: number, owned: boolean, ortTensor?: OrtTensor): GpuDeviceTensor {
+    const tensor = ortTensor ?? this.ort.Tensor.fromGpuBuffer(buffer, { dataType: type as 'float32', dims: dims as number[] });
+    return {
+      location: 'device',
+      type,
+      dims,
+      byteLength,
+      buffer,
+      tensor,
+      download: () => this.download(buffer, type, byteLength),
+      dispose: () => {
+        if (owned) buffer.destroy();
+        else tensor.dispose();
+      },
+    };
+  }
+
+  write(dst: DeviceTensor, data: ArrayBufferView, byteOffset = 0): void {
+    this.device.queue.writeBuffer((dst as GpuDeviceTensor).buffer, byteOffset, data as unknown as ArrayBuffer & ArrayBufferView, 0, data.byteLength);
+    this.transfer.up += data.byteLength;
+  }
+
+  copy(ops: readonly { src: DeviceTensor; srcByte: number; dst: DeviceTensor; dstByte: number; bytes: number }[]): void {
+    if (ops.length === 0) return;
+    const enc = this.device.createCommandEncoder();
+    for (const o of ops) enc.copyBufferToBuffer((o.src as GpuDeviceTensor).buffer, o.srcByte, (o.dst as GpuDeviceTensor).buffer, o.dstByte, o.bytes);
+    this.device.queue.submit([enc.finish()]);
+  }
+
+  private async download(buffer: GPUBuffer, type: TensorType, byteLength: number): Promise<BackendTensor['data']> {
+    const size = Math.max(4, Math.ceil(byteLength / 4) * 4);
+    const staging = this.device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    try {
+      const enc = this.device.createCommandEncoder();
+      enc.copyBufferToBuffer(buffer, 0, staging, 0, size);
+      this.device.queue.submit([enc.finish()]);
+      await staging.mapAsync(GPUMapMode.READ);
+      const bytes = staging.getMappedRange().slice(0, byteLength);
+      this.transfer.down += byteLength;
+      return typedArray(type, bytes);
+    } finally {
+      staging.destroy();
+    }
+  }
+}
+
+function typedArray(type: TensorType, bytes: ArrayBuffer): BackendTensor['data'] {
+  switch (type) {
+    case 'float32':
+      return new Float32Array(bytes);
+    case 'float16':
+      return new Uint16Array(bytes);
+    case 'int64':
+      return new BigInt64Array(bytes);
+    case 'int32':
+      return new Int32Array(bytes);
+  }
+}
+
+function hostBytes(t: BackendTensor): number {
+  return t.data.byteLength;
+}
+
+function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory | null): OnnxSession {
+  const toOrt = (t: RunValue): OrtTensor => {
+    if (isDeviceTensor(t)) {
+      if (!memory) throw new TypeError('a WASM session has no device tensors');
+      return (t as GpuDeviceTensor).tensor;
+    }
+    // float16 travels as raw bits; ORT-web takes a Uint16Array for it.
+    if (memory) memory.transfer.up += hostBytes(t);
+    return new ort.Tensor(t.type, t.data as never, t.dims as number[]);
+  };
+  const fromOrt = async (t: OrtTensor): Promise<RunValue> => {
+    if (t.location === 'gpu-buffer' && memory) {
+      const dims = t.dims;
+      const bytes = dims.reduce((a, b) => a * b, 1) * BYTES[t.type as TensorType];
+      return memory.wrapBuffer(t.gpuBuffer as GPUBuffer, t.type as TensorType, dims, bytes, false, t);
+    }
+    // getData() downloads GPU-resident outputs; CPU outputs are returned as they are.
+    const data = t.location === 'cpu' ? t.data : await t.getData(true);
+    if (memory) memory.transfer.down += (data as ArrayBufferView).byteLength;
+    return { type: t.type as TensorType, data: data as BackendTensor['data'], dims: t.dims };
+  };
+  const runWith = async (feeds: Readonly<Record<string, RunValue>>, outputs?: Readonly<Record<string, RunValue>>): Promise<Record<string, RunValue>> => {
+    const input: Record<string, OrtTensor> = {};
+    for (const [name, t] of Object.entries(feeds)) input[name] = toOrt(t);
+    let out: OrtTypes.InferenceSession.OnnxValueMapType;
+    if (outputs) {
+      const fetches: Record<string, OrtTensor | null> = {};
+      for (const name of session.outputNames) fetches[name] = outputs[name] ? toOrt(outputs[name]) : null;
+      out = await session.run(input, fetches as OrtTypes.InferenceSession.FetchesType);
+    } else out = await session.run(input);
+    const result: Record<string, RunValue> = {};
+    for (const [name, t] of Object.entries(out)) {
+      const given = outputs?.[name];
+      if (given) {
+        // A host tensor given as output: ORT wrote into a copy in its heap; bring the values back.
+        if (!isDeviceTensor(given) && t.data !== given.data) {
+          (given.data as Float32Array).set(t.data as Float32Array);
+          if (memory) memory.transfer.down += given.data.byteLength;
+        }
+        result[name] = given;
+      } else result[name] = await fromOrt(t);
+    }
+    return result;
+  };
   return {
     inputNames: session.inputNames,
     outputNames: session.outputNames,
     async run(feeds) {
-      const input: Record<string, OrtTypes.Tensor> = {};
-      for (const [name, t] of Object.entries(feeds)) {
-        // float16 travels as raw bits; ORT-web takes a Uint16Array for it.
-        input[name] = new ort.Tensor(t.type, t.data as never, t.dims as number[]);
-      }
-      const out = await session.run(input);
-      const result: Record<string, BackendTensor> = {};
+      const out = await runWith(feeds);
       for (const [name, t] of Object.entries(out)) {
-        // getData() downloads GPU-resident outputs; CPU outputs are returned as they are.
-        const data = t.location === 'cpu' ? t.data : await t.getData(true);
-        result[name] = { type: t.type as BackendTensor['type'], data: data as BackendTensor['data'], dims: t.dims };
+        if (isDeviceTensor(t)) {
+          out[name] = { type: t.type, data: await t.download(), dims: t.dims };
+          t.dispose();
+        }
       }
-      return result;
+      return out as Record<string, BackendTensor>;
     },
+    runWith,
     release: () => session.release(),
   };
 }
 
 export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions): Promise<OnnxBackend> {
   const ort = await loadOrt(kind, opts);
-  return {
+  let memory: WebGpuMemory | null = null;
+  const backend: { -readonly [K in keyof OnnxBackend]: OnnxBackend[K] } = {
     name: `onnxruntime-web/${kind}`,
     async createSession(model, options) {
+      const device = options?.deviceOutputs ?? [];
       const session = await ort.InferenceSession.create(model, {
         executionProviders: [kind === 'webgpu' ? 'webgpu' : 'wasm'],
         graphOptimizationLevel: options?.graphOptimizationLevel ?? 'all',
         executionMode: 'sequential',
+        ...(opts.infoLog ? { logSeverityLevel: 1 as const, logVerbosityLevel: 0 } : {}),
+        ...(kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
+        ...(kind === 'webgpu' && options?.graphCapture ? { enableGraphCapture: true } : {}),
       });
-      return wrap(ort, session);
+      if (kind === 'webgpu' && !memory) {
+        memory = new WebGpuMemory(ort, await ort.env.webgpu.device);
+        backend.device = memory;
+      }
+      return wrap(ort, session, memory);
     },
   };
+  if (kind === 'webgpu') {
+    // The EP creates its device with the first session and drops it with the last one: this
+    // one-node session is held for the backend's life, so buffers we allocate stay valid.
+    await backend.createSession(identityModel());
+  }
+  return backend;
+}
+
+/** A one-node graph (Identity of a float): enough to make the EP create its device. */
+function identityModel(): Uint8Array {
+  const g = new GraphBuilder('device_probe');
+  g.op1('Identity', [g.input('x', ElemType.FLOAT, [1])], {}, 'y');
+  g.output('y', ElemType.FLOAT, [1]);
+  return g.encode();
 }

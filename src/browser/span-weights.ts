@@ -4,9 +4,11 @@
  * verified against their SHA-256 each time a graph is built from them.
  */
 import type { ModelConfig } from '../model/config.ts';
+import type { MeshErrorCode } from '../protocol/errors.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, layerTensorNames } from '../model/config.ts';
 import type { WeightSource } from '../model/graph.ts';
-import { SafetensorsReader, decodeTensorBytes, dtypeSize, type RawTensor } from '../model/safetensors.ts';
+import { SafetensorsReader } from '../model/safetensors.ts';
+import { decodeTensorBytes, dtypeSize, type RawTensor } from '../model/safetensors-format.ts';
 import type { WeightLoader } from '../shard/executor.ts';
 import { QuotaError, sha256Hex, type NodeStorage, type StoredTensor } from './storage.ts';
 
@@ -26,7 +28,7 @@ export function spanTensorNames(cfg: ModelConfig, startLayer: number, endLayer: 
 /** A stored tensor failed verification; it has been deleted so the next attempt fetches it again. */
 export class WeightIntegrityError extends Error {
   override readonly name = 'WeightIntegrityError';
-  readonly code = 'MESH_ERR_WEIGHTS_CORRUPT';
+  readonly code: MeshErrorCode = 'MESH_ERR_WEIGHTS_CORRUPT';
 }
 
 export interface DownloadProgress {

@@ -8,8 +8,9 @@
  * reload resumes at the first missing tensor and a damaged record is caught
  * before it reaches a graph.
  */
+import type { MeshErrorCode } from '../protocol/errors.ts';
 import { openDB, type DBSchema, type IDBPDatabase } from 'idb';
-import type { SafetensorsDtype } from '../model/safetensors.ts';
+import type { SafetensorsDtype } from '../model/safetensors-format.ts';
 import type { KeyStore, StoredIdentity } from '../node/identity.ts';
 
 export const DB_NAME = 'meshnet';
@@ -46,7 +47,7 @@ interface MeshnetDB extends DBSchema {
 /** A storage write that failed because the origin is over its quota. */
 export class QuotaError extends Error {
   override readonly name = 'QuotaError';
-  readonly code = 'MESH_ERR_QUOTA';
+  readonly code: MeshErrorCode = 'MESH_ERR_QUOTA';
   constructor(
     readonly neededBytes: number,
     readonly usage: number | undefined,

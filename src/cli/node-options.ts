@@ -1,5 +1,5 @@
 /**
- * Defaults of `meshnet node` (src/cli/node-host.ts), apart from the host so
+ * Defaults of `meshnet node` (src/host/node/index.ts), apart from the host so
  * that `meshnet node --help` prints them without loading onnxruntime.
  */
 export const NODE_HOST_DEFAULTS = {

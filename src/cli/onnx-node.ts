@@ -2,7 +2,7 @@
  * OnnxBackend over onnxruntime-node (CPU execution provider).
  */
 import * as ort from 'onnxruntime-node';
-import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from '../shard/backend.ts';
+import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type OnnxBackend, type OnnxSession, type RunValue } from '../shard/backend.ts';
 
 export interface NodeBackendOptions {
   /** Default threads per operator for sessions that do not say; ORT picks when absent. */
@@ -21,18 +21,34 @@ type OrtModule = typeof ort;
 
 /** Shared by the node and wasm adapters: both packages expose the same InferenceSession/Tensor API. */
 export function wrapSession(o: Pick<OrtModule, 'Tensor'>, session: ort.InferenceSession): OnnxSession {
+  const host = (name: string, t: RunValue): BackendTensor => {
+    if (isDeviceTensor(t)) throw new TypeError(`${name}: a CPU backend has no device tensors`);
+    return t;
+  };
+  const tensor = (t: BackendTensor) => new o.Tensor(t.type, t.data, t.dims);
+  const collect = (out: ort.InferenceSession.OnnxValueMapType, given: Readonly<Record<string, RunValue>> = {}) => {
+    const result: Record<string, BackendTensor> = {};
+    for (const [name, t] of Object.entries(out)) {
+      result[name] = (given[name] as BackendTensor | undefined) ?? { type: t.type as BackendTensor['type'], data: t.data as BackendTensor['data'], dims: t.dims };
+    }
+    return result;
+  };
   return {
     inputNames: session.inputNames,
     outputNames: session.outputNames,
     async run(feeds) {
       const input: Record<string, ort.Tensor> = {};
-      for (const [name, t] of Object.entries(feeds)) input[name] = new o.Tensor(t.type, t.data, t.dims);
-      const out = await session.run(input);
-      const result: Record<string, BackendTensor> = {};
-      for (const [name, t] of Object.entries(out)) {
-        result[name] = { type: t.type as BackendTensor['type'], data: t.data as BackendTensor['data'], dims: t.dims };
-      }
-      return result;
+      for (const [name, t] of Object.entries(feeds)) input[name] = tensor(t);
+      return collect(await session.run(input));
+    },
+    async runWith(feeds, outputs) {
+      const input: Record<string, ort.Tensor> = {};
+      for (const [name, t] of Object.entries(feeds)) input[name] = tensor(host(name, t));
+      if (!outputs) return collect(await session.run(input));
+      // Every output is named: given ones are written in place, the rest allocated by ORT.
+      const fetches: Record<string, ort.Tensor | null> = {};
+      for (const name of session.outputNames) fetches[name] = outputs[name] ? tensor(host(name, outputs[name])) : null;
+      return collect(await session.run(input, fetches as ort.InferenceSession.FetchesType), outputs);
     },
     release: () => session.release(),
   };

@@ -11,8 +11,7 @@ import { encodeTensor } from '../protocol/tensor.ts';
 import { fillerCorpus, FIXTURE_CORPUS, trainBpe } from './bpe.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames, parseModelConfig, expectedTensorShape } from './config.ts';
 import type { ModelConfig } from './config.ts';
-import { serializeSafetensors } from './safetensors.ts';
-import type { TensorEntry } from './safetensors.ts';
+import { serializeSafetensors, type TensorEntry } from './safetensors-format.ts';
 
 export const FIXTURE_PRESETS = ['tiny', 'small', 'tiny-qwen2'] as const;
 export type FixturePreset = (typeof FIXTURE_PRESETS)[number];

@@ -29,7 +29,7 @@ export const OPSET = 17;
 const IR_VERSION = 8;
 
 /** ONNX TensorProto.DataType numbers we emit. */
-export const ElemType = { FLOAT: 1, INT64: 7, FLOAT16: 10 } as const;
+export const ElemType = { FLOAT: 1, UINT8: 2, INT32: 6, INT64: 7, FLOAT16: 10 } as const;
 export type ElemTypeId = (typeof ElemType)[keyof typeof ElemType];
 
 /** A dimension: a fixed size or a symbolic name shared across inputs. */
@@ -48,8 +48,11 @@ interface Initializer {
 const LE = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 function elemBytes(t: ElemTypeId): number {
-  return t === ElemType.INT64 ? 8 : t === ElemType.FLOAT ? 4 : 2;
+  return t === ElemType.INT64 ? 8 : t === ElemType.FLOAT || t === ElemType.INT32 ? 4 : t === ElemType.UINT8 ? 1 : 2;
 }
+
+/** onnxruntime's contrib operators (GroupQueryAttention, MatMulNBits, SkipSimplifiedLayerNormalization…). */
+export const MS_DOMAIN = 'com.microsoft';
 
 function valueInfo(name: string, elemType: ElemTypeId, dims: Dim[] | null): IValueInfoProto {
   return onnx.ValueInfoProto.create({
@@ -77,6 +80,7 @@ export class GraphBuilder {
   private readonly outputs: IValueInfoProto[] = [];
   private readonly inits: Initializer[] = [];
   private readonly names = new Set<string>();
+  private readonly domains = new Set<string>();
   private counter = 0;
 
   constructor(private readonly graphName: string) {}
@@ -100,13 +104,18 @@ export class GraphBuilder {
     this.outputs.push(valueInfo(name, elemType, dims));
   }
 
-  /** One node; returns its output names (named `outNames` when given, else fresh). */
-  op(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outNames: number | string[] = 1): string[] {
+  /**
+   * One node; returns its output names (named `outNames` when given, else
+   * fresh; '' leaves an optional output unset). `domain` '' is ONNX itself.
+   */
+  op(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outNames: number | string[] = 1, domain = ''): string[] {
     const output = typeof outNames === 'number' ? Array.from({ length: outNames }, () => this.fresh(opType.toLowerCase())) : outNames;
-    for (const o of output) this.names.add(o);
+    for (const o of output) if (o) this.names.add(o);
+    if (domain) this.domains.add(domain);
     this.nodes.push(
       onnx.NodeProto.create({
         opType,
+        ...(domain ? { domain } : {}),
         name: this.fresh(`n_${opType}`),
         input: inputs,
         output,
@@ -117,8 +126,8 @@ export class GraphBuilder {
   }
 
   /** Single-output convenience over `op`. */
-  op1(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outName?: string): string {
-    return this.op(opType, inputs, attrs, outName === undefined ? 1 : [outName])[0]!;
+  op1(opType: string, inputs: string[], attrs: Record<string, AttrValue> = {}, outName?: string, domain = ''): string {
+    return this.op(opType, inputs, attrs, outName === undefined ? 1 : [outName], domain)[0]!;
   }
 
   initializer(name: string, elemType: ElemTypeId, dims: number[], fill: (dst: Uint8Array) => void): string {
@@ -150,7 +159,7 @@ export class GraphBuilder {
       onnx.ModelProto.create({
         irVersion: IR_VERSION,
         producerName: 'meshnet-web',
-        opsetImport: [{ domain: '', version: OPSET }],
+        opsetImport: [{ domain: '', version: OPSET }, ...[...this.domains].map((domain) => ({ domain, version: 1 }))],
         graph: { name: this.graphName, node: this.nodes, input: this.inputs, output: this.outputs },
       }),
     ).finish();

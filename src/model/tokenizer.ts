@@ -1,12 +1,14 @@
 /**
  * Tokenizer and chat template of a Hugging Face checkpoint: tokenizer.json
  * through @huggingface/tokenizers, the Jinja `chat_template` through
- * @huggingface/jinja, and a streaming decoder for token-by-token output.
+ * @huggingface/jinja, and a streaming decoder for token-by-token output
+ * (text-stream.ts).
  */
 import { Tokenizer } from '@huggingface/tokenizers';
 import { Template } from '@huggingface/jinja';
 import { z } from 'zod';
 import { ModelFormatError } from './errors.ts';
+import { StreamDecoder } from './text-stream.ts';
 
 export interface ChatMessage {
   role: string;
@@ -187,44 +189,5 @@ export class ModelTokenizer {
 
   streamDecoder(opts: { skipSpecialTokens?: boolean } = {}): StreamDecoder {
     return new StreamDecoder((ids) => this.decode(ids, opts));
-  }
-}
-
-/**
- * Text deltas for ids arriving one at a time. A token can end mid-way through
- * a UTF-8 character (byte-level BPE splits emoji); its decode then ends in
- * U+FFFD and nothing is emitted until the character completes. Only a short
- * window of recent ids is re-decoded, so cost per token stays constant.
- */
-export class StreamDecoder {
-  private ids: number[] = [];
-  private prefix = 0;
-  private read = 0;
-
-  constructor(private readonly decodeFn: (ids: number[]) => string) {}
-
-  /** Append one id; returns the newly completed text (possibly ""). */
-  push(id: number): string {
-    this.ids.push(id);
-    const prev = this.decodeFn(this.ids.slice(this.prefix, this.read));
-    const text = this.decodeFn(this.ids.slice(this.prefix));
-    if (text.length > prev.length && !text.endsWith('\uFFFD')) {
-      this.prefix = this.read;
-      this.read = this.ids.length;
-      return text.slice(prev.length);
-    }
-    return '';
-  }
-
-  /** Whatever is still held back (e.g. a genuinely broken byte sequence at the end). */
-  flush(): string {
-    const prev = this.decodeFn(this.ids.slice(this.prefix, this.read));
-    const text = this.decodeFn(this.ids.slice(this.prefix));
-    this.prefix = this.read = this.ids.length;
-    return text.slice(prev.length);
-  }
-
-  get tokenIds(): readonly number[] {
-    return this.ids;
   }
 }

@@ -16,12 +16,13 @@
  * wakes where a link pays two; direct HTTP pays two as well but its request
  * path costs about as much as the relay's two extra wakes.
  *
- * Both ends reuse RelayClient whole (multiplexing, timeouts, CANCEL,
- * streamed answers, limits, backpressure): the caller's is an ordinary
- * client pointed at the link URL; the node's runs over the accepted socket,
- * behind a shim that answers its handshake locally. The node rewrites each
- * REQUEST's peer id from itself (target) to the caller (source), as a relay
- * does, and refuses frames addressed to anyone else.
+ * The caller's end is an ordinary RelayClient pointed at the link URL (the
+ * handshake is the relay's, and it redials with the same backoff); the
+ * node's end verifies the caller's key itself and then wraps the socket in a
+ * FrameMux, like a relay connection's, whose REQUEST frames must name the
+ * node and are rewritten to name the caller, as a relay does. The caller
+ * uses a link for a hop only when the node's `registered` names the hop's
+ * peer id (an endpoint can be wrong, or name a port on the caller's machine).
  *
  * Host-agnostic: the host accepts the socket (Node.js: `ws` on the node's
  * HTTP server) and injects the WebSocket constructor for the caller side.
@@ -29,12 +30,15 @@
 import { CLOSE } from '../protocol/close-codes.ts';
 import { parseRegister } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
-import { FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, encodeErrorFrame, readFrameHead } from '../protocol/frames.ts';
+import { FRAME_HEAD_BYTES } from '../protocol/frames.ts';
 import { PEER_ID_BYTES, hexToBytes, peerIdFromPublicKey, randomHex, registrationMessage } from '../protocol/ids.ts';
+import { FrameMux } from './frame-mux.ts';
+import type { LinkDialer } from './runtime/host.ts';
 import { verifyEd25519, type Identity } from './identity.ts';
-import { RelayClient, type MeshHandler, type RelayLogEntry } from './relay-client.ts';
-import type { RelayClientOptions } from './relay-options.ts';
-import { WS_OPEN, messageBytes, type SocketCloseEvent, type SocketMessageEvent, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
+import type { MeshHandler, MeshRequestFn, RelayLogEntry } from './mesh-types.ts';
+import { RelayClient } from './relay-client.ts';
+import { resolveRelayClientOptions, type MuxOptions, type RelayClientOptions } from './relay-options.ts';
+import type { WebSocketConstructor, WebSocketLike } from './socket.ts';
 
 /** Path of the link endpoint on a node's HTTP surface. */
 export const LINK_PATH = '/link';
@@ -45,7 +49,7 @@ export interface AcceptLinkInit {
   identity: Identity;
   handler: MeshHandler;
   /** Limits of the node side (maxMessageBytes, maxConcurrentRequests, handlerTimeoutMs …). */
-  options?: Partial<RelayClientOptions>;
+  options?: Partial<MuxOptions>;
   registerTimeoutMs?: number;
   /** The caller proved its key and the link carries frames from now on. */
   onOpen?: (callerId: string) => void;
@@ -61,17 +65,17 @@ export interface AcceptedLink {
 }
 
 /**
- * The node's end of a link: the handshake, then every REQUEST to `handler`
- * through a RelayClient that sees this socket as its relay.
+ * The node's end of a link: the handshake (challenge, the caller's signed
+ * register, "registered"), then a FrameMux that serves every REQUEST with
+ * `handler`.
  */
 export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): AcceptedLink {
   const log = init.onLog ?? (() => {});
+  const options: MuxOptions = resolveRelayClientOptions(init.options ?? {});
   const nonce = randomHex(16);
   const ownId = hexToBytes(init.identity.peerId);
   let callerId: string | undefined;
-  let callerIdBytes: Uint8Array | undefined;
-  let client: RelayClient | undefined;
-  let shim: LinkSocket | undefined;
+  let mux: FrameMux | undefined;
   let state: 'challenged' | 'verifying' | 'open' | 'closed' = 'challenged';
   let resolveClosed: () => void = () => {};
   const closed = new Promise<void>((r) => (resolveClosed = r));
@@ -83,7 +87,6 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
     if (state === 'closed') return;
     state = 'closed';
     clearTimeout(registerTimer);
-    client?.close();
     resolveClosed();
   };
   const refuse = (code: number, reason: string): void => {
@@ -99,16 +102,9 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
     if (state !== 'open') refuse(CLOSE.registerTimeout, 'no registration within the time limit');
   }, init.registerTimeoutMs ?? 10_000);
 
-  socket.onclose = (ev) => {
-    shim?.deliverClose(ev);
-    finish();
-  };
+  socket.onclose = () => finish();
   socket.onerror = () => {};
   socket.onmessage = (ev) => {
-    if (state === 'open') {
-      onFrame(ev);
-      return;
-    }
     if (state !== 'challenged' || typeof ev.data !== 'string') {
       refuse(CLOSE.policy, 'send one register message, then frames once registered');
       return;
@@ -125,51 +121,30 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
     const ok = await verifyEd25519(key, registrationMessage(nonce), cred.signature).catch(() => false);
     if (!ok) return refuse(CLOSE.badSignature, 'bad signature: sign "meshnet-register:" + this connection\'s nonce');
     if (state !== 'verifying') return;
-    callerId = await peerIdFromPublicKey(key);
-    callerIdBytes = hexToBytes(callerId);
-    // The node side registers (locally) before the caller hears "registered": no frame can arrive before a handler is ready.
-    shim = new LinkSocket(socket, init.identity.peerId);
-    const s = shim;
-    client = new RelayClient({
-      ...init.options,
-      relayUrl: `ws://link.invalid${LINK_PATH}`,
-      WebSocket: function LinkSocketFactory() {
-        return s;
-      } as unknown as WebSocketConstructor,
-      identity: init.identity,
+    const id = await peerIdFromPublicKey(key);
+    if (state !== 'verifying') return;
+    callerId = id;
+    const callerIdBytes = hexToBytes(id);
+    // The handler is in place before the caller hears "registered": no frame can arrive before it.
+    mux = new FrameMux(socket, {
+      options,
+      name: `link from ${id}`,
       handler: init.handler,
       onLog: log,
+      onClose: finish,
+      checkRequest: (frame) => {
+        if (frame.byteLength < FRAME_HEAD_BYTES + PEER_ID_BYTES) return undefined; // too short: decoding answers 400
+        const target = frame.subarray(FRAME_HEAD_BYTES, FRAME_HEAD_BYTES + PEER_ID_BYTES);
+        if (!sameBytes(target, ownId)) return new MeshError('MESH_ERR_NO_SUCH_PEER', `this link ends at ${init.identity.peerId}; the frame names another peer`);
+        // As a relay does: the handler side sees who called.
+        target.set(callerIdBytes);
+        return undefined;
+      },
     });
-    client.on('state', (e) => {
-      if (e.state === 'registered' && state === 'verifying') {
-        state = 'open';
-        clearTimeout(registerTimer);
-        socket.send(JSON.stringify({ type: 'registered', peer_id: callerId, relay_addr: linkAddress(init.identity.peerId) }));
-        init.onOpen?.(callerId!);
-      } else if (e.state === 'disconnected') finish(); // an accepted socket cannot be redialled
-    });
-    client.start();
-  }
-
-  function onFrame(ev: SocketMessageEvent): void {
-    const data = ev.data;
-    if (typeof data === 'string') {
-      // relay-http-request envelopes work too: the node side answers them.
-      shim!.deliverMessage(ev);
-      return;
-    }
-    const bytes = messageBytes(data);
-    if (bytes !== undefined && bytes.byteLength >= FRAME_HEAD_BYTES + PEER_ID_BYTES && bytes[0] === FRAME_VERSION && bytes[1] === FrameKind.Request) {
-      const target = bytes.subarray(FRAME_HEAD_BYTES, FRAME_HEAD_BYTES + PEER_ID_BYTES);
-      if (!sameBytes(target, ownId)) {
-        const err = new MeshError('MESH_ERR_NO_SUCH_PEER', `this link ends at ${init.identity.peerId}; the frame names another peer`);
-        if (socket.readyState === WS_OPEN) socket.send(encodeErrorFrame(readFrameHead(bytes).streamId, err));
-        return;
-      }
-      // As a relay does: the handler side sees who called.
-      target.set(callerIdBytes!);
-    }
-    shim!.deliverMessage(ev);
+    state = 'open';
+    clearTimeout(registerTimer);
+    socket.send(JSON.stringify({ type: 'registered', peer_id: id, relay_addr: linkAddress(init.identity.peerId) }));
+    init.onOpen?.(id);
   }
 
   return {
@@ -178,10 +153,13 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
     },
     closed,
     close() {
-      try {
-        socket.close(CLOSE.goingAway, 'node shutting down');
-      } catch {
-        // already closed
+      if (mux) mux.close('node shutting down', { code: CLOSE.goingAway });
+      else {
+        try {
+          socket.close(CLOSE.goingAway, 'node shutting down');
+        } catch {
+          // already closed
+        }
       }
       finish();
     },
@@ -192,62 +170,6 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   if (a.byteLength !== b.byteLength) return false;
   for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false;
   return true;
-}
-
-/**
- * The accepted socket as the node side's RelayClient sees it: open already,
- * its handshake answered here (a challenge at once, "registered" for its
- * register message), everything else passed through.
- */
-class LinkSocket implements WebSocketLike {
-  onopen: ((ev: unknown) => void) | null = null;
-  onmessage: ((ev: SocketMessageEvent) => void) | null = null;
-  onclose: ((ev: SocketCloseEvent) => void) | null = null;
-  onerror: ((ev: unknown) => void) | null = null;
-  private registered = false;
-
-  constructor(
-    private readonly socket: WebSocketLike,
-    private readonly peerId: string,
-  ) {
-    // RelayClient sets its handlers right after construction; the challenge follows in a microtask.
-    queueMicrotask(() => this.onmessage?.({ data: JSON.stringify({ type: 'challenge', nonce: randomHex(16) }) }));
-  }
-
-  get binaryType(): string {
-    return this.socket.binaryType;
-  }
-  set binaryType(v: string) {
-    this.socket.binaryType = v;
-  }
-  get readyState(): number {
-    return this.socket.readyState;
-  }
-  get bufferedAmount(): number {
-    return this.socket.bufferedAmount;
-  }
-
-  send(data: string | Uint8Array): void {
-    if (!this.registered && typeof data === 'string') {
-      // Its register message: the caller already proved who it is; this side is the node itself.
-      this.registered = true;
-      queueMicrotask(() => this.onmessage?.({ data: JSON.stringify({ type: 'registered', peer_id: this.peerId, relay_addr: 'link' }) }));
-      return;
-    }
-    this.socket.send(data);
-  }
-
-  close(code?: number, reason?: string): void {
-    this.socket.close(code, reason);
-  }
-
-  deliverMessage(ev: SocketMessageEvent): void {
-    this.onmessage?.(ev);
-  }
-
-  deliverClose(ev: SocketCloseEvent): void {
-    this.onclose?.(ev);
-  }
 }
 
 export interface LinkPoolInit {
@@ -264,11 +186,13 @@ export interface LinkPoolInit {
 
 interface PooledLink {
   client: RelayClient;
+  /** client.request, bound once: HopTransport asks for it per hop per token. */
+  request: MeshRequestFn;
   lastUsed: number;
 }
 
 /** The caller's end: one link per node endpoint, opened on first sight, redialled by RelayClient's backoff. */
-export class LinkPool {
+export class LinkPool implements LinkDialer {
   private readonly links = new Map<string, PooledLink>(); // insertion order = LRU order
   private readonly urls = new Map<string, string | undefined>();
   private readonly now: () => number;
@@ -283,6 +207,15 @@ export class LinkPool {
    * it ends at another peer than `peerId`.
    */
   get(endpoint: string, peerId?: string): RelayClient | undefined {
+    return this.lookup(endpoint, peerId)?.client;
+  }
+
+  /** Like get(), as the request function a HopTransport calls. */
+  requester(endpoint: string, peerId: string): MeshRequestFn | undefined {
+    return this.lookup(endpoint, peerId)?.request;
+  }
+
+  private lookup(endpoint: string, peerId: string | undefined): PooledLink | undefined {
     let key = this.urls.get(endpoint);
     if (key === undefined && !this.urls.has(endpoint)) {
       // Called for every hop of every token: parse each endpoint once.
@@ -299,13 +232,14 @@ export class LinkPool {
       link.lastUsed = t;
     } else {
       this.sweep(t);
-      link = { client: this.open(key), lastUsed: t };
+      const client = this.open(key);
+      link = { client, request: client.request.bind(client), lastUsed: t };
       this.links.set(key, link);
     }
     if (link.client.state !== 'registered') return undefined;
     // The node says who it is in its registered message; an endpoint can lead somewhere else than the route thinks.
     if (peerId !== undefined && link.client.relayAddr !== linkAddress(peerId)) return undefined;
-    return link.client;
+    return link;
   }
 
   /** Links open now (registered or dialling). */

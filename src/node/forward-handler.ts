@@ -12,8 +12,8 @@
  * caller sends can stop the node from serving the next request.
  */
 import { z } from 'zod';
-import type { MeshRequest, MeshResponse } from '../protocol/envelopes.ts';
-import { MeshError, errorBody } from '../protocol/errors.ts';
+import { errorReply, jsonReply, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { H, type HeaderMap } from '../protocol/headers.ts';
 import { decodeTensor, dtypeBytes, encodeTensor, formatShape, isDtype, parseShape, shapeElements, type Dtype } from '../protocol/tensor.ts';
 import type { ForwardRequest, ForwardResult, ShardExecutor } from '../shard/executor.ts';
@@ -30,7 +30,10 @@ export interface ForwardHandlerInfo {
   /** e.g. "onnxruntime-web/wasm", "onnxruntime-node/cpu". */
   backend: string;
   version?: string;
-  /** Token text for the JSON answer of the last hop; absent: `text` is "". */
+  /**
+   * Token text for the last hop's JSON answer (shared/PROTOCOL.md §5's `text`); absent: "".
+   * Hosts give it only to a node that holds the tokenizer anyway (a head): heads read `token_id` alone.
+   */
   decode?(tokenId: number): string;
   /** True while the donor has paused the node: /forward answers 503, the rest keeps working. */
   isPaused?(): boolean;
@@ -49,15 +52,7 @@ export interface ForwardEvent {
   ms: number;
 }
 
-const utf8 = new TextEncoder();
 
-function json(status: number, value: unknown, headers: HeaderMap = {}): MeshResponse {
-  return { status, headers: { 'content-type': 'application/json', ...headers }, body: utf8.encode(JSON.stringify(value)) };
-}
-
-function meshErrorResponse(e: MeshError): MeshResponse {
-  return json(e.status, e.toBody());
-}
 
 /** X-Meshnet-Sampling: the JSON names of PROTOCOL.md §5 (snake_case), bounded before use. */
 const samplingSchema = z
@@ -143,7 +138,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     const tokens = shape[1]!;
     if (result.kind === 'token') {
       const text = info.decode ? info.decode(result.tokenId) : '';
-      return { res: json(200, { token_id: result.tokenId, text, logprob: result.logprob }), tokens };
+      return { res: jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob }), tokens };
     }
     // Answer in the caller's dtype: the next hop expects what this one received.
     const body = encodeTensor(result.data, dtype);
@@ -182,7 +177,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     const method = req.method.toUpperCase();
     try {
       if (path === '/forward') {
-        if (method !== 'POST') return json(405, errorBody('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /forward'), { allow: 'POST' });
+        if (method !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /forward'), { allow: 'POST' });
         try {
           const { res, tokens } = await forward(req);
           info.onForward?.({ status: res.status, tokens, ms: performance.now() - t0 });
@@ -193,32 +188,32 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
         }
       }
       if (path === '/health') {
-        if (method !== 'GET' && method !== 'HEAD') return json(405, errorBody('MESH_ERR_METHOD_NOT_ALLOWED', 'use GET /health'), { allow: 'GET' });
-        return json(200, { status: info.isPaused?.() ? 'paused' : 'ok', sessions: executor.kvStats().sessions });
+        if (method !== 'GET' && method !== 'HEAD') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use GET /health'), { allow: 'GET' });
+        return jsonReply(200, { status: info.isPaused?.() ? 'paused' : 'ok', sessions: executor.kvStats().sessions });
       }
       if (path === '/info') {
-        if (method !== 'GET') return json(405, errorBody('MESH_ERR_METHOD_NOT_ALLOWED', 'use GET /info'), { allow: 'GET' });
-        return json(200, infoBody());
+        if (method !== 'GET') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use GET /info'), { allow: 'GET' });
+        return jsonReply(200, infoBody());
       }
       const m = /^\/sessions\/([^/]+)$/.exec(path);
       if (m) {
-        if (method !== 'DELETE') return json(405, errorBody('MESH_ERR_METHOD_NOT_ALLOWED', 'use DELETE /sessions/<id>'), { allow: 'DELETE' });
+        if (method !== 'DELETE') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use DELETE /sessions/<id>'), { allow: 'DELETE' });
         let id: string;
         try {
           id = decodeURIComponent(m[1]!);
         } catch {
-          return json(400, errorBody('MESH_ERR_BAD_REQUEST', 'session id is not valid percent-encoding'));
+          return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'session id is not valid percent-encoding'));
         }
-        if (!executor.dropSession(id)) return json(404, errorBody('MESH_ERR_NOT_FOUND', `no session ${id.slice(0, 128)} on this node`));
+        if (!executor.dropSession(id)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', `no session ${id.slice(0, 128)} on this node`));
         return { status: 204, headers: {}, body: new Uint8Array(0) };
       }
-      return json(404, errorBody('MESH_ERR_NOT_FOUND', `no route ${method} ${path.slice(0, 256)}; this node serves POST /forward, GET /health, GET /info, DELETE /sessions/<id>`));
+      return errorReply(new MeshError('MESH_ERR_NOT_FOUND', `no route ${method} ${path.slice(0, 256)}; this node serves POST /forward, GET /health, GET /info, DELETE /sessions/<id>`));
     } catch (e) {
-      if (e instanceof MeshError) return meshErrorResponse(e);
+      if (e instanceof MeshError) return errorReply(e);
       // Decoding a ragged body throws RangeError: the caller's fault, not ours.
-      if (e instanceof RangeError) return json(400, errorBody('MESH_ERR_BAD_SHAPE', e.message));
+      if (e instanceof RangeError) return errorReply(new MeshError('MESH_ERR_BAD_SHAPE', e.message));
       info.onError?.(e, req);
-      return json(500, errorBody('MESH_ERR_INTERNAL', 'the node failed to run this request; it keeps serving'));
+      return errorReply(new MeshError('MESH_ERR_INTERNAL', 'the node failed to run this request; it keeps serving'));
     }
   };
 }

@@ -13,11 +13,11 @@
  * as the consumer pulls (relay DATA frames, or chunked HTTP).
  */
 import { z } from 'zod';
-import type { MeshRequest, MeshResponse } from '../protocol/envelopes.ts';
-import { MeshError, errorBody } from '../protocol/errors.ts';
+import { errorReply, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { generateRequestSchema, type GenerateEvent } from '../protocol/tracker.ts';
-import type { MeshHandler } from './relay-client.ts';
+import type { MeshHandler } from './mesh-types.ts';
 import type { PipelineDriver } from './pipeline.ts';
 import { verifySignedRoute } from './tracker-client.ts';
 
@@ -41,13 +41,9 @@ export interface HeadHandlerInit {
 const utf8 = new TextEncoder();
 const utf8d = new TextDecoder();
 
-function json(status: number, value: unknown): MeshResponse {
-  return { status, headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(value)) };
-}
-
 /** 421 Misdirected Request: a route pointed at a node that is not (or no longer) a head. */
 function notAHead(): MeshResponse {
-  return json(421, errorBody('MESH_ERR_LAYER_RANGE', 'this node does not hold layer 0 and the tokenizer now; ask the tracker for a fresh route'));
+  return errorReply(new MeshError('MESH_ERR_MISDIRECTED', 'this node does not hold layer 0 and the tokenizer now; ask the tracker for a fresh route'));
 }
 
 async function* ndjson(events: AsyncGenerator<GenerateEvent>, onEvent: ((e: GenerateEvent) => void) | undefined): AsyncGenerator<Uint8Array> {
@@ -104,17 +100,17 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
   return async function handle(req: MeshRequest): Promise<MeshResponse> {
     const path = req.path.split('?')[0]!;
     if (path !== '/generate') return init.forward(req);
-    if (req.method.toUpperCase() !== 'POST') return { ...json(405, errorBody('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /generate')), headers: { 'content-type': 'application/json', allow: 'POST' } };
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /generate'), { allow: 'POST' });
     try {
       return await generate(req);
     } catch (e) {
       if (e instanceof MeshError) {
         if (e.status === 403) init.onLog?.(`refused /generate: ${e.message}`);
-        return json(e.status, e.toBody());
+        return errorReply(e);
       }
-      if (e instanceof z.ZodError) return json(400, errorBody('MESH_ERR_BAD_REQUEST', e.message));
+      if (e instanceof z.ZodError) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', e.message));
       init.onLog?.(`/generate failed: ${(e as Error).stack ?? String(e)}`);
-      return json(500, errorBody('MESH_ERR_INTERNAL', 'the head failed to start this generation'));
+      return errorReply(new MeshError('MESH_ERR_INTERNAL', 'the head failed to start this generation'));
     }
   };
 }

@@ -10,10 +10,10 @@
  * for `/rpc` and a `fetch`; none is required.
  */
 import type { MeshReply } from '../protocol/envelopes.ts';
-import { MeshError, errorCodeOf } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import type { HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
-import type { OutgoingRequest, RequestOptions } from './relay-client.ts';
+import type { OutgoingRequest, RequestOptions } from './mesh-types.ts';
 
 export type TransportKind = 'fast' | 'rpc' | 'link' | 'direct';
 
@@ -110,26 +110,10 @@ function parseHostPort(url: string): string | undefined {
   }
 }
 
-const utf8d = new TextDecoder();
-
 /** Statuses of a reply that mean "this transport did not reach a working hop", as opposed to an answer from the hop. */
 function isTransportFailure(reply: MeshReply): boolean {
   if (reply.status === 200 || reply.status === 409) return false;
   return true;
-}
-
-function replyError(reply: MeshReply, kind: TransportKind): MeshError {
-  let code: string | undefined;
-  let message = `HTTP ${reply.status}`;
-  try {
-    const body = JSON.parse(utf8d.decode(reply.body)) as { error?: { message?: unknown } };
-    code = errorCodeOf(body);
-    if (typeof body.error?.message === 'string') message = `${reply.status} ${code ?? ''} ${body.error.message}`.replace(/\s+/g, ' ');
-  } catch {
-    // a non-JSON error body: the status says enough
-  }
-  const meshCode = reply.status === 504 ? 'MESH_ERR_TIMEOUT' : reply.status === 416 ? 'MESH_ERR_LAYER_RANGE' : reply.status === 503 ? 'MESH_ERR_UNAVAILABLE' : 'MESH_ERR_UPSTREAM';
-  return new MeshError(meshCode, `${kind}: ${message}`, { status: reply.status, ...(code ? { remote_code: code } : {}) });
 }
 
 function asMesh(e: unknown, fallback: string): MeshError {
@@ -196,7 +180,7 @@ export class HopTransport {
         continue;
       }
       if (isTransportFailure(reply)) {
-        errors.push({ kind, error: replyError(reply, kind) });
+        errors.push({ kind, error: remoteError(reply.status, reply.body, `HTTP ${reply.status}`) });
         continue;
       }
       if (errors.length > 0) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);

@@ -27,6 +27,7 @@ import type { GenerateEvent, GenerateRequest, RouteHop } from '../protocol/track
 import { concatBytes } from '../protocol/bytes.ts';
 import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
+import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
 import { z } from 'zod';
 
@@ -123,62 +124,6 @@ interface PendingRecovery {
   untilIndex: number;
 }
 
-/** Holds back text that could be the start of a stop string, and finds the first stop. */
-export class StopMatcher {
-  private held = '';
-  constructor(private readonly stops: readonly string[]) {}
-  /** Text safe to emit now, and whether a stop string completed (the text before it is returned, the rest dropped). */
-  push(delta: string): { text: string; stopped: boolean } {
-    if (this.stops.length === 0) return { text: delta, stopped: false };
-    const s = this.held + delta;
-    let first = -1;
-    for (const stop of this.stops) {
-      const i = s.indexOf(stop);
-      if (i >= 0 && (first < 0 || i < first)) first = i;
-    }
-    if (first >= 0) {
-      this.held = '';
-      return { text: s.slice(0, first), stopped: true };
-    }
-    // Longest suffix of s that is a proper prefix of a stop string stays held.
-    let keep = 0;
-    for (const stop of this.stops) {
-      for (let k = Math.min(stop.length - 1, s.length); k > keep; k--) {
-        if (s.endsWith(stop.slice(0, k))) {
-          keep = k;
-          break;
-        }
-      }
-    }
-    this.held = s.slice(s.length - keep);
-    return { text: s.slice(0, s.length - keep), stopped: false };
-  }
-  flush(): string {
-    const t = this.held;
-    this.held = '';
-    return t;
-  }
-}
-
-/** Incremental detokenizer that also works from a context of earlier ids (the prefix of a failover). */
-class Detokenizer {
-  private ids: number[] = [];
-  private prefix = 0;
-  private read = 0;
-  constructor(private readonly tok: HeadTokenizer) {}
-  push(id: number): string {
-    this.ids.push(id);
-    const prev = this.tok.decode(this.ids.slice(this.prefix, this.read), { skipSpecialTokens: true });
-    const text = this.tok.decode(this.ids.slice(this.prefix), { skipSpecialTokens: true });
-    if (text.length > prev.length && !text.endsWith('\uFFFD')) {
-      this.prefix = this.read;
-      this.read = this.ids.length;
-      return text.slice(prev.length);
-    }
-    return '';
-  }
-}
-
 export interface GenerateOptions {
   signal?: AbortSignal;
 }
@@ -261,7 +206,7 @@ export class PipelineDriver {
     const hops: HopState[] = plan.hops.map((hop) => ({ hop, history: new History(this.rowBytes, 64), synced: true }));
     const sampling = JSON.stringify({ temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) });
     const localSampling = { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) };
-    const detok = new Detokenizer(tok);
+    const detok = new StreamDecoder((ids) => tok.decode(ids, { skipSpecialTokens: true }));
     const stop = new StopMatcher(req.stop);
     const pending: GenerateEvent[] = [];
     let recoveries = 0;
@@ -269,7 +214,9 @@ export class PipelineDriver {
     let index = req.prefix_token_ids.length;
 
     yield { type: 'start', prompt_tokens: promptIds.length, route: hops.map((h) => h.hop.peer_id) };
-    for (const id of req.prefix_token_ids) detok.push(id);
+    // A restart after a head failed: both see the text so far as that head did, so the stop
+    // matcher holds back exactly what it held (and never sent), and releases or drops it as it would have.
+    for (const id of req.prefix_token_ids) stop.push(detok.push(id));
 
     /** One step: `tokens` enter at `position`; returns the sampled token. */
     const step = async (tokens: number[], allTokens: () => number[]): Promise<{ tokenId: number; logprob: number }> => {

@@ -8,11 +8,11 @@
  * the socket open for many requests, matched by `request_id`, which saves the
  * 50–150 ms handshake per token that the ADR accepted "for prototype".
  */
-import { bodyFieldsFor, envelopeBody, rpcResponseSchema, type MeshReply } from '../protocol/envelopes.ts';
-import { MeshError, type MeshErrorCode } from '../protocol/errors.ts';
+import { bodyFieldsFor, envelopeBody, errorReply, rpcResponseSchema, type MeshReply } from '../protocol/envelopes.ts';
+import { MeshError, codeForStatus, type MeshErrorCode } from '../protocol/errors.ts';
 import { normalizeHeaders } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
-import type { OutgoingRequest, RelayLogEntry, RequestOptions } from './relay-client.ts';
+import type { OutgoingRequest, RelayLogEntry, RequestOptions } from './mesh-types.ts';
 import { RPC_DEFAULTS, type RpcOptions } from './relay-options.ts';
 import { SendGate, WS_OPEN, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
 
@@ -44,25 +44,14 @@ export const watchWsHandshake: HandshakeWatcher = (socket, onRejected) => {
   });
 };
 
-const STATUS_CODES: Record<number, MeshErrorCode> = {
-  400: 'MESH_ERR_BAD_REQUEST',
-  401: 'MESH_ERR_UNAUTHORIZED',
-  403: 'MESH_ERR_FORBIDDEN',
-  404: 'MESH_ERR_NO_SUCH_PEER',
-  413: 'MESH_ERR_TOO_LARGE',
-  429: 'MESH_ERR_TOO_MANY_REQUESTS',
-  502: 'MESH_ERR_UPSTREAM',
-  503: 'MESH_ERR_UNAVAILABLE',
-  504: 'MESH_ERR_TIMEOUT',
-};
+/** The code of a refused `/rpc` handshake: a browser sees no body, only (through the host) the status; on `/rpc/<id>` a 404 means that peer is not connected. */
+function handshakeCode(status: number): MeshErrorCode {
+  return status === 404 ? 'MESH_ERR_NO_SUCH_PEER' : codeForStatus(status);
+}
 
-const utf8 = new TextEncoder();
-
-/** A refused handshake as the reply the relay would have sent on an open socket. */
+/** A refused handshake as the reply the relay would have sent on an open socket (the code's status, as every error answer). */
 function handshakeReply(status: number, addr: string): MeshReply {
-  const code = STATUS_CODES[status] ?? 'MESH_ERR_UPSTREAM';
-  const message = status === 404 ? `the relay has no peer connected at ${addr}` : `the relay refused ${addr} with HTTP ${status}`;
-  return { status: status >= 100 && status <= 599 ? status : 502, headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify({ error: { code, message } })) };
+  return errorReply(new MeshError(handshakeCode(status), status === 404 ? `the relay has no peer connected at ${addr}` : `the relay refused ${addr} with HTTP ${status}`));
 }
 
 class HandshakeRejected extends MeshError {
@@ -70,7 +59,7 @@ class HandshakeRejected extends MeshError {
     readonly handshakeStatus: number,
     addr: string,
   ) {
-    super(STATUS_CODES[handshakeStatus] ?? 'MESH_ERR_UPSTREAM', `the relay refused ${addr} with HTTP ${handshakeStatus}`, { handshakeStatus });
+    super(handshakeCode(handshakeStatus), `the relay refused ${addr} with HTTP ${handshakeStatus}`, { handshakeStatus });
   }
 }
 

@@ -2,13 +2,8 @@
  * Relay client options: one place for every limit, its unit and its default.
  * The CLI's help and docs/protocol.md are written from this table.
  */
-export interface RelayClientOptions {
-  /** First reconnect delay's ceiling; each failure doubles it (full jitter: the delay is uniform in [0, ceiling]). @defaultValue 250 */
-  minBackoffMs: number;
-  /** Largest reconnect delay ceiling. @defaultValue 15000 */
-  maxBackoffMs: number;
-  /** Time from opening the socket to `registered`; then the attempt counts as failed. @defaultValue 10000 */
-  registerTimeoutMs: number;
+/** Limits of one multiplexed connection (a relay connection or a direct link). */
+export interface MuxOptions {
   /** Default time for a whole answer to an outgoing request. 0 disables. @defaultValue 30000 */
   requestTimeoutMs: number;
   /** Time the local handler has to answer an incoming request before it is aborted and answered 504. 0 disables. @defaultValue 120000 */
@@ -21,6 +16,16 @@ export interface RelayClientOptions {
   highWaterBytes: number;
   /** Longest a send waits for the buffer to drain before failing with MESH_ERR_BACKPRESSURE. @defaultValue 10000 */
   maxSendWaitMs: number;
+}
+
+/** The relay dialer's options: the multiplexer's limits plus connect and reconnect. */
+export interface RelayClientOptions extends MuxOptions {
+  /** First reconnect delay's ceiling; each failure doubles it (full jitter: the delay is uniform in [0, ceiling]). @defaultValue 250 */
+  minBackoffMs: number;
+  /** Largest reconnect delay ceiling. @defaultValue 15000 */
+  maxBackoffMs: number;
+  /** Time from opening the socket to `registered`; then the attempt counts as failed. @defaultValue 10000 */
+  registerTimeoutMs: number;
 }
 
 export const RELAY_CLIENT_DEFAULTS: RelayClientOptions = {

@@ -9,7 +9,7 @@
  * Host-agnostic: `fetch` is injected.
  */
 import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
-import { MeshError, errorCodeOf } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import {
   canonicalJson,
   registerAnswerSchema,
@@ -45,6 +45,8 @@ const heartbeatAnswerSchema = z
     tracker_public_key: z.string().optional(),
   })
   .loose();
+const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
+
 export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number };
 
 /** The tracker forgot this node (it restarted): register again. */
@@ -125,11 +127,21 @@ export class TrackerClient {
   }
 
   private fail(path: string, status: number, json: unknown): never {
-    const msg = (json as { error?: { message?: string } } | undefined)?.error?.message ?? `HTTP ${status}`;
-    throw new MeshError(status === 503 ? 'MESH_ERR_UNAVAILABLE' : status === 403 || status === 401 ? 'MESH_ERR_FORBIDDEN' : 'MESH_ERR_UPSTREAM', `tracker ${path}: ${msg}`, {
-      status,
-      ...(errorCodeOf(json) ? { remote_code: errorCodeOf(json) } : {}),
-    });
+    throw remoteError(status, json, `tracker ${path}`);
+  }
+
+  /** The models the tracker serves (GET /api/tracker). */
+  async models(): Promise<string[]> {
+    const url = `${this.base}/api/tracker`;
+    let res: Response;
+    try {
+      res = await this.init.fetch(url, { signal: AbortSignal.timeout(this.timeoutMs) });
+    } catch (e) {
+      throw new MeshError('MESH_ERR_UNAVAILABLE', `cannot reach the tracker at ${url}: ${(e as Error).message}`);
+    }
+    const p = trackerInfoSchema.safeParse(await res.json().catch(() => undefined));
+    if (!res.ok || !p.success) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${url} answered no model list (HTTP ${res.status})`);
+    return p.data.models;
   }
 
   async register(msg: NodeMessage): Promise<RegisterAnswer> {

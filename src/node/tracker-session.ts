@@ -12,7 +12,7 @@
  * by the host on each beat, so stats and the served span are always current.
  * Host-agnostic: only timers, which Node.js and browsers both have.
  */
-import type { Assignment, NodeMessage } from '../protocol/tracker.ts';
+import type { Assignment, NodeMessage, RegisterAnswer } from '../protocol/tracker.ts';
 import { NotRegisteredError, type TrackerClient } from './tracker-client.ts';
 
 export interface TrackerSessionInit {
@@ -21,6 +21,8 @@ export interface TrackerSessionInit {
   message(): NodeMessage;
   /** Every answer's assignment (the same one again, most of the time). */
   onAssignment(assignment: Assignment | null): void;
+  /** Each (re-)registration's answer. */
+  onRegistered?(answer: RegisterAnswer): void;
   onLog?(level: 'info' | 'warn', message: string): void;
   /** Until the first answer tells us. @defaultValue 5000 */
   heartbeatMs?: number;
@@ -42,10 +44,13 @@ export class TrackerSession {
     return this.registered;
   }
 
-  /** Registers once (rejects when the tracker refuses or is unreachable), then heartbeats until close(). */
+  /** Registers once, then heartbeats until close(); rejects when that first registration fails (refused, unreachable), and keeps trying on the heartbeat period unless closed. */
   async start(): Promise<void> {
-    await this.register();
-    this.schedule();
+    try {
+      await this.register();
+    } finally {
+      this.schedule();
+    }
   }
 
   /** Heartbeat now (after a span loaded); overlapping calls coalesce into one more beat. */
@@ -75,7 +80,9 @@ export class TrackerSession {
     const ans = await this.init.client.register(this.init.message());
     this.registered = true;
     this.heartbeatMs = ans.heartbeat_interval_ms;
-    if (!this.closed) this.init.onAssignment(ans.assignment);
+    if (this.closed) return;
+    this.init.onRegistered?.(ans);
+    this.init.onAssignment(ans.assignment);
   }
 
   private async beat(): Promise<void> {

@@ -153,6 +153,11 @@ export function jsonReply(status: number, value: unknown, headers: HeaderMap = {
   return { status, headers: { 'content-type': 'application/json', ...headers }, body: utf8.encode(JSON.stringify(value)) };
 }
 
+/** An error as an answer: its code's status and `{"error":{"code","message"}}`. */
+export function errorReply(err: MeshError, headers: HeaderMap = {}): MeshReply {
+  return jsonReply(err.status, err.toBody(), headers);
+}
+
 export function replyJson<T = unknown>(reply: MeshReply): T {
   return JSON.parse(utf8d.decode(reply.body)) as T;
 }

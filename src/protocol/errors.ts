@@ -1,8 +1,10 @@
 /**
- * Stable error codes shared by relay, node and tracker. Every code maps to
- * one HTTP status, so an error keeps its meaning whether it travels as a
- * fast-path frame, an `/rpc` JSON answer or a direct HTTP response.
- * docs/protocol.md lists each with one sentence.
+ * Stable error codes shared by relay, node, tracker and the donor page.
+ * Every code maps to one HTTP status — an answer's status is always its
+ * code's — so an error keeps its meaning whether it travels as a fast-path
+ * frame, an `/rpc` JSON answer, a direct HTTP response or a page's status.
+ * docs/protocol.md §6 lists each with one sentence (a test holds the two
+ * tables equal).
  */
 export const ERROR_STATUS = {
   MESH_ERR_BAD_REQUEST: 400,
@@ -17,14 +19,20 @@ export const ERROR_STATUS = {
   MESH_ERR_POSITION_MISMATCH: 409,
   MESH_ERR_TOO_LARGE: 413,
   MESH_ERR_LAYER_RANGE: 416,
+  MESH_ERR_MISDIRECTED: 421,
+  MESH_ERR_MODEL_FORMAT: 422,
   MESH_ERR_TOO_MANY_REQUESTS: 429,
   MESH_ERR_INTERNAL: 500,
   MESH_ERR_PEER_GONE: 502,
   MESH_ERR_UPSTREAM: 502,
+  MESH_ERR_MODEL_FETCH: 502,
+  MESH_ERR_WEIGHTS_CORRUPT: 502,
   MESH_ERR_BACKPRESSURE: 503,
   MESH_ERR_SHUTTING_DOWN: 503,
   MESH_ERR_UNAVAILABLE: 503,
   MESH_ERR_TIMEOUT: 504,
+  MESH_ERR_QUOTA: 507,
+  MESH_ERR_DEVICE_MEMORY: 507,
   MESH_ERR_CANCELLED: 499,
 } as const;
 
@@ -55,17 +63,64 @@ export function isMeshError(e: unknown): e is MeshError {
   return e instanceof MeshError;
 }
 
-export function errorBody(code: MeshErrorCode | string, message: string, details: Record<string, unknown> = {}): ErrorBody {
-  return { error: { code, message, ...details } };
+export function isMeshErrorCode(code: unknown): code is MeshErrorCode {
+  return typeof code === 'string' && Object.prototype.hasOwnProperty.call(ERROR_STATUS, code);
 }
 
-/** The code carried by an error-shaped JSON body, if any. */
-export function errorCodeOf(body: unknown): string | undefined {
-  if (typeof body === 'object' && body !== null && 'error' in body) {
-    const err = (body as { error: unknown }).error;
-    if (typeof err === 'object' && err !== null && typeof (err as { code?: unknown }).code === 'string') {
-      return (err as { code: string }).code;
+/** The generic code of each status, for an error answer that names no code we know. */
+const STATUS_CODE: Readonly<Record<number, MeshErrorCode>> = {
+  400: 'MESH_ERR_BAD_REQUEST',
+  401: 'MESH_ERR_UNAUTHORIZED',
+  403: 'MESH_ERR_FORBIDDEN',
+  404: 'MESH_ERR_NOT_FOUND',
+  405: 'MESH_ERR_METHOD_NOT_ALLOWED',
+  409: 'MESH_ERR_POSITION_MISMATCH',
+  413: 'MESH_ERR_TOO_LARGE',
+  416: 'MESH_ERR_LAYER_RANGE',
+  421: 'MESH_ERR_MISDIRECTED',
+  422: 'MESH_ERR_MODEL_FORMAT',
+  429: 'MESH_ERR_TOO_MANY_REQUESTS',
+  499: 'MESH_ERR_CANCELLED',
+  503: 'MESH_ERR_UNAVAILABLE',
+  504: 'MESH_ERR_TIMEOUT',
+  507: 'MESH_ERR_QUOTA',
+};
+
+/** The code a bare status means; any other status is the far side's failure, MESH_ERR_UPSTREAM. */
+export function codeForStatus(status: number): MeshErrorCode {
+  return STATUS_CODE[status] ?? 'MESH_ERR_UPSTREAM';
+}
+
+const utf8d = new TextDecoder();
+
+/**
+ * The one decoder of remote errors: an error answer from a relay, a node, a
+ * head or the tracker — `{"error":{"code","message"}}` as bytes or already
+ * parsed — with the status it came with (none for a streamed answer's
+ * error frame or a generate error event).
+ *
+ * A code we know is kept, and with it its own status (`remote_status` says
+ * when the answer came with another); an unknown or missing code is read
+ * from the status (`remote_code` keeps an unknown one); no status either:
+ * MESH_ERR_UPSTREAM. `context` is put before the message ("context: message").
+ */
+export function remoteError(status: number | undefined, body: unknown, context = ''): MeshError {
+  let parsed = body;
+  if (body instanceof Uint8Array) {
+    try {
+      parsed = body.byteLength === 0 ? undefined : JSON.parse(utf8d.decode(body));
+    } catch {
+      parsed = undefined;
     }
   }
-  return undefined;
+  const err = typeof parsed === 'object' && parsed !== null ? (parsed as { error?: unknown }).error : undefined;
+  const code = typeof err === 'object' && err !== null ? (err as { code?: unknown }).code : undefined;
+  const remoteMessage = typeof err === 'object' && err !== null ? (err as { message?: unknown }).message : undefined;
+  const text = typeof remoteMessage === 'string' ? remoteMessage : status !== undefined ? `HTTP ${status}` : 'an error without a message';
+  const message = context ? `${context}: ${text}` : text;
+  if (isMeshErrorCode(code)) return new MeshError(code, message, status !== undefined && status !== ERROR_STATUS[code] ? { remote_status: status } : {});
+  const details: Record<string, unknown> = {};
+  if (code !== undefined) details.remote_code = code;
+  if (status !== undefined) details.remote_status = status;
+  return new MeshError(status !== undefined ? codeForStatus(status) : 'MESH_ERR_UPSTREAM', message, details);
 }

@@ -12,7 +12,7 @@
  * tokens so far: the client's stream just goes on.
  */
 import type { Logger } from 'pino';
-import { MeshError, errorCodeOf, type MeshErrorCode, ERROR_STATUS } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
 import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
@@ -26,7 +26,6 @@ import { signRoute } from './signing.ts';
 import { concatBytes } from '../protocol/bytes.ts';
 
 const utf8 = new TextEncoder();
-const utf8d = new TextDecoder();
 
 // ---------------------------------------------------------------- transport
 
@@ -45,20 +44,6 @@ export interface OpenOptions {
 /** Opens `POST /generate` on a head and yields the raw NDJSON bytes; a non-200 answer throws its MeshError. */
 export interface HeadTransport {
   open(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>>;
-}
-
-function errorFromBody(status: number, body: Uint8Array): MeshError {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(utf8d.decode(body));
-  } catch {
-    parsed = undefined;
-  }
-  const code = errorCodeOf(parsed);
-  const message = (parsed as { error?: { message?: unknown } } | undefined)?.error?.message;
-  const text = typeof message === 'string' ? message : `head answered HTTP ${status}`;
-  if (code !== undefined && code in ERROR_STATUS) return new MeshError(code as MeshErrorCode, text);
-  return new MeshError(status === 400 ? 'MESH_ERR_BAD_REQUEST' : 'MESH_ERR_UPSTREAM', text, { head_status: status });
 }
 
 async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promise<Uint8Array> {
@@ -104,7 +89,7 @@ export function createHeadTransport(deps: { relay?: RelayClient; fetch?: typeof 
   async function viaRelay(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
     if (!deps.relay) throw new MeshError('MESH_ERR_UNAVAILABLE', `head ${head.peerId} has no endpoint and the tracker has no relay`);
     const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
-    if (reply.status !== 200) throw errorFromBody(reply.status, await collect(reply.body));
+    if (reply.status !== 200) throw remoteError(reply.status, await collect(reply.body));
     return reply.body;
   }
 
@@ -121,7 +106,7 @@ export function createHeadTransport(deps: { relay?: RelayClient; fetch?: typeof 
     } finally {
       clearTimeout(timer);
     }
-    if (res.status !== 200 || !res.body) throw errorFromBody(res.status, new Uint8Array(await res.arrayBuffer().catch(() => new ArrayBuffer(0))));
+    if (res.status !== 200 || !res.body) throw remoteError(res.status, new Uint8Array(await res.arrayBuffer().catch(() => new ArrayBuffer(0))));
     const reader = res.body.getReader();
     return (async function* () {
       try {
@@ -284,8 +269,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           finished = { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
           break;
         } else {
-          const code = ev.code in ERROR_STATUS ? (ev.code as MeshErrorCode) : 'MESH_ERR_UPSTREAM';
-          throw new MeshError(code, `head ${headId}: ${ev.message}`);
+          throw remoteError(undefined, { error: ev }, `head ${headId}`);
         }
       }
       if (!finished) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);

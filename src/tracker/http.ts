@@ -7,7 +7,7 @@
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { MeshError, errorBody } from '../protocol/errors.ts';
+import { MeshError } from '../protocol/errors.ts';
 
 export interface RouteContext {
   req: Request;
@@ -46,7 +46,7 @@ export class App {
   onError: (err: unknown, req: Request) => Response = (err) => {
     if (err instanceof HttpError) return json(err.status, err.body);
     if (err instanceof MeshError) return meshErrorResponse(err);
-    return json(500, errorBody('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving'));
+    return meshErrorResponse(new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving'));
   };
 
   on(method: string, path: string, handler: Handler): this {
@@ -165,8 +165,9 @@ async function handleNode(fetchFn: (req: Request) => Promise<Response>, req: Inc
       chunks.push(c);
     }
     if (tooLarge) {
-      res.writeHead(413, { 'content-type': 'application/json', connection: 'close' });
-      res.end(JSON.stringify(errorBody('MESH_ERR_TOO_LARGE', `body over ${maxBodyBytes} bytes`)));
+      const err = new MeshError('MESH_ERR_TOO_LARGE', `body over ${maxBodyBytes} bytes`);
+      res.writeHead(err.status, { 'content-type': 'application/json', connection: 'close' });
+      res.end(JSON.stringify(err.toBody()));
       return;
     }
     // Browser nodes (another origin: the donor page) register and heartbeat with fetch: answer CORS preflights.
@@ -200,8 +201,9 @@ async function handleNode(fetchFn: (req: Request) => Promise<Response>, req: Inc
     res.end();
   } catch {
     if (!res.headersSent) {
-      res.writeHead(500, { 'content-type': 'application/json' });
-      res.end(JSON.stringify(errorBody('MESH_ERR_INTERNAL', 'internal error')));
+      const err = new MeshError('MESH_ERR_INTERNAL', 'internal error');
+      res.writeHead(err.status, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(err.toBody()));
     } else res.destroy();
   }
 }

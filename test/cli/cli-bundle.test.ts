@@ -79,9 +79,9 @@ describe('the real CLI bundle', () => {
     expect(serverChunk).toBeDefined();
     visit(join(dirname(entry!), 'chunks', serverChunk!));
     const names = [...packages].map((p) => p.replace(/^node:/, ''));
-    for (const heavy of ['onnxruntime-node', 'onnxruntime-web', 'playwright-core', 'vite', 'esbuild', 'tsx']) expect(names).not.toContain(heavy);
+    for (const heavy of ['onnxruntime-node', 'onnxruntime-web', 'webgpu', 'playwright-core', 'vite', 'esbuild', 'tsx']) expect(names).not.toContain(heavy);
     const sources = [...seen].map((f) => readFileSync(`${f}.map`, 'utf8')).join('\n');
     expect(sources).toContain('src/relay/server.ts');
-    for (const other of ['src/tracker/', 'src/shard/', 'src/cli/node-host.ts', 'src/cli/browser-mesh.ts', 'src/model/']) expect(sources).not.toContain(other);
+    for (const other of ['src/tracker/', 'src/shard/', 'src/host/', 'src/node/runtime/', 'src/cli/browser-mesh.ts', 'src/model/']) expect(sources).not.toContain(other);
   });
 });

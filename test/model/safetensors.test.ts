@@ -8,7 +8,8 @@ import { fixtureConfig } from '../../src/model/fixture.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../../src/model/config.ts';
 import { ModelFetchError, ModelFormatError } from '../../src/model/errors.ts';
 import { memoryFetch } from '../../src/model/memory-fetch.ts';
-import { decodeTensorBytes, parseSafetensorsFile, SafetensorsReader, serializeSafetensors } from '../../src/model/safetensors.ts';
+import { SafetensorsReader } from '../../src/model/safetensors.ts';
+import { decodeTensorBytes, parseSafetensorsFile, serializeSafetensors } from '../../src/model/safetensors-format.ts';
 import { encodeTensor } from '../../src/protocol/tensor.ts';
 
 const layers = (preset: 'tiny' | 'small', from: number, to: number): string[] => {

@@ -1,16 +1,18 @@
 /**
- * Direct links over real sockets: a node:http server with `ws` accepting
- * /link the way a Node.js node does, and LinkPool callers.
+ * Direct links over real sockets: a Node.js node's HTTP surface accepting
+ * /link, and LinkPool callers.
  */
-import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { WebSocket, WebSocketServer } from 'ws';
-import { LINK_PATH, LinkPool, acceptLink, linkUrl, type AcceptedLink } from '../../src/node/direct-link.ts';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { WebSocket } from 'ws';
+import { LinkPool, linkUrl, type AcceptedLink } from '../../src/node/direct-link.ts';
+import { openSurface } from '../../src/host/node/surface.ts';
+import type { MuxOptions } from '../../src/node/relay-options.ts';
 import { HopTransport } from '../../src/node/hop-transport.ts';
 import { Identity } from '../../src/node/identity.ts';
-import type { MeshHandler } from '../../src/node/relay-client.ts';
-import type { WebSocketConstructor, WebSocketLike } from '../../src/node/socket.ts';
+import type { MeshHandler } from '../../src/node/mesh-types.ts';
+import type { WebSocketConstructor } from '../../src/node/socket.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { MeshError } from '../../src/protocol/errors.ts';
 import { randomHex } from '../../src/protocol/ids.ts';
@@ -22,39 +24,15 @@ const utf8d = new TextDecoder();
 interface LinkNode {
   identity: Identity;
   endpoint: string;
-  accepted: Set<AcceptedLink>;
+  accepted: ReadonlySet<AcceptedLink>;
   close(): Promise<void>;
 }
 
-async function startLinkNode(handler: MeshHandler, options: Parameters<typeof acceptLink>[1]['options'] = {}): Promise<LinkNode> {
+/** A node's real HTTP surface (src/host/node/surface.ts) accepting /link with `handler`. */
+async function startLinkNode(handler: MeshHandler, linkOptions: Partial<MuxOptions> = {}): Promise<LinkNode> {
   const identity = await Identity.generate();
-  const server: Server = createServer((_req, res) => res.writeHead(404).end());
-  const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false });
-  const accepted = new Set<AcceptedLink>();
-  server.on('upgrade', (req, socket, head) => {
-    if (req.url !== LINK_PATH) {
-      socket.end('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n');
-      return;
-    }
-    wss.handleUpgrade(req, socket, head, (ws) => {
-      const link = acceptLink(ws as unknown as WebSocketLike, { identity, handler, options, registerTimeoutMs: 2_000 });
-      accepted.add(link);
-      void link.closed.then(() => accepted.delete(link));
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  const { port } = server.address() as AddressInfo;
-  return {
-    identity,
-    endpoint: `http://127.0.0.1:${port}`,
-    accepted,
-    async close() {
-      for (const l of accepted) l.close();
-      wss.close();
-      server.closeAllConnections();
-      await new Promise<void>((r) => server.close(() => r()));
-    },
-  };
+  const surface = await openSurface({ port: 0, host: '127.0.0.1', maxBodyBytes: 1 << 20, links: true, linkOptions, linkRegisterTimeoutMs: 2_000, identity, http: handler, link: handler, onLinkOpen: () => {}, log: () => {} });
+  return { identity, endpoint: surface.endpoint, accepted: surface.links, close: () => surface.close() };
 }
 
 const echo: MeshHandler = async (req) => ({ status: 200, headers: { 'x-meshnet-shape': req.headers['x-meshnet-shape'] ?? '', 'x-path': req.path }, body: req.body });
@@ -86,7 +64,7 @@ describe('direct links', () => {
     for (const c of cleanups.splice(0).reverse()) await c();
   });
 
-  async function setup(handler: MeshHandler = echo, options?: Parameters<typeof acceptLink>[1]['options']) {
+  async function setup(handler: MeshHandler = echo, options?: Partial<MuxOptions>) {
     const node = await startLinkNode(handler, options);
     cleanups.push(() => node.close());
     const caller = await Identity.generate();

@@ -1,7 +1,8 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { createForwardHandler } from '../../src/node/forward-handler.ts';
 import { HopTransport } from '../../src/node/hop-transport.ts';
-import { PipelineDriver, StopMatcher, type HeadTokenizer } from '../../src/node/pipeline.ts';
+import { PipelineDriver, type HeadTokenizer } from '../../src/node/pipeline.ts';
+import { StopMatcher } from '../../src/model/text-stream.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import type { MeshRequest, MeshResponse } from '../../src/protocol/envelopes.ts';
@@ -175,6 +176,23 @@ describe('PipelineDriver', () => {
     const out = ev.map((e) => (e.type === 'token' ? e.text : '')).join('');
     expect(out.includes(stop)).toBe(false);
     expect(ids(ev).length).toBeLessThan(12);
+  });
+
+  it('after a head failover, holds back and then drops or releases the same text as an undisturbed run (stop strings over the prefix boundary)', async () => {
+    // Token texts of the greedy run; k: a token whose text ends in a character the next one does not start with.
+    const dec = tok.streamDecoder({ skipSpecialTokens: true });
+    const texts = want.map((id) => dec.push(id));
+    const k = texts.findIndex((t, i) => i > 0 && i + 1 < 10 && t.length > 0 && (texts[i + 1] ?? '').length > 0 && !texts.slice(0, i).join('').includes(t.slice(-1)));
+    expect(k).toBeGreaterThan(0);
+    const straddling = texts[k]!.slice(-1) + texts[k + 1]![0]; // completes at token k+1
+    const never = texts[k]!.slice(-1) + '\u0001'; // held at token k, released at k+1
+    for (const stop of [straddling, never]) {
+      const whole = await run(driver(), [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 10, stop: [stop] });
+      const resumed = await run(driver(), [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 10, stop: [stop], prefix_token_ids: want.slice(0, k + 1) });
+      const after = (ev: GenerateEvent[]) => ev.flatMap((e) => (e.type === 'token' && e.index > k ? [[e.index, e.token_id, e.text]] : []));
+      expect(after(resumed)).toEqual(after(whole));
+      expect(resumed.at(-1)).toMatchObject({ type: 'done', finish_reason: whole.at(-1)!.type === 'done' ? (whole.at(-1) as { finish_reason: string }).finish_reason : 'none' });
+    }
   });
 
   it('refuses a route with a gap or one that does not end at the last layer', () => {

@@ -555,7 +555,7 @@ describe('outgoing requests', () => {
 
   it('holds no timer once nothing is pending (an idle client keeps no process alive)', async () => {
     const h = await client({ handlerTimeoutMs: 1000 });
-    const conn = () => (h.client as unknown as { conn: { sweepTimer: unknown } }).conn;
+    const conn = () => (h.client as unknown as { mux: { sweepTimer: unknown } }).mux;
     const p = h.client.request(TARGET, { method: 'POST', path: '/x' }, { timeoutMs: 1000 });
     expect(conn().sweepTimer).toBeDefined();
     h.socket.binary(encodeResponseFrame({ streamId: lastRequest(h).streamId, status: 200 }));

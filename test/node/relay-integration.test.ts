@@ -4,7 +4,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Identity } from '../../src/node/identity.ts';
-import { RelayClient, type MeshHandler } from '../../src/node/relay-client.ts';
+import type { MeshHandler } from '../../src/node/mesh-types.ts';
+import { RelayClient } from '../../src/node/relay-client.ts';
 import { RpcConnection, relayHop, watchWsHandshake } from '../../src/node/relay-hop.ts';
 import { MeshError, type MeshResponse } from '../../src/protocol/index.ts';
 import { startRelay, type Relay } from '../../src/relay/server.ts';

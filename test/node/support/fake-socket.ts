@@ -6,7 +6,8 @@
  */
 import type { SocketCloseEvent, SocketMessageEvent, WebSocketLike } from '../../../src/node/socket.ts';
 import { Identity } from '../../../src/node/identity.ts';
-import { RelayClient, type RelayClientInit, type RelayLogEntry } from '../../../src/node/relay-client.ts';
+import type { RelayLogEntry } from '../../../src/node/mesh-types.ts';
+import { RelayClient, type RelayClientInit } from '../../../src/node/relay-client.ts';
 
 export class FakeSocket implements WebSocketLike {
   static instances: FakeSocket[] = [];

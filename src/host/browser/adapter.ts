@@ -1,0 +1,173 @@
+/**
+ * The browser host as the runtime sees it (src/node/runtime/host.ts), from
+ * inside the node's Web Worker: the worker's fetch and WebSocket, the
+ * identity and a span's weights in IndexedDB (downloaded by Range once,
+ * verified on every load), onnxruntime-web on WebGPU or WASM (calibrated on
+ * the span's own first layer when the donor left it to us) with a warm-up
+ * before the span serves.
+ */
+import type { ModelConfig } from '../../model/config.ts';
+import { ModelFetchError, ModelFormatError } from '../../model/errors.ts';
+import { ModelTokenizer } from '../../model/tokenizer.ts';
+import { MeshError } from '../../protocol/errors.ts';
+import type { BackendFactory, ChosenBackend, RuntimeHost, SpanSpec, WeightStore } from '../../node/runtime/host.ts';
+import type { WebSocketConstructor } from '../../node/socket.ts';
+import type { OnnxBackend } from '../../shard/backend.ts';
+import type { WeightLoader } from '../../shard/executor.ts';
+import { calibrate, decide, probeWebGpu, type GpuLike } from '../../browser/backend-select.ts';
+import type { BackendChoice, BackendInfo as PageBackendInfo, BackendKind } from '../../browser/engine.ts';
+import { createOrtWebBackend } from '../../browser/ort-web.ts';
+import { SpanWeights } from '../../browser/span-weights.ts';
+import { NodeStorage } from '../../browser/storage.ts';
+import { warmUp } from '../../browser/warm-up.ts';
+
+/** The worker's globals this host reads; tests give their own. */
+export interface BrowserGlobals {
+  fetch: typeof fetch;
+  WebSocket: WebSocketConstructor;
+  gpu: GpuLike | undefined;
+  crossOriginIsolated: boolean;
+  hardwareConcurrency: number;
+  /** Where ORT's runtime files are served (ends with /). */
+  ortWasmPaths: string;
+  openStorage(): Promise<NodeStorage>;
+}
+
+/** The worker's globals; the only place the browser host reads them. */
+export function workerGlobals(): BrowserGlobals {
+  const g = globalThis as unknown as { navigator: Navigator & { gpu?: GpuLike }; crossOriginIsolated?: boolean; fetch: typeof fetch; WebSocket: WebSocketConstructor };
+  return {
+    // Bound: an unbound fetch throws "Illegal invocation" when called as a plain function.
+    fetch: g.fetch.bind(globalThis),
+    WebSocket: g.WebSocket,
+    gpu: g.navigator.gpu,
+    crossOriginIsolated: g.crossOriginIsolated === true,
+    hardwareConcurrency: g.navigator.hardwareConcurrency || 1,
+    ortWasmPaths: new URL(/* @vite-ignore */ '../ort/', import.meta.url).href,
+    openStorage: () => NodeStorage.open(),
+  };
+}
+
+/**
+ * Warm-up of a new executor (warm-up.ts): the first WASM one in this worker runs until V8 has tiered
+ * up onnxruntime's hot WASM functions (~600 layer runs settled them on the `small` fixture); later
+ * ones (the module is compiled by then) and WebGPU ones (the compute is on the GPU) only pay their
+ * sessions' first runs (buffers, WebGPU pipelines).
+ */
+const FIRST_WARM_UP = { layerRuns: 600, maxMs: 6_000 };
+const NEXT_WARM_UP = { layerRuns: 24, maxMs: 1_000 };
+
+/** Bytes the page shows: fetched from the model server since the worker started, and kept for the span. */
+export interface StorageCounters {
+  fetchedBytes: number;
+  storedBytes: number;
+}
+
+export interface BrowserAdapterOptions {
+  storage: NodeStorage;
+  choice: BackendChoice;
+  /** WASM threads asked for; absent: min(4, cores - 1), 1 without cross-origin isolation. */
+  threads?: number;
+  counters: StorageCounters;
+  /** Whether onnxruntime-web's WASM module has had its first warm-up in this worker (kept across runtimes). */
+  warmed: { wasm: boolean };
+}
+
+export function browserAdapter(g: BrowserGlobals, o: BrowserAdapterOptions): RuntimeHost {
+  return {
+    name: 'browser',
+    fetch: g.fetch,
+    WebSocket: g.WebSocket,
+    keys: o.storage.keyStore(),
+    weights: storedWeights(g, o),
+    backends: ortWebBackends(g, o),
+    log: (level, message) => (level === 'error' || level === 'warn' ? console.warn : console.info)(`meshnet node: ${message}`),
+  };
+}
+
+/** WASM threads: one core stays free for the worker's own thread (relay I/O, codecs) and the page. */
+export function threadsFor(g: BrowserGlobals, asked: number | undefined): number {
+  if (!g.crossOriginIsolated) return 1;
+  // On a 2-core machine, 2 ORT threads made a decode step 1.6x slower than 1 (bench/results/browser-node.json).
+  return asked ?? Math.max(1, Math.min(4, g.hardwareConcurrency - 1));
+}
+
+/** config.json and the tokenizer kept beside the tensors in IndexedDB; tensors fetched once by Range and verified on every load. */
+function storedWeights(g: BrowserGlobals, o: BrowserAdapterOptions): WeightStore {
+  const { storage, counters } = o;
+  const fetchJson = async (base: string, file: string): Promise<unknown> => {
+    const url = base + file;
+    let res: Response;
+    try {
+      res = await g.fetch(url);
+    } catch (e) {
+      throw new ModelFetchError(file, `cannot reach ${url}: ${(e as Error).message}`);
+    }
+    if (!res.ok) throw new ModelFetchError(file, `HTTP ${res.status} from ${url}`, res.status);
+    const text = await res.text();
+    counters.fetchedBytes += text.length;
+    try {
+      return JSON.parse(text) as unknown;
+    } catch (e) {
+      throw new ModelFormatError(file, `not valid JSON (${(e as Error).message})`);
+    }
+  };
+  const files = async (modelUrl: string, names: string[]): Promise<Record<string, unknown>> => {
+    let stored = (await storage.modelFiles(modelUrl)) ?? {};
+    const missing = names.filter((n) => stored[n] === undefined);
+    if (missing.length === 0) return stored;
+    stored = { ...stored };
+    for (const n of missing) stored[n] = await fetchJson(modelUrl, n);
+    await storage.saveModelFiles(modelUrl, stored);
+    return stored;
+  };
+  return {
+    config: async (modelUrl) => (await files(modelUrl, ['config.json']))['config.json'],
+    async open(spec: SpanSpec, config: ModelConfig, onProgress) {
+      const weights = new SpanWeights(storage, spec.modelUrl, config, spec.startLayer, spec.endLayer);
+      // The executor serving now has its weights in memory already: dropping its stored tensors costs nothing.
+      await weights.dropOthers();
+      const got = await weights.ensure({ fetch: g.fetch, onProgress });
+      counters.fetchedBytes += got.fetchedBytes;
+      counters.storedBytes = got.storedBytes;
+      return { loader: weights.loader(), fetchedBytes: got.fetchedBytes, storedBytes: got.storedBytes };
+    },
+    async tokenizer(modelUrl, config) {
+      const f = await files(modelUrl, ['tokenizer.json', 'tokenizer_config.json']);
+      return ModelTokenizer.fromJson(f['tokenizer.json'], f['tokenizer_config.json'], { extraEosTokenIds: config.eosTokenIds });
+    },
+  };
+}
+
+function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFactory {
+  const threads = threadsFor(g, o.threads);
+  const cpu = `CPU (WASM, ${threads} thread${threads === 1 ? '' : 's'})`;
+  const backendFor = (kind: BackendKind): Promise<OnnxBackend> => createOrtWebBackend(kind, { numThreads: threads, wasmPaths: g.ortWasmPaths });
+  const chosen = async (d: { kind: BackendKind; fp16: boolean; reason: string }, adapter: string): Promise<ChosenBackend> => {
+    const page: PageBackendInfo = { kind: d.kind, fp16: d.fp16, threads: d.kind === 'wasm' ? threads : 1, adapter, reason: d.reason };
+    return { backend: await backendFor(d.kind), info: { name: `onnxruntime-web/${d.kind}`, kind: d.kind, dtype: d.fp16 ? 'f16' : 'f32', details: { ...page } } };
+  };
+  return {
+    async choose(spec, config, weights: WeightLoader) {
+      if (o.choice === 'wasm') return chosen({ kind: 'wasm', fp16: false, reason: 'WASM: forced by setting' }, cpu);
+      const probe = await probeWebGpu(g.gpu);
+      if (o.choice === 'webgpu') {
+        if (!probe.usable) throw new MeshError('MESH_ERR_UNAVAILABLE', `WebGPU was forced but ${probe.reason}`);
+        return chosen({ kind: 'webgpu', fp16: probe.fp16, reason: `WebGPU: forced by setting${probe.fp16 ? '' : ' (fp32: no shader-f16)'}` }, probe.adapter);
+      }
+      if (!probe.usable || probe.fallback) return chosen(decide(probe), cpu);
+      const layer = spec.startLayer;
+      const webgpuMs = await calibrate(await backendFor('webgpu'), config, weights, layer, probe.fp16 ? 'f16' : 'f32');
+      const wasmMs = await calibrate(await backendFor('wasm'), config, weights, layer, 'f32');
+      const d = decide(probe, { webgpuMs, wasmMs });
+      return chosen(d, d.kind === 'webgpu' ? probe.adapter : cpu);
+    },
+    async prepare(executor, c) {
+      const wasm = c.info.kind === 'wasm';
+      const first = wasm && !o.warmed.wasm;
+      const done = await warmUp(executor, first ? FIRST_WARM_UP : NEXT_WARM_UP);
+      if (wasm) o.warmed.wasm = true;
+      if (first) console.info(`meshnet node: warmed up layers ${executor.startLayer}-${executor.endLayer - 1} in ${Math.round(done.ms)} ms (${done.steps} steps)`);
+    },
+  };
+}

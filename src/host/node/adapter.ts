@@ -1,0 +1,80 @@
+/**
+ * The Node.js host as the runtime sees it (src/node/runtime/host.ts):
+ * global fetch, the `ws` package (zero-mask sends, one write per tick), a
+ * key file, weights read by Range straight from the model host into the
+ * graphs, onnxruntime-node, node:http for direct hops, and direct links.
+ */
+import { ModelFetchError, ModelFormatError } from '../../model/errors.ts';
+import { openSafetensors } from '../../model/safetensors.ts';
+import { ModelTokenizer } from '../../model/tokenizer.ts';
+import { LinkPool } from '../../node/direct-link.ts';
+import { MemoryKeyStore, type KeyStore } from '../../node/identity.ts';
+import { watchWsHandshake } from '../../node/relay-hop.ts';
+import type { LogLevel, RuntimeHost, WeightStore } from '../../node/runtime/host.ts';
+import { readerWeightLoader } from '../../shard/weights.ts';
+import { FileKeyStore } from '../../tracker/key-file.ts';
+import { createHttpDirect, type HttpDirect } from '../../cli/http-direct.ts';
+import { NodeWebSocketConstructor } from '../../cli/node-socket.ts';
+import { createNodeBackend } from '../../cli/onnx-node.ts';
+
+export interface NodeAdapterOptions {
+  /** Where the Ed25519 identity lives; absent: a fresh id each run. */
+  keyFile?: string;
+  /** ONNX intra-op threads; absent: ORT decides. */
+  threads?: number;
+  /** Dial direct links to hops with an endpoint. */
+  links: boolean;
+  log(level: LogLevel, message: string): void;
+}
+
+export interface NodeAdapter extends RuntimeHost {
+  /** Close what the host opened beside the runtime (the direct HTTP agent). */
+  close(): void;
+}
+
+/** Weights by HTTP Range from the model host: nothing is kept on disk, each graph fetches its own tensors. */
+function rangeWeights(fetchFn: typeof fetch): WeightStore {
+  return {
+    async config(modelUrl) {
+      let res: Response;
+      try {
+        res = await fetchFn(`${modelUrl}config.json`);
+      } catch (e) {
+        throw new ModelFetchError('config.json', `cannot reach ${modelUrl}: ${(e as Error).message}`);
+      }
+      if (!res.ok) throw new ModelFetchError('config.json', `HTTP ${res.status} from ${modelUrl}`, res.status);
+      try {
+        return (await res.json()) as unknown;
+      } catch (e) {
+        throw new ModelFormatError('config.json', `not valid JSON (${(e as Error).message})`);
+      }
+    },
+    async open(spec) {
+      const reader = await openSafetensors(fetchFn, spec.modelUrl);
+      return { loader: readerWeightLoader(reader), fetchedBytes: 0, storedBytes: 0 };
+    },
+    tokenizer: (modelUrl, config) => ModelTokenizer.load(fetchFn, modelUrl, { extraEosTokenIds: config.eosTokenIds }),
+  };
+}
+
+export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
+  const keys: KeyStore = o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore();
+  const backend = createNodeBackend(o.threads !== undefined ? { intraOpNumThreads: o.threads } : {});
+  const httpDirect: HttpDirect = createHttpDirect();
+  return {
+    name: 'node',
+    fetch: globalThis.fetch,
+    WebSocket: NodeWebSocketConstructor,
+    keys,
+    weights: rangeWeights(globalThis.fetch),
+    backends: {
+      choose: async () => ({ backend, info: { name: backend.name, kind: 'onnxruntime-node', dtype: 'f32' } }),
+    },
+    log: o.log,
+    direct: httpDirect.send,
+    watchHandshake: watchWsHandshake,
+    // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
+    ...(o.links ? { links: (identity) => new LinkPool({ identity, WebSocket: NodeWebSocketConstructor, onLog: (m) => o.log('warn', m) }) } : {}),
+    close: () => httpDirect.close(),
+  };
+}

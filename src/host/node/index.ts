@@ -1,0 +1,137 @@
+/**
+ * `meshnet node`: the node runtime (src/node/runtime) on Node.js.
+ *
+ *   startNodeHost()
+ *     ├─ nodeAdapter (adapter.ts)   key file, Range weights, onnxruntime-node, node:http and link dialling for hops
+ *     ├─ NodeRuntime                relay, tracker session, span adoption, the handler, stats, state
+ *     └─ openSurface (surface.ts)   the HTTP server and GET /link, into the runtime's handler
+ *
+ * Events go to stdout as JSON lines (`listening`, `registered`, `serving`,
+ * `generate-*`, `link-open`): tests and scripts wait for them.
+ */
+import { MeshError } from '../../protocol/errors.ts';
+import { decodeBase64 } from '../../protocol/base64.ts';
+import type { LogLevel } from '../../node/runtime/host.ts';
+import { NodeRuntime, type RuntimeEvent } from '../../node/runtime/runtime.ts';
+import { nodeAdapter } from './adapter.ts';
+import { openSurface } from './surface.ts';
+
+export interface NodeHostOptions {
+  /** Relay base URL (ws[s]:// or http[s]://); absent: direct HTTP only. */
+  relayUrl?: string;
+  /** Tracker base URL; absent: a static span (layers + modelUrl) and a configured tracker key. */
+  trackerUrl?: string;
+  /** Direct HTTP port; 0 picks a free one. */
+  port: number;
+  /** Interface to bind. */
+  host: string;
+  /** Host name put in the advertised endpoint (default: the bound host). */
+  publicHost?: string;
+  /** Memory the donor gives, MiB (weights + KV). */
+  budgetMb: number;
+  /** Where the Ed25519 identity lives; absent: a fresh id each run. */
+  keyFile?: string;
+  /** Static span [start, end) instead of the tracker's assignment. */
+  layers?: [number, number];
+  modelUrl?: string;
+  /** Model id as the tracker's registry knows it. */
+  model: string;
+  /** ONNX intra-op threads; absent: ORT decides. */
+  threads?: number;
+  /** Test hook: every /forward waits this long first (a slow donor). */
+  injectDelayMs: number;
+  /** base64url raw Ed25519 key that signs routes, for a head without a tracker (tests). */
+  trackerKey?: string;
+  /** Largest request body, bytes (413 above). */
+  maxBodyBytes: number;
+  /** Tokens each session's KV cache is preallocated for. */
+  maxContext: number;
+  /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
+  hopOrder: 'relay' | 'direct' | 'adaptive';
+  /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
+  links?: boolean;
+  /** Machine-readable events (stdout). */
+  emit: (event: Record<string, unknown>) => void;
+  /** Log lines (stderr). */
+  log: (level: 'info' | 'warn' | 'error', message: string) => void;
+}
+
+// Apart from the host so that `meshnet node --help` prints them without loading onnxruntime.
+export { NODE_HOST_DEFAULTS } from '../../cli/node-options.ts';
+
+export interface NodeHost {
+  peerId: string;
+  endpoint: string;
+  relayAddr: string | undefined;
+  /** The span served now, if any. */
+  serving(): { start_layer: number; end_layer: number } | null;
+  close(): Promise<void>;
+}
+
+export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
+  if (o.layers && !o.modelUrl) throw new MeshError('MESH_ERR_BAD_REQUEST', '--layers needs --model-url');
+  const links = o.links !== false;
+  const log = (level: LogLevel, message: string): void => o.log(level === 'debug' ? 'info' : level, message);
+  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, log });
+  const runtime = await NodeRuntime.create(adapter, {
+    ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
+    ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),
+    model: o.model,
+    ...(o.layers ? { span: { model: o.model, modelUrl: o.modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1] } } : {}),
+    ...(o.trackerKey ? { trackerKey: decodeBase64(o.trackerKey) } : {}),
+    memoryBudgetBytes: o.budgetMb * 2 ** 20,
+    maxContext: o.maxContext,
+    hopOrder: o.hopOrder,
+    backendKind: 'onnxruntime-node',
+    // A daemon keeps serving what it has and asks again at the next heartbeat.
+    retryFailedLoads: true,
+    injectDelayMs: o.injectDelayMs,
+  });
+  const peerId = runtime.peerId;
+  runtime.on((e: RuntimeEvent) => {
+    if (e.type === 'registered') o.emit({ event: 'registered', peer_id: peerId, tracker: o.trackerUrl, assignment: e.assignment });
+    else if (e.type === 'serving') o.emit({ event: 'serving', peer_id: peerId, model: e.span.model, start_layer: e.span.startLayer, end_layer: e.span.endLayer, load_ms: e.loadMs });
+    else if (e.type === 'generate' && (e.event.type === 'recovered' || e.event.type === 'done' || e.event.type === 'error')) o.emit({ event: `generate-${e.event.type}`, session_id: e.sessionId, ...e.event });
+  });
+
+  const surface = await openSurface({
+    port: o.port,
+    host: o.host,
+    ...(o.publicHost ? { publicHost: o.publicHost } : {}),
+    maxBodyBytes: o.maxBodyBytes,
+    links,
+    identity: runtime.identity,
+    http: runtime.handlerFor('http'),
+    link: runtime.handlerFor('link'),
+    onLinkOpen: (caller) => o.emit({ event: 'link-open', caller_peer_id: caller }),
+    log,
+  });
+  runtime.endpoint = surface.endpoint;
+  const close = async (): Promise<void> => {
+    await runtime.close();
+    adapter.close();
+    await surface.close();
+  };
+  try {
+    await runtime.connect();
+    o.emit({ event: 'listening', role: 'node', peer_id: peerId, endpoint: surface.endpoint, relay_addr: runtime.relayAddr ?? null, port: surface.port });
+    // A static span is loaded before this resolves (a failure ends the process); a tracker's arrives with its answers.
+    await runtime.start({ waitForSpan: o.layers !== undefined });
+  } catch (e) {
+    await close();
+    throw e;
+  }
+
+  return {
+    peerId,
+    endpoint: surface.endpoint,
+    get relayAddr() {
+      return runtime.relayAddr;
+    },
+    serving: () => {
+      const s = runtime.span;
+      return s ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null;
+    },
+    close,
+  };
+}

@@ -1,0 +1,106 @@
+/**
+ * What a host gives the node runtime: the adapter contract. Everything in
+ * src/node/runtime runs on any host; a host (src/host/node, src/host/browser)
+ * brings only these.
+ *
+ *   fetch, WebSocket        the network (model files, tracker; relay, /rpc, links)
+ *   keys                    where the Ed25519 identity lives (a file, IndexedDB)
+ *   weights                 a span's tensors: read by Range, or downloaded into storage first
+ *   backends                the ONNX backend for a span (onnxruntime-node; WebGPU or WASM, calibrated)
+ *   log                     the host's logger
+ *
+ * and, where the host has them, a leaner direct HTTP, direct links and a way
+ * to see a refused WebSocket handshake's status.
+ */
+import type { ModelConfig } from '../../model/config.ts';
+import type { ModelTokenizer } from '../../model/tokenizer.ts';
+import type { OnnxBackend } from '../../shard/backend.ts';
+import type { ShardExecutor, WeightLoader } from '../../shard/executor.ts';
+import type { DirectRequest } from '../hop-transport.ts';
+import type { Identity, KeyStore } from '../identity.ts';
+import type { MeshRequestFn } from '../mesh-types.ts';
+import type { HandshakeWatcher } from '../relay-hop.ts';
+import type { WebSocketConstructor } from '../socket.ts';
+
+/** One span of one model: the tracker's assignment, or a host's static span. */
+export interface SpanSpec {
+  /** Model id (the tracker's name). */
+  model: string;
+  /** Base URL of the checkpoint, ending with `/`. */
+  modelUrl: string;
+  startLayer: number;
+  /** Exclusive. */
+  endLayer: number;
+}
+
+export interface DownloadProgress {
+  loadedBytes: number;
+  totalBytes: number;
+}
+
+/** The span's tensors, ready for the executor. */
+export interface SpanWeightsHandle {
+  loader: WeightLoader;
+  /** Bytes received from the model host for this span (0 when all was stored). */
+  fetchedBytes: number;
+  /** Bytes of the span the host keeps (0 for a host that keeps nothing). */
+  storedBytes: number;
+}
+
+export interface WeightStore {
+  /** The model's config.json, parsed JSON (a host may keep it). */
+  config(modelUrl: string): Promise<unknown>;
+  /** The span's weights: fetch what is missing (reporting progress), drop what no span needs. */
+  open(span: SpanSpec, config: ModelConfig, onProgress: (p: DownloadProgress) => void): Promise<SpanWeightsHandle>;
+  /** The tokenizer of a head (eos ids from the config added); undefined: none (the node then cannot head). */
+  tokenizer(modelUrl: string, config: ModelConfig): Promise<ModelTokenizer | undefined>;
+}
+
+/** What the host chose to run a span on, as the page and /info show it. */
+export interface BackendInfo {
+  /** The runtime's name, e.g. "onnxruntime-node/cpu", "onnxruntime-web/webgpu" (/info). */
+  name: string;
+  /** Short kind for the tracker's registration info: "onnxruntime-node", "webgpu", "wasm". */
+  kind: string;
+  /** Graph dtype. */
+  dtype: 'f32' | 'f16';
+  /** Host-specific details (kind, adapter, threads, why this one), shown as they are. */
+  details?: Record<string, unknown>;
+}
+
+export interface ChosenBackend {
+  backend: OnnxBackend;
+  info: BackendInfo;
+}
+
+export interface BackendFactory {
+  /** The backend for a span; may calibrate on the span's own weights first. */
+  choose(span: SpanSpec, config: ModelConfig, weights: WeightLoader): Promise<ChosenBackend>;
+  /** After the executor is built, before it serves (a WASM warm-up); a failure here is only logged. */
+  prepare?(executor: ShardExecutor, chosen: ChosenBackend): Promise<void>;
+}
+
+/** Direct links the host can dial (a Node.js node's `/link`); undefined while not up, or when the link ends at another peer. */
+export interface LinkDialer {
+  requester(endpoint: string, peerId: string): MeshRequestFn | undefined;
+  close(): void;
+}
+
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
+
+export interface RuntimeHost {
+  /** What the node calls its host in registration info and /info. */
+  readonly name: 'node' | 'browser';
+  readonly fetch: typeof fetch;
+  readonly WebSocket: WebSocketConstructor;
+  readonly keys: KeyStore;
+  readonly weights: WeightStore;
+  readonly backends: BackendFactory;
+  log(level: LogLevel, message: string): void;
+  /** Direct HTTP to a hop's endpoint; absent: fetch. */
+  readonly direct?: DirectRequest;
+  /** Direct links to hops' endpoints, dialled with this node's identity. */
+  links?(identity: Identity): LinkDialer;
+  /** Sees a refused `/rpc` handshake's status (`ws` can, a browser cannot). */
+  readonly watchHandshake?: HandshakeWatcher;
+}

@@ -1,0 +1,458 @@
+/**
+ * The node runtime: one node's life, the same on every host.
+ *
+ *   create()    identity from the host's key store (same peer id after a restart)
+ *   start()     relay (RelayClient, optional), then the span: the tracker's
+ *               assignment (TrackerSession: register, heartbeat, adopt every
+ *               assignment) or a static span
+ *   serving     every surface's requests go through one NodeHandler; a head
+ *               drives pipelines over one HopTransport (relay, /rpc, links,
+ *               direct HTTP); a moved assignment loads beside the old span
+ *               and is swapped in (SpanSlot)
+ *   pause()     /forward answers 503 and heartbeats say "serving nothing"
+ *   close()     everything released
+ *
+ * The state (state.ts) is derived from facts on every change, never set by
+ * hand. A host is an adapter (host.ts): src/host/node and src/host/browser.
+ */
+import type { ModelConfig } from '../../model/config.ts';
+import { encodeBase64Url } from '../../protocol/base64.ts';
+import { MeshError } from '../../protocol/errors.ts';
+import type { Assignment, GenerateEvent, NodeMessage } from '../../protocol/tracker.ts';
+import { HopTransport } from '../hop-transport.ts';
+import { Identity } from '../identity.ts';
+import type { MeshHandler } from '../mesh-types.ts';
+import { RelayClient } from '../relay-client.ts';
+import { RpcConnection } from '../relay-hop.ts';
+import { TrackerClient } from '../tracker-client.ts';
+import { TrackerSession } from '../tracker-session.ts';
+import { NodeHandler, type Surface } from './handler.ts';
+import type { DownloadProgress, LinkDialer, RuntimeHost, SpanSpec } from './host.ts';
+import { SpanSlot, baseUrl, loadSpan, type LoadedSpan, type SpanLoadContext } from './span.ts';
+import { NodeState, deriveState } from './state.ts';
+import { NodeActivity } from './stats.ts';
+
+export const RUNTIME_VERSION = '0.1.0';
+
+export interface RuntimeConfig {
+  /** Relay base URL; absent: no relay (a Node.js node on direct HTTP and links only). */
+  relayUrl?: string;
+  /** Tracker base URL: the span is the tracker's assignment. */
+  trackerUrl?: string;
+  /** The model's id at the tracker (absent: the tracker's first model), or a static span's name. */
+  model?: string;
+  /** A fixed span instead of the tracker's. */
+  span?: SpanSpec;
+  /** Route-signing key of a head without a tracker (tests, static meshes). */
+  trackerKey?: Uint8Array;
+  /** Memory the donor gives, bytes. */
+  memoryBudgetBytes: number;
+  /** Tokens a session's cache is preallocated for. @defaultValue 2048 */
+  maxContext?: number;
+  hopOrder?: 'relay' | 'direct' | 'adaptive';
+  /** Registration info's backend before a span has chosen one. */
+  backendKind: string;
+  /**
+   * A tracker's span that fails to load: retried at the next heartbeat while
+   * the old span keeps serving (true: a daemon), or the node stops in the
+   * error state until retry() (false: a donor page shows what to do). A
+   * static span's failure always stops.
+   */
+  retryFailedLoads: boolean;
+  /** Test hook: every /forward waits this long. */
+  injectDelayMs?: number;
+}
+
+export type RuntimeEvent =
+  | { type: 'state'; state: NodeState }
+  | { type: 'registered'; assignment: Assignment | null }
+  | { type: 'serving'; span: SpanSpec; loadMs: number }
+  | { type: 'load-failed'; span: SpanSpec; error: unknown }
+  | { type: 'generate'; event: GenerateEvent; sessionId: string };
+
+/** The span being loaded now (for the page's progress), with its model's size. */
+export interface LoadProgress {
+  phase: 'downloading' | 'loading';
+  spec: SpanSpec;
+  config: ModelConfig;
+  progress: DownloadProgress | undefined;
+}
+
+const RELAY_WAIT_MS = 15_000;
+
+export class NodeRuntime {
+  readonly activity = new NodeActivity();
+  readonly slot: SpanSlot;
+  readonly transport: HopTransport;
+  private readonly handler: NodeHandler;
+  private relay: RelayClient | undefined;
+  private readonly links: LinkDialer | undefined;
+  private tracker: TrackerClient | undefined;
+  private session: TrackerSession | undefined;
+  private started = false;
+  private paused = false;
+  private budget: number;
+  private epoch = 0;
+  private stateValue: NodeState = NodeState.Idle;
+  private readonly listeners = new Set<(e: RuntimeEvent) => void>();
+  /** Why the node stopped (the error state). */
+  error: unknown;
+  /** Not an error, but the reason nothing serves (the tracker assigned no layer). */
+  notice: MeshError | undefined;
+  /** The tracker's last answer: an assignment, null (nothing fits), undefined (none yet). */
+  assignment: Assignment | null | undefined;
+  /** The load in progress, if any; `lastSpan` the span last loaded or tried (the page shows it). */
+  loading: LoadProgress | undefined;
+  lastSpan: { spec: SpanSpec; numLayers: number } | undefined;
+  /** The model this node serves (resolved from the tracker when not configured). */
+  model: string | undefined;
+  /** Where hops reach this node directly (a Node.js node's HTTP endpoint, known once it listens). */
+  endpoint: string | undefined;
+
+  static async create(host: RuntimeHost, config: RuntimeConfig): Promise<NodeRuntime> {
+    return new NodeRuntime(host, config, await Identity.loadOrCreate(host.keys));
+  }
+
+  private constructor(
+    readonly host: RuntimeHost,
+    readonly config: RuntimeConfig,
+    readonly identity: Identity,
+  ) {
+    this.budget = config.memoryBudgetBytes;
+    this.model = config.model ?? config.span?.model;
+    const links = host.links?.(identity);
+    this.links = links;
+    const relayFast = config.relayUrl
+      ? {
+          relayUrl: config.relayUrl,
+          isRegistered: () => this.relay?.state === 'registered',
+          request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
+        }
+      : undefined;
+    this.transport = new HopTransport({
+      ...(relayFast
+        ? {
+            fast: {
+              relayUrl: relayFast.relayUrl,
+              get isRegistered() {
+                return relayFast.isRegistered();
+              },
+              request: relayFast.request,
+            },
+            rpc: (addr: string) => new RpcConnection(addr, { WebSocket: host.WebSocket, ...(host.watchHandshake ? { watchHandshake: host.watchHandshake } : {}) }),
+          }
+        : {}),
+      ...(links ? { link: (endpoint: string, peerId: string) => links.requester(endpoint, peerId) } : {}),
+      ...(host.direct ? { direct: host.direct } : { fetch: host.fetch }),
+      ...(config.hopOrder ? { order: config.hopOrder } : {}),
+      onLog: (m) => host.log('warn', m),
+    });
+    this.handler = new NodeHandler({
+      peerId: identity.peerId,
+      activity: this.activity,
+      span: () => this.slot.current,
+      loadingInfo: () => ({ peer_id: identity.peerId, host: host.name, model: this.model ?? null, start_layer: null, end_layer: null, loading: this.slot.busy }),
+      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      injectDelayMs: config.injectDelayMs ?? 0,
+      onLog: (m) => host.log('warn', m),
+      onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
+    });
+    this.slot = new SpanSlot((spec) => loadSpan(spec, this.loadContext(this.epoch)), {
+      onSwap: (next, _old, loadMs) => {
+        this.loading = undefined;
+        this.notice = undefined;
+        this.changed();
+        this.emit({ type: 'serving', span: next.spec, loadMs });
+        // Tell the tracker what we serve as soon as the span is up.
+        void this.session?.beatNow();
+      },
+      onFailure: (error, spec) => {
+        this.loading = undefined;
+        if (error instanceof MeshError && error.code === 'MESH_ERR_CANCELLED') return this.changed();
+        this.emit({ type: 'load-failed', span: spec, error });
+        this.host.log('error', `loading [${spec.startLayer}, ${spec.endLayer}) of ${spec.modelUrl}: ${(error as Error)?.message ?? String(error)}`);
+        if (this.config.retryFailedLoads && this.config.trackerUrl) this.changed();
+        else this.fail(error);
+      },
+    });
+  }
+
+  get peerId(): string {
+    return this.identity.peerId;
+  }
+  get state(): NodeState {
+    return this.stateValue;
+  }
+  get span(): LoadedSpan | undefined {
+    return this.slot.current;
+  }
+  get relayAddr(): string | undefined {
+    return this.relay?.relayAddr;
+  }
+  get trackerRegistered(): boolean {
+    return this.session?.isRegistered ?? false;
+  }
+  get memoryBudgetBytes(): number {
+    return this.budget;
+  }
+  /** /forward requests served per surface. */
+  get served(): Readonly<Record<Surface, number>> {
+    return this.handler.served;
+  }
+
+  /** The node's HTTP surface for requests arriving by `surface`. */
+  handlerFor(surface: Surface): MeshHandler {
+    return this.handler.for(surface);
+  }
+
+  on(listener: (e: RuntimeEvent) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  /**
+   * Relay, then the span (the tracker's, or a static one, which a tracker then adopts as served). `waitForSpan`:
+   * resolve once the first span serves or failed; a static span's failure,
+   * or the tracker refusing this node (unless failed loads are retried), rejects.
+   * Again after an error: starts over with what is still loaded.
+   */
+  async start(opts: { waitForSpan?: boolean } = {}): Promise<void> {
+    const epoch = this.epoch;
+    this.started = true;
+    this.error = undefined;
+    this.changed();
+    await this.connect();
+    this.current(epoch);
+    // A static span is pinned: loaded first, and the tracker (if any) adopts it as served.
+    if (this.config.span) {
+      void this.slot.assign({ ...this.config.span, modelUrl: baseUrl(this.config.span.modelUrl) });
+      if (opts.waitForSpan ?? true) await this.slot.idle();
+      if (this.error !== undefined) throw this.error;
+    }
+    if (this.config.trackerUrl) {
+      try {
+        await this.joinTracker(epoch);
+      } catch (e) {
+        if (epoch === this.epoch) this.fail(e);
+        throw e;
+      }
+    }
+    if (opts.waitForSpan ?? true) {
+      await this.slot.idle();
+      this.current(epoch);
+      if (this.error !== undefined) throw this.error;
+    }
+  }
+
+  /** Connect to the relay (if any) and wait a while for the registration; a relay that is down is not fatal: the client keeps reconnecting, and other paths serve meanwhile. */
+  async connect(): Promise<void> {
+    const relay = this.connectRelay();
+    if (!relay) return;
+    await relay.ready(RELAY_WAIT_MS).then(
+      () => undefined,
+      (e: unknown) => {
+        if (relay === this.relay) this.host.log('warn', `relay: ${(e as Error).message}; the client keeps trying`);
+      },
+    );
+  }
+
+  /** After an error: start again with the same config (stored weights and the identity are kept). */
+  retry(opts: { waitForSpan?: boolean } = {}): Promise<void> {
+    return this.start(opts);
+  }
+
+  pause(): void {
+    this.paused = true;
+    this.changed();
+    void this.session?.beatNow();
+  }
+
+  resume(): void {
+    this.paused = false;
+    this.changed();
+    void this.session?.beatNow();
+  }
+
+  /** A new memory budget: the span serving now is rebuilt with it, and the tracker told (it may move the node). */
+  async setMemoryBudget(bytes: number): Promise<void> {
+    this.budget = bytes;
+    const s = this.slot.current;
+    if (s && s.executor.kvStats().budgetBytes !== this.kvBudgetBytes()) await this.slot.assign(s.spec, true);
+    void this.session?.beatNow();
+  }
+
+  /** Stop for good: tracker, relay, links, the span. */
+  async close(): Promise<void> {
+    this.epoch++;
+    this.started = false;
+    this.stopNetwork();
+    await this.slot.close();
+    this.changed();
+  }
+
+  /** What the node tells the tracker now: who it is, what it offers, how it does, what it serves. */
+  nodeMessage(): NodeMessage {
+    const s = this.slot.current;
+    const kv = s?.executor.kvStats();
+    const relayAddr = this.relay?.relayAddr;
+    return {
+      peer_id: this.identity.peerId,
+      public_key: encodeBase64Url(this.identity.publicKey),
+      ...(relayAddr ? { relay_addr: relayAddr } : {}),
+      ...(this.endpoint ? { endpoint: this.endpoint } : {}),
+      info: { model: this.model ?? 'default', backend: s?.backend.kind ?? this.config.backendKind, memory_budget_mb: this.budget / 2 ** 20, host: this.host.name, version: RUNTIME_VERSION },
+      stats: this.activity.heartbeat(kv ? kv.budgetBytes - kv.bytesUsed : this.budget),
+      // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
+      serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
+      timestamp: Date.now(),
+    };
+  }
+
+  // ------------------------------------------------------------ internals
+
+  /** The KV caches' share of the budget. (Issue 13 makes the budget mean weights + KV in the executor itself.) */
+  private kvBudgetBytes(): number {
+    return this.budget;
+  }
+
+  private connectRelay(): RelayClient | undefined {
+    if (!this.config.relayUrl) return undefined;
+    if (this.relay) return this.relay;
+    const relay = new RelayClient({
+      relayUrl: this.config.relayUrl,
+      WebSocket: this.host.WebSocket,
+      identity: this.identity,
+      handler: this.handler.for('relay'),
+      info: { host: this.host.name, version: RUNTIME_VERSION, ...(this.model ? { model: this.model } : {}), ...(this.config.trackerUrl ? { tracker: this.config.trackerUrl } : {}) },
+      onLog: (e) => {
+        if (e.level === 'warn' || e.level === 'error') this.host.log(e.level, `relay: ${e.event}: ${e.message}`);
+      },
+    });
+    relay.on('state', () => {
+      if (relay === this.relay) this.changed();
+    });
+    this.relay = relay;
+    relay.start();
+    return relay;
+  }
+
+  private async joinTracker(epoch: number): Promise<void> {
+    if (this.session) {
+      // Still registered (a retry after a span failed): ask for the assignment again.
+      this.slot.clearQueue();
+      await this.session.beatNow();
+      return;
+    }
+    const trackerUrl = this.config.trackerUrl!;
+    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity });
+    if (this.model === undefined) {
+      const models = await client.models();
+      if (models.length === 0) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} names no model`);
+      this.model = models[0]!;
+    }
+    this.current(epoch);
+    this.tracker = client;
+    const session = new TrackerSession({
+      client,
+      message: () => this.nodeMessage(),
+      onRegistered: (ans) => this.emit({ type: 'registered', assignment: ans.assignment }),
+      onAssignment: (a) => this.onAssignment(a),
+      onLog: (level, m) => this.host.log(level, m),
+    });
+    this.session = session;
+    try {
+      await session.start();
+    } catch (e) {
+      const err = new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} did not accept this node: ${(e as Error).message}`);
+      if (!this.config.retryFailedLoads) throw err;
+      this.host.log('warn', `${err.message}; trying again every heartbeat`);
+    }
+  }
+
+  private onAssignment(a: Assignment | null): void {
+    this.assignment = a;
+    if (!a) {
+      this.notice = new MeshError('MESH_ERR_UNAVAILABLE', `the tracker assigned no layers: ${formatMib(this.budget)} does not hold one layer of ${this.model}`);
+      this.changed();
+      return;
+    }
+    // A span that failed is retried only by retry(), not on every heartbeat (unless failed loads are retried); a static span stays.
+    if (this.error !== undefined || this.config.span) return;
+    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer });
+  }
+
+  private loadContext(epoch: number): SpanLoadContext {
+    return {
+      host: this.host,
+      activity: this.activity,
+      transport: this.transport,
+      kvBudgetBytes: () => this.kvBudgetBytes(),
+      maxContext: this.config.maxContext ?? 2048,
+      version: RUNTIME_VERSION,
+      isPaused: () => this.paused,
+      extraInfo: (span) => ({
+        peer_id: this.identity.peerId,
+        host: this.host.name,
+        ...(this.endpoint ? { endpoint: this.endpoint } : {}),
+        relay_addr: this.relay?.relayAddr ?? null,
+        forwards_served: { ...this.handler.served },
+        ...span.backend.details,
+      }),
+      replace: this.config.trackerUrl ? (model) => (hop, signal) => this.tracker!.replace(model, hop, signal) : undefined,
+      onPhase: (phase, spec, config, progress) => {
+        this.loading = { phase, spec, config, progress };
+        this.lastSpan = { spec, numLayers: config.numLayers };
+        this.changed();
+      },
+      checkCurrent: () => this.current(epoch),
+    };
+  }
+
+  private current(epoch: number): void {
+    if (epoch !== this.epoch) throw new MeshError('MESH_ERR_CANCELLED', 'the node was stopped meanwhile');
+  }
+
+  /** The error state: tracker and relay stop (heartbeats would announce a span, the relay would flip the state back); the loaded span stays for a retry. */
+  private fail(e: unknown): void {
+    this.error = e;
+    this.stopNetwork();
+    this.changed();
+  }
+
+  private stopNetwork(): void {
+    this.session?.close();
+    this.session = undefined;
+    this.relay?.close();
+    this.relay = undefined;
+    this.transport.close();
+    this.links?.close();
+  }
+
+  private changed(): void {
+    const next = deriveState({
+      started: this.started,
+      failed: this.error !== undefined,
+      loading: this.loading?.phase,
+      hasSpan: this.slot?.current !== undefined,
+      relayRegistered: this.config.relayUrl ? this.relay?.state === 'registered' : undefined,
+      paused: this.paused,
+    });
+    if (next === this.stateValue) return;
+    this.stateValue = next;
+    this.emit({ type: 'state', state: next });
+  }
+
+  private emit(e: RuntimeEvent): void {
+    for (const l of this.listeners) {
+      try {
+        l(e);
+      } catch (err) {
+        this.host.log('error', `a runtime listener threw: ${(err as Error).message}`);
+      }
+    }
+  }
+}
+
+function formatMib(bytes: number): string {
+  return `${Math.round((bytes / 2 ** 20) * 10) / 10} MiB`;
+}

@@ -1,0 +1,446 @@
+/**
+ * The relay's routing, without sockets: registered peers, the streams in
+ * flight between them, and what each incoming message turns into.
+ *
+ *   caller ──REQUEST(stream s, target t)──▶ table ──REQUEST(stream r, source c)──▶ t
+ *   caller ◀──RESPONSE/DATA(stream s)────── table ◀──RESPONSE/DATA(stream r)────── t
+ *
+ * On the fast path a REQUEST is rewritten in place (target → source, the
+ * caller's stream id → the relay's id on the target connection) and the
+ * same buffer sent on: no body copy, no parse. Each target connection has
+ * its own id space, so callers never collide or see each other's answers,
+ * and a late answer to a forgotten stream is dropped. `/rpc` callers and
+ * ADR-era targets travel as JSON envelopes under a relay-chosen request id.
+ *
+ * The server (server.ts) feeds it what its sockets receive and gives it a
+ * PeerSocket per connection; tests drive it the same way with in-memory
+ * sockets and a clock of their own.
+ */
+import { randomBytes } from 'node:crypto';
+import {
+  FLAG_END,
+  FrameKind,
+  MeshError,
+  PEER_ID_BYTES,
+  bodyFieldsFor,
+  decodeFrame,
+  encodeCancelFrame,
+  encodeErrorFrame,
+  encodeResponseFrame,
+  envelopeBody,
+  normalizeHeaders,
+  readFrameHead,
+  relayHttpResponseSchema,
+  requestBodyBytes,
+  rpcRequestSchema,
+  writeRequestPeerId,
+  writeStreamId,
+  type MeshErrorCode,
+  type RelayHttpResponse,
+} from '../protocol/index.ts';
+import { CLOSE } from '../protocol/close-codes.ts';
+import type { RelayMetrics } from './metrics.ts';
+import type { RelayOptions } from './options.ts';
+
+/** The capability a peer announces in `info.protocols` to receive binary frames. */
+export const FAST_PATH_PROTOCOL = 'mesh-frames/1';
+
+/** What the table needs of one connection: the server's WebSocket, a test's array. */
+export interface PeerSocket {
+  readonly isOpen: boolean;
+  /** Bytes queued towards the far side and not yet written. */
+  readonly bufferedAmount: number;
+  send(data: Uint8Array | string): void;
+  close(code: number, reason: string): void;
+}
+
+/** The few pino methods the table logs through. */
+export interface TableLogger {
+  info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
+}
+
+export type StreamPath = 'fast' | 'rpc' | 'envelope';
+type Caller = PeerConn | RpcCaller;
+
+/** One request in flight through the relay. */
+interface Stream {
+  caller: Caller;
+  /** The caller's own id (fast path: stream id; `/rpc`: request_id). */
+  callerId: number | string;
+  target: PeerConn;
+  /** The relay's id towards the target. */
+  relayStreamId: number;
+  /** `/rpc` or legacy-target streams travel as JSON envelopes with this id. */
+  relayRequestId: string | null;
+  deadline: number;
+  startedAt: number;
+  path: StreamPath;
+}
+
+/** A registered peer's connection. */
+export class PeerConn {
+  readonly kind = 'peer' as const;
+  /** Streams this peer called, by its own stream id. */
+  readonly outgoing = new Map<number, Stream>();
+  /** Streams addressed to this peer, by the relay's stream id. */
+  readonly incoming = new Map<number, Stream>();
+  nextStreamId = 1;
+  constructor(
+    readonly socket: PeerSocket,
+    readonly id: string,
+    readonly idBytes: Uint8Array,
+    readonly info: Record<string, unknown>,
+    readonly fastPath: boolean,
+  ) {}
+
+  allocStreamId(): number {
+    // Skip ids still in use after a wrap-around (2^32 requests on one socket).
+    do {
+      this.nextStreamId = this.nextStreamId >= 0xffffffff ? 1 : this.nextStreamId + 1;
+    } while (this.incoming.has(this.nextStreamId));
+    return this.nextStreamId;
+  }
+}
+
+/** An `/rpc/<peer_id>` socket: JSON requests to one target. */
+export class RpcCaller {
+  readonly kind = 'rpc' as const;
+  readonly pending = new Map<string, Stream>();
+  constructor(
+    readonly socket: PeerSocket,
+    readonly targetId: string,
+  ) {}
+}
+
+export interface StreamTableInit {
+  options: Pick<RelayOptions, 'maxBodyBytes' | 'maxInFlightPerPeer' | 'requestTimeoutMs' | 'maxPeers' | 'highWaterBytes' | 'maxBufferedBytes'>;
+  metrics: RelayMetrics;
+  logger: TableLogger;
+  /** ms, monotonic. @defaultValue performance.now */
+  now?: () => number;
+}
+
+const utf8 = new TextEncoder();
+
+/** `n` bytes at `offset` as lowercase hex; a Buffer (what ws delivers) converts natively. */
+function hexAt(data: Uint8Array, offset: number, n: number): string {
+  if (data instanceof Buffer) return data.toString('hex', offset, offset + n);
+  return Buffer.from(data.buffer, data.byteOffset + offset, n).toString('hex');
+}
+
+export class StreamTable {
+  readonly peers = new Map<string, PeerConn>();
+  private readonly streams = new Set<Stream>();
+  private readonly jsonPending = new Map<string, Stream>();
+  /** New requests are refused (503) and registrations too (1013). */
+  closing = false;
+  /** Called when the last stream finishes while closing. */
+  onDrained: (() => void) | undefined;
+  private readonly o: StreamTableInit['options'];
+  private readonly metrics: RelayMetrics;
+  private readonly logger: TableLogger;
+  private readonly now: () => number;
+  // Label lookups hash their label object on every call; bind the histogram's once.
+  private readonly latencyBy: Record<StreamPath, { observe(v: number): void }>;
+
+  constructor(init: StreamTableInit) {
+    this.o = init.options;
+    this.metrics = init.metrics;
+    this.logger = init.logger;
+    this.now = init.now ?? (() => performance.now());
+    const m = init.metrics;
+    m.hot.inFlight = () => this.streams.size;
+    this.latencyBy = { fast: m.latency.labels('fast'), rpc: m.latency.labels('rpc'), envelope: m.latency.labels('envelope') };
+  }
+
+  /** Requests waiting for their final answer frame. */
+  get inFlight(): number {
+    return this.streams.size;
+  }
+
+  // ------------------------------------------------------------ peers
+
+  /**
+   * A peer proved its key: register it, replacing an older connection with
+   * the same key (closed with 4002, its streams answered). Returns the
+   * refusal (close code and reason) when the relay is full or closing.
+   */
+  addPeer(socket: PeerSocket, id: string, info: Record<string, unknown>): PeerConn | { close: number; reason: string } {
+    if (this.closing) return { close: CLOSE.tryAgainLater, reason: 'relay is shutting down' };
+    const old = this.peers.get(id);
+    if (old === undefined && this.peers.size >= this.o.maxPeers) return { close: CLOSE.tryAgainLater, reason: `relay full (${this.o.maxPeers} peers)` };
+    const protocols = Array.isArray(info.protocols) ? info.protocols : [];
+    const idBytes = new Uint8Array(Buffer.from(id, 'hex'));
+    const peer = new PeerConn(socket, id, idBytes, info, protocols.includes(FAST_PATH_PROTOCOL));
+    if (old) {
+      // Same key, newer connection: the old one is stale (a reload, a reconnect).
+      this.peers.delete(id);
+      this.removePeer(old);
+      old.socket.close(CLOSE.replaced, 'replaced by a newer connection with the same key');
+    }
+    this.peers.set(id, peer);
+    this.metrics.peers.set(this.peers.size);
+    this.logger.info({ peer_id: id, fast_path: peer.fastPath }, 'peer registered');
+    return peer;
+  }
+
+  /** The peer's socket closed: its streams end (502 to its callers, CANCEL to its targets). */
+  removePeer(peer: PeerConn): void {
+    if (this.peers.get(peer.id) === peer) {
+      this.peers.delete(peer.id);
+      this.metrics.peers.set(this.peers.size);
+      this.logger.info({ peer_id: peer.id }, 'peer left');
+    }
+    for (const s of [...peer.incoming.values()]) this.failStream(s, 'MESH_ERR_PEER_GONE', `peer ${peer.id} went away before answering`, false);
+    for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true);
+  }
+
+  /** An `/rpc` socket closed: forget its streams (late answers are dropped). */
+  removeRpcCaller(caller: RpcCaller): void {
+    for (const s of [...caller.pending.values()]) this.dropStream(s);
+  }
+
+  // ------------------------------------------------------------ fast path
+
+  /** A binary message from a registered peer. */
+  onBinary(peer: PeerConn, data: Uint8Array): void {
+    const hot = this.metrics.hot;
+    hot.bytesIn += data.byteLength;
+    if (data.byteLength < 8) {
+      peer.socket.close(CLOSE.protocolError, 'frame shorter than its 8-byte head');
+      return;
+    }
+    const head = readFrameHead(data);
+    if (head.version !== 1) return this.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
+    switch (head.kind) {
+      case FrameKind.Request:
+        return this.onRequestFrame(peer, data, head.streamId);
+      case FrameKind.Response:
+      case FrameKind.Data: {
+        const s = peer.incoming.get(head.streamId);
+        if (s === undefined) return; // late answer to a stream that timed out or was cancelled
+        s.deadline = this.now() + this.o.requestTimeoutMs;
+        if (s.relayRequestId !== null) return; // JSON-bound streams take JSON answers only
+        if ((head.flags & FLAG_END) !== 0) this.completeStream(s);
+        writeStreamId(data, s.callerId as number);
+        hot.bytesOut += data.byteLength;
+        this.sendTo(s.caller.socket, data);
+        return;
+      }
+      case FrameKind.Cancel: {
+        const s = peer.outgoing.get(head.streamId);
+        if (s === undefined) return;
+        this.dropStream(s);
+        if (s.relayRequestId === null) this.sendTo(s.target.socket, encodeCancelFrame(s.relayStreamId));
+        return;
+      }
+      default:
+        return this.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unknown frame kind ${head.kind}`);
+    }
+  }
+
+  private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number): void {
+    if (data.byteLength < 26) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request frame shorter than its 26-byte head');
+    const metaLen = data[24]! | (data[25]! << 8);
+    if (26 + metaLen > data.byteLength) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request meta runs past the frame');
+    if (peer.outgoing.has(streamId)) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', `stream ${streamId} is already in flight on this connection`);
+    const targetId = hexAt(data, 8, PEER_ID_BYTES);
+    const target = this.peers.get(targetId);
+    if (target === undefined) return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay`);
+    if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
+    const refused = this.admission(target);
+    if (refused) return this.frameError(peer.socket, streamId, refused[0], refused[1]);
+    if (!target.fastPath) return this.forwardFrameAsEnvelope(peer, data, streamId, target);
+    const s = this.openStream(peer, streamId, target, 'fast', false);
+    writeRequestPeerId(data, peer.idBytes);
+    writeStreamId(data, s.relayStreamId);
+    this.metrics.hot.bytesOut += data.byteLength;
+    target.socket.send(data);
+  }
+
+  /** An ADR-era target only reads JSON envelopes: translate this one request. */
+  private forwardFrameAsEnvelope(peer: PeerConn, data: Uint8Array, streamId: number, target: PeerConn): void {
+    let f;
+    try {
+      f = decodeFrame(data);
+    } catch (e) {
+      return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', (e as Error).message);
+    }
+    if (f.kind !== FrameKind.Request) return;
+    const s = this.openStream(peer, streamId, target, 'envelope', true);
+    this.sendTo(target.socket, JSON.stringify({ type: 'relay-http-request', request_id: s.relayRequestId, method: f.method, path: f.path, headers: f.headers, ...bodyFieldsFor(f.body, f.headers) }));
+  }
+
+  // ------------------------------------------------------------ JSON on /ws
+
+  /** A text message from a registered peer: only relay-http-response envelopes belong here. */
+  onText(peer: PeerConn, text: string): void {
+    let msg: unknown;
+    try {
+      msg = JSON.parse(text);
+    } catch {
+      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: 'message is not JSON' }));
+      return;
+    }
+    const type = (msg as { type?: unknown } | null)?.type;
+    if (type !== 'relay-http-response') {
+      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `unexpected message type ${JSON.stringify(type)} on a registered connection` }));
+      return;
+    }
+    const parsed = relayHttpResponseSchema.safeParse(msg);
+    if (!parsed.success) {
+      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `malformed relay-http-response: ${parsed.error.issues[0]?.message ?? ''}` }));
+      return;
+    }
+    const s = this.jsonPending.get(parsed.data.request_id);
+    if (s === undefined || s.target !== peer) return; // late, or not this peer's to answer
+    this.completeStream(s);
+    this.deliverEnvelopeAnswer(s, parsed.data);
+  }
+
+  private deliverEnvelopeAnswer(s: Stream, r: RelayHttpResponse): void {
+    if (s.caller.kind === 'rpc') {
+      const fields = r.body_base64 !== undefined ? { body_base64: r.body_base64 } : r.body !== undefined ? { body: r.body } : {};
+      this.rpcAnswer(s.caller, s.callerId as string, r.status, normalizeHeaders(r.headers), fields);
+      return;
+    }
+    let body: Uint8Array;
+    try {
+      body = envelopeBody(r);
+    } catch {
+      return this.frameError(s.caller.socket, s.callerId as number, 'MESH_ERR_UPSTREAM', 'peer answered with invalid base64');
+    }
+    this.sendTo(s.caller.socket, encodeResponseFrame({ streamId: s.callerId as number, status: r.status, headers: normalizeHeaders(r.headers), body }));
+  }
+
+  // ------------------------------------------------------------ /rpc
+
+  /** A message on an `/rpc/<peer_id>` socket: `text` null for a binary one. */
+  onRpcMessage(caller: RpcCaller, text: string | null): void {
+    let msg: unknown;
+    try {
+      msg = text === null ? undefined : JSON.parse(text);
+    } catch {
+      msg = undefined;
+    }
+    const idGuess = typeof (msg as { request_id?: unknown } | undefined)?.request_id === 'string' ? (msg as { request_id: string }).request_id : null;
+    if (msg === undefined) return this.rpcError(caller, null, 'MESH_ERR_BAD_REQUEST', 'request is not a JSON text message');
+    const parsed = rpcRequestSchema.safeParse(msg);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0];
+      return this.rpcError(caller, idGuess, 'MESH_ERR_BAD_REQUEST', `malformed request: ${issue ? `${issue.path.join('.') || 'request'}: ${issue.message}` : 'invalid'}`);
+    }
+    const req = parsed.data;
+    if (caller.pending.has(req.request_id)) return this.rpcError(caller, req.request_id, 'MESH_ERR_BAD_REQUEST', `request_id ${req.request_id} is already in flight on this socket`);
+    const bodyBytes = req.body_base64 !== undefined ? Math.floor((req.body_base64.length * 3) / 4) : req.body !== undefined ? utf8.encode(req.body).byteLength : 0;
+    if (bodyBytes > this.o.maxBodyBytes) return this.rpcError(caller, req.request_id, 'MESH_ERR_TOO_LARGE', `body of ~${bodyBytes} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
+    if (req.body_base64 !== undefined && !/^[A-Za-z0-9+/_-]*={0,2}$/.test(req.body_base64)) return this.rpcError(caller, req.request_id, 'MESH_ERR_BAD_REQUEST', 'body_base64 is not valid base64');
+    const target = this.peers.get(caller.targetId);
+    if (target === undefined) return this.rpcError(caller, req.request_id, 'MESH_ERR_NO_SUCH_PEER', `peer ${caller.targetId} is not connected to this relay`);
+    const refused = this.admission(target);
+    if (refused) return this.rpcError(caller, req.request_id, refused[0], refused[1]);
+    const s = this.openStream(caller, req.request_id, target, 'rpc', true);
+    const fields = req.body_base64 !== undefined ? { body_base64: req.body_base64 } : req.body !== undefined ? { body: req.body } : {};
+    this.sendTo(target.socket, JSON.stringify({ type: 'relay-http-request', request_id: s.relayRequestId, method: req.method.toUpperCase(), path: req.path, headers: req.headers, ...fields }));
+  }
+
+  /** Answer an `/rpc` caller with an error the relay produced. */
+  rpcError(caller: RpcCaller, requestId: string | null, code: MeshErrorCode, message: string): void {
+    const e = new MeshError(code, message);
+    this.metrics.errors.inc({ code });
+    this.rpcAnswer(caller, requestId, e.status, { 'content-type': 'application/json' }, { body: JSON.stringify(e.toBody()) });
+  }
+
+  // ------------------------------------------------------------ deadlines, shutdown
+
+  /** Answer 504 to every stream past its deadline. */
+  sweep(): void {
+    const now = this.now();
+    for (const s of this.streams) {
+      if (s.deadline <= now) this.failStream(s, 'MESH_ERR_TIMEOUT', `peer ${s.target.id} did not answer within ${this.o.requestTimeoutMs} ms`, true);
+    }
+  }
+
+  /** Answer every stream still in flight with `code` (the grace period is over). */
+  failAll(code: MeshErrorCode, message: string): void {
+    for (const s of [...this.streams]) this.failStream(s, code, message, true);
+  }
+
+  // ------------------------------------------------------------ streams
+
+  private rpcAnswer(caller: RpcCaller, requestId: string | null, status: number, headers: Record<string, string>, fields: { body_base64?: string; body?: string }): void {
+    this.sendTo(caller.socket, JSON.stringify({ request_id: requestId, status, headers, ...fields }));
+  }
+
+  private frameError(socket: PeerSocket, streamId: number, code: MeshErrorCode, message: string): void {
+    this.metrics.errors.inc({ code });
+    this.sendTo(socket, encodeErrorFrame(streamId, new MeshError(code, message)));
+  }
+
+  /** Send unless the reader has stopped reading: then it is dropped, the only bounded choice. */
+  private sendTo(socket: PeerSocket, data: Uint8Array | string): void {
+    if (!socket.isOpen) return;
+    if (socket.bufferedAmount > this.o.maxBufferedBytes) {
+      this.logger.warn({ buffered: socket.bufferedAmount }, 'slow consumer disconnected');
+      socket.close(CLOSE.slowConsumer, 'slow consumer: too much unread data');
+      return;
+    }
+    socket.send(data);
+  }
+
+  /** Finish a stream with an error produced by the relay (peer gone, timeout, shutdown). */
+  private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean): void {
+    if (!this.dropStream(s)) return;
+    if (notifyTarget && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) {
+      s.target.socket.send(encodeCancelFrame(s.relayStreamId));
+    }
+    if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
+    else this.frameError(s.caller.socket, s.callerId as number, code, message);
+  }
+
+  /** Forget a stream everywhere; false when it was already gone. */
+  private dropStream(s: Stream): boolean {
+    if (!this.streams.delete(s)) return false;
+    s.target.incoming.delete(s.relayStreamId);
+    if (s.relayRequestId !== null) this.jsonPending.delete(s.relayRequestId);
+    if (s.caller.kind === 'rpc') s.caller.pending.delete(s.callerId as string);
+    else s.caller.outgoing.delete(s.callerId as number);
+    return true;
+  }
+
+  private completeStream(s: Stream): void {
+    if (!this.dropStream(s)) return;
+    this.latencyBy[s.path].observe((this.now() - s.startedAt) / 1000);
+    if (this.closing && this.streams.size === 0) this.onDrained?.();
+  }
+
+  /** Why a new request to `target` cannot be taken now, if it cannot. */
+  private admission(target: PeerConn): [MeshErrorCode, string] | null {
+    if (this.closing) return ['MESH_ERR_SHUTTING_DOWN', 'relay is shutting down; retry on another relay'];
+    if (target.incoming.size >= this.o.maxInFlightPerPeer) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} has ${target.incoming.size} requests in flight (limit ${this.o.maxInFlightPerPeer})`];
+    if (target.socket.bufferedAmount > this.o.highWaterBytes) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} is not keeping up (${target.socket.bufferedAmount} bytes queued)`];
+    return null;
+  }
+
+  private openStream(caller: Caller, callerId: number | string, target: PeerConn, path: StreamPath, json: boolean): Stream {
+    const now = this.now();
+    const s: Stream = {
+      caller,
+      callerId,
+      target,
+      relayStreamId: target.allocStreamId(),
+      relayRequestId: json ? randomBytes(12).toString('hex') : null,
+      deadline: now + this.o.requestTimeoutMs,
+      startedAt: now,
+      path,
+    };
+    this.streams.add(s);
+    target.incoming.set(s.relayStreamId, s);
+    if (s.relayRequestId !== null) this.jsonPending.set(s.relayRequestId, s);
+    if (caller.kind === 'rpc') caller.pending.set(callerId as string, s);
+    else caller.outgoing.set(callerId as number, s);
+    this.metrics.hot.hops[path]++;
+    return s;
+  }
+}

@@ -1,0 +1,321 @@
+/**
+ * The shard executor over fused layer graphs (src/model/fused-graph.ts):
+ * the GPU path, and WASM/CPU with 4-bit weights. Same contract as
+ * ShardExecutor (executor.ts) — a request names a session, a position, a
+ * layer range and its input — so hosts and the forward handler use either.
+ *
+ * On a device backend (WebGPU) nothing goes back to the CPU between layers:
+ * each session's KV cache lives in GPU buffers that GroupQueryAttention
+ * reads and writes in place (layer-kv.ts), the activation passes from one
+ * graph to the next as a GPU buffer, and per call only the input comes in
+ * and the output activation (or the last hop's logits) goes out.
+ *
+ * Graphs are cut into segments of at most `maxSegmentBytes` of weights
+ * (ONNX protobufs stop at 2 GiB) unless `segmentBoundaries` says where; a
+ * request must start and end on a segment boundary.
+ */
+import type { ModelConfig } from '../model/config.ts';
+import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
+import { buildEmbedGraph, IO } from '../model/graph.ts';
+import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes, fusedProjectionNames, HEAD_IO, quantizingSource, type FusedWeights } from '../model/fused-graph.ts';
+import type { Q4Matrix } from '../model/quantize.ts';
+import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
+import { PositionMismatchError, layerRangeError } from './errors.ts';
+import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
+import { checkForwardInput } from './forward-input.ts';
+import { LayerKvPool, type KvBuffer, type KvReservation } from './layer-kv.ts';
+import type { KvStats } from './kv-store.ts';
+import { sampleToken } from './sampling.ts';
+
+/** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
+export interface Q4Cache {
+  get(name: string): Promise<Q4Matrix | undefined>;
+  put(name: string, m: Q4Matrix): Promise<void>;
+}
+
+export interface FusedExecutorOptions {
+  config: ModelConfig;
+  backend: OnnxBackend;
+  weights: WeightLoader;
+  startLayer: number;
+  endLayer: number;
+  /** Projection weights: f32 MatMul or 4-bit MatMulNBits. */
+  projections: FusedWeights;
+  q4Cache?: Q4Cache;
+  /** Largest KV capacity per session; default min(maxPositionEmbeddings, 2048). */
+  maxContext?: number;
+  /** Default 512 MiB. */
+  kvBudgetBytes?: number;
+  kvTtlMs?: number;
+  segmentBoundaries?: number[];
+  /** Default 1 GiB. */
+  maxSegmentBytes?: number;
+  sessionOptions?: BackendSessionOptions;
+  now?: () => number;
+}
+
+interface Segment {
+  start: number;
+  end: number;
+  session: OnnxSession;
+}
+
+const STATELESS = '\u0000stateless';
+
+export class FusedShardExecutor {
+  readonly config: ModelConfig;
+  readonly startLayer: number;
+  readonly endLayer: number;
+  readonly maxContext: number;
+  readonly projections: FusedWeights;
+  readonly weightBytes: number;
+  /** Activations and KV stay in device memory between graphs. */
+  readonly onDevice: boolean;
+  private readonly kv: LayerKvPool;
+  private queue: Promise<unknown> = Promise.resolve();
+
+  private constructor(
+    private readonly o: FusedExecutorOptions,
+    maxContext: number,
+    private readonly segments: Segment[],
+    private readonly embed: OnnxSession | null,
+    private readonly head: OnnxSession | null,
+    weightBytes: number,
+  ) {
+    this.config = o.config;
+    this.startLayer = o.startLayer;
+    this.endLayer = o.endLayer;
+    this.maxContext = maxContext;
+    this.projections = o.projections;
+    this.weightBytes = weightBytes;
+    this.onDevice = o.backend.device !== undefined;
+    this.kv = new LayerKvPool({
+      layers: o.endLayer - o.startLayer,
+      kvHeads: o.config.numKvHeads,
+      headDim: o.config.headDim,
+      maxContext,
+      budgetBytes: o.kvBudgetBytes ?? 512 * 2 ** 20,
+      ttlMs: o.kvTtlMs ?? 10 * 60_000,
+      ...(o.backend.device ? { device: o.backend.device } : {}),
+      ...(o.now ? { now: o.now } : {}),
+    });
+  }
+
+  static async create(o: FusedExecutorOptions): Promise<FusedShardExecutor> {
+    const cfg = o.config;
+    const { startLayer: a, endLayer: b } = o;
+    if (!(Number.isInteger(a) && Number.isInteger(b) && 0 <= a && a < b && b <= cfg.numLayers)) {
+      throw new RangeError(`layer range [${a}, ${b}) is not inside 0..${cfg.numLayers}`);
+    }
+    const maxContext = o.maxContext ?? Math.min(cfg.maxPositionEmbeddings, 2048);
+    const bounds = segmentBounds(cfg, a, b, o);
+    const device = o.backend.device !== undefined;
+    const sessionOptions = (deviceOutputs: string[]): BackendSessionOptions => ({ ...o.sessionOptions, ...(device ? { deviceOutputs } : {}) });
+
+    const opened: OnnxSession[] = [];
+    const open = async (bytes: Uint8Array, deviceOutputs: string[]) => {
+      const s = await o.backend.createSession(bytes, sessionOptions(deviceOutputs));
+      opened.push(s);
+      return s;
+    };
+    try {
+      let weightBytes = 0;
+      const segments: Segment[] = [];
+      for (let i = 0; i + 1 < bounds.length; i++) {
+        const start = bounds[i]!;
+        const end = bounds[i + 1]!;
+        const names: string[] = [];
+        for (let l = start; l < end; l++) names.push(...layerTensorNames(cfg, l));
+        const src = await o.weights(names);
+        const projNames: string[] = [];
+        for (let l = start; l < end; l++) {
+          const p = fusedProjectionNames(l);
+          projNames.push(...p.qkv, p.o, ...p.gateUp, p.down);
+        }
+        const q4 = o.projections === 'q4' ? await quantizedSource(src, projNames, o.q4Cache) : undefined;
+        const built = buildFusedLayersGraph(cfg, src, start, end, { weights: o.projections, maxContext, ...(q4 ? { q4 } : {}) });
+        weightBytes += built.weightBytes;
+        segments.push({ start, end, session: await open(built.bytes, [FUSED_IO.hiddenOut]) });
+      }
+      let embed: OnnxSession | null = null;
+      if (a === 0) {
+        const built = buildEmbedGraph(cfg, await o.weights([EMBED_TENSOR]));
+        weightBytes += built.weightBytes;
+        embed = await open(built.bytes, [IO.hiddenOut]);
+      }
+      let head: OnnxSession | null = null;
+      if (b === cfg.numLayers) {
+        const headName = cfg.tieWordEmbeddings ? EMBED_TENSOR : LM_HEAD_TENSOR;
+        const src = await o.weights([FINAL_NORM_TENSOR, headName]);
+        // A tied head is the embedding table, which the embedding reads exactly: it stays f32.
+        const headWeights = o.projections === 'q4' && !cfg.tieWordEmbeddings ? 'q4' : 'f32';
+        const q4 = headWeights === 'q4' ? await quantizedSource(src, [headName], o.q4Cache) : undefined;
+        const built = buildLastRowHeadGraph(cfg, src, { weights: headWeights, ...(q4 ? { q4 } : {}) });
+        weightBytes += built.weightBytes;
+        head = await open(built.bytes, []);
+      }
+      return new FusedShardExecutor(o, maxContext, segments, embed, head, weightBytes);
+    } catch (e) {
+      await Promise.allSettled(opened.map((s) => s.release()));
+      throw e;
+    }
+  }
+
+  get holdsEmbedding(): boolean {
+    return this.embed !== null;
+  }
+
+  get holdsHead(): boolean {
+    return this.head !== null;
+  }
+
+  /** Bytes copied between the CPU and the device so far (0/0 on a CPU backend). */
+  transferStats(): { up: number; down: number } {
+    const t = this.o.backend.device?.transfer;
+    return t ? { up: t.up, down: t.down } : { up: 0, down: 0 };
+  }
+
+  kvStats(): KvStats {
+    return this.kv.stats();
+  }
+
+  sessionLength(id: string, layer = this.startLayer): number {
+    const r = this.kv.get(id);
+    return r ? r.lengths[layer - this.startLayer]! : 0;
+  }
+
+  dropSession(id: string): boolean {
+    return this.kv.release(id);
+  }
+
+  forward(req: ForwardRequest): Promise<ForwardResult> {
+    const run = this.queue.then(() => this.forwardNow(req));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  async release(): Promise<void> {
+    await this.queue;
+    this.kv.clear();
+    const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
+    await Promise.all(all.map((s) => s.release()));
+  }
+
+  private async forwardNow(req: ForwardRequest): Promise<ForwardResult> {
+    const cfg = this.config;
+    const held = { startLayer: this.startLayer, endLayer: this.endLayer };
+    const input = checkForwardInput(cfg, { ...held, holdsEmbedding: this.embed !== null, maxContext: this.maxContext }, req);
+    const { start, end, seq, position } = input;
+    const first = this.segments.findIndex((s) => s.start === start);
+    const last = this.segments.findIndex((s) => s.end === end);
+    if (first < 0 || last < 0) throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
+
+    const kv = await this.reservation(req.session, start, end, position, seq);
+    const owned: RunValue[] = []; // device outputs of this call, freed at the end
+    try {
+      let hidden: RunValue;
+      if (input.kind === 'tokens') {
+        const out = await this.embed!.runWith({ [IO.inputIds]: { type: 'int64', data: input.ids, dims: [1, seq] } });
+        hidden = out[IO.hiddenOut]!;
+        owned.push(hidden);
+      } else hidden = { type: 'float32', data: input.data, dims: [1, seq, cfg.hiddenSize] };
+
+      const { numKvHeads: KV, headDim: D } = cfg;
+      const counters = {
+        [FUSED_IO.seqlensK]: { type: 'int32', data: Int32Array.of(position + seq - 1), dims: [1] } as BackendTensor,
+        [FUSED_IO.totalSeqLen]: { type: 'int32', data: Int32Array.of(position + seq), dims: [1] } as BackendTensor,
+      };
+      const asValue = (b: KvBuffer): RunValue => (b instanceof Float32Array ? { type: 'float32', data: b, dims: [1, KV, kv.reservation.capacity, D] } : b);
+      for (let si = first; si <= last; si++) {
+        const seg = this.segments[si]!;
+        const feeds: Record<string, RunValue> = { ...counters, [FUSED_IO.hidden]: hidden };
+        const outputs: Record<string, RunValue> = {};
+        for (let l = seg.start; l < seg.end; l++) {
+          const i = l - this.startLayer;
+          const k = asValue(kv.reservation.keys[i]!);
+          const v = asValue(kv.reservation.values[i]!);
+          feeds[FUSED_IO.pastKey(l)] = k;
+          feeds[FUSED_IO.pastValue(l)] = v;
+          outputs[FUSED_IO.presentKey(l)] = k;
+          outputs[FUSED_IO.presentValue(l)] = v;
+        }
+        const out = await seg.session.runWith(feeds, outputs);
+        hidden = out[FUSED_IO.hiddenOut]!;
+        owned.push(hidden);
+      }
+      // Lengths move only once every layer of the call has written its rows.
+      for (let l = start; l < end; l++) kv.reservation.lengths[l - this.startLayer] = position + seq;
+
+      if (end === cfg.numLayers && this.head) {
+        const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
+        const logits = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
+        const { tokenId, logprob } = sampleToken(logits, req.sampling ?? {}, position + seq);
+        return { kind: 'token', tokenId, logprob, logits };
+      }
+      const data = (await hostData(hidden)) as Float32Array;
+      return { kind: 'activation', data, shape: [1, seq, cfg.hiddenSize] };
+    } finally {
+      for (const t of owned) if (isDeviceTensor(t)) t.dispose();
+      if (kv.stateless) this.kv.release(STATELESS);
+    }
+  }
+
+  /** The session's reservation, checked against `position` and grown to hold the call. */
+  private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number): Promise<{ reservation: KvReservation; stateless: boolean }> {
+    if (session === undefined) return { reservation: await this.kv.reserve(STATELESS, seq), stateless: true };
+    if (session === STATELESS) throw layerRangeError('reserved session id', { startLayer: this.startLayer, endLayer: this.endLayer });
+    let r: KvReservation | undefined;
+    if (position === 0) {
+      r = this.kv.get(session);
+      // A restart of a live session keeps its buffers when they are big enough.
+      if (r && r.capacity >= seq) for (let l = start; l < end; l++) r.lengths[l - this.startLayer] = 0;
+      else r = await this.kv.reserve(session, seq);
+    } else {
+      r = this.kv.get(session);
+      if (!r) throw new PositionMismatchError(session, position, 0);
+    }
+    let actual = Infinity;
+    for (let l = start; l < end; l++) actual = Math.min(actual, r.lengths[l - this.startLayer]!);
+    for (let l = start; l < end; l++) if (r.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(session, position, actual);
+    await this.kv.grow(r, position + seq);
+    return { reservation: r, stateless: false };
+  }
+}
+
+async function hostData(v: RunValue): Promise<BackendTensor['data']> {
+  return isDeviceTensor(v) ? v.download() : v.data;
+}
+
+/** Layer cuts: the caller's, else greedy groups of at most maxSegmentBytes. */
+function segmentBounds(cfg: ModelConfig, a: number, b: number, o: FusedExecutorOptions): number[] {
+  let cuts = o.segmentBoundaries;
+  if (!cuts) {
+    const limit = o.maxSegmentBytes ?? 2 ** 30;
+    const per = fusedLayerBytes(cfg, o.projections);
+    const perSegment = Math.max(1, Math.floor(limit / per));
+    cuts = [];
+    for (let l = a + perSegment; l < b; l += perSegment) cuts.push(l);
+  }
+  const bounds = [a, ...[...new Set(cuts)].sort((x, y) => x - y), b];
+  if (bounds.some((v, i) => i > 0 && v <= bounds[i - 1]!)) throw new RangeError(`segment boundaries ${cuts.join(',')} must lie strictly inside (${a}, ${b})`);
+  return bounds;
+}
+
+/** Quantized matrices for `names`, from the cache or quantized now (and stored for the next load). */
+async function quantizedSource(src: Parameters<typeof quantizingSource>[0], names: string[], cache: Q4Cache | undefined) {
+  const quantize = quantizingSource(src);
+  const got = new Map<string, Q4Matrix>();
+  for (const name of names) {
+    let m = await cache?.get(name);
+    if (!m) {
+      m = quantize(name);
+      await cache?.put(name, m);
+    }
+    got.set(name, m);
+  }
+  return (name: string): Q4Matrix => {
+    const m = got.get(name);
+    if (!m) throw new RangeError(`no quantized matrix for ${name}`);
+    return m;
+  };
+}

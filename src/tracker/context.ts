@@ -1,0 +1,48 @@
+/**
+ * What every group of tracker routes shares: options, the registry, the
+ * tracker's identity, metrics, the log, recent routes for the dashboard,
+ * and what a generation needs.
+ */
+import type { Logger } from 'pino';
+import type { Identity } from '../node/identity.ts';
+import { MeshError } from '../protocol/errors.ts';
+import type { GenerationDeps } from './head-proxy.ts';
+import type { TrackerMetrics } from './metrics.ts';
+import type { PendingModel } from './model-registry.ts';
+import type { TrackerOptions } from './options.ts';
+import type { NodeRegistry } from './registry.ts';
+import type { RoutePlan } from './routing.ts';
+
+export interface RecentRoute {
+  at: number;
+  kind: 'generate' | 'failover' | 'replace' | 'inspect';
+  model: string;
+  head: string;
+  hops: Array<{ peer_id: string; start_layer: number; end_layer: number }>;
+  cost_ms: number;
+}
+
+export interface TrackerContext {
+  options: TrackerOptions;
+  registry: NodeRegistry;
+  identity: Identity;
+  /** base64url of the route-signing key. */
+  publicKey: string;
+  metrics: TrackerMetrics;
+  logger: Logger;
+  /** When the tracker started (its clock). */
+  startedAt: number;
+  recentRoutes: RecentRoute[];
+  /** Models configured but not loaded yet: their checkpoints are retried (ModelCatalog). */
+  pendingModels: ReadonlyMap<string, PendingModel>;
+  recordRoute(kind: RecentRoute['kind'], model: string, plan: RoutePlan): void;
+  /** Node counts by model and status into the gauge. */
+  updateNodeGauge(): void;
+  generation: GenerationDeps;
+}
+
+/** 503 for a model whose checkpoint is still being retried; undefined for a model the tracker never had. */
+export function notLoadedYet(pendingModels: ReadonlyMap<string, PendingModel> | undefined, model: string): MeshError | undefined {
+  const p = pendingModels?.get(model);
+  return p && new MeshError('MESH_ERR_UNAVAILABLE', `model "${model}" is not loaded yet: its checkpoint at ${p.url} failed (${p.lastError}); the tracker keeps retrying`);
+}

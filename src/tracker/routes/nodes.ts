@@ -1,0 +1,71 @@
+/**
+ * The nodes' side of the tracker: signed registration and heartbeats.
+ *
+ *   POST /api/nodes/register    signed NodeMessage → RegisterAnswer (assignment)
+ *   POST /api/nodes/heartbeat   signed NodeMessage → RegisterAnswer; 404 when unknown (register again)
+ */
+import { MeshError } from '../../protocol/errors.ts';
+import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
+import { notLoadedYet, type TrackerContext } from '../context.ts';
+import { json, readJson, type App } from '../http.ts';
+import type { NodeRecord } from '../registry.ts';
+import { verifyNodeMessage } from '../signing.ts';
+
+const nodeMessage = signedSchema(nodeMessageSchema);
+
+export function nodeRoutes(app: App, ctx: TrackerContext): void {
+  const { options: o, registry, metrics, logger } = ctx;
+
+  function answerFor(n: NodeRecord): RegisterAnswer {
+    const model = registry.models.get(n.info.model)!;
+    return {
+      assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url },
+      heartbeat_interval_ms: o.heartbeatIntervalMs,
+      tracker_public_key: ctx.publicKey,
+    };
+  }
+
+  async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat'): Promise<NodeMessage> {
+    const parsed = nodeMessage.safeParse(await readJson(req, o.maxBodyBytes));
+    if (!parsed.success) {
+      metrics.registrations.inc({ kind, result: 'malformed' });
+      const issue = parsed.error.issues[0]!;
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected {body: NodeMessage, signature}`);
+    }
+    try {
+      await verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs);
+    } catch (e) {
+      metrics.registrations.inc({ kind, result: 'refused' });
+      logger.warn({ peer_id: parsed.data.body.peer_id, kind, err: (e as Error).message }, 'signed node message refused');
+      throw e;
+    }
+    return parsed.data.body;
+  }
+
+  app.post('/api/nodes/register', async ({ req }) => {
+    const msg = await signedNodeMessage(req, 'register');
+    if (!registry.models.has(msg.info.model)) {
+      const pending = notLoadedYet(ctx.pendingModels, msg.info.model);
+      if (pending) throw pending;
+    }
+    const n = registry.register(msg);
+    metrics.registrations.inc({ kind: 'register', result: 'ok' });
+    logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving }, 'node registered');
+    ctx.updateNodeGauge();
+    return json(200, answerFor(n));
+  });
+
+  app.post('/api/nodes/heartbeat', async ({ req }) => {
+    const msg = await signedNodeMessage(req, 'heartbeat');
+    let n: NodeRecord;
+    try {
+      n = registry.heartbeat(msg);
+    } catch (e) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'unknown' });
+      throw e;
+    }
+    metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
+    ctx.updateNodeGauge();
+    return json(200, answerFor(n));
+  });
+}

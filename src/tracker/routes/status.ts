@@ -1,0 +1,68 @@
+/**
+ * What the tracker knows, for people and monitors.
+ *
+ *   GET /api/tracker        the tracker's public key, peer id, models and models still loading
+ *   GET /api/availability   per model: layers × nodes, spans, status, throughput
+ *   GET /api/dashboard      nodes, stats, recent routes
+ *   GET /dashboard          the dashboard page over /api/dashboard (dashboard.ts)
+ *   GET /healthz, GET /metrics
+ */
+import type { TrackerContext } from '../context.ts';
+import { DASHBOARD_HTML } from '../dashboard.ts';
+import { json, type App } from '../http.ts';
+
+export function statusRoutes(app: App, ctx: TrackerContext): void {
+  const { options: o, registry, metrics, identity, publicKey } = ctx;
+
+  app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], models_pending: [...ctx.pendingModels.keys()], heartbeat_interval_ms: o.heartbeatIntervalMs }));
+
+  app.get('/api/availability', ({ url }) => {
+    const only = url.searchParams.get('model');
+    const names = only ? [registry.model(only).name] : [...registry.models.keys()];
+    return json(200, { models: names.map((m) => registry.availability(m)) });
+  });
+
+  app.get('/api/dashboard', () => {
+    const now = o.now();
+    return json(200, {
+      tracker: { public_key: publicKey, peer_id: identity.peerId, uptime_s: Math.round((now - ctx.startedAt) / 1000) },
+      models: [...registry.models.values()].map((m) => {
+        const a = registry.availability(m.name);
+        return { name: m.name, url: m.url, num_layers: m.numLayers, complete: a.complete, missing_layers: a.missing_layers, coverage: a.layers.map((l) => l.count) };
+      }),
+      nodes: [...registry.nodes.values()].map((n) => ({
+        peer_id: n.peerId,
+        model: n.info.model,
+        backend: n.info.backend,
+        host: n.info.host,
+        version: n.info.version ?? null,
+        memory_budget_mb: n.info.memory_budget_mb,
+        status: registry.status(n),
+        assignment: n.assignment && { start_layer: n.assignment.start, end_layer: n.assignment.end },
+        serving: n.serving && { start_layer: n.serving.start, end_layer: n.serving.end },
+        throughput: Math.round(registry.throughput(n) * 100) / 100,
+        layer_ms: Math.round(registry.layerMs(n) * 1000) / 1000,
+        rpm: n.stats?.rpm ?? 0,
+        queue_depth: n.stats?.queue_depth ?? 0,
+        kv_free_bytes: n.stats?.kv_free_bytes ?? null,
+        tokens_served: n.stats?.tokens_served ?? 0,
+        rpm_history: n.history.map((h) => ({ at: h.at, rpm: h.stats.rpm, layer_ms: h.stats.layer_ms })),
+        in_flight: n.inFlight,
+        failures: n.failures,
+        last_seen_ms_ago: now - n.lastSeen,
+        endpoint: n.endpoint ?? null,
+        relay_addr: n.relayAddr ?? null,
+      })),
+      recent_routes: [...ctx.recentRoutes].reverse(),
+    });
+  });
+
+  app.get('/dashboard', () => new Response(DASHBOARD_HTML, { status: 200, headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-cache' } }));
+
+  app.get('/healthz', () => json(200, { status: 'ok', nodes: registry.nodes.size, models: [...registry.models.keys()] }));
+
+  app.get('/metrics', async () => {
+    ctx.updateNodeGauge();
+    return new Response(await metrics.registry.metrics(), { status: 200, headers: { 'content-type': metrics.registry.contentType } });
+  });
+}

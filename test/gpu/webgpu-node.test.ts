@@ -1,0 +1,119 @@
+/**
+ * The GPU path on WebGPU, in Node, in CI: onnxruntime-web's native WebGPU EP
+ * on Dawn (the `webgpu` npm package) over SwiftShader's Vulkan (correctness
+ * only: a CPU pretending to be a GPU, slow). Checks the fused executor
+ * against the float64 reference (4-bit on the dequantized weights), counts
+ * the GPU programs one decode step runs per layer from onnxruntime's own log,
+ * checks that every node was placed on the WebGPU EP, and measures the bytes
+ * crossing CPU↔GPU per decode step.
+ *
+ * vitest.config.ts puts chromium's Vulkan loader and SwiftShader's ICD in
+ * the environment of the test processes (src/cli/webgpu-node.ts vulkanEnv).
+ */
+import fs from 'node:fs';
+import { syncBuiltinESMExports } from 'node:module';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { OnnxBackend } from '../../src/shard/backend.ts';
+import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
+import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
+import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
+import { fixture, maxAbsDiff } from '../helpers/shard.ts';
+
+// onnxruntime-web's WASM module writes its log with fs.writeSync(1|2, …) (emscripten's Node output): tap it.
+const logLines: string[] = [];
+let tapping = false;
+const writeSync = fs.writeSync;
+fs.writeSync = ((fd: number, data: unknown, ...rest: unknown[]) => {
+  if ((fd === 1 || fd === 2) && typeof data === 'string' && /\[[IV]:onnxruntime/.test(data)) {
+    if (tapping) logLines.push(data);
+    return data.length;
+  }
+  return (writeSync as (...a: unknown[]) => number)(fd, data, ...rest);
+}) as typeof fs.writeSync;
+syncBuiltinESMExports();
+
+const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
+const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
+const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
+
+const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
+// SwiftShader's f32 kernels sum in another order than float64.
+const TOL = 1e-4;
+const f = fixture('tiny');
+const CHUNKS = [[5, 9, 33, 100, 7], [44], [12, 13, 14], [200]];
+
+let backend: OnnxBackend;
+let counting: OnnxBackend;
+let q4: FusedShardExecutor;
+
+beforeAll(async () => {
+  const { info } = await installNodeWebGpu();
+  expect(info.isFallbackAdapter || info.features.length > 0).toBe(true);
+  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
+  counting = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM, infoLog: true });
+  tapping = true;
+  q4 = await Fused.create({ config: f.cfg, backend: counting, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'q4', maxContext: 128 });
+  tapping = false;
+}, 600_000);
+
+afterAll(async () => {
+  await q4?.release();
+});
+
+describe('fused executor on WebGPU (Dawn in Node, SwiftShader)', () => {
+  it('places every node on the WebGPU EP: onnxruntime inserted no host/device copy in any graph', () => {
+    // A node on another EP would need MemcpyFromHost/MemcpyToHost around it; the transformer reports each insertion.
+    const memcpy = logLines.filter((l) => l.includes('GraphTransformer MemcpyTransformer'));
+    expect(memcpy.length).toBeGreaterThanOrEqual(3); // layers, embedding, head
+    for (const l of memcpy) expect(l).toMatch(/modified: 0/);
+  });
+
+  it('4-bit: matches the float64 reference on the dequantized weights, sessions kept on the GPU', async () => {
+    await walkAgainstReference(f, dequantizedWeights(f.weights), q4, CHUNKS, TOL, 'gpu-walk');
+    expect(q4.onDevice).toBe(true);
+  }, 600_000);
+
+  it('a decode step runs at most 12 GPU programs per layer and moves under 64 KiB between CPU and GPU', async () => {
+    const before = q4.transferStats();
+    logLines.length = 0;
+    tapping = true;
+    const position = CHUNKS.flat().length;
+    const r = await q4.forward({ session: 'gpu-walk', position, tokenIds: [17], sampling: { temperature: 0 } });
+    tapping = false;
+    expect(r.kind).toBe('token');
+    const programs = logLines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z0-9]+)/.exec(l)?.[1] ?? '?');
+    // Outside the layers: the embedding Gather, the span's closing Add, and the head's Gather, norm and matmul.
+    const outside = ['Gather', 'Add', 'Gather', 'LayerNorm', 'MatMul'];
+    const layerPrograms = programs.length - outside.length;
+    expect(programs.length, programs.join(' ')).toBeGreaterThan(outside.length);
+    expect(layerPrograms / f.cfg.numLayers, programs.join(' ')).toBeLessThanOrEqual(12);
+    const after = q4.transferStats();
+    expect(after.up - before.up + (after.down - before.down)).toBeLessThanOrEqual(64 * 1024);
+    // What did cross: the token id and two counters in, the logits out.
+    expect(after.up - before.up).toBe(8 + 4 + 4);
+    expect(after.down - before.down).toBe(f.cfg.vocabSize * 4);
+  }, 600_000);
+
+  it('f32 projections and a split span: activations stay on the GPU between segments and match the reference', async () => {
+    const ex = await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: 2, projections: 'f32', maxContext: 64, segmentBoundaries: [1] });
+    try {
+      const ref = new ReferenceModel(f.cfg, f.weights);
+      const cache = newRefCache(f.cfg);
+      let position = 0;
+      for (const ids of CHUNKS.slice(0, 2)) {
+        const before = ex.transferStats();
+        const out = await ex.forward({ session: 's', position, tokenIds: ids });
+        if (out.kind !== 'activation') throw new Error('expected an activation');
+        const after = ex.transferStats();
+        // In: ids and two counters; out: the activation, once (not between the two segments).
+        expect(after.down - before.down).toBe(ids.length * f.cfg.hiddenSize * 4);
+        const want = ref.layers(0, 2, ref.embed(ids), ids.length, position, cache);
+        const d = maxAbsDiff(out.data, want);
+        expect(d.err).toBeLessThanOrEqual(TOL * Math.max(1, d.scale));
+        position += ids.length;
+      }
+    } finally {
+      await ex.release();
+    }
+  }, 600_000);
+});

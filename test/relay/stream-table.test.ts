@@ -1,0 +1,267 @@
+/**
+ * The relay's routing without sockets: the stream table driven with
+ * in-memory peer sockets and a clock of the test's own (the wire contract
+ * end to end is relay.test.ts, against a real relay process).
+ */
+import { describe, expect, it } from 'vitest';
+import pino from 'pino';
+import { createRelayMetrics } from '../../src/relay/metrics.ts';
+import { RELAY_DEFAULTS } from '../../src/relay/options.ts';
+import { FAST_PATH_PROTOCOL, RpcCaller, StreamTable, type PeerConn, type PeerSocket } from '../../src/relay/stream-table.ts';
+import {
+  FLAG_END,
+  FrameKind,
+  decodeFrame,
+  encodeCancelFrame,
+  encodeDataFrame,
+  encodeRequestFrame,
+  encodeResponseFrame,
+  hexToBytes,
+  type Frame,
+  type ResponseFrame,
+} from '../../src/protocol/index.ts';
+
+const utf8 = new TextEncoder();
+const utf8d = new TextDecoder();
+
+class MemorySocket implements PeerSocket {
+  isOpen = true;
+  bufferedAmount = 0;
+  readonly sent: Array<Uint8Array | string> = [];
+  closedWith: { code: number; reason: string } | undefined;
+  send(data: Uint8Array | string): void {
+    // The table may reuse the buffer it forwards: keep what was sent at the time.
+    this.sent.push(typeof data === 'string' ? data : new Uint8Array(data));
+  }
+  close(code: number, reason: string): void {
+    this.closedWith = { code, reason };
+    this.isOpen = false;
+  }
+  frames(): Frame[] {
+    return this.sent.filter((d): d is Uint8Array => typeof d !== 'string').map(decodeFrame);
+  }
+  json(): Array<Record<string, unknown>> {
+    return this.sent.filter((d): d is string => typeof d === 'string').map((d) => JSON.parse(d) as Record<string, unknown>);
+  }
+}
+
+function id(n: number): string {
+  return n.toString(16).padStart(32, '0');
+}
+
+function setup(options: Partial<typeof RELAY_DEFAULTS> = {}) {
+  let now = 1000;
+  const table = new StreamTable({ options: { ...RELAY_DEFAULTS, ...options }, metrics: createRelayMetrics(), logger: pino({ level: 'silent' }), now: () => now });
+  const peer = (n: number, fast = true): { conn: PeerConn; socket: MemorySocket } => {
+    const socket = new MemorySocket();
+    const conn = table.addPeer(socket, id(n), fast ? { protocols: [FAST_PATH_PROTOCOL] } : {});
+    if (!('id' in conn)) throw new Error(conn.reason);
+    return { conn, socket };
+  };
+  return { table, peer, advance: (ms: number) => (now += ms) };
+}
+
+function request(streamId: number, target: number, body = 'ping'): Uint8Array {
+  return encodeRequestFrame({ streamId, peerId: hexToBytes(id(target)), method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': '1,1,2' }, body: utf8.encode(body) });
+}
+
+function errorCode(f: Frame): string {
+  return (JSON.parse(utf8d.decode((f as ResponseFrame).body)) as { error: { code: string } }).error.code;
+}
+
+describe('StreamTable', () => {
+  it('forwards a REQUEST with source and stream id rewritten in place, and the answer back under the caller\'s id', () => {
+    const { table, peer } = setup();
+    const a = peer(1);
+    const b = peer(2);
+    const frame = request(77, 2);
+    table.onBinary(a.conn, frame);
+    expect(b.socket.sent[0]).toEqual(frame); // the very bytes, rewritten where they lay
+    const got = decodeFrame(b.socket.sent[0] as Uint8Array);
+    expect(got).toMatchObject({ kind: FrameKind.Request, peerId: hexToBytes(id(1)), path: '/forward' });
+    expect(got.streamId).not.toBe(77);
+    expect(table.inFlight).toBe(1);
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: got.streamId, status: 200, headers: {}, body: utf8.encode('pong') }));
+    const answer = a.socket.frames()[0] as ResponseFrame;
+    expect([answer.kind, answer.streamId, answer.status, utf8d.decode(answer.body)]).toEqual([FrameKind.Response, 77, 200, 'pong']);
+    expect(table.inFlight).toBe(0);
+  });
+
+  it('gives two callers using one stream id their own relay ids and their own answers', () => {
+    const { table, peer } = setup();
+    const [a, c, b] = [peer(1), peer(3), peer(2)];
+    table.onBinary(a.conn, request(5, 2, 'from a'));
+    table.onBinary(c.conn, request(5, 2, 'from c'));
+    const [fa, fc] = b.socket.frames();
+    expect(fa!.streamId).not.toBe(fc!.streamId);
+    // Answer c's first.
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: fc!.streamId, status: 200, headers: {}, body: utf8.encode('to c') }));
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: fa!.streamId, status: 200, headers: {}, body: utf8.encode('to a') }));
+    expect(utf8d.decode((a.socket.frames()[0] as ResponseFrame).body)).toBe('to a');
+    expect(utf8d.decode((c.socket.frames()[0] as ResponseFrame).body)).toBe('to c');
+  });
+
+  it('keeps a streamed answer open until END, and drops frames for streams it no longer knows', () => {
+    const { table, peer } = setup();
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(9, 2));
+    const sid = b.socket.frames()[0]!.streamId;
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, end: false }));
+    table.onBinary(b.conn, encodeDataFrame(sid, utf8.encode('1'), false));
+    expect(table.inFlight).toBe(1);
+    table.onBinary(b.conn, encodeDataFrame(sid, new Uint8Array(0), true));
+    table.onBinary(b.conn, encodeDataFrame(sid, utf8.encode('late'), true));
+    expect(a.socket.frames().map((f) => [f.kind, f.streamId, f.flags & FLAG_END])).toEqual([
+      [FrameKind.Response, 9, 0],
+      [FrameKind.Data, 9, 0],
+      [FrameKind.Data, 9, FLAG_END],
+    ]);
+    expect(table.inFlight).toBe(0);
+  });
+
+  it('answers 404 for an unknown target, 413 over the body limit, 503 at the in-flight limit and over the high-water mark', () => {
+    const { table, peer } = setup({ maxBodyBytes: 8, maxInFlightPerPeer: 1, highWaterBytes: 100 });
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(1, 9));
+    table.onBinary(a.conn, request(2, 2, 'more than eight bytes'));
+    table.onBinary(a.conn, request(3, 2));
+    table.onBinary(a.conn, request(4, 2));
+    b.socket.bufferedAmount = 101;
+    const c = peer(3);
+    table.onBinary(c.conn, request(1, 1));
+    a.socket.bufferedAmount = 101;
+    table.onBinary(c.conn, request(2, 1));
+    const answers = a.socket.frames().filter((f) => f.kind === FrameKind.Response);
+    expect(answers.map((f) => [f.streamId, (f as ResponseFrame).status, errorCode(f)])).toEqual([
+      [1, 404, 'MESH_ERR_NO_SUCH_PEER'],
+      [2, 413, 'MESH_ERR_TOO_LARGE'],
+      [4, 503, 'MESH_ERR_BACKPRESSURE'],
+    ]);
+    // c's first request reached a (under its mark then); the second found a over it.
+    expect(a.socket.frames().filter((f) => f.kind === FrameKind.Request)).toHaveLength(1);
+    expect([c.socket.frames()[0]!.streamId, errorCode(c.socket.frames()[0]!)]).toEqual([2, 'MESH_ERR_BACKPRESSURE']);
+    expect(b.socket.frames()).toHaveLength(1);
+  });
+
+  it('answers 504 past the request timeout, sends the target CANCEL, and drops its late answer', () => {
+    const { table, peer, advance } = setup({ requestTimeoutMs: 1000 });
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(3, 2));
+    const sid = b.socket.frames()[0]!.streamId;
+    advance(999);
+    table.sweep();
+    expect(a.socket.sent).toHaveLength(0);
+    advance(1);
+    table.sweep();
+    expect([a.socket.frames()[0]!.streamId, errorCode(a.socket.frames()[0]!)]).toEqual([3, 'MESH_ERR_TIMEOUT']);
+    expect(b.socket.frames()[1]).toMatchObject({ kind: FrameKind.Cancel, streamId: sid });
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, body: utf8.encode('late') }));
+    expect(a.socket.sent).toHaveLength(1);
+  });
+
+  it('answers 502 when the target leaves, and cancels on the target when the caller leaves or cancels', () => {
+    const { table, peer } = setup();
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(1, 2));
+    table.onBinary(a.conn, request(2, 2));
+    table.onBinary(a.conn, request(3, 2));
+    const [s1, s2] = b.socket.frames().map((f) => f.streamId);
+    table.onBinary(a.conn, encodeCancelFrame(1));
+    expect(b.socket.frames()[3]).toMatchObject({ kind: FrameKind.Cancel, streamId: s1 });
+    table.removePeer(a.conn);
+    expect(b.socket.frames().slice(4).map((f) => [f.kind, f.streamId])).toEqual([
+      [FrameKind.Cancel, s2],
+      [FrameKind.Cancel, b.socket.frames()[2]!.streamId],
+    ]);
+    const c = peer(3);
+    table.onBinary(c.conn, request(8, 2));
+    table.removePeer(b.conn);
+    expect([c.socket.frames()[0]!.streamId, errorCode(c.socket.frames()[0]!)]).toEqual([8, 'MESH_ERR_PEER_GONE']);
+    expect(table.inFlight).toBe(0);
+  });
+
+  it('disconnects a caller that lets more than maxBufferedBytes pile up unread (4004)', () => {
+    const { table, peer } = setup({ maxBufferedBytes: 1000 });
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(1, 2));
+    a.socket.bufferedAmount = 1001;
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: b.socket.frames()[0]!.streamId, status: 200, headers: {}, body: utf8.encode('x') }));
+    expect(a.socket.closedWith?.code).toBe(4004);
+    expect(a.socket.sent).toHaveLength(0);
+  });
+
+  it('translates a fast-path request for an ADR-era peer into an envelope, and its envelope answer into a RESPONSE frame', () => {
+    const { table, peer } = setup();
+    const a = peer(1);
+    const old = peer(2, false);
+    table.onBinary(a.conn, request(4, 2, 'hello'));
+    const env = old.socket.json()[0]!;
+    expect(env).toMatchObject({ type: 'relay-http-request', method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': '1,1,2' } });
+    expect(Buffer.from(env.body_base64 as string, 'base64').toString()).toBe('hello');
+    table.onText(old.conn, JSON.stringify({ type: 'relay-http-response', request_id: env.request_id, status: 201, headers: { 'Content-Type': 'text/plain' }, body: 'hi' }));
+    const f = a.socket.frames()[0] as ResponseFrame;
+    expect([f.streamId, f.status, f.headers['content-type'], utf8d.decode(f.body)]).toEqual([4, 201, 'text/plain', 'hi']);
+    // An answer naming an id this peer was not asked under is not delivered.
+    table.onText(peer(3).conn, JSON.stringify({ type: 'relay-http-response', request_id: env.request_id, status: 200 }));
+    expect(a.socket.sent).toHaveLength(1);
+  });
+
+  it('serves /rpc callers by envelope under its own ids, refusing a duplicate request_id with 400', () => {
+    const { table, peer } = setup();
+    const b = peer(2);
+    const rpcSocket = new MemorySocket();
+    const rpc = new RpcCaller(rpcSocket, id(2));
+    table.onRpcMessage(rpc, JSON.stringify({ request_id: 'r1', method: 'post', path: '/forward', body: 'x' }));
+    table.onRpcMessage(rpc, JSON.stringify({ request_id: 'r1', method: 'post', path: '/forward', body: 'y' }));
+    const env = b.socket.json()[0]!;
+    expect(env.request_id).not.toBe('r1');
+    expect(env).toMatchObject({ method: 'POST', body: 'x' });
+    expect(rpcSocket.json()[0]).toMatchObject({ request_id: 'r1', status: 400 });
+    table.onText(b.conn, JSON.stringify({ type: 'relay-http-response', request_id: env.request_id, status: 200, body: 'ok' }));
+    expect(rpcSocket.json()[1]).toEqual({ request_id: 'r1', status: 200, headers: {}, body: 'ok' });
+  });
+
+  it('replaces an older connection with the same key: closed 4002, its callers answered 502', () => {
+    const { table, peer } = setup();
+    const a = peer(1);
+    const b = peer(2);
+    table.onBinary(a.conn, request(6, 2));
+    const b2 = peer(2);
+    expect(b.socket.closedWith?.code).toBe(4002);
+    expect([a.socket.frames()[0]!.streamId, errorCode(a.socket.frames()[0]!)]).toEqual([6, 'MESH_ERR_PEER_GONE']);
+    table.onBinary(a.conn, request(7, 2));
+    expect(b2.socket.frames()).toHaveLength(1);
+    expect(table.peers.size).toBe(2);
+  });
+
+  it('refuses registrations beyond maxPeers and new requests while closing, and says when the last stream drains', () => {
+    const { table, peer } = setup({ maxPeers: 2 });
+    const [a, b] = [peer(1), peer(2)];
+    expect(table.addPeer(new MemorySocket(), id(3), {})).toMatchObject({ close: 1013 });
+    table.onBinary(a.conn, request(1, 2));
+    let drained = 0;
+    table.closing = true;
+    table.onDrained = () => drained++;
+    table.onBinary(a.conn, request(2, 2));
+    expect([a.socket.frames()[0]!.streamId, errorCode(a.socket.frames()[0]!)]).toEqual([2, 'MESH_ERR_SHUTTING_DOWN']);
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: b.socket.frames()[0]!.streamId, status: 200, headers: {}, body: new Uint8Array(0) }));
+    expect(drained).toBe(1);
+  });
+
+  it('closes a connection whose frame is shorter than its head (1002) and answers unknown versions and kinds 400', () => {
+    const { table, peer } = setup();
+    const a = peer(1);
+    const bad = request(3, 2);
+    bad[0] = 9;
+    table.onBinary(a.conn, bad);
+    const unknownKind = encodeCancelFrame(4);
+    unknownKind[1] = 7;
+    table.onBinary(a.conn, unknownKind);
+    expect(a.socket.frames().map((f) => [f.streamId, errorCode(f)])).toEqual([
+      [3, 'MESH_ERR_BAD_FRAME'],
+      [4, 'MESH_ERR_BAD_FRAME'],
+    ]);
+    table.onBinary(a.conn, new Uint8Array(5));
+    expect(a.socket.closedWith?.code).toBe(1002);
+  });
+});
