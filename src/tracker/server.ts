@@ -60,7 +60,9 @@ async function* streamChunks(body: ReadableStream<Uint8Array>): AsyncGenerator<U
 
 export async function startTracker(partial: Partial<TrackerOptions>, extras: StartTrackerExtras = {}): Promise<RunningTracker> {
   const o = resolveTrackerOptions(partial);
-  const logger = extras.logger ?? pino({ name: 'tracker', level: o.logLevel }, pino.destination(2));
+  // Synchronous: a start failure's one line (src/cli/failure.ts) must come after the lines logged before it,
+  // not race an async write flushed at exit. The tracker logs per node and per failure, not per token.
+  const logger = extras.logger ?? pino({ name: 'tracker', level: o.logLevel }, pino.destination({ dest: 2, sync: true }));
   const fetchFn = extras.fetch ?? globalThis.fetch;
   const identity = extras.identity ?? (await Identity.loadOrCreate(o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore()));
   if (!extras.modelSpecs && o.models.length === 0) throw new TypeError('the tracker needs at least one model (--model NAME=URL)');
