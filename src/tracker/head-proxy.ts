@@ -187,6 +187,11 @@ export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: bo
  * Run one generation: yields token events, then one done event. Throws
  * MeshError when it cannot go on (no route left, failovers exhausted, the
  * head refused the request itself).
+ *
+ * Lifetime: everything an attempt holds (the route's in-flight counts, the
+ * abort listener, the head's stream) is released *before* the done event is
+ * yielded, so a caller that stops pulling after `done` leaks nothing. A
+ * caller that stops earlier must call `return()` (for-await does).
  */
 export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, firstPlan: RoutePlan, signal: AbortSignal): AsyncGenerator<GenerationEvent> {
   const requestId = randomHex(8);
@@ -218,6 +223,8 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     const ctl = new AbortController();
     const onAbort = () => ctl.abort();
     signal.addEventListener('abort', onAbort, { once: true });
+    // Set when the head finished; yielded after the finally below has released this attempt.
+    let finished: GenerationEvent | undefined;
     try {
       if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
       const signed = await signRoute(deps.identity, headId, hops, deps.options.now() + deps.options.routeTtlMs);
@@ -252,20 +259,20 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           deps.metrics.tokens.inc();
           yield { type: 'token', tokenId: ev.token_id, text: ev.text };
           if (tokens.length >= input.max_tokens) {
-            yield { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length };
-            return;
+            finished = { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length };
+            break;
           }
         } else if (ev.type === 'recovered') {
           log.info({ failed: ev.failed_peer_id, replacement: ev.replacement_peer_id, recovery_ms: ev.recovery_ms }, 'head recovered a hop');
           deps.metrics.hopRecoveries.inc();
         } else if (ev.type === 'done') {
-          yield { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
-          return;
+          finished = { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
+          break;
         } else {
           throw remoteError(undefined, { error: ev }, `head ${headId}`);
         }
       }
-      throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);
+      if (!finished) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_UPSTREAM', (e as Error).message);
       if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
@@ -279,6 +286,10 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       signal.removeEventListener('abort', onAbort);
       ctl.abort();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
+    }
+    if (finished) {
+      yield finished;
+      return;
     }
   }
   throw new MeshError('MESH_ERR_UPSTREAM', `generation failed after ${deps.options.maxHeadFailovers + 1} head(s): ${lastError?.message ?? 'unknown error'}`, { last_code: lastError?.code });

@@ -1,7 +1,7 @@
 /**
  * What the tracker knows, for people and monitors.
  *
- *   GET /api/tracker        the tracker's public key, peer id and models
+ *   GET /api/tracker        the tracker's public key, peer id, models and models still loading
  *   GET /api/availability   per model: layers × nodes, spans, status, throughput
  *   GET /api/dashboard      nodes, stats, recent routes
  *   GET /dashboard          the dashboard page over /api/dashboard (dashboard.ts)
@@ -14,7 +14,7 @@ import { json, type App } from '../http.ts';
 export function statusRoutes(app: App, ctx: TrackerContext): void {
   const { options: o, registry, metrics, identity, publicKey } = ctx;
 
-  app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], heartbeat_interval_ms: o.heartbeatIntervalMs }));
+  app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], models_pending: [...ctx.pendingModels.keys()], heartbeat_interval_ms: o.heartbeatIntervalMs }));
 
   app.get('/api/availability', ({ url }) => {
     const only = url.searchParams.get('model');
