@@ -9,11 +9,9 @@
  *
  * Used by `meshnet mesh` and by `meshnet demo`.
  */
-import { existsSync } from 'node:fs';
-import { join } from 'node:path';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import type { NodeStatus } from '../browser/engine.ts';
-import { REPO_ROOT } from './models.ts';
+import { builtApp } from './app-build.ts';
 import { startStaticServer, type StaticServer } from './static-server.ts';
 
 export const CHROMIUM_FLAGS = [
@@ -229,14 +227,9 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   };
 }
 
-/** dist/ on a local port with COOP/COEP (WASM threads), built with vite first when missing. */
-export async function serveBuiltApp(dir = join(REPO_ROOT, 'dist')): Promise<StaticServer> {
-  if (!existsSync(join(dir, 'index.html'))) {
-    // vite is a dev dependency: imported only when a build is needed.
-    const { build } = await import('vite');
-    await build({ root: REPO_ROOT, logLevel: 'warn', build: { outDir: dir } });
-  }
-  return startStaticServer({ root: dir, port: 0, host: '127.0.0.1' });
+/** The project's dist/ on a local port with COOP/COEP (WASM threads), built with vite first when missing. */
+export async function serveBuiltApp(): Promise<StaticServer> {
+  return startStaticServer({ root: await builtApp(), port: 0, host: '127.0.0.1' });
 }
 
 // ---------------------------------------------------------------- terminal view

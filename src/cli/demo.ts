@@ -13,15 +13,21 @@
 import { pathToFileURL } from 'node:url';
 import { join } from 'node:path';
 import { startRelay } from '../relay/server.ts';
+import { loadModelSpec, type ModelSpec } from '../tracker/model-registry.ts';
+import { resolveTrackerOptions } from '../tracker/options.ts';
 import { startTracker } from '../tracker/server.ts';
 import { startBrowserMesh, serveBuiltApp, terminalView, type BrowserMesh } from './browser-mesh.ts';
-import { defaultModelDir, ensureModel, hasModel, REPO_ROOT } from './models.ts';
+import { bareLayers, budgetToCover, layerRanges } from './demo-budget.ts';
+import { DEMO_DEFAULTS } from './demo-options.ts';
+import { CliError } from './failure.ts';
+import { defaultModelDir, ensureModel, hasModel } from './models.ts';
+import { REPO_ROOT } from './paths.ts';
 import { startStaticServer } from './static-server.ts';
 
 export interface DemoOptions {
   nodes: number;
-  /** MiB per page: 60 gives each of 3 pages a third of `small` (4 layers), so a chat crosses all three. */
-  budgetMb: number;
+  /** MiB per page; absent: DEMO_DEFAULTS.budgetMb, or what covers the model with `nodes` pages when that is more. A given budget too small for `nodes` pages is refused before any page starts. */
+  budgetMb?: number;
   preset: 'small' | 'tiny';
   prompt: string;
   maxTokens: number;
@@ -31,7 +37,7 @@ export interface DemoOptions {
   out: NodeJS.WriteStream;
 }
 
-export const DEMO_DEFAULTS = { nodes: 3, budgetMb: 60, preset: 'small', prompt: 'Tell me a short story about a fox who shares her GPU.', maxTokens: 48, exitAfterChat: false } as const;
+export { DEMO_DEFAULTS } from './demo-options.ts';
 
 export interface RunningDemo {
   close(): Promise<void>;
@@ -48,29 +54,32 @@ export async function runDemo(o: DemoOptions): Promise<RunningDemo> {
   try {
     say('meshnet demo: a relay, a tracker and a mesh of headless browser nodes on this machine, then one chat.');
 
-    const setup = (await import(pathToFileURL(join(REPO_ROOT, 'scripts', 'setup.mjs')).href)) as { ensureChromium(): string };
-    const chromium = o.chromium ?? setup.ensureChromium();
-    say(`[${since()}] chromium: ${chromium}`);
-
     const cached = await hasModel(defaultModelDir(o.preset), o.preset);
     if (!cached) say(`[${since()}] model: generating the "${o.preset}" checkpoint (first run only)…`);
     const modelDir = await ensureModel(o.preset);
     say(`[${since()}] model: ${cached ? 'cached' : 'generated'} at ${modelDir}`);
-
-    const app = await serveBuiltApp();
-    closers.push(() => app.close());
     const models = await startStaticServer({ root: modelDir, port: 0, host: '127.0.0.1' });
     closers.push(() => models.close());
     const modelUrl = `${models.url}/`;
+    // Sized as the tracker will size it, before anything slow starts: a budget too small for the pages asked for is said now.
+    const trackerOptions = { port: 0, host: '127.0.0.1', models: [{ name: o.preset, url: modelUrl }], heartbeatIntervalMs: 2000, logLevel: 'warn' };
+    const budgetMb = pageBudget(await loadModelSpec(o.preset, modelUrl, fetch, resolveTrackerOptions(trackerOptions)), o.nodes, o.budgetMb);
+
+    const setup = (await import(pathToFileURL(join(REPO_ROOT, 'scripts', 'setup.mjs')).href)) as { ensureChromium(): string };
+    const chromium = o.chromium ?? setup.ensureChromium();
+    say(`[${since()}] chromium: ${chromium}`);
+
+    const app = await serveBuiltApp();
+    closers.push(() => app.close());
     say(`[${since()}] app on ${app.url}/, model files on ${modelUrl}`);
 
     const relay = await startRelay({ port: 0, host: '127.0.0.1', logLevel: 'warn' });
     closers.push(() => relay.close());
-    const tracker = await startTracker({ port: 0, host: '127.0.0.1', relayUrl: relay.url, models: [{ name: o.preset, url: modelUrl }], heartbeatIntervalMs: 2000, logLevel: 'warn' });
+    const tracker = await startTracker({ ...trackerOptions, relayUrl: relay.url });
     closers.push(() => tracker.close());
     say(`[${since()}] relay ${relay.url}, tracker ${tracker.url}`);
 
-    say(`[${since()}] starting ${o.nodes} headless browser nodes (${o.budgetMb} MiB each); the tracker assigns their layers…`);
+    say(`[${since()}] starting ${o.nodes} headless browser node${o.nodes === 1 ? '' : 's'} (${budgetMb} MiB each); the tracker assigns their layers…`);
     const view = terminalView(o.out, 5_000);
     let showTable = true;
     const mesh: BrowserMesh = await startBrowserMesh({
@@ -80,13 +89,15 @@ export async function runDemo(o: DemoOptions): Promise<RunningDemo> {
       appUrl: `${app.url}/`,
       model: o.preset,
       backend: 'wasm',
-      budgetMb: o.budgetMb,
+      budgetMb,
       chromium,
       onUpdate: (rows) => showTable && view.update(rows),
       log: (m) => say(`[${since()}] ${m}`),
     });
     closers.push(() => mesh.close());
-    await mesh.waitServing(150_000);
+    await mesh.waitServing(150_000).catch((e: Error) => {
+      throw new CliError(`${e.message}: see the node lines above (--verbose for the stack)`);
+    });
     await waitComplete(tracker.url, o.preset, 30_000);
     view.update(mesh.rows());
     showTable = false;
@@ -116,12 +127,23 @@ export async function runDemo(o: DemoOptions): Promise<RunningDemo> {
   }
 }
 
+/** The budget each page gets: the one asked for if it covers the model with `nodes` pages (else a CliError saying what does), or the default raised to what covers it. */
+export function pageBudget(model: ModelSpec, nodes: number, asked: number | undefined): number {
+  const needed = budgetToCover(model, nodes);
+  if (asked === undefined) return Math.max(DEMO_DEFAULTS.budgetMb, needed);
+  const bare = bareLayers(model, nodes, asked);
+  if (bare.length > 0) {
+    throw new CliError(`${nodes} page${nodes === 1 ? '' : 's'} of ${asked} MiB leave${nodes === 1 ? 's' : ''} layers ${layerRanges(bare)} of "${model.name}" without a node: give --budget ${needed} or more, or drop --budget (the demo then picks it)`);
+  }
+  return asked;
+}
+
 async function waitComplete(trackerUrl: string, model: string, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const r = (await (await fetch(`${trackerUrl}/api/availability?model=${encodeURIComponent(model)}`)).json()) as { models: Array<{ complete: boolean; missing_layers: number[] }> };
     if (r.models[0]?.complete) return;
-    if (Date.now() > deadline) throw new Error(`the tracker still misses layers ${r.models[0]?.missing_layers.join(',')} after ${timeoutMs} ms`);
+    if (Date.now() > deadline) throw new CliError(`the tracker still misses layers ${layerRanges(r.models[0]?.missing_layers ?? [])} after ${timeoutMs / 1000} s: give each page more memory (--budget) or start more pages (--nodes)`);
     await new Promise((res) => setTimeout(res, 200));
   }
 }

@@ -5,10 +5,10 @@
  */
 import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join, resolve } from 'node:path';
 import { FIXTURE_VERSION, makeModel } from '../model/fixture.ts';
 import type { FixturePreset } from '../model/fixture.ts';
+import { REPO_ROOT } from './paths.ts';
 
 export const MARKER_FILE = '.meshnet-fixture.json';
 
@@ -19,7 +19,7 @@ interface Marker {
   files: string[];
 }
 
-export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export { REPO_ROOT };
 
 export function defaultModelDir(preset: FixturePreset, seed = 0): string {
   return join(REPO_ROOT, '.models', seed === 0 ? preset : `${preset}-seed${seed}`);

@@ -1,4 +1,5 @@
 import { InvalidArgumentError } from 'commander';
+import { describeFailure } from './failure.ts';
 
 export function int(value: string): number {
   const n = Number(value);
@@ -14,8 +15,8 @@ export function onShutdown(close: () => Promise<void>): void {
     stopping = true;
     close().then(
       () => process.exit(0),
-      (err) => {
-        console.error(`shutdown after ${signal} failed:`, err);
+      (err: unknown) => {
+        process.stderr.write(`meshnet: shutdown after ${signal} failed: ${describeFailure(err)}\n`);
         process.exit(1);
       },
     );

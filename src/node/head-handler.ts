@@ -86,7 +86,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
       const i = p.error.issues[0]!;
       throw new MeshError('MESH_ERR_BAD_REQUEST', `/generate body: ${i.path.join('.') || 'value'}: ${i.message}`);
     }
-    if ((!p.data.messages || p.data.messages.length === 0) && p.data.prompt === undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', '/generate body: give messages or prompt');
+    if ((!p.data.messages || p.data.messages.length === 0) && p.data.prompt === undefined && p.data.prompt_token_ids === undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', '/generate body: give messages, prompt or prompt_token_ids');
     // Refuse a bad route now (400) rather than as the stream's first event.
     driver.planRoute(init.peerId, route);
     const events = driver.generate(init.peerId, p.data, route, req.signal ? { signal: req.signal } : {});

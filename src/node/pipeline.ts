@@ -41,7 +41,7 @@ import { z } from 'zod';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
-  readonly config: { readonly numLayers: number; readonly hiddenSize: number };
+  readonly config: { readonly numLayers: number; readonly hiddenSize: number; readonly vocabSize: number };
   readonly startLayer: number;
   readonly endLayer: number;
   readonly maxContext: number;
@@ -194,8 +194,13 @@ export class PipelineDriver {
     try {
       plan = this.planRoute(headPeerId, route);
       if (req.messages && req.messages.length > 0) promptIds = tok.encodeChat(req.messages);
-      else if (req.prompt !== undefined) promptIds = tok.encode(req.prompt);
-      else throw new MeshError('MESH_ERR_BAD_REQUEST', 'give messages or prompt');
+      else if (req.prompt_token_ids !== undefined) {
+        promptIds = [...req.prompt_token_ids];
+        const vocab = ex.config.vocabSize;
+        const outside = promptIds.find((id) => id >= vocab);
+        if (outside !== undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', `prompt token id ${outside} is outside the vocabulary (0..${vocab - 1})`);
+      } else if (req.prompt !== undefined) promptIds = tok.encode(req.prompt);
+      else throw new MeshError('MESH_ERR_BAD_REQUEST', 'give messages, prompt or prompt_token_ids');
       if (promptIds.length === 0) throw new MeshError('MESH_ERR_BAD_REQUEST', 'the prompt encodes to no tokens');
       if (promptIds.length + req.prefix_token_ids.length >= ex.maxContext) {
         throw new MeshError('MESH_ERR_TOO_LARGE', `prompt of ${promptIds.length} tokens (+${req.prefix_token_ids.length} already generated) does not fit the context of ${ex.maxContext}`);

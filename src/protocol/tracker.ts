@@ -132,6 +132,8 @@ export const generateRequestSchema = z.object({
   /** Chat messages (rendered with the model's chat template) or a raw prompt. */
   messages: z.array(z.object({ role: z.string(), content: z.string() })).optional(),
   prompt: z.string().optional(),
+  /** A prompt given as token ids (OpenAI's completions API allows it): fed as they are, no chat template, no tokenizer. */
+  prompt_token_ids: z.array(z.number().int().nonnegative()).min(1).optional(),
   /**
    * Tokens already generated (failover: a new head continues from here).
    * The head replays them into the caches without emitting them again;

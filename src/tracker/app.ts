@@ -17,7 +17,7 @@ import type { RecentRoute, TrackerContext } from './context.ts';
 import { PromptSizer, type HeadTransport } from './head-proxy.ts';
 import { App, HttpError, json, meshErrorResponse } from './http.ts';
 import type { TrackerMetrics } from './metrics.ts';
-import type { ModelSpec } from './model-registry.ts';
+import type { ModelSpec, PendingModel } from './model-registry.ts';
 import type { TrackerOptions } from './options.ts';
 import { NodeRegistry, NodeStatus } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
@@ -35,6 +35,8 @@ export interface TrackerDeps {
   transport: HeadTransport;
   logger: Logger;
   metrics: TrackerMetrics;
+  /** Models configured but not loaded yet (their checkpoints are retried): 503 for them, not 404. */
+  pendingModels?: ReadonlyMap<string, PendingModel>;
 }
 
 export interface Tracker {
@@ -88,6 +90,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     logger,
     startedAt: o.now(),
     recentRoutes,
+    pendingModels: deps.pendingModels ?? new Map(),
     recordRoute,
     updateNodeGauge() {
       metrics.nodes.reset();

@@ -1,45 +1,60 @@
 /**
  * An OpenAI completion, in three steps that each can be tested alone:
  *
- *   parse   the body → a GenerationInput (limits, defaults, stop strings), or OpenAI's 400/404
- *   plan    admission (admission.ts): a route with KV room for the chat, now or after a
- *           wait in the FIFO queue; 429 + Retry-After past the queue's limits, 503
- *           naming the missing layers when there is no route at all
- *   stream  the head's events (runGeneration, with head failover and re-routing
- *           after MESH_ERR_BUSY) → stop strings applied → one JSON completion, or SSE chunks
+ *   parse   the body → one GenerationInput per choice (limits, defaults, stop strings),
+ *           or OpenAI's 400/404 (503 for a model still loading)
+ *   plan    admission (admission.ts): per choice a route with KV room for it, now or
+ *           after a wait in the FIFO queue; 429 + Retry-After past the queue's limits,
+ *           503 naming the missing layers when there is no route at all
+ *   stream  each choice's head events (runGeneration, with head failover and re-routing
+ *           after MESH_ERR_BUSY) → stop strings applied → one JSON completion, or SSE
+ *           chunks of every choice as they come
  *
- * Nothing is committed to the client until the head's first output: a
- * request the head refuses (or that no route had room for in time) still
- * gets a plain HTTP error, not a broken stream.
+ * A chat has one choice; /v1/completions one per prompt (a list of prompts,
+ * text or token ids), each its own generation on its own route, all at once.
+ * Nothing is committed to the client until every choice's first output: a
+ * request a head refuses (or that no route had room for in time) still gets
+ * a plain HTTP error, not a broken stream.
  */
 import { StopMatcher } from '../model/text-stream.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { randomHex } from '../protocol/ids.ts';
 import type { Lease } from './admission.ts';
-import type { TrackerContext } from './context.ts';
+import { notLoadedYet, type TrackerContext } from './context.ts';
 import { runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput } from './head-proxy.ts';
 import { HttpError, json, readJson } from './http.ts';
-import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type CompletionIds, type FinishReason } from './openai.ts';
+import { MergedChoices } from './merged-choices.ts';
+import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai.ts';
 
 export interface ParsedCompletion {
   model: string;
-  input: GenerationInput;
+  /** One generation per choice: a chat has one; a completions request one per prompt. */
+  inputs: GenerationInput[];
   stream: boolean;
   includeUsage: boolean;
 }
 
-/** A piece of client-visible output: text, or the end. */
-export type CompletionPart = { text: string } | { finish: FinishReason; promptTokens: number; completionTokens: number };
+/**
+ * A piece of one choice's client-visible output: text, or the end. `tokenIds`
+ * are the tokens generated since the choice's previous part (the `token_ids`
+ * extension): text that could still start a stop string is held back, so ids
+ * can arrive a part before their text.
+ */
+export type CompletionPart = { text: string; tokenIds: number[] } | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[] };
 
 const utf8 = new TextEncoder();
 
-/** Step 1: the request body as a generation, or the OpenAI error the client gets. */
-export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'>, kind: ApiKind, body: unknown): ParsedCompletion {
+/** Step 1: the request body as one generation per choice, or the OpenAI error the client gets. */
+export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'> & Partial<Pick<TrackerContext, 'pendingModels'>>, kind: ApiKind, body: unknown): ParsedCompletion {
   const o = ctx.options;
   const parsed = kind === 'chat' ? parseOpenAi(chatRequestSchema, body) : parseOpenAi(completionRequestSchema, body);
   const modelName = parsed.model;
   const model = ctx.registry.models.get(modelName);
-  if (!model) throw openAiError(404, `The model '${modelName}' does not exist; this tracker serves: ${[...ctx.registry.models.keys()].join(', ')}`, { code: 'model_not_found', param: 'model' });
+  if (!model) {
+    const pending = notLoadedYet(ctx.pendingModels, modelName);
+    if (pending) throw openAiError(503, pending.message, { code: 'model_not_loaded', param: 'model' });
+    throw openAiError(404, `The model '${modelName}' does not exist; this tracker serves: ${[...ctx.registry.models.keys()].join(', ')}`, { code: 'model_not_found', param: 'model' });
+  }
   if (parsed.n != null && parsed.n !== 1) throw openAiError(400, 'n > 1 is not supported; send one request per completion', { param: 'n', code: 'unsupported_value' });
   const maxField = kind === 'chat' && 'max_completion_tokens' in parsed && parsed.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens';
   const asked = (maxField === 'max_completion_tokens' ? (parsed as { max_completion_tokens?: number | null }).max_completion_tokens : parsed.max_tokens) ?? null;
@@ -48,7 +63,7 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
   const maxTokens = asked ?? Math.min(o.defaultMaxTokens, o.maxTokensLimit, model.contextTokens - 1);
   const stop = parsed.stop == null ? [] : typeof parsed.stop === 'string' ? [parsed.stop] : parsed.stop;
   const topP = parsed.top_p ?? 1;
-  const input: GenerationInput = {
+  const common = {
     max_tokens: maxTokens,
     // top_p 0 means "only the likeliest token": greedy.
     temperature: topP === 0 ? 0 : (parsed.temperature ?? 1),
@@ -56,25 +71,37 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
     top_k: 0,
     stop,
     ...(parsed.seed != null ? { seed: parsed.seed } : {}),
-    ...(kind === 'chat'
-      ? { messages: (parsed as { messages: Array<{ role: string; content: Parameters<typeof messageText>[0] }> }).messages.map((m) => ({ role: m.role, content: messageText(m.content) })) }
-      : { prompt: typeof (parsed as { prompt: string | string[] }).prompt === 'string' ? (parsed as { prompt: string }).prompt : (parsed as { prompt: string[] }).prompt[0]! }),
   };
-  return { model: modelName, input, stream: parsed.stream === true, includeUsage: parsed.stream_options?.include_usage === true };
+  let inputs: GenerationInput[];
+  if (kind === 'chat') {
+    inputs = [{ ...common, messages: (parsed as ChatRequest).messages.map((m) => ({ role: m.role, content: messageText(m.content) })) }];
+  } else {
+    const prompts = promptsOf((parsed as CompletionRequest).prompt);
+    for (const p of prompts) {
+      if (!('prompt_token_ids' in p)) continue;
+      const outside = p.prompt_token_ids.find((id) => id >= model.config.vocabSize);
+      if (outside !== undefined) throw openAiError(400, `token id ${outside} is outside the vocabulary of '${modelName}' (0..${model.config.vocabSize - 1})`, { param: 'prompt', code: 'invalid_value' });
+      if (p.prompt_token_ids.length + maxTokens > model.contextTokens) throw openAiError(400, `a prompt of ${p.prompt_token_ids.length} tokens plus ${maxTokens} to generate exceeds the context of ${model.contextTokens} tokens`, { param: 'prompt', code: 'context_length_exceeded' });
+    }
+    inputs = prompts.map((p) => ({ ...common, ...p }));
+  }
+  return { model: modelName, inputs, stream: parsed.stream === true, includeUsage: parsed.stream_options?.include_usage === true };
 }
 
 /**
- * Step 2: KV room on a route for the whole chat (prompt, estimated until the
- * head counts it, + max_tokens), waiting in the admission queue while every
- * route is full. Refusals come as the client sees them (completionError).
+ * Step 2: per choice, KV room on a route for the whole generation (prompt,
+ * estimated until the head counts it, + max_tokens), waiting in the
+ * admission queue while every route is full. All or none: when one choice
+ * is refused, the others' leases are given back. Refusals come as the
+ * client sees them (completionError).
  */
-export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'admission'> & { generation: Pick<GenerationDeps, 'sizer'> }, c: Pick<ParsedCompletion, 'model' | 'input'>, signal: AbortSignal): Promise<Lease> {
-  try {
-    const need = ctx.generation.sizer.estimate(c.model, c.input, ctx.registry.model(c.model).contextTokens);
-    return await ctx.admission.acquire(c.model, need, { signal });
-  } catch (e) {
-    throw completionError(ctx, e);
-  }
+export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'admission'> & { generation: Pick<GenerationDeps, 'sizer'> }, kind: ApiKind, c: Pick<ParsedCompletion, 'model' | 'inputs'>, signal: AbortSignal): Promise<Lease[]> {
+  const context = ctx.registry.model(c.model).contextTokens;
+  const settled = await Promise.allSettled(c.inputs.map((input) => ctx.admission.acquire(c.model, ctx.generation.sizer.estimate(c.model, input, context), { signal })));
+  const refused = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (!refused) return settled.map((r) => (r as PromiseFulfilledResult<Lease>).value);
+  for (const r of settled) if (r.status === 'fulfilled') r.value.release();
+  throw completionError(ctx, kind, refused.reason);
 }
 
 /**
@@ -82,10 +109,10 @@ export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'adm
  * OpenAI's 400 context_length_exceeded; no KV room in time is OpenAI's 429
  * rate_limit_exceeded with Retry-After; anything else keeps its status and code.
  */
-export function completionError(ctx: Pick<TrackerContext, 'admission'>, e: unknown): HttpError {
+export function completionError(ctx: Pick<TrackerContext, 'admission'>, kind: ApiKind, e: unknown): HttpError {
   if (e instanceof HttpError) return e;
   const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
-  if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: 'messages', code: 'context_length_exceeded' });
+  if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: kind === 'chat' ? 'messages' : 'prompt', code: 'context_length_exceeded' });
   if (err.code === 'MESH_ERR_TOO_MANY_REQUESTS') {
     const { retry_after_ms: retry, ...rest } = err.details;
     return tooManyRequests(err.message, typeof retry === 'number' ? retry : ctx.admission.retryAfterMs(), { meshnet_code: err.code, ...rest });
@@ -94,12 +121,20 @@ export function completionError(ctx: Pick<TrackerContext, 'admission'>, e: unkno
 }
 
 /**
- * The head's events as client-visible parts: text through the stop matcher
- * (a stop ends the generation early), then one finish. Pull-driven, like
- * the events under it.
+ * One choice's head events as client-visible parts: text through the stop
+ * matcher, each piece with the token ids generated since the last, then one
+ * finish. A stop string ends the generation at once: the head is cancelled
+ * and its route released before the finish is yielded. Pull-driven, like the
+ * events under it; returning early ends the generation too.
  */
 export async function* completionParts(events: AsyncGenerator<GenerationEvent>, stop: readonly string[], onFirstToken: () => void): AsyncGenerator<CompletionPart> {
   const stops = new StopMatcher(stop);
+  let ids: number[] = [];
+  const take = (): number[] => {
+    const out = ids;
+    ids = [];
+    return out;
+  };
   let completionTokens = 0;
   let promptTokens = 0;
   try {
@@ -113,17 +148,19 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
       }
       if (ev.type === 'token') {
         if (completionTokens++ === 0) onFirstToken();
+        ids.push(ev.tokenId);
         const { text, stopped } = stops.push(ev.text);
-        if (text) yield { text };
+        if (stopped) await events.return(undefined);
+        if (text) yield { text, tokenIds: take() };
         if (stopped) {
-          yield { finish: 'stop', promptTokens, completionTokens };
+          yield { finish: 'stop', promptTokens, completionTokens, tokenIds: take() };
           return;
         }
         continue;
       }
       const tail = stops.flush();
-      if (tail) yield { text: tail };
-      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens };
+      if (tail) yield { text: tail, tokenIds: take() };
+      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take() };
       return;
     }
   } finally {
@@ -131,91 +168,116 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
   }
 }
 
-/** Step 3: run the generation on the lease's route (and others after a failover or a busy node), answering as one JSON completion or an SSE stream. */
-export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: ParsedCompletion, lease: Lease, clientSignal: AbortSignal, t0: number): Promise<Response> {
+/** Step 3: run every choice's generation on its lease's route (others after a failover or a busy node), answering as one JSON completion or an SSE stream. */
+export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: ParsedCompletion, leases: readonly Lease[], clientSignal: AbortSignal, t0: number): Promise<Response> {
   const { metrics, logger } = ctx;
   const endpoint = kind === 'chat' ? 'chat' : 'completions';
   const ids: CompletionIds = { id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomHex(12)}`, created: Math.floor(ctx.options.now() / 1000), model: c.model };
   const abort = new AbortController();
   clientSignal.addEventListener('abort', () => abort.abort(), { once: true });
-  const parts = completionParts(runGeneration(ctx.generation, c.model, c.input, abort.signal, lease), c.input.stop, () => metrics.firstToken.observe((performance.now() - t0) / 1000));
-  const next = async (): Promise<CompletionPart> => {
-    const r = await parts.next();
-    if (r.done) throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
-    if ('finish' in r.value) {
-      metrics.generation.observe((performance.now() - t0) / 1000);
-      // Ends the head's generation too when a stop string ended it early.
-      void parts.return(undefined);
-    }
-    return r.value;
+  let firstTokenSeen = false;
+  const onFirstToken = (): void => {
+    if (firstTokenSeen) return;
+    firstTokenSeen = true;
+    metrics.firstToken.observe((performance.now() - t0) / 1000);
+  };
+  // Each choice is its own generation (own route, own failover), all running at once.
+  const choices = c.inputs.map((input, i) => completionParts(runGeneration(ctx.generation, c.model, input, abort.signal, leases[i]), input.stop, onFirstToken));
+  /** Stop every choice and release what its generation holds. */
+  const endAll = (): void => {
+    abort.abort();
+    for (const choice of choices) void choice.return(undefined);
   };
   /** A generation error before anything was streamed: a plain HTTP error (completionError). */
   const clientError = (e: unknown): HttpError => {
-    abort.abort();
-    const err = completionError(ctx, e);
+    const err = completionError(ctx, kind, e);
     metrics.requests.inc({ endpoint, status: String(err.status) });
     return err;
   };
+  const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number }>) =>
+    usage(
+      finishes.reduce((n, f) => n + f.promptTokens, 0),
+      finishes.reduce((n, f) => n + f.completionTokens, 0),
+    );
 
   if (!c.stream) {
-    let text = '';
     try {
-      for (;;) {
-        const part = await next();
-        if ('text' in part) text += part.text;
-        else {
-          metrics.requests.inc({ endpoint, status: '200' });
-          return json(200, completionObject(kind, ids, text, part.finish, usage(part.promptTokens, part.completionTokens)));
-        }
-      }
+      const results = await Promise.all(
+        choices.map(async (choice) => {
+          let text = '';
+          const tokenIds: number[] = [];
+          for await (const part of choice) {
+            tokenIds.push(...part.tokenIds);
+            if ('text' in part) text += part.text;
+            else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens };
+          }
+          throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
+        }),
+      );
+      metrics.generation.observe((performance.now() - t0) / 1000);
+      metrics.requests.inc({ endpoint, status: '200' });
+      return json(200, completionObject(kind, ids, results, usageOf(results)));
     } catch (e) {
       throw clientError(e);
+    } finally {
+      endAll();
     }
   }
 
-  // Wait for the head's first output before committing to a 200 stream.
-  let first: CompletionPart | undefined;
+  // Wait for every choice's first output before committing to a 200 stream.
+  let firsts: Array<IteratorResult<CompletionPart>>;
   try {
-    first = await next();
+    firsts = await Promise.all(choices.map((choice) => choice.next()));
   } catch (e) {
+    endAll();
     throw clientError(e);
   }
-  let sentRole = false;
+  const finishes: Array<{ promptTokens: number; completionTokens: number }> = [];
+  const merged = new MergedChoices(choices);
+  let started = false;
   let finished = false;
   const sse = new ReadableStream<Uint8Array>({
     async pull(controller) {
       if (finished) return;
+      const send = (obj: unknown): void => controller.enqueue(utf8.encode(sseData(obj)));
       try {
-        if (!sentRole) {
-          sentRole = true;
-          controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, kind === 'chat' ? { role: true, text: '' } : { text: '' }))));
+        if (!started) {
+          started = true;
+          firsts.forEach((r, index) => merged.add(index, r));
+          for (let index = 0; index < choices.length; index++) send(chunkObject(kind, ids, kind === 'chat' ? { index, role: true, text: '' } : { index, text: '' }));
           return;
         }
-        const part = first ?? (await next());
-        first = undefined;
-        if ('text' in part) {
-          controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, { text: part.text }))));
+        const next = await merged.next();
+        if (next) {
+          const { index, part } = next;
+          if ('text' in part) send(chunkObject(kind, ids, { index, text: part.text, tokenIds: part.tokenIds }));
+          else {
+            finishes.push(part);
+            send(chunkObject(kind, ids, kind === 'chat' ? { index, finish: part.finish, tokenIds: part.tokenIds } : { index, text: '', finish: part.finish, tokenIds: part.tokenIds }));
+          }
           return;
         }
         finished = true;
-        controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, kind === 'chat' ? { finish: part.finish } : { text: '', finish: part.finish }))));
-        if (c.includeUsage) controller.enqueue(utf8.encode(sseData(chunkObject(kind, ids, { usage: usage(part.promptTokens, part.completionTokens) }))));
+        if (c.includeUsage) send(chunkObject(kind, ids, { usage: usageOf(finishes) }));
         controller.enqueue(utf8.encode(SSE_DONE));
+        metrics.generation.observe((performance.now() - t0) / 1000);
         metrics.requests.inc({ endpoint, status: '200' });
         controller.close();
+        endAll();
       } catch (e) {
         finished = true;
+        endAll();
         const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
         metrics.requests.inc({ endpoint, status: String(err.status) });
         logger.warn({ err: err.message, code: err.code }, 'stream failed');
         // OpenAI's in-stream error: one data event with an error object, then the stream ends.
-        controller.enqueue(utf8.encode(sseData(openAiError(err.status, err.message, { code: err.code }).body)));
+        send(openAiError(err.status, err.message, { code: err.code }).body);
         controller.close();
       }
     },
     cancel() {
-      abort.abort();
-      void parts.return(undefined);
+      finished = true;
+      endAll();
     },
   });
   return new Response(sse, { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' } });
@@ -234,13 +296,13 @@ export async function complete(ctx: TrackerContext, kind: ApiKind, req: Request)
     throw openAiError(e instanceof MeshError ? e.status : 400, (e as Error).message, { code: 'invalid_request_body' });
   }
   let c: ParsedCompletion;
-  let lease: Lease;
+  let leases: Lease[];
   try {
     c = parseCompletion(ctx, kind, body);
-    lease = await planCompletion(ctx, c, req.signal);
+    leases = await planCompletion(ctx, kind, c, req.signal);
   } catch (e) {
     count(e instanceof HttpError ? e.status : 500);
     throw e;
   }
-  return streamCompletion(ctx, kind, c, lease, req.signal, t0);
+  return streamCompletion(ctx, kind, c, leases, req.signal, t0);
 }

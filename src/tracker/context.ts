@@ -5,9 +5,11 @@
  */
 import type { Logger } from 'pino';
 import type { Identity } from '../node/identity.ts';
+import { MeshError } from '../protocol/errors.ts';
 import type { Admission } from './admission.ts';
 import type { GenerationDeps } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
+import type { PendingModel } from './model-registry.ts';
 import type { TrackerOptions } from './options.ts';
 import type { NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
@@ -32,10 +34,18 @@ export interface TrackerContext {
   /** When the tracker started (its clock). */
   startedAt: number;
   recentRoutes: RecentRoute[];
+  /** Models configured but not loaded yet: their checkpoints are retried (ModelCatalog). */
+  pendingModels: ReadonlyMap<string, PendingModel>;
   recordRoute(kind: RecentRoute['kind'], model: string, plan: RoutePlan): void;
   /** Node counts by model and status into the gauge. */
   updateNodeGauge(): void;
   /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */
   admission: Admission;
   generation: GenerationDeps;
+}
+
+/** 503 for a model whose checkpoint is still being retried; undefined for a model the tracker never had. */
+export function notLoadedYet(pendingModels: ReadonlyMap<string, PendingModel> | undefined, model: string): MeshError | undefined {
+  const p = pendingModels?.get(model);
+  return p && new MeshError('MESH_ERR_UNAVAILABLE', `model "${model}" is not loaded yet: its checkpoint at ${p.url} failed (${p.lastError}); the tracker keeps retrying`);
 }

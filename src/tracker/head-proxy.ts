@@ -198,6 +198,8 @@ export class PromptSizer {
   }
 
   estimate(model: string, input: GenerationInput, contextTokens: number): number {
+    // A prompt given as token ids (/v1/completions) is its own count.
+    if (input.prompt_token_ids) return Math.min(contextTokens, input.prompt_token_ids.length + input.max_tokens);
     const ratio = this.perByte.get(model) ?? 1 / 3;
     return Math.min(contextTokens, Math.ceil(PromptSizer.bytes(input) * ratio * 1.1) + 4 + input.max_tokens);
   }
@@ -205,7 +207,7 @@ export class PromptSizer {
   /** The head counted `promptTokens` for this input. */
   learn(model: string, input: GenerationInput, promptTokens: number): void {
     const bytes = PromptSizer.bytes(input);
-    if (bytes < 16 || promptTokens <= 0) return;
+    if (input.prompt_token_ids || bytes < 16 || promptTokens <= 0) return;
     const r = Math.min(2, Math.max(0.05, promptTokens / bytes));
     const prev = this.perByte.get(model);
     // The larger of the new sample and a slowly decaying average: over-estimating only queues a chat a little early.
@@ -232,11 +234,15 @@ export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: bo
  * Run one generation: yields token events, then one done event. Throws
  * MeshError when it cannot go on: 429 when no route had KV room in time,
  * 503 when layers are missing, the head's own error for a bad request, 502
- * when failovers are exhausted. The admission lease is given back before
- * the done event, whatever the consumer does next. `first`: a lease the
- * caller already holds (completion.ts admits before streaming), used for
- * the first attempt; the generator owns it from then on, so the caller
- * must start iterating it.
+ * when failovers are exhausted.
+ *
+ * Lifetime: everything an attempt holds (its admission lease of KV room,
+ * the route's in-flight counts, the abort listener, the head's stream) is
+ * released *before* the done event is yielded, so a caller that stops
+ * pulling after `done` leaks nothing. A caller that stops earlier must call
+ * `return()` (for-await does). `first`: a lease the caller already holds
+ * (completion.ts admits before streaming), used for the first attempt; the
+ * generator owns it from then on, so the caller must start iterating it.
  */
 export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, signal: AbortSignal, first?: Lease): AsyncGenerator<GenerationEvent> {
   let given = first;
@@ -283,6 +289,8 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     const ctl = new AbortController();
     const onAbort = () => ctl.abort();
     signal.addEventListener('abort', onAbort, { once: true });
+    // Set when the head finished; yielded after the finally below has released this attempt.
+    let finished: GenerationEvent | undefined;
     try {
       if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
       const signed = await signRoute(deps.identity, headId, hops, deps.options.now() + deps.options.routeTtlMs);
@@ -320,24 +328,22 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           deps.metrics.tokens.inc();
           yield { type: 'token', tokenId: ev.token_id, text: ev.text };
           if (tokens.length >= input.max_tokens) {
-            lease.release();
-            yield { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length };
-            return;
+            finished = { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length };
+            break;
           }
         } else if (ev.type === 'recovered') {
           log.info({ failed: ev.failed_peer_id, replacement: ev.replacement_peer_id, recovery_ms: ev.recovery_ms }, 'head recovered a hop');
           deps.metrics.hopRecoveries.inc();
         } else if (ev.type === 'done') {
-          lease.release();
-          yield { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
-          return;
+          finished = { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
+          break;
         } else {
           // The error names the node that refused (MESH_ERR_BUSY: which one to route around) and when to come back.
           const err = remoteError(undefined, { error: ev }, `head ${headId}`);
           throw ev.peer_id !== undefined ? new MeshError(err.code, err.message, { ...err.details, peer_id: ev.peer_id }) : err;
         }
       }
-      throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);
+      if (!finished) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} ended its stream without a done event`);
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_UPSTREAM', (e as Error).message);
       if (signal.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
@@ -366,6 +372,10 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       ctl.abort();
       lease.release();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
+    }
+    if (finished) {
+      yield finished;
+      return;
     }
   }
   throw new MeshError('MESH_ERR_UPSTREAM', `generation failed after ${deps.options.maxHeadFailovers + 1} head(s): ${lastError?.message ?? 'unknown error'}`, { last_code: lastError?.code });

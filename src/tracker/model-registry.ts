@@ -89,7 +89,8 @@ export async function loadModelSpec(name: string, url: string, fetchFn: typeof f
   try {
     res = await fetchFn(cfgUrl);
   } catch (e) {
-    throw new Error(`model ${name}: cannot fetch ${cfgUrl} (${(e as Error).message})`, { cause: e });
+    const cause = (e as { cause?: { message?: string } }).cause?.message;
+    throw new Error(`model ${name}: cannot fetch ${cfgUrl} (${cause ?? (e as Error).message})`, { cause: e });
   }
   if (!res.ok) throw new Error(`model ${name}: HTTP ${res.status} from ${cfgUrl}`);
   const config = parseModelConfig(await res.json(), cfgUrl);
@@ -102,4 +103,86 @@ export async function loadModelSpec(name: string, url: string, fetchFn: typeof f
     shapes = undefined;
   }
   return sizeModel(name, url, config, o, shapes);
+}
+
+// ---------------------------------------------------------------- loading, with retries
+
+/** Loads one model's spec from its checkpoint (loadModelSpec, or a resolver in front of it). */
+export type ModelLoader = (name: string, url: string) => Promise<ModelSpec>;
+
+export interface ModelRetryOptions {
+  /** First wait after a failed load, ms; doubles per failure. @defaultValue 1000 */
+  initialDelayMs: number;
+  /** Longest wait between attempts, ms. @defaultValue 60000 */
+  maxDelayMs: number;
+}
+
+export const MODEL_RETRY_DEFAULTS: ModelRetryOptions = { initialDelayMs: 1000, maxDelayMs: 60_000 };
+
+export interface PendingModel {
+  url: string;
+  attempts: number;
+  lastError: string;
+}
+
+export interface ModelCatalogEvents {
+  /** A model that failed before is loaded now. */
+  onLoaded?(spec: ModelSpec, attempts: number): void;
+  /** A load failed; the next attempt is in `retryInMs`. */
+  onError?(name: string, url: string, error: Error, attempts: number, retryInMs: number): void;
+}
+
+/**
+ * The models a tracker serves, loaded from their checkpoints. Each is tried
+ * once at start; one whose checkpoint cannot be read (host down, a typo in the
+ * URL, not a checkpoint) is retried with exponential backoff (±20 % jitter)
+ * while the others serve, and handed over by `onLoaded` once it loads.
+ */
+export class ModelCatalog {
+  readonly pending = new Map<string, PendingModel>();
+  private readonly timers = new Set<ReturnType<typeof setTimeout>>();
+  private closed = false;
+
+  constructor(
+    private readonly load: ModelLoader,
+    private readonly events: ModelCatalogEvents = {},
+    private readonly retry: ModelRetryOptions = MODEL_RETRY_DEFAULTS,
+    private readonly random: () => number = Math.random,
+  ) {}
+
+  /** Try every source once; resolves with the ones that loaded. The others keep retrying. */
+  async start(sources: ReadonlyArray<{ name: string; url: string }>): Promise<ModelSpec[]> {
+    const loaded = await Promise.all(sources.map((s) => this.attempt(s.name, s.url, 1, false)));
+    return loaded.filter((m): m is ModelSpec => m !== undefined);
+  }
+
+  /** Stop retrying. */
+  close(): void {
+    this.closed = true;
+    for (const t of this.timers) clearTimeout(t);
+    this.timers.clear();
+  }
+
+  private async attempt(name: string, url: string, attempts: number, retrying: boolean): Promise<ModelSpec | undefined> {
+    try {
+      const spec = await this.load(name, url);
+      this.pending.delete(name);
+      if (retrying && !this.closed) this.events.onLoaded?.(spec, attempts);
+      return spec;
+    } catch (e) {
+      const err = e instanceof Error ? e : new Error(String(e));
+      const base = Math.min(this.retry.maxDelayMs, this.retry.initialDelayMs * 2 ** (attempts - 1));
+      const delay = Math.round(base * (0.8 + 0.4 * this.random()));
+      this.pending.set(name, { url, attempts, lastError: err.message });
+      if (this.closed) return undefined;
+      this.events.onError?.(name, url, err, attempts, delay);
+      const t = setTimeout(() => {
+        this.timers.delete(t);
+        if (!this.closed) void this.attempt(name, url, attempts + 1, true);
+      }, delay);
+      t.unref?.();
+      this.timers.add(t);
+      return undefined;
+    }
+  }
 }

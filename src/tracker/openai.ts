@@ -55,9 +55,16 @@ export const chatRequestSchema = z.object({
 });
 export type ChatRequest = z.infer<typeof chatRequestSchema>;
 
+/** Prompts in one /v1/completions request at most (each is one choice, all generated at once). */
+export const MAX_PROMPTS = 16;
+const tokenIds = z.array(z.number().int().nonnegative()).min(1);
+
+/** As OpenAI: a string, a list of strings, a list of token ids, or a list of such lists. */
 export const completionRequestSchema = z.object({
   ...common,
-  prompt: z.union([z.string(), z.array(z.string()).length(1)]),
+  prompt: z.union([z.string(), z.array(z.string()).min(1).max(MAX_PROMPTS), tokenIds, z.array(tokenIds).min(1).max(MAX_PROMPTS)], {
+    error: `give a string, a list of strings, a list of token ids, or a list of token-id lists (1 to ${MAX_PROMPTS} prompts, not mixed)`,
+  }),
   echo: z.boolean().nullish(),
 });
 export type CompletionRequest = z.infer<typeof completionRequestSchema>;
@@ -71,6 +78,13 @@ export function parseOpenAi<T>(schema: z.ZodType<T>, body: unknown): T {
   const param = issue.path.map(String).join('.') || null;
   const missing = issue.code === 'invalid_type' && issue.message.includes('undefined');
   throw openAiError(400, missing ? `'${param}' is a required property` : `invalid value for '${param}': ${issue.message}`, { param, code: missing ? 'missing_required_parameter' : 'invalid_value' });
+}
+
+/** The prompts of a completions request, one per choice: text, or token ids used as they are. */
+export function promptsOf(prompt: CompletionRequest['prompt']): Array<{ prompt: string } | { prompt_token_ids: number[] }> {
+  if (typeof prompt === 'string') return [{ prompt }];
+  if (prompt.length > 0 && typeof prompt[0] === 'number') return [{ prompt_token_ids: prompt as number[] }];
+  return (prompt as Array<string | number[]>).map((p) => (typeof p === 'string' ? { prompt: p } : { prompt_token_ids: p }));
 }
 
 export function messageText(content: ChatRequest['messages'][number]['content']): string {
@@ -98,14 +112,22 @@ export interface CompletionIds {
   model: string;
 }
 
-export function completionObject(kind: ApiKind, ids: CompletionIds, text: string, finish: FinishReason, u: Usage) {
+/** One finished choice of a non-streamed answer. */
+export interface ChoiceResult {
+  text: string;
+  finish: FinishReason;
+  /** Every token the choice generated (a stop string's tokens included): the `token_ids` extension. */
+  tokenIds: number[];
+}
+
+export function completionObject(kind: ApiKind, ids: CompletionIds, choices: readonly ChoiceResult[], u: Usage) {
   if (kind === 'chat') {
     return {
       id: ids.id,
       object: 'chat.completion',
       created: ids.created,
       model: ids.model,
-      choices: [{ index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: finish }],
+      choices: choices.map((c, index) => ({ index, message: { role: 'assistant', content: c.text, refusal: null }, logprobs: null, finish_reason: c.finish, token_ids: c.tokenIds })),
       usage: u,
       system_fingerprint: null,
     };
@@ -115,15 +137,23 @@ export function completionObject(kind: ApiKind, ids: CompletionIds, text: string
     object: 'text_completion',
     created: ids.created,
     model: ids.model,
-    choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
+    choices: choices.map((c, index) => ({ index, text: c.text, logprobs: null, finish_reason: c.finish, token_ids: c.tokenIds })),
     usage: u,
     system_fingerprint: null,
   };
 }
 
-/** One streamed chunk: `delta` text (chat: with role on the first), or the finish reason, or (choices empty) usage. */
-export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null }) {
+/**
+ * One streamed chunk of choice `index`: `delta` text (chat: with role on the
+ * first), or the finish reason, or (choices empty) usage. `tokenIds` are the
+ * tokens generated since the choice's previous chunk (the `token_ids`
+ * extension): text that could still start a stop string is held back, so ids
+ * can arrive a chunk before their text.
+ */
+export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: number; text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null; tokenIds?: number[] }) {
   const finish_reason = part.finish ?? null;
+  const index = part.index ?? 0;
+  const tokens = part.tokenIds !== undefined ? { token_ids: part.tokenIds } : {};
   if (kind === 'chat') {
     const delta: Record<string, unknown> = {};
     if (part.role) delta.role = 'assistant';
@@ -134,7 +164,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { text?: st
       created: ids.created,
       model: ids.model,
       system_fingerprint: null,
-      choices: part.usage ? [] : [{ index: 0, delta, logprobs: null, finish_reason }],
+      choices: part.usage ? [] : [{ index, delta, logprobs: null, finish_reason, ...tokens }],
       ...(part.usage !== undefined ? { usage: part.usage } : {}),
     };
   }
@@ -144,7 +174,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { text?: st
     created: ids.created,
     model: ids.model,
     system_fingerprint: null,
-    choices: part.usage ? [] : [{ index: 0, text: part.text ?? '', logprobs: null, finish_reason }],
+    choices: part.usage ? [] : [{ index, text: part.text ?? '', logprobs: null, finish_reason, ...tokens }],
     ...(part.usage !== undefined ? { usage: part.usage } : {}),
   };
 }

@@ -83,6 +83,11 @@ export class NodeRegistry {
     this.models = new Map(models.map((m) => [m.name, m]));
   }
 
+  /** A model whose checkpoint loaded after the tracker started (ModelCatalog retries). */
+  addModel(spec: ModelSpec): void {
+    (this.models as Map<string, ModelSpec>).set(spec.name, spec);
+  }
+
   model(name: string): ModelSpec {
     const m = this.models.get(name);
     if (!m) throw new MeshError('MESH_ERR_NOT_FOUND', `unknown model "${name}"; this tracker serves: ${[...this.models.keys()].join(', ') || '(none)'}`, { models: [...this.models.keys()] });

@@ -16,7 +16,7 @@ import { createHeadTransport } from './head-proxy.ts';
 import { serveApp } from './http.ts';
 import { FileKeyStore } from './key-file.ts';
 import { createTrackerMetrics } from './metrics.ts';
-import { loadModelSpec, type ModelSpec } from './model-registry.ts';
+import { loadModelSpec, ModelCatalog, type ModelRetryOptions, type ModelSpec } from './model-registry.ts';
 import { resolveTrackerOptions, type TrackerOptions } from './options.ts';
 
 export interface RunningTracker extends Tracker {
@@ -33,6 +33,8 @@ export interface StartTrackerExtras {
   fetch?: typeof fetch;
   identity?: Identity;
   logger?: Logger;
+  /** Backoff of model loads that fail (tests shorten it). */
+  modelRetry?: ModelRetryOptions;
 }
 
 /** The app as a relay bridge handler: tracker API calls may arrive over the relay too. */
@@ -58,19 +60,34 @@ async function* streamChunks(body: ReadableStream<Uint8Array>): AsyncGenerator<U
 
 export async function startTracker(partial: Partial<TrackerOptions>, extras: StartTrackerExtras = {}): Promise<RunningTracker> {
   const o = resolveTrackerOptions(partial);
-  const logger = extras.logger ?? pino({ name: 'tracker', level: o.logLevel }, pino.destination(2));
+  // Synchronous: a start failure's one line (src/cli/failure.ts) must come after the lines logged before it,
+  // not race an async write flushed at exit. The tracker logs per node and per failure, not per token.
+  const logger = extras.logger ?? pino({ name: 'tracker', level: o.logLevel }, pino.destination({ dest: 2, sync: true }));
   const fetchFn = extras.fetch ?? globalThis.fetch;
   const identity = extras.identity ?? (await Identity.loadOrCreate(o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore()));
-  const models = extras.modelSpecs ?? (await Promise.all(o.models.map((m) => loadModelSpec(m.name, m.url, fetchFn, o))));
-  if (models.length === 0) throw new TypeError('the tracker needs at least one model (--model NAME=URL)');
-  for (const m of models) logger.info({ model: m.name, url: m.url, layers: m.numLayers, layer_mb: +(m.layerBytes[0]! / 2 ** 20).toFixed(2), kv_mb_per_layer: +(m.kvBytesPerLayer / 2 ** 20).toFixed(2), sized_from: m.sizedFrom }, 'model registered');
+  if (!extras.modelSpecs && o.models.length === 0) throw new TypeError('the tracker needs at least one model (--model NAME=URL)');
+  const logModel = (m: ModelSpec) => logger.info({ model: m.name, url: m.url, layers: m.numLayers, layer_mb: +(m.layerBytes[0]! / 2 ** 20).toFixed(2), kv_mb_per_layer: +(m.kvBytesPerLayer / 2 ** 20).toFixed(2), sized_from: m.sizedFrom }, 'model registered');
+  // A model whose checkpoint cannot be read is retried with backoff; the others serve meanwhile.
+  // Models that load later join the registry the tracker is built with below.
+  const late: { registry?: Tracker['registry'] } = {};
+  const catalog = new ModelCatalog((name, url) => loadModelSpec(name, url, fetchFn, o), {
+    onError: (name, url, err, attempts, retryInMs) => logger.warn({ model: name, url, attempt: attempts, retry_in_ms: retryInMs, err: err.message }, `model ${name}: cannot load its checkpoint from ${url}; retrying in ${(retryInMs / 1000).toFixed(1)} s`),
+    onLoaded: (spec, attempts) => {
+      late.registry?.addModel(spec);
+      logModel(spec);
+      logger.info({ model: spec.name, attempts }, `model ${spec.name} loaded after ${attempts} attempts`);
+    },
+  }, extras.modelRetry);
+  const models = extras.modelSpecs ?? (await catalog.start(o.models));
+  for (const m of models) logModel(m);
 
   let relay: RelayClient | undefined;
   if (o.relayUrl) {
     relay = new RelayClient({ relayUrl: o.relayUrl, WebSocket: WebSocket as unknown as WebSocketConstructor, identity, info: { role: 'tracker', models: models.map((m) => m.name) } });
   }
   const metrics = createTrackerMetrics();
-  const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay, fetch: fetchFn }), logger, metrics });
+  const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay, fetch: fetchFn }), logger, metrics, pendingModels: catalog.pending });
+  late.registry = tracker.registry;
   if (relay) {
     relay.setHandler(relayHandlerFor(tracker.app.fetch));
     relay.on('state', (e) => logger.info({ state: e.state, attempt: e.attempt, reason: e.reason }, 'relay connection'));
@@ -99,6 +116,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     logger,
     relay,
     async close() {
+      catalog.close();
       clearInterval(sweeper);
       tracker.admission.close();
       relay?.close();

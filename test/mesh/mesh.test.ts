@@ -117,6 +117,27 @@ describe('a mesh of meshnet node processes behind a tracker', () => {
     expect(got.finish).toBe(want.ids.length === MAX_TOKENS ? 'length' : 'stop');
   });
 
+  it('lets a client check output exactly: token_ids in the stream, and prompts given as token ids, equal the reference', async () => {
+    const stream = await client.chat.completions.create({ model: 'tiny', messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0, stream: true });
+    const streamed: number[] = [];
+    for await (const c of stream) streamed.push(...((c.choices[0] as { token_ids?: number[] } | undefined)?.token_ids ?? []));
+    expect(streamed).toEqual(want.ids);
+    // The chat's own prompt as token ids (one choice: the reference continuation), and a text prompt's ids (the other
+    // choice: what the same text given as a string generates — the ids are fed exactly as the head's tokenizer would).
+    const completions = async (prompt: unknown) => {
+      const res = await fetch(`${tracker.url}/v1/completions`, { method: 'POST', body: JSON.stringify({ model: 'tiny', prompt, max_tokens: 8, temperature: 0 }) });
+      expect(res.status).toBe(200);
+      return ((await res.json()) as { choices: Array<{ index: number; token_ids: number[] }> }).choices;
+    };
+    const text = 'The quick brown fox';
+    const [asText] = await completions(text);
+    const choices = await completions([tok.encodeChat(MESSAGES), tok.encode(text)]);
+    expect(choices.map((c) => c.index)).toEqual([0, 1]);
+    expect(choices[0]!.token_ids).toEqual(want.ids.slice(0, 8));
+    expect(asText!.token_ids.length).toBeGreaterThan(0);
+    expect(choices[1]!.token_ids).toEqual(asText!.token_ids);
+  });
+
   it('streams the reference token ids over POST /generate when a head is given a tracker-signed route', async () => {
     const route = (await (await fetch(`${tracker.url}/api/route?model=tiny`)).json()) as { head: string; route_header: string; expires_at: number; signature: string };
     const head = heads.find((h) => h.peerId === route.head)!;

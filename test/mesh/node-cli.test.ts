@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
+import { startTracker } from '../../src/tracker/server.ts';
 import { spawnMeshnet, startNode } from './support/mesh.ts';
 
 describe('meshnet node', () => {
@@ -31,6 +32,32 @@ describe('meshnet node', () => {
     const b = await startNode(args);
     expect(b.peerId).toBe(a.peerId);
     await b.stop();
+  });
+
+  it('without --model joins the tracker\'s only model, and with several exits with one line listing them', async () => {
+    const one = await startTracker({ port: 0, logLevel: 'silent', models: [{ name: 'tiny', url: st.url }] });
+    const node = spawnMeshnet(['node', '--port', '0', '--threads', '1', '--tracker', one.url, '--budget-mb', '64']);
+    try {
+      const registered = await node.waitFor((e) => e.event === 'registered', 30_000);
+      expect(registered.assignment).toMatchObject({ model: 'tiny', start_layer: 0 });
+      await node.waitFor((e) => e.event === 'serving', 30_000);
+      expect(node.stderr()).toMatch(/joining model \\"tiny\\"/);
+      expect(node.stderr()).not.toMatch(/unknown model/);
+    } finally {
+      await node.stop();
+      await one.close();
+    }
+    const two = await startTracker({ port: 0, logLevel: 'silent', models: [{ name: 'alpha', url: st.url }, { name: 'beta', url: st.url }] });
+    try {
+      const p = spawnMeshnet(['node', '--port', '0', '--tracker', two.url]);
+      const code = await new Promise<number | null>((resolve) => p.child.once('exit', resolve));
+      expect(code).toBe(1);
+      const lines = p.stderr().trim().split('\n');
+      expect(lines).toHaveLength(1);
+      expect(lines[0]).toMatch(/^meshnet node: .*2 models \(alpha, beta\): choose one with --model$/);
+    } finally {
+      await two.close();
+    }
   });
 
   it('refuses to start without --tracker or --layers', async () => {

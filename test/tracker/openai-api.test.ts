@@ -276,3 +276,100 @@ describe('chat completions through a head', () => {
     expect(calls[2]!.body.prefix_token_ids).toEqual([100]);
   });
 });
+
+/** A head that answers each prompt with its own tokens: text "<p>1", "<p>2" and ids 1000·k + i, k the prompt's first char code or first id. */
+const echo: Script = ({ body }) => {
+  const b = body as { prompt?: string; prompt_token_ids?: number[]; messages?: unknown[] };
+  const tag = b.prompt ?? (b.prompt_token_ids ? `#${b.prompt_token_ids.join('.')}` : 'chat');
+  const k = b.prompt_token_ids?.[0] ?? tag.charCodeAt(0);
+  const tokens: GenerateEvent[] = [1, 2].map((i) => ({ type: 'token', index: i - 1, token_id: 1000 * k + i, text: `${tag}${i} `, logprob: -0.1 }));
+  return [{ type: 'start', prompt_tokens: b.prompt_token_ids?.length ?? 3, route: [] } as GenerateEvent, ...tokens, { type: 'done', finish_reason: 'stop', completion_tokens: 2, prompt_tokens: b.prompt_token_ids?.length ?? 3 } as GenerateEvent];
+};
+
+interface ChoiceOut {
+  index: number;
+  text: string;
+  finish_reason: string;
+  token_ids: number[];
+}
+
+describe('/v1/completions prompts as OpenAI takes them', () => {
+  it('sends a prompt given as token ids to the head as prompt_token_ids', async () => {
+    const { t, heads, scripts, calls } = await setup();
+    scripts[heads[0]!.peerId] = [echo];
+    const res = await post(t, '/v1/completions', { model: 'small', prompt: [5, 6, 7], max_tokens: 5 });
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as { choices: ChoiceOut[]; usage: Record<string, number> };
+    expect(calls[0]!.body.prompt_token_ids).toEqual([5, 6, 7]);
+    expect('prompt' in calls[0]!.body).toBe(false);
+    expect(body.choices).toEqual([{ index: 0, text: '#5.6.71 #5.6.72 ', logprobs: null, finish_reason: 'stop', token_ids: [5001, 5002] }]);
+    expect(body.usage).toEqual({ prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 });
+  });
+
+  it('answers a list of prompts (text or token ids) with one choice per prompt, by index, usage summed', async () => {
+    for (const [prompt, heads] of [
+      [['a', 'b', 'c'], 1],
+      [[[3, 4], [8]], 2],
+    ] as const) {
+      const { t, heads: hs, scripts, calls } = await setup({}, heads);
+      for (const h of hs) scripts[h.peerId] = [echo, echo, echo];
+      const res = await post(t, '/v1/completions', { model: 'small', prompt, max_tokens: 5 });
+      expect(res.status).toBe(200);
+      const body = (await res.json()) as { choices: ChoiceOut[]; usage: Record<string, number> };
+      expect(calls.length).toBe(prompt.length);
+      expect(body.choices.map((c) => c.index)).toEqual(prompt.map((_, i) => i));
+      for (const [i, p] of prompt.entries()) {
+        const tag = typeof p === 'string' ? p : `#${p.join('.')}`;
+        const k = typeof p === 'string' ? p.charCodeAt(0) : p[0]!;
+        expect(body.choices[i]).toMatchObject({ text: `${tag}1 ${tag}2 `, finish_reason: 'stop', token_ids: [1000 * k + 1, 1000 * k + 2] });
+      }
+      const promptTokens = prompt.reduce((n: number, p) => n + (typeof p === 'string' ? 3 : p.length), 0);
+      expect(body.usage).toEqual({ prompt_tokens: promptTokens, completion_tokens: 2 * prompt.length, total_tokens: promptTokens + 2 * prompt.length });
+    }
+  });
+
+  it('streams a list of prompts as chunks tagged by choice index, one finish each', async () => {
+    const { t, heads, scripts } = await setup();
+    scripts[heads[0]!.peerId] = [echo, echo];
+    const res = await post(t, '/v1/completions', { model: 'small', prompt: [[120], [9]], max_tokens: 5, stream: true, stream_options: { include_usage: true } });
+    expect(res.status).toBe(200);
+    const { events, done } = parseSse(await res.text());
+    expect(done).toBe(true);
+    const chunks = events as Array<{ choices: ChoiceOut[]; usage?: Record<string, number> }>;
+    const byIndex = (i: number) => chunks.flatMap((c) => c.choices.filter((x) => x.index === i));
+    expect(byIndex(0).map((c) => c.text).join('')).toBe('#1201 #1202 ');
+    expect(byIndex(1).map((c) => c.text).join('')).toBe('#91 #92 ');
+    expect(byIndex(0).flatMap((c) => c.token_ids ?? [])).toEqual([120_001, 120_002]);
+    expect(byIndex(1).flatMap((c) => c.token_ids ?? [])).toEqual([9001, 9002]);
+    for (const i of [0, 1]) expect(byIndex(i).filter((c) => c.finish_reason).map((c) => c.finish_reason)).toEqual(['stop']);
+    expect(chunks[chunks.length - 1]!.usage).toEqual({ prompt_tokens: 2, completion_tokens: 4, total_tokens: 6 });
+  });
+
+  it('refuses token ids outside the vocabulary, too many prompts, empty and mixed lists with 400 naming prompt', async () => {
+    const { t, calls } = await setup();
+    for (const prompt of [[2048], [[1], [2, 4096]], Array.from({ length: 17 }, () => 'p'), [], [[]], [1.5], [-1], ['a', [1]]]) {
+      const res = await post(t, '/v1/completions', { model: 'small', prompt, max_tokens: 5 });
+      expect(res.status, JSON.stringify(prompt)).toBe(400);
+      const e = ((await res.json()) as { error: { param: string; type: string; message: string } }).error;
+      expect(e.type).toBe('invalid_request_error');
+      expect(e.param).toMatch(/^prompt(\.\d+)?$/);
+      expect(e.message).not.toMatch(/Invalid input/);
+    }
+    expect(calls.length).toBe(0);
+  });
+});
+
+describe('token ids in the answer (the token_ids extension)', () => {
+  it('carries every generated token id in the stream, with its text or a chunk later, and in the non-streamed choice', async () => {
+    const { t, heads, scripts } = await setup();
+    scripts[heads[0]!.peerId] = [happy(['Hel', 'lo', ' wor', 'ld', '!']), happy(['Hel', 'lo', ' wor', 'ld', '!']), happy(['Hel', 'lo', ' wor', 'ld', '!'])];
+    const streamed = parseSse(await (await post(t, '/v1/chat/completions', chat({ stream: true }))).text()).events as Array<{ choices: Array<{ delta: { content?: string }; token_ids?: number[] }> }>;
+    expect(streamed.flatMap((c) => c.choices[0]?.token_ids ?? [])).toEqual([100, 101, 102, 103, 104]);
+    // With a stop string, text is held back: ids ride on the chunk that releases it; the stop's own tokens come with the finish.
+    const stopped = parseSse(await (await post(t, '/v1/chat/completions', chat({ stream: true, stop: ['world'] }))).text()).events as Array<{ choices: Array<{ delta: { content?: string }; token_ids?: number[]; finish_reason: string | null }> }>;
+    expect(stopped.map((c) => c.choices[0]!.delta.content ?? '').join('')).toBe('Hello ');
+    expect(stopped.flatMap((c) => c.choices[0]?.token_ids ?? [])).toEqual([100, 101, 102, 103]);
+    const whole = (await (await post(t, '/v1/chat/completions', chat())).json()) as { choices: Array<{ token_ids: number[] }> };
+    expect(whole.choices[0]!.token_ids).toEqual([100, 101, 102, 103, 104]);
+  });
+});

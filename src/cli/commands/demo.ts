@@ -1,22 +1,33 @@
+/** `meshnet demo`: options from src/cli/demo-options.ts; the demo (Playwright, relay, tracker) loads when it runs. */
 import { InvalidArgumentError, type Command } from 'commander';
-import { DEMO_DEFAULTS, runDemo } from '../demo.ts';
+import { DEMO_DEFAULTS } from '../demo-options.ts';
 import { onShutdown } from '../util.ts';
 
-export function register(program: Command): void {
-  program
-    .command('demo')
-    .description('The whole mesh on this machine (npm start): model, relay, tracker, headless browser nodes, one streamed chat; then the donor page and dashboard stay up until Ctrl-C')
-    .option('--nodes <n>', 'browser nodes', (v) => Number(v), DEMO_DEFAULTS.nodes)
-    .option('--budget <MiB>', 'memory each browser node gives', (v) => Number(v), DEMO_DEFAULTS.budgetMb)
+function positiveInt(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError(`expected a positive integer, got "${value}"`);
+  return n;
+}
+
+function mib(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a budget in MiB, got "${value}"`);
+  return n;
+}
+
+export function configure(cmd: Command): void {
+  cmd
+    .option('--nodes <n>', 'browser nodes', positiveInt, DEMO_DEFAULTS.nodes)
+    .option('--budget <MiB>', `memory each browser node gives (default: ${DEMO_DEFAULTS.budgetMb}, or what lets --nodes pages hold the whole model when that is more)`, mib)
     .option('--preset <name>', 'generated model: small or tiny', DEMO_DEFAULTS.preset)
     .option('--prompt <text>', 'the chat message', DEMO_DEFAULTS.prompt)
-    .option('--max-tokens <n>', 'tokens to generate', (v) => Number(v), DEMO_DEFAULTS.maxTokens)
+    .option('--max-tokens <n>', 'tokens to generate', positiveInt, DEMO_DEFAULTS.maxTokens)
     .option('--exit', 'stop after the chat instead of waiting for Ctrl-C', false)
     .option('--chromium <path>', 'Chromium executable (default: /usr/bin/chromium, installed when missing)')
-    .action(async (o: { nodes: number; budget: number; preset: string; prompt: string; maxTokens: number; exit: boolean; chromium?: string }) => {
-      if (o.preset !== 'small' && o.preset !== 'tiny') throw new InvalidArgumentError(`--preset must be small or tiny, got "${o.preset}"`);
-      if (!Number.isInteger(o.nodes) || o.nodes < 1) throw new InvalidArgumentError('--nodes must be a positive integer');
-      const demo = await runDemo({ nodes: o.nodes, budgetMb: o.budget, preset: o.preset, prompt: o.prompt, maxTokens: o.maxTokens, exitAfterChat: o.exit, out: process.stdout, ...(o.chromium ? { chromium: o.chromium } : {}) });
+    .action(async (o: { nodes: number; budget?: number; preset: string; prompt: string; maxTokens: number; exit: boolean; chromium?: string }) => {
+      if (o.preset !== 'small' && o.preset !== 'tiny') cmd.error(`--preset must be small or tiny, got "${o.preset}"`);
+      const { runDemo } = await import('../demo.ts');
+      const demo = await runDemo({ nodes: o.nodes, ...(o.budget !== undefined ? { budgetMb: o.budget } : {}), preset: o.preset, prompt: o.prompt, maxTokens: o.maxTokens, exitAfterChat: o.exit, out: process.stdout, ...(o.chromium ? { chromium: o.chromium } : {}) });
       if (o.exit) {
         await demo.close();
         process.exit(0);

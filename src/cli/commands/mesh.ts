@@ -1,5 +1,7 @@
+/** `meshnet mesh`: Playwright and the mesh code load when the command runs. */
+import { existsSync } from 'node:fs';
 import { InvalidArgumentError, type Command } from 'commander';
-import { startBrowserMesh, terminalView } from '../browser-mesh.ts';
+import { CliError } from '../failure.ts';
 import { onShutdown } from '../util.ts';
 
 function count(value: string): number {
@@ -14,10 +16,8 @@ function mib(value: string): number {
   return n;
 }
 
-export function register(program: Command): void {
-  program
-    .command('mesh')
-    .description('Run N browser nodes as headless Chromium pages (one browser context each) that join the tracker; shows each node\'s state, layers, download and tokens served')
+export function configure(cmd: Command): void {
+  cmd
     .requiredOption('--nodes <n>', 'browser nodes to open', count)
     .requiredOption('--tracker <url>', 'tracker base URL (http[s]://)')
     .requiredOption('--relay <url>', 'relay URL the pages connect to (ws[s]://)')
@@ -28,7 +28,13 @@ export function register(program: Command): void {
     .option('--threads <n>', 'WASM threads per page (default: cores - 1)', (v) => Number(v))
     .option('--chromium <path>', 'Chromium executable', process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium')
     .action(async (o: { nodes: number; tracker: string; relay: string; app?: string; model?: string; backend: string; budget?: number; threads?: number; chromium: string }) => {
-      if (!['wasm', 'webgpu', 'auto'].includes(o.backend)) throw new InvalidArgumentError(`--backend must be wasm, webgpu or auto, got "${o.backend}"`);
+      if (!['wasm', 'webgpu', 'auto'].includes(o.backend)) cmd.error(`--backend must be wasm, webgpu or auto, got "${o.backend}"`);
+      const { reachRelay, reachTracker } = await import('../preflight.ts');
+      const tracker = await reachTracker(o.tracker);
+      if (o.model && !tracker.models.includes(o.model)) throw new CliError(`the tracker at ${o.tracker} serves no model "${o.model}" (it serves: ${tracker.models.join(', ')}); fix --model`);
+      await reachRelay(o.relay);
+      if (!existsSync(o.chromium)) throw new CliError(`no Chromium at ${o.chromium}: install it (apt-get install chromium, or npm run setup), or give --chromium PATH`);
+      const { startBrowserMesh, terminalView } = await import('../browser-mesh.ts');
       const view = terminalView(process.stdout);
       const mesh = await startBrowserMesh({
         nodes: o.nodes,

@@ -1,7 +1,9 @@
+/** `meshnet node`: options from src/cli/node-options.ts; onnxruntime and the node host load when the command runs. */
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
-import { NODE_HOST_DEFAULTS, startNodeHost } from '../../host/node/index.ts';
 import { KV_DEFAULTS } from '../../shard/kv-ledger.ts';
+import { CliError } from '../failure.ts';
+import { NODE_HOST_DEFAULTS } from '../node-options.ts';
 import { int, onShutdown } from '../util.ts';
 
 function layerRange(value: string): [number, number] {
@@ -21,10 +23,8 @@ function positive(value: string): number {
   return n;
 }
 
-export function register(program: Command): void {
-  program
-    .command('node')
-    .description('Run a Node.js node: serves layers over direct HTTP and the relay, registers with the tracker, heads pipelines when it holds layer 0')
+export function configure(cmd: Command): void {
+  cmd
     .option('--relay <url>', 'relay base URL (ws[s]:// or http[s]://)')
     .option('--tracker <url>', 'tracker base URL (assignment, heartbeats, replacement spans)')
     .option('--port <n>', 'direct HTTP port (0 picks a free one)', int, NODE_HOST_DEFAULTS.port)
@@ -34,7 +34,7 @@ export function register(program: Command): void {
     .option('--key-file <path>', 'Ed25519 identity file (created on first run; keeps the peer id across restarts)')
     .option('--layers <a-b>', 'static span [a, b) instead of the tracker\'s assignment (needs --model-url)', layerRange)
     .option('--model-url <url>', 'base URL of the HF-layout checkpoint for --layers')
-    .option('--model <name>', 'model id as the tracker knows it', NODE_HOST_DEFAULTS.model)
+    .option('--model <name>', `model id as the tracker knows it (default: the tracker's only model; with --layers: "${NODE_HOST_DEFAULTS.staticModel}")`)
     .option('--threads <n>', 'ONNX intra-op threads (default: onnxruntime decides)', int)
     .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
     .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
@@ -43,9 +43,13 @@ export function register(program: Command): void {
     .option('--kv-idle-ttl-ms <n>', 'a KV session idle this long may be dropped when a new one needs its room (live sessions never are)', int, KV_DEFAULTS.idleTtlMs)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
-    .action(async (o: Record<string, unknown>, cmd: Command) => {
-      if (!o.tracker && !o.layers) cmd.error('error: give --tracker, or --layers with --model-url');
-      if (o.layers && !o.modelUrl) cmd.error('error: --layers needs --model-url');
+    .action(async (o: Record<string, unknown>) => {
+      if (!o.tracker && !o.layers) cmd.error('give --tracker, or --layers with --model-url: a tracker (--tracker URL) assigns this node its layers; --layers a-b serves a fixed span');
+      if (o.layers && !o.modelUrl) cmd.error('--layers needs --model-url (the checkpoint to load the layers from)');
+      const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
+      const model = o.tracker ? await trackerModel(o.tracker as string, o.model as string | undefined, log) : ((o.model as string | undefined) ?? NODE_HOST_DEFAULTS.staticModel);
+      if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
+      const { startNodeHost } = await import('../../host/node/index.ts');
       const host = await startNodeHost({
         relayUrl: o.relay as string | undefined,
         trackerUrl: o.tracker as string | undefined,
@@ -56,7 +60,7 @@ export function register(program: Command): void {
         keyFile: o.keyFile as string | undefined,
         layers: o.layers as [number, number] | undefined,
         modelUrl: o.modelUrl as string | undefined,
-        model: o.model as string,
+        model,
         threads: o.threads as number | undefined,
         injectDelayMs: o.injectDelayMs as number,
         trackerKey: o.trackerKey as string | undefined,
@@ -67,8 +71,24 @@ export function register(program: Command): void {
         links: o.links !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),
-        log: (level, message) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`),
+        log,
       });
       onShutdown(() => host.close());
     });
+}
+
+/** The model to join: --model if the tracker serves it, else the tracker's only model (loaded or still loading). */
+async function trackerModel(trackerUrl: string, asked: string | undefined, log: (level: 'info', message: string) => void): Promise<string> {
+  const { reachTracker } = await import('../preflight.ts');
+  const info = await reachTracker(trackerUrl);
+  const models = [...info.models, ...info.models_pending];
+  if (asked !== undefined) {
+    if (!models.includes(asked)) throw new CliError(`the tracker at ${trackerUrl} serves no model "${asked}" (it serves: ${models.join(', ')}): fix --model`);
+    return asked;
+  }
+  if (models.length === 1) {
+    log('info', `joining model "${models[0]}", the only one the tracker at ${trackerUrl} serves`);
+    return models[0]!;
+  }
+  throw new CliError(`the tracker at ${trackerUrl} serves ${models.length} models (${models.join(', ')}): choose one with --model`);
 }

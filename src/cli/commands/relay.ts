@@ -1,12 +1,10 @@
+/** `meshnet relay`: options from src/relay/options.ts; the server is loaded when the command runs. */
 import type { Command } from 'commander';
 import { RELAY_DEFAULTS } from '../../relay/options.ts';
-import { startRelay } from '../../relay/server.ts';
 import { int, onShutdown } from '../util.ts';
 
-export function register(program: Command): void {
-  program
-    .command('relay')
-    .description('Run the relay: the WebSocket hub NAT\'d nodes connect out to (/ws), the ADR-0014 /rpc path and the binary fast path')
+export function configure(cmd: Command): void {
+  cmd
     .option('--port <n>', 'TCP port (0 picks a free one)', int, RELAY_DEFAULTS.port)
     .option('--host <addr>', 'interface to bind', RELAY_DEFAULTS.host)
     .option('--public-url <url>', 'base URL given to peers as relay_addr (ws[s]://host[:port])')
@@ -18,6 +16,7 @@ export function register(program: Command): void {
     .option('--high-water-bytes <n>', 'target send-buffer level above which new requests get 503', int, RELAY_DEFAULTS.highWaterBytes)
     .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', RELAY_DEFAULTS.logLevel)
     .action(async (o: Record<string, unknown>) => {
+      const { startRelay } = await import('../../relay/server.ts');
       const relay = await startRelay({
         port: o.port as number,
         host: o.host as string,

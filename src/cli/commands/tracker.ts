@@ -1,6 +1,6 @@
+/** `meshnet tracker`: options from src/tracker/options.ts; the tracker is loaded when the command runs. */
 import { InvalidArgumentError, type Command } from 'commander';
 import { TRACKER_DEFAULTS, type TrackerModelSource } from '../../tracker/options.ts';
-import { startTracker } from '../../tracker/server.ts';
 import { int, onShutdown } from '../util.ts';
 
 function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerModelSource[] {
@@ -15,12 +15,10 @@ function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerMo
   return [...previous, { name: value.slice(0, i), url }];
 }
 
-export function register(program: Command): void {
+export function configure(cmd: Command): void {
   const d = TRACKER_DEFAULTS;
-  program
-    .command('tracker')
-    .description('Run the tracker: node registry and heartbeats, layer assignment from memory budgets, availability map, throughput routing, and the OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models)')
-    .requiredOption('--model <NAME=URL>', 'a model to serve: its name and the base URL of its HF-layout checkpoint (repeatable)', modelArg)
+  cmd
+    .requiredOption('--model <NAME=URL>', 'a model to serve: its name and the base URL of its HF-layout checkpoint (repeatable; one whose checkpoint cannot be read is retried with backoff while the others serve)', modelArg)
     .option('--port <n>', 'TCP port (0 picks a free one)', int, d.port)
     .option('--host <addr>', 'interface to bind', d.host)
     .option('--relay <url>', 'relay to register with (reaches NAT\'d heads over its fast path)')
@@ -36,6 +34,8 @@ export function register(program: Command): void {
     .option('--queue-max-wait-ms <n>', 'longest a chat waits for KV room before it gets 429 + Retry-After', int, d.queueMaxWaitMs)
     .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', d.logLevel)
     .action(async (o: Record<string, unknown>) => {
+      if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
+      const { startTracker } = await import('../../tracker/server.ts');
       const tracker = await startTracker({
         port: o.port as number,
         host: o.host as string,

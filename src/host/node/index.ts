@@ -58,16 +58,8 @@ export interface NodeHostOptions {
   log: (level: 'info' | 'warn' | 'error', message: string) => void;
 }
 
-export const NODE_HOST_DEFAULTS = {
-  port: 0,
-  host: '127.0.0.1',
-  budgetMb: 1024,
-  injectDelayMs: 0,
-  maxBodyBytes: 64 * 1024 * 1024,
-  maxContext: 2048,
-  hopOrder: 'relay',
-  model: 'default',
-} as const;
+// Apart from the host so that `meshnet node --help` prints them without loading onnxruntime.
+export { NODE_HOST_DEFAULTS } from '../../cli/node-options.ts';
 
 export interface NodeHost {
   peerId: string;

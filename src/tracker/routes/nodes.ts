@@ -6,7 +6,7 @@
  */
 import { MeshError } from '../../protocol/errors.ts';
 import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
-import type { TrackerContext } from '../context.ts';
+import { notLoadedYet, type TrackerContext } from '../context.ts';
 import { json, readJson, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
 import { verifyNodeMessage } from '../signing.ts';
@@ -46,6 +46,10 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
 
   app.post('/api/nodes/register', async ({ req }) => {
     const msg = await signedNodeMessage(req, 'register');
+    if (!registry.models.has(msg.info.model)) {
+      const pending = notLoadedYet(ctx.pendingModels, msg.info.model);
+      if (pending) throw pending;
+    }
     const n = registry.register(msg);
     metrics.registrations.inc({ kind: 'register', result: 'ok' });
     logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving }, 'node registered');

@@ -1,7 +1,7 @@
 /**
  * What the tracker knows, for people and monitors.
  *
- *   GET /api/tracker        the tracker's public key, peer id and models
+ *   GET /api/tracker        the tracker's public key, peer id, models and models still loading
  *   GET /api/availability   per model: layers × nodes, spans, status, throughput
  *   GET /api/dashboard      nodes, stats (KV use), the admission queue, recent routes
  *   GET /dashboard          the dashboard page over /api/dashboard (dashboard.ts)
@@ -34,7 +34,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
     return { length: admission.length, running: admission.running, max_length: o.queueMaxLength, max_wait_ms: o.queueMaxWaitMs, oldest_wait_ms: admission.oldestWaitMs() };
   }
 
-  app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], heartbeat_interval_ms: o.heartbeatIntervalMs }));
+  app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], models_pending: [...ctx.pendingModels.keys()], heartbeat_interval_ms: o.heartbeatIntervalMs }));
 
   app.get('/api/availability', ({ url }) => {
     const only = url.searchParams.get('model');
