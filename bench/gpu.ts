@@ -103,7 +103,8 @@ async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: 
       while (pos < position) {
         const n = Math.min(256, position - pos);
         const x = new Float32Array(n * h).map((_, i) => Math.sin(i) * 0.1);
-        await ex.forward({ session, position: pos, activation: { data: x, shape: [1, n, h] } });
+        // Declared at the start, as a head declares prompt + max_tokens: the cache is sized once, never grown while timed.
+        await ex.forward({ session, position: pos, ...(pos === 0 ? { sessionTokens: position + steps + 2 } : {}), activation: { data: x, shape: [1, n, h] } });
         pos += n;
       }
       const x = new Float32Array(h).map((_, i) => Math.cos(i) * 0.1);

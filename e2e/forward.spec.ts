@@ -8,7 +8,8 @@ import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
 import { newRefCache } from '../src/model/reference.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import type { RelayClient } from '../src/node/relay-client.ts';
-import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
+import { formatBytes } from '../src/app/format.ts';
+import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, status, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 
 // f32 on the wire, ORT's f32 kernels vs float64: relative to the activation's scale.
 const TOL = 1e-4;
@@ -60,9 +61,21 @@ test('Pause refuses /forward with 503 until Resume; the memory budget control re
   await expect(page.locator('#state')).toHaveText('Serving');
   expect((await forwardFast(caller, s.peerId!, args)).status).toBe(200);
 
+  // A live session survives a new budget: the KV caches get what the weights leave of it, in place (no rebuild, no 409).
+  const step = (position: number) =>
+    caller.request(s.peerId!, { method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': `1,1,${ref.cfg.hiddenSize}`, 'x-meshnet-dtype': 'f32', 'x-meshnet-session': 'live', 'x-meshnet-position': String(position), ...(position === 0 ? { 'x-meshnet-session-tokens': '16' } : {}) }, body: args.activation }, { timeoutMs: 60_000 });
+  expect((await step(0)).status).toBe(200);
   await page.locator('#budget').fill('512');
   await page.locator('#budget').dispatchEvent('change');
   await expect(page.locator('#budget-value')).toHaveText('512 MiB');
+  expect((await step(1)).status).toBe(200);
+  const info = JSON.parse(new TextDecoder().decode((await caller.request(s.peerId!, { method: 'GET', path: '/info' }, { timeoutMs: 10_000 })).body)) as { kv: { budget_bytes: number; sessions: number } };
+  expect(info.kv.sessions).toBe(1);
+  expect(info.kv.budget_bytes).toBeGreaterThan(500 * 2 ** 20);
+  expect(info.kv.budget_bytes).toBeLessThan(512 * 2 ** 20);
+  // The page shows the KV caches against their own share of the budget (the weights' bytes apart).
+  await expect.poll(async () => (await status(page)).kvBudgetBytes).toBe(info.kv.budget_bytes);
+  await expect(page.locator('#sessions')).toContainText(`of ${formatBytes(info.kv.budget_bytes)} KV cache`);
   expect((await forwardFast(caller, s.peerId!, args)).status).toBe(200);
   // Stored: a reload without ?budget keeps it.
   await page.reload();

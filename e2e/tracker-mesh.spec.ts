@@ -129,6 +129,9 @@ test('four pages join the tracker, serve a streamed chat equal to the reference,
       await expect(dash.locator('.badge.ok')).toHaveText('every layer served');
       await expect(dash.locator('#nodes tr')).toHaveCount(4 + 1);
       await expect(dash.locator('#routes td.route').first()).toContainText(`${route.hops[0]!.peer_id.slice(0, 8)} [0–1]`);
+      // KV use per node (every browser node reports it) and the admission queue, idle now.
+      await expect(dash.locator('#nodes .kv')).toHaveCount(4);
+      await expect(dash.locator('#queue')).toContainText('waiting for KV room');
       await dash.screenshot({ path: screenshotPath('dashboard.png'), fullPage: true });
     } finally {
       await dash.close();

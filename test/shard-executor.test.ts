@@ -1,7 +1,9 @@
 /**
- * Executor behaviour around the KV caches and bad input: budget eviction,
- * TTL, the 409 position check and replay, typed validation errors, caches
- * written in place, and loading weights through the safetensors Range reader.
+ * Executor behaviour around the KV caches and bad input: room by
+ * declaration, admission (503) instead of eviction, growth by blocks, the
+ * idle TTL, the 409 position check and replay, typed validation errors,
+ * caches written in place, and loading weights through the safetensors
+ * Range reader.
  */
 import { describe, expect, it } from 'vitest';
 import { MeshError } from '../src/protocol/errors.ts';
@@ -10,6 +12,7 @@ import { readerWeightLoader } from '../src/shard/weights.ts';
 import { ShardExecutor } from '../src/shard/executor.ts';
 import { SafetensorsReader } from '../src/model/safetensors.ts';
 import { memoryFetch } from '../src/model/memory-fetch.ts';
+import { ReferenceModel, newRefCache } from '../src/model/reference.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend } from './helpers/shard.ts';
 
 const f = fixture('tiny');
@@ -25,40 +28,103 @@ async function rejection(p: Promise<unknown>): Promise<MeshError> {
   throw new Error('expected a rejection');
 }
 
-describe('KV budget and TTL', () => {
-  it('evicts the least recently used session when a new one does not fit', async () => {
-    const probe = await executor(f, 0, 2, { maxContext: 64 });
-    const per = probe.kvStats().bytesPerSession;
-    const ex = await executor(f, 0, 2, { maxContext: 64, kvBudgetBytes: 2 * per });
-    await ex.forward({ session: 'a', position: 0, tokenIds: [5, 6] });
-    await ex.forward({ session: 'b', position: 0, tokenIds: [5, 6] });
-    await ex.forward({ session: 'a', position: 2, tokenIds: [7] }); // a is now the most recent
-    await ex.forward({ session: 'c', position: 0, tokenIds: [5] });
-    expect(ex.kvStats()).toMatchObject({ sessions: 2, bytesUsed: 2 * per, evictions: 1 });
-    const err = await rejection(ex.forward({ session: 'b', position: 2, tokenIds: [7] }));
+describe('KV memory by declaration, admission instead of eviction', () => {
+  /** Bytes one position costs on `layers` layers of tiny (f32 keys and values). */
+  const perToken = (layers: number) => 2 * layers * f.cfg.numKvHeads * f.cfg.headDim * 4;
+
+  it('reserves what a session declares, refuses a session that does not fit with 503 MESH_ERR_BUSY, and never evicts a live one', async () => {
+    // Room for exactly two sessions declared at 64 positions (one block each) on 2 layers.
+    const ex = await executor(f, 0, 2, { maxContext: 256, kvBudgetBytes: 2 * 64 * perToken(2), kvBlockTokens: 64 });
+    await ex.forward({ session: 'a', position: 0, sessionTokens: 40, tokenIds: [5, 6] });
+    await ex.forward({ session: 'b', position: 0, sessionTokens: 64, tokenIds: [5, 6] });
+    expect(ex.kvStats()).toMatchObject({ sessions: 2, reservedBytes: 2 * 64 * perToken(2), freeBytes: 0 });
+    const err = await rejection(ex.forward({ session: 'c', position: 0, sessionTokens: 10, tokenIds: [5] }));
+    expect(err).toMatchObject({ code: 'MESH_ERR_BUSY', status: 503 });
+    expect(err.details).toMatchObject({ retry_after_ms: 1000, kv_free_bytes: 0, kv_needed_bytes: 64 * perToken(2) });
+    // Both live sessions go on where they were: nothing was evicted to try to fit c.
+    await ex.forward({ session: 'a', position: 2, tokenIds: [7] });
+    await ex.forward({ session: 'b', position: 2, tokenIds: [7] });
+    expect(ex.kvStats()).toMatchObject({ sessions: 2, evictions: 0, refusals: 1 });
+    expect(ex.dropSession('a')).toBe(true);
+    await ex.forward({ session: 'c', position: 0, sessionTokens: 10, tokenIds: [5] });
+    expect(ex.sessionLength('c')).toBe(1);
+  });
+
+  it('drops sessions idle past the TTL only when room is needed, longest idle first', async () => {
+    let now = 1000;
+    const ex = await executor(f, 0, 1, { maxContext: 256, kvBudgetBytes: 2 * 64 * perToken(1), kvBlockTokens: 64, kvTtlMs: 5000, now: () => now });
+    await ex.forward({ session: 'old', position: 0, tokenIds: [5, 6, 7] });
+    now += 1000;
+    await ex.forward({ session: 'older-use', position: 0, tokenIds: [5] });
+    now += 1000;
+    await ex.forward({ session: 'old', position: 3, tokenIds: [8] }); // 'old' is now the most recently used
+    now += 6000; // both idle past the TTL: their room counts as free
+    expect(ex.kvStats()).toMatchObject({ sessions: 2, evictions: 0, freeBytes: 2 * 64 * perToken(1) });
+    // A new session needs one block: only the longest idle one goes.
+    await ex.forward({ session: 'new', position: 0, tokenIds: [5] });
+    expect(ex.kvStats()).toMatchObject({ sessions: 2, evictions: 1 });
+    const err = await rejection(ex.forward({ session: 'older-use', position: 1, tokenIds: [9] }));
     expect(err).toBeInstanceOf(PositionMismatchError);
     expect((err as PositionMismatchError).actualLength).toBe(0);
-    expect(ex.sessionLength('a')).toBe(3);
+    now += 6000;
+    // Idle past the TTL again, but nothing needs its room: it is still served.
+    await ex.forward({ session: 'old', position: 4, tokenIds: [9] });
+    expect(ex.sessionLength('old')).toBe(5);
+    expect(ex.kvStats().evictions).toBe(1);
   });
 
-  it('drops sessions idle past the TTL', async () => {
-    let now = 1000;
-    const ex = await executor(f, 0, 1, { maxContext: 32, kvTtlMs: 5000, now: () => now });
-    await ex.forward({ session: 's', position: 0, tokenIds: [5, 6, 7] });
-    now += 4000;
-    await ex.forward({ session: 's', position: 3, tokenIds: [8] });
-    now += 4000; // 4 s idle: still alive
-    expect(ex.sessionLength('s')).toBe(4);
-    now += 5001;
-    const err = await rejection(ex.forward({ session: 's', position: 4, tokenIds: [9] }));
-    expect(err.status).toBe(409);
-    expect(err.details).toMatchObject({ actual_length: 0 });
+  it('grows an undeclared session by whole blocks, keeping its cache: logits match the float64 reference across each growth', async () => {
+    const ref = new ReferenceModel(f.cfg, f.weights);
+    const cache = newRefCache(f.cfg);
+    const L = f.cfg.numLayers;
+    const V = f.cfg.vocabSize;
+    const ex = await executor(f, 0, L, { maxContext: 64, kvBlockTokens: 4 });
+    const prompt = [5, 9, 11, 3, 8, 21];
+    let r = await ex.forward({ session: 'g', position: 0, tokenIds: prompt });
+    let want = ref.forward(prompt, 0, cache).subarray((prompt.length - 1) * V);
+    const reserved: number[] = [ex.kvStats().reservedBytes];
+    for (let pos = prompt.length; pos < prompt.length + 7; pos++) {
+      if (r.kind !== 'token') throw new Error('expected a token');
+      const { err, scale } = maxAbsDiff(r.logits, want);
+      expect(err).toBeLessThanOrEqual(1e-4 * scale);
+      want = ref.forward([r.tokenId], pos, cache);
+      r = await ex.forward({ session: 'g', position: pos, tokenIds: [r.tokenId] });
+      reserved.push(ex.kvStats().reservedBytes);
+    }
+    // 6 prompt rows took 2 blocks (8 positions); positions 8 and 12 each took one more.
+    const block = 4 * perToken(L);
+    expect(reserved).toEqual([2, 2, 2, 3, 3, 3, 3, 4].map((b) => b * block));
   });
 
-  it('refuses a session bigger than the whole budget', async () => {
+  it('refuses to grow a session past the free room (503, the session keeps what it holds) and past the context (413)', async () => {
+    const ex = await executor(f, 0, 1, { maxContext: 16, kvBudgetBytes: 12 * perToken(1), kvBlockTokens: 4 });
+    await ex.forward({ session: 'a', position: 0, sessionTokens: 8, tokenIds: [1, 2, 3, 4, 5, 6, 7, 8] });
+    await ex.forward({ session: 'b', position: 0, tokenIds: [1, 2] });
+    const err = await rejection(ex.forward({ session: 'a', position: 8, tokenIds: [9] }));
+    expect(err).toMatchObject({ code: 'MESH_ERR_BUSY', status: 503 });
+    expect(ex.sessionLength('a')).toBe(8);
+    ex.dropSession('b');
+    await ex.forward({ session: 'a', position: 8, tokenIds: [9] });
+    expect(ex.sessionLength('a')).toBe(9);
+    expect((await rejection(ex.forward({ session: 'a', position: 9, tokenIds: [1, 2, 3, 4, 5, 6, 7, 8] }))).code).toBe('MESH_ERR_TOO_LARGE');
+  });
+
+  it('refuses a session bigger than the whole KV budget with 413', async () => {
     const ex = await executor(f, 0, 1, { maxContext: 64, kvBudgetBytes: 1000 });
     const err = await rejection(ex.forward({ session: 's', position: 0, tokenIds: [5] }));
     expect(err.code).toBe('MESH_ERR_TOO_LARGE');
+  });
+
+  it('gives the KV caches what the weights leave of a memory budget, and a new budget applies to new sessions only', async () => {
+    const probe = await executor(f, 0, 2);
+    const budget = probe.weightBytes + 64 * perToken(2);
+    const ex = await executor(f, 0, 2, { memoryBudgetBytes: budget, kvBlockTokens: 64 });
+    expect(ex.kvStats().budgetBytes).toBe(64 * perToken(2));
+    await ex.forward({ session: 'a', position: 0, tokenIds: [5] });
+    ex.setMemoryBudget(probe.weightBytes); // nothing left for KV
+    expect(ex.kvStats()).toMatchObject({ budgetBytes: 0, sessions: 1 });
+    await ex.forward({ session: 'a', position: 1, tokenIds: [6] }); // the live session keeps its room
+    expect((await rejection(ex.forward({ session: 'b', position: 0, tokenIds: [5] }))).code).toBe('MESH_ERR_TOO_LARGE');
   });
 });
 
@@ -87,10 +153,10 @@ describe('409 position check', () => {
   it('writes the cache in place: buffers keep their identity across steps', async () => {
     const ex = await executor(f, 0, 2);
     await ex.forward({ session: 's', position: 0, tokenIds: [5, 6] });
-    const kv = (ex as unknown as { kv: { get(id: string): { keys: unknown[] } } }).kv;
-    const before = kv.get('s')!.keys[0];
+    const kv = (ex as unknown as { kv: { get(id: string): { cache: { keys: unknown[] } } } }).kv;
+    const before = kv.get('s')!.cache.keys[0];
     for (let p = 2; p < 6; p++) await ex.forward({ session: 's', position: p, tokenIds: [7] });
-    expect(kv.get('s')!.keys[0]).toBe(before);
+    expect(kv.get('s')!.cache.keys[0]).toBe(before);
   });
 });
 

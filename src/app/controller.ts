@@ -103,6 +103,7 @@ export function emptyStatus(): NodeStatus {
     recentForwardMs: [],
     sessions: 0,
     kvBytes: 0,
+    kvBudgetBytes: 256 * 1024 * 1024,
     memoryBudgetBytes: 256 * 1024 * 1024,
     crossOriginIsolated: false,
   };

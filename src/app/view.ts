@@ -105,7 +105,7 @@ export function renderStatus(root: ViewRoot, s: NodeStatus): void {
   setText(el(root, 'rpm'), formatCount(s.requestsPerMinute));
   const recent = [...(s.recentForwardMs ?? [])].sort((a, b) => a - b);
   const p50 = recent.length > 0 ? ` · ${recent[Math.floor(recent.length / 2)]!.toFixed(1)} ms per request` : '';
-  setText(el(root, 'sessions'), `${s.sessions} session${s.sessions === 1 ? '' : 's'} · ${formatBytes(s.kvBytes)} of ${formatBytes(s.memoryBudgetBytes)}${p50}`);
+  setText(el(root, 'sessions'), `${s.sessions} session${s.sessions === 1 ? '' : 's'} · ${formatBytes(s.kvBytes)} of ${formatBytes(s.kvBudgetBytes)} KV cache${p50}`);
 
   const spark = el(root, 'spark');
   const line = spark.querySelector('polyline');

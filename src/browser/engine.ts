@@ -83,9 +83,12 @@ export interface NodeStatus {
   throughput: number[];
   /** Time in the node of the last 64 served /forward calls, ms, oldest first (no network). */
   recentForwardMs: number[];
-  /** Live inference sessions (KV caches) and their bytes. */
+  /** Live inference sessions (KV caches) and the bytes of KV room they hold. */
   sessions: number;
   kvBytes: number;
+  /** The KV caches' share of the budget: what the span's weights leave of it (the whole budget before a span loads). */
+  kvBudgetBytes: number;
+  /** The donor's memory budget: the span's weights plus the KV caches. */
   memoryBudgetBytes: number;
   /** Whether the page is cross-origin isolated (WASM threads need it). */
   crossOriginIsolated: boolean;

@@ -65,6 +65,7 @@ export async function warmUp(executor: ShardExecutor, o: WarmUpOptions): Promise
   const row = new Float32Array(PREFILL * cfg.hiddenSize);
   for (let i = 0; i < row.length; i++) row[i] = Math.sin(i * 0.37) * 0.5;
   const maxSteps = Math.min(executor.maxContext - PREFILL, Math.ceil(o.layerRuns / Math.max(1, layers)) + 1);
+  const declared = PREFILL + maxSteps;
   let steps = 0;
   let position = 0;
   let slice = now();
@@ -84,6 +85,8 @@ export async function warmUp(executor: ShardExecutor, o: WarmUpOptions): Promise
             [H.dtype]: 'bf16',
             [H.session]: session,
             [H.position]: String(position),
+            // Declared like a head's session, so the warm-up takes its KV room once instead of growing it.
+            ...(position === 0 ? { [H.sessionTokens]: String(declared) } : {}),
             ...(executor.holdsHead ? { [H.sampling]: JSON.stringify(sampling) } : {}),
           },
           body: encodeTensor(row.subarray(0, seq * cfg.hiddenSize), 'bf16'),
@@ -91,7 +94,7 @@ export async function warmUp(executor: ShardExecutor, o: WarmUpOptions): Promise
         if (res.status !== 200) throw new Error(`warm-up forward answered ${res.status}`);
       } else {
         const ids = Array.from({ length: seq }, (_, i) => (position + i + 1) % cfg.vocabSize);
-        const out = await executor.forward({ session, position, tokenIds: ids, ...(executor.holdsHead ? { sampling } : {}) });
+        const out = await executor.forward({ session, position, sessionTokens: declared, tokenIds: ids, ...(executor.holdsHead ? { sampling } : {}) });
         if (out.kind === 'activation') encodeTensor(out.data, 'bf16');
       }
       position += seq;

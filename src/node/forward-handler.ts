@@ -17,10 +17,11 @@ import { MeshError } from '../protocol/errors.ts';
 import { H, type HeaderMap } from '../protocol/headers.ts';
 import { decodeTensor, dtypeBytes, encodeTensor, formatShape, isDtype, parseShape, shapeElements, type Dtype } from '../protocol/tensor.ts';
 import type { ForwardRequest, ForwardResult, ShardExecutor } from '../shard/executor.ts';
+import type { KvStats } from '../shard/kv-store.ts';
 import type { SamplingParams } from '../shard/sampling.ts';
 
 /** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
-export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
+export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
   forward(req: ForwardRequest): Promise<ForwardResult>;
 };
 
@@ -52,7 +53,22 @@ export interface ForwardEvent {
   ms: number;
 }
 
-
+/** The KV cache as /info shows it (snake_case, bytes). */
+export function kvInfo(kv: KvStats): Record<string, number> {
+  return {
+    sessions: kv.sessions,
+    budget_bytes: kv.budgetBytes,
+    reserved_bytes: kv.reservedBytes,
+    used_bytes: kv.usedBytes,
+    free_bytes: kv.freeBytes,
+    idle_bytes: kv.idleBytes,
+    bytes_per_token: kv.bytesPerToken,
+    block_tokens: kv.blockTokens,
+    max_tokens: kv.maxTokens,
+    evictions: kv.evictions,
+    refusals: kv.refusals,
+  };
+}
 
 /** X-Meshnet-Sampling: the JSON names of PROTOCOL.md §5 (snake_case), bounded before use. */
 const samplingSchema = z
@@ -125,6 +141,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     if (session !== undefined && !SESSION_RE.test(session)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.session} must be 1-128 characters of [A-Za-z0-9._:-]`);
     if (session !== undefined && position === undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} is required with ${H.session}`);
     if (session === undefined && position !== undefined && position !== 0) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} without ${H.session}: a stateless forward starts at 0`);
+    const sessionTokens = intHeader(h, H.sessionTokens);
     const sampling = parseSampling(h[H.sampling]);
 
     const data = decodeTensor(req.body, dtype);
@@ -132,6 +149,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     if (session !== undefined) {
       fr.session = session;
       fr.position = position!;
+      if (sessionTokens !== undefined) fr.sessionTokens = sessionTokens;
     }
     if (sampling) fr.sampling = sampling;
     const result = await executor.forward(fr);
@@ -164,7 +182,9 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       dtype: executor.dtype,
       wire_dtypes: ['bf16', 'f16', 'f32'],
       max_context: executor.maxContext,
-      kv: { sessions: kv.sessions, bytes_used: kv.bytesUsed, budget_bytes: kv.budgetBytes, bytes_per_session: kv.bytesPerSession },
+      // The memory budget is these weights plus kv.budget_bytes.
+      weight_bytes: executor.weightBytes,
+      kv: kvInfo(kv),
       paused: info.isPaused?.() ?? false,
       ...(info.version ? { version: info.version } : {}),
       ...(info.extraInfo?.() ?? {}),

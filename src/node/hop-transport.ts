@@ -113,7 +113,14 @@ function parseHostPort(url: string): string | undefined {
 /** Statuses of a reply that mean "this transport did not reach a working hop", as opposed to an answer from the hop. */
 function isTransportFailure(reply: MeshReply): boolean {
   if (reply.status === 200 || reply.status === 409) return false;
+  // The hop itself has no KV room: another path would reach the same full node.
+  if (reply.status === 503 && isBusyReply(reply)) return false;
   return true;
+}
+
+/** A 503 whose body is MESH_ERR_BUSY: the hop refused a session for lack of KV room (not a relay's 503). */
+export function isBusyReply(reply: MeshReply): boolean {
+  return reply.status === 503 && remoteError(reply.status, reply.body).code === 'MESH_ERR_BUSY';
 }
 
 function asMesh(e: unknown, fallback: string): MeshError {
@@ -162,9 +169,10 @@ export class HopTransport {
   }
 
   /**
-   * Send one request to a hop; `sample`: its round trip feeds the adaptive order. Resolves with the hop's answer when it is 200
-   * or 409 (the caller replays on 409); any other outcome on every transport
-   * rejects with HopUnreachableError.
+   * Send one request to a hop; `sample`: its round trip feeds the adaptive order. Resolves with the hop's answer when it is 200,
+   * 409 (the caller replays) or 503 MESH_ERR_BUSY (the hop has no KV room;
+   * the caller decides); any other outcome on every transport rejects with
+   * HopUnreachableError.
    */
   async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal, opts: { sample?: boolean } = {}): Promise<MeshReply> {
     const errors: Array<{ kind: TransportKind; error: MeshError }> = [];

@@ -13,14 +13,22 @@
  * history to the replacement at position 0 together with the current step,
  * which rebuilds the replacement's cache in one request without re-running a
  * single upstream layer (petals' inference_session keeps the same history for
- * the same reason). A 409 from a hop (its cache was evicted, or a transport
- * retry ran the step twice) is repaired the same way on the same hop. The
+ * the same reason). A 409 from a hop (its cache vanished after a real fault:
+ * a restart, an idle TTL, or a transport retry ran the step twice) is
+ * repaired the same way on the same hop, once per step. The
  * sampled token of the step does not change, so greedy output is the same
  * with or without failures, and no token is skipped.
  *
+ * Every session declares its length when it opens (prompt + max_tokens, as
+ * `sessionTokens` locally and X-Meshnet-Session-Tokens to each hop), so each
+ * node reserves its KV room up front. A node without room answers 503
+ * MESH_ERR_BUSY at once; the generation then ends with an error event naming
+ * that node, and the tracker routes it elsewhere or queues it.
+ *
  * Host-agnostic: the executor, tokenizer, transports and tracker are injected.
  */
-import { MeshError } from '../protocol/errors.ts';
+import type { MeshReply } from '../protocol/envelopes.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { encodeTensor, type Dtype, dtypeBytes } from '../protocol/tensor.ts';
 import type { GenerateEvent, GenerateRequest, RouteHop } from '../protocol/tracker.ts';
@@ -203,6 +211,8 @@ export class PipelineDriver {
     }
     const L = ex.config.numLayers;
     const session = sessionIdFor(req.session_id);
+    // Positions this session reaches at most: max_tokens counts the prefix, and the last token is never fed back.
+    const declared = Math.min(ex.maxContext, promptIds.length + req.max_tokens);
     const hops: HopState[] = plan.hops.map((hop) => ({ hop, history: new History(this.rowBytes, 64), synced: true }));
     const sampling = JSON.stringify({ temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) });
     const localSampling = { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) };
@@ -226,23 +236,30 @@ export class PipelineDriver {
       const localReq = (ids: readonly number[], pos: number): ForwardRequest => ({
         session,
         position: pos,
+        ...(pos === 0 ? { sessionTokens: declared } : {}),
         tokenIds: ids,
         startLayer: 0,
         endLayer: plan.localEnd,
         ...(plan.localEnd === L ? { sampling: localSampling } : {}),
       });
       try {
-        local = await ex.forward(localReq(tokens, position));
+        try {
+          local = await ex.forward(localReq(tokens, position));
+        } catch (e) {
+          // Our own cache was dropped after idling past its TTL: rebuild it from the token history.
+          if (!(e instanceof PositionMismatchError)) throw e;
+          local = await ex.forward(localReq(allTokens(), 0));
+        }
       } catch (e) {
-        // Our own cache expired (idle TTL) or was evicted: rebuild it from the token history.
-        if (!(e instanceof PositionMismatchError)) throw e;
-        local = await ex.forward(localReq(allTokens(), 0));
+        if (e instanceof MeshError && e.code === 'MESH_ERR_BUSY') throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
+        throw e;
       }
       if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
       // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
       let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
       let recovery: PendingRecovery | undefined;
-      let mismatches = 0;
+      /** Hops replayed after a 409 in this step: each gets one replay. */
+      const replayed409 = new Set<HopState>();
 
       for (let i = 0; i < hops.length; ) {
         const hs = hops[i]!;
@@ -252,12 +269,13 @@ export class PipelineDriver {
         let replayed: Uint8Array[] | null = null;
         let reply;
         try {
-          if (!hs.synced) replayed = await this.replayHop(hs, bounds(), session, last, sampling, signal);
-          reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, signal);
+          if (!hs.synced) replayed = await this.replayHop(hs, bounds(), session, last, sampling, declared, signal);
+          reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal);
         } catch (e) {
-          if (signal?.aborted || (e instanceof MeshError && e.code === 'MESH_ERR_CANCELLED')) throw e;
+          if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
           if (e instanceof ReplayMismatch) {
-            if (++mismatches > 3) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} keeps answering 409 while being replayed`);
+            if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again while being replayed`);
+            replayed409.add(hs);
             continue;
           }
           recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++);
@@ -265,12 +283,14 @@ export class PipelineDriver {
         }
         const rowsSent = seq;
         if (reply.status === 409) {
-          // The hop's cache is not where we think (evicted, or the step ran twice): replay it.
-          if (++mismatches > 3) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} keeps answering 409 after replays`);
+          // The hop lost the session's cache (it restarted, the session idled past its TTL, or the step ran twice): replay it, once.
+          if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again after a replay`);
+          replayed409.add(hs);
           this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${position} rows`);
           hs.synced = false;
           continue;
         }
+        if (reply.status === 503) throw busyError(hs.hop, reply);
         hs.synced = true;
         if (recovery && i >= recovery.untilIndex) {
           pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
@@ -335,8 +355,8 @@ export class PipelineDriver {
     }
   }
 
-  /** One /forward of `rows` rows at `pos`; a 409 comes back as the reply (the caller replays). */
-  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, signal: AbortSignal | undefined) {
+  /** One /forward of `rows` rows at `pos`; a 409 or a 503 MESH_ERR_BUSY comes back as the reply (the caller replays, or gives up). */
+  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined) {
     const headers: Record<string, string> = {
       [H.shape]: `1,${rows},${this.init.executor.config.hiddenSize}`,
       [H.dtype]: this.options.wireDtype,
@@ -347,6 +367,8 @@ export class PipelineDriver {
       'content-type': 'application/octet-stream',
     };
     if (last) headers[H.sampling] = sampling;
+    // Opening the session: the hop reserves KV room for all of it now, or refuses before computing anything.
+    if (pos === 0) headers[H.sessionTokens] = String(declared);
     const timeout = rows > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
     return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
   }
@@ -359,14 +381,15 @@ export class PipelineDriver {
    * bit what it would have been. Returns the outputs (null for the last hop,
    * whose answers are tokens).
    */
-  private async replayHop(hs: HopState, starts: number[], session: string, last: boolean, sampling: string, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
+  private async replayHop(hs: HopState, starts: number[], session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
     const outs: Uint8Array[] = [];
     const hist = hs.history.view();
     for (let k = 0; k + 1 < starts.length; k++) {
       const a = starts[k]!;
       const b = starts[k + 1]!;
-      const reply = await this.sendRows(hs, hist.subarray(a * this.rowBytes, b * this.rowBytes), a, b - a, session, last, sampling, signal);
+      const reply = await this.sendRows(hs, hist.subarray(a * this.rowBytes, b * this.rowBytes), a, b - a, session, last, sampling, declared, signal);
       if (reply.status === 409) throw new ReplayMismatch();
+      if (reply.status === 503) throw busyError(hs.hop, reply);
       if (!last) {
         if (reply.body.byteLength !== (b - a) * this.rowBytes) throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes replaying ${b - a} rows`);
         outs.push(reply.body);
@@ -429,8 +452,24 @@ function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeof token
   return p.data;
 }
 
+/** A hop's 503 MESH_ERR_BUSY as the generation's error: it names the node, so the tracker routes around it or queues. */
+function busyError(hop: RouteHop, reply: MeshReply): MeshError {
+  const remote = remoteError(reply.status, reply.body);
+  const message = remote.code === 'MESH_ERR_BUSY' ? remote.message : 'no KV room';
+  let retry = remote.details.retry_after_ms;
+  if (typeof retry !== 'number') {
+    const h = Number(reply.headers[H.retryAfter]);
+    retry = Number.isFinite(h) && reply.headers[H.retryAfter] !== undefined ? h * 1000 : undefined;
+  }
+  return new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${message}`, { peer_id: hop.peer_id, ...(retry !== undefined ? { retry_after_ms: retry } : {}) });
+}
+
 function errorEvent(e: unknown): GenerateEvent {
-  if (e instanceof MeshError) return { type: 'error', code: e.code, message: e.message };
+  if (e instanceof MeshError) {
+    const peer = e.details.peer_id;
+    const retry = e.details.retry_after_ms;
+    return { type: 'error', code: e.code, message: e.message, ...(typeof peer === 'string' ? { peer_id: peer } : {}), ...(typeof retry === 'number' ? { retry_after_ms: retry } : {}) };
+  }
   return { type: 'error', code: 'MESH_ERR_INTERNAL', message: e instanceof Error ? e.message : String(e) };
 }
 

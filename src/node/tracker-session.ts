@@ -12,7 +12,8 @@
  * by the host on each beat, so stats and the served span are always current.
  * Host-agnostic: only timers, which Node.js and browsers both have.
  */
-import type { Assignment, NodeMessage, RegisterAnswer } from '../protocol/tracker.ts';
+import type { Assignment, NodeMessage, NodeStats, RegisterAnswer } from '../protocol/tracker.ts';
+import type { KvStats } from '../shard/kv-store.ts';
 import { NotRegisteredError, type TrackerClient } from './tracker-client.ts';
 
 export interface TrackerSessionInit {
@@ -110,4 +111,24 @@ export class TrackerSession {
       void this.beatNow().finally(() => this.schedule());
     }, this.heartbeatMs);
   }
+}
+
+export type KvHeartbeat = Pick<NodeStats, 'kv_free_bytes' | 'kv_budget_bytes' | 'kv_used_bytes' | 'kv_sessions' | 'kv_bytes_per_token' | 'kv_block_tokens' | 'kv_max_tokens'>;
+
+/**
+ * The KV fields of a heartbeat: the tracker routes by free KV and sizes its
+ * own estimates with bytes per position. Without a span loaded the whole
+ * memory budget is free (no weights held yet).
+ */
+export function kvHeartbeat(kv: KvStats | undefined, memoryBudgetBytes: number): KvHeartbeat {
+  if (!kv) return { kv_free_bytes: Math.max(0, memoryBudgetBytes) };
+  return {
+    kv_free_bytes: kv.freeBytes,
+    kv_budget_bytes: kv.budgetBytes,
+    kv_used_bytes: kv.reservedBytes - kv.idleBytes,
+    kv_sessions: kv.sessions,
+    kv_bytes_per_token: kv.bytesPerToken,
+    kv_block_tokens: kv.blockTokens,
+    kv_max_tokens: kv.maxTokens,
+  };
 }

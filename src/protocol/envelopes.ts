@@ -4,8 +4,8 @@
  */
 import { z } from 'zod';
 import { decodeBase64, encodeBase64 } from './base64.ts';
-import { MeshError } from './errors.ts';
-import { normalizeHeaders, isTextContentType, type HeaderMap } from './headers.ts';
+import { MeshError, retryAfterHeader } from './errors.ts';
+import { H, normalizeHeaders, isTextContentType, type HeaderMap } from './headers.ts';
 import { concatBytes } from './bytes.ts';
 
 const headersSchema = z.record(z.string(), z.union([z.string(), z.number(), z.boolean()]).transform(String));
@@ -153,9 +153,13 @@ export function jsonReply(status: number, value: unknown, headers: HeaderMap = {
   return { status, headers: { 'content-type': 'application/json', ...headers }, body: utf8.encode(JSON.stringify(value)) };
 }
 
-/** An error as an answer: its code's status and `{"error":{"code","message"}}`. */
+/**
+ * An error as an answer: its code's status and `{"error":{"code","message"}}`;
+ * with `Retry-After` when the error says when to come back (`retry_after_ms`).
+ */
 export function errorReply(err: MeshError, headers: HeaderMap = {}): MeshReply {
-  return jsonReply(err.status, err.toBody(), headers);
+  const retry = retryAfterHeader(err.details);
+  return jsonReply(err.status, err.toBody(), retry !== undefined ? { [H.retryAfter]: retry, ...headers } : headers);
 }
 
 export function replyJson<T = unknown>(reply: MeshReply): T {

@@ -28,6 +28,7 @@ export const ERROR_STATUS = {
   MESH_ERR_MODEL_FETCH: 502,
   MESH_ERR_WEIGHTS_CORRUPT: 502,
   MESH_ERR_BACKPRESSURE: 503,
+  MESH_ERR_BUSY: 503,
   MESH_ERR_SHUTTING_DOWN: 503,
   MESH_ERR_UNAVAILABLE: 503,
   MESH_ERR_TIMEOUT: 504,
@@ -67,6 +68,16 @@ export function isMeshErrorCode(code: unknown): code is MeshErrorCode {
   return typeof code === 'string' && Object.prototype.hasOwnProperty.call(ERROR_STATUS, code);
 }
 
+/**
+ * `Retry-After` (whole seconds, at least 1) for an error whose details carry
+ * `retry_after_ms`; undefined for any other error.
+ */
+export function retryAfterHeader(details: Record<string, unknown>): string | undefined {
+  const ms = details.retry_after_ms;
+  if (typeof ms !== 'number' || !Number.isFinite(ms) || ms < 0) return undefined;
+  return String(Math.max(1, Math.ceil(ms / 1000)));
+}
+
 /** The generic code of each status, for an error answer that names no code we know. */
 const STATUS_CODE: Readonly<Record<number, MeshErrorCode>> = {
   400: 'MESH_ERR_BAD_REQUEST',
@@ -103,6 +114,7 @@ const utf8d = new TextDecoder();
  * when the answer came with another); an unknown or missing code is read
  * from the status (`remote_code` keeps an unknown one); no status either:
  * MESH_ERR_UPSTREAM. `context` is put before the message ("context: message").
+ * A numeric `retry_after_ms` in the body is kept in the details.
  */
 export function remoteError(status: number | undefined, body: unknown, context = ''): MeshError {
   let parsed = body;
@@ -118,8 +130,14 @@ export function remoteError(status: number | undefined, body: unknown, context =
   const remoteMessage = typeof err === 'object' && err !== null ? (err as { message?: unknown }).message : undefined;
   const text = typeof remoteMessage === 'string' ? remoteMessage : status !== undefined ? `HTTP ${status}` : 'an error without a message';
   const message = context ? `${context}: ${text}` : text;
-  if (isMeshErrorCode(code)) return new MeshError(code, message, status !== undefined && status !== ERROR_STATUS[code] ? { remote_status: status } : {});
   const details: Record<string, unknown> = {};
+  // A refusal that says when to come back (MESH_ERR_BUSY) keeps saying so one hop further.
+  const retryMs = typeof err === 'object' && err !== null ? (err as { retry_after_ms?: unknown }).retry_after_ms : undefined;
+  if (typeof retryMs === 'number' && Number.isFinite(retryMs) && retryMs >= 0) details.retry_after_ms = retryMs;
+  if (isMeshErrorCode(code)) {
+    if (status !== undefined && status !== ERROR_STATUS[code]) details.remote_status = status;
+    return new MeshError(code, message, details);
+  }
   if (code !== undefined) details.remote_code = code;
   if (status !== undefined) details.remote_status = status;
   return new MeshError(status !== undefined ? codeForStatus(status) : 'MESH_ERR_UPSTREAM', message, details);

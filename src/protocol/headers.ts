@@ -12,6 +12,14 @@ export const H = {
   /** ms since epoch after which a head refuses the signed route. */
   routeExpires: 'x-meshnet-route-expires',
   requestId: 'x-meshnet-request-id',
+  /**
+   * Positions a session will reach at most (prompt + max_tokens), sent with
+   * the request that opens it (position 0): the hop reserves that much KV
+   * cache up front, or answers 503 MESH_ERR_BUSY at once.
+   */
+  sessionTokens: 'x-meshnet-session-tokens',
+  /** On 503 MESH_ERR_BUSY (and the tracker's 429): whole seconds to wait before trying again. */
+  retryAfter: 'retry-after',
   contentType: 'content-type',
 } as const;
 

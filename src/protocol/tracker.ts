@@ -29,8 +29,20 @@ export const nodeStatsSchema = z.object({
   /** Median compute time per layer per decode step, ms. */
   layer_ms: z.number().nonnegative(),
   queue_depth: z.number().int().nonnegative(),
+  /** KV bytes a new session can get now (the budget less what live sessions hold). */
   kv_free_bytes: z.number().nonnegative(),
   tokens_served: z.number().int().nonnegative(),
+  /** The KV budget: the memory budget less the weights held. Optional: older nodes do not send it. */
+  kv_budget_bytes: z.number().nonnegative().optional(),
+  /** KV bytes reserved by the sessions held now. */
+  kv_used_bytes: z.number().nonnegative().optional(),
+  kv_sessions: z.number().int().nonnegative().optional(),
+  /** Bytes one position of one session costs on this node (every held layer, keys and values). */
+  kv_bytes_per_token: z.number().int().positive().optional(),
+  /** KV room is granted in blocks of this many positions. */
+  kv_block_tokens: z.number().int().positive().optional(),
+  /** Positions one session may reach on this node (its context). */
+  kv_max_tokens: z.number().int().positive().optional(),
 });
 export type NodeStats = z.infer<typeof nodeStatsSchema>;
 
@@ -144,7 +156,15 @@ export const generateEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('token'), index: z.number().int(), token_id: z.number().int(), text: z.string(), logprob: z.number() }),
   z.object({ type: z.literal('recovered'), failed_peer_id: z.string(), replacement_peer_id: z.string(), recovery_ms: z.number() }),
   z.object({ type: z.literal('done'), finish_reason: z.enum(['stop', 'length']), completion_tokens: z.number().int(), prompt_tokens: z.number().int() }),
-  z.object({ type: z.literal('error'), code: z.string(), message: z.string() }),
+  z.object({
+    type: z.literal('error'),
+    code: z.string(),
+    message: z.string(),
+    /** The node that refused or failed (MESH_ERR_BUSY names the node without KV room). */
+    peer_id: z.string().optional(),
+    /** MESH_ERR_BUSY: when that node suggests trying again, ms. */
+    retry_after_ms: z.number().nonnegative().optional(),
+  }),
 ]);
 export type GenerateEvent = z.infer<typeof generateEventSchema>;
 

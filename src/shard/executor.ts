@@ -18,7 +18,8 @@ import { ropeInvFreq, ropeTables } from '../model/rope.ts';
 import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
-import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
+import { KV_DEFAULTS } from './kv-ledger.ts';
+import { CpuKvStorage, KvStore, kvBytesPerToken, type KvSession, type KvStats } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
 
 /** Supplies the tensors one graph needs, by HF name; called once per graph, so a host can fetch just those bytes. */
@@ -31,12 +32,22 @@ export interface ShardExecutorOptions {
   startLayer: number;
   endLayer: number;
   dtype?: GraphDtype;
-  /** Tokens each session's cache is preallocated for; default min(maxPositionEmbeddings, 2048). */
+  /** Positions one session may reach; default min(maxPositionEmbeddings, 2048). */
   maxContext?: number;
-  /** Default 512 MiB. */
+  /**
+   * The donor's whole memory budget, bytes: the KV caches get what this
+   * shard's weights leave (the meaning the tracker sizes spans by). Wins
+   * over `kvBudgetBytes`.
+   */
+  memoryBudgetBytes?: number;
+  /** Bytes for KV caches when no `memoryBudgetBytes` is given. @defaultValue 512 MiB */
   kvBudgetBytes?: number;
-  /** Idle time after which a session's cache may be dropped; default 10 minutes. */
+  /** A session idle this long may be dropped when room is needed, ms. @defaultValue 120000 (KV_DEFAULTS) */
   kvTtlMs?: number;
+  /** KV room is granted in blocks of this many positions. @defaultValue 64 */
+  kvBlockTokens?: number;
+  /** What a MESH_ERR_BUSY refusal tells the caller to wait, ms. @defaultValue 1000 */
+  kvRetryAfterMs?: number;
   /**
    * Layer indices at which graphs are cut, strictly inside (startLayer, endLayer).
    * Default: every layer, so any start/end layer is servable.
@@ -51,6 +62,12 @@ export interface ForwardRequest {
   session?: string;
   /** Tokens the session's cache holds before this call. 0 restarts the session. */
   position?: number;
+  /**
+   * Positions the session will reach at most (prompt + max_tokens), given
+   * when it opens (position 0): its KV room is reserved up front, or the
+   * call fails at once with 503 MESH_ERR_BUSY. Absent: room grows by blocks.
+   */
+  sessionTokens?: number;
   startLayer?: number;
   endLayer?: number;
   /** Input activation [1, seq, hidden], row-major. */
@@ -97,17 +114,20 @@ export class ShardExecutor {
     this.maxContext = maxContext;
     this.weightBytes = weightBytes;
     this.invFreq = ropeInvFreq(o.config);
-    this.kv = new KvStore({
-      startLayer: o.startLayer,
-      endLayer: o.endLayer,
-      kvHeads: o.config.numKvHeads,
-      headDim: o.config.headDim,
-      maxContext,
-      elem: this.dtype,
-      budgetBytes: o.kvBudgetBytes ?? 512 * 2 ** 20,
-      ttlMs: o.kvTtlMs ?? 10 * 60_000,
-      ...(o.now ? { now: o.now } : {}),
-    });
+    const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, elem: this.dtype };
+    this.kv = new KvStore(
+      {
+        layers: shape.layers,
+        budgetBytes: o.memoryBudgetBytes !== undefined ? this.kvBudgetFor(o.memoryBudgetBytes) : (o.kvBudgetBytes ?? 512 * 2 ** 20),
+        bytesPerToken: kvBytesPerToken(shape),
+        blockTokens: o.kvBlockTokens ?? KV_DEFAULTS.blockTokens,
+        maxTokens: maxContext,
+        idleTtlMs: o.kvTtlMs ?? KV_DEFAULTS.idleTtlMs,
+        retryAfterMs: o.kvRetryAfterMs ?? KV_DEFAULTS.retryAfterMs,
+        ...(o.now ? { now: o.now } : {}),
+      },
+      new CpuKvStorage(shape),
+    );
   }
 
   /** Builds and loads every graph of the shard, one at a time so only one graph's weights are in flight. */
@@ -172,6 +192,15 @@ export class ShardExecutor {
     return this.kv.stats();
   }
 
+  /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
+  setMemoryBudget(bytes: number): void {
+    this.kv.setBudget(this.kvBudgetFor(bytes));
+  }
+
+  private kvBudgetFor(memoryBudgetBytes: number): number {
+    return Math.max(0, Math.floor(memoryBudgetBytes - this.weightBytes));
+  }
+
   /** Tokens a session's cache holds at `layer` (default: the first held layer); 0 when unknown. */
   sessionLength(id: string, layer = this.startLayer): number {
     const s = this.kv.get(id);
@@ -234,18 +263,25 @@ export class ShardExecutor {
       hidden = data;
     } else throw badRequestError('no input: give token ids or an activation');
 
-    // Cache: the session's preallocated buffers, or an empty past for a stateless call.
+    // Cache: the session's buffers (room reserved by the KV ledger), or an empty past for a stateless call.
     const position = req.position ?? 0;
     if (!(Number.isInteger(position) && position >= 0)) throw badRequestError(`position ${position} is not a non-negative integer`);
+    const declared = req.sessionTokens;
+    if (declared !== undefined && !(Number.isInteger(declared) && declared >= 0)) throw badRequestError(`session tokens ${declared} is not a non-negative integer`);
     let kv: KvSession | null = null;
     if (req.session !== undefined) {
       if (position + seq > this.maxContext) throw tooLargeError(`positions up to ${position + seq} exceed the context of ${this.maxContext}`);
-      kv = position === 0 ? this.kv.open(req.session) : (this.kv.get(req.session) ?? null);
+      // Admission happens here, before any compute: a refusal costs the caller one round trip.
+      kv = position === 0 ? await this.kv.open(req.session, Math.min(this.maxContext, Math.max(seq, declared ?? 0))) : (this.kv.get(req.session) ?? null);
       if (!kv) throw new PositionMismatchError(req.session, position, 0);
       if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = 0;
       let actual = Infinity;
       for (let l = start; l < end; l++) actual = Math.min(actual, kv.lengths[l - this.startLayer]!);
       for (let l = start; l < end; l++) if (kv.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(req.session, position, actual);
+      // Past its room (an undeclared session, or one outgrowing its declaration): whole blocks more, or 503.
+      let held = 0;
+      for (const n of kv.lengths) held = Math.max(held, n);
+      await this.kv.ensure(kv, position + seq, held);
     } else if (position !== 0) {
       throw badRequestError('a stateless forward (no session) starts at position 0');
     } else if (seq > this.maxContext) throw tooLargeError(`${seq} tokens exceed the context of ${this.maxContext}`);
@@ -267,8 +303,8 @@ export class ShardExecutor {
       for (let l = seg.start; l < seg.end; l++) {
         const i = l - this.startLayer;
         // Zero-copy views of exactly the filled prefix.
-        const k = kv ? kv.keys[i]!.subarray(0, position * rowElems) : emptyPast;
-        const v = kv ? kv.values[i]!.subarray(0, position * rowElems) : emptyPast;
+        const k = kv ? kv.cache.keys[i]!.subarray(0, position * rowElems) : emptyPast;
+        const v = kv ? kv.cache.values[i]!.subarray(0, position * rowElems) : emptyPast;
         feeds[IO.pastKey(l)] = { type: kvType, data: k, dims: [1, position, KV, D] };
         feeds[IO.pastValue(l)] = { type: kvType, data: v, dims: [1, position, KV, D] };
       }
@@ -276,8 +312,8 @@ export class ShardExecutor {
       if (kv) {
         for (let l = seg.start; l < seg.end; l++) {
           const i = l - this.startLayer;
-          (kv.keys[i] as Float32Array).set(out[IO.presentKey(l)]!.data as Float32Array, position * rowElems);
-          (kv.values[i] as Float32Array).set(out[IO.presentValue(l)]!.data as Float32Array, position * rowElems);
+          (kv.cache.keys[i] as Float32Array).set(out[IO.presentKey(l)]!.data as Float32Array, position * rowElems);
+          (kv.cache.values[i] as Float32Array).set(out[IO.presentValue(l)]!.data as Float32Array, position * rowElems);
         }
       }
       hidden = out[IO.hiddenOut]!.data as Float32Array;

@@ -1,7 +1,7 @@
 /**
  * The checks every executor applies to a ForwardRequest before it runs
- * anything: layer range, input (token ids or an activation), position and
- * context. One place, so the plain and fused executors answer bad input with
+ * anything: layer range, input (token ids or an activation), position,
+ * declared session length and context. One place, so the plain and fused executors answer bad input with
  * the same codes and messages.
  */
 import type { ModelConfig } from '../model/config.ts';
@@ -12,6 +12,7 @@ import { validateSampling, type SamplingParams } from './sampling.ts';
 export interface ForwardRequestLike {
   session?: string;
   position?: number;
+  sessionTokens?: number;
   startLayer?: number;
   endLayer?: number;
   activation?: { data: Float32Array; shape: readonly number[] };
@@ -41,6 +42,8 @@ export function checkForwardInput(cfg: ModelConfig, held: HeldSpan, req: Forward
   const position = req.position ?? 0;
   if (!(Number.isInteger(position) && position >= 0)) throw badRequestError(`position ${position} is not a non-negative integer`);
   if (req.session === undefined && position !== 0) throw badRequestError('a stateless forward (no session) starts at position 0');
+  const declared = req.sessionTokens;
+  if (declared !== undefined && !(Number.isInteger(declared) && declared >= 0)) throw badRequestError(`session tokens ${declared} is not a non-negative integer`);
 
   let input: ForwardInput;
   if (req.tokenIds !== undefined) {

@@ -10,6 +10,12 @@
  * graph to the next as a GPU buffer, and per call only the input comes in
  * and the output activation (or the last hop's logits) goes out.
  *
+ * KV room is admitted by the same KvLedger as ShardExecutor's (kv-store.ts):
+ * a session gets what it declares when it opens (`sessionTokens`), grows by
+ * whole blocks past that, and a session that does not fit is refused with
+ * 503 MESH_ERR_BUSY before anything runs — a live session is never evicted.
+ * The budget is the donor's memory less these weights (`memoryBudgetBytes`).
+ *
  * Graphs are cut into segments of at most `maxSegmentBytes` of weights
  * (ONNX protobufs stop at 2 GiB) unless `segmentBoundaries` says where; a
  * request must start and end on a segment boundary.
@@ -23,8 +29,9 @@ import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type On
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
 import { checkForwardInput } from './forward-input.ts';
-import { LayerKvPool, type KvBuffer, type KvReservation } from './layer-kv.ts';
-import type { KvStats } from './kv-store.ts';
+import { KV_DEFAULTS } from './kv-ledger.ts';
+import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
+import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { sampleToken } from './sampling.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
@@ -42,11 +49,21 @@ export interface FusedExecutorOptions {
   /** Projection weights: f32 MatMul or 4-bit MatMulNBits. */
   projections: FusedWeights;
   q4Cache?: Q4Cache;
-  /** Largest KV capacity per session; default min(maxPositionEmbeddings, 2048). */
+  /** Positions one session may reach; default min(maxPositionEmbeddings, 2048). */
   maxContext?: number;
-  /** Default 512 MiB. */
+  /**
+   * The donor's whole memory budget, bytes: the KV caches get what this
+   * shard's weights leave. Wins over `kvBudgetBytes`.
+   */
+  memoryBudgetBytes?: number;
+  /** Bytes for KV caches when no `memoryBudgetBytes` is given. @defaultValue 512 MiB */
   kvBudgetBytes?: number;
+  /** A session idle this long may be dropped when room is needed, ms. @defaultValue 120000 (KV_DEFAULTS) */
   kvTtlMs?: number;
+  /** KV room is granted in blocks of this many positions. @defaultValue 64 */
+  kvBlockTokens?: number;
+  /** What a MESH_ERR_BUSY refusal tells the caller to wait, ms. @defaultValue 1000 */
+  kvRetryAfterMs?: number;
   segmentBoundaries?: number[];
   /** Default 1 GiB. */
   maxSegmentBytes?: number;
@@ -71,7 +88,7 @@ export class FusedShardExecutor {
   readonly weightBytes: number;
   /** Activations and KV stay in device memory between graphs. */
   readonly onDevice: boolean;
-  private readonly kv: LayerKvPool;
+  private readonly kv: KvStore<LayerKv>;
   private queue: Promise<unknown> = Promise.resolve();
 
   private constructor(
@@ -89,16 +106,20 @@ export class FusedShardExecutor {
     this.projections = o.projections;
     this.weightBytes = weightBytes;
     this.onDevice = o.backend.device !== undefined;
-    this.kv = new LayerKvPool({
-      layers: o.endLayer - o.startLayer,
-      kvHeads: o.config.numKvHeads,
-      headDim: o.config.headDim,
-      maxContext,
-      budgetBytes: o.kvBudgetBytes ?? 512 * 2 ** 20,
-      ttlMs: o.kvTtlMs ?? 10 * 60_000,
-      ...(o.backend.device ? { device: o.backend.device } : {}),
-      ...(o.now ? { now: o.now } : {}),
-    });
+    const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
+    this.kv = new KvStore(
+      {
+        layers: shape.layers,
+        budgetBytes: o.memoryBudgetBytes !== undefined ? this.kvBudgetFor(o.memoryBudgetBytes) : (o.kvBudgetBytes ?? 512 * 2 ** 20),
+        bytesPerToken: layerKvBytesPerToken(shape),
+        blockTokens: o.kvBlockTokens ?? KV_DEFAULTS.blockTokens,
+        maxTokens: maxContext,
+        idleTtlMs: o.kvTtlMs ?? KV_DEFAULTS.idleTtlMs,
+        retryAfterMs: o.kvRetryAfterMs ?? KV_DEFAULTS.retryAfterMs,
+        ...(o.now ? { now: o.now } : {}),
+      },
+      new LayerKvStorage(shape),
+    );
   }
 
   static async create(o: FusedExecutorOptions): Promise<FusedShardExecutor> {
@@ -179,13 +200,22 @@ export class FusedShardExecutor {
     return this.kv.stats();
   }
 
+  /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
+  setMemoryBudget(bytes: number): void {
+    this.kv.setBudget(this.kvBudgetFor(bytes));
+  }
+
+  private kvBudgetFor(memoryBudgetBytes: number): number {
+    return Math.max(0, Math.floor(memoryBudgetBytes - this.weightBytes));
+  }
+
   sessionLength(id: string, layer = this.startLayer): number {
     const r = this.kv.get(id);
     return r ? r.lengths[layer - this.startLayer]! : 0;
   }
 
   dropSession(id: string): boolean {
-    return this.kv.release(id);
+    return this.kv.delete(id);
   }
 
   forward(req: ForwardRequest): Promise<ForwardResult> {
@@ -210,7 +240,7 @@ export class FusedShardExecutor {
     const last = this.segments.findIndex((s) => s.end === end);
     if (first < 0 || last < 0) throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
 
-    const kv = await this.reservation(req.session, start, end, position, seq);
+    const kv = await this.reservation(req.session, start, end, position, seq, req.sessionTokens);
     const owned: RunValue[] = []; // device outputs of this call, freed at the end
     try {
       let hidden: RunValue;
@@ -225,15 +255,15 @@ export class FusedShardExecutor {
         [FUSED_IO.seqlensK]: { type: 'int32', data: Int32Array.of(position + seq - 1), dims: [1] } as BackendTensor,
         [FUSED_IO.totalSeqLen]: { type: 'int32', data: Int32Array.of(position + seq), dims: [1] } as BackendTensor,
       };
-      const asValue = (b: KvBuffer): RunValue => (b instanceof Float32Array ? { type: 'float32', data: b, dims: [1, KV, kv.reservation.capacity, D] } : b);
+      const asValue = (b: KvBuffer): RunValue => (b instanceof Float32Array ? { type: 'float32', data: b, dims: [1, KV, kv.session.cache.capacity, D] } : b);
       for (let si = first; si <= last; si++) {
         const seg = this.segments[si]!;
         const feeds: Record<string, RunValue> = { ...counters, [FUSED_IO.hidden]: hidden };
         const outputs: Record<string, RunValue> = {};
         for (let l = seg.start; l < seg.end; l++) {
           const i = l - this.startLayer;
-          const k = asValue(kv.reservation.keys[i]!);
-          const v = asValue(kv.reservation.values[i]!);
+          const k = asValue(kv.session.cache.keys[i]!);
+          const v = asValue(kv.session.cache.values[i]!);
           feeds[FUSED_IO.pastKey(l)] = k;
           feeds[FUSED_IO.pastValue(l)] = v;
           outputs[FUSED_IO.presentKey(l)] = k;
@@ -244,7 +274,7 @@ export class FusedShardExecutor {
         owned.push(hidden);
       }
       // Lengths move only once every layer of the call has written its rows.
-      for (let l = start; l < end; l++) kv.reservation.lengths[l - this.startLayer] = position + seq;
+      for (let l = start; l < end; l++) kv.session.lengths[l - this.startLayer] = position + seq;
 
       if (end === cfg.numLayers && this.head) {
         const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
@@ -256,29 +286,34 @@ export class FusedShardExecutor {
       return { kind: 'activation', data, shape: [1, seq, cfg.hiddenSize] };
     } finally {
       for (const t of owned) if (isDeviceTensor(t)) t.dispose();
-      if (kv.stateless) this.kv.release(STATELESS);
+      if (kv.stateless) this.kv.delete(STATELESS);
     }
   }
 
-  /** The session's reservation, checked against `position` and grown to hold the call. */
-  private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number): Promise<{ reservation: KvReservation; stateless: boolean }> {
-    if (session === undefined) return { reservation: await this.kv.reserve(STATELESS, seq), stateless: true };
+  /**
+   * The session's cache, admitted by the ledger when it opens (room for what
+   * it declares, or what this call needs), checked against `position` and
+   * grown by whole blocks to hold the call. A stateless call borrows room
+   * for its own rows and gives it back after.
+   */
+  private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<{ session: KvSession<LayerKv>; stateless: boolean }> {
+    if (session === undefined) return { session: await this.kv.open(STATELESS, seq), stateless: true };
     if (session === STATELESS) throw layerRangeError('reserved session id', { startLayer: this.startLayer, endLayer: this.endLayer });
-    let r: KvReservation | undefined;
+    let s: KvSession<LayerKv> | undefined;
     if (position === 0) {
-      r = this.kv.get(session);
-      // A restart of a live session keeps its buffers when they are big enough.
-      if (r && r.capacity >= seq) for (let l = start; l < end; l++) r.lengths[l - this.startLayer] = 0;
-      else r = await this.kv.reserve(session, seq);
+      // Admission happens here, before any compute: a refusal costs the caller one round trip.
+      s = await this.kv.open(session, Math.min(this.maxContext, Math.max(seq, declared ?? 0)));
+      for (let l = start; l < end; l++) s.lengths[l - this.startLayer] = 0;
     } else {
-      r = this.kv.get(session);
-      if (!r) throw new PositionMismatchError(session, position, 0);
+      s = this.kv.get(session);
+      if (!s) throw new PositionMismatchError(session, position, 0);
     }
     let actual = Infinity;
-    for (let l = start; l < end; l++) actual = Math.min(actual, r.lengths[l - this.startLayer]!);
-    for (let l = start; l < end; l++) if (r.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(session, position, actual);
-    await this.kv.grow(r, position + seq);
-    return { reservation: r, stateless: false };
+    for (let l = start; l < end; l++) actual = Math.min(actual, s.lengths[l - this.startLayer]!);
+    for (let l = start; l < end; l++) if (s.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(session, position, actual);
+    // Past its room (an undeclared session, or one outgrowing its declaration): whole blocks more, or 503.
+    await this.kv.ensure(s, position + seq, Math.max(0, ...s.lengths));
+    return { session: s, stateless: false };
   }
 }
 

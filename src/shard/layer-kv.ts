@@ -1,195 +1,102 @@
 /**
- * KV caches for fused layer graphs (fused-graph.ts): per layer one key and
+ * KV memory for fused layer graphs (fused-graph.ts): per layer one key and
  * one value buffer [kvHeads, capacity, headDim] that GroupQueryAttention
  * reads as its past and writes as its present in place. On a device backend
  * the buffers are GPU memory and never cross to the CPU; on a CPU backend
  * they are Float32Arrays.
  *
- * Reservation-shaped, so it can sit under any admission policy: a session
- * reserves what its first call needs (rounded up to a block), grows in
- * blocks when a call would run past its capacity (doubling, capped at
- * maxContext), and is released when done. Growing reallocates and copies
- * each head's filled rows, because capacity is the row stride of the layout
- * GroupQueryAttention expects.
- *
- * A byte budget bounds the caches; a reservation that does not fit first
- * drops sessions idle past the TTL, then the least recently used others.
+ * This is only the memory: `LayerKvStorage` is a KvStorage (kv-store.ts),
+ * so the KvLedger decides who gets room — by declaration, in whole blocks,
+ * refusing with 503 MESH_ERR_BUSY instead of evicting a live session — for
+ * GPU caches exactly as for the CPU ones. Growing reallocates and copies
+ * each head's filled rows (on the device), because capacity is the row
+ * stride of the layout GroupQueryAttention expects.
  */
 import type { DeviceMemory, DeviceTensor } from './backend.ts';
-import { tooLargeError } from './errors.ts';
-import type { KvStats } from './kv-store.ts';
+import { kvBytesPerToken } from './kv-store.ts';
+import type { KvStorage } from './kv-store.ts';
 
 export type KvBuffer = Float32Array | DeviceTensor;
 
-export interface KvReservation {
-  readonly id: string;
-  /** Positions each buffer holds. */
-  capacity: number;
-  /** Tokens written per held layer (layers differ when a call started inside the span). */
-  readonly lengths: Int32Array;
-  keys: KvBuffer[];
-  values: KvBuffer[];
-  lastUsed: number;
-  bytes: number;
+/** One session's buffers: keys[i] / values[i] belong to layer startLayer + i. */
+export interface LayerKv {
+  /** Positions each buffer holds (the row stride of its heads). */
+  readonly capacity: number;
+  readonly keys: KvBuffer[];
+  readonly values: KvBuffer[];
 }
 
-export interface LayerKvOptions {
+export interface LayerKvShape {
   layers: number;
   kvHeads: number;
   headDim: number;
-  maxContext: number;
-  budgetBytes: number;
-  ttlMs: number;
-  /** Capacities are multiples of this many positions; default 64. */
-  block?: number;
   /** Device memory for the buffers; host Float32Arrays when absent. */
   device?: DeviceMemory;
-  now?: () => number;
 }
 
-export class LayerKvPool {
-  private readonly sessions = new Map<string, KvReservation>(); // insertion order = LRU order
-  private bytesUsed = 0;
-  private evictions = 0;
-  private readonly block: number;
-  private readonly now: () => number;
-  private readonly rowBytes: number;
+/** Bytes one position costs across the layers (f32 keys and values): the ledger's unit. */
+export function layerKvBytesPerToken(s: LayerKvShape): number {
+  return kvBytesPerToken({ layers: s.layers, kvHeads: s.kvHeads, headDim: s.headDim, elem: 'f32' });
+}
 
-  constructor(private readonly o: LayerKvOptions) {
-    this.block = o.block ?? 64;
-    this.now = o.now ?? (() => Date.now());
-    this.rowBytes = o.kvHeads * o.headDim * 4;
-  }
+export class LayerKvStorage implements KvStorage<LayerKv> {
+  constructor(private readonly s: LayerKvShape) {}
 
-  /** Bytes of a reservation of `capacity` positions (keys and values, every layer). */
-  bytesFor(capacity: number): number {
-    return 2 * this.o.layers * capacity * this.rowBytes;
-  }
-
-  get(id: string): KvReservation | undefined {
-    const r = this.sessions.get(id);
-    if (!r) return undefined;
-    const t = this.now();
-    if (t - r.lastUsed > this.o.ttlMs) {
-      this.drop(id, true);
-      return undefined;
-    }
-    this.sessions.delete(id);
-    this.sessions.set(id, r);
-    r.lastUsed = t;
-    return r;
-  }
-
-  /** A fresh reservation for at least `tokens` positions (an existing one of that id is released first). */
-  async reserve(id: string, tokens: number): Promise<KvReservation> {
-    this.drop(id, false);
-    const capacity = this.capacityFor(tokens);
-    const bytes = this.bytesFor(capacity);
-    this.makeRoom(bytes, id);
-    const layers = this.o.layers;
+  async allocate(capacity: number): Promise<LayerKv> {
     const keys: KvBuffer[] = [];
     const values: KvBuffer[] = [];
     try {
-      for (let i = 0; i < layers; i++) {
+      for (let i = 0; i < this.s.layers; i++) {
         keys.push(await this.alloc(capacity));
         values.push(await this.alloc(capacity));
       }
     } catch (e) {
-      for (const b of [...keys, ...values]) free(b);
+      for (const b of [...keys, ...values]) dispose(b);
       throw e;
     }
-    const r: KvReservation = { id, capacity, lengths: new Int32Array(layers), keys, values, lastUsed: this.now(), bytes };
-    this.sessions.set(id, r);
-    this.bytesUsed += bytes;
-    return r;
+    return { capacity, keys, values };
   }
 
-  /** Makes `r` hold at least `tokens` positions, keeping every written row. */
-  async grow(r: KvReservation, tokens: number): Promise<void> {
-    if (tokens <= r.capacity) return;
-    const capacity = Math.max(this.capacityFor(tokens), Math.min(this.o.maxContext, r.capacity * 2));
-    const bytes = this.bytesFor(capacity);
-    this.makeRoom(bytes - r.bytes, r.id);
-    const next = { keys: [] as KvBuffer[], values: [] as KvBuffer[] };
+  /** New buffers of `capacity` positions holding the first `keep` rows of each head; the store frees the old ones. */
+  async resize(cache: LayerKv, capacity: number, keep: number): Promise<LayerKv> {
+    const next = await this.allocate(capacity);
     try {
-      for (let i = 0; i < this.o.layers; i++) {
-        next.keys.push(await this.alloc(capacity));
-        next.values.push(await this.alloc(capacity));
-      }
+      const rows = Math.min(keep, cache.capacity);
+      if (rows > 0) this.copyRows(cache, next, rows);
     } catch (e) {
-      for (const b of [...next.keys, ...next.values]) free(b);
+      this.free(next);
       throw e;
     }
+    return next;
+  }
+
+  free(cache: LayerKv): void {
+    for (const b of [...cache.keys, ...cache.values]) dispose(b);
+  }
+
+  private copyRows(from: LayerKv, to: LayerKv, rows: number): void {
+    const D = this.s.headDim;
     const ops: { src: DeviceTensor; srcByte: number; dst: DeviceTensor; dstByte: number; bytes: number }[] = [];
-    const D = this.o.headDim;
-    for (let i = 0; i < this.o.layers; i++) {
-      const rows = r.lengths[i]!;
-      if (rows === 0) continue;
-      for (const [from, to] of [
-        [r.keys[i]!, next.keys[i]!],
-        [r.values[i]!, next.values[i]!],
+    for (let i = 0; i < this.s.layers; i++) {
+      for (const [a, b] of [
+        [from.keys[i]!, to.keys[i]!],
+        [from.values[i]!, to.values[i]!],
       ] as const) {
-        for (let h = 0; h < this.o.kvHeads; h++) {
-          if (from instanceof Float32Array) (to as Float32Array).set(from.subarray(h * r.capacity * D, (h * r.capacity + rows) * D), h * capacity * D);
-          else ops.push({ src: from, srcByte: h * r.capacity * D * 4, dst: to as DeviceTensor, dstByte: h * capacity * D * 4, bytes: rows * D * 4 });
+        for (let h = 0; h < this.s.kvHeads; h++) {
+          if (a instanceof Float32Array) (b as Float32Array).set(a.subarray(h * from.capacity * D, (h * from.capacity + rows) * D), h * to.capacity * D);
+          else ops.push({ src: a, srcByte: h * from.capacity * D * 4, dst: b as DeviceTensor, dstByte: h * to.capacity * D * 4, bytes: rows * D * 4 });
         }
       }
     }
-    this.o.device?.copy(ops);
-    for (const b of [...r.keys, ...r.values]) free(b);
-    r.keys = next.keys;
-    r.values = next.values;
-    this.bytesUsed += bytes - r.bytes;
-    r.bytes = bytes;
-    r.capacity = capacity;
-  }
-
-  release(id: string): boolean {
-    return this.drop(id, false);
-  }
-
-  /** Frees every buffer (the executor is being released). */
-  clear(): void {
-    for (const id of [...this.sessions.keys()]) this.drop(id, false);
-  }
-
-  stats(): KvStats {
-    return { sessions: this.sessions.size, bytesUsed: this.bytesUsed, budgetBytes: this.o.budgetBytes, bytesPerSession: this.bytesFor(this.o.maxContext), evictions: this.evictions };
-  }
-
-  private capacityFor(tokens: number): number {
-    if (tokens > this.o.maxContext) throw tooLargeError(`${tokens} positions exceed the context of ${this.o.maxContext}`);
-    return Math.min(this.o.maxContext, Math.max(this.block, Math.ceil(tokens / this.block) * this.block));
-  }
-
-  private makeRoom(bytes: number, keep: string): void {
-    if (bytes > this.o.budgetBytes) throw tooLargeError(`one session needs ${bytes} bytes of KV cache, over the budget of ${this.o.budgetBytes}`);
-    const t = this.now();
-    for (const [id, r] of this.sessions) if (id !== keep && t - r.lastUsed > this.o.ttlMs) this.drop(id, true);
-    for (const id of [...this.sessions.keys()]) {
-      if (this.bytesUsed + bytes <= this.o.budgetBytes) break;
-      if (id !== keep) this.drop(id, true);
-    }
-    if (this.bytesUsed + bytes > this.o.budgetBytes) throw tooLargeError(`${bytes} more bytes of KV cache do not fit the budget of ${this.o.budgetBytes}`);
+    if (ops.length > 0) this.s.device!.copy(ops);
   }
 
   private async alloc(capacity: number): Promise<KvBuffer> {
-    const dims = [1, this.o.kvHeads, capacity, this.o.headDim];
-    if (this.o.device) return this.o.device.alloc('float32', dims);
-    return new Float32Array(this.o.kvHeads * capacity * this.o.headDim);
-  }
-
-  private drop(id: string, evicted: boolean): boolean {
-    const r = this.sessions.get(id);
-    if (!r) return false;
-    this.sessions.delete(id);
-    this.bytesUsed -= r.bytes;
-    for (const b of [...r.keys, ...r.values]) free(b);
-    if (evicted) this.evictions++;
-    return true;
+    if (this.s.device) return this.s.device.alloc('float32', [1, this.s.kvHeads, capacity, this.s.headDim]);
+    return new Float32Array(this.s.kvHeads * capacity * this.s.headDim);
   }
 }
 
-function free(b: KvBuffer): void {
+function dispose(b: KvBuffer): void {
   if (!(b instanceof Float32Array)) b.dispose();
 }

@@ -12,8 +12,9 @@ import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Identity } from '../node/identity.ts';
+import { Admission } from './admission.ts';
 import type { RecentRoute, TrackerContext } from './context.ts';
-import type { HeadTransport } from './head-proxy.ts';
+import { PromptSizer, type HeadTransport } from './head-proxy.ts';
 import { App, HttpError, json, meshErrorResponse } from './http.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { ModelSpec, PendingModel } from './model-registry.ts';
@@ -41,6 +42,8 @@ export interface TrackerDeps {
 export interface Tracker {
   app: App;
   registry: NodeRegistry;
+  /** The KV admission queue: chats wait here when no route has room. */
+  admission: Admission;
   identity: Identity;
   publicKey: string;
   recentRoutes: RecentRoute[];
@@ -56,6 +59,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
     onRemoved(n, reason) {
       metrics.removals.inc({ reason });
       logger.info({ peer_id: n.peerId, model: n.info.model, reason }, 'node removed');
+      // Waiting chats whose layers are now missing get their 503 now, not at their deadline.
+      queueMicrotask(() => admission.kick());
     },
     onMoved(n, mv) {
       metrics.moves.inc();
@@ -75,6 +80,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     if (recentRoutes.length > o.recentRoutes) recentRoutes.splice(0, recentRoutes.length - o.recentRoutes);
   }
 
+  const admission = new Admission(registry, o, metrics);
   const ctx: TrackerContext = {
     options: o,
     registry,
@@ -90,12 +96,13 @@ export function createTracker(deps: TrackerDeps): Tracker {
       metrics.nodes.reset();
       for (const n of registry.nodes.values()) metrics.nodes.inc({ model: n.info.model, status: registry.status(n) });
     },
-    generation: { registry, transport: deps.transport, identity, options: o, logger, metrics, onRoute: recordRoute },
+    admission,
+    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, options: o, logger, metrics, onRoute: recordRoute },
   };
 
   const app = new App();
   app.onError = (err) => {
-    if (err instanceof HttpError) return json(err.status, err.body);
+    if (err instanceof HttpError) return json(err.status, err.body, err.headers);
     if (err instanceof MeshError) return meshErrorResponse(err);
     logger.error({ err }, 'unhandled error');
     return meshErrorResponse(new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving'));
@@ -108,6 +115,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
   return {
     app,
     registry,
+    admission,
     identity,
     publicKey: ctx.publicKey,
     recentRoutes,

@@ -3,24 +3,28 @@
  *
  *   parse   the body → one GenerationInput per choice (limits, defaults, stop strings),
  *           or OpenAI's 400/404 (503 for a model still loading)
- *   plan    the model → a route per choice (503 naming the missing layers when there is none)
- *   stream  each choice's head events (runGeneration, with head failover) → stop strings
- *           applied → one JSON completion, or SSE chunks of every choice as they come
+ *   plan    admission (admission.ts): per choice a route with KV room for it, now or
+ *           after a wait in the FIFO queue; 429 + Retry-After past the queue's limits,
+ *           503 naming the missing layers when there is no route at all
+ *   stream  each choice's head events (runGeneration, with head failover and re-routing
+ *           after MESH_ERR_BUSY) → stop strings applied → one JSON completion, or SSE
+ *           chunks of every choice as they come
  *
  * A chat has one choice; /v1/completions one per prompt (a list of prompts,
  * text or token ids), each its own generation on its own route, all at once.
  * Nothing is committed to the client until every choice's first output: a
- * request a head refuses still gets a plain HTTP error, not a broken stream.
+ * request a head refuses (or that no route had room for in time) still gets
+ * a plain HTTP error, not a broken stream.
  */
 import { StopMatcher } from '../model/text-stream.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { randomHex } from '../protocol/ids.ts';
+import type { Lease } from './admission.ts';
 import { notLoadedYet, type TrackerContext } from './context.ts';
-import { runGeneration, type GenerationEvent, type GenerationInput } from './head-proxy.ts';
+import { runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput } from './head-proxy.ts';
 import { HttpError, json, readJson } from './http.ts';
 import { MergedChoices } from './merged-choices.ts';
-import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai.ts';
-import type { RoutePlan } from './routing.ts';
+import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai.ts';
 
 export interface ParsedCompletion {
   model: string;
@@ -84,14 +88,36 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
   return { model: modelName, inputs, stream: parsed.stream === true, includeUsage: parsed.stream_options?.include_usage === true };
 }
 
-/** Step 2: a route for the model, or 503 naming the missing layers. */
-export function planCompletion(ctx: Pick<TrackerContext, 'registry'>, model: string): RoutePlan {
-  try {
-    return ctx.registry.pick(model);
-  } catch (e) {
-    if (e instanceof MeshError) throw openAiError(e.status, e.message, { code: e.code, extra: e.details });
-    throw e;
+/**
+ * Step 2: per choice, KV room on a route for the whole generation (prompt,
+ * estimated until the head counts it, + max_tokens), waiting in the
+ * admission queue while every route is full. All or none: when one choice
+ * is refused, the others' leases are given back. Refusals come as the
+ * client sees them (completionError).
+ */
+export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'admission'> & { generation: Pick<GenerationDeps, 'sizer'> }, kind: ApiKind, c: Pick<ParsedCompletion, 'model' | 'inputs'>, signal: AbortSignal): Promise<Lease[]> {
+  const context = ctx.registry.model(c.model).contextTokens;
+  const settled = await Promise.allSettled(c.inputs.map((input) => ctx.admission.acquire(c.model, ctx.generation.sizer.estimate(c.model, input, context), { signal })));
+  const refused = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (!refused) return settled.map((r) => (r as PromiseFulfilledResult<Lease>).value);
+  for (const r of settled) if (r.status === 'fulfilled') r.value.release();
+  throw completionError(ctx, kind, refused.reason);
+}
+
+/**
+ * A MeshError as the client sees it: a prompt too long for the context is
+ * OpenAI's 400 context_length_exceeded; no KV room in time is OpenAI's 429
+ * rate_limit_exceeded with Retry-After; anything else keeps its status and code.
+ */
+export function completionError(ctx: Pick<TrackerContext, 'admission'>, kind: ApiKind, e: unknown): HttpError {
+  if (e instanceof HttpError) return e;
+  const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
+  if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: kind === 'chat' ? 'messages' : 'prompt', code: 'context_length_exceeded' });
+  if (err.code === 'MESH_ERR_TOO_MANY_REQUESTS') {
+    const { retry_after_ms: retry, ...rest } = err.details;
+    return tooManyRequests(err.message, typeof retry === 'number' ? retry : ctx.admission.retryAfterMs(), { meshnet_code: err.code, ...rest });
   }
+  return openAiError(err.status, err.message, { code: err.code, extra: err.details });
 }
 
 /**
@@ -142,8 +168,8 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
   }
 }
 
-/** Step 3: run every choice's generation and answer the client, as one JSON completion or an SSE stream. */
-export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: ParsedCompletion, plans: readonly RoutePlan[], clientSignal: AbortSignal, t0: number): Promise<Response> {
+/** Step 3: run every choice's generation on its lease's route (others after a failover or a busy node), answering as one JSON completion or an SSE stream. */
+export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: ParsedCompletion, leases: readonly Lease[], clientSignal: AbortSignal, t0: number): Promise<Response> {
   const { metrics, logger } = ctx;
   const endpoint = kind === 'chat' ? 'chat' : 'completions';
   const ids: CompletionIds = { id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomHex(12)}`, created: Math.floor(ctx.options.now() / 1000), model: c.model };
@@ -156,18 +182,17 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     metrics.firstToken.observe((performance.now() - t0) / 1000);
   };
   // Each choice is its own generation (own route, own failover), all running at once.
-  const choices = c.inputs.map((input, i) => completionParts(runGeneration(ctx.generation, c.model, input, plans[i]!, abort.signal), input.stop, onFirstToken));
+  const choices = c.inputs.map((input, i) => completionParts(runGeneration(ctx.generation, c.model, input, abort.signal, leases[i]), input.stop, onFirstToken));
   /** Stop every choice and release what its generation holds. */
   const endAll = (): void => {
     abort.abort();
     for (const choice of choices) void choice.return(undefined);
   };
-  /** A generation error as the client sees it: a prompt too long for the context is OpenAI's 400 context_length_exceeded. */
+  /** A generation error before anything was streamed: a plain HTTP error (completionError). */
   const clientError = (e: unknown): HttpError => {
-    const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
-    metrics.requests.inc({ endpoint, status: String(err.code === 'MESH_ERR_TOO_LARGE' ? 400 : err.status) });
-    if (err.code === 'MESH_ERR_TOO_LARGE') return openAiError(400, err.message, { param: kind === 'chat' ? 'messages' : 'prompt', code: 'context_length_exceeded' });
-    return openAiError(err.status, err.message, { code: err.code, extra: err.details });
+    const err = completionError(ctx, kind, e);
+    metrics.requests.inc({ endpoint, status: String(err.status) });
+    return err;
   };
   const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number }>) =>
     usage(
@@ -258,7 +283,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
   return new Response(sse, { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' } });
 }
 
-/** POST /v1/chat/completions and /v1/completions: parse → plan → stream, each step's refusal counted. */
+/** POST /v1/chat/completions and /v1/completions: parse → plan (admission) → stream, each step's refusal counted. */
 export async function complete(ctx: TrackerContext, kind: ApiKind, req: Request): Promise<Response> {
   const endpoint = kind === 'chat' ? 'chat' : 'completions';
   const t0 = performance.now();
@@ -271,13 +296,13 @@ export async function complete(ctx: TrackerContext, kind: ApiKind, req: Request)
     throw openAiError(e instanceof MeshError ? e.status : 400, (e as Error).message, { code: 'invalid_request_body' });
   }
   let c: ParsedCompletion;
-  let plans: RoutePlan[];
+  let leases: Lease[];
   try {
     c = parseCompletion(ctx, kind, body);
-    plans = c.inputs.map(() => planCompletion(ctx, c.model));
+    leases = await planCompletion(ctx, kind, c, req.signal);
   } catch (e) {
     count(e instanceof HttpError ? e.status : 500);
     throw e;
   }
-  return streamCompletion(ctx, kind, c, plans, req.signal, t0);
+  return streamCompletion(ctx, kind, c, leases, req.signal, t0);
 }

@@ -1,11 +1,12 @@
 /**
  * What every group of tracker routes shares: options, the registry, the
  * tracker's identity, metrics, the log, recent routes for the dashboard,
- * and what a generation needs.
+ * the admission queue, and what a generation needs.
  */
 import type { Logger } from 'pino';
 import type { Identity } from '../node/identity.ts';
 import { MeshError } from '../protocol/errors.ts';
+import type { Admission } from './admission.ts';
 import type { GenerationDeps } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { PendingModel } from './model-registry.ts';
@@ -15,7 +16,7 @@ import type { RoutePlan } from './routing.ts';
 
 export interface RecentRoute {
   at: number;
-  kind: 'generate' | 'failover' | 'replace' | 'inspect';
+  kind: 'generate' | 'failover' | 'rerouted' | 'replace' | 'inspect';
   model: string;
   head: string;
   hops: Array<{ peer_id: string; start_layer: number; end_layer: number }>;
@@ -38,6 +39,8 @@ export interface TrackerContext {
   recordRoute(kind: RecentRoute['kind'], model: string, plan: RoutePlan): void;
   /** Node counts by model and status into the gauge. */
   updateNodeGauge(): void;
+  /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */
+  admission: Admission;
   generation: GenerationDeps;
 }
 

@@ -6,7 +6,9 @@
  *   (solid: serving, pale: assigned and still loading), and per layer how
  *   many nodes serve it (red where none does);
  * - the node list: host, backend, status, span, throughput, RPM over the
- *   last heartbeats, tokens served;
+ *   last heartbeats, tokens served, KV cache use (a bar: used of budget,
+ *   with what this tracker's chats hold);
+ * - the admission queue: chats running, waiting for KV room, longest wait;
  * - the recent routes.
  *
  * Node-supplied strings (backend, version) reach the page only through
@@ -48,12 +50,18 @@ export const DASHBOARD_HTML = /* html */ `<!doctype html>
   .route { font-family:ui-monospace, monospace; font-size:12px; }
   .empty { color:var(--dim); font-style:italic; }
   #err { color:var(--bad); }
+  .kv { display:inline-block; width:70px; height:8px; background:#1d242c; border-radius:4px; overflow:hidden; vertical-align:middle; margin-right:6px; }
+  .kv > span { display:block; height:100%; background:var(--accent); }
+  .kv.busy > span { background:var(--bad); }
+  .queue { display:flex; gap:22px; font-variant-numeric: tabular-nums; }
+  .queue b { font-size:20px; font-weight:600; display:block; }
 </style>
 </head>
 <body>
 <header><h1>meshnet mesh</h1><span class="meta" id="meta">connecting…</span><span id="err"></span></header>
 <main>
   <section><h2>Availability map</h2><div id="maps"></div></section>
+  <section><h2>Admission queue</h2><div id="queue"></div></section>
   <section><h2>Nodes</h2><div id="nodes"></div></section>
   <section><h2>Recent routes</h2><div id="routes"></div></section>
 </main>
@@ -119,17 +127,33 @@ function renderMaps(d) {
   }
 }
 
+const mib = (b) => (b / 1048576).toFixed(b < 10485760 ? 1 : 0);
+function kvCell(kv) {
+  if (!kv) return el("span", { class: "dim" }, "–");
+  const frac = kv.budget_bytes > 0 ? Math.min(1, kv.used_bytes / kv.budget_bytes) : 1;
+  const bar = el("span", { class: "kv" + (kv.busy ? " busy" : ""), title: "held by this tracker's chats: " + mib(kv.held_by_tracker_bytes) + " MiB" }, el("span", { style: "width:" + Math.round(frac * 100) + "%" }));
+  return el("span", {}, bar, mib(kv.used_bytes) + " / " + mib(kv.budget_bytes) + " MiB" + (kv.sessions != null ? " · " + kv.sessions + (kv.sessions === 1 ? " session" : " sessions") : "") + (kv.busy ? " · busy" : ""));
+}
+
+function renderQueue(d) {
+  const q = d.queue;
+  const stat = (n, label) => el("div", {}, el("b", {}, n), el("span", { class: "dim" }, label));
+  $("queue").replaceChildren(el("div", { class: "queue" },
+    stat(q.running, "chats running"), stat(q.length + " / " + q.max_length, "waiting for KV room"),
+    stat((q.oldest_wait_ms / 1000).toFixed(1) + " s", "longest wait (limit " + Math.round(q.max_wait_ms / 1000) + " s)")));
+}
+
 function renderNodes(d) {
   const root = $("nodes");
   if (d.nodes.length === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
-  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "queue", "budget", "last seen"].map((h) => el("th", {}, h))));
+  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
   for (const n of d.nodes) {
     t.append(el("tr", {},
       el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend),
       el("td", { class: "status-" + n.status }, n.status), el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
       el("td", {}, n.throughput.toFixed(0)), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
       el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, n.queue_depth + n.in_flight),
-      el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
+      el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
   }
   root.replaceChildren(t);
 }
@@ -151,9 +175,9 @@ async function refresh() {
     const res = await fetch("api/dashboard", { cache: "no-store" });
     if (!res.ok) throw new Error("HTTP " + res.status);
     const d = await res.json();
-    $("meta").textContent = "tracker " + short(d.tracker.peer_id) + " · up " + d.tracker.uptime_s + " s · " + d.nodes.length + " node(s) · " + d.models.map((m) => m.name).join(", ");
+    $("meta").textContent = "tracker " + short(d.tracker.peer_id) + " · up " + d.tracker.uptime_s + " s · " + d.nodes.length + " node(s) · " + d.models.map((m) => m.name).join(", ") + " · queue " + d.queue.length;
     $("err").textContent = "";
-    renderMaps(d); renderNodes(d); renderRoutes(d);
+    renderMaps(d); renderQueue(d); renderNodes(d); renderRoutes(d);
   } catch (e) {
     $("err").textContent = "tracker unreachable: " + e.message;
   }

@@ -22,6 +22,8 @@ export class HttpError extends Error {
   constructor(
     readonly status: number,
     readonly body: unknown,
+    /** Extra response headers (Retry-After on a 429). */
+    readonly headers: Record<string, string> = {},
   ) {
     super(typeof body === 'object' && body !== null && 'error' in body ? String((body as { error: { message?: unknown } }).error.message) : `HTTP ${status}`);
   }
@@ -44,7 +46,7 @@ interface Route {
 export class App {
   private readonly routes: Route[] = [];
   onError: (err: unknown, req: Request) => Response = (err) => {
-    if (err instanceof HttpError) return json(err.status, err.body);
+    if (err instanceof HttpError) return json(err.status, err.body, err.headers);
     if (err instanceof MeshError) return meshErrorResponse(err);
     return meshErrorResponse(new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving'));
   };

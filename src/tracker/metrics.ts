@@ -24,6 +24,22 @@ export function createTrackerMetrics() {
     buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
     registers: [registry],
   });
-  return { registry, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken };
+  const queueLength = new Gauge({ name: 'meshnet_tracker_queue_length', help: 'Chats waiting for KV room in the admission queue', registers: [registry] });
+  const queueRunning = new Gauge({ name: 'meshnet_tracker_chats_running', help: 'Chats holding KV room on a route (admitted, not finished)', registers: [registry] });
+  const queueWait = new Histogram({
+    name: 'meshnet_tracker_queue_wait_seconds',
+    help: 'Time admitted chats waited in the queue for KV room',
+    buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+    registers: [registry],
+  });
+  const queueRejections = new Counter({ name: 'meshnet_tracker_queue_rejections_total', help: 'Chats answered 429: the queue was full or the wait passed its limit', labelNames: ['reason'] as const, registers: [registry] });
+  const busyAnswers = new Counter({ name: 'meshnet_tracker_busy_answers_total', help: 'MESH_ERR_BUSY answers (a node had no KV room); the chat was routed again', registers: [registry] });
+  const nodeKv = new Gauge({
+    name: 'meshnet_tracker_node_kv_bytes',
+    help: 'KV cache per node: budget, used (last heartbeat), free (tracker estimate now), held (by this tracker\'s running chats)',
+    labelNames: ['peer_id', 'model', 'kind'] as const,
+    registers: [registry],
+  });
+  return { registry, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
 }
 export type TrackerMetrics = ReturnType<typeof createTrackerMetrics>;

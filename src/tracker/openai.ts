@@ -8,9 +8,24 @@ import { HttpError } from './http.ts';
 
 export type OpenAiErrorType = 'invalid_request_error' | 'not_found_error' | 'server_error' | 'service_unavailable' | 'rate_limit_error';
 
-export function openAiError(status: number, message: string, opts: { type?: OpenAiErrorType; param?: string | null; code?: string | null; extra?: Record<string, unknown> } = {}): HttpError {
-  const type = opts.type ?? (status === 404 ? 'not_found_error' : status >= 500 ? (status === 503 ? 'service_unavailable' : 'server_error') : 'invalid_request_error');
-  return new HttpError(status, { error: { message, type, param: opts.param ?? null, code: opts.code ?? null, ...opts.extra } });
+export function openAiError(status: number, message: string, opts: { type?: OpenAiErrorType; param?: string | null; code?: string | null; extra?: Record<string, unknown>; headers?: Record<string, string> } = {}): HttpError {
+  const type = opts.type ?? (status === 404 ? 'not_found_error' : status === 429 ? 'rate_limit_error' : status >= 500 ? (status === 503 ? 'service_unavailable' : 'server_error') : 'invalid_request_error');
+  return new HttpError(status, { error: { message, type, param: opts.param ?? null, code: opts.code ?? null, ...opts.extra } }, opts.headers ?? {});
+}
+
+/**
+ * A 429 as OpenAI sends it (`rate_limit_exceeded`), with `Retry-After`
+ * (whole seconds) and `retry-after-ms`, both of which OpenAI's SDKs honour
+ * when they retry.
+ */
+export function tooManyRequests(message: string, retryAfterMs: number, extra: Record<string, unknown> = {}): HttpError {
+  const ms = Math.max(0, Math.round(retryAfterMs));
+  return openAiError(429, message, {
+    type: 'rate_limit_error',
+    code: 'rate_limit_exceeded',
+    extra,
+    headers: { 'retry-after': String(Math.max(1, Math.ceil(ms / 1000))), 'retry-after-ms': String(ms) },
+  });
 }
 
 const textPart = z.object({ type: z.literal('text'), text: z.string() });

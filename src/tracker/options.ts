@@ -48,6 +48,16 @@ export interface TrackerOptions {
   generateIdleTimeoutMs: number;
   /** Head restarts per request after the first head fails. @defaultValue 3 */
   maxHeadFailovers: number;
+  /**
+   * Chats waiting for KV room (no route has room for them now) in the FIFO
+   * queue; one more is answered 429 with Retry-After at once. 0: no queue.
+   * @defaultValue 128
+   */
+  queueMaxLength: number;
+  /** Longest a chat waits in the queue before it is answered 429 with Retry-After, ms. @defaultValue 30000 */
+  queueMaxWaitMs: number;
+  /** Times one chat is routed again after nodes answer MESH_ERR_BUSY (no KV room), before it gets 429. @defaultValue 16 */
+  maxBusyReroutes: number;
   /** A rebalance moves a node only when the worst layer's throughput improves below this ratio (Petals' balance_quality). @defaultValue 0.75 */
   balanceQuality: number;
   /** Largest JSON body accepted, bytes. @defaultValue 1048576 */
@@ -82,6 +92,9 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   routeTtlMs: 300_000,
   generateIdleTimeoutMs: 60_000,
   maxHeadFailovers: 3,
+  queueMaxLength: 128,
+  queueMaxWaitMs: 30_000,
+  maxBusyReroutes: 16,
   balanceQuality: 0.75,
   maxBodyBytes: 1 << 20,
   recentRoutes: 50,
@@ -93,12 +106,12 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
 export function resolveTrackerOptions(partial: Partial<TrackerOptions>): TrackerOptions {
   const o: TrackerOptions = { ...TRACKER_DEFAULTS };
   for (const [k, v] of Object.entries(partial)) if (v !== undefined) (o as unknown as Record<string, unknown>)[k] = v;
-  const positive: Array<keyof TrackerOptions> = ['maxTokensLimit', 'defaultMaxTokens', 'heartbeatIntervalMs', 'deadAfterMissedHeartbeats', 'maxClockSkewMs', 'kvReserveContextTokens', 'weightBytesPerParam', 'defaultLayerMs', 'routeTtlMs', 'generateIdleTimeoutMs', 'maxBodyBytes'];
+  const positive: Array<keyof TrackerOptions> = ['maxTokensLimit', 'defaultMaxTokens', 'heartbeatIntervalMs', 'deadAfterMissedHeartbeats', 'maxClockSkewMs', 'kvReserveContextTokens', 'weightBytesPerParam', 'defaultLayerMs', 'routeTtlMs', 'generateIdleTimeoutMs', 'maxBodyBytes', 'queueMaxWaitMs'];
   for (const k of positive) {
     const v = o[k];
     if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new TypeError(`tracker option ${k} must be a positive number, got ${String(v)}`);
   }
-  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers'] as const) {
+  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes'] as const) {
     if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`tracker option ${k} must be a non-negative number, got ${o[k]}`);
   }
   if (!(o.balanceQuality > 0 && o.balanceQuality <= 1)) throw new TypeError(`tracker option balanceQuality must be in (0, 1], got ${o.balanceQuality}`);

@@ -49,6 +49,14 @@ export interface NodeRecord {
   inFlight: number;
   /** Head failures seen by this tracker. */
   failures: number;
+  /**
+   * KV bytes this tracker's generations held on the node when its last
+   * heartbeat arrived: what the heartbeat's use counts beyond that belongs
+   * to other callers (or to sessions idling out).
+   */
+  kvHeldAtBeat: number;
+  /** After a MESH_ERR_BUSY answer no new session is routed here before this time, ms since epoch. */
+  busyUntil: number;
 }
 
 const HISTORY = 12;
@@ -64,6 +72,8 @@ export interface RegistryEvents {
 export class NodeRegistry {
   readonly nodes = new Map<string, NodeRecord>();
   readonly models: ReadonlyMap<string, ModelSpec>;
+  /** KV bytes held on each node by this tracker's running generations (admission leases), by peer id. */
+  private readonly kvHeld = new Map<string, number>();
 
   constructor(
     models: readonly ModelSpec[],
@@ -128,6 +138,8 @@ export class NodeRegistry {
       lastSeen: now,
       inFlight: prev?.inFlight ?? 0,
       failures: prev?.failures ?? 0,
+      kvHeldAtBeat: 0,
+      busyUntil: prev?.busyUntil ?? 0,
     };
     this.nodes.set(rec.peerId, rec);
     this.absorbStats(rec, msg.stats, now);
@@ -163,6 +175,7 @@ export class NodeRegistry {
   private absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number): void {
     if (!stats) return;
     rec.stats = stats;
+    rec.kvHeldAtBeat = this.kvHeld.get(rec.peerId) ?? 0;
     rec.history.push({ at: now, stats });
     if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
     // A node that has not run a step yet reports 0: keep the estimate until it has.
@@ -217,14 +230,81 @@ export class NodeRegistry {
     return moves;
   }
 
-  /** Nodes of `model` that serve a span now, as routing sees them. */
-  servingNodes(model: string, exclude: ReadonlySet<string> = new Set()): ServingNode[] {
+  /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. */
+  servingNodes(model: string, exclude: ReadonlySet<string> = new Set(), keep?: (n: NodeRecord) => boolean): ServingNode[] {
     const out: ServingNode[] = [];
     for (const n of this.nodes.values()) {
       if (n.info.model !== model || !n.serving || exclude.has(n.peerId)) continue;
+      if (keep && !keep(n)) continue;
       out.push({ id: n.peerId, start: n.serving.start, end: n.serving.end, layerMs: this.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight });
     }
     return out;
+  }
+
+  // ------------------------------------------------------------ KV room (admission)
+
+  /** KV bytes a session of `tokens` positions takes on `n`, in its blocks; 0 when the node does not report its KV. */
+  kvNeed(n: NodeRecord, tokens: number): number {
+    const st = n.stats;
+    if (!st?.kv_bytes_per_token) return 0;
+    const block = st.kv_block_tokens ?? 1;
+    const t = Math.min(st.kv_max_tokens ?? Infinity, Math.max(block, Math.ceil(tokens / block) * block));
+    return t * st.kv_bytes_per_token;
+  }
+
+  /**
+   * KV bytes `n` can give a new session now, as far as this tracker knows:
+   * its budget, less what other callers held at its last heartbeat, less
+   * what this tracker's generations hold now. 0 while a MESH_ERR_BUSY answer
+   * is fresh; Infinity for a node that does not report its KV (older nodes).
+   */
+  kvFree(n: NodeRecord): number {
+    if (n.busyUntil > this.o.now()) return 0;
+    const st = n.stats;
+    if (st?.kv_budget_bytes === undefined) return Infinity;
+    const usedAtBeat = st.kv_used_bytes ?? Math.max(0, st.kv_budget_bytes - st.kv_free_bytes);
+    const foreign = Math.max(0, usedAtBeat - n.kvHeldAtBeat);
+    return Math.max(0, st.kv_budget_bytes - foreign - (this.kvHeld.get(n.peerId) ?? 0));
+  }
+
+  /** KV bytes this tracker's generations hold on a node now. */
+  kvHeldOn(peerId: string): number {
+    return this.kvHeld.get(peerId) ?? 0;
+  }
+
+  /** Add (or, negative, give back) KV bytes a generation holds on a node. */
+  holdKv(peerId: string, bytes: number): void {
+    const v = Math.max(0, (this.kvHeld.get(peerId) ?? 0) + bytes);
+    if (v === 0) this.kvHeld.delete(peerId);
+    else this.kvHeld.set(peerId, v);
+  }
+
+  /** The node answered MESH_ERR_BUSY: route no new session to it for `ms`. */
+  markBusy(peerId: string, ms: number): void {
+    const n = this.nodes.get(peerId);
+    if (n) n.busyUntil = Math.max(n.busyUntil, this.o.now() + ms);
+  }
+
+  /**
+   * A route over `model` whose every node has KV room for a session of
+   * `tokens` positions now; undefined when routes exist but none has room
+   * (the caller waits). Throws 503 when layers are missing, and 413 when no
+   * route could hold such a session even empty.
+   */
+  pickWithRoom(modelName: string, tokens: number, exclude?: ReadonlySet<string>): RoutePlan | undefined {
+    const model = this.model(modelName);
+    const end = model.numLayers;
+    const costs = { hopLatencyMs: this.o.hopLatencyMs };
+    const fit = this.servingNodes(modelName, exclude, (n) => this.kvNeed(n, tokens) <= this.kvFree(n));
+    const plan = pickRoute(findRoutes(fit, 0, end, costs), this.o.routeSlack, this.o.random);
+    if (plan) return plan;
+    const all = this.servingNodes(modelName, exclude);
+    if (findRoutes(all, 0, end, costs).length === 0) throw this.noRoute(modelName, all, 0, end);
+    const ever = this.servingNodes(modelName, exclude, (n) => n.stats?.kv_budget_bytes === undefined || this.kvNeed(n, tokens) <= n.stats.kv_budget_bytes);
+    if (findRoutes(ever, 0, end, costs).length === 0) {
+      throw new MeshError('MESH_ERR_TOO_LARGE', `a session of ${tokens} positions (prompt + max_tokens) does not fit the KV memory of any route of "${modelName}", even idle; ask for fewer tokens`, { tokens });
+    }
+    return undefined;
   }
 
   /** Routes over [from, to) of `model`, cheapest first. */
@@ -242,9 +322,14 @@ export class NodeRegistry {
     const serving = this.servingNodes(modelName, exclude);
     const plan = pickRoute(findRoutes(serving, from, end, { hopLatencyMs: this.o.hopLatencyMs }), this.o.routeSlack, this.o.random);
     if (plan) return plan;
+    throw this.noRoute(modelName, serving, from, end);
+  }
+
+  private noRoute(modelName: string, serving: readonly ServingNode[], from: number, end: number): MeshError {
+    const model = this.model(modelName);
     const missing = missingLayers(serving, from, end);
     const loading = [...this.nodes.values()].filter((n) => n.info.model === modelName && this.status(n) === NodeStatus.Loading).length;
-    throw new MeshError(
+    return new MeshError(
       'MESH_ERR_UNAVAILABLE',
       `no route for model "${modelName}": layers ${formatLayers(missing)} of 0-${model.numLayers - 1} are not served by any node${loading ? ` (${loading} node(s) still loading)` : ''}; add nodes or wait for them to load`,
       { missing_layers: missing },

@@ -118,6 +118,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     async close() {
       catalog.close();
       clearInterval(sweeper);
+      tracker.admission.close();
       relay?.close();
       await served.close();
     },

@@ -53,19 +53,23 @@ export async function verifyBodySignature(publicKey: string, body: unknown, sign
  * Verify a signed node message (register / heartbeat): key ↔ peer id (403),
  * signature (401), timestamp within `maxSkewMs` of `now` (401).
  */
-export async function verifyNodeMessage(msg: Signed<{ peer_id: string; public_key: string; timestamp: number }>, now: number, maxSkewMs: number): Promise<void> {
+export async function verifyNodeMessage(msg: Signed<{ peer_id: string; public_key: string; timestamp: number }>, now: number, maxSkewMs: number, signedBody: unknown = msg.body): Promise<void> {
   const key = decodeKey(msg.body.public_key, 'public_key');
   if (key.byteLength !== 32) throw new MeshError('MESH_ERR_UNAUTHORIZED', `public_key is ${key.byteLength} bytes, Ed25519 needs 32`);
   const expected = await peerIdFromPublicKey(key);
   if (expected !== msg.body.peer_id) {
     throw new MeshError('MESH_ERR_FORBIDDEN', `peer_id ${msg.body.peer_id} does not belong to this public key (it hashes to ${expected}); a peer id is the SHA-256 prefix of its own key`);
   }
-  await verifyTimestampedSignature(msg.body.public_key, msg, now, maxSkewMs);
+  await verifyTimestampedSignature(msg.body.public_key, msg, now, maxSkewMs, signedBody);
 }
 
-/** Signature and freshness of a signed body whose key is already trusted. */
-export async function verifyTimestampedSignature(publicKey: string, msg: Signed<{ timestamp: number }>, now: number, maxSkewMs: number): Promise<void> {
-  if (!(await verifyBodySignature(publicKey, msg.body, msg.signature))) {
+/**
+ * Signature and freshness of a signed body whose key is already trusted.
+ * `signedBody` is the body as it arrived (the default: the parsed one): a
+ * newer node may sign fields this tracker's schema does not know and strips.
+ */
+export async function verifyTimestampedSignature(publicKey: string, msg: Signed<{ timestamp: number }>, now: number, maxSkewMs: number, signedBody: unknown = msg.body): Promise<void> {
+  if (!(await verifyBodySignature(publicKey, signedBody, msg.signature))) {
     throw new MeshError('MESH_ERR_UNAUTHORIZED', 'signature does not verify: sign canonicalJson(body) with the key of public_key');
   }
   const skew = msg.body.timestamp - now;

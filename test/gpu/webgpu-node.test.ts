@@ -4,8 +4,10 @@
  * only: a CPU pretending to be a GPU, slow). Checks the fused executor
  * against the float64 reference (4-bit on the dequantized weights), counts
  * the GPU programs one decode step runs per layer from onnxruntime's own log,
- * checks that every node was placed on the WebGPU EP, and measures the bytes
- * crossing CPU↔GPU per decode step.
+ * checks that every node was placed on the WebGPU EP, measures the bytes
+ * crossing CPU↔GPU per decode step, and checks that GPU KV buffers are
+ * exactly what the KV ledger grants (admission by declaration, 503 instead
+ * of eviction, buffers freed with their session).
  *
  * vitest.config.ts puts chromium's Vulkan loader and SwiftShader's ICD in
  * the environment of the test processes (src/cli/webgpu-node.ts vulkanEnv).
@@ -13,7 +15,8 @@
 import fs from 'node:fs';
 import { syncBuiltinESMExports } from 'node:module';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { OnnxBackend } from '../../src/shard/backend.ts';
+import type { DeviceMemory, OnnxBackend } from '../../src/shard/backend.ts';
+import type { MeshError } from '../../src/protocol/errors.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
@@ -115,5 +118,59 @@ describe('fused executor on WebGPU (Dawn in Node, SwiftShader)', () => {
     } finally {
       await ex.release();
     }
+  }, 600_000);
+
+  it('KV buffers on the GPU are what the ledger grants: grown on the device, a session that does not fit refused (503) without evicting, freed with their session', async () => {
+    // Count the device memory the executor holds: every KV buffer comes from DeviceMemory.alloc.
+    const device = backend.device!;
+    let live = 0;
+    const counted: DeviceMemory = {
+      alloc: async (type, dims) => {
+        const t = await device.alloc(type, dims);
+        live += t.byteLength;
+        const dispose = t.dispose;
+        Object.assign(t, {
+          dispose: () => {
+            live -= t.byteLength;
+            dispose();
+          },
+        });
+        return t;
+      },
+      write: (dst, data, byteOffset) => device.write(dst, data, byteOffset),
+      copy: (ops) => device.copy(ops),
+      get transfer() {
+        return device.transfer;
+      },
+      get lost() {
+        return device.lost;
+      },
+    };
+    const gpu: OnnxBackend = { name: backend.name, createSession: (model, opts) => backend.createSession(model, opts), device: counted };
+    const L = f.cfg.numLayers;
+    const perToken = 2 * L * f.cfg.numKvHeads * f.cfg.headDim * 4;
+    const ex = await Fused.create({ config: f.cfg, backend: gpu, weights: () => f.weights, startLayer: 0, endLayer: L, projections: 'f32', maxContext: 256, kvBudgetBytes: 3 * 64 * perToken, kvBlockTokens: 64 });
+    try {
+      // Undeclared, so it grows past its first block: rows copied on the device, logits still the reference's.
+      // (Calls stay under 32 rows: on SwiftShader a fused call of 32 rows or more gives wrong logits, with or without the ledger.)
+      const prompt = Array.from({ length: 60 }, (_, i) => 3 + ((i * 37) % 500));
+      await walkAgainstReference(f, f.weights, ex, [prompt.slice(0, 20), prompt.slice(20, 40), prompt.slice(40), [7], [8], [9, 10, 11, 12, 13], [14]], TOL, 'g');
+      expect(ex.kvStats().reservedBytes).toBe(2 * 64 * perToken);
+      expect(live).toBe(2 * 64 * perToken);
+      await ex.forward({ session: 'b', position: 0, sessionTokens: 50, tokenIds: [5, 6] });
+      expect(live).toBe(3 * 64 * perToken);
+      const err = (await ex.forward({ session: 'c', position: 0, sessionTokens: 10, tokenIds: [5] }).catch((e: unknown) => e)) as MeshError;
+      expect([err.code, err.status]).toEqual(['MESH_ERR_BUSY', 503]);
+      expect(live).toBe(3 * 64 * perToken);
+      expect([ex.sessionLength('g'), ex.sessionLength('b'), ex.kvStats().evictions]).toEqual([68, 2, 0]);
+      expect((await ex.forward({ session: 'g', position: 68, tokenIds: [15] })).kind).toBe('token');
+      expect(ex.dropSession('g')).toBe(true);
+      expect(live).toBe(64 * perToken);
+      await ex.forward({ session: 'c', position: 0, sessionTokens: 10, tokenIds: [5] });
+      expect(live).toBe(2 * 64 * perToken);
+    } finally {
+      await ex.release();
+    }
+    expect(live).toBe(0);
   }, 600_000);
 });

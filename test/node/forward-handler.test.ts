@@ -72,6 +72,25 @@ describe('createForwardHandler', () => {
     expect(err).toBeLessThanOrEqual(1e-4 * Math.max(1, scale));
   });
 
+  it('reserves the declared X-Meshnet-Session-Tokens, and refuses a session without room with 503 MESH_ERR_BUSY and Retry-After before computing', async () => {
+    const perToken = 2 * 2 * f.cfg.numKvHeads * f.cfg.headDim * 4;
+    const small = await executor(f, 1, 3, { kvBudgetBytes: 128 * perToken, kvBlockTokens: 64 });
+    const seen: ForwardEvent[] = [];
+    const h = createForwardHandler(small, { model: 'tiny', backend: 'test', onForward: (e) => seen.push(e) });
+    const x = encodeTensor(activation(3), 'bf16');
+    const open = (session: string, tokens: string) => h(post({ 'x-meshnet-shape': `1,3,${H}`, 'x-meshnet-session': session, 'x-meshnet-position': '0', 'x-meshnet-session-tokens': tokens }, x));
+    expect((await open('a', '100')).status).toBe(200);
+    expect(small.kvStats().reservedBytes).toBe(128 * perToken);
+    const busy = await open('b', '10');
+    expect(busy.status).toBe(503);
+    expect(busy.headers['retry-after']).toBe('1');
+    expect(jsonOf(busy).error).toMatchObject({ code: 'MESH_ERR_BUSY', retry_after_ms: 1000, kv_free_bytes: 0 });
+    expect(seen.at(-1)).toMatchObject({ status: 503, tokens: 0 });
+    const info = jsonOf(await h({ method: 'GET', path: '/info', headers: {}, body: new Uint8Array(0) }));
+    expect(info.kv).toMatchObject({ sessions: 1, budget_bytes: 128 * perToken, reserved_bytes: 128 * perToken, used_bytes: 3 * perToken, free_bytes: 0, bytes_per_token: perToken, block_tokens: 64, refusals: 1, evictions: 0 });
+    for (const bad of ['-1', 'many', '1e3']) expect((await open('c', bad)).status).toBe(400);
+  });
+
   it('answers 409 with the actual length when the position does not match the session', async () => {
     const res = await handle(post({ 'x-meshnet-shape': `1,1,${H}`, 'x-meshnet-dtype': 'f32', 'x-meshnet-session': 's1', 'x-meshnet-position': '7' }, encodeTensor(activation(1), 'f32')));
     expect(res.status).toBe(409);

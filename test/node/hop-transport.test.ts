@@ -80,6 +80,20 @@ describe('HopTransport', () => {
     expect((err as MeshError).code).toBe('MESH_ERR_PEER_GONE');
   });
 
+  it('hands a 503 MESH_ERR_BUSY (the hop has no KV room) to the caller without trying another path, but tries on after a relay\'s 503', async () => {
+    const utf8 = new TextEncoder();
+    const busy: MeshReply = { status: 503, headers: { 'content-type': 'application/json', 'retry-after': '1' }, body: utf8.encode('{"error":{"code":"MESH_ERR_BUSY","message":"no KV room","retry_after_ms":1000}}') };
+    const relay503: MeshReply = { status: 503, headers: { 'content-type': 'application/json' }, body: utf8.encode('{"error":{"code":"MESH_ERR_BACKPRESSURE","message":"full"}}') };
+    for (const [first, tried] of [[busy, ['fast']], [relay503, ['fast', 'direct']]] as const) {
+      const used: string[] = [];
+      const fast: FastPathClient = { relayUrl: 'ws://127.0.0.1:9000', isRegistered: true, request: async () => (used.push('fast'), first) };
+      const direct: DirectRequest = async () => (used.push('direct'), busy);
+      const reply = await new HopTransport({ fast, direct }).send(HOP, req, 1000);
+      expect(reply.status).toBe(503);
+      expect(used).toEqual(tried);
+    }
+  });
+
   it("with order 'adaptive', moves one-token steps to the path with the lower measured round trip", async () => {
     const p = paths(40, 1);
     const t = new HopTransport({ fast: p.fast, direct: p.direct, order: 'adaptive' });

@@ -85,6 +85,12 @@ describe('PipelineDriver', () => {
     expect(toB.map((l) => l.headers['x-meshnet-shape'])).toEqual([`1,${promptIds.length},64`, ...Array(11).fill('1,1,64')]);
     expect(toB.map((l) => Number(l.headers['x-meshnet-position']))).toEqual([0, ...Array.from({ length: 11 }, (_, i) => promptIds.length + i)]);
     expect(toB.every((l) => l.headers['x-meshnet-dtype'] === 'bf16' && l.headers['x-meshnet-sampling'] === undefined)).toBe(true);
+    // The request that opens each hop's session declares its whole length (prompt + max_tokens): the hop reserves its KV room once.
+    for (const host of ['b.test', 'c.test']) {
+      const sent = net.log.filter((l) => l.host === host);
+      expect(sent[0]!.headers['x-meshnet-session-tokens']).toBe(String(promptIds.length + 12));
+      expect(sent.slice(1).every((l) => l.headers['x-meshnet-session-tokens'] === undefined)).toBe(true);
+    }
     expect(net.log.filter((l) => l.host === 'c.test').every((l) => l.headers['x-meshnet-sampling'] !== undefined)).toBe(true);
   });
 
@@ -124,20 +130,68 @@ describe('PipelineDriver', () => {
     expect(logprobs(ev)).toEqual(logprobs(undisturbed));
   });
 
-  it('replays a hop whose cache vanished (409) on the same hop, without asking the tracker', async () => {
+  it('replays each hop whose cache vanished (409) on the same hop, without asking the tracker, two in one step included', async () => {
     const c = net.handlers.get('c.test')!;
-    let calls = 0;
-    // Drop c's session before its 4th step: c answers 409 and must be replayed.
-    net.handlers.set('c.test', async (r) => {
-      if (r.path === '/forward' && ++calls === 4) await c({ method: 'DELETE', path: `/sessions/${r.headers['x-meshnet-session']}`, headers: {}, body: new Uint8Array(0) });
-      return c(r);
-    });
+    const d = net.handlers.get('d.test')!;
+    // Drop both hops' sessions before their 4th step: each answers 409 and must be replayed.
+    const dropping = (h: typeof c) => {
+      let calls = 0;
+      return async (r: MeshRequest) => {
+        if (r.path === '/forward' && ++calls === 4) await h({ method: 'DELETE', path: `/sessions/${r.headers['x-meshnet-session']}`, headers: {}, body: new Uint8Array(0) });
+        return h(r);
+      };
+    };
+    net.handlers.set('c.test', dropping(c));
+    net.handlers.set('d.test', dropping(d));
     let asked = 0;
     const ev = await run(driver(async () => (asked++, [])), [hop('d', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 8 });
     net.handlers.set('c.test', c);
+    net.handlers.set('d.test', d);
     expect(ids(ev)).toEqual(want.slice(0, 8));
     expect(asked).toBe(0);
     expect(ev.some((e) => e.type === 'error')).toBe(false);
+  });
+
+  it('replays a hop once: a second 409 in the same step ends the generation instead of replaying again', async () => {
+    const c = net.handlers.get('c.test')!;
+    let calls = 0;
+    let opens = 0;
+    net.handlers.set('c.test', async (r) => {
+      if (r.path !== '/forward') return c(r);
+      calls++;
+      if (r.headers['x-meshnet-position'] === '0') opens++;
+      // From its 4th request on, c has lost every session it is asked to continue.
+      if (calls >= 4 && r.headers['x-meshnet-position'] !== '0') return { status: 409, headers: { 'content-type': 'application/json' }, body: new TextEncoder().encode('{"error":{"code":"MESH_ERR_POSITION_MISMATCH","message":"gone","actual_length":0}}') };
+      return c(r);
+    });
+    const ev = await run(driver(async () => []), [hop('d', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 8 });
+    net.handlers.set('c.test', c);
+    expect(ids(ev)).toEqual(want.slice(0, 3));
+    expect(ev.at(-1)).toMatchObject({ type: 'error', code: 'MESH_ERR_POSITION_MISMATCH' });
+    expect(opens).toBe(2); // the first prompt and one replay
+  });
+
+  it('ends with MESH_ERR_BUSY naming the hop (no replay, no replacement) when a hop has no KV room for the session', async () => {
+    const perToken = 2 * 2 * f.cfg.numKvHeads * f.cfg.headDim * 4;
+    const full = await executor(f, 1, 3, { kvBudgetBytes: 64 * perToken, kvBlockTokens: 64 });
+    await full.forward({ session: 'hog', position: 0, activation: { data: new Float32Array(f.cfg.hiddenSize), shape: [1, 1, f.cfg.hiddenSize] } });
+    net.handlers.set('full.test', createForwardHandler(full, { model: 'tiny', backend: 'test' }));
+    net.log.length = 0;
+    let asked = 0;
+    const ev = await run(driver(async () => (asked++, [])), [hop('full', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 12 });
+    expect(ids(ev)).toEqual([]);
+    expect(ev.at(-1)).toMatchObject({ type: 'error', code: 'MESH_ERR_BUSY', peer_id: pid('full'), retry_after_ms: 1000 });
+    expect(asked).toBe(0);
+    expect(net.log.filter((l) => l.host === 'full.test').length).toBe(1);
+    expect(net.log.filter((l) => l.host === 'c.test').length).toBe(0);
+    expect(full.kvStats()).toMatchObject({ sessions: 1, refusals: 1 });
+
+    // The head's own cache full: the same, naming the head.
+    const fullHead = await executor(f, 0, 1, { kvBudgetBytes: 64 * (perToken / 2), kvBlockTokens: 64 });
+    await fullHead.forward({ session: 'hog', position: 0, tokenIds: [5] });
+    const d = new PipelineDriver({ executor: fullHead, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetch }) });
+    const ev2 = await run(d, [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 4 });
+    expect(ev2.at(-1)).toMatchObject({ type: 'error', code: 'MESH_ERR_BUSY', peer_id: HEAD });
   });
 
   it('continues after prefix_token_ids without emitting them again (head failover)', async () => {

@@ -125,6 +125,43 @@ describe('NodeRuntime', () => {
     expect([rt.state, (await handler(forward(activation(1), 1))).status, rt.nodeMessage().serving]).toEqual([NodeState.Serving, 200, { start_layer: 1, end_layer: 3 }]);
   });
 
+  it('means one thing by the memory budget: the span\'s weights plus KV; a new budget applies in place, a live session going on', async () => {
+    const host = fakeHost();
+    const perToken = 2 * 2 * f.cfg.numKvHeads * f.cfg.headDim * 4; // layers [1, 3), f32 keys and values
+    const budget = 64 * 2 ** 20;
+    const { rt } = await runtime(host, { span: staticSpan(1, 3), memoryBudgetBytes: budget });
+    expect(rt.kvBudgetBytes()).toBe(budget); // no weights held yet
+    await rt.start();
+    const executor = rt.span!.executor;
+    expect(executor.weightBytes).toBeGreaterThan(0);
+    expect(rt.kvBudgetBytes()).toBe(budget - executor.weightBytes);
+    const info = json(await rt.handlerFor('http')(get('/info')));
+    expect(info).toMatchObject({ weight_bytes: executor.weightBytes, kv: { budget_bytes: budget - executor.weightBytes, bytes_per_token: perToken, sessions: 0 } });
+    // A session declared at 100 positions holds two 64-position blocks from its first request on.
+    const open = await rt.handlerFor('http')(forward(activation(3), 3, { 'x-meshnet-session': 'live', 'x-meshnet-position': '0', 'x-meshnet-session-tokens': '100' }));
+    expect(open.status).toBe(200);
+    expect(rt.nodeMessage().stats).toMatchObject({ kv_budget_bytes: budget - executor.weightBytes, kv_used_bytes: 128 * perToken, kv_sessions: 1, kv_bytes_per_token: perToken, kv_block_tokens: 64, kv_free_bytes: budget - executor.weightBytes - 128 * perToken });
+    // Down to the weights plus one block: the same executor (no reload), the live session keeps its room.
+    await rt.setMemoryBudget(executor.weightBytes + 64 * perToken);
+    expect(rt.span!.executor).toBe(executor);
+    expect(rt.kvBudgetBytes()).toBe(64 * perToken);
+    expect(rt.nodeMessage().info.memory_budget_mb).toBe((executor.weightBytes + 64 * perToken) / 2 ** 20);
+    const step = await rt.handlerFor('http')(forward(activation(1), 1, { 'x-meshnet-session': 'live', 'x-meshnet-position': '3' }));
+    expect(step.status).toBe(200);
+    // No room for another session now: 503 MESH_ERR_BUSY with Retry-After, not an eviction.
+    const busy = await rt.handlerFor('http')(forward(activation(1), 1, { 'x-meshnet-session': 'other', 'x-meshnet-position': '0', 'x-meshnet-session-tokens': '8' }));
+    expect([busy.status, (json(busy).error as { code: string }).code, busy.headers['retry-after']]).toEqual([503, 'MESH_ERR_BUSY', '1']);
+    expect(rt.nodeMessage().stats).toMatchObject({ kv_sessions: 1, kv_free_bytes: 0 });
+  });
+
+  it('warns when the span\'s weights leave the KV caches too little of the budget for one session', async () => {
+    const host = fakeHost();
+    const { rt } = await runtime(host, { span: staticSpan(1, 3), memoryBudgetBytes: 1024 });
+    await rt.start();
+    expect(rt.kvBudgetBytes()).toBe(0);
+    expect(host.logs.some((l) => l.level === 'warn' && /leaving 0\.00 MiB of the 0\.00 MiB budget for KV caches: sessions will be refused/.test(l.message))).toBe(true);
+  });
+
   it('adopts the tracker\'s assignments in order: the old span answers while the new one loads, a superseded one is never loaded, the old executor is released', async () => {
     const tracker = await scriptedTracker();
     tracker.assign(assignment(1, 3));

@@ -7,6 +7,7 @@
 import { readFileSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { errorReply } from '../../src/protocol/envelopes.ts';
 import { ERROR_STATUS, MeshError, codeForStatus, isMeshErrorCode, remoteError, type MeshErrorCode } from '../../src/protocol/errors.ts';
 
 const root = new URL('../../', import.meta.url).pathname;
@@ -64,6 +65,16 @@ describe('remoteError', () => {
     expect([html.code, html.message]).toEqual(['MESH_ERR_NOT_FOUND', 'tracker /api/x: HTTP 404']);
     expect(remoteError(500, new Uint8Array(0)).code).toBe('MESH_ERR_UPSTREAM');
     expect(remoteError(418, undefined).code).toBe('MESH_ERR_UPSTREAM');
+  });
+
+  it('keeps a numeric retry_after_ms (a MESH_ERR_BUSY refusal says when to come back), and errorReply answers it as Retry-After', () => {
+    const busy = remoteError(503, { error: { code: 'MESH_ERR_BUSY', message: 'no KV room', retry_after_ms: 1500, kv_free_bytes: 0 } }, 'hop h2');
+    expect([busy.code, busy.status, busy.details]).toEqual(['MESH_ERR_BUSY', 503, { retry_after_ms: 1500 }]);
+    expect(remoteError(503, { error: { code: 'MESH_ERR_BUSY', message: 'x', retry_after_ms: 'soon' } }).details).toEqual({});
+    const reply = errorReply(busy);
+    expect([reply.status, reply.headers['retry-after']]).toEqual([503, '2']);
+    expect(errorReply(new MeshError('MESH_ERR_BUSY', 'x', { retry_after_ms: 10 })).headers['retry-after']).toBe('1');
+    expect(errorReply(new MeshError('MESH_ERR_TIMEOUT', 'slow')).headers['retry-after']).toBeUndefined();
   });
 
   it('without a status (a stream\'s error frame, an error event) is MESH_ERR_UPSTREAM unless the code is known', () => {

@@ -1,14 +1,15 @@
 /**
  * A completion's steps on their own, without HTTP: parse (limits and
- * defaults), plan (no route: 503 naming the layers), and the parts a
- * client sees (stop strings over the head's token texts).
+ * defaults), plan (admission: a lease of KV room, 429 + Retry-After when
+ * the queue is full, 503 naming the layers when there is no route), and the
+ * parts a client sees (stop strings over the head's token texts).
  */
 import { describe, expect, it } from 'vitest';
 import { completionParts, parseCompletion, planCompletion, type CompletionPart } from '../../src/tracker/completion.ts';
-import type { GenerationEvent } from '../../src/tracker/head-proxy.ts';
+import { PromptSizer, type GenerationEvent } from '../../src/tracker/head-proxy.ts';
 import { HttpError } from '../../src/tracker/http.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
-import { makeTracker } from './support.ts';
+import { FakeNode, makeTracker } from './support.ts';
 
 const chat = (extra: Record<string, unknown> = {}) => ({ model: 'small', messages: [{ role: 'user', content: [{ type: 'text', text: 'Say ' }, { type: 'text', text: 'hello' }] }], ...extra });
 
@@ -76,9 +77,33 @@ describe('parseCompletion', () => {
 });
 
 describe('planCompletion', () => {
+  const input = { max_tokens: 8, temperature: 0, top_p: 1, top_k: 0, stop: [], messages: [{ role: 'user', content: 'hi' }] };
+  const ctxOf = (t: Awaited<ReturnType<typeof makeTracker>>) => ({ registry: t.registry, admission: t.admission, generation: { sizer: new PromptSizer() } });
+
   it('answers 503 naming the missing layers when no node serves the model', async () => {
     const t = await makeTracker();
-    expect(() => planCompletion(t, 'small')).toThrow(refusal(503, { missing_layers: expect.any(Array) }));
+    await expect(planCompletion(ctxOf(t), 'chat', { model: 'small', inputs: [input] }, new AbortController().signal)).rejects.toEqual(refusal(503, { missing_layers: expect.any(Array) }));
+  });
+
+  it('leases KV room on a route with room, and answers OpenAI\'s 429 with Retry-After when none has room and the queue is full', async () => {
+    const t = await makeTracker({ queueMaxLength: 0 });
+    const n = (await FakeNode.create({ memory_budget_mb: 4096 })).withStats(1).withKv({ perToken: 1000, block: 64, budget: 64_000 });
+    n.serving = { start_layer: 0, end_layer: 12 };
+    await n.register(t);
+    const [lease] = await planCompletion(ctxOf(t), 'chat', { model: 'small', inputs: [input] }, new AbortController().signal);
+    expect(lease!.plan.hops.map((h) => h.id)).toEqual([n.peerId]);
+    expect(t.registry.kvHeldOn(n.peerId)).toBe(64_000);
+    const err = (await planCompletion(ctxOf(t), 'chat', { model: 'small', inputs: [input] }, new AbortController().signal).catch((e: unknown) => e)) as HttpError;
+    expect(err).toEqual(refusal(429, { type: 'rate_limit_error', code: 'rate_limit_exceeded', reason: 'queue_full' }));
+    expect(Number(err.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    expect(Number(err.headers['retry-after-ms'])).toBeGreaterThanOrEqual(1000);
+    lease!.release();
+    expect(t.registry.kvHeldOn(n.peerId)).toBe(0);
+    // Two prompts of one /v1/completions, room for one: all or none, so the one admitted gives its room back.
+    const both = await planCompletion(ctxOf(t), 'completion', { model: 'small', inputs: [input, input] }, new AbortController().signal).catch((e: unknown) => e);
+    expect(both).toEqual(refusal(429, { code: 'rate_limit_exceeded' }));
+    expect(t.registry.kvHeldOn(n.peerId)).toBe(0);
+    t.admission.close();
   });
 });
 

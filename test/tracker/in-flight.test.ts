@@ -67,6 +67,8 @@ describe('in-flight accounting', () => {
     const messages = [{ role: 'user' as const, content: 'go' }];
 
     const dashboard = async () => ((await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: DashboardNode[] }).nodes;
+    /** Chats holding an admission lease of KV room: none once every chat ended, however it ended. */
+    const leases = async () => ((await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { queue: { running: number; length: number } }).queue;
     const quiet = async () => {
       // Cancellation runs when the tracker sees the client's socket close: give it a moment.
       const deadline = Date.now() + 3000;
@@ -112,6 +114,7 @@ describe('in-flight accounting', () => {
     for (let i = 0; i < 3; i++) await round();
     const nodes = await quiet();
     expect(nodes.map((n) => n.in_flight)).toEqual([0, 0, 0]);
+    expect(await leases()).toEqual(expect.objectContaining({ running: 0, length: 0 }));
     expect(tracker.relay!.pendingOutgoing).toBe(0);
     expect(head.client.pendingIncoming).toBe(0);
     expect(await liveAbortListeners()).toBeLessThanOrEqual(baseline);
@@ -128,6 +131,7 @@ describe('in-flight accounting', () => {
     expect(backup.requests.length + head.requests.length).toBe(4 * 7 + 1);
     const after = await quiet();
     expect(after.map((n) => n.in_flight)).toEqual([0, 0, 0, 0]);
+    expect(await leases()).toEqual(expect.objectContaining({ running: 0, length: 0 }));
     expect(tracker.relay!.pendingOutgoing).toBe(0);
   });
 });

@@ -57,6 +57,16 @@ describe('POST /api/nodes/register', () => {
     expect(res.status).toBe(401);
   });
 
+  it('verifies the body as sent: a newer node\'s extra fields (stripped here) are covered by its signature, and altering one is refused', async () => {
+    const t = await makeTracker();
+    const node = (await FakeNode.create()).withStats(1);
+    const body = { ...node.message(t.clock.now), stats: { ...node.stats!, kv_some_future_field: 7 } };
+    const signed = await signBody(node.identity, body);
+    expect((await t.app.request('/api/nodes/register', { method: 'POST', body: JSON.stringify(signed) })).status).toBe(200);
+    const altered = { ...signed, body: { ...signed.body, stats: { ...signed.body.stats, kv_some_future_field: 8 } } };
+    expect((await t.app.request('/api/nodes/heartbeat', { method: 'POST', body: JSON.stringify(altered) })).status).toBe(401);
+  });
+
   it('refuses a stale timestamp (replayed message) and one from the future, 61 s off', async () => {
     const t = await makeTracker();
     const node = await FakeNode.create();

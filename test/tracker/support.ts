@@ -130,6 +130,22 @@ export class FakeNode {
     this.stats = { rpm: 0, layer_ms: layerMs, queue_depth: queueDepth, kv_free_bytes: 1e9, tokens_served: 0 };
     return this;
   }
+
+  /** KV figures as a node's heartbeat reports them (bytes; room in blocks of `block` positions). */
+  withKv(kv: { budget: number; used?: number; perToken: number; block?: number; maxTokens?: number }): this {
+    const used = kv.used ?? 0;
+    this.stats = {
+      ...(this.stats ?? { rpm: 0, layer_ms: 1, queue_depth: 0, tokens_served: 0 }),
+      kv_free_bytes: Math.max(0, kv.budget - used),
+      kv_budget_bytes: kv.budget,
+      kv_used_bytes: used,
+      kv_sessions: used > 0 ? 1 : 0,
+      kv_bytes_per_token: kv.perToken,
+      kv_block_tokens: kv.block ?? 64,
+      kv_max_tokens: kv.maxTokens ?? 2048,
+    };
+    return this;
+  }
 }
 
 /** A HeadTransport that answers from a script per head: each call takes the next script for that head. */

@@ -1,6 +1,7 @@
 /** `meshnet node`: options from src/cli/node-options.ts; onnxruntime and the node host load when the command runs. */
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
+import { KV_DEFAULTS } from '../../shard/kv-ledger.ts';
 import { CliError } from '../failure.ts';
 import { NODE_HOST_DEFAULTS } from '../node-options.ts';
 import { int, onShutdown } from '../util.ts';
@@ -29,7 +30,7 @@ export function configure(cmd: Command): void {
     .option('--port <n>', 'direct HTTP port (0 picks a free one)', int, NODE_HOST_DEFAULTS.port)
     .option('--host <addr>', 'interface the direct HTTP surface binds', NODE_HOST_DEFAULTS.host)
     .option('--public-host <name>', 'host name advertised in the endpoint (default: the bound interface)')
-    .option('--budget-mb <n>', 'memory given to the mesh, MiB (weights + KV; fractions allowed)', positive, NODE_HOST_DEFAULTS.budgetMb)
+    .option('--budget-mb <n>', 'memory given to the mesh, MiB: the weights of the span held, and KV caches get the rest (fractions allowed)', positive, NODE_HOST_DEFAULTS.budgetMb)
     .option('--key-file <path>', 'Ed25519 identity file (created on first run; keeps the peer id across restarts)')
     .option('--layers <a-b>', 'static span [a, b) instead of the tracker\'s assignment (needs --model-url)', layerRange)
     .option('--model-url <url>', 'base URL of the HF-layout checkpoint for --layers')
@@ -38,7 +39,8 @@ export function configure(cmd: Command): void {
     .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
     .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
-    .option('--max-context <n>', 'tokens each session\'s KV cache is preallocated for', int, NODE_HOST_DEFAULTS.maxContext)
+    .option('--max-context <n>', 'positions one session may reach (its KV cache is sized by what the head declares, up to this)', int, NODE_HOST_DEFAULTS.maxContext)
+    .option('--kv-idle-ttl-ms <n>', 'a KV session idle this long may be dropped when a new one needs its room (live sessions never are)', int, KV_DEFAULTS.idleTtlMs)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
     .action(async (o: Record<string, unknown>) => {
@@ -64,6 +66,7 @@ export function configure(cmd: Command): void {
         trackerKey: o.trackerKey as string | undefined,
         maxBodyBytes: o.maxBodyBytes as number,
         maxContext: o.maxContext as number,
+        kvIdleTtlMs: o.kvIdleTtlMs as number,
         hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
         links: o.links !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.

@@ -30,6 +30,8 @@ export function configure(cmd: Command): void {
     .option('--hop-latency-ms <n>', 'estimated network cost of one hop, for routing', int, d.hopLatencyMs)
     .option('--route-ttl-ms <n>', 'validity of a signed route', int, d.routeTtlMs)
     .option('--generate-timeout-ms <n>', 'longest silence from a head before failing over', int, d.generateIdleTimeoutMs)
+    .option('--queue-max-length <n>', 'chats that may wait for KV room when no route has any; one more gets 429 + Retry-After (0: no queue)', int, d.queueMaxLength)
+    .option('--queue-max-wait-ms <n>', 'longest a chat waits for KV room before it gets 429 + Retry-After', int, d.queueMaxWaitMs)
     .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', d.logLevel)
     .action(async (o: Record<string, unknown>) => {
       if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
@@ -47,6 +49,8 @@ export function configure(cmd: Command): void {
         hopLatencyMs: o.hopLatencyMs as number,
         routeTtlMs: o.routeTtlMs as number,
         generateIdleTimeoutMs: o.generateTimeoutMs as number,
+        queueMaxLength: o.queueMaxLength as number,
+        queueMaxWaitMs: o.queueMaxWaitMs as number,
         logLevel: o.logLevel as string,
       });
       // One machine-readable line first: scripts and tests wait for it.

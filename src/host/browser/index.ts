@@ -95,7 +95,7 @@ export class BrowserNode implements NodeEngine {
     if (!Number.isFinite(bytes) || bytes < 16 * 2 ** 20) throw new MeshError('MESH_ERR_BAD_REQUEST', 'the memory budget must be at least 16 MiB');
     this.memoryBudget = Math.floor(bytes);
     await this.storage?.saveSettings({ memoryBudgetBytes: this.memoryBudget });
-    // The KV caches' budget is fixed when an executor is built: the runtime rebuilds the span (live sessions answer 409 and are replayed by their heads).
+    // Applied in place: the KV caches get what the weights leave of it from now on; live sessions keep their room (no rebuild, no 409).
     await this.runtime?.setMemoryBudget(this.memoryBudget);
   }
 

@@ -67,7 +67,9 @@ export function pageStatus(f: PageFacts): NodeStatus {
     throughput: activity?.tokensPerSecond(now) ?? new Array<number>(60).fill(0),
     recentForwardMs: activity?.recentForwardMs() ?? [],
     sessions: kv?.sessions ?? 0,
-    kvBytes: kv?.bytesUsed ?? 0,
+    kvBytes: kv?.reservedBytes ?? 0,
+    // The budget is the span's weights plus the KV caches: the page shows KV against its own share.
+    kvBudgetBytes: kv?.budgetBytes ?? f.memoryBudgetBytes,
     memoryBudgetBytes: f.memoryBudgetBytes,
     crossOriginIsolated: f.crossOriginIsolated,
   };

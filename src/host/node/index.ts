@@ -27,7 +27,7 @@ export interface NodeHostOptions {
   host: string;
   /** Host name put in the advertised endpoint (default: the bound host). */
   publicHost?: string;
-  /** Memory the donor gives, MiB (weights + KV). */
+  /** Memory the donor gives, MiB: the span's weights, and the KV caches get the rest. */
   budgetMb: number;
   /** Where the Ed25519 identity lives; absent: a fresh id each run. */
   keyFile?: string;
@@ -44,8 +44,10 @@ export interface NodeHostOptions {
   trackerKey?: string;
   /** Largest request body, bytes (413 above). */
   maxBodyBytes: number;
-  /** Tokens each session's KV cache is preallocated for. */
+  /** Positions one session may reach (its KV cache grows to at most this). */
   maxContext: number;
+  /** A KV session idle this long may be dropped when room is needed, ms. @defaultValue 120000 */
+  kvIdleTtlMs?: number;
   /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
   hopOrder: 'relay' | 'direct' | 'adaptive';
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
@@ -81,6 +83,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     ...(o.trackerKey ? { trackerKey: decodeBase64(o.trackerKey) } : {}),
     memoryBudgetBytes: o.budgetMb * 2 ** 20,
     maxContext: o.maxContext,
+    ...(o.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: o.kvIdleTtlMs } : {}),
     hopOrder: o.hopOrder,
     backendKind: 'onnxruntime-node',
     // A daemon keeps serving what it has and asks again at the next heartbeat.

@@ -25,7 +25,7 @@ import type { MeshHandler } from '../mesh-types.ts';
 import { RelayClient } from '../relay-client.ts';
 import { RpcConnection } from '../relay-hop.ts';
 import { TrackerClient } from '../tracker-client.ts';
-import { TrackerSession } from '../tracker-session.ts';
+import { TrackerSession, kvHeartbeat } from '../tracker-session.ts';
 import { NodeHandler, type Surface } from './handler.ts';
 import type { DownloadProgress, LinkDialer, RuntimeHost, SpanSpec } from './host.ts';
 import { SpanSlot, baseUrl, loadSpan, type LoadedSpan, type SpanLoadContext } from './span.ts';
@@ -45,10 +45,12 @@ export interface RuntimeConfig {
   span?: SpanSpec;
   /** Route-signing key of a head without a tracker (tests, static meshes). */
   trackerKey?: Uint8Array;
-  /** Memory the donor gives, bytes. */
+  /** Memory the donor gives, bytes: the span's weights, and the KV caches get the rest (the meaning the tracker sizes spans by). */
   memoryBudgetBytes: number;
-  /** Tokens a session's cache is preallocated for. @defaultValue 2048 */
+  /** Positions one session may reach (its KV cache is sized by what the head declares, up to this). @defaultValue 2048 */
   maxContext?: number;
+  /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
+  kvIdleTtlMs?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
@@ -161,6 +163,8 @@ export class NodeRuntime {
       onSwap: (next, _old, loadMs) => {
         this.loading = undefined;
         this.notice = undefined;
+        // A budget changed while it loaded applies to it too.
+        next.executor.setMemoryBudget(this.budget);
         this.changed();
         this.emit({ type: 'serving', span: next.spec, loadMs });
         // Tell the tracker what we serve as soon as the span is up.
@@ -273,12 +277,20 @@ export class NodeRuntime {
     void this.session?.beatNow();
   }
 
-  /** A new memory budget: the span serving now is rebuilt with it, and the tracker told (it may move the node). */
+  /**
+   * A new memory budget, applied in place: the KV caches get what the span's
+   * weights leave of it from now on, and live sessions keep their room (no
+   * rebuild, no 409). The tracker is told (it may move the node).
+   */
   async setMemoryBudget(bytes: number): Promise<void> {
     this.budget = bytes;
-    const s = this.slot.current;
-    if (s && s.executor.kvStats().budgetBytes !== this.kvBudgetBytes()) await this.slot.assign(s.spec, true);
+    this.slot.current?.executor.setMemoryBudget(bytes);
     void this.session?.beatNow();
+  }
+
+  /** The KV caches' share of the budget: what the span's weights leave (the whole budget before a span is loaded). */
+  kvBudgetBytes(): number {
+    return this.slot.current?.executor.kvStats().budgetBytes ?? this.budget;
   }
 
   /** Stop for good: tracker, relay, links, the span. */
@@ -301,7 +313,7 @@ export class NodeRuntime {
       ...(relayAddr ? { relay_addr: relayAddr } : {}),
       ...(this.endpoint ? { endpoint: this.endpoint } : {}),
       info: { model: this.model ?? 'default', backend: s?.backend.kind ?? this.config.backendKind, memory_budget_mb: this.budget / 2 ** 20, host: this.host.name, version: RUNTIME_VERSION },
-      stats: this.activity.heartbeat(kv ? kv.budgetBytes - kv.bytesUsed : this.budget),
+      stats: this.activity.heartbeat(kvHeartbeat(kv, this.budget)),
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       timestamp: Date.now(),
@@ -309,11 +321,6 @@ export class NodeRuntime {
   }
 
   // ------------------------------------------------------------ internals
-
-  /** The KV caches' share of the budget. (Issue 13 makes the budget mean weights + KV in the executor itself.) */
-  private kvBudgetBytes(): number {
-    return this.budget;
-  }
 
   private connectRelay(): RelayClient | undefined {
     if (!this.config.relayUrl) return undefined;
@@ -386,8 +393,9 @@ export class NodeRuntime {
       host: this.host,
       activity: this.activity,
       transport: this.transport,
-      kvBudgetBytes: () => this.kvBudgetBytes(),
+      memoryBudgetBytes: () => this.budget,
       maxContext: this.config.maxContext ?? 2048,
+      ...(this.config.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: this.config.kvIdleTtlMs } : {}),
       version: RUNTIME_VERSION,
       isPaused: () => this.paused,
       extraInfo: (span) => ({

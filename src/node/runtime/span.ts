@@ -40,10 +40,12 @@ export interface SpanLoadContext {
   host: RuntimeHost;
   activity: NodeActivity;
   transport: HopTransport;
-  /** KV-cache budget of the executor, bytes. */
-  kvBudgetBytes(): number;
-  /** Tokens a session's cache is preallocated for (capped by the model's context). */
+  /** The donor's memory budget, bytes: the executor gives its KV caches what the span's weights leave. */
+  memoryBudgetBytes(): number;
+  /** Positions one session may reach (capped by the model's context). */
   maxContext: number;
+  /** A KV session idle this long may be dropped when room is needed, ms. */
+  kvIdleTtlMs?: number;
   version: string;
   isPaused(): boolean;
   /** Fields /info adds to the executor's (peer id, relay address, the host's). */
@@ -88,8 +90,11 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     endLayer: spec.endLayer,
     dtype: chosen.info.dtype,
     maxContext: Math.min(ctx.maxContext, config.maxPositionEmbeddings),
-    kvBudgetBytes: ctx.kvBudgetBytes(),
+    // The budget means weights + KV, as the tracker sizes spans: the KV caches get what the weights leave.
+    memoryBudgetBytes: ctx.memoryBudgetBytes(),
+    ...(ctx.kvIdleTtlMs !== undefined ? { kvTtlMs: ctx.kvIdleTtlMs } : {}),
   });
+  warnIfKvStarved(executor, spec, ctx);
   try {
     await host.backends.prepare?.(executor, chosen);
   } catch (e) {
@@ -115,6 +120,17 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   span.forward = forwardHandlerFor(span, ctx);
   span.pipeline = pipelineFor(span, ctx);
   return span;
+}
+
+/** A span whose weights leave too little of the budget for even one short session: say so, or every session is refused with no hint why. */
+function warnIfKvStarved(executor: ShardExecutor, spec: SpanSpec, ctx: SpanLoadContext): void {
+  const kv = executor.kvStats();
+  if (kv.budgetBytes >= kv.bytesPerToken * Math.min(executor.maxContext, 256)) return;
+  const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
+  ctx.host.log(
+    'warn',
+    `layers [${spec.startLayer}, ${spec.endLayer}) hold ${mib(executor.weightBytes)} of weights, leaving ${mib(kv.budgetBytes)} of the ${mib(ctx.memoryBudgetBytes())} budget for KV caches: sessions will be refused (503 MESH_ERR_BUSY); give the node more memory`,
+  );
 }
 
 function forwardHandlerFor(span: LoadedSpan, ctx: SpanLoadContext): MeshHandler {

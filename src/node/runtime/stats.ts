@@ -4,6 +4,7 @@
  * per minute, per-layer step time, queue depth, tokens served).
  */
 import type { NodeStats } from '../../protocol/tracker.ts';
+import type { KvHeartbeat } from '../tracker-session.ts';
 
 export const WINDOW_SECONDS = 60;
 export const RECENT_FORWARDS = 64;
@@ -111,13 +112,14 @@ export class NodeActivity {
     return Math.round(sorted[sorted.length >> 1]! * 1000) / 1000;
   }
 
-  heartbeat(kvFreeBytes: number): NodeStats {
+  /** The heartbeat's stats, with the KV fields of `kvHeartbeat` (tracker-session.ts). */
+  heartbeat(kv: KvHeartbeat): NodeStats {
     return {
       rpm: this.window.requestsPerMinute(this.now()),
       layer_ms: this.layerMs(),
       queue_depth: this.inFlight,
-      kv_free_bytes: Math.max(0, kvFreeBytes),
       tokens_served: this.window.tokens,
+      ...kv,
     };
   }
 }

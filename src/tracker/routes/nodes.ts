@@ -26,14 +26,16 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
   }
 
   async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat'): Promise<NodeMessage> {
-    const parsed = nodeMessage.safeParse(await readJson(req, o.maxBodyBytes));
+    const raw = await readJson(req, o.maxBodyBytes);
+    const parsed = nodeMessage.safeParse(raw);
     if (!parsed.success) {
       metrics.registrations.inc({ kind, result: 'malformed' });
       const issue = parsed.error.issues[0]!;
       throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected {body: NodeMessage, signature}`);
     }
     try {
-      await verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs);
+      // Over the body as sent: fields a newer node adds (and this schema strips) are signed too.
+      await verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
     } catch (e) {
       metrics.registrations.inc({ kind, result: 'refused' });
       logger.warn({ peer_id: parsed.data.body.peer_id, kind, err: (e as Error).message }, 'signed node message refused');
@@ -52,6 +54,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     metrics.registrations.inc({ kind: 'register', result: 'ok' });
     logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving }, 'node registered');
     ctx.updateNodeGauge();
+    ctx.admission.kick();
     return json(200, answerFor(n));
   });
 
@@ -66,6 +69,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     }
     metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
     ctx.updateNodeGauge();
+    // Fresh KV figures: room may have freed up for waiting chats.
+    ctx.admission.kick();
     return json(200, answerFor(n));
   });
 }

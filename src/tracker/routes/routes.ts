@@ -19,7 +19,8 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
   const { options: o, registry, metrics, identity } = ctx;
 
   app.post('/api/route/replace', async ({ req }) => {
-    const parsed = replaceMessage.safeParse(await readJson(req, o.maxBodyBytes));
+    const raw = await readJson(req, o.maxBodyBytes);
+    const parsed = replaceMessage.safeParse(raw);
     if (!parsed.success) {
       const issue = parsed.error.issues[0]!;
       throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected {body: ReplaceRequest, signature}`);
@@ -27,7 +28,7 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
     const body = parsed.data.body;
     const head = registry.nodes.get(body.head_peer_id);
     if (!head) throw new MeshError('MESH_ERR_NOT_FOUND', `head ${body.head_peer_id} is not registered here; register first`);
-    await verifyTimestampedSignature(head.publicKey, parsed.data, o.now(), o.maxClockSkewMs);
+    await verifyTimestampedSignature(head.publicKey, parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
     const model = registry.model(body.model);
     if (body.start_layer >= body.end_layer || body.end_layer > model.numLayers) {
       throw new MeshError('MESH_ERR_BAD_REQUEST', `span [${body.start_layer}, ${body.end_layer}) is not inside the model's 0..${model.numLayers}`);

@@ -3,16 +3,36 @@
  *
  *   GET /api/tracker        the tracker's public key, peer id, models and models still loading
  *   GET /api/availability   per model: layers × nodes, spans, status, throughput
- *   GET /api/dashboard      nodes, stats, recent routes
+ *   GET /api/dashboard      nodes, stats (KV use), the admission queue, recent routes
  *   GET /dashboard          the dashboard page over /api/dashboard (dashboard.ts)
  *   GET /healthz, GET /metrics
  */
 import type { TrackerContext } from '../context.ts';
 import { DASHBOARD_HTML } from '../dashboard.ts';
 import { json, type App } from '../http.ts';
+import type { NodeRecord } from '../registry.ts';
 
 export function statusRoutes(app: App, ctx: TrackerContext): void {
-  const { options: o, registry, metrics, identity, publicKey } = ctx;
+  const { options: o, registry, metrics, identity, publicKey, admission } = ctx;
+
+  /** A node's KV cache as the dashboard shows it; null for a node that does not report it. */
+  function kvView(n: NodeRecord) {
+    const st = n.stats;
+    if (st?.kv_budget_bytes === undefined) return null;
+    const free = registry.kvFree(n);
+    return {
+      budget_bytes: st.kv_budget_bytes,
+      used_bytes: st.kv_used_bytes ?? Math.max(0, st.kv_budget_bytes - st.kv_free_bytes),
+      sessions: st.kv_sessions ?? null,
+      held_by_tracker_bytes: registry.kvHeldOn(n.peerId),
+      free_estimate_bytes: Number.isFinite(free) ? free : null,
+      busy: n.busyUntil > o.now(),
+    };
+  }
+
+  function queueView() {
+    return { length: admission.length, running: admission.running, max_length: o.queueMaxLength, max_wait_ms: o.queueMaxWaitMs, oldest_wait_ms: admission.oldestWaitMs() };
+  }
 
   app.get('/api/tracker', () => json(200, { public_key: publicKey, peer_id: identity.peerId, models: [...registry.models.keys()], models_pending: [...ctx.pendingModels.keys()], heartbeat_interval_ms: o.heartbeatIntervalMs }));
 
@@ -45,6 +65,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         rpm: n.stats?.rpm ?? 0,
         queue_depth: n.stats?.queue_depth ?? 0,
         kv_free_bytes: n.stats?.kv_free_bytes ?? null,
+        kv: kvView(n),
         tokens_served: n.stats?.tokens_served ?? 0,
         rpm_history: n.history.map((h) => ({ at: h.at, rpm: h.stats.rpm, layer_ms: h.stats.layer_ms })),
         in_flight: n.inFlight,
@@ -53,6 +74,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         endpoint: n.endpoint ?? null,
         relay_addr: n.relayAddr ?? null,
       })),
+      queue: queueView(),
       recent_routes: [...ctx.recentRoutes].reverse(),
     });
   });
@@ -63,6 +85,18 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
 
   app.get('/metrics', async () => {
     ctx.updateNodeGauge();
+    metrics.queueLength.set(admission.length);
+    metrics.queueRunning.set(admission.running);
+    metrics.nodeKv.reset();
+    for (const n of registry.nodes.values()) {
+      const kv = kvView(n);
+      if (!kv) continue;
+      const labels = { peer_id: n.peerId, model: n.info.model };
+      metrics.nodeKv.set({ ...labels, kind: 'budget' }, kv.budget_bytes);
+      metrics.nodeKv.set({ ...labels, kind: 'used' }, kv.used_bytes);
+      metrics.nodeKv.set({ ...labels, kind: 'held' }, kv.held_by_tracker_bytes);
+      if (kv.free_estimate_bytes !== null) metrics.nodeKv.set({ ...labels, kind: 'free' }, kv.free_estimate_bytes);
+    }
     return new Response(await metrics.registry.metrics(), { status: 200, headers: { 'content-type': metrics.registry.contentType } });
   });
 }

@@ -1,0 +1,376 @@
+/**
+ * Load benchmark: many users at once through the tracker's OpenAI API, on
+ * 3-node meshes of real processes (relay, tracker, `meshnet node` ×3) on the
+ * `small` fixture, measured at the client (streamed chats, temperature 0).
+ *
+ * Two meshes, the same three nodes' worth of processes:
+ *   replicas  the Node host's default budget (1024 MiB): each node holds the
+ *             whole model, so a chat is one node; KV room for hundreds of chats
+ *   split     60 MiB per node (the demo's layout): layers 0-4, 4-8, 8-12, every
+ *             chat crosses all three; KV room for a few dozen short chats, and
+ *             the tracker's queue set small (16 chats, 20 s) so that 64 at
+ *             once go past it
+ *
+ * On each mesh:
+ *   - every prompt alone, then 16 at once: each must give its alone text;
+ *   - 1, 4, 16 and 64 chats at once: aggregate tokens/s, p50/p95 time to first
+ *     token, and what every chat got: 200, or 429 + Retry-After (at once when
+ *     the queue is full, within 1 s of the wait limit otherwise), never a 5xx;
+ *   - (split) a soak: 8 clients sending chats back to back for 60 s, 0 errors,
+ *     relay, tracker and node RSS after within 10 % of before;
+ *   - the nodes' logs: no 409 replay.
+ *
+ * Batching at a hop (issue 11) should raise the aggregate figures: rerun with
+ * `--label <name>` on each branch and `--compare <a copy of an earlier
+ * bench/results/load.json>` to print
+ * the ratio per row (runs on different days differ; the lead reruns on a
+ * quiet machine). Table on stdout, JSON in bench/results/load.json.
+ *
+ *   npx tsx bench/load.ts [--quick] [--mesh split|replicas|both] [--label NAME] [--compare FILE] [--soak-s N]
+ */
+import { readFileSync } from 'node:fs';
+import { loadavg } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { ensureModel } from '../src/cli/models.ts';
+import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
+import { startRelayProcess, type RelayProcess } from '../test/support/relay-process.ts';
+import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { fmt, printTable, quantile, writeResult } from './lib/stats.ts';
+
+const argv = process.argv.slice(2);
+const flag = (name: string) => argv.includes(`--${name}`);
+const opt = (name: string) => {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const quick = flag('quick');
+const meshes = (opt('mesh') ?? 'both') === 'both' ? (['split', 'replicas'] as const) : ([opt('mesh')] as Array<'split' | 'replicas'>);
+const label = opt('label') ?? 'current';
+const compareFile = opt('compare');
+const SOAK_S = Number(opt('soak-s') ?? (quick ? 20 : 60));
+const MAX_TOKENS = quick ? 16 : 32;
+const CONCURRENCY = [1, 4, 16, 64];
+/** Split mesh: the tracker's queue, small on purpose so that 64 chats at once go past it. */
+const SPLIT_QUEUE = { length: 16, waitMs: 20_000 };
+const here = fileURLToPath(new URL('.', import.meta.url));
+
+const TOPICS = [
+  'a lighthouse keeper and a storm', 'a fox who shares her GPU', 'the last train of the night', 'a robot learning to paint',
+  'a city under the sea', 'two rival bakers', 'a map with a missing island', 'the moon asking for a holiday',
+  'a cat who runs a library', 'a violin found in an attic', 'snow in the desert', 'a detective who is afraid of the dark',
+  'an orchard on Mars', 'a letter delivered fifty years late', 'a clock that runs backwards', 'the quietest dragon',
+];
+const prompt = (i: number) => `Write a short story about ${TOPICS[i % TOPICS.length]}.`;
+
+interface Outcome {
+  status: number;
+  ms: number;
+  ttftMs: number | null;
+  tokens: number;
+  text: string;
+  /** 429: `error.reason` (queue_full, queue_timeout, busy). */
+  reason?: string;
+  retryAfter?: string | null;
+  /** A 200 stream that ended with an error event instead of [DONE]. */
+  streamError?: string;
+  error?: string;
+}
+
+/** One streamed chat, timed at the client. */
+async function chat(trackerUrl: string, i: number): Promise<Outcome> {
+  const t0 = performance.now();
+  let res: Response;
+  try {
+    res = await fetch(`${trackerUrl}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: prompt(i) }], max_tokens: MAX_TOKENS, temperature: 0, stream: true, stream_options: { include_usage: true } }),
+    });
+  } catch (e) {
+    return { status: 0, ms: performance.now() - t0, ttftMs: null, tokens: 0, text: '', error: (e as Error).message };
+  }
+  if (res.status !== 200 || !res.body) {
+    const body = (await res.json().catch(() => ({}))) as { error?: { message?: string; reason?: string } };
+    return { status: res.status, ms: performance.now() - t0, ttftMs: null, tokens: 0, text: '', retryAfter: res.headers.get('retry-after'), ...(body.error?.reason ? { reason: body.error.reason } : {}), error: body.error?.message ?? `HTTP ${res.status}` };
+  }
+  let text = '';
+  let tokens = 0;
+  let ttftMs: number | null = null;
+  let streamError: string | undefined;
+  let buf = '';
+  const dec = new TextDecoder();
+  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+    buf += dec.decode(chunk, { stream: true });
+    let k: number;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const line = buf.slice(0, k).trim();
+      buf = buf.slice(k + 2);
+      if (!line.startsWith('data:')) continue;
+      const data = line.slice(5).trim();
+      if (data === '[DONE]') continue;
+      const msg = JSON.parse(data) as { error?: { message: string }; usage?: { completion_tokens: number }; choices?: Array<{ delta?: { content?: string } }> };
+      if (msg.error) streamError = msg.error.message;
+      if (msg.usage) tokens = msg.usage.completion_tokens;
+      const d = msg.choices?.[0]?.delta?.content;
+      if (d) {
+        ttftMs ??= performance.now() - t0;
+        text += d;
+      }
+    }
+  }
+  return { status: 200, ms: performance.now() - t0, ttftMs, tokens, text, ...(streamError ? { streamError } : {}) };
+}
+
+interface Mesh {
+  kind: 'split' | 'replicas';
+  relay: RelayProcess;
+  tracker: TrackerProc;
+  nodes: NodeProc[];
+  stop(): Promise<void>;
+}
+
+async function startMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<Mesh> {
+  const relay = await startRelayProcess();
+  let tracker: TrackerProc | undefined;
+  const nodes: NodeProc[] = [];
+  const stop = async () => {
+    await Promise.all(nodes.map((n) => n.stop()));
+    await tracker?.stop();
+    await relay.stop();
+  };
+  try {
+    const queue = kind === 'split' ? ['--queue-max-length', String(SPLIT_QUEUE.length), '--queue-max-wait-ms', String(SPLIT_QUEUE.waitMs)] : [];
+    const t = await startTrackerProc(['--model', `small=${modelUrl}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', ...queue]);
+    tracker = t;
+    const budget = kind === 'split' ? ['--budget-mb', '60'] : [];
+    // One at a time: each sees the previous ones' spans (split: 0-4, 4-8, 8-12). One ONNX thread each: three processes share the cores.
+    for (let i = 0; i < 3; i++) {
+      const n = await startNode(['--relay', relay.url, '--tracker', t.url, '--model', 'small', '--threads', '1', ...budget]);
+      nodes.push(n);
+      await n.waitFor((e) => e.event === 'serving', 120_000);
+    }
+    await until(async () => {
+      const d = (await (await fetch(`${t.url}/api/dashboard`)).json()) as { nodes: Array<{ status: string; kv: unknown }> };
+      return d.nodes.length === 3 && d.nodes.every((n) => n.status === 'serving' && n.kv !== null);
+    }, 30_000, 'three serving nodes reporting KV');
+    return { kind, relay, tracker: t, nodes, stop };
+  } catch (e) {
+    // Leave no process behind when the mesh does not come up.
+    await stop();
+    throw e;
+  }
+}
+
+function rssKiB(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  const m = /VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) : NaN;
+}
+
+function rssOf(m: Mesh): Record<string, number> {
+  const out: Record<string, number> = { relay: rssKiB(m.relay.child.pid), tracker: rssKiB(m.tracker.child.pid) };
+  m.nodes.forEach((n, i) => (out[`node${i + 1}`] = rssKiB(n.child.pid)));
+  return out;
+}
+
+interface Round {
+  concurrency: number;
+  chats: number;
+  ok: number;
+  status_429: number;
+  status_5xx: number;
+  other_failures: number;
+  /** Successful chats whose text differs from the same prompt alone. */
+  text_mismatches: number;
+  /** 429s that broke the timing rule (queue_full after > 1 s, queue_timeout outside [limit, limit + 1 s]) or came without Retry-After. */
+  bad_429s: number;
+  /** Tokens streamed, over the time from the start to the last successful chat's end. */
+  tokens: number;
+  /** reason and client-side time of each 429: queue_full at once, queue_timeout at the wait limit. */
+  answers_429: Array<{ reason: string; ms: number; retry_after: string | null }>;
+  aggregate_tokens_per_s: number;
+  ttft_p50_ms: number;
+  ttft_p95_ms: number;
+  wall_s: number;
+}
+
+/** `c` chats at once, `rounds` times; prompts cycle through the topics (so every text has its alone twin). */
+async function round(m: Mesh, c: number, rounds: number, alone: Map<number, string>, waitLimitMs: number): Promise<Round> {
+  const all: Array<{ i: number; o: Outcome }> = [];
+  let wall = 0;
+  let busyWall = 0;
+  let tokens = 0;
+  for (let r = 0; r < rounds; r++) {
+    const t0 = performance.now();
+    const outs = await Promise.all(Array.from({ length: c }, (_, k) => chat(m.tracker.url, r * c + k).then((o) => ({ i: (r * c + k) % TOPICS.length, o }))));
+    wall += performance.now() - t0;
+    // Tokens per second while chats ran: up to the last success (a 429 at the wait limit generates nothing).
+    busyWall += Math.max(0, ...outs.filter((x) => x.o.status === 200).map((x) => x.o.ms));
+    tokens += outs.reduce((n, x) => n + x.o.tokens, 0);
+    all.push(...outs);
+  }
+  const ok = all.filter((x) => x.o.status === 200 && !x.o.streamError);
+  const t429 = all.filter((x) => x.o.status === 429);
+  const badTiming = (o: Outcome) => {
+    if (!o.retryAfter || !/^[1-9]\d*$/.test(o.retryAfter)) return true;
+    if (o.reason === 'queue_timeout') return o.ms < waitLimitMs - 50 || o.ms > waitLimitMs + 1000;
+    return o.reason === 'queue_full' ? o.ms > 1000 : false;
+  };
+  const ttfts = ok.map((x) => x.o.ttftMs ?? NaN).filter(Number.isFinite).sort((a, b) => a - b);
+  return {
+    concurrency: c,
+    chats: all.length,
+    ok: ok.length,
+    tokens,
+    status_429: t429.length,
+    status_5xx: all.filter((x) => x.o.status >= 500 || (x.o.status === 200 && x.o.streamError)).length,
+    other_failures: all.filter((x) => x.o.status !== 200 && x.o.status !== 429 && x.o.status < 500).length,
+    text_mismatches: ok.filter((x) => alone.has(x.i) && x.o.text !== alone.get(x.i)).length,
+    bad_429s: t429.filter((x) => badTiming(x.o)).length,
+    answers_429: t429.map((x) => ({ reason: x.o.reason ?? '?', ms: Math.round(x.o.ms), retry_after: x.o.retryAfter ?? null })),
+    aggregate_tokens_per_s: +(tokens / (busyWall / 1000)).toFixed(2),
+    ttft_p50_ms: +quantile(ttfts, 0.5).toFixed(1),
+    ttft_p95_ms: +quantile(ttfts, 0.95).toFixed(1),
+    wall_s: +(wall / 1000).toFixed(2),
+  };
+}
+
+interface Soak {
+  seconds: number;
+  clients: number;
+  chats: number;
+  errors: number;
+  error_samples: string[];
+  rss_before_kib: Record<string, number>;
+  rss_after_kib: Record<string, number>;
+  /** after / before per process. */
+  rss_ratio: Record<string, number>;
+  within_10_percent: boolean;
+}
+
+async function soak(m: Mesh, seconds: number, clients: number): Promise<Soak> {
+  const before = rssOf(m);
+  const end = performance.now() + seconds * 1000;
+  let chats = 0;
+  const errors: string[] = [];
+  await Promise.all(
+    Array.from({ length: clients }, async (_, c) => {
+      for (let k = 0; performance.now() < end; k++) {
+        const o = await chat(m.tracker.url, c * 7 + k);
+        chats++;
+        if (o.status !== 200 || o.streamError) errors.push(`${o.status} ${o.streamError ?? o.error ?? ''}`.slice(0, 200));
+      }
+    }),
+  );
+  // Let timers and sockets of the last chats settle before reading RSS again.
+  await new Promise((r) => setTimeout(r, 2000));
+  const after = rssOf(m);
+  const ratio: Record<string, number> = {};
+  for (const k of Object.keys(before)) ratio[k] = +(after[k]! / before[k]!).toFixed(3);
+  return {
+    seconds,
+    clients,
+    chats,
+    errors: errors.length,
+    error_samples: errors.slice(0, 5),
+    rss_before_kib: before,
+    rss_after_kib: after,
+    rss_ratio: ratio,
+    within_10_percent: Object.values(ratio).every((r) => r <= 1.1 && r >= 0.9),
+  };
+}
+
+interface MeshResult {
+  mesh: 'split' | 'replicas';
+  spans: Array<[number, number]>;
+  kv_budget_mib: number[];
+  queue: { length: number; wait_ms: number };
+  alone_then_16: { ok: number; text_mismatches: number; failures: number };
+  rounds: Round[];
+  soak: Soak | null;
+  replays_in_logs: number;
+  busy_answers: number;
+}
+
+async function runMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<MeshResult> {
+  process.stderr.write(`\n[${kind}] starting relay, tracker and 3 nodes...\n`);
+  const m = await startMesh(kind, modelUrl);
+  try {
+    const dash = (await (await fetch(`${m.tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ serving: { start_layer: number; end_layer: number }; kv?: { budget_bytes: number } | null }> };
+    const queue = kind === 'split' ? { length: SPLIT_QUEUE.length, wait_ms: SPLIT_QUEUE.waitMs } : { length: 128, wait_ms: 30_000 };
+    // Warm every node (graph first runs, sockets), then each prompt alone: the texts every later chat must match.
+    process.stderr.write(`[${kind}] warm-up and ${TOPICS.length} chats alone...\n`);
+    await chat(m.tracker.url, 0);
+    const alone = new Map<number, string>();
+    for (let i = 0; i < TOPICS.length; i++) {
+      const o = await chat(m.tracker.url, i);
+      if (o.status !== 200 || o.streamError) throw new Error(`[${kind}] chat ${i} alone failed: ${o.status} ${o.error ?? o.streamError}`);
+      alone.set(i, o.text);
+    }
+    process.stderr.write(`[${kind}] 16 at once...\n`);
+    const sixteen = await round(m, 16, 1, alone, queue.wait_ms);
+    const rounds: Round[] = [];
+    for (const c of CONCURRENCY) {
+      process.stderr.write(`[${kind}] ${c} at once...\n`);
+      rounds.push(await round(m, c, c === 1 ? 3 : c === 4 ? 2 : 1, alone, queue.wait_ms));
+    }
+    let s: Soak | null = null;
+    if (kind === 'split') {
+      process.stderr.write(`[${kind}] soak: 8 clients for ${SOAK_S} s...\n`);
+      s = await soak(m, SOAK_S, 8);
+    }
+    const metrics = await (await fetch(`${m.tracker.url}/metrics`)).text();
+    const busy = Number(/^meshnet_tracker_busy_answers_total (\d+)/m.exec(metrics)?.[1] ?? 0);
+    const replays = m.nodes.reduce((n, x) => n + (x.stderr().match(/answered 409/g)?.length ?? 0), 0);
+    return {
+      mesh: kind,
+      spans: dash.nodes.map((n) => [n.serving.start_layer, n.serving.end_layer]),
+      kv_budget_mib: dash.nodes.map((n) => (n.kv ? +(n.kv.budget_bytes / 2 ** 20).toFixed(1) : NaN)),
+      queue,
+      alone_then_16: { ok: sixteen.ok, text_mismatches: sixteen.text_mismatches, failures: sixteen.chats - sixteen.ok },
+      rounds,
+      soak: s,
+      replays_in_logs: replays,
+      busy_answers: busy,
+    };
+  } finally {
+    await m.stop();
+  }
+}
+
+async function main(): Promise<void> {
+  const loadBefore = loadavg()[0]!;
+  const st: StaticServer = await startStaticServer({ root: await ensureModel('small') });
+  const results: MeshResult[] = [];
+  try {
+    for (const kind of meshes) results.push(await runMesh(kind, `${st.url}/`));
+  } finally {
+    await st.close();
+  }
+  const previous = compareFile ? (JSON.parse(readFileSync(compareFile, 'utf8')) as { label?: string; meshes: MeshResult[] }) : undefined;
+  const prevRound = (mesh: string, c: number) => previous?.meshes.find((x) => x.mesh === mesh)?.rounds.find((r) => r.concurrency === c);
+
+  console.log(`\nload bench (${label}): small, ${MAX_TOKENS} max tokens per chat, temperature 0, streamed; 1-minute load average ${loadBefore.toFixed(2)} before, ${loadavg()[0]!.toFixed(2)} after`);
+  for (const r of results) {
+    const header = ['chats at once', 'chats', 'ok', '429', '5xx', 'text ≠ alone', 'bad 429', 'agg tok/s', 'TTFT p50 ms', 'TTFT p95 ms', ...(previous ? [`agg × ${previous.label ?? 'before'}`] : [])];
+    printTable(
+      `[${r.mesh}] spans ${r.spans.map(([a, b]) => `${a}-${b}`).join(', ')}; KV budget ${r.kv_budget_mib.join(' / ')} MiB; queue ${r.queue.length} chats, ${r.queue.wait_ms / 1000} s`,
+      header,
+      r.rounds.map((x) => {
+        const p = prevRound(r.mesh, x.concurrency);
+        const ints = [x.concurrency, x.chats, x.ok, x.status_429, x.status_5xx, x.text_mismatches, x.bad_429s].map(String);
+        return [...ints, x.aggregate_tokens_per_s, x.ttft_p50_ms, x.ttft_p95_ms, ...(previous ? [p ? fmt(x.aggregate_tokens_per_s / p.aggregate_tokens_per_s) : '-'] : [])];
+      }),
+    );
+    console.log(`  16 at once after each alone: ${r.alone_then_16.ok}/16 succeeded, ${r.alone_then_16.text_mismatches} with another text (target 16/16, 0)`);
+    console.log(`  409 replays in node logs: ${r.replays_in_logs} (target 0); MESH_ERR_BUSY answers the tracker routed around: ${r.busy_answers}`);
+    if (r.soak) {
+      const s = r.soak;
+      console.log(`  soak: ${s.clients} clients × ${s.seconds} s: ${s.chats} chats, ${s.errors} errors (target 0)${s.error_samples.length ? `: ${s.error_samples.join(' | ')}` : ''}`);
+      console.log(`  RSS after / before: ${Object.entries(s.rss_ratio).map(([k, v]) => `${k} ${v}`).join(', ')} (target within 10 %: ${s.within_10_percent ? 'met' : 'NOT met'})`);
+    }
+  }
+  writeResult(`${here}results/load.json`, { bench: 'load', label, quick, max_tokens: MAX_TOKENS, load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) }, meshes: results });
+}
+
+await main();
