@@ -5,13 +5,18 @@
  */
 import type { ModelConfig } from './config.ts';
 
-/** Inverse frequencies (headDim/2 of them) with llama3 scaling, as transformers computes them. */
+/** Inverse frequencies (headDim/2 of them) with llama3 or longrope (short-factor) scaling, as transformers computes them. */
 export function ropeInvFreq(cfg: ModelConfig): Float64Array {
   const half = cfg.headDim / 2;
   const inv = new Float64Array(half);
   for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(cfg.ropeTheta, (2 * i) / cfg.headDim);
   const s = cfg.ropeScaling;
   if (!s) return inv;
+  if (s.type === 'longrope') {
+    // Positions stay below original_max_position_embeddings (config.ts caps the context): short factors.
+    for (let i = 0; i < half; i++) inv[i] = inv[i]! / s.shortFactor[i]!;
+    return inv;
+  }
   const lowWavelen = s.originalMaxPositionEmbeddings / s.lowFreqFactor;
   const highWavelen = s.originalMaxPositionEmbeddings / s.highFreqFactor;
   for (let i = 0; i < half; i++) {
@@ -24,6 +29,21 @@ export function ropeInvFreq(cfg: ModelConfig): Float64Array {
     }
   }
   return inv;
+}
+
+/**
+ * The factor transformers multiplies cos and sin by (longrope's
+ * attention_factor; 1 otherwise). It scales q and k alike, so the graphs
+ * fold its square into the attention scale instead of the rotary tables.
+ */
+export function ropeAttentionFactor(cfg: ModelConfig): number {
+  return cfg.ropeScaling?.type === 'longrope' ? cfg.ropeScaling.attentionFactor : 1;
+}
+
+/** The softmax scale of attention scores: 1/sqrt(head_dim), times the rotary attention factor squared. */
+export function attentionScale(cfg: ModelConfig): number {
+  const af = ropeAttentionFactor(cfg);
+  return (af * af) / Math.sqrt(cfg.headDim);
 }
 
 /**

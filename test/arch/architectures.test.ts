@@ -1,0 +1,78 @@
+/**
+ * The published architectures (Llama 3.1 untied, SmolLM2, Mistral with its
+ * sliding window, Qwen3 with q/k norms, Phi-3.5 with packed projections and
+ * longrope) as fixture presets: the plain ONNX graphs (onnxruntime-node) and
+ * the fused-operator graphs against the float64 reference, logits within
+ * the existing suites' tolerances and greedy tokens equal.
+ */
+import { describe, expect, it } from 'vitest';
+import { parseModelConfig } from '../../src/model/config.ts';
+import { fusedUnsupportedReason } from '../../src/model/fused-graph.ts';
+import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
+import { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
+import type { ForwardResult } from '../../src/shard/executor.ts';
+import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
+import { executor, fixture, maxAbsDiff, nodeBackend, prompts, type Fixture } from '../helpers/shard.ts';
+
+const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3'] as const;
+const PLAIN_TOL = 1e-4; // test/graph.test.ts
+const FUSED_TOL = 2e-5; // test/fused-executor.test.ts (relative to max(1, scale))
+const GREEDY = 24;
+
+interface Runner {
+  forward(req: { session: string; position: number; tokenIds: readonly number[] }): Promise<ForwardResult>;
+}
+
+/** Greedy decoding through `run`, each step's logits checked against the reference; returns the tokens. */
+async function greedyAgainstReference(f: Fixture, run: Runner, prompt: number[], n: number, check: (got: Float32Array, want: Float64Array) => void): Promise<number[]> {
+  const ref = new ReferenceModel(f.cfg, f.weights);
+  const cache = newRefCache(f.cfg);
+  const V = f.cfg.vocabSize;
+  let want = ref.forward(prompt, 0, cache).subarray((prompt.length - 1) * V);
+  let r = await run.forward({ session: 'g', position: 0, tokenIds: prompt });
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    if (r.kind !== 'token') throw new Error('expected a token');
+    check(r.logits, want);
+    out.push(r.tokenId);
+    const pos = prompt.length + i;
+    want = ref.forward([r.tokenId], pos, cache);
+    r = await run.forward({ session: 'g', position: pos, tokenIds: [r.tokenId] });
+  }
+  return out;
+}
+
+describe.each(PRESETS)('%s', (preset) => {
+  const f = fixture(preset);
+  const prompt = prompts(f.cfg.vocabSize, 3, 11)[2]!;
+
+  it('plain graphs (per layer and one range) match the float64 reference, greedy tokens equal', async () => {
+    const want = new ReferenceModel(f.cfg, f.weights).greedy(prompt, GREEDY);
+    // A model that repeats one token would hide most errors.
+    expect(new Set(want).size).toBeGreaterThan(3);
+    for (const segmentBoundaries of [undefined, [] as number[]]) {
+      const ex = await executor(f, 0, f.cfg.numLayers, segmentBoundaries ? { segmentBoundaries } : {});
+      const got = await greedyAgainstReference(f, ex, prompt, GREEDY, (g, w) => {
+        const { err, scale } = maxAbsDiff(g, w);
+        expect(err, `max abs error ${err} vs scale ${scale}`).toBeLessThanOrEqual(PLAIN_TOL * scale);
+      });
+      expect(got).toEqual(want);
+      await ex.release();
+    }
+  });
+
+  it('fused graphs (f32 and 4-bit projections) match the reference', async () => {
+    expect(fusedUnsupportedReason(f.cfg)).toBeNull();
+    const ex = await FusedShardExecutor.create({ config: f.cfg, backend: nodeBackend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 128 });
+    const want = new ReferenceModel(f.cfg, f.weights).greedy(prompt, GREEDY);
+    const got = await greedyAgainstReference(f, ex, prompt, GREEDY, (g, w) => {
+      const { err, scale } = maxAbsDiff(g, w);
+      expect(err, `max abs error ${err} vs scale ${scale}`).toBeLessThanOrEqual(FUSED_TOL * Math.max(1, scale));
+    });
+    expect(got).toEqual(want);
+    await ex.release();
+    const q4 = await FusedShardExecutor.create({ config: f.cfg, backend: nodeBackend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'q4', maxContext: 128 });
+    await walkAgainstReference(f, dequantizedWeights(f.weights), q4, [prompt, [7], [8, 9, 10], [11]], FUSED_TOL);
+    await q4.release();
+  });
+});
