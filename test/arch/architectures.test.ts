@@ -76,3 +76,26 @@ describe.each(PRESETS)('%s', (preset) => {
     await q4.release();
   });
 });
+
+describe('the presets exercise what makes each architecture different', () => {
+  // Each feature, turned off in the reference, changes the greedy tokens: the suites above would see a graph that ignored it.
+  const differs = (preset: (typeof PRESETS)[number], change: (c: Fixture['cfg']) => Fixture['cfg']) => {
+    const f = fixture(preset);
+    const prompt = prompts(f.cfg.vocabSize, 3, 11)[2]!;
+    const a = new ReferenceModel(f.cfg, f.weights).greedy(prompt, GREEDY);
+    const b = new ReferenceModel(change(f.cfg), f.weights).greedy(prompt, GREEDY);
+    expect(b).not.toEqual(a);
+  };
+  it('Mistral: the sliding window (16) is crossed', () => differs('tiny-mistral', (c) => ({ ...c, slidingWindow: null })));
+  it('Llama 3.1: llama3 rope scaling', () => differs('tiny-llama31', (c) => ({ ...c, ropeScaling: null })));
+  it('Phi-3.5: longrope short factors and attention factor', () => {
+    differs('tiny-phi3', (c) => (c.ropeScaling?.type === 'longrope' ? { ...c, ropeScaling: { ...c.ropeScaling, attentionFactor: 1 } } : c));
+    differs('tiny-phi3', (c) => (c.ropeScaling?.type === 'longrope' ? { ...c, ropeScaling: { ...c.ropeScaling, shortFactor: c.ropeScaling.shortFactor.map(() => 1) } } : c));
+  });
+  it('Qwen3: q_norm / k_norm', () => {
+    const f = fixture('tiny-qwen3');
+    const prompt = prompts(f.cfg.vocabSize, 3, 11)[2]!;
+    const ones = (name: string) => (/[qk]_norm/.test(name) ? { shape: [f.cfg.headDim], data: new Float32Array(f.cfg.headDim).fill(1) } : f.weights(name));
+    expect(new ReferenceModel(f.cfg, ones).greedy(prompt, GREEDY)).not.toEqual(new ReferenceModel(f.cfg, f.weights).greedy(prompt, GREEDY));
+  });
+});
