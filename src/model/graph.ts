@@ -26,7 +26,7 @@
  * stream and RMSNorm in f32: Pow(x,2) of a residual above 256 overflows f16.
  */
 import type { ModelConfig } from './config.ts';
-import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, projectionRows } from './config.ts';
+import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, projectionRows } from './config.ts';
 import { attentionScale } from './rope.ts';
 import { ElemType, GraphBuilder, writeFloats, type ElemTypeId } from './onnx-builder.ts';
 
@@ -111,9 +111,9 @@ function addMatmulRows(
 /** One of a layer's q/k/v/gate/up projections, from its own tensor or a packed one. */
 function addProjection(g: GraphBuilder, src: WeightSource, cfg: ModelConfig, layer: number, which: 'q' | 'k' | 'v' | 'gate' | 'up', dtype: GraphDtype, scale = 1): string {
   const pr = projectionRows(cfg, layer, which);
-  const shape = src(pr.tensor).shape;
+  const [total, inDim] = expectedTensorShape(cfg, pr.tensor)!;
   const label = cfg.packedProjections ? `${pr.tensor.replace(/(qkv|gate_up)_proj\.weight$/, `${which}_proj.weight`)}` : pr.tensor;
-  return addMatmulRows(g, src, pr.tensor, { row: pr.row, rows: pr.rows, total: shape[0] ?? -1 }, shape[1] ?? -1, dtype, scale, label);
+  return addMatmulRows(g, src, pr.tensor, { row: pr.row, rows: pr.rows, total: total! }, inDim!, dtype, scale, label);
 }
 
 function addVector(g: GraphBuilder, src: WeightSource, name: string, len: number, et: ElemTypeId, scale = 1): string {

@@ -6,7 +6,6 @@
  * the existing suites' tolerances and greedy tokens equal.
  */
 import { describe, expect, it } from 'vitest';
-import { parseModelConfig } from '../../src/model/config.ts';
 import { fusedUnsupportedReason } from '../../src/model/fused-graph.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
