@@ -10,13 +10,17 @@ import { fusedUnsupportedReason } from '../../src/model/fused-graph.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import type { ForwardResult } from '../../src/shard/executor.ts';
+import { createWasmBackend } from '../../src/cli/onnx-wasm.ts';
+import { MeshError } from '../../src/protocol/errors.ts';
 import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend, prompts, type Fixture } from '../helpers/shard.ts';
 
 const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3'] as const;
 const PLAIN_TOL = 1e-4; // test/graph.test.ts
 const FUSED_TOL = 2e-5; // test/fused-executor.test.ts (relative to max(1, scale))
+const F16_TOL = 2e-2; // test/graph.test.ts
 const GREEDY = 24;
+const wasm = createWasmBackend({ numThreads: 1 });
 
 interface Runner {
   forward(req: { session: string; position: number; tokenIds: readonly number[] }): Promise<ForwardResult>;
@@ -60,6 +64,23 @@ describe.each(PRESETS)('%s', (preset) => {
     }
   });
 
+  it('plain graphs on onnxruntime-web (WASM, what browser nodes run) give the reference tokens; f16 graphs within tolerance', async () => {
+    const want = new ReferenceModel(f.cfg, f.weights).greedy(prompt, 8);
+    const ex = await executor(f, 0, f.cfg.numLayers, { backend: wasm });
+    const got = await greedyAgainstReference(f, ex, prompt, 8, (g, w) => {
+      const { err, scale } = maxAbsDiff(g, w);
+      expect(err).toBeLessThanOrEqual(PLAIN_TOL * scale);
+    });
+    expect(got).toEqual(want);
+    await ex.release();
+    const half = await executor(f, 0, f.cfg.numLayers, { dtype: 'f16' });
+    await greedyAgainstReference(f, half, prompt, 2, (g, w) => {
+      const { err, scale } = maxAbsDiff(g, w);
+      expect(err, `f16 max abs error ${err} vs scale ${scale}`).toBeLessThanOrEqual(F16_TOL * scale);
+    });
+    await half.release();
+  });
+
   it('fused graphs (f32 and 4-bit projections) match the reference', async () => {
     expect(fusedUnsupportedReason(f.cfg)).toBeNull();
     const ex = await FusedShardExecutor.create({ config: f.cfg, backend: nodeBackend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 128 });
@@ -96,5 +117,18 @@ describe('the presets exercise what makes each architecture different', () => {
     const prompt = prompts(f.cfg.vocabSize, 3, 11)[2]!;
     const ones = (name: string) => (/[qk]_norm/.test(name) ? { shape: [f.cfg.headDim], data: new Float32Array(f.cfg.headDim).fill(1) } : f.weights(name));
     expect(new ReferenceModel(f.cfg, ones).greedy(prompt, GREEDY)).not.toEqual(new ReferenceModel(f.cfg, f.weights).greedy(prompt, GREEDY));
+  });
+});
+
+describe('longrope context', () => {
+  it('tiny-phi3 serves up to original_max_position_embeddings (512) and refuses past it with MESH_ERR_TOO_LARGE', async () => {
+    const f = fixture('tiny-phi3');
+    expect(f.cfg.maxPositionEmbeddings).toBe(512);
+    const ex = await executor(f, 0, f.cfg.numLayers, { maxContext: undefined });
+    expect(ex.maxContext).toBe(512);
+    const err = await ex.forward({ session: 'long', position: 0, tokenIds: Array.from({ length: 513 }, (_, i) => 3 + (i % 500)) }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(MeshError);
+    expect((err as MeshError).code).toBe('MESH_ERR_TOO_LARGE');
+    await ex.release();
   });
 });
