@@ -48,6 +48,8 @@ export interface ModelConfig {
   numHeads: number;
   numKvHeads: number;
   headDim: number;
+  /** Leading values of each head that RoPE rotates: headDim × partial_rotary_factor (Phi-4-mini 0.75), else headDim. */
+  rotaryDim: number;
   rmsNormEps: number;
   ropeTheta: number;
   ropeScaling: RopeScaling | null;
@@ -149,7 +151,7 @@ export const SUPPORTED = {
   ropeTypes: ROPE_TYPES,
 } as const;
 
-function ropeScalingOf(c: z.infer<typeof ConfigSchema>, headDim: number, file: string): RopeScaling | null {
+function ropeScalingOf(c: z.infer<typeof ConfigSchema>, rotaryDim: number, file: string): RopeScaling | null {
   const r = c.rope_scaling;
   if (!r) return null;
   let kind = r.rope_type ?? r.type;
@@ -170,10 +172,10 @@ function ropeScalingOf(c: z.infer<typeof ConfigSchema>, headDim: number, file: s
     };
   }
   if (kind === 'longrope') {
-    const half = headDim / 2;
+    const half = rotaryDim / 2;
     if (!r.short_factor || !r.long_factor) fail(file, 'field "rope_scaling": longrope scaling needs short_factor and long_factor');
     if (r.short_factor.length !== half || r.long_factor.length !== half) {
-      fail(file, `field "rope_scaling": longrope factors must have head_dim/2 = ${half} entries (short ${r.short_factor.length}, long ${r.long_factor.length})`);
+      fail(file, `field "rope_scaling": longrope factors must have rotary dim/2 = ${half} entries (short ${r.short_factor.length}, long ${r.long_factor.length})`);
     }
     // As transformers: the top-level original_max_position_embeddings (Phi-3) sets the
     // factor from the ratio of the two lengths; without it, `factor` is used and the
@@ -210,9 +212,6 @@ export function parseModelConfig(json: unknown, file = 'config.json'): ModelConf
 
   if (c.hidden_act !== undefined && c.hidden_act !== 'silu') fail(file, `field "hidden_act": "${c.hidden_act}" is not supported (only silu)`);
   if (c.mlp_bias === true) fail(file, 'field "mlp_bias": MLP biases are not supported');
-  if (c.partial_rotary_factor !== undefined && c.partial_rotary_factor !== 1) {
-    fail(file, `field "partial_rotary_factor": ${c.partial_rotary_factor} is not supported (only full rotary, 1.0)`);
-  }
   // In transformers attention_bias puts a bias on o_proj too (Llama, Qwen3), which no published
   // checkpoint of these families uses; Qwen2's q/k/v-only biases are what the graphs carry.
   if (architecture !== 'qwen2' && c.attention_bias === true) fail(file, 'field "attention_bias": attention biases are supported only as Qwen2\'s q/k/v biases');
@@ -227,8 +226,11 @@ export function parseModelConfig(json: unknown, file = 'config.json'): ModelConf
     headDim = c.hidden_size / numHeads;
   }
   if (headDim % 2 !== 0) fail(file, `field "head_dim": ${headDim} must be even for rotary embeddings`);
+  // transformers: dim = int(head_dim * partial_rotary_factor); only the first `dim` values of each head rotate.
+  const rotaryDim = Math.floor(headDim * (c.partial_rotary_factor ?? 1));
+  if (rotaryDim % 2 !== 0 || rotaryDim < 2) fail(file, `field "partial_rotary_factor": rotates ${rotaryDim} of head_dim ${headDim}, which must be even and at least 2`);
 
-  const ropeScaling = ropeScalingOf(c, headDim, file);
+  const ropeScaling = ropeScalingOf(c, rotaryDim, file);
   // Qwen2/Qwen3 carry sliding_window but apply it only with use_sliding_window (and then per layer
   // from max_window_layers on): that mode is refused rather than half-done.
   let slidingWindow: number | null = null;
@@ -246,6 +248,7 @@ export function parseModelConfig(json: unknown, file = 'config.json'): ModelConf
     numHeads,
     numKvHeads,
     headDim,
+    rotaryDim,
     rmsNormEps: c.rms_norm_eps,
     ropeTheta: c.rope_theta ?? 10000,
     ropeScaling,

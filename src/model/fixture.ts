@@ -15,7 +15,7 @@ import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames, pars
 import type { ModelConfig } from './config.ts';
 import { serializeSafetensors, type TensorEntry } from './safetensors-format.ts';
 
-export const FIXTURE_PRESETS = ['tiny', 'small', 'tiny-qwen2', 'tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3'] as const;
+export const FIXTURE_PRESETS = ['tiny', 'small', 'tiny-qwen2', 'tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini'] as const;
 export type FixturePreset = (typeof FIXTURE_PRESETS)[number];
 
 export function isFixturePreset(s: string): s is FixturePreset {
@@ -163,6 +163,26 @@ function presetSpec(preset: FixturePreset): PresetSpec {
           },
           sliding_window: 2047,
           tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, pad_token_id: 2,
+        },
+      };
+    case 'tiny-phi4mini':
+      // Phi-4-mini-shaped (Phi3ForCausalLM): partial_rotary_factor 0.75 (48 of head_dim 64 rotate,
+      // 96 of 128 there), GQA, tied embeddings, longrope with rotary_dim/2 = 24 factors (made up).
+      return {
+        shards: 1,
+        config: {
+          architectures: ['Phi3ForCausalLM'], model_type: 'phi3', ...common,
+          attention_bias: false, embd_pdrop: 0, resid_pdrop: 0, partial_rotary_factor: 0.75,
+          vocab_size: 512, hidden_size: 128, intermediate_size: 256, num_hidden_layers: 4,
+          num_attention_heads: 2, num_key_value_heads: 1,
+          max_position_embeddings: 2048, original_max_position_embeddings: 512, rope_theta: 10000,
+          rope_scaling: {
+            long_factor: Array.from({ length: 24 }, (_, i) => 1 + i * 1.25),
+            short_factor: Array.from({ length: 24 }, (_, i) => 1 + i / 12),
+            type: 'longrope',
+          },
+          sliding_window: 262144,
+          tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2, pad_token_id: 2,
         },
       };
   }

@@ -31,7 +31,7 @@ import type { ModelConfig } from './config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR } from './config.ts';
 import { ElemType, GraphBuilder, MS_DOMAIN, writeFloats } from './onnx-builder.ts';
 import { q4BlocksPerRow, q4Bytes, quantizeQ4, Q4_BLOCK, type Q4Matrix, type Q4Scheme } from './quantize.ts';
-import { attentionScale, ropeInvFreq } from './rope.ts';
+import { attentionScale, ropeAttentionFactor, ropeInvFreq } from './rope.ts';
 import type { BuiltGraph, WeightSource, WeightTensor } from './graph.ts';
 
 export const FUSED_IO = {
@@ -64,6 +64,8 @@ export function fusedUnsupportedReason(cfg: ModelConfig): string | null {
   const known: readonly string[] = ['llama', 'mistral', 'qwen2', 'qwen3', 'phi3'];
   if (!known.includes(cfg.architecture)) return `architecture ${cfg.architecture}`;
   if (cfg.headDim % 16 !== 0) return `head_dim ${cfg.headDim} is not a multiple of 16`;
+  // GroupQueryAttention's rotary: "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8".
+  if ((cfg.rotaryDim / 2) % 8 !== 0) return `rotary dim ${cfg.rotaryDim} is not a multiple of 16`;
   if (cfg.hiddenSize % Q4_BLOCK !== 0 || cfg.intermediateSize % Q4_BLOCK !== 0) return 'hidden or intermediate size is not a multiple of 32';
   return null;
 }
@@ -205,9 +207,13 @@ class FusedBuilder {
     return [norm(q, `${p}.q_norm.weight`), norm(k, `${p}.k_norm.weight`), v];
   }
 
-  /** cos/sin caches [maxContext, headDim/2] from the model's (possibly scaled) rotary frequencies. */
+  /**
+   * cos/sin caches [maxContext, rotaryDim/2] from the model's (possibly scaled) rotary frequencies,
+   * times longrope's attention factor; with rotaryDim < headDim GQA rotates only the leading values.
+   */
   rotaryCaches(): { cos: string; sin: string } {
     const inv = ropeInvFreq(this.cfg);
+    const af = ropeAttentionFactor(this.cfg);
     const half = inv.length;
     const max = this.opts.maxContext;
     const table = (fn: (a: number) => number) => (dst: Uint8Array) => {
@@ -218,8 +224,8 @@ class FusedBuilder {
       }
     };
     return {
-      cos: this.g.initializer('rotary.cos_cache', ElemType.FLOAT, [max, half], table(Math.cos)),
-      sin: this.g.initializer('rotary.sin_cache', ElemType.FLOAT, [max, half], table(Math.sin)),
+      cos: this.g.initializer('rotary.cos_cache', ElemType.FLOAT, [max, half], table((a) => Math.cos(a) * af)),
+      sin: this.g.initializer('rotary.sin_cache', ElemType.FLOAT, [max, half], table((a) => Math.sin(a) * af)),
     };
   }
 }

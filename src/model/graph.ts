@@ -4,7 +4,7 @@
  *
  * Interface of a layer-range graph (names are what the executor feeds):
  *   hidden_states          f32 [1, seq, hidden]
- *   rope_cos, rope_sin     f32 [1, seq, 1, headDim]   (see rope.ts: signed sin)
+ *   rope_cos, rope_sin     f32 [1, seq, 1, rotaryDim] (see rope.ts: signed sin; rotaryDim = headDim but for partial rotary)
  *   attention_mask         f32 [groups*seq, past+seq] additive, 0 or a large negative
  *   past_key_values.N.key/value   [1, past, kvHeads, headDim]  (f32, or f16 in the f16 variant)
  * out:
@@ -143,6 +143,13 @@ function rope(g: GraphBuilder, x: string, cos: string, sin: string): string {
   return g.op1('Add', [g.op1('Mul', [x, cos]), g.op1('Mul', [swapped, sin])]);
 }
 
+/** RoPE on the first `rotaryDim` of `headDim` values (partial rotary), the rest passed through. */
+function partialRope(g: GraphBuilder, x: string, cos: string, sin: string, rotaryDim: number, headDim: number): string {
+  if (rotaryDim === headDim) return rope(g, x, cos, sin);
+  const [rot, pass] = g.op('Split', [x, g.constI64('rotary_split', [rotaryDim, headDim - rotaryDim])], { axis: -1 }, 2) as [string, string];
+  return g.op1('Concat', [rope(g, rot, cos, sin), pass], { axis: -1 });
+}
+
 export interface LayerGraphOptions {
   dtype?: GraphDtype;
 }
@@ -160,8 +167,9 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
 
   const g = new GraphBuilder(`layers_${start}_${end}`);
   let x = g.input(IO.hidden, ElemType.FLOAT, [1, 'seq', h]);
-  let cos = g.input(IO.ropeCos, ElemType.FLOAT, [1, 'seq', 1, D]);
-  let sin = g.input(IO.ropeSin, ElemType.FLOAT, [1, 'seq', 1, D]);
+  const R = cfg.rotaryDim;
+  let cos = g.input(IO.ropeCos, ElemType.FLOAT, [1, 'seq', 1, R]);
+  let sin = g.input(IO.ropeSin, ElemType.FLOAT, [1, 'seq', 1, R]);
   let mask = g.input(IO.mask, ElemType.FLOAT, ['groups_seq', 'total']);
   if (f16) {
     cos = g.op1('Cast', [cos], { to: ElemType.FLOAT16 });
@@ -177,9 +185,9 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
   const shapeRows = g.constI64('shape_rows', [0, 0, -1, D]);
   const shapeSplitRows = g.constI64('shape_split_rows', [0, 0, groups, -1, D]);
   const shapeMerge = g.constI64('shape_merge', [0, 0, -1]);
-  // 1/sqrt(headDim) (times longrope's attention factor squared) folded into q_proj: RoPE is linear,
-  // so scaling before it is exact and free at run time. Qwen3 normalizes q after the projection,
-  // which would undo the scale there: it goes into q_norm's weight instead.
+  // 1/sqrt(headDim) folded into q_proj: RoPE is linear, so scaling before it is exact and free at
+  // run time. Qwen3 normalizes q after the projection, which would undo the scale there: it goes
+  // into q_norm's weight instead. (longrope's attention factor is in the rotary tables.)
   const qScale = attentionScale(cfg);
   const shapeQkHeads = cfg.qkNorm ? g.constI64('shape_qk_heads', [0, 0, -1, D]) : '';
 
@@ -211,8 +219,8 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
       k = g.op1('Reshape', [toCompute(rmsNorm(g, toResidual(k), wkn, eps)), shapeQkHeads]);
     }
     g.op1('Reshape', [linear(g, n1, wv, bv), shapeKv], {}, IO.presentValue(l));
-    const qr = rope(g, q, cos, sin);
-    g.op1('Identity', [rope(g, k, cos, sin)], {}, IO.presentKey(l));
+    const qr = partialRope(g, q, cos, sin, R, D);
+    g.op1('Identity', [partialRope(g, k, cos, sin, R, D)], {}, IO.presentKey(l));
 
     const kAll = g.op1('Concat', [pastK, IO.presentKey(l)], { axis: 1 });
     const vAll = g.op1('Concat', [pastV, IO.presentValue(l)], { axis: 1 });

@@ -25,18 +25,20 @@ export function newRefCache(cfg: ModelConfig): RefKvCache {
 
 /** Rotary inverse frequencies: plain, llama3-scaled, or longrope's short factors (positions below the original length). */
 function ropeFrequencies(cfg: ModelConfig): Float64Array {
-  const half = cfg.headDim / 2;
+  // Partial rotary (Phi-4-mini): frequencies over the rotated dims only.
+  const dim = cfg.rotaryDim;
+  const half = dim / 2;
   const out = new Float64Array(half);
   const sc = cfg.ropeScaling;
   for (let i = 0; i < half; i++) {
-    const base = Math.pow(cfg.ropeTheta, -(2 * i) / cfg.headDim);
+    const base = Math.pow(cfg.ropeTheta, -(2 * i) / dim);
     if (!sc) {
       out[i] = base;
       continue;
     }
     if (sc.type === 'longrope') {
       // transformers: inv_freq = 1 / (ext_factors * base ** (arange(0, dim, 2) / dim)).
-      out[i] = 1 / (sc.shortFactor[i]! * Math.pow(cfg.ropeTheta, (2 * i) / cfg.headDim));
+      out[i] = 1 / (sc.shortFactor[i]! * Math.pow(cfg.ropeTheta, (2 * i) / dim));
       continue;
     }
     const wavelen = (2 * Math.PI) / base;
@@ -111,9 +113,9 @@ export class ReferenceModel {
     return y;
   }
 
-  /** rotate_half RoPE on one head vector in place. */
+  /** rotate_half RoPE on one head vector in place: its first rotaryDim values (transformers' q_rot; q_pass stays). */
   private rotate(v: Float64Array, off: number, pos: number): void {
-    const half = this.cfg.headDim / 2;
+    const half = this.cfg.rotaryDim / 2;
     for (let i = 0; i < half; i++) {
       const a = v[off + i]!;
       const b = v[off + half + i]!;

@@ -5,11 +5,11 @@
  */
 import type { ModelConfig } from './config.ts';
 
-/** Inverse frequencies (headDim/2 of them) with llama3 or longrope (short-factor) scaling, as transformers computes them. */
+/** Inverse frequencies (rotaryDim/2 of them) with llama3 or longrope (short-factor) scaling, as transformers computes them. */
 export function ropeInvFreq(cfg: ModelConfig): Float64Array {
-  const half = cfg.headDim / 2;
+  const half = cfg.rotaryDim / 2;
   const inv = new Float64Array(half);
-  for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(cfg.ropeTheta, (2 * i) / cfg.headDim);
+  for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(cfg.ropeTheta, (2 * i) / cfg.rotaryDim);
   const s = cfg.ropeScaling;
   if (!s) return inv;
   if (s.type === 'longrope') {
@@ -33,25 +33,25 @@ export function ropeInvFreq(cfg: ModelConfig): Float64Array {
 
 /**
  * The factor transformers multiplies cos and sin by (longrope's
- * attention_factor; 1 otherwise). It scales q and k alike, so the graphs
- * fold its square into the attention scale instead of the rotary tables.
+ * attention_factor; 1 otherwise). It goes into the rotary tables, not the
+ * softmax scale: with partial rotary only the rotated values carry it.
  */
 export function ropeAttentionFactor(cfg: ModelConfig): number {
   return cfg.ropeScaling?.type === 'longrope' ? cfg.ropeScaling.attentionFactor : 1;
 }
 
-/** The softmax scale of attention scores: 1/sqrt(head_dim), times the rotary attention factor squared. */
+/** The softmax scale of attention scores, 1/sqrt(head_dim) (transformers' `scaling`). */
 export function attentionScale(cfg: ModelConfig): number {
-  const af = ropeAttentionFactor(cfg);
-  return (af * af) / Math.sqrt(cfg.headDim);
+  return 1 / Math.sqrt(cfg.headDim);
 }
 
 /**
- * cos and signed sin for positions [start, start+count), each [count, headDim].
+ * cos and signed sin for positions [start, start+count), each [count, rotaryDim].
  * The sin table carries -sin on the first half so the graph computes
  * rotate_half as a swap of halves with no Neg: x*cos + swap(x)*sinSigned.
+ * `factor` multiplies both (ropeAttentionFactor).
  */
-export function ropeTables(invFreq: Float64Array, start: number, count: number): { cos: Float32Array; sin: Float32Array } {
+export function ropeTables(invFreq: Float64Array, start: number, count: number, factor = 1): { cos: Float32Array; sin: Float32Array } {
   const half = invFreq.length;
   const dim = half * 2;
   const cos = new Float32Array(count * dim);
@@ -60,8 +60,8 @@ export function ropeTables(invFreq: Float64Array, start: number, count: number):
     const base = p * dim;
     for (let i = 0; i < half; i++) {
       const a = (start + p) * invFreq[i]!;
-      const c = Math.cos(a);
-      const s = Math.sin(a);
+      const c = Math.cos(a) * factor;
+      const s = Math.sin(a) * factor;
       cos[base + i] = c;
       cos[base + half + i] = c;
       sin[base + i] = -s;

@@ -15,7 +15,7 @@ import { MeshError } from '../../src/protocol/errors.ts';
 import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend, prompts, type Fixture } from '../helpers/shard.ts';
 
-const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3'] as const;
+const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini'] as const;
 const PLAIN_TOL = 1e-4; // test/graph.test.ts
 const FUSED_TOL = 2e-5; // test/fused-executor.test.ts (relative to max(1, scale))
 const F16_TOL = 2e-2; // test/graph.test.ts
@@ -112,6 +112,8 @@ describe('the presets exercise what makes each architecture different', () => {
     differs('tiny-phi3', (c) => (c.ropeScaling?.type === 'longrope' ? { ...c, ropeScaling: { ...c.ropeScaling, attentionFactor: 1 } } : c));
     differs('tiny-phi3', (c) => (c.ropeScaling?.type === 'longrope' ? { ...c, ropeScaling: { ...c.ropeScaling, shortFactor: c.ropeScaling.shortFactor.map(() => 1) } } : c));
   });
+  it('Phi-4-mini: partial rotary (48 of 64 values rotate)', () =>
+    differs('tiny-phi4mini', (c) => ({ ...c, rotaryDim: c.headDim, ropeScaling: c.ropeScaling?.type === 'longrope' ? { ...c.ropeScaling, shortFactor: [...c.ropeScaling.shortFactor, 3, 3, 3, 3, 3, 3, 3, 3] } : c.ropeScaling })));
   it('Qwen3: q_norm / k_norm', () => {
     const f = fixture('tiny-qwen3');
     const prompt = prompts(f.cfg.vocabSize, 3, 11)[2]!;

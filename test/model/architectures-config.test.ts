@@ -78,7 +78,7 @@ describe('published architectures', () => {
     // transformers: factor = 131072 / 4096 = 32, attention_factor = sqrt(1 + ln 32 / ln 4096).
     expect(c.ropeScaling.attentionFactor).toBeCloseTo(Math.sqrt(1 + Math.log(32) / Math.log(4096)), 12);
     expect(ropeAttentionFactor(c)).toBeCloseTo(1.1902380714238083, 12);
-    expect(attentionScale(c)).toBeCloseTo(1.1902380714238083 ** 2 / Math.sqrt(96), 12);
+    expect(attentionScale(c)).toBeCloseTo(1 / Math.sqrt(96), 12);
     expect(c.maxPositionEmbeddings).toBe(4096);
     const inv = ropeInvFreq(c);
     expect(inv).toHaveLength(48);
@@ -86,6 +86,17 @@ describe('published architectures', () => {
     // An explicit attention_factor wins.
     const given = parseModelConfig({ ...PHI35_MINI, rope_scaling: { ...PHI35_MINI.rope_scaling, attention_factor: 1.5 } });
     expect(ropeAttentionFactor(given)).toBe(1.5);
+  });
+
+  it('Phi-4-mini: partial_rotary_factor 0.75 rotates 96 of head_dim 128; longrope factors cover the rotated half', () => {
+    const c = parseModelConfig({
+      ...PHI35_MINI, hidden_size: 3072, num_attention_heads: 24, num_key_value_heads: 8, partial_rotary_factor: 0.75, tie_word_embeddings: true, vocab_size: 200064,
+      rope_scaling: { long_factor: ramp(1, 60), short_factor: ramp(1, 3), type: 'longrope' },
+    });
+    expect(c.headDim).toBe(128);
+    expect(c.rotaryDim).toBe(96);
+    expect(ropeInvFreq(c)).toHaveLength(48);
+    expect(ropeInvFreq(c)[1]).toBeCloseTo(1 / ((1 + 2 / 47) * 10000 ** (2 / 96)), 15);
   });
 
   it('refuses what it cannot run, naming what is supported', () => {
@@ -97,8 +108,8 @@ describe('published architectures', () => {
     const rope = errorOf(() => parseModelConfig({ ...QWEN3_06B, rope_scaling: { rope_type: 'yarn', factor: 4, original_max_position_embeddings: 32768 } }));
     expect(rope.message).toMatch(/"yarn" is not supported \(supported: default, llama3, longrope\)/);
     expect(errorOf(() => parseModelConfig({ ...QWEN3_06B, model_type: 'llama' })).message).toMatch(/does not match/);
-    expect(errorOf(() => parseModelConfig({ ...PHI35_MINI, rope_scaling: { ...PHI35_MINI.rope_scaling, short_factor: [1, 2] } })).message).toMatch(/head_dim\/2 = 48/);
-    expect(errorOf(() => parseModelConfig({ ...PHI3_MINI_4K, partial_rotary_factor: 0.75 })).message).toMatch(/partial_rotary_factor/);
+    expect(errorOf(() => parseModelConfig({ ...PHI35_MINI, rope_scaling: { ...PHI35_MINI.rope_scaling, short_factor: [1, 2] } })).message).toMatch(/rotary dim\/2 = 48/);
+    expect(errorOf(() => parseModelConfig({ ...PHI3_MINI_4K, partial_rotary_factor: 0.7 })).message).toMatch(/partial_rotary_factor": rotates 67 of head_dim 96/);
     expect(errorOf(() => parseModelConfig({ ...QWEN3_06B, use_sliding_window: true })).message).toMatch(/use_sliding_window/);
     expect(errorOf(() => parseModelConfig({ ...QWEN3_06B, attention_bias: true })).message).toMatch(/attention_bias/);
   });
