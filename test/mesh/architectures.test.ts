@@ -1,6 +1,6 @@
 /**
  * Every published architecture through a real mesh: a relay, one tracker
- * serving all six presets, and per architecture three `meshnet node`
+ * serving all seven presets, and per architecture three `meshnet node`
  * processes (layers 0-1, 1-3, 3-4) loading that preset from the static
  * server. Three chats of 32 greedy tokens each, through the tracker's
  * OpenAI API, must stream exactly the float64 reference's tokens (cut at the
@@ -26,7 +26,7 @@ import { fixture } from '../helpers/shard.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
 import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
 
-const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen2', 'tiny-qwen3', 'tiny-phi3'] as const;
+const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen2', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini'] as const;
 const TOKENS = 32;
 const CHATS = [
   [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }],

@@ -14,7 +14,7 @@ import { expectedTensorShape, layerTensorNames } from '../../src/model/config.ts
 import { loadModelSpec } from '../../src/tracker/model-registry.ts';
 
 const SIZING = { weightBytesPerParam: 4, kvReserveContextTokens: 256, kvReserveSessions: 1 };
-const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3'] as const;
+const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini'] as const;
 
 describe('tracker registration of the published architectures', () => {
   const work = mkdtempSync(join(tmpdir(), 'meshnet-arch-reg-'));
