@@ -188,6 +188,23 @@ function ropeScalingOf(c: z.infer<typeof ConfigSchema>, rotaryDim: number, file:
   fail(file, `field "rope_scaling.rope_type": "${kind}" is not supported (supported: ${ROPE_TYPES.join(', ')})`);
 }
 
+/**
+ * Configs saved by transformers 5 carry `rope_parameters` ({rope_type, rope_theta, factor, ...})
+ * instead of `rope_theta` + `rope_scaling`: mapped onto the older keys, which win when both exist.
+ */
+function withRopeParameters(json: Record<string, unknown>, file: string): Record<string, unknown> {
+  const rp = json.rope_parameters;
+  if (rp === undefined || rp === null) return json;
+  if (typeof rp !== 'object' || Array.isArray(rp) || !('rope_type' in rp || 'rope_theta' in rp)) {
+    fail(file, 'field "rope_parameters": per-layer-type rotary parameters are not supported');
+  }
+  const { rope_theta: theta, ...scaling } = rp as Record<string, unknown>;
+  const out = { ...json };
+  if (out.rope_theta === undefined && theta !== undefined) out.rope_theta = theta;
+  if (out.rope_scaling === undefined || out.rope_scaling === null) out.rope_scaling = scaling.rope_type === 'default' ? null : scaling;
+  return out;
+}
+
 export function parseModelConfig(json: unknown, file = 'config.json'): ModelConfig {
   if (typeof json !== 'object' || json === null || Array.isArray(json)) fail(file, 'not a JSON object');
   const raw = json as { architectures?: unknown; model_type?: unknown };
@@ -199,7 +216,7 @@ export function parseModelConfig(json: unknown, file = 'config.json'): ModelConf
   if (Array.isArray(archs) && typeof archs[0] === 'string' && !(archs[0] in ARCHITECTURES)) {
     fail(file, `unsupported architecture "${archs[0]}" (supported: ${SUPPORTED.architectures.join(', ')})`);
   }
-  const parsed = ConfigSchema.safeParse(json);
+  const parsed = ConfigSchema.safeParse(withRopeParameters(json as Record<string, unknown>, file));
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;
     fail(file, `field "${issue.path.join('.') || '(root)'}": ${issue.message}`);

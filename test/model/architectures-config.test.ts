@@ -99,6 +99,18 @@ describe('published architectures', () => {
     expect(ropeInvFreq(c)[1]).toBeCloseTo(1 / ((1 + 2 / 47) * 10000 ** (2 / 96)), 15);
   });
 
+  it('reads transformers 5 `rope_parameters` like rope_theta + rope_scaling', () => {
+    const { rope_theta: _t, rope_scaling: _s, ...bare } = QWEN3_06B;
+    expect(parseModelConfig({ ...bare, rope_parameters: { rope_type: 'default', rope_theta: 1000000 } }).ropeTheta).toBe(1000000);
+    const llama = parseModelConfig({
+      ...bare, architectures: ['LlamaForCausalLM'], model_type: 'llama',
+      rope_parameters: { rope_type: 'llama3', rope_theta: 500000, factor: 32, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 8192 },
+    });
+    expect(llama.ropeTheta).toBe(500000);
+    expect(llama.ropeScaling).toEqual({ type: 'llama3', factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 });
+    expect(errorOf(() => parseModelConfig({ ...bare, rope_parameters: { full_attention: { rope_type: 'default' } } })).message).toMatch(/per-layer-type/);
+  });
+
   it('refuses what it cannot run, naming what is supported', () => {
     const mt = errorOf(() => parseModelConfig({ ...QWEN3_06B, model_type: 'gemma2', architectures: ['Gemma2ForCausalLM'] }));
     expect(mt.message).toMatch(/unsupported model_type "gemma2"/);
