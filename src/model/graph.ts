@@ -4,7 +4,7 @@
  *
  * Interface of a layer-range graph (names are what the executor feeds):
  *   hidden_states          f32 [1, seq, hidden]
- *   rope_cos, rope_sin     f32 [1, seq, 1, rotaryDim] (see rope.ts: signed sin; rotaryDim = headDim but for partial rotary)
+ *   rope_cos, rope_sin     f32 [1, seq, 1, headDim]   (see rope.ts: signed sin; partial rotary uses the first rotaryDim)
  *   attention_mask         f32 [groups*seq, past+seq] additive, 0 or a large negative
  *   past_key_values.N.key/value   [1, past, kvHeads, headDim]  (f32, or f16 in the f16 variant)
  * out:
@@ -27,7 +27,7 @@
  */
 import type { ModelConfig } from './config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, projectionRows } from './config.ts';
-import { attentionScale } from './rope.ts';
+import { attentionScale, ropeAttentionFactor } from './rope.ts';
 import { ElemType, GraphBuilder, writeFloats, type ElemTypeId } from './onnx-builder.ts';
 
 export interface WeightTensor {
@@ -168,8 +168,21 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
   const g = new GraphBuilder(`layers_${start}_${end}`);
   let x = g.input(IO.hidden, ElemType.FLOAT, [1, 'seq', h]);
   const R = cfg.rotaryDim;
-  let cos = g.input(IO.ropeCos, ElemType.FLOAT, [1, 'seq', 1, R]);
-  let sin = g.input(IO.ropeSin, ElemType.FLOAT, [1, 'seq', 1, R]);
+  let cos = g.input(IO.ropeCos, ElemType.FLOAT, [1, 'seq', 1, D]);
+  let sin = g.input(IO.ropeSin, ElemType.FLOAT, [1, 'seq', 1, D]);
+  if (R < D) {
+    // Partial rotary: the tables' rows are headDim wide with the rotated half-pairs first (rope.ts).
+    const slice = (t: string) => g.op1('Slice', [t, g.constI64('rot_start', [0]), g.constI64('rot_end', [R]), g.constI64('rot_axis', [-1])]);
+    cos = slice(cos);
+    sin = slice(sin);
+  }
+  const af = ropeAttentionFactor(cfg);
+  if (af !== 1) {
+    // longrope's attention factor on cos and sin, as transformers applies it.
+    const f = g.constF('rope_factor', [af]);
+    cos = g.op1('Mul', [cos, f]);
+    sin = g.op1('Mul', [sin, f]);
+  }
   let mask = g.input(IO.mask, ElemType.FLOAT, ['groups_seq', 'total']);
   if (f16) {
     cos = g.op1('Cast', [cos], { to: ElemType.FLOAT16 });
@@ -187,7 +200,7 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
   const shapeMerge = g.constI64('shape_merge', [0, 0, -1]);
   // 1/sqrt(headDim) folded into q_proj: RoPE is linear, so scaling before it is exact and free at
   // run time. Qwen3 normalizes q after the projection, which would undo the scale there: it goes
-  // into q_norm's weight instead. (longrope's attention factor is in the rotary tables.)
+  // into q_norm's weight instead. (longrope's attention factor multiplies cos/sin above.)
   const qScale = attentionScale(cfg);
   const shapeQkHeads = cfg.qkNorm ? g.constI64('shape_qk_heads', [0, 0, -1, D]) : '';
 

@@ -33,8 +33,8 @@ export function ropeInvFreq(cfg: ModelConfig): Float64Array {
 
 /**
  * The factor transformers multiplies cos and sin by (longrope's
- * attention_factor; 1 otherwise). It goes into the rotary tables, not the
- * softmax scale: with partial rotary only the rotated values carry it.
+ * attention_factor; 1 otherwise). The graphs apply it to their cos/sin, not
+ * to the softmax scale: with partial rotary only the rotated values carry it.
  */
 export function ropeAttentionFactor(cfg: ModelConfig): number {
   return cfg.ropeScaling?.type === 'longrope' ? cfg.ropeScaling.attentionFactor : 1;
@@ -46,22 +46,24 @@ export function attentionScale(cfg: ModelConfig): number {
 }
 
 /**
- * cos and signed sin for positions [start, start+count), each [count, rotaryDim].
+ * cos and signed sin for positions [start, start+count), each [count, width].
  * The sin table carries -sin on the first half so the graph computes
  * rotate_half as a swap of halves with no Neg: x*cos + swap(x)*sinSigned.
- * `factor` multiplies both (ropeAttentionFactor).
+ * Rows are `width` apart (headDim for the graphs' inputs): with partial
+ * rotary only the first rotaryDim values of a row are set, and the graph
+ * slices them off.
  */
-export function ropeTables(invFreq: Float64Array, start: number, count: number, factor = 1): { cos: Float32Array; sin: Float32Array } {
+export function ropeTables(invFreq: Float64Array, start: number, count: number, width = invFreq.length * 2): { cos: Float32Array; sin: Float32Array } {
   const half = invFreq.length;
-  const dim = half * 2;
+  const dim = width;
   const cos = new Float32Array(count * dim);
   const sin = new Float32Array(count * dim);
   for (let p = 0; p < count; p++) {
     const base = p * dim;
     for (let i = 0; i < half; i++) {
       const a = (start + p) * invFreq[i]!;
-      const c = Math.cos(a) * factor;
-      const s = Math.sin(a) * factor;
+      const c = Math.cos(a);
+      const s = Math.sin(a);
       cos[base + i] = c;
       cos[base + half + i] = c;
       sin[base + i] = -s;

@@ -14,7 +14,7 @@
 import type { ModelConfig } from '../model/config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
 import { IO, buildEmbedGraph, buildHeadGraph, buildLayersGraph, maskValue, type GraphDtype, type WeightSource } from '../model/graph.ts';
-import { ropeAttentionFactor, ropeInvFreq, ropeTables } from '../model/rope.ts';
+import { ropeInvFreq, ropeTables } from '../model/rope.ts';
 import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
@@ -290,10 +290,10 @@ export class ShardExecutor {
     const rowElems = KV * D;
     const kvType = this.dtype === 'f16' ? 'float16' : 'float32';
     const emptyPast = this.dtype === 'f16' ? new Uint16Array(0) : new Float32Array(0);
-    const { cos, sin } = ropeTables(this.invFreq, position, seq, ropeAttentionFactor(cfg));
+    const { cos, sin } = ropeTables(this.invFreq, position, seq, D);
     const shared: Record<string, BackendTensor> = {
-      [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, seq, 1, cfg.rotaryDim] },
-      [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, seq, 1, cfg.rotaryDim] },
+      [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, seq, 1, D] },
+      [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, seq, 1, D] },
       [IO.mask]: { type: 'float32', data: this.causalMask(position, seq), dims: [(cfg.numHeads / KV) * seq, position + seq] },
     };
 
