@@ -82,7 +82,8 @@ describe('fortunes-tiny on three Node.js nodes behind a tracker (f32 on the wire
       expect(text).toMatch(/^[A-Z][A-Za-z]* [A-Za-z]+ [a-z]+/);
     }
     // The chat crossed all three nodes.
-    const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { recent_routes: Array<{ kind: string; hops: unknown[] }> };
+    const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { models: Array<{ wire_dtype: string }>; recent_routes: Array<{ kind: string; hops: unknown[] }> };
     expect(d.recent_routes.find((r) => r.kind === 'generate')?.hops).toHaveLength(3);
+    expect(d.models[0]!.wire_dtype).toBe('f32');
   });
 });
