@@ -257,6 +257,12 @@ describe('PipelineDriver', () => {
     expect(ids(ev)).toEqual(want);
     expect(net.log.length).toBeGreaterThan(0);
     expect(new Set(net.log.map((l) => l.headers['x-meshnet-dtype']))).toEqual(new Set(['f32']));
+    // f16 travels the same way (2 bytes per element, checked by each hop against the shape); its tokens may differ at a near-tie, so only completion is asserted.
+    const f16 = new PipelineDriver({ executor: head, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetch }), wireDtype: 'f16' });
+    net.log.length = 0;
+    const ev16 = await run(f16, [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 12 });
+    expect(ev16.at(-1)).toMatchObject({ type: 'done', completion_tokens: 12 });
+    expect(new Set(net.log.map((l) => l.headers['x-meshnet-dtype']))).toEqual(new Set(['f16']));
     // A hop that answers bf16 bytes labelled bf16 to an f32 request: refused by the head, not passed on.
     const honest = net.handlers.get('b.test')!;
     net.handlers.set('x.test', async (req) => {
