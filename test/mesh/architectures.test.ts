@@ -6,10 +6,9 @@
  * OpenAI API, must stream exactly the float64 reference's tokens (cut at the
  * first end-of-sequence id, as the head stops there).
  *
- * Activations cross each hop as bf16 (the wire default), which flips greedy
- * choices on these random-weight models within a few tokens; so the
- * reference rounds its float64 activation to bf16 exactly where the mesh's
- * hops do (after layers 1 and 3) — rounding is all it shares with the mesh.
+ * Activations cross the hops as f32 (`--wire-dtype f32` on the tracker and
+ * the pinned nodes): with the bf16 default, rounding at the hops flips greedy
+ * choices on these random-weight models within a few tokens.
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -18,9 +17,8 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
-import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
+import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
-import { decodeTensor, encodeTensor } from '../../src/protocol/tensor.ts';
 import { Identity } from '../../src/node/identity.ts';
 import { fixture } from '../helpers/shard.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
@@ -40,34 +38,13 @@ const CHATS = [
 const HOPS: Array<[number, number]> = [[0, 1], [1, 3], [3, 4]];
 
 const utf8d = new TextDecoder();
-const viaBf16 = (x: Float64Array): Float64Array => Float64Array.from(decodeTensor(encodeTensor(Float32Array.from(x), 'bf16'), 'bf16'));
-
-/** Greedy decoding on the reference, the activation rounded to bf16 between hops as the wire carries it. */
-function greedyOverHops(ref: ReferenceModel, prompt: number[], n: number, hops: Array<[number, number]>): number[] {
-  const cache = newRefCache(ref.cfg);
-  const V = ref.cfg.vocabSize;
-  const out: number[] = [];
-  let ids = prompt;
-  let position = 0;
-  while (out.length < n) {
-    let x = ref.embed(ids);
-    hops.forEach(([a, b], i) => (x = ref.layers(a, b, i === 0 ? x : viaBf16(x), ids.length, position, cache)));
-    const logits = ref.head(x, ids.length).subarray((ids.length - 1) * V);
-    let best = 0;
-    for (let j = 1; j < V; j++) if (logits[j]! > logits[best]!) best = j;
-    out.push(best);
-    position += ids.length;
-    ids = [best];
-  }
-  return out;
-}
 function referenceIds(preset: (typeof PRESETS)[number]): { prompts: number[][]; ids: number[][] } {
   const f = fixture(preset);
   const tok = ModelTokenizer.fromJson(JSON.parse(utf8d.decode(f.files.get('tokenizer.json')!)), JSON.parse(utf8d.decode(f.files.get('tokenizer_config.json')!)), { extraEosTokenIds: f.cfg.eosTokenIds });
   const ref = new ReferenceModel(f.cfg, f.weights);
   const prompts = CHATS.map((m) => tok.encodeChat(m));
   const ids = prompts.map((p) => {
-    const all = greedyOverHops(ref, p, TOKENS, HOPS);
+    const all = ref.greedy(p, TOKENS);
     const eos = all.findIndex((t) => tok.isEos(t));
     return eos >= 0 ? all.slice(0, eos) : all;
   });
@@ -88,7 +65,7 @@ describe('a 3-node mesh per architecture streams the float64 reference through t
     const key = await Identity.generate();
     writeFileSync(join(work, 'tracker.key'), JSON.stringify(await key.export()));
     const models = PRESETS.flatMap((p) => ['--model', `${p}=${st.url}/${p}/`]);
-    tracker = await startTrackerProc([...models, '--relay', relay.url, '--heartbeat-interval-ms', '1000', '--key-file', join(work, 'tracker.key')]);
+    tracker = await startTrackerProc([...models, '--wire-dtype', 'f32', '--relay', relay.url, '--heartbeat-interval-ms', '1000', '--key-file', join(work, 'tracker.key')]);
     client = new OpenAI({ baseURL: `${tracker.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
   }, 120_000);
 
@@ -103,7 +80,7 @@ describe('a 3-node mesh per architecture streams the float64 reference through t
     const want = referenceIds(preset);
     // Random weights: the comparison means little if every chat stops at once.
     expect(want.ids.reduce((n, ids) => n + ids.length, 0)).toBeGreaterThanOrEqual(TOKENS);
-    const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', preset, '--model-url', `${st.url}/${preset}/`, '--budget-mb', '64'];
+    const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', preset, '--model-url', `${st.url}/${preset}/`, '--budget-mb', '64', '--wire-dtype', 'f32'];
     const nodes: NodeProc[] = [];
     try {
       for (const [a, b] of HOPS) nodes.push(await startNode([...common, '--layers', `${a}-${b}`]));
