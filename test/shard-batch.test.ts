@@ -9,7 +9,7 @@
 import { describe, expect, it } from 'vitest';
 import { createWasmBackend } from '../src/cli/onnx-wasm.ts';
 import { ReferenceModel, newRefCache, type RefKvCache } from '../src/model/reference.ts';
-import { MeshError } from '../src/protocol/errors.ts';
+import type { MeshError } from '../src/protocol/errors.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
 import type { ForwardResult, ShardExecutor } from '../src/shard/executor.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend, prompts } from './helpers/shard.ts';

@@ -28,7 +28,7 @@ import type { BackendTensor, OnnxSession } from './backend.ts';
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult } from './executor.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
-import type { CpuKv, KvSession, KvStore } from './kv-store.ts';
+import type { KvSession, KvStore } from './kv-store.ts';
 import { sampleToken } from './sampling.ts';
 
 export interface PackedSegment {
