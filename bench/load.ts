@@ -213,7 +213,14 @@ export interface Round {
 }
 
 /** `c` chats at once, `rounds` times; prompts cycle through the topics (so every text has its alone twin). */
-export async function round(m: Mesh, c: number, rounds: number, alone: Map<number, string>, waitLimitMs: number): Promise<Round> {
+/** What rounds run one at a time add up to (bench/lib/batching.ts interleaves two meshes' rounds). */
+export interface RoundSink {
+  gaps: number[];
+  busyMs: number;
+  tokens: number;
+}
+
+export async function round(m: Mesh, c: number, rounds: number, alone: Map<number, string>, waitLimitMs: number, sink?: RoundSink): Promise<Round> {
   const all: Array<{ i: number; o: Outcome }> = [];
   let wall = 0;
   let busyWall = 0;
@@ -236,6 +243,11 @@ export async function round(m: Mesh, c: number, rounds: number, alone: Map<numbe
   };
   const ttfts = ok.map((x) => x.o.ttftMs ?? NaN).filter(Number.isFinite).sort((a, b) => a - b);
   const gaps = ok.flatMap((x) => x.o.gaps ?? []).sort((a, b) => a - b);
+  if (sink) {
+    sink.gaps.push(...gaps);
+    sink.busyMs += busyWall;
+    sink.tokens += tokens;
+  }
   return {
     concurrency: c,
     chats: all.length,

@@ -32,7 +32,7 @@ describe('batched decode steps in the fused executor (onnxruntime-node CPU)', ()
     const got = await decodeTogether(f, weights, batched, sessions, steps, TOL);
     const want = await decodeTogether(f, weights, alone, sessions, steps, TOL);
     expect(got).toEqual(want);
-    for (const ex of batched) expect(ex.batchStats().sizes[sessions - 1]).toBe(steps);
+    for (const ex of batched) expect(ex.batchStats().sizes[sessions]).toBe(steps);
     for (const ex of alone) expect(ex.batchStats().batches).toBe(sessions + steps * sessions);
     await Promise.all([...batched, ...alone].map((e) => e.release()));
   });

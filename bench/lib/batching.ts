@@ -1,17 +1,18 @@
 /**
- * The batching comparison of bench/load.ts (`--batching`, issue 11): the
- * split mesh (3 nodes, layers 0-4 / 4-8 / 8-12 of `small`, every chat
- * crosses all three) started twice in one run — batching off
- * (`--max-batch 1`), then on — and 1, 2, 4, 8, 16 chats at once on each.
- * Per row: aggregate tokens/s, its ratio to one chat on the same mesh (the
- * target: ≥ 4× at 8 chats with batching on), p50/p95 time between tokens,
- * chats whose text differs from the same prompt alone (target 0), and the
- * batch sizes the nodes ran (GET /info).
+ * The batching comparison of bench/load.ts (`--batching`, issue 11): two
+ * split meshes (3 nodes each, layers 0-4 / 4-8 / 8-12 of `small`, every chat
+ * crosses all three) up at once — batching off (`--max-batch 1`) and on —
+ * and 1, 2, 4, 8, 16 chats at once, the two meshes' rounds interleaved
+ * (off, on, off, on, …) so that a busy machine slows both alike. Per row:
+ * aggregate tokens/s, its ratio to one chat on the same mesh (the target:
+ * ≥ 4× at 8 chats with batching on), p50/p95 time between tokens within a
+ * chat, chats whose text differs from the same prompt alone (target 0), and
+ * the batch sizes the nodes ran (GET /info).
  */
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer } from '../../src/cli/static-server.ts';
-import { aloneTexts, round, startMesh, type Mesh, type Round } from '../load.ts';
-import { fmt, printTable, writeResult } from './stats.ts';
+import { aloneTexts, round, startMesh, type Mesh, type RoundSink } from '../load.ts';
+import { fmt, printTable, quantile, writeResult } from './stats.ts';
 
 export interface BatchingOptions {
   quick: boolean;
@@ -25,10 +26,22 @@ export interface BatchingOptions {
 
 const CHATS = [1, 2, 4, 8, 16];
 
+interface Row {
+  chats: number;
+  rounds: number;
+  ok: number;
+  failed: number;
+  text_mismatches: number;
+  tokens: number;
+  aggregate_tokens_per_s: number;
+  tbt_p50_ms: number;
+  tbt_p95_ms: number;
+}
+
 interface Side {
   max_batch: number;
-  rounds: Round[];
-  /** Per node: runs by batch size (index = sessions in the run), over the whole side. */
+  rows: Row[];
+  /** Per node: runs by batch size (index = sessions in the run), over the whole run. */
   node_batch_sizes: number[][];
 }
 
@@ -36,43 +49,65 @@ async function nodeBatchSizes(m: Mesh): Promise<number[][]> {
   return Promise.all(m.nodes.map(async (n) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { batch?: { sizes: number[] } }).batch?.sizes ?? []));
 }
 
-async function side(modelUrl: string, maxBatch: number, o: BatchingOptions): Promise<Side> {
-  process.stderr.write(`\n[batching] --max-batch ${maxBatch}: starting relay, tracker and 3 nodes...\n`);
-  const m = await startMesh('split', modelUrl, String(maxBatch));
-  try {
-    process.stderr.write('[batching] warm-up and every prompt alone...\n');
-    const alone = await aloneTexts(m);
-    const rounds: Round[] = [];
-    for (const c of CHATS) {
-      process.stderr.write(`[batching] --max-batch ${maxBatch}: ${c} at once...\n`);
-      rounds.push(await round(m, c, o.quick ? (c <= 2 ? 2 : 1) : c <= 4 ? 3 : 2, alone, o.queueWaitMs));
-    }
-    return { max_batch: maxBatch, rounds, node_batch_sizes: await nodeBatchSizes(m) };
-  } finally {
-    await m.stop();
-  }
-}
-
 export async function runBatching(o: BatchingOptions): Promise<void> {
   const st = await startStaticServer({ root: await ensureModel('small') });
-  let off: Side;
-  let on: Side;
+  const meshes: Mesh[] = [];
+  const sides: Side[] = [];
   try {
-    off = await side(`${st.url}/`, 1, o);
-    on = await side(`${st.url}/`, o.maxBatch, o);
+    const batches = [1, o.maxBatch];
+    for (const mb of batches) {
+      process.stderr.write(`\n[batching] --max-batch ${mb}: starting relay, tracker and 3 nodes...\n`);
+      meshes.push(await startMesh('split', `${st.url}/`, String(mb)));
+    }
+    process.stderr.write('[batching] warm-up and every prompt alone, on each mesh...\n');
+    const alone = [await aloneTexts(meshes[0]!), await aloneTexts(meshes[1]!)];
+    const rows: Row[][] = [[], []];
+    for (const c of CHATS) {
+      const reps = o.quick ? (c <= 4 ? 3 : 2) : c <= 4 ? 6 : 3;
+      const sinks: RoundSink[] = [0, 1].map(() => ({ gaps: [], busyMs: 0, tokens: 0 }));
+      const acc = [0, 1].map(() => ({ ok: 0, failed: 0, mismatches: 0 }));
+      process.stderr.write(`[batching] ${c} at once, ${reps} rounds per mesh, interleaved...\n`);
+      for (let r = 0; r < reps; r++) {
+        for (const s of [0, 1]) {
+          const x = await round(meshes[s]!, c, 1, alone[s]!, o.queueWaitMs, sinks[s]);
+          acc[s]!.ok += x.ok;
+          acc[s]!.failed += x.chats - x.ok;
+          acc[s]!.mismatches += x.text_mismatches;
+        }
+      }
+      for (const s of [0, 1]) {
+        const k = sinks[s]!;
+        k.gaps.sort((a, b) => a - b);
+        rows[s]!.push({
+          chats: c,
+          rounds: reps,
+          ok: acc[s]!.ok,
+          failed: acc[s]!.failed,
+          text_mismatches: acc[s]!.mismatches,
+          tokens: k.tokens,
+          aggregate_tokens_per_s: +(k.tokens / (k.busyMs / 1000)).toFixed(2),
+          tbt_p50_ms: +quantile(k.gaps, 0.5).toFixed(1),
+          tbt_p95_ms: +quantile(k.gaps, 0.95).toFixed(1),
+        });
+      }
+    }
+    for (const s of [0, 1]) sides.push({ max_batch: batches[s]!, rows: rows[s]!, node_batch_sizes: await nodeBatchSizes(meshes[s]!) });
   } finally {
+    for (const m of meshes) await m.stop();
     await st.close();
   }
-  const one = (s: Side) => s.rounds[0]!.aggregate_tokens_per_s;
-  console.log(`\nbatching at each hop (${o.label}): split mesh of 3 nodes on small, ${o.maxTokens} max tokens per chat, temperature 0, streamed`);
+  const [off, on] = sides as [Side, Side];
+  const one = (s: Side) => s.rows[0]!.aggregate_tokens_per_s;
+  console.log(`\nbatching at each hop (${o.label}): split mesh of 3 nodes on small, ${o.maxTokens} max tokens per chat, temperature 0, streamed; rounds of the two meshes interleaved`);
   printTable(
     `batching off (--max-batch 1) vs on (--max-batch ${o.maxBatch}), same run`,
-    ['chats', 'off tok/s', 'on tok/s', 'on/off', 'off × 1 chat', 'on × 1 chat', 'off TBT p50', 'off TBT p95', 'on TBT p50', 'on TBT p95', 'text ≠ alone', 'failed'],
+    ['chats', 'rounds', 'off tok/s', 'on tok/s', 'on/off', 'off × 1 chat', 'on × 1 chat', 'off TBT p50', 'off TBT p95', 'on TBT p50', 'on TBT p95', 'text ≠ alone', 'failed'],
     CHATS.map((c, i) => {
-      const a = off.rounds[i]!;
-      const b = on.rounds[i]!;
+      const a = off.rows[i]!;
+      const b = on.rows[i]!;
       return [
         String(c),
+        String(a.rounds),
         a.aggregate_tokens_per_s,
         b.aggregate_tokens_per_s,
         fmt(b.aggregate_tokens_per_s / a.aggregate_tokens_per_s),
@@ -83,11 +118,11 @@ export async function runBatching(o: BatchingOptions): Promise<void> {
         b.tbt_p50_ms,
         b.tbt_p95_ms,
         `${a.text_mismatches}/${b.text_mismatches}`,
-        `${a.chats - a.ok}/${b.chats - b.ok}`,
+        `${a.failed}/${b.failed}`,
       ];
     }),
   );
-  const eight = on.rounds[CHATS.indexOf(8)]!.aggregate_tokens_per_s / one(on);
+  const eight = on.rows[CHATS.indexOf(8)]!.aggregate_tokens_per_s / one(on);
   console.log(`  8 chats with batching: ${fmt(eight)}× one chat (target ≥ 4: ${eight >= 4 ? 'met' : 'NOT met'})`);
   on.node_batch_sizes.forEach((sizes, i) => {
     const runs = sizes.map((n, size) => (size > 0 && n > 0 ? `${size}:${n}` : '')).filter(Boolean);

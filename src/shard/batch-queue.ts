@@ -7,6 +7,9 @@
  *   forward(c) ─┼─ b, c, d queue ─┴─ runBatch([b, c, d])  (when a is done)
  *   forward(d) ─┘
  *
+ * (Requests submitted in the same tick as `a` join `a`'s batch: the queue
+ * starts on the next microtask.)
+ *
  * A request never waits for a batch to fill: the batch is whatever is queued
  * when the executor frees, up to `maxBatch` requests. Only requests with the
  * same batch key (same layers, same input kind, one row, a KV session) join
@@ -69,7 +72,9 @@ export class BatchQueue<Req, Res> {
   submit(req: Req): Promise<Res> {
     return new Promise<Res>((resolve, reject) => {
       this.pending.push({ req, resolve, reject });
-      if (!this.running) this.running = this.drain();
+      // Start on the next microtask, not now: requests submitted in the same tick (a head's steps
+      // for many chats, frames read off one socket) form one batch. Nothing waits for more.
+      if (!this.running) this.running = Promise.resolve().then(() => this.drain());
     });
   }
 

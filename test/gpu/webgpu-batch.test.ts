@@ -40,7 +40,7 @@ describe('batched decode steps in the fused executor on WebGPU', () => {
     const batched = await make(16);
     expect(batched[0]!.onDevice).toBe(true);
     const got = await decodeTogether(f, weights, batched, sessions, steps, TOL, 'gb');
-    for (const ex of batched) expect(ex.batchStats().sizes[sessions - 1]).toBe(steps);
+    for (const ex of batched) expect(ex.batchStats().sizes[sessions]).toBe(steps);
     await Promise.all(batched.map((e) => e.release()));
     const alone = await make(1);
     const want = await decodeTogether(f, weights, alone, sessions, steps, TOL, 'ga');
