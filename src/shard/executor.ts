@@ -8,8 +8,10 @@
  * and stop before any. Fewer, longer segments trade that freedom for fewer
  * session.run calls (see bench/shard.ts for what that buys).
  *
- * Forwards run one at a time: KV positions must advance in request order,
- * and a CPU backend gains nothing from overlapping two runs.
+ * Forwards run one batch at a time (batch-queue.ts): KV positions must
+ * advance in request order, and a CPU backend gains nothing from
+ * overlapping two runs; one-token steps of different sessions queued
+ * together run as one packed batch (packed-batch.ts).
  */
 import type { ModelConfig } from '../model/config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
