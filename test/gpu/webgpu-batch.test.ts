@@ -35,8 +35,12 @@ describe('batched decode steps in the fused executor on WebGPU', () => {
     const weights = projections === 'q4' ? dequantizedWeights(f.weights) : f.weights;
     const sessions = 5;
     const steps = 3;
-    const make = (maxBatch: number): Promise<FusedShardExecutor[]> =>
-      Promise.all([0, 2].map((a) => Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: a, endLayer: a + 2, projections, maxContext: 128, maxBatch, kvBlockTokens: 8 })));
+    // One at a time: onnxruntime-web creates one WebGPU session at a time.
+    const make = async (maxBatch: number): Promise<FusedShardExecutor[]> => {
+      const out: FusedShardExecutor[] = [];
+      for (const a of [0, 2]) out.push(await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: a, endLayer: a + 2, projections, maxContext: 128, maxBatch, kvBlockTokens: 8 }));
+      return out;
+    };
     const batched = await make(16);
     expect(batched[0]!.onDevice).toBe(true);
     const got = await decodeTogether(f, weights, batched, sessions, steps, TOL, 'gb');
