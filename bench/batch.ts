@@ -27,7 +27,7 @@ const argv = process.argv.slice(2);
 const quick = argv.includes('--quick');
 const BASE = Number(argv.includes('--position') ? argv[argv.indexOf('--position') + 1] : 24);
 const SIZES = [1, 2, 4, 8, 16];
-const REPS = quick ? 5 : 15;
+const REPS = quick ? 7 : 21;
 const here = fileURLToPath(new URL('.', import.meta.url));
 
 interface Exec {
@@ -57,21 +57,40 @@ async function open(ex: Exec, B: number, tag: string): Promise<number[]> {
   return pos;
 }
 
-/** Median ms of one step of all B sessions, submitted at once (batched) or one after another (alone). */
-async function time(ex: Exec, B: number, together: boolean, tag: string): Promise<number> {
-  const pos = await open(ex, B, tag);
+/**
+ * Median ms of one step of all B sessions: on `alone` one after another, on
+ * `batched` submitted at once (one run); the two interleaved step by step,
+ * so that a busy machine slows both alike.
+ */
+async function time(alone: Exec, batched: Exec, B: number): Promise<{ alone: number; batched: number }> {
+  const pa = await open(alone, B, `a${B}-`);
+  const pb = await open(batched, B, `b${B}-`);
   const act = new Float32Array(cfg.hiddenSize).fill(0.01);
-  const step = (i: number): ForwardRequest => ({ session: `${tag}${i}`, position: pos[i]!, activation: { data: act, shape: [1, 1, cfg.hiddenSize] } });
-  const samples: number[] = [];
+  const step = (tag: string, pos: number[], i: number): ForwardRequest => ({ session: `${tag}${B}-${i}`, position: pos[i]!, activation: { data: act, shape: [1, 1, cfg.hiddenSize] } });
+  const sa: number[] = [];
+  const sb: number[] = [];
   for (let r = 0; r < REPS + 2; r++) {
-    const t0 = performance.now();
-    if (together) await Promise.all(Array.from({ length: B }, (_, i) => ex.forward(step(i))));
-    else for (let i = 0; i < B; i++) await ex.forward(step(i));
-    if (r >= 2) samples.push(performance.now() - t0); // two warm-up steps
-    for (let i = 0; i < B; i++) pos[i]!++;
+    let t0 = performance.now();
+    for (let i = 0; i < B; i++) await alone.forward(step('a', pa, i));
+    const a = performance.now() - t0;
+    t0 = performance.now();
+    await Promise.all(Array.from({ length: B }, (_, i) => batched.forward(step('b', pb, i))));
+    const b = performance.now() - t0;
+    if (r >= 2) {
+      // Two warm-up steps.
+      sa.push(a);
+      sb.push(b);
+    }
+    for (let i = 0; i < B; i++) {
+      pa[i]!++;
+      pb[i]!++;
+    }
   }
-  for (let i = 0; i < B; i++) ex.dropSession(`${tag}${i}`);
-  return quantile(samples.sort((a, b) => a - b), 0.5);
+  for (let i = 0; i < B; i++) {
+    alone.dropSession(`a${B}-${i}`);
+    batched.dropSession(`b${B}-${i}`);
+  }
+  return { alone: quantile(sa.sort((x, y) => x - y), 0.5), batched: quantile(sb.sort((x, y) => x - y), 0.5) };
 }
 
 interface Row {
@@ -89,9 +108,7 @@ for (const kind of ['plain', 'fused'] as const) {
   const alone = await make(kind, 1);
   for (const B of SIZES) {
     process.stderr.write(`[batch] ${kind} B=${B}\n`);
-    // Interleaved: a busy machine slows both alike.
-    const a = await time(alone, B, false, `a${B}-`);
-    const b = await time(batched, B, true, `b${B}-`);
+    const { alone: a, batched: b } = await time(alone, batched, B);
     rows.push({ kind, batch: B, batched_ms: +b.toFixed(2), alone_ms: +a.toFixed(2), speedup: +(a / b).toFixed(2), batched_ms_per_session: +(b / B).toFixed(2) });
   }
   await batched.release();
