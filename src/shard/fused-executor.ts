@@ -146,7 +146,8 @@ export class FusedShardExecutor {
             reqs,
           ),
       },
-      o.maxBatch ?? DEFAULT_MAX_BATCH,
+      // Under 32 rows on a device backend: onnxruntime-web's WebGPU kernels go wrong at ≥ 32 rows (a known fault, under investigation).
+      Math.min(o.maxBatch ?? DEFAULT_MAX_BATCH, o.backend.device ? 31 : Infinity),
     );
   }
 
