@@ -7,6 +7,7 @@
  * shapes), validated with these schemas on arrival.
  */
 import { z } from 'zod';
+import { WEIGHT_FORMATS } from '../model/weight-format.ts';
 
 const peerId = z.string().regex(/^[0-9a-f]{32}$/);
 
@@ -19,6 +20,8 @@ export const nodeInfoSchema = z.object({
   memory_budget_mb: z.number().positive().max(1 << 24),
   host: z.enum(['browser', 'node']),
   version: z.string().max(40).optional(),
+  /** The format the node holds its weights in; the tracker sizes its span by it. Absent: f32. */
+  weight_format: z.enum(WEIGHT_FORMATS).optional(),
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 
