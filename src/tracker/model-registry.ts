@@ -56,8 +56,6 @@ function joinUrl(base: string, file: string): string {
   return base.endsWith('/') ? base + file : `${base}/${file}`;
 }
 
-const product = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
-
 /** Sizes from a parsed config and, when known, the checkpoint's tensor shapes by name. */
 export function sizeModel(name: string, url: string, config: ModelConfig, o: SizingOptions, shapes?: ReadonlyMap<string, readonly number[]>): ModelSpec {
   const shapeOf = (tensor: string): readonly number[] | null => shapes?.get(tensor) ?? expectedTensorShape(config, tensor);
