@@ -176,8 +176,10 @@ function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFac
       }
       if (!probe.usable || probe.fallback) return chosen(decide(probe), cpu);
       const layer = spec.startLayer;
-      const webgpuMs = await calibrate(await backendFor('webgpu'), config, weights, layer, probe.fp16 ? 'f16' : 'f32');
-      const wasmMs = await calibrate(await backendFor('wasm'), config, weights, layer, 'f32');
+      // Each backend timed on the graphs it would serve with; 4-bit is timed as f32 there (quantizing the layer twice just to time it would cost more than it tells).
+      const timed = (g: SpanGraphs): SpanGraphs => (g.kind === 'fused' ? { kind: 'fused', projections: 'f32' } : g);
+      const webgpuMs = await calibrate(await backendFor('webgpu'), config, weights, layer, timed(graphsFor(config, 'webgpu', probe.fp16, o.weights).graphs));
+      const wasmMs = await calibrate(await backendFor('wasm'), config, weights, layer, timed(graphsFor(config, 'wasm', false, o.weights).graphs));
       const d = decide(probe, { webgpuMs, wasmMs });
       return chosen(d, d.kind === 'webgpu' ? probe.adapter : cpu);
     },
