@@ -12,7 +12,8 @@ describe('graphsFor', () => {
   const cfg = fixtureConfig('tiny');
 
   it('runs f32 and 4-bit weights on the fused graphs, on WASM and WebGPU', () => {
-    expect(graphsFor(cfg, 'wasm', false, 'q4')).toMatchObject({ graphs: { kind: 'fused', projections: 'q4' }, weights: 'q4', precision: 'f32 activations (WASM)' });
+    expect(graphsFor(cfg, 'wasm', false, 'q4')).toMatchObject({ graphs: { kind: 'fused', projections: 'q4' }, weights: 'q4', precision: 'f32 activations (WASM)', why: expect.stringMatching(/slower than f32/) });
+    expect(graphsFor(cfg, 'webgpu', false, 'q4').why).toBeUndefined();
     expect(graphsFor(cfg, 'webgpu', false, 'f32')).toMatchObject({ graphs: { kind: 'fused', projections: 'f32' }, weights: 'f32', precision: expect.stringMatching(/no shader-f16/) });
     expect(graphsFor(cfg, 'wasm', false, 'f32').why).toBeUndefined();
   });

@@ -218,5 +218,7 @@ export function graphsFor(config: ModelConfig, kind: BackendKind, shaderF16: boo
     const why = `plain graphs: the fused graphs refuse this model (${refused})${asked === 'q4' ? ', so f32 weights instead of 4-bit' : ''}`;
     return { graphs: { kind: 'plain', dtype: 'f32' }, weights: 'f32', precision, why };
   }
-  return { graphs: { kind: 'fused', projections: asked }, weights: asked, precision };
+  // Measured (docs/benchmarks.md): onnxruntime-web's WASM MatMulNBits has no fast kernel, so 4-bit buys memory there, not speed.
+  const slow = kind === 'wasm' && asked === 'q4' ? { why: '4-bit on WASM holds ~6x more layers but decodes slower than f32 (onnxruntime-web has no fast WASM MatMulNBits kernel)' } : {};
+  return { graphs: { kind: 'fused', projections: asked }, weights: asked, precision, ...slow };
 }
