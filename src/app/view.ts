@@ -139,6 +139,6 @@ export function renderNeedsConfig(root: ViewRoot, message: string): void {
   setText(el(root, 'headline'), 'No span to serve');
   setText(el(root, 'reason'), message);
   const action = el(root, 'action');
-  setText(action, 'Open this page with ?relay=ws://HOST:PORT/ws&model=<model base URL>&layers=0-6 (optionally &backend=wasm|webgpu).');
+  setText(action, 'Open this page with ?relay=ws://HOST:PORT/ws&model=<model base URL>&layers=0-6 (optionally &backend=wasm|webgpu, &weights=f32|f16|q4).');
   setHidden(action, false);
 }
