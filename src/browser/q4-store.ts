@@ -6,7 +6,8 @@
  * status (and the test that a reload quantizes nothing).
  *
  * A record that does not match its own shape (a damaged or foreign write) is
- * deleted and treated as missing: the executor quantizes it again.
+ * deleted and treated as missing: the executor quantizes it again. A write
+ * that fails (storage full) is logged and the span serves anyway.
  */
 import type { Q4Matrix } from '../model/quantize.ts';
 import { q4BlocksPerRow } from '../model/quantize.ts';
@@ -57,7 +58,12 @@ export function indexedDbQ4Cache(storage: NodeStorage, model: string, counters: 
       counters.quantized++;
       counters.quantizeMs += performance.now() - missAt;
       // Copies: the executor's arrays may be views into a larger buffer.
-      await storage.putQ4({ model, name, n: m.n, k: m.k, packed: m.packed.slice().buffer, scales: m.scales.slice().buffer, zeroPoints: m.zeroPoints ? m.zeroPoints.slice().buffer : null });
+      try {
+        await storage.putQ4({ model, name, n: m.n, k: m.k, packed: m.packed.slice().buffer, scales: m.scales.slice().buffer, zeroPoints: m.zeroPoints ? m.zeroPoints.slice().buffer : null });
+      } catch (e) {
+        // The matrix is in memory and serves; only the next load pays for quantizing it again.
+        console.warn(`meshnet node: could not keep quantized ${name} (${(e as Error).message}); the next load quantizes it again`);
+      }
     },
   };
 }
