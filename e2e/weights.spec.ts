@@ -2,7 +2,8 @@
  * The browser node's weight formats in real Chromium: 4-bit weights are
  * quantized layer by layer in the worker while the span loads and kept in
  * IndexedDB, so a reload quantizes nothing and answers byte for byte the
- * same; its answers match the float64 reference on the dequantized weights.
+ * same (a damaged record is quantized again, alone); its answers match the
+ * float64 reference on the dequantized weights.
  * On SwiftShader (no `shader-f16`) an f16 request runs f32 and the page
  * says why.
  */
@@ -67,6 +68,32 @@ test('4-bit on WASM: quantized once while loading, read back from IndexedDB afte
   expect(after.status).toBe(200);
   expect(Buffer.from(after.body).equals(Buffer.from(before.body))).toBe(true);
   expect(replyJson<{ token_id: number }>(await head()).token_id).toBe(replyJson<{ token_id: number }>(tokBefore).token_id);
+
+  // A damaged record (scales cut short) is dropped and quantized again; the rest still come from storage.
+  const damaged = await page.evaluate(
+    () =>
+      new Promise<string>((resolve, reject) => {
+        const open = indexedDB.open('meshnet');
+        open.onerror = () => reject(open.error);
+        open.onsuccess = () => {
+          const tx = open.result.transaction('q4', 'readwrite');
+          const store = tx.objectStore('q4');
+          const cur = store.openCursor();
+          cur.onsuccess = () => {
+            const c = cur.result!;
+            const r = c.value as { name: string; scales: ArrayBuffer };
+            c.update({ ...r, scales: r.scales.slice(0, 8) });
+            tx.oncomplete = () => resolve(r.name);
+          };
+        };
+      }),
+  );
+  expect(damaged).toMatch(/_proj\.weight$/);
+  await page.reload();
+  s = await waitForState(page, 'serving', 90_000);
+  expect(s.quantization).toMatchObject({ quantized: 1, loaded: 20 });
+  const again = await ask();
+  expect(Buffer.from(again.body).equals(Buffer.from(before.body))).toBe(true);
 });
 
 test('f16 asked on SwiftShader (no shader-f16): runs f32 on the fused graphs, says why on the page, and matches the reference', async ({ page }) => {
