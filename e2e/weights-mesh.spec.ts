@@ -89,6 +89,17 @@ async function meshChat(browser: Browser, weights: WeightFormat, budgetMib: numb
       return d.nodes.length === 3 && d.nodes.every((n) => n.status === 'serving' && n.weight_format === weights) && d.models[0]!.complete;
     }, 30_000, `three serving ${weights} nodes at the tracker, every layer served`);
 
+    // The dashboard shows each node's format.
+    const dash = await browser.newPage();
+    try {
+      await dash.goto(`${tracker.url}/dashboard`);
+      await expect(dash.locator('#nodes tr')).toHaveCount(3 + 1);
+      await expect(dash.locator('#nodes th').nth(3)).toHaveText('weights');
+      await expect(dash.locator('#nodes tr td:nth-child(4)')).toHaveText([weights, weights, weights]);
+    } finally {
+      await dash.close();
+    }
+
     const want = referenceText(ref);
     expect(want.ids.length).toBeGreaterThan(5);
     const got = await streamChat();
