@@ -9,11 +9,17 @@
  *        0.625 bytes a weight, ~6.4x smaller than f32); norms, biases, the
  *        embedding and a tied head stay f32
  */
+import type { NodeInfo } from '../protocol/tracker.ts';
 import { LM_HEAD_TENSOR } from './config.ts';
 import { q4Bytes } from './quantize.ts';
 
 export const WEIGHT_FORMATS = ['f32', 'f16', 'q4'] as const;
 export type WeightFormat = (typeof WEIGHT_FORMATS)[number];
+
+// The wire schema (src/protocol/tracker.ts) spells the same list out; this fails to compile if they drift.
+type WireFormat = NonNullable<NodeInfo['weight_format']>;
+const _sameFormats: [WeightFormat, WireFormat] extends [WireFormat, WeightFormat] ? true : never = true;
+void _sameFormats;
 
 export function isWeightFormat(v: unknown): v is WeightFormat {
   return typeof v === 'string' && (WEIGHT_FORMATS as readonly string[]).includes(v);
