@@ -7,6 +7,7 @@
  * malformed member fails alone. WebGPU runs the same walk in test/gpu.
  */
 import { describe, expect, it } from 'vitest';
+import { createWasmBackend } from '../src/cli/onnx-wasm.ts';
 import type { MeshError } from '../src/protocol/errors.ts';
 import { FusedShardExecutor, type FusedExecutorOptions } from '../src/shard/fused-executor.ts';
 import { decodeTogether } from './helpers/batch.ts';
@@ -34,6 +35,19 @@ describe('batched decode steps in the fused executor (onnxruntime-node CPU)', ()
     expect(got).toEqual(want);
     for (const ex of batched) expect(ex.batchStats().sizes[sessions]).toBe(steps);
     for (const ex of alone) expect(ex.batchStats().batches).toBe(sessions + steps * sessions);
+    await Promise.all([...batched, ...alone].map((e) => e.release()));
+  });
+
+  it('on onnxruntime-web WASM (what a browser node serves with) too', async () => {
+    const f = fixture('tiny');
+    const backend = createWasmBackend({ numThreads: 1 });
+    const make = (maxBatch: number) => Promise.all([fused(f, 0, 2, { backend, maxBatch, kvBlockTokens: 8 }), fused(f, 2, 4, { backend, maxBatch, kvBlockTokens: 8 })]);
+    const batched = await make(16);
+    const alone = await make(1);
+    const got = await decodeTogether(f, f.weights, batched, 4, 3, TOL, 'w');
+    const want = await decodeTogether(f, f.weights, alone, 4, 3, TOL, 'w');
+    expect(got).toEqual(want);
+    for (const ex of batched) expect(ex.batchStats().sizes[4]).toBe(3);
     await Promise.all([...batched, ...alone].map((e) => e.release()));
   });
 
