@@ -20,6 +20,11 @@ export const nodeInfoSchema = z.object({
   memory_budget_mb: z.number().positive().max(1 << 24),
   host: z.enum(['browser', 'node']),
   version: z.string().max(40).optional(),
+  /**
+   * The format the node holds its weights in (WEIGHT_FORMATS of the model's weight-format module, spelled out
+   * so the relay's bundle loads no model code); the tracker sizes its span by it. Absent: f32.
+   */
+  weight_format: z.enum(['f32', 'f16', 'q4']).optional(),
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 
@@ -44,6 +49,8 @@ export const nodeStatsSchema = z.object({
   kv_block_tokens: z.number().int().positive().optional(),
   /** Positions one session may reach on this node (its context). */
   kv_max_tokens: z.number().int().positive().optional(),
+  /** Forward runs by batch size since the span loaded: batch_sizes[n] = runs of n sessions' steps (index 0 unused; issue 11). */
+  batch_sizes: z.array(z.number().int().nonnegative()).max(1025).optional(),
 });
 export type NodeStats = z.infer<typeof nodeStatsSchema>;
 

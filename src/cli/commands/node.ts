@@ -3,6 +3,7 @@ import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
 import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
 import { KV_DEFAULTS } from '../../shard/kv-ledger.ts';
+import { DEFAULT_MAX_BATCH } from '../../shard/batch-queue.ts';
 import { CliError } from '../failure.ts';
 import { NODE_HOST_DEFAULTS } from '../node-options.ts';
 import { int, onShutdown } from '../util.ts';
@@ -49,10 +50,12 @@ export function configure(cmd: Command): void {
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
     .option('--max-context <n>', 'positions one session may reach (its KV cache is sized by what the head declares, up to this)', int, NODE_HOST_DEFAULTS.maxContext)
     .option('--kv-idle-ttl-ms <n>', 'a KV session idle this long may be dropped when a new one needs its room (live sessions never are)', int, KV_DEFAULTS.idleTtlMs)
+    .option('--max-batch <n>', 'most sessions\' one-token steps run together as one batch at this node (1: batching off)', int, DEFAULT_MAX_BATCH)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
     .action(async (o: Record<string, unknown>) => {
       if (!o.tracker && !o.layers) cmd.error('give --tracker, or --layers with --model-url: a tracker (--tracker URL) assigns this node its layers; --layers a-b serves a fixed span');
+      if (!((o.maxBatch as number) >= 1)) cmd.error('--max-batch must be at least 1 (1 turns batching off)');
       if (o.layers && !o.modelUrl) cmd.error('--layers needs --model-url (the checkpoint to load the layers from)');
       if (o.wireDtype && !o.layers) cmd.error('--wire-dtype is for a static span (--layers): a tracker gives its nodes the model\'s wire dtype');
       const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
@@ -77,6 +80,7 @@ export function configure(cmd: Command): void {
         maxBodyBytes: o.maxBodyBytes as number,
         maxContext: o.maxContext as number,
         kvIdleTtlMs: o.kvIdleTtlMs as number,
+        maxBatch: o.maxBatch as number,
         hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
         links: o.links !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.

@@ -51,6 +51,8 @@ export interface NodeHostOptions {
   maxContext: number;
   /** A KV session idle this long may be dropped when room is needed, ms. @defaultValue 120000 */
   kvIdleTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch; 1 turns batching off. @defaultValue 16 */
+  maxBatch?: number;
   /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
   hopOrder: 'relay' | 'direct' | 'adaptive';
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
@@ -87,6 +89,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     memoryBudgetBytes: o.budgetMb * 2 ** 20,
     maxContext: o.maxContext,
     ...(o.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: o.kvIdleTtlMs } : {}),
+    ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     hopOrder: o.hopOrder,
     backendKind: 'onnxruntime-node',
     // A daemon keeps serving what it has and asks again at the next heartbeat.

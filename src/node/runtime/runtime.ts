@@ -16,6 +16,7 @@
  * hand. A host is an adapter (host.ts): src/host/node and src/host/browser.
  */
 import type { ModelConfig } from '../../model/config.ts';
+import type { WeightFormat } from '../../model/weight-format.ts';
 import { encodeBase64Url } from '../../protocol/base64.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { Assignment, GenerateEvent, NodeMessage } from '../../protocol/tracker.ts';
@@ -51,9 +52,13 @@ export interface RuntimeConfig {
   maxContext?: number;
   /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
   kvIdleTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch (issue 11); 1 turns batching off. @defaultValue 16 */
+  maxBatch?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
+  /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
+  weightFormat?: WeightFormat;
   /**
    * A tracker's span that fails to load: retried at the next heartbeat while
    * the old span keeps serving (true: a daemon), or the node stops in the
@@ -314,8 +319,15 @@ export class NodeRuntime {
       public_key: encodeBase64Url(this.identity.publicKey),
       ...(relayAddr ? { relay_addr: relayAddr } : {}),
       ...(this.endpoint ? { endpoint: this.endpoint } : {}),
-      info: { model: this.model ?? 'default', backend: s?.backend.kind ?? this.config.backendKind, memory_budget_mb: this.budget / 2 ** 20, host: this.host.name, version: RUNTIME_VERSION },
-      stats: this.activity.heartbeat(kvHeartbeat(kv, this.budget)),
+      info: {
+        model: this.model ?? 'default',
+        backend: s?.backend.kind ?? this.config.backendKind,
+        memory_budget_mb: this.budget / 2 ** 20,
+        host: this.host.name,
+        version: RUNTIME_VERSION,
+        weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
+      },
+      stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}) },
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       timestamp: Date.now(),
@@ -402,6 +414,7 @@ export class NodeRuntime {
       transport: this.transport,
       memoryBudgetBytes: () => this.budget,
       maxContext: this.config.maxContext ?? 2048,
+      ...(this.config.maxBatch !== undefined ? { maxBatch: this.config.maxBatch } : {}),
       ...(this.config.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: this.config.kvIdleTtlMs } : {}),
       version: RUNTIME_VERSION,
       isPaused: () => this.paused,
