@@ -12,6 +12,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { fixtureTokenizerFiles } from '../../src/cli/real-tokenizers.ts';
 import { realVocabSpec } from '../../src/model/fixture-real-vocab.ts';
+import { memoryFetch } from '../../src/model/memory-fetch.ts';
 import { ModelTokenizer, type ChatMessage } from '../../src/model/tokenizer.ts';
 
 function load(preset: 'llama3-real-vocab' | 'qwen3-real-vocab'): { tok: ModelTokenizer; raw: string; config: Record<string, unknown> } {
@@ -181,4 +182,24 @@ describe('streaming detokenization over the real vocabularies', () => {
       expect(split).toBeGreaterThan(0);
     });
   }
+});
+
+describe('eos ids from generation_config.json', () => {
+  const files = fixtureTokenizerFiles('qwen3-real-vocab')!;
+  const enc = (v: unknown) => new TextEncoder().encode(JSON.stringify(v));
+  const base = new Map([
+    ['tokenizer.json', enc(files.tokenizer)],
+    ['tokenizer_config.json', enc(files.tokenizerConfig)],
+  ]);
+
+  it('are added to the tokenizer\'s own (Qwen3: <|endoftext|> besides <|im_end|>); a missing file adds none', async () => {
+    const withGen = new Map(base).set('generation_config.json', enc(realVocabSpec('qwen3-real-vocab').generationConfig));
+    expect([...(await ModelTokenizer.load(memoryFetch(withGen), 'mem://q/')).eosTokenIds].sort()).toEqual([151643, 151645]);
+    expect((await ModelTokenizer.load(memoryFetch(base), 'mem://q/')).eosTokenIds).toEqual([151645]);
+  });
+
+  it('a malformed generation_config.json is an error naming the file', async () => {
+    const bad = new Map(base).set('generation_config.json', enc({ eos_token_id: 'im_end' }));
+    await expect(ModelTokenizer.load(memoryFetch(bad), 'mem://q/')).rejects.toThrow(/generation_config\.json.*eos_token_id/);
+  });
 });
