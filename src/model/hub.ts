@@ -214,7 +214,7 @@ export async function resolveHubModel(fetchFn: typeof fetch, ref: string | HubRe
     throw new ModelFetchError(`hf:${repo}@${revision}`, `HTTP 404 from ${o.endpoint}: ${which}`, 404);
   }
   if (res.ok) {
-    let sha: string | null = null;
+    let sha: string | null;
     try {
       sha = RevisionAnswer(await res.json());
     } catch {

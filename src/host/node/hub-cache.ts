@@ -13,6 +13,7 @@ import { homedir } from 'node:os';
 import { dirname, join, sep } from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import { ModelFetchError } from '../../model/errors.ts';
 import { isCommitSha, parseHubFileUrl } from '../../model/hub.ts';
 
@@ -69,7 +70,7 @@ export function cachingHubFetch(fetchFn: typeof fetch, o: { endpoint: string; di
       },
     });
     try {
-      await pipeline(Readable.fromWeb(res.body as import('node:stream/web').ReadableStream), count, createWriteStream(tmp));
+      await pipeline(Readable.fromWeb(res.body as WebReadableStream), count, createWriteStream(tmp));
       if (expected !== null && got !== expected) throw new ModelFetchError(what, `truncated: the server sent ${got} of ${expected} bytes`);
       await rename(tmp, path);
     } catch (e) {
