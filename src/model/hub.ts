@@ -52,7 +52,7 @@ export function isCommitSha(revision: string): boolean {
 }
 
 /** `HF_ENDPOINT` without a trailing slash (a mirror, or the test mimic), else the public hub. */
-export function hubEndpoint(env: Record<string, string | undefined> = {}): string {
+export function hubEndpoint(env: { HF_ENDPOINT?: string | undefined } = {}): string {
   const e = env.HF_ENDPOINT?.trim() || DEFAULT_HUB_ENDPOINT;
   return e.replace(/\/+$/, '');
 }

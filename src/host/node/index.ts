@@ -14,6 +14,8 @@ import { decodeBase64 } from '../../protocol/base64.ts';
 import type { LogLevel } from '../../node/runtime/host.ts';
 import { NodeRuntime, type RuntimeEvent } from '../../node/runtime/runtime.ts';
 import { nodeAdapter } from './adapter.ts';
+import { defaultCacheDir } from './hub-cache.ts';
+import { hubEndpoint, isHubRef, resolveHubModel } from '../../model/hub.ts';
 import { openSurface } from './surface.ts';
 
 export interface NodeHostOptions {
@@ -33,7 +35,12 @@ export interface NodeHostOptions {
   keyFile?: string;
   /** Static span [start, end) instead of the tracker's assignment. */
   layers?: [number, number];
+  /** Base URL of the checkpoint for `layers`, or a hub id hf:ORG/REPO[@REVISION] (pinned to its commit at start). */
   modelUrl?: string;
+  /** Hub files kept here (default: defaultCacheDir()). */
+  cacheDir?: string;
+  /** HF_ENDPOINT and HF_TOKEN (default: process.env). */
+  env?: Record<string, string | undefined>;
   /** Model id as the tracker's registry knows it. */
   model: string;
   /** ONNX intra-op threads; absent: ORT decides. */
@@ -74,12 +81,20 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
   if (o.layers && !o.modelUrl) throw new MeshError('MESH_ERR_BAD_REQUEST', '--layers needs --model-url');
   const links = o.links !== false;
   const log = (level: LogLevel, message: string): void => o.log(level === 'debug' ? 'info' : level, message);
-  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, log });
+  const env = o.env ?? process.env;
+  const hub = { endpoint: hubEndpoint(env), ...(env.HF_TOKEN ? { token: env.HF_TOKEN } : {}), cacheDir: o.cacheDir ?? defaultCacheDir(env) };
+  let modelUrl = o.modelUrl;
+  if (modelUrl !== undefined && isHubRef(modelUrl)) {
+    const r = await resolveHubModel(globalThis.fetch, modelUrl, hub);
+    log('info', `${modelUrl} is commit ${r.sha}: loading from ${r.url}`);
+    modelUrl = r.url;
+  }
+  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log });
   const runtime = await NodeRuntime.create(adapter, {
     ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
     ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),
     model: o.model,
-    ...(o.layers ? { span: { model: o.model, modelUrl: o.modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1] } } : {}),
+    ...(o.layers ? { span: { model: o.model, modelUrl: modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1] } } : {}),
     ...(o.trackerKey ? { trackerKey: decodeBase64(o.trackerKey) } : {}),
     memoryBudgetBytes: o.budgetMb * 2 ** 20,
     maxContext: o.maxContext,
