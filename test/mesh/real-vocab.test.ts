@@ -87,6 +87,23 @@ for (const preset of ['llama3-real-vocab', 'qwen3-real-vocab'] as const) {
         expect(text).toBe(want.ids.map((t) => dec.push(t)).join('') + dec.flush());
         expect(text).not.toMatch(/<\|(eot_id|im_end|end_of_text|endoftext)\|>/);
       }
+
+      if (preset === 'qwen3-real-vocab') {
+        // chat_template_kwargs reach the head's template: enable_thinking=false renders the empty think block.
+        const messages = CHATS[0]!;
+        const noThink = tok.encodeChat(messages, { extra: { enable_thinking: false } });
+        expect(noThink.length).toBeGreaterThan(tok.encodeChat(messages).length);
+        const all = ref.greedy(noThink, MAX_TOKENS);
+        const eos = all.findIndex((t) => tok.isEos(t));
+        const want = eos >= 0 ? all.slice(0, eos) : all;
+        const res = await fetch(`${tracker.url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: preset, messages, max_tokens: MAX_TOKENS, temperature: 0, chat_template_kwargs: { enable_thinking: false } }) });
+        expect(res.status).toBe(200);
+        const body = (await res.json()) as { choices: Array<{ token_ids: number[] }>; usage: { prompt_tokens: number } };
+        expect(body.usage.prompt_tokens).toBe(noThink.length);
+        expect(body.choices[0]!.token_ids).toEqual(want);
+        const bad = await fetch(`${tracker.url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: preset, messages, chat_template_kwargs: { messages: [] } }) });
+        expect(bad.status).toBe(400);
+      }
     }, 240_000);
   });
 }
