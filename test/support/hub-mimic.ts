@@ -26,6 +26,8 @@ export interface MimicRequest {
   path: string;
   range: string | null;
   authorization: string | null;
+  /** User-Agent: tells a browser node's requests from Node's. */
+  userAgent: string;
   status: number;
 }
 
@@ -50,9 +52,18 @@ async function listen(server: Server): Promise<string> {
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
 }
 
-function cors(res: ServerResponse): void {
+/** CORS as the hub serves it (browser nodes fetch cross-origin); true when the request was a preflight, answered here. */
+function cors(req: IncomingMessage, res: ServerResponse): boolean {
   res.setHeader('Access-Control-Allow-Origin', '*');
   res.setHeader('Access-Control-Expose-Headers', 'Content-Range, Content-Length, X-Repo-Commit, X-Linked-Size, X-Error-Code, ETag');
+  // Cross-origin isolated pages (COEP require-corp) also accept it by CORP.
+  res.setHeader('Cross-Origin-Resource-Policy', 'cross-origin');
+  if (req.method !== 'OPTIONS') return false;
+  res.setHeader('Access-Control-Allow-Methods', 'GET, HEAD, OPTIONS');
+  res.setHeader('Access-Control-Allow-Headers', 'Range, Authorization, Content-Type');
+  res.statusCode = 204;
+  res.end();
+  return true;
 }
 
 export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<HubMimic> {
@@ -68,7 +79,7 @@ export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<H
   };
 
   const record = (origin: 'hub' | 'cdn', req: IncomingMessage, res: ServerResponse, status: number) => {
-    log.push({ origin, method: req.method ?? 'GET', path: req.url ?? '', range: req.headers.range ?? null, authorization: req.headers.authorization ?? null, status });
+    log.push({ origin, method: req.method ?? 'GET', path: req.url ?? '', range: req.headers.range ?? null, authorization: req.headers.authorization ?? null, userAgent: req.headers['user-agent'] ?? '', status });
     res.statusCode = status;
   };
   const notFound = (origin: 'hub' | 'cdn', req: IncomingMessage, res: ServerResponse, code: string, message: string) => {
@@ -80,7 +91,7 @@ export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<H
 
   let cdnOrigin = '';
   const hub = createServer((req, res) => {
-    cors(res);
+    if (cors(req, res)) return;
     const path = decodeURIComponent((req.url ?? '/').split('?')[0]!);
     const api = /^\/api\/models\/([^/]+\/[^/]+)\/revision\/([^/]+)$/.exec(path);
     const resolve = /^\/([^/]+\/[^/]+)\/resolve\/([^/]+)\/(.+)$/.exec(path);
@@ -126,7 +137,7 @@ export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<H
   });
 
   const cdn = createServer((req, res) => {
-    cors(res);
+    if (cors(req, res)) return;
     const m = /^\/repos\/([^/]+)\/([0-9a-f]{40})\/([^/?]+)/.exec(req.url ?? '');
     const id = m ? decodeURIComponent(m[1]!) : '';
     const file = m ? decodeURIComponent(m[3]!) : '';
