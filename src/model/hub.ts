@@ -206,11 +206,11 @@ export async function resolveHubModel(fetchFn: typeof fetch, ref: string | HubRe
     await res.body?.cancel();
     throw new HubAccessError(repo, `hf:${repo}@${revision}`, res.status, Boolean(o.token));
   }
-  if (res.status === 404) {
-    // The hub says which in X-Error-Code (RepoNotFound, RevisionNotFound); a mirror may only say it in the body.
-    const code = res.headers.get('x-error-code') ?? '';
-    const text = await res.text().catch(() => '');
-    const which = code === 'RevisionNotFound' || (!code && /rev/i.test(text)) ? `no revision "${revision}" in ${repo}` : code === 'RepoNotFound' ? `no repo ${repo}` : `no repo ${repo} (or no revision "${revision}" in it)`;
+  // The hub says which in X-Error-Code; any other 404 (a mirror without the API) falls through to X-Repo-Commit.
+  const code = res.headers.get('x-error-code');
+  if (res.status === 404 && (code === 'RepoNotFound' || code === 'RevisionNotFound')) {
+    await res.body?.cancel();
+    const which = code === 'RevisionNotFound' ? `no revision "${revision}" in ${repo}` : `no repo ${repo}`;
     throw new ModelFetchError(`hf:${repo}@${revision}`, `HTTP 404 from ${o.endpoint}: ${which}`, 404);
   }
   if (res.ok) {

@@ -28,6 +28,7 @@ beforeAll(async () => {
     'org/tiny': { files: tiny.files, refs: { v1: 'a'.repeat(40) } },
     'org/small': { files: small.files },
     'org/gated': { files: tiny.files, gatedToken: TOKEN },
+    'org/mirror': { files: tiny.files, noApi: true },
   });
 });
 afterAll(async () => {
@@ -60,6 +61,9 @@ describe('hub ids', () => {
     const pinned = await resolveHubModel(fetch, `hf:org/tiny@${'b'.repeat(40)}`, { endpoint: mimic.endpoint });
     expect(pinned.url).toBe(hubBaseUrl(mimic.endpoint, 'org/tiny', 'b'.repeat(40)));
     expect(mimic.log.length).toBe(before);
+    // A mirror without /api/: the commit its /resolve/ answer names (X-Repo-Commit).
+    expect((await resolveHubModel(fetch, 'hf:org/mirror', { endpoint: mimic.endpoint })).sha).toBe(mimic.sha('org/mirror'));
+    await expect(resolveHubModel(fetch, 'hf:org/mirror@nope', { endpoint: mimic.endpoint })).rejects.toThrow(/404.*no revision "nope" in org\/mirror|404.*no config\.json at revision "nope"/);
   });
 
   it('404s name the repo or the revision; a gated repo without a token says to accept the license and set HF_TOKEN', async () => {

@@ -18,6 +18,8 @@ export interface MimicRepo {
   refs?: Record<string, string>;
   /** 401 unless `Authorization: Bearer <token>` with this token. */
   gatedToken?: string;
+  /** Answer 404 on /api/ (a mirror that serves files only): the commit comes from X-Repo-Commit. */
+  noApi?: boolean;
 }
 
 export interface MimicRequest {
@@ -116,6 +118,7 @@ export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<H
     const rev = (api?.[2] ?? resolve?.[2])!;
     const sha = repoAt(id, rev);
     if (!sha) return notFound('hub', req, res, 'RevisionNotFound', `Invalid rev id: ${rev}`);
+    if (api && repo.noApi) return notFound('hub', req, res, 'EntryNotFound', 'no API here');
     if (api) {
       record('hub', req, res, 200);
       res.setHeader('Content-Type', 'application/json');
