@@ -58,6 +58,12 @@ for (const preset of ['llama3-real-vocab', 'qwen3-real-vocab'] as const) {
       });
       expect(wants[0]!.ids.length).toBeGreaterThan(8);
       expect(wants[1]!.stopId).toBe(endOfTurn);
+      // Qwen3 with thinking off (chat_template_kwargs): computed before the mesh starts, so that no long pause
+      // between requests lets a kept-alive socket time out under load.
+      const noThink = tok.encodeChat(CHATS[0]!, { extra: { enable_thinking: false } });
+      const noThinkAll = preset === 'qwen3-real-vocab' ? ref.greedy(noThink, MAX_TOKENS) : [];
+      const noThinkEos = noThinkAll.findIndex((t) => tok.isEos(t));
+      const noThinkWant = noThinkEos >= 0 ? noThinkAll.slice(0, noThinkEos) : noThinkAll;
 
       st = await startStaticServer({ root: await ensureModel(preset) });
       relay = await startRelayProcess();
@@ -91,16 +97,12 @@ for (const preset of ['llama3-real-vocab', 'qwen3-real-vocab'] as const) {
       if (preset === 'qwen3-real-vocab') {
         // chat_template_kwargs reach the head's template: enable_thinking=false renders the empty think block.
         const messages = CHATS[0]!;
-        const noThink = tok.encodeChat(messages, { extra: { enable_thinking: false } });
         expect(noThink.length).toBeGreaterThan(tok.encodeChat(messages).length);
-        const all = ref.greedy(noThink, MAX_TOKENS);
-        const eos = all.findIndex((t) => tok.isEos(t));
-        const want = eos >= 0 ? all.slice(0, eos) : all;
         const res = await fetch(`${tracker.url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: preset, messages, max_tokens: MAX_TOKENS, temperature: 0, chat_template_kwargs: { enable_thinking: false } }) });
         expect(res.status).toBe(200);
         const body = (await res.json()) as { choices: Array<{ token_ids: number[] }>; usage: { prompt_tokens: number } };
         expect(body.usage.prompt_tokens).toBe(noThink.length);
-        expect(body.choices[0]!.token_ids).toEqual(want);
+        expect(body.choices[0]!.token_ids).toEqual(noThinkWant);
         const bad = await fetch(`${tracker.url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ model: preset, messages, chat_template_kwargs: { messages: [] } }) });
         expect(bad.status).toBe(400);
       }
