@@ -83,6 +83,11 @@ async function generationEosIds(fetchFn: typeof fetch, baseUrl: string, signal?:
   } catch (e) {
     throw new ModelFormatError('generation_config.json', `not valid JSON (${(e as Error).message})`);
   }
+  return generationConfigEosIds(json);
+}
+
+/** eos ids of a parsed generation_config.json (none when it lists none). */
+export function generationConfigEosIds(json: unknown): number[] {
   const g = GenerationConfigSchema.safeParse(json);
   if (!g.success) throw new ModelFormatError('generation_config.json', `field "${g.error.issues[0]!.path.join('.')}": ${g.error.issues[0]!.message}`);
   const eos = g.data.eos_token_id;
