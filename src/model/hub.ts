@@ -10,9 +10,11 @@
  *    hand, keeping `Range` and dropping `Authorization`: HF_TOKEN goes to
  *    the hub origin only, never to the CDN;
  *  - 401/403 become an error that says to accept the license and set the token;
- *  - a body shorter than its Content-Length is an error, not corrupted weights.
- * Pure: fetch is injected, no Node API (browser nodes use it too, with the
- * browser following redirects itself since it cannot read a manual one).
+ *  - a body shorter than its Content-Length is an error, not corrupted
+ *    weights, and one that stalls (no byte for a minute) is an error, not a hang.
+ * Pure: fetch is injected, no Node API. Browser nodes fetch the pinned URL
+ * directly: the browser follows the redirect itself (it cannot read a manual
+ * one), keeping Range and sending no token.
  */
 import { ModelFetchError } from './errors.ts';
 
@@ -97,6 +99,8 @@ export interface HubFetchOptions {
    * across origins). @defaultValue true
    */
   manualRedirects?: boolean;
+  /** A body that sends nothing for this long while read is an error. @defaultValue 60000 */
+  idleTimeoutMs?: number;
 }
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
@@ -106,24 +110,42 @@ function requestUrl(input: RequestInfo | URL): string {
   return typeof input === 'string' ? input : input instanceof URL ? input.href : input.url;
 }
 
-/** The same response, whose body errors when it ends before Content-Length bytes. */
-function lengthChecked(res: Response, what: string): Response {
+/**
+ * The same response, whose body errors when it ends before Content-Length
+ * bytes (a connection cut mid-file) or when no byte arrives for `idleMs`
+ * while one is awaited (a server that stalls without closing).
+ */
+function guardedBody(res: Response, what: string, idleMs: number): Response {
+  if (!res.body) return res;
   const len = res.headers.get('content-length');
-  if (!res.body || len === null || !/^\d+$/.test(len) || res.headers.get('content-encoding')) return res;
-  const expected = Number(len);
+  const expected = len !== null && /^\d+$/.test(len) && !res.headers.get('content-encoding') ? Number(len) : null;
+  const reader = res.body.getReader();
   let got = 0;
-  const checked = res.body.pipeThrough(
-    new TransformStream<Uint8Array, Uint8Array>({
-      transform(chunk, ctl) {
-        got += chunk.byteLength;
-        ctl.enqueue(chunk);
-      },
-      flush() {
-        if (got !== expected) throw new ModelFetchError(what, `truncated: the server sent ${got} of ${expected} bytes`);
-      },
-    }),
-  );
-  return new Response(checked, { status: res.status, statusText: res.statusText, headers: res.headers });
+  const body = new ReadableStream<Uint8Array>({
+    async pull(ctl) {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const stalled = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new ModelFetchError(what, `stalled: no data for ${idleMs / 1000} s after ${got} bytes`)), idleMs);
+      });
+      try {
+        const r = await Promise.race([reader.read(), stalled]);
+        if (r.done) {
+          if (expected !== null && got !== expected) throw new ModelFetchError(what, `truncated: the server sent ${got} of ${expected} bytes`);
+          ctl.close();
+          return;
+        }
+        got += r.value.byteLength;
+        ctl.enqueue(r.value);
+      } catch (e) {
+        void reader.cancel(e).catch(() => undefined);
+        throw e;
+      } finally {
+        clearTimeout(timer);
+      }
+    },
+    cancel: (reason) => reader.cancel(reason),
+  });
+  return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
 
 /**
@@ -163,7 +185,7 @@ export function hubFetch(base: typeof fetch, o: HubFetchOptions): typeof fetch {
         await res.body?.cancel();
         throw new HubAccessError(hubFile.repo, what, res.status, o.token !== undefined && o.token !== '');
       }
-      return lengthChecked(res, what);
+      return guardedBody(res, what, o.idleTimeoutMs ?? 60_000);
     }
   };
   return wrapped as typeof fetch;

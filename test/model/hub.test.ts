@@ -116,6 +116,17 @@ describe('hub ids', () => {
     }
   });
 
+  it('a body that stalls without closing is an error after the idle timeout, not a hang', async () => {
+    const { url } = await resolveHubModel(fetch, 'hf:org/tiny', { endpoint: mimic.endpoint });
+    mimic.stall('org/tiny', 'model.safetensors', true);
+    try {
+      const res = await hubFetch(fetch, { endpoint: mimic.endpoint, idleTimeoutMs: 500 })(`${url}model.safetensors`);
+      await expect(res.arrayBuffer()).rejects.toThrow(/stalled: no data for 0\.5 s after \d+ bytes/);
+    } finally {
+      mimic.stall('org/tiny', 'model.safetensors', false);
+    }
+  });
+
   it('loads a sharded checkpoint through model.safetensors.index.json, every tensor byte-exact', async () => {
     const { url } = await resolveHubModel(fetch, 'hf:org/small', { endpoint: mimic.endpoint });
     const reader = await openSafetensors(hubAt(), url);

@@ -42,6 +42,8 @@ export interface HubMimic {
   sha(repo: string, ref?: string): string;
   /** Cut the CDN's responses for this repo file after half of the body (Content-Length still promises all). */
   truncate(repo: string, file: string, on: boolean): void;
+  /** Send half of the body, then nothing, keeping the connection open. */
+  stall(repo: string, file: string, on: boolean): void;
   close(): Promise<void>;
 }
 
@@ -71,6 +73,7 @@ function cors(req: IncomingMessage, res: ServerResponse): boolean {
 export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<HubMimic> {
   const log: MimicRequest[] = [];
   const cut = new Set<string>();
+  const stalls = new Set<string>();
   const refs = new Map<string, Record<string, string>>();
   for (const [id, r] of Object.entries(repos)) refs.set(id, { main: shaOf(`${id}@main`), ...r.refs });
   const repoAt = (id: string, rev: string): string | null => {
@@ -167,6 +170,11 @@ export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<H
     res.setHeader('Content-Length', String(end - start));
     if (req.method === 'HEAD') return res.end();
     const body = bytes.subarray(start, end);
+    if (stalls.has(`${id}/${file}`)) {
+      res.flushHeaders();
+      res.write(body.subarray(0, Math.floor(body.byteLength / 2)));
+      return;
+    }
     if (cut.has(`${id}/${file}`)) {
       // Promise every byte, send half, hang up.
       res.flushHeaders();
@@ -190,6 +198,10 @@ export async function startHubMimic(repos: Record<string, MimicRepo>): Promise<H
     truncate(repo, file, on) {
       if (on) cut.add(`${repo}/${file}`);
       else cut.delete(`${repo}/${file}`);
+    },
+    stall(repo, file, on) {
+      if (on) stalls.add(`${repo}/${file}`);
+      else stalls.delete(`${repo}/${file}`);
     },
     async close() {
       for (const s of [hub, cdn]) {
