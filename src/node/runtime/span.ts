@@ -64,7 +64,8 @@ export function baseUrl(url: string): string {
 }
 
 export function sameSpec(a: SpanSpec, b: SpanSpec): boolean {
-  return a.startLayer === b.startLayer && a.endLayer === b.endLayer && baseUrl(a.modelUrl) === baseUrl(b.modelUrl);
+  // A new wire dtype reloads the span too: its handler and pipeline are built for one (a rare change: a tracker restarted with another).
+  return a.startLayer === b.startLayer && a.endLayer === b.endLayer && baseUrl(a.modelUrl) === baseUrl(b.modelUrl) && a.wireDtype === b.wireDtype;
 }
 
 /** Download (only what is missing), choose the backend, build the executor; the span does not serve until the caller switches to it. */
@@ -141,6 +142,7 @@ function forwardHandlerFor(span: LoadedSpan, ctx: SpanLoadContext): MeshHandler 
     backend: span.backend.name,
     version: ctx.version,
     isPaused: ctx.isPaused,
+    ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(tokenizer ? { decode: (id: number) => tokenizer.decode([id]) } : {}),
     extraInfo: () => ctx.extraInfo(span),
     onForward: (ev) => {
@@ -174,6 +176,7 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     executor: timed,
     tokenizer: span.tokenizer,
     transport: ctx.transport,
+    ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(replace ? { replace } : {}),
     onLog: (m) => ctx.host.log('warn', `pipeline: ${m}`),
   });
