@@ -64,7 +64,9 @@ describe('a mesh serving hf:org/gated from the hub mimic', () => {
     const cacheA = join(work, 'cache-a');
     const cacheB = join(work, 'cache-b');
     // A: its own span, from the hub id it resolves itself.
-    const a = spawnMeshnet([...common, '--layers', '0-2', '--model-url', 'hf:org/gated', '--budget-mb', '64'], { ...env, MESHNET_CACHE_DIR: cacheA });
+    // Its budget holds two layers of tiny, not more: the tracker's rebalancing cannot widen a pinned span (which such a node
+    // never follows, and would then stay "loading" in the tracker's eyes).
+    const a = spawnMeshnet([...common, '--layers', '0-2', '--model-url', 'hf:org/gated', '--budget-mb', '1.45'], { ...env, MESHNET_CACHE_DIR: cacheA });
     procs.push(a);
     await a.waitFor((e) => e.event === 'serving', 60_000);
     type Av = { models: Array<{ nodes: Array<{ serving: { start_layer: number } | null }> }> };

@@ -68,7 +68,10 @@ for (const preset of ['llama3-real-vocab', 'qwen3-real-vocab'] as const) {
       st = await startStaticServer({ root: await ensureModel(preset) });
       relay = await startRelayProcess();
       tracker = await startTrackerProc(['--model', `${preset}=${st.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
-      const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', preset, '--model-url', st.url, '--budget-mb', '512', '--max-context', '256'];
+      // 48 MiB holds one embedding-sized matrix (the embedding at layer 0, the tied head's copy at the last layer: 31-37 MiB
+      // in f32) but not both: the tracker's rebalancing cannot widen a pinned node's span to the whole model, which would
+      // leave that node "loading" in the tracker's eyes (a pinned node never follows its assignment).
+      const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', preset, '--model-url', st.url, '--budget-mb', '48', '--max-context', '256'];
       nodes.push(...(await Promise.all([startNode([...common, '--layers', '0-1']), startNode([...common, '--layers', '1-2'])])));
       await until(async () => (await fetch(`${tracker!.url}/api/route?model=${preset}`)).ok, 30_000, 'a complete route');
       const client = new OpenAI({ baseURL: `${tracker.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120_000 });
