@@ -13,7 +13,9 @@
 import { errorReply, jsonReply } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { GenerateEvent } from '../../protocol/tracker.ts';
+import { createChainHop, isChainRequest } from '../chain-hop.ts';
 import { createHeadHandler } from '../head-handler.ts';
+import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
 import type { PipelineDriver } from '../pipeline.ts';
 import type { LoadedSpan } from './span.ts';
@@ -29,6 +31,8 @@ export interface NodeHandlerInit {
   /** /info while no span is in. */
   loadingInfo(): Record<string, unknown>;
   trackerKey(): Uint8Array | undefined;
+  /** How a chained /forward reaches the next hop (and the last one the head). */
+  transport: Pick<HopTransport, 'send'>;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
   onLog(message: string): void;
@@ -45,8 +49,10 @@ export class NodeHandler {
 
   constructor(private readonly init: NodeHandlerInit) {
     const gate: MeshHandler = (req) => this.gate(req);
+    // A chained /forward runs the span through the gate (counted, delayed like any), then pushes on.
+    const chain = createChainHop({ peerId: init.peerId, trackerKey: init.trackerKey, transport: init.transport, local: gate, onLog: init.onLog });
     this.head = createHeadHandler({
-      forward: gate,
+      forward: (req) => (isChainRequest(req) && req.method.toUpperCase() === 'POST' && req.path.split('?')[0] === '/forward' ? chain(req) : gate(req)),
       peerId: init.peerId,
       trackerKey: init.trackerKey,
       pipeline: (): PipelineDriver | undefined => init.span()?.pipeline,

@@ -52,6 +52,8 @@ export interface RuntimeConfig {
   /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
   kvIdleTtlMs?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
+  /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
+  hopMode?: 'chain' | 'star';
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
   /**
@@ -155,6 +157,7 @@ export class NodeRuntime {
       span: () => this.slot.current,
       loadingInfo: () => ({ peer_id: identity.peerId, host: host.name, model: this.model ?? null, start_layer: null, end_layer: null, loading: this.slot.busy }),
       trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      transport: this.transport,
       injectDelayMs: config.injectDelayMs ?? 0,
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
@@ -406,6 +409,8 @@ export class NodeRuntime {
         forwards_served: { ...this.handler.served },
         ...span.backend.details,
       }),
+      hopMode: this.config.hopMode ?? 'chain',
+      selfAddress: () => ({ ...(this.relay?.relayAddr ? { relay_addr: this.relay.relayAddr } : {}), ...(this.endpoint ? { endpoint: this.endpoint } : {}) }),
       replace: this.config.trackerUrl ? (model) => (hop, signal) => this.tracker!.replace(model, hop, signal) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };
