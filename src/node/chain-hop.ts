@@ -143,7 +143,10 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
     if (last) {
       let reply = h[H.chainReply] !== undefined ? replySchema.safeParse(safeJson(h[H.chainReply])) : undefined;
       if (reply && !reply.success) reply = undefined;
-      const to: RouteHop = { peer_id: head, start_layer: 0, end_layer: hops[0]!.start_layer, ...(reply?.data ?? {}) };
+      const addr = { ...(reply?.data ?? {}) };
+      // The reply address is not signed: a relay address must at least name the signed head (a /rpc/<peer> URL), or it is not used.
+      if (addr.relay_addr !== undefined && !addr.relay_addr.includes(head)) delete addr.relay_addr;
+      const to: RouteHop = { peer_id: head, start_layer: 0, end_layer: hops[0]!.start_layer, ...addr };
       const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', 'content-type': 'application/json' };
       let got: MeshReply;
       try {

@@ -44,6 +44,8 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 export class NodeHandler {
   /** /forward requests served per surface, in /info: which paths hops really take. */
   readonly served: Record<Surface, number> = { relay: 0, link: 0, http: 0 };
+  /** Chained /forward requests taken part in (GET /info's chain_forwards): whether heads really chain. */
+  chained = 0;
   private readonly head: MeshHandler;
   private readonly bySurface: Record<Surface, MeshHandler>;
 
@@ -52,7 +54,11 @@ export class NodeHandler {
     // A chained /forward runs the span through the gate (counted, delayed like any), then pushes on.
     const chain = createChainHop({ peerId: init.peerId, trackerKey: init.trackerKey, transport: init.transport, local: gate, onLog: init.onLog });
     this.head = createHeadHandler({
-      forward: (req) => (isChainRequest(req) && req.method.toUpperCase() === 'POST' && req.path.split('?')[0] === '/forward' ? chain(req) : gate(req)),
+      forward: (req) => {
+        if (!isChainRequest(req) || req.method.toUpperCase() !== 'POST' || req.path.split('?')[0] !== '/forward') return gate(req);
+        this.chained++;
+        return chain(req);
+      },
       peerId: init.peerId,
       trackerKey: init.trackerKey,
       pipeline: (): PipelineDriver | undefined => init.span()?.pipeline,

@@ -407,6 +407,7 @@ export class NodeRuntime {
         ...(this.endpoint ? { endpoint: this.endpoint } : {}),
         relay_addr: this.relay?.relayAddr ?? null,
         forwards_served: { ...this.handler.served },
+        chain_forwards: this.handler.chained,
         ...span.backend.details,
       }),
       hopMode: this.config.hopMode ?? 'chain',
