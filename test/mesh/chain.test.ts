@@ -117,7 +117,7 @@ describe('chained hops between meshnet node processes', () => {
       fetch(`${m2.endpoint}/forward`, {
         method: 'POST',
         headers: { 'x-meshnet-shape': `1,1,${f.cfg.hiddenSize}`, 'x-meshnet-dtype': 'bf16', 'x-meshnet-session': `t${Date.now()}`, 'x-meshnet-position': '0', 'x-meshnet-chain-index': '0', 'x-meshnet-chain-head': chainHead.peerId, ...headers },
-        body: rows,
+        body: rows as Uint8Array<ArrayBuffer>,
       });
     const route = [hopOf(m2, 1, 3, 'relay'), hopOf(tail, 3, 4, 'relay')];
     const forged = await sign(chainHead.peerId, route);
