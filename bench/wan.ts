@@ -19,7 +19,7 @@
  *
  * Table on stdout, JSON in bench/results/wan.json.
  *
- *   npx tsx bench/wan.ts [--quick] [--delay-ms 20]
+ *   npx tsx bench/wan.ts [--quick] [--delay-ms 20] [--model small|tiny]
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -47,6 +47,8 @@ const RUNS = quick ? 2 : 3;
 const NEW_TOKENS = quick ? 24 : 48;
 const delayArg = process.argv.indexOf('--delay-ms');
 const ONE_WAY = delayArg > 0 ? Number(process.argv[delayArg + 1]) : 20;
+const modelArg = process.argv.indexOf('--model');
+const MODEL = modelArg > 0 ? process.argv[modelArg + 1]! : 'small';
 const PROMPT = [{ role: 'user', content: 'Write a short story about a lighthouse keeper and a storm at sea.' }];
 
 const median = (xs: number[]) => {
@@ -73,8 +75,12 @@ interface Run {
 
 async function main(): Promise<void> {
   const loadBefore = loadavg()[0]!;
-  const dir = await ensureModel('small');
+  const dir = await ensureModel(MODEL as Parameters<typeof ensureModel>[0]);
   const st = await startStaticServer({ root: dir });
+  const cfg = parseModelConfig(await (await fetch(`${st.url}/config.json`)).json());
+  // Three spans of (about) a third of the layers each.
+  const L = cfg.numLayers;
+  const [A, B] = [Math.round(L / 3), Math.round((2 * L) / 3)];
   const work = mkdtempSync(join(tmpdir(), 'meshnet-bench-wan-'));
   const nodes: NodeProc[] = [];
   const relays: RelayProcess[] = [];
@@ -99,22 +105,22 @@ async function main(): Promise<void> {
     const proxyUrl = `ws://127.0.0.1:${proxy.port}`;
     const relayB = await startRelayProcess(['--port', String(portB), '--public-url', proxyUrl]);
     relays.push(relayB);
-    tracker = await startTrackerProc(['--model', `small=${st.url}`, '--relay', relayB.url, '--key-file', keyFile, '--heartbeat-interval-ms', '1000']);
+    tracker = await startTrackerProc(['--model', `${MODEL}=${st.url}`, '--relay', relayB.url, '--key-file', keyFile, '--heartbeat-interval-ms', '1000']);
 
     process.stderr.write('starting nodes...\n');
-    const base = ['--model', 'small', '--model-url', st.url, '--budget-mb', '2048', '--threads', '1', '--max-context', '512', '--no-links'];
+    const base = ['--model', MODEL, '--model-url', st.url, '--budget-mb', '2048', '--threads', '1', '--max-context', '512', '--no-links'];
     const onA = [...base, '--relay', relayA.url, '--tracker-key', encodeBase64Url(trackerId.publicKey)];
     const onB = [...base, '--relay', proxyUrl, '--tracker', tracker.url];
     const specs: string[][] = [
-      [...onA, '--layers', '0-4', '--hop-mode', 'chain'],
-      [...onA, '--layers', '0-4', '--hop-mode', 'star'],
-      [...onA, '--layers', '4-8'],
-      [...onA, '--layers', '8-12'],
-      [...onB, '--layers', '0-4', '--hop-mode', 'chain'],
-      [...onB, '--layers', '0-4', '--hop-mode', 'star'],
-      [...onB, '--layers', '4-8'],
-      [...onB, '--layers', '8-12'],
-      [...onB, '--layers', '4-8'],
+      [...onA, '--layers', `0-${A}`, '--hop-mode', 'chain'],
+      [...onA, '--layers', `0-${A}`, '--hop-mode', 'star'],
+      [...onA, '--layers', `${A}-${B}`],
+      [...onA, '--layers', `${B}-${L}`],
+      [...onB, '--layers', `0-${A}`, '--hop-mode', 'chain'],
+      [...onB, '--layers', `0-${A}`, '--hop-mode', 'star'],
+      [...onB, '--layers', `${A}-${B}`],
+      [...onB, '--layers', `${B}-${L}`],
+      [...onB, '--layers', `${A}-${B}`],
     ];
     for (let i = 0; i < specs.length; i += 2) nodes.push(...(await Promise.all(specs.slice(i, i + 2).map((s) => startNode(s)))));
     const [chainA, starA, midA, tailA, chainB, starB, midB, tailB, spareB] = nodes as [NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc];
@@ -123,7 +129,6 @@ async function main(): Promise<void> {
     if (!midB.relayAddr?.startsWith(proxyUrl)) throw new Error(`relay B gave ${midB.relayAddr}, not the proxy's address`);
 
     // ---- one process: the un-split model, no transport
-    const cfg = parseModelConfig(await (await fetch(`${st.url}/config.json`)).json());
     const tok = await ModelTokenizer.load(fetch, `${st.url}/`, { extraEosTokenIds: cfg.eosTokenIds });
     const whole = await ShardExecutor.create({ config: cfg, backend: createNodeBackend({ intraOpNumThreads: 1 }), weights: readerWeightLoader(await openSafetensors(fetch, `${st.url}/`)), startLayer: 0, endLayer: cfg.numLayers, maxContext: 512 });
     const promptIds = tok.encodeChat(PROMPT);
@@ -171,10 +176,10 @@ async function main(): Promise<void> {
 
     const configs = [
       { name: 'one process', delay: 0, legs: 0, run: oneProcess },
-      { name: '3 nodes, star', delay: 0, legs: 4, run: () => viaMesh(starA, [hopVia(midA, 4, 8), hopVia(tailA, 8, 12)]) },
-      { name: '3 nodes, chain', delay: 0, legs: 3, run: () => viaMesh(chainA, [hopVia(midA, 4, 8), hopVia(tailA, 8, 12)]) },
-      { name: '3 nodes, star', delay: ONE_WAY, legs: 4, run: () => viaMesh(starB, [hopVia(midB, 4, 8), hopVia(tailB, 8, 12)]) },
-      { name: '3 nodes, chain', delay: ONE_WAY, legs: 3, run: () => viaMesh(chainB, [hopVia(midB, 4, 8), hopVia(tailB, 8, 12)]) },
+      { name: '3 nodes, star', delay: 0, legs: 4, run: () => viaMesh(starA, [hopVia(midA, A, B), hopVia(tailA, B, L)]) },
+      { name: '3 nodes, chain', delay: 0, legs: 3, run: () => viaMesh(chainA, [hopVia(midA, A, B), hopVia(tailA, B, L)]) },
+      { name: '3 nodes, star', delay: ONE_WAY, legs: 4, run: () => viaMesh(starB, [hopVia(midB, A, B), hopVia(tailB, B, L)]) },
+      { name: '3 nodes, chain', delay: ONE_WAY, legs: 3, run: () => viaMesh(chainB, [hopVia(midB, A, B), hopVia(tailB, B, L)]) },
     ];
     for (const c of configs) await c.run(); // warm-up: graphs, sockets
     const results = new Map<(typeof configs)[number], Run[]>();
@@ -205,13 +210,13 @@ async function main(): Promise<void> {
     const row = (name: string, delay: number) => rows.find((r) => r.config === name && r.one_way_ms === delay)!;
 
     process.stderr.write('recovery: killing the middle of the 20 ms chain mid-generation...\n');
-    await until(async () => (await fetch(`${tracker!.url}/api/route?model=small`)).ok, 20_000, 'tracker route');
+    await until(async () => (await fetch(`${tracker!.url}/api/route?model=${MODEL}`)).ok, 20_000, 'tracker route');
     const undisturbed = results.get(configs[4]!)![0]!.ids.join();
-    const rec = await viaMesh(chainB, [hopVia(midB, 4, 8), hopVia(tailB, 8, 12)], { node: midB, afterTokens: 8 });
+    const rec = await viaMesh(chainB, [hopVia(midB, A, B), hopVia(tailB, B, L)], { node: midB, afterTokens: 8 });
     void spareB;
 
     printTable(
-      `WAN bench: small (${cfg.numLayers} layers, hidden ${cfg.hiddenSize}), 3 nodes [0,4) [4,8) [8,12), 1 ONNX thread each, ${NEW_TOKENS} new tokens, bf16 wire, medians of ${RUNS}; load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores`,
+      `WAN bench: ${MODEL} (${cfg.numLayers} layers, hidden ${cfg.hiddenSize}), 3 nodes [0,${A}) [${A},${B}) [${B},${L}), 1 ONNX thread each, ${NEW_TOKENS} new tokens, bf16 wire, medians of ${RUNS}; load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores`,
       ['config', 'one-way ms', 'legs', 'ms/token', 'tok/s', 'floor ms', '× floor', '× one process', 'tokens = one process'],
       rows.map((r) => [r.config, r.one_way_ms, r.legs_per_token, r.ms_per_token, r.tokens_per_s, r.floor_ms_per_token, r.x_floor, r.x_one_process_tok_s, String(r.same_tokens_as_one_process)]),
     );
@@ -222,10 +227,10 @@ async function main(): Promise<void> {
     console.log(`chain ms/token vs its floor at ${ONE_WAY} ms: ${chainFloor}× (target ≤ 1.15: ${chainFloor <= 1.15 ? 'met' : 'NOT met'})`);
     console.log(`no delay, 3 nodes chain vs one process: ${noDelay}× (target ≥ 0.85: ${noDelay >= 0.85 ? 'met' : 'NOT met'})`);
     console.log(`recovery (middle killed after token 8, chain, ${ONE_WAY} ms): recovery_ms ${rec.recoveryMs ?? 'none'}, next token ${rec.nextTokenAfterKillMs?.toFixed(0)} ms after the kill; tokens unchanged: ${rec.ids.join() === undisturbed}`);
-    writeResult(fileURLToPath(new URL('./results/wan.json', import.meta.url)), {
+    writeResult(fileURLToPath(new URL(MODEL === 'small' ? './results/wan.json' : `./results/wan-${MODEL}.json`, import.meta.url)), {
       bench: 'wan',
       date: new Date().toISOString(),
-      model: 'small',
+      model: MODEL,
       cpus: cpus().length,
       load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
       one_way_ms: ONE_WAY,

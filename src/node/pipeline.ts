@@ -27,8 +27,7 @@
  *
  * Host-agnostic: the executor, tokenizer, transports and tracker are injected.
  */
-import type { MeshReply } from '../protocol/envelopes.ts';
-import { MeshError, remoteError } from '../protocol/errors.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { encodeTensor, type Dtype, dtypeBytes } from '../protocol/tensor.ts';
 import type { GenerateEvent, GenerateRequest, RouteHop } from '../protocol/tracker.ts';
@@ -37,8 +36,8 @@ import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
 import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
+import { History, busyError, errorEvent, parseTokenAnswer } from './pipeline-parts.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type HeadAddress, type SignedRouteText } from './chain-driver.ts';
-import { z } from 'zod';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -89,41 +88,6 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   /** Where the last hop of a chain reaches this head; absent: chains go by the relay alone (the peer id). */
   self?: () => HeadAddress;
   onLog?: (message: string) => void;
-}
-
-const tokenAnswerSchema = z.object({ token_id: z.number().int().nonnegative(), text: z.string().optional(), logprob: z.number() });
-const utf8d = new TextDecoder();
-
-/** Input activations a hop has been sent so far, rows of `rowBytes`, in one buffer grown by doubling. */
-class History {
-  private buf: Uint8Array;
-  rows = 0;
-  constructor(private readonly rowBytes: number, initialRows: number) {
-    this.buf = new Uint8Array(rowBytes * Math.max(1, initialRows));
-  }
-  private reserve(rows: number): void {
-    const need = rows * this.rowBytes;
-    if (need <= this.buf.byteLength) return;
-    const next = new Uint8Array(Math.max(need, this.buf.byteLength * 2));
-    next.set(this.buf.subarray(0, this.rows * this.rowBytes));
-    this.buf = next;
-  }
-  /** Make the history `total` rows long, given `rows` that end at `total` (the step's input, or all of it). */
-  extendTo(total: number, rows: Uint8Array): void {
-    if (this.rows === total) return; // already recorded (a retry of the same step)
-    const n = rows.byteLength / this.rowBytes;
-    if (n === total) {
-      this.reserve(total);
-      this.buf.set(rows);
-    } else if (this.rows + n === total) {
-      this.reserve(total);
-      this.buf.set(rows, this.rows * this.rowBytes);
-    } else throw new MeshError('MESH_ERR_INTERNAL', `hop history has ${this.rows} rows, cannot reach ${total} with ${n} more`);
-    this.rows = total;
-  }
-  view(): Uint8Array {
-    return this.buf.subarray(0, this.rows * this.rowBytes);
-  }
 }
 
 interface HopState {
@@ -512,39 +476,6 @@ interface ChainStepArgs {
 
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
 class ReplayMismatch extends Error {}
-
-function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {
-  let v: unknown;
-  try {
-    v = JSON.parse(utf8d.decode(body));
-  } catch {
-    throw new MeshError('MESH_ERR_UPSTREAM', `the last hop ${hop.peer_id} answered something other than a token JSON; does it hold layer ${hop.end_layer - 1} and the LM head?`);
-  }
-  const p = tokenAnswerSchema.safeParse(v);
-  if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `the last hop ${hop.peer_id} answered ${JSON.stringify(v).slice(0, 120)}, not {token_id, text, logprob}`);
-  return p.data;
-}
-
-/** A hop's 503 MESH_ERR_BUSY as the generation's error: it names the node, so the tracker routes around it or queues. */
-function busyError(hop: RouteHop, reply: MeshReply): MeshError {
-  const remote = remoteError(reply.status, reply.body);
-  const message = remote.code === 'MESH_ERR_BUSY' ? remote.message : 'no KV room';
-  let retry = remote.details.retry_after_ms;
-  if (typeof retry !== 'number') {
-    const h = Number(reply.headers[H.retryAfter]);
-    retry = Number.isFinite(h) && reply.headers[H.retryAfter] !== undefined ? h * 1000 : undefined;
-  }
-  return new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${message}`, { peer_id: hop.peer_id, ...(retry !== undefined ? { retry_after_ms: retry } : {}) });
-}
-
-function errorEvent(e: unknown): GenerateEvent {
-  if (e instanceof MeshError) {
-    const peer = e.details.peer_id;
-    const retry = e.details.retry_after_ms;
-    return { type: 'error', code: e.code, message: e.message, ...(typeof peer === 'string' ? { peer_id: peer } : {}), ...(typeof retry === 'number' ? { retry_after_ms: retry } : {}) };
-  }
-  return { type: 'error', code: 'MESH_ERR_INTERNAL', message: e instanceof Error ? e.message : String(e) };
-}
 
 const SESSION_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 let sessionCounter = 0;
