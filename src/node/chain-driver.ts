@@ -202,10 +202,15 @@ export class ChainState {
     })();
   }
 
-  /** True once every copy sent so far is filed; false when one never came. */
-  async settled(): Promise<boolean> {
-    await this.copies;
-    return !this.broken;
+  /** True once every copy sent so far is filed; false when one never came, or has not within `waitMs` (a failure is not held up by a hop that answers slowly). */
+  async settled(waitMs: number): Promise<boolean> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), waitMs)));
+    try {
+      return await Promise.race([this.copies.then(() => !this.broken), late]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 }
 

@@ -376,7 +376,7 @@ export class PipelineDriver {
       }
       this.init.onLog?.(`chain step at position ${s.position} failed at hop ${e.peer ?? '(unknown)'} (${e.error.code}: ${e.error.message}); running it as a star`);
       // Every earlier step's outputs must be filed before the star replays from them; a missing one means replaying every hop from the head's own rows.
-      if (!(await chain.settled())) for (const h of hops) h.synced = false;
+      if (!(await chain.settled(2_000))) for (const h of hops) h.synced = false;
       return undefined;
     }
   }
