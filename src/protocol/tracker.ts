@@ -7,6 +7,7 @@
  * shapes), validated with these schemas on arrival.
  */
 import { z } from 'zod';
+import { DTYPES } from './tensor.ts';
 
 const peerId = z.string().regex(/^[0-9a-f]{32}$/);
 
@@ -53,6 +54,12 @@ export const assignmentSchema = z.object({
   end_layer: z.number().int().positive(),
   /** Base URL of the HF-layout checkpoint to fetch the layers from. */
   model_url: z.string(),
+  /**
+   * The model's wire dtype (X-Meshnet-Dtype of every hop): a head sends it on
+   * every hop, a hop accepts only it. Optional: older trackers do not send it
+   * (then bf16 is sent and all three are accepted).
+   */
+  wire_dtype: z.enum(DTYPES).optional(),
 });
 export type Assignment = z.infer<typeof assignmentSchema>;
 

@@ -14,6 +14,7 @@
  */
 import type { ModelConfig } from '../../model/config.ts';
 import type { ModelTokenizer } from '../../model/tokenizer.ts';
+import type { Dtype } from '../../protocol/tensor.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
 import type { ShardExecutor, WeightLoader } from '../../shard/executor.ts';
 import type { DirectRequest } from '../hop-transport.ts';
@@ -31,6 +32,12 @@ export interface SpanSpec {
   startLayer: number;
   /** Exclusive. */
   endLayer: number;
+  /**
+   * Wire dtype of activations between hops (the tracker's assignment, or the
+   * node's --wire-dtype for a static span): as a head it sends it, as a hop it
+   * accepts only it. Absent: sends bf16, accepts all three.
+   */
+  wireDtype?: Dtype;
 }
 
 export interface DownloadProgress {

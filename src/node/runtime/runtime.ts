@@ -95,6 +95,8 @@ export class NodeRuntime {
   private session: TrackerSession | undefined;
   private started = false;
   private paused = false;
+  /** Said once: a static span's wire dtype differs from the tracker's. */
+  private warnedWireDtype = false;
   private budget: number;
   private epoch = 0;
   private stateValue: NodeState = NodeState.Idle;
@@ -386,9 +388,14 @@ export class NodeRuntime {
       this.changed();
       return;
     }
+    const staticDtype = this.config.span?.wireDtype ?? 'bf16';
+    if (this.config.span && a.wire_dtype && a.wire_dtype !== staticDtype && !this.warnedWireDtype) {
+      this.warnedWireDtype = true;
+      this.host.log('warn', `the tracker's wire dtype for ${a.model} is ${a.wire_dtype}, this static span's is ${staticDtype}: hops will refuse one another's activations (give --wire-dtype ${a.wire_dtype})`);
+    }
     // A span that failed is retried only by retry(), not on every heartbeat (unless failed loads are retried); a static span stays.
     if (this.error !== undefined || this.config.span) return;
-    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer });
+    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer, ...(a.wire_dtype ? { wireDtype: a.wire_dtype } : {}) });
   }
 
   private loadContext(epoch: number): SpanLoadContext {

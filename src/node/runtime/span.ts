@@ -69,7 +69,8 @@ export function baseUrl(url: string): string {
 }
 
 export function sameSpec(a: SpanSpec, b: SpanSpec): boolean {
-  return a.startLayer === b.startLayer && a.endLayer === b.endLayer && baseUrl(a.modelUrl) === baseUrl(b.modelUrl);
+  // A new wire dtype reloads the span too: its handler and pipeline are built for one (a rare change: a tracker restarted with another).
+  return a.startLayer === b.startLayer && a.endLayer === b.endLayer && baseUrl(a.modelUrl) === baseUrl(b.modelUrl) && a.wireDtype === b.wireDtype;
 }
 
 /** Download (only what is missing), choose the backend, build the executor; the span does not serve until the caller switches to it. */
@@ -146,6 +147,7 @@ function forwardHandlerFor(span: LoadedSpan, ctx: SpanLoadContext): MeshHandler 
     backend: span.backend.name,
     version: ctx.version,
     isPaused: ctx.isPaused,
+    ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(tokenizer ? { decode: (id: number) => tokenizer.decode([id]) } : {}),
     extraInfo: () => ctx.extraInfo(span),
     onForward: (ev) => {
@@ -179,6 +181,7 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     executor: timed,
     tokenizer: span.tokenizer,
     transport: ctx.transport,
+    ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(replace ? { replace } : {}),
     ...(ctx.hopMode ? { hopMode: ctx.hopMode } : {}),
     ...(ctx.selfAddress ? { self: ctx.selfAddress } : {}),
