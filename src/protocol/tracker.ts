@@ -20,6 +20,11 @@ export const nodeInfoSchema = z.object({
   memory_budget_mb: z.number().positive().max(1 << 24),
   host: z.enum(['browser', 'node']),
   version: z.string().max(40).optional(),
+  /**
+   * The format the node holds its weights in (WEIGHT_FORMATS of the model's weight-format module, spelled out
+   * so the relay's bundle loads no model code); the tracker sizes its span by it. Absent: f32.
+   */
+  weight_format: z.enum(['f32', 'f16', 'q4']).optional(),
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 

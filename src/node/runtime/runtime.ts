@@ -16,6 +16,7 @@
  * hand. A host is an adapter (host.ts): src/host/node and src/host/browser.
  */
 import type { ModelConfig } from '../../model/config.ts';
+import type { WeightFormat } from '../../model/weight-format.ts';
 import { encodeBase64Url } from '../../protocol/base64.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { Assignment, GenerateEvent, NodeMessage } from '../../protocol/tracker.ts';
@@ -56,6 +57,8 @@ export interface RuntimeConfig {
   hopMode?: 'chain' | 'star';
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
+  /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
+  weightFormat?: WeightFormat;
   /**
    * A tracker's span that fails to load: retried at the next heartbeat while
    * the old span keeps serving (true: a daemon), or the node stops in the
@@ -317,7 +320,14 @@ export class NodeRuntime {
       public_key: encodeBase64Url(this.identity.publicKey),
       ...(relayAddr ? { relay_addr: relayAddr } : {}),
       ...(this.endpoint ? { endpoint: this.endpoint } : {}),
-      info: { model: this.model ?? 'default', backend: s?.backend.kind ?? this.config.backendKind, memory_budget_mb: this.budget / 2 ** 20, host: this.host.name, version: RUNTIME_VERSION },
+      info: {
+        model: this.model ?? 'default',
+        backend: s?.backend.kind ?? this.config.backendKind,
+        memory_budget_mb: this.budget / 2 ** 20,
+        host: this.host.name,
+        version: RUNTIME_VERSION,
+        weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
+      },
       stats: this.activity.heartbeat(kvHeartbeat(kv, this.budget)),
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,

@@ -12,7 +12,7 @@
 import { parseModelConfig, type ModelConfig } from '../../model/config.ts';
 import type { ModelTokenizer } from '../../model/tokenizer.ts';
 import { MeshError } from '../../protocol/errors.ts';
-import { ShardExecutor } from '../../shard/executor.ts';
+import { createSpanExecutor, type SpanExecutor } from '../../shard/span-executor.ts';
 import { createForwardHandler } from '../forward-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
@@ -24,7 +24,7 @@ import type { NodeActivity } from './stats.ts';
 export interface LoadedSpan {
   spec: SpanSpec;
   config: ModelConfig;
-  executor: ShardExecutor;
+  executor: SpanExecutor;
   backend: BackendInfo;
   tokenizer: ModelTokenizer | undefined;
   /** The node's HTTP surface over this span's executor. */
@@ -88,13 +88,14 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   ctx.onPhase('loading', spec, config);
   const chosen = await host.backends.choose(spec, config, weights.loader);
   ctx.checkCurrent();
-  const executor = await ShardExecutor.create({
+  const executor = await createSpanExecutor({
     config,
     backend: chosen.backend,
     weights: weights.loader,
     startLayer: spec.startLayer,
     endLayer: spec.endLayer,
-    dtype: chosen.info.dtype,
+    graphs: chosen.graphs ?? { kind: 'plain', dtype: chosen.info.dtype },
+    ...(weights.q4Cache ? { q4Cache: weights.q4Cache } : {}),
     maxContext: Math.min(ctx.maxContext, config.maxPositionEmbeddings),
     // The budget means weights + KV, as the tracker sizes spans: the KV caches get what the weights leave.
     memoryBudgetBytes: ctx.memoryBudgetBytes(),
@@ -129,7 +130,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
 }
 
 /** A span whose weights leave too little of the budget for even one short session: say so, or every session is refused with no hint why. */
-function warnIfKvStarved(executor: ShardExecutor, spec: SpanSpec, ctx: SpanLoadContext): void {
+function warnIfKvStarved(executor: SpanExecutor, spec: SpanSpec, ctx: SpanLoadContext): void {
   const kv = executor.kvStats();
   if (kv.budgetBytes >= kv.bytesPerToken * Math.min(executor.maxContext, 256)) return;
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;

@@ -55,6 +55,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         peer_id: n.peerId,
         model: n.info.model,
         backend: n.info.backend,
+        weight_format: n.info.weight_format ?? 'f32',
         host: n.info.host,
         version: n.info.version ?? null,
         memory_budget_mb: n.info.memory_budget_mb,
