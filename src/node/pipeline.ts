@@ -52,7 +52,7 @@ export interface HeadExecutor {
 /** What the driver needs of ModelTokenizer. */
 export interface HeadTokenizer {
   encode(text: string, opts?: { addSpecialTokens?: boolean }): number[];
-  encodeChat(messages: ReadonlyArray<{ role: string; content: string }>): number[];
+  encodeChat(messages: ReadonlyArray<{ role: string; content: string }>, opts?: { extra?: Record<string, unknown> }): number[];
   decode(ids: readonly number[], opts?: { skipSpecialTokens?: boolean }): string;
   isEos(id: number): boolean;
 }
@@ -170,7 +170,7 @@ export class PipelineDriver {
     let promptIds: number[];
     try {
       plan = this.planRoute(headPeerId, route);
-      if (req.messages && req.messages.length > 0) promptIds = tok.encodeChat(req.messages);
+      if (req.messages && req.messages.length > 0) promptIds = tok.encodeChat(req.messages, req.chat_template_kwargs ? { extra: req.chat_template_kwargs } : {});
       else if (req.prompt_token_ids !== undefined) {
         promptIds = [...req.prompt_token_ids];
         const vocab = ex.config.vocabSize;

@@ -29,6 +29,8 @@ import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type On
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
 import { checkForwardInput } from './forward-input.ts';
+import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
+import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
 import { KV_DEFAULTS } from './kv-ledger.ts';
 import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
@@ -68,6 +70,8 @@ export interface FusedExecutorOptions {
   /** Default 1 GiB. */
   maxSegmentBytes?: number;
   sessionOptions?: BackendSessionOptions;
+  /** Most one-token steps of different sessions run as one batch (fused-batch.ts); 1 runs every request alone. @defaultValue 16 */
+  maxBatch?: number;
   now?: () => number;
 }
 
@@ -91,7 +95,8 @@ export class FusedShardExecutor {
   /** Activations and KV stay in device memory between graphs. */
   readonly onDevice: boolean;
   private readonly kv: KvStore<LayerKv>;
-  private queue: Promise<unknown> = Promise.resolve();
+  /** Forwards run one batch at a time: KV positions advance in request order. */
+  private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
 
   private constructor(
     private readonly o: FusedExecutorOptions,
@@ -121,6 +126,30 @@ export class FusedShardExecutor {
         ...(o.now ? { now: o.now } : {}),
       },
       new LayerKvStorage(shape),
+    );
+    const held = { startLayer: o.startLayer, endLayer: o.endLayer };
+    this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
+      {
+        batchKey: (req) => fusedBatchKey(req, held),
+        sessionOf: (req) => req.session,
+        runOne: (req) => this.forwardNow(req),
+        runBatch: (reqs) =>
+          runFusedBatch(
+            {
+              ...held,
+              config: this.config,
+              maxContext: this.maxContext,
+              segments: this.segments,
+              embed: this.embed,
+              head: this.head,
+              device: o.backend.device,
+              reserve: async (session, start, end, position, seq, declared) => (await this.reservation(session, start, end, position, seq, declared)).session,
+            },
+            reqs,
+          ),
+      },
+      // Under 32 rows on a device backend: onnxruntime-web's WebGPU kernels go wrong at ≥ 32 rows (a known fault, under investigation).
+      Math.min(o.maxBatch ?? DEFAULT_MAX_BATCH, o.backend.device ? 31 : Infinity),
     );
   }
 
@@ -220,14 +249,18 @@ export class FusedShardExecutor {
     return this.kv.delete(id);
   }
 
+  /** Queues the request; one-token session steps queued together run as one batch (fused-batch.ts). */
   forward(req: ForwardRequest): Promise<ForwardResult> {
-    const run = this.queue.then(() => this.forwardNow(req));
-    this.queue = run.catch(() => undefined);
-    return run;
+    return this.batches.submit(req);
+  }
+
+  /** Batch sizes run so far. */
+  batchStats(): BatchStats {
+    return this.batches.stats();
   }
 
   async release(): Promise<void> {
-    await this.queue;
+    await this.batches.idle();
     this.kv.clear();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
     await Promise.all(all.map((s) => s.release()));

@@ -52,6 +52,8 @@ export interface RuntimeConfig {
   maxContext?: number;
   /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
   kvIdleTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch (issue 11); 1 turns batching off. @defaultValue 16 */
+  maxBatch?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
   hopMode?: 'chain' | 'star';
@@ -328,7 +330,7 @@ export class NodeRuntime {
         version: RUNTIME_VERSION,
         weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
       },
-      stats: this.activity.heartbeat(kvHeartbeat(kv, this.budget)),
+      stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}) },
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       timestamp: Date.now(),
@@ -415,6 +417,7 @@ export class NodeRuntime {
       transport: this.transport,
       memoryBudgetBytes: () => this.budget,
       maxContext: this.config.maxContext ?? 2048,
+      ...(this.config.maxBatch !== undefined ? { maxBatch: this.config.maxBatch } : {}),
       ...(this.config.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: this.config.kvIdleTtlMs } : {}),
       version: RUNTIME_VERSION,
       isPaused: () => this.paused,

@@ -47,6 +47,8 @@ export interface SpanLoadContext {
   maxContext: number;
   /** A KV session idle this long may be dropped when room is needed, ms. */
   kvIdleTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch; 1 turns batching off. */
+  maxBatch?: number;
   version: string;
   isPaused(): boolean;
   /** Fields /info adds to the executor's (peer id, relay address, the host's). */
@@ -100,6 +102,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     // The budget means weights + KV, as the tracker sizes spans: the KV caches get what the weights leave.
     memoryBudgetBytes: ctx.memoryBudgetBytes(),
     ...(ctx.kvIdleTtlMs !== undefined ? { kvTtlMs: ctx.kvIdleTtlMs } : {}),
+    ...(ctx.maxBatch !== undefined ? { maxBatch: ctx.maxBatch } : {}),
   });
   warnIfKvStarved(executor, spec, ctx);
   try {
