@@ -25,6 +25,11 @@ export const nodeInfoSchema = z.object({
    * so the relay's bundle loads no model code); the tracker sizes its span by it. Absent: f32.
    */
   weight_format: z.enum(['f32', 'f16', 'q4']).optional(),
+  /**
+   * The node serves a span its operator fixed (`meshnet node --layers`): the tracker adopts what it serves
+   * and never moves it, since the node would not follow. Absent: false.
+   */
+  pinned: z.boolean().optional(),
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 

@@ -329,6 +329,7 @@ export class NodeRuntime {
         host: this.host.name,
         version: RUNTIME_VERSION,
         weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
+        ...(this.config.span ? { pinned: true } : {}),
       },
       stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}) },
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
