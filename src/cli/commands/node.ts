@@ -19,6 +19,11 @@ function hopOrder(value: string): 'relay' | 'direct' | 'adaptive' {
   return value;
 }
 
+function hopMode(value: string): 'chain' | 'star' {
+  if (value !== 'chain' && value !== 'star') throw new InvalidArgumentError(`expected chain or star, got "${value}"`);
+  return value;
+}
+
 function wireDtype(value: string): Dtype {
   const v = value.trim().toLowerCase();
   if (!isDtype(v)) throw new InvalidArgumentError(`expected one of ${DTYPES.join(', ')}, got "${value}"`);
@@ -51,6 +56,7 @@ export function configure(cmd: Command): void {
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
     .option('--max-context <n>', 'positions one session may reach (its KV cache is sized by what the head declares, up to this)', int, NODE_HOST_DEFAULTS.maxContext)
     .option('--kv-idle-ttl-ms <n>', 'a KV session idle this long may be dropped when a new one needs its room (live sessions never are)', int, KV_DEFAULTS.idleTtlMs)
+    .option('--hop-mode <mode>', 'as a head: chain (each hop pushes its output to the next, the last answers the head: N legs a token) or star (every hop answers the head; ADR-era peers)', hopMode, NODE_HOST_DEFAULTS.hopMode)
     .option('--max-batch <n>', 'most sessions\' one-token steps run together as one batch at this node (1: batching off)', int, DEFAULT_MAX_BATCH)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
@@ -92,6 +98,7 @@ export function configure(cmd: Command): void {
         kvIdleTtlMs: o.kvIdleTtlMs as number,
         maxBatch: o.maxBatch as number,
         hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
+        hopMode: o.hopMode as 'chain' | 'star',
         links: o.links !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),

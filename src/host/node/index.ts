@@ -62,6 +62,8 @@ export interface NodeHostOptions {
   maxBatch?: number;
   /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
   hopOrder: 'relay' | 'direct' | 'adaptive';
+  /** How this node drives a pipeline as a head (PipelineOptions.hopMode). @defaultValue 'chain' */
+  hopMode?: 'chain' | 'star';
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
   links?: boolean;
   /** Machine-readable events (stdout). */
@@ -106,6 +108,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     ...(o.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: o.kvIdleTtlMs } : {}),
     ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     hopOrder: o.hopOrder,
+    ...(o.hopMode ? { hopMode: o.hopMode } : {}),
     backendKind: 'onnxruntime-node',
     // A daemon keeps serving what it has and asks again at the next heartbeat.
     retryFailedLoads: true,

@@ -55,6 +55,8 @@ export interface RuntimeConfig {
   /** Most sessions' one-token steps run as one batch (issue 11); 1 turns batching off. @defaultValue 16 */
   maxBatch?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
+  /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
+  hopMode?: 'chain' | 'star';
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
   /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
@@ -162,6 +164,7 @@ export class NodeRuntime {
       span: () => this.slot.current,
       loadingInfo: () => ({ peer_id: identity.peerId, host: host.name, model: this.model ?? null, start_layer: null, end_layer: null, loading: this.slot.busy }),
       trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      transport: this.transport,
       injectDelayMs: config.injectDelayMs ?? 0,
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
@@ -425,8 +428,11 @@ export class NodeRuntime {
         ...(this.endpoint ? { endpoint: this.endpoint } : {}),
         relay_addr: this.relay?.relayAddr ?? null,
         forwards_served: { ...this.handler.served },
+        chain_forwards: this.handler.chained,
         ...span.backend.details,
       }),
+      hopMode: this.config.hopMode ?? 'chain',
+      selfAddress: () => ({ ...(this.relay?.relayAddr ? { relay_addr: this.relay.relayAddr } : {}), ...(this.endpoint ? { endpoint: this.endpoint } : {}) }),
       replace: this.config.trackerUrl ? (model) => (hop, signal) => this.tracker!.replace(model, hop, signal) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };

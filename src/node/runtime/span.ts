@@ -16,6 +16,7 @@ import { createSpanExecutor, type SpanExecutor } from '../../shard/span-executor
 import { createForwardHandler } from '../forward-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
+import type { HeadAddress } from '../chain-driver.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../pipeline.ts';
 import type { BackendInfo, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import type { NodeActivity } from './stats.ts';
@@ -54,6 +55,10 @@ export interface SpanLoadContext {
   extraInfo(span: LoadedSpan): Record<string, unknown>;
   /** Asks the tracker for a replacement of a failed hop; absent without a tracker. */
   replace: ((model: string) => ReplaceSpan) | undefined;
+  /** The pipeline's hop mode (PipelineOptions.hopMode). */
+  hopMode?: 'chain' | 'star';
+  /** Where a chain's last hop reaches this node (relay address, endpoint). */
+  selfAddress?: () => HeadAddress;
   /** The load of `spec` moved on (state and progress for the page). */
   onPhase(phase: 'downloading' | 'loading', spec: SpanSpec, config: ModelConfig, progress?: DownloadProgress): void;
   /** Throws MESH_ERR_CANCELLED when the load was superseded (the node stopped or restarted). */
@@ -182,6 +187,8 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     transport: ctx.transport,
     ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(replace ? { replace } : {}),
+    ...(ctx.hopMode ? { hopMode: ctx.hopMode } : {}),
+    ...(ctx.selfAddress ? { self: ctx.selfAddress } : {}),
     onLog: (m) => ctx.host.log('warn', `pipeline: ${m}`),
   });
 }
