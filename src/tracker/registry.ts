@@ -217,6 +217,11 @@ export class NodeRegistry {
     // A pinned node (its operator fixed the span) holds what it serves and is never moved: it would not follow.
     for (const n of nodes) if (n.info.pinned && n.serving) n.assignment = n.serving;
     for (const n of nodes) if (!n.assignment && !n.info.pinned) n.assignment = chooseSpan(model, budgetBytes(n.info), this.holders(modelName, n.peerId), n.info.weight_format);
+    // One move at a time, and none while a moved node still loads: each node switches spans when its load
+    // ends, so two moves planned together (a swap) leave layers bare between the two switches, and chats
+    // in that gap get 503s. A single move is judged on the placement without the mover's old span, and
+    // the mover serves its old span until its new one is loaded, so it bares nothing the plan did not count.
+    if (nodes.some((n) => n.serving && this.status(n) === NodeStatus.Loading)) return [];
     const moves = rebalance(
       model,
       nodes.filter((n) => n.assignment).map((n) => ({
@@ -229,7 +234,7 @@ export class NodeRegistry {
         movable: this.status(n) === NodeStatus.Serving && !n.info.pinned,
       })),
       this.o.balanceQuality,
-    );
+    ).slice(0, 1);
     for (const mv of moves) {
       const n = this.nodes.get(mv.id)!;
       n.assignment = mv.to;
