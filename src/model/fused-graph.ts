@@ -303,11 +303,12 @@ export function fusedLayerBytes(cfg: ModelConfig, weights: FusedWeights): number
   return proj + 2 * h * 4 + bias;
 }
 
-export const HEAD_IO = { hidden: 'hidden_states', logits: 'logits' } as const;
+export const HEAD_IO = { hidden: 'hidden_states', logits: 'logits', greedyToken: 'greedy_token', greedyLogprob: 'greedy_logprob' } as const;
 
 /**
  * Final norm + LM head over the last row only: hidden_states f32 [1, seq,
- * hidden] → logits f32 [1, vocab]. The row is picked inside the graph so a
+ * hidden] → logits f32 [1, vocab], and the greedy token (int64 [1]) with
+ * its log-probability (f32 [1]). The row is picked inside the graph so a
  * device-resident activation never comes back to the CPU for slicing; the
  * head matrix is 4-bit when the span's projections are.
  */
@@ -321,5 +322,13 @@ export function buildLastRowHeadGraph(cfg: ModelConfig, src: WeightSource, opts:
   const logits = b.linear(n, head, cfg.hiddenSize, cfg.vocabSize, 'lm_head');
   g.op1('Identity', [logits], {}, HEAD_IO.logits);
   g.output(HEAD_IO.logits, ElemType.FLOAT, [1, cfg.vocabSize]);
+  // Greedy decoding on the device: the token (first maximum, as sampling.ts breaks ties) and its
+  // log-probability are all that must leave a GPU, 12 bytes instead of the vocabulary's logits.
+  g.op1('ArgMax', [logits], { axis: -1, keepdims: 0, select_last_index: 0 }, HEAD_IO.greedyToken);
+  g.output(HEAD_IO.greedyToken, ElemType.INT64, [1]);
+  const max = g.op1('ReduceMax', [logits], { axes: [-1], keepdims: 0 });
+  const lse = g.op1('ReduceLogSumExp', [logits], { axes: [-1], keepdims: 0 });
+  g.op1('Sub', [max, lse], {}, HEAD_IO.greedyLogprob);
+  g.output(HEAD_IO.greedyLogprob, ElemType.FLOAT, [1]);
   return { bytes: g.encode(), weightBytes: g.initializerBytes() };
 }

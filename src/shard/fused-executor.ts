@@ -32,7 +32,7 @@ import { checkForwardInput } from './forward-input.ts';
 import { KV_DEFAULTS } from './kv-ledger.ts';
 import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
-import { sampleToken } from './sampling.ts';
+import { sampleToken, validateSampling } from './sampling.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
 export interface Q4Cache {
@@ -68,6 +68,13 @@ export interface FusedExecutorOptions {
   /** Default 1 GiB. */
   maxSegmentBytes?: number;
   sessionOptions?: BackendSessionOptions;
+  /**
+   * Return the last row's logits with each token. Default: true on a CPU
+   * backend (they are on the host anyway); false on a device, where a greedy
+   * step then brings back only the token and its log-probability (picked
+   * by the head graph on the GPU) and the logits stay there.
+   */
+  returnLogits?: boolean;
   now?: () => number;
 }
 
@@ -88,6 +95,8 @@ export class FusedShardExecutor {
   readonly weightBytes: number;
   /** Activations and KV stay in device memory between graphs. */
   readonly onDevice: boolean;
+  /** See FusedExecutorOptions.returnLogits; may be changed between calls. */
+  returnLogits: boolean;
   private readonly kv: KvStore<LayerKv>;
   private queue: Promise<unknown> = Promise.resolve();
 
@@ -106,6 +115,7 @@ export class FusedShardExecutor {
     this.projections = o.projections;
     this.weightBytes = weightBytes;
     this.onDevice = o.backend.device !== undefined;
+    this.returnLogits = o.returnLogits ?? !this.onDevice;
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
     this.kv = new KvStore(
       {
@@ -173,7 +183,7 @@ export class FusedShardExecutor {
         const q4 = headWeights === 'q4' ? await quantizedSource(src, [headName], o.q4Cache) : undefined;
         const built = buildLastRowHeadGraph(cfg, src, { weights: headWeights, ...(q4 ? { q4 } : {}) });
         weightBytes += built.weightBytes;
-        head = await open(built.bytes, []);
+        head = await open(built.bytes, [HEAD_IO.logits]);
       }
       return new FusedShardExecutor(o, maxContext, segments, embed, head, weightBytes);
     } catch (e) {
@@ -278,8 +288,18 @@ export class FusedShardExecutor {
 
       if (end === cfg.numLayers && this.head) {
         const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
-        const logits = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
-        const { tokenId, logprob } = sampleToken(logits, req.sampling ?? {}, position + seq);
+        const onDevice = out[HEAD_IO.logits]!;
+        owned.push(onDevice);
+        const sampling = req.sampling ?? {};
+        validateSampling(sampling);
+        if (!this.returnLogits && !((sampling.temperature ?? 0) > 0)) {
+          // Greedy: the head graph's ArgMax chose on the device; 12 bytes came back.
+          const tokenId = Number((out[HEAD_IO.greedyToken] as BackendTensor).data[0]);
+          const logprob = (out[HEAD_IO.greedyLogprob] as BackendTensor).data[0] as number;
+          return { kind: 'token', tokenId, logprob, logits: new Float32Array(0) };
+        }
+        const logits = (await hostData(onDevice)) as Float32Array;
+        const { tokenId, logprob } = sampleToken(logits, sampling, position + seq);
         return { kind: 'token', tokenId, logprob, logits };
       }
       const data = (await hostData(hidden)) as Float32Array;

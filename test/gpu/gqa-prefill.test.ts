@@ -151,7 +151,7 @@ describe('GroupQueryAttention prefill of 32 rows or more on WebGPU', () => {
   it('the fused executor: a 60-row prefill in one call, then decode, equals the float64 reference', async () => {
     expect(info.isFallbackAdapter || info.features.length > 0).toBe(true);
     const f = fixture('tiny');
-    ex = await FusedShardExecutor.create({ config: f.cfg, backend: gpu, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 128 });
+    ex = await FusedShardExecutor.create({ config: f.cfg, backend: gpu, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 128, returnLogits: true });
     const prompt = Array.from({ length: 60 }, (_, i) => 3 + ((i * 37) % 500));
     await walkAgainstReference(f, f.weights, ex, [prompt, [7], prompt.slice(0, 33), [9]], 1e-4, 'long');
   }, 600_000);
