@@ -26,6 +26,7 @@ import { buildEmbedGraph, IO } from '../model/graph.ts';
 import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes, fusedProjectionNames, HEAD_IO, quantizingSource, type FusedWeights } from '../model/fused-graph.ts';
 import type { Q4Matrix } from '../model/quantize.ts';
 import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
 import { checkForwardInput } from './forward-input.ts';
@@ -99,6 +100,8 @@ export class FusedShardExecutor {
   returnLogits: boolean;
   private readonly kv: KvStore<LayerKv>;
   private queue: Promise<unknown> = Promise.resolve();
+  private lostReason: string | null = null;
+  private readonly lost: Promise<never>;
 
   private constructor(
     private readonly o: FusedExecutorOptions,
@@ -116,6 +119,13 @@ export class FusedShardExecutor {
     this.weightBytes = weightBytes;
     this.onDevice = o.backend.device !== undefined;
     this.returnLogits = o.returnLogits ?? !this.onDevice;
+    this.lost = new Promise<never>((_, reject) => {
+      void o.backend.device?.lost.then((reason) => {
+        this.lostReason = reason;
+        reject(this.lostError());
+      });
+    });
+    this.lost.catch(() => undefined); // rejected for callers racing it; unobserved otherwise
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
     this.kv = new KvStore(
       {
@@ -228,10 +238,20 @@ export class FusedShardExecutor {
     return this.kv.delete(id);
   }
 
+  /** Why the device was lost, once it is: every call then fails at once (MESH_ERR_UNAVAILABLE) and the host rebuilds or falls back. */
+  get deviceLost(): string | null {
+    return this.lostReason;
+  }
+
   forward(req: ForwardRequest): Promise<ForwardResult> {
-    const run = this.queue.then(() => this.forwardNow(req));
+    // A lost device never answers a call in flight: race each call against the loss, so none hangs.
+    const run = this.queue.then(() => (this.lostReason !== null ? Promise.reject(this.lostError()) : Promise.race([this.forwardNow(req), this.lost])));
     this.queue = run.catch(() => undefined);
     return run;
+  }
+
+  private lostError(): MeshError {
+    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard must be rebuilt`, { retryAfterMs: 1000 });
   }
 
   async release(): Promise<void> {
