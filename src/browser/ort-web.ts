@@ -8,6 +8,7 @@
  */
 import type * as OrtTypes from 'onnxruntime-web';
 import { isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue, type TensorType } from '../shard/backend.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { requestOrtGpuDevice } from './webgpu-device.ts';
 import type { BackendKind } from './engine.ts';
 
@@ -57,12 +58,17 @@ interface GpuDeviceTensor extends DeviceTensor {
 
 const BYTES: Record<TensorType, number> = { float32: 4, float16: 2, int64: 8, int32: 4 };
 
-/** Thrown when the GPU cannot hold what a span needs; the node asks the tracker for a smaller span. */
-export class DeviceAllocationError extends Error {
-  readonly code = 'MESH_ERR_DEVICE_MEMORY';
-  constructor(readonly bytes: number, reason: string) {
-    super(`the GPU could not allocate ${bytes} bytes: ${reason}`);
-    this.name = 'DeviceAllocationError';
+/**
+ * Thrown when the GPU cannot allocate a buffer (a KV cache growing, a span's
+ * buffers): a MeshError, so the request it happens in is answered 507 with
+ * this message instead of failing as an internal error.
+ */
+export class DeviceAllocationError extends MeshError {
+  constructor(
+    readonly bytes: number,
+    reason: string,
+  ) {
+    super('MESH_ERR_DEVICE_MEMORY', `the GPU could not allocate ${bytes} bytes: ${reason}`, { bytes });
   }
 }
 

@@ -3,6 +3,7 @@
  * SwiftShader) never hangs a request: the call in flight and every later
  * call fail at once with MESH_ERR_UNAVAILABLE naming the loss, and the
  * executor says it was lost so its host can rebuild it or fall back to WASM.
+ * And a buffer the device cannot allocate is a MESH_ERR_DEVICE_MEMORY (507).
  */
 import { describe, expect, it } from 'vitest';
 import { installNodeWebGpu } from '../../src/cli/webgpu-node.ts';
@@ -22,6 +23,11 @@ describe('fused executor when the GPU device is lost', () => {
     const first = await ex.forward({ session: 's', position: 0, tokenIds: [5, 6, 7] });
     expect(first.kind).toBe('token');
     expect(ex.deviceLost).toBeNull();
+
+    // A buffer the device cannot hold: a clear 507, not a crash or a hang.
+    const big = (await backend.device!.alloc('float32', [2 ** 31]).catch((e: unknown) => e)) as MeshError;
+    expect([big.code, big.status]).toEqual(['MESH_ERR_DEVICE_MEMORY', 507]);
+    expect(big.message).toMatch(/could not allocate 8589934592 bytes/);
 
     const inFlight = ex.forward({ session: 's', position: 3, tokenIds: [8] }).catch((e: unknown) => e as MeshError);
     (backend.device as unknown as { device: GPUDevice }).device.destroy();
