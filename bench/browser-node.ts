@@ -3,13 +3,15 @@
  * (12 layers, hidden 512), every layer on one node:
  *   - ms per decode step (one token through all 12 layers and the LM head,
  *     session KV cache), measured inside the node (handler time, no
- *     network): Chromium WASM with 1 and 2 threads vs onnxruntime-node with
- *     the same graphs and thread count. Target: browser <= 2.0x node.
+ *     network): Chromium WASM with 1 and 2 threads, per weight format
+ *     (`?weights=f32` and `q4`: the fused graphs, f32 MatMul or 4-bit
+ *     MatMulNBits), vs onnxruntime-node with the same graphs and thread
+ *     count. Targets: browser <= 2.0x node; 4-bit >= 1.5x faster than f32.
  *   - the relay bridge's own cost per request (frame in -> handler -> frame
  *     out, in-memory socket), in Chromium and in Node.js. Target p50 <= 0.2 ms.
  * Medians. Table on stdout, JSON in bench/results/browser-node.json.
  *
- *   npx tsx bench/browser-node.ts [--quick]
+ *   npx tsx bench/browser-node.ts [--quick]     (--quick: 1 thread only, fewer steps)
  */
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -23,8 +25,8 @@ import { fixtureConfig, makeModel } from '../src/model/fixture.ts';
 import { ReferenceModel } from '../src/model/reference.ts';
 import { encodeTensor } from '../src/protocol/tensor.ts';
 import { createForwardHandler } from '../src/node/forward-handler.ts';
-import { ShardExecutor } from '../src/shard/executor.ts';
-import type { NodeStatus } from '../src/browser/engine.ts';
+import { createSpanExecutor } from '../src/shard/span-executor.ts';
+import type { NodeStatus, WeightFormat } from '../src/browser/engine.ts';
 import { weightsFromFiles } from '../test/helpers/weights.ts';
 import { startRelayProcess } from '../test/support/relay-process.ts';
 import { measureBridgeCost, type BridgeCost } from './lib/bridge-cost.ts';
@@ -51,9 +53,19 @@ function headers(seq: number, position: number): Record<string, string> {
   return { 'x-meshnet-shape': `1,${seq},${H}`, 'x-meshnet-dtype': 'bf16', 'x-meshnet-session': 'bench', 'x-meshnet-position': String(position), 'x-meshnet-sampling': '{"temperature":0}' };
 }
 
-async function nodeDecode(threads: number): Promise<number> {
+/** The browser node's graphs for `weights` (src/host/browser/adapter.ts graphsFor), on onnxruntime-node. */
+async function nodeDecode(threads: number, weights: 'f32' | 'q4'): Promise<number> {
   const w = weightsFromFiles(files);
-  const ex = await ShardExecutor.create({ config: cfg, backend: createNodeBackend({ intraOpNumThreads: threads }), weights: () => w, startLayer: 0, endLayer: cfg.numLayers, maxContext: 256 });
+  const ex = await createSpanExecutor({
+    config: cfg,
+    backend: createNodeBackend({ intraOpNumThreads: threads }),
+    weights: () => w,
+    startLayer: 0,
+    endLayer: cfg.numLayers,
+    graphs: { kind: 'fused', projections: weights },
+    maxContext: 256,
+    memoryBudgetBytes: 2 ** 30,
+  });
   const times: number[] = [];
   const handle = createForwardHandler(ex, { model: 'small', backend: 'onnxruntime-node/cpu', onForward: (e) => times.push(e.ms) });
   const r0 = await handle({ method: 'POST', path: '/forward', headers: headers(PROMPT, 0), body: prefill });
@@ -81,12 +93,14 @@ async function main(): Promise<void> {
   await caller.ready(10_000);
   const browser = await chromium.launch({ executablePath: process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium', args: CHROMIUM_ARGS });
 
-  const rows: Array<{ threads: number; browserMs: number; roundTripMs: number; nodeMs: number; ratio: number }> = [];
+  const rows: Array<{ threads: number; weights: WeightFormat; browserMs: number; roundTripMs: number; nodeMs: number; ratio: number }> = [];
+  const runs: Array<{ threads: number; weights: 'f32' | 'q4' }> = [];
+  for (const threads of quick ? [1] : [1, 2]) for (const weights of ['f32', 'q4'] as const) runs.push({ threads, weights });
   try {
-    for (const threads of [1, 2]) {
+    for (const { threads, weights } of runs) {
       const context = await browser.newContext({ serviceWorkers: 'block' });
       const page = await context.newPage();
-      const q = new URLSearchParams({ relay: relay.url, model: `${modelServer.url.replace(/\/$/, '')}/`, layers: `0-${cfg.numLayers}`, backend: 'wasm', threads: String(threads) });
+      const q = new URLSearchParams({ relay: relay.url, model: `${modelServer.url.replace(/\/$/, '')}/`, layers: `0-${cfg.numLayers}`, backend: 'wasm', threads: String(threads), weights });
       await page.goto(`${appUrl}?${q}`);
       let s: NodeStatus;
       for (;;) {
@@ -107,8 +121,9 @@ async function main(): Promise<void> {
       }
       const after = await page.evaluate(() => window.meshnet!.engine.status());
       const browserMs = median(after.recentForwardMs.slice(-STEPS));
-      const nodeMs = await nodeDecode(threads);
-      rows.push({ threads, browserMs, roundTripMs: median(rt), nodeMs, ratio: browserMs / nodeMs });
+      if (after.backend?.weights !== weights) throw new Error(`page runs ${after.backend?.weights} weights, asked ${weights}`);
+      const nodeMs = await nodeDecode(threads, weights);
+      rows.push({ threads, weights, browserMs, roundTripMs: median(rt), nodeMs, ratio: browserMs / nodeMs });
       await context.close();
     }
 
@@ -129,14 +144,21 @@ async function main(): Promise<void> {
     const nodeBridge = await measureBridgeCost(quick ? 500 : 3000, 1024);
 
     console.log(`\nbrowser node vs onnxruntime-node, small (12 layers, hidden ${H}), decode step = 1 token through all layers + LM head, median of ${STEPS}`);
-    console.log('threads | browser WASM ms/step | caller round trip ms | onnxruntime-node ms/step | ratio (target <= 2.0)');
-    for (const r of rows) console.log(`${String(r.threads).padStart(7)} | ${r.browserMs.toFixed(2).padStart(20)} | ${r.roundTripMs.toFixed(2).padStart(19)} | ${r.nodeMs.toFixed(2).padStart(24)} | ${r.ratio.toFixed(2)}`);
+    console.log('threads | weights | browser WASM ms/step | caller round trip ms | onnxruntime-node ms/step | ratio (target <= 2.0)');
+    for (const r of rows) console.log(`${String(r.threads).padStart(7)} | ${r.weights.padStart(7)} | ${r.browserMs.toFixed(2).padStart(20)} | ${r.roundTripMs.toFixed(2).padStart(19)} | ${r.nodeMs.toFixed(2).padStart(24)} | ${r.ratio.toFixed(2)}`);
+    const speedups = [...new Set(rows.map((r) => r.threads))].map((threads) => {
+      const f32 = rows.find((r) => r.threads === threads && r.weights === 'f32')!;
+      const q4 = rows.find((r) => r.threads === threads && r.weights === 'q4')!;
+      return { threads, q4OverF32Browser: f32.browserMs / q4.browserMs, q4OverF32Node: f32.nodeMs / q4.nodeMs };
+    });
+    console.log('\n4-bit vs f32 decode speed-up, same run (target >= 1.5x in the browser)');
+    for (const s of speedups) console.log(`  ${s.threads} thread${s.threads === 1 ? '' : 's'}: browser ${s.q4OverF32Browser.toFixed(2)}x, onnxruntime-node ${s.q4OverF32Node.toFixed(2)}x`);
     console.log('\nrelay bridge own cost per request (1 KiB bf16 activation, in-memory socket, handler answers at once)');
     console.log(`  Chromium: p50 ${browserBridge.p50Ms.toFixed(3)} ms, p90 ${browserBridge.p90Ms.toFixed(3)} ms   (target p50 <= 0.2 ms)`);
     console.log(`  Node.js:  p50 ${nodeBridge.p50Ms.toFixed(3)} ms, p90 ${nodeBridge.p90Ms.toFixed(3)} ms`);
     writeFileSync(
       'bench/results/browser-node.json',
-      `${JSON.stringify({ preset: 'small', promptTokens: PROMPT, decodeSteps: STEPS, decode: rows, targetRatio: 2.0, bridge: { chromium: browserBridge, node: nodeBridge, targetP50Ms: 0.2 }, date: new Date().toISOString() }, null, 2)}\n`,
+      `${JSON.stringify({ preset: 'small', promptTokens: PROMPT, decodeSteps: STEPS, decode: rows, q4Speedup: speedups, targetRatio: 2.0, targetQ4Speedup: 1.5, bridge: { chromium: browserBridge, node: nodeBridge, targetP50Ms: 0.2 }, date: new Date().toISOString() }, null, 2)}\n`,
     );
   } finally {
     await browser.close();

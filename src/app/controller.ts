@@ -96,6 +96,7 @@ export function emptyStatus(): NodeStatus {
     state: 'idle',
     storedBytes: 0,
     fetchedBytes: 0,
+    quantization: { quantized: 0, loaded: 0, quantizeMs: 0 },
     requestsServed: 0,
     tokensServed: 0,
     requestsPerMinute: 0,

@@ -3,11 +3,12 @@
  * - with a tracker, whatever span it assigns:
  *   `?relay=ws://…&tracker=http://…[&model=<name at the tracker>]`;
  * - without, a fixed span: `?relay=ws://…&model=<base url>&layers=0-6`;
- * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>]`.
+ * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>][&weights=f32|f16|q4]`.
  * Parsed with zod: a URL is outside data.
  */
 import { z } from 'zod';
 import type { NodeConfig } from '../browser/engine.ts';
+import { WEIGHT_FORMATS } from '../model/weight-format.ts';
 
 const layersRe = /^(\d{1,4})-(\d{1,4})$/;
 
@@ -23,6 +24,7 @@ const paramsSchema = z.object({
   threads: z.coerce.number().int().min(1).max(64).optional(),
   // Fractions allowed: the tracker sizes spans from it, and test meshes split tiny models with a few MiB.
   budget: z.coerce.number().min(0.25).max(65536).optional(),
+  weights: z.enum(WEIGHT_FORMATS).optional(),
 });
 
 const trackedSchema = z.object({
@@ -32,6 +34,7 @@ const trackedSchema = z.object({
   backend: paramsSchema.shape.backend,
   threads: paramsSchema.shape.threads,
   budget: paramsSchema.shape.budget,
+  weights: paramsSchema.shape.weights,
 });
 
 export type UrlConfigResult = { ok: true; config: NodeConfig } | { ok: false; missing: boolean; message: string };
@@ -41,7 +44,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   const q = new URLSearchParams(search);
   if (!q.has('relay') && !q.has('model') && !q.has('layers') && !q.has('tracker')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
   const raw: Record<string, string> = {};
-  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget']) {
+  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights']) {
     const v = q.get(k);
     if (v !== null && v !== '') raw[k] = v;
   }
@@ -62,6 +65,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   if (p.backend !== undefined) config.backend = p.backend;
   if (p.threads !== undefined) config.threads = p.threads;
   if (p.budget !== undefined) config.memoryBudgetBytes = p.budget * 1024 * 1024;
+  if (p.weights !== undefined) config.weights = p.weights;
   return { ok: true, config };
 }
 
@@ -77,5 +81,6 @@ function trackedConfig(raw: Record<string, string>): UrlConfigResult {
   if (p.backend !== undefined) config.backend = p.backend;
   if (p.threads !== undefined) config.threads = p.threads;
   if (p.budget !== undefined) config.memoryBudgetBytes = Math.round(p.budget * 1024 * 1024);
+  if (p.weights !== undefined) config.weights = p.weights;
   return { ok: true, config };
 }

@@ -99,6 +99,10 @@ export function renderStatus(root: ViewRoot, s: NodeStatus): void {
     setText(el(root, 'backend'), s.backend.kind === 'webgpu' ? `WebGPU${s.backend.fp16 ? ' · fp16' : ''}` : `WASM · ${s.backend.threads} thread${s.backend.threads === 1 ? '' : 's'}`);
     setText(el(root, 'adapter'), s.backend.adapter);
     setText(el(root, 'backend-reason'), s.backend.reason);
+    const q = s.quantization;
+    const quant = s.backend.weights !== 'q4' ? '' : q.quantized > 0 ? ` · quantized ${q.quantized} matrices here (${Math.round(q.quantizeMs)} ms)` : q.loaded > 0 ? ` · ${q.loaded} matrices from storage, none quantized` : '';
+    setText(el(root, 'weights'), `${s.backend.weights === 'q4' ? '4-bit' : s.backend.weights} weights · ${s.backend.graphs} graphs${quant}`);
+    setText(el(root, 'precision'), s.backend.precision);
   }
   setText(el(root, 'tokens'), formatCount(s.tokensServed));
   setText(el(root, 'requests'), `${formatCount(s.requestsServed)} request${s.requestsServed === 1 ? '' : 's'}`);
@@ -135,6 +139,6 @@ export function renderNeedsConfig(root: ViewRoot, message: string): void {
   setText(el(root, 'headline'), 'No span to serve');
   setText(el(root, 'reason'), message);
   const action = el(root, 'action');
-  setText(action, 'Open this page with ?relay=ws://HOST:PORT/ws&model=<model base URL>&layers=0-6 (optionally &backend=wasm|webgpu).');
+  setText(action, 'Open this page with ?relay=ws://HOST:PORT/ws&model=<model base URL>&layers=0-6 (optionally &backend=wasm|webgpu, &weights=f32|f16|q4).');
   setHidden(action, false);
 }

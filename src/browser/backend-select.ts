@@ -5,7 +5,8 @@
  */
 import type { ModelConfig } from '../model/config.ts';
 import type { OnnxBackend } from '../shard/backend.ts';
-import { ShardExecutor, type WeightLoader } from '../shard/executor.ts';
+import type { WeightLoader } from '../shard/executor.ts';
+import { createSpanExecutor, type SpanGraphs } from '../shard/span-executor.ts';
 import type { BackendKind } from './engine.ts';
 
 /** The bits of WebGPU this module reads (the DOM lib has no WebGPU types). */
@@ -45,10 +46,11 @@ export async function probeWebGpu(gpu: GpuLike | undefined): Promise<GpuProbe> {
 
 /**
  * Median ms of `steps` one-token decode steps through a one-layer executor on
- * `backend`, after one warm-up (which pays for shader compilation).
+ * `backend`, on the graphs that would serve there (`graphs`: fused or plain),
+ * after one warm-up (which pays for shader compilation).
  */
-export async function calibrate(backend: OnnxBackend, cfg: ModelConfig, weights: WeightLoader, layer: number, dtype: 'f32' | 'f16', steps = 3): Promise<number> {
-  const ex = await ShardExecutor.create({ config: cfg, backend, weights, startLayer: layer, endLayer: layer + 1, dtype, maxContext: 16, kvBudgetBytes: 64 * 2 ** 20 });
+export async function calibrate(backend: OnnxBackend, cfg: ModelConfig, weights: WeightLoader, layer: number, graphs: SpanGraphs, steps = 3): Promise<number> {
+  const ex = await createSpanExecutor({ config: cfg, backend, weights, startLayer: layer, endLayer: layer + 1, graphs, maxContext: 16, memoryBudgetBytes: 2 ** 30 });
   try {
     const x = new Float32Array(cfg.hiddenSize);
     for (let i = 0; i < x.length; i++) x[i] = Math.sin(i) * 0.5;

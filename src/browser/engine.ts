@@ -12,6 +12,18 @@ import type { NodeState } from '../node/runtime/state.ts';
 
 export type BackendKind = 'wasm' | 'webgpu';
 export type BackendChoice = BackendKind | 'auto';
+export type { WeightFormat } from '../model/weight-format.ts';
+import type { WeightFormat } from '../model/weight-format.ts';
+
+/**
+ * The weight format when the page does not say: f32. Every node of a mesh
+ * then computes the same function as the float64 reference and as the
+ * Node.js nodes (onnxruntime-node, f32): a route's answer does not depend on
+ * which nodes it crossed. 4-bit (`?weights=q4`) holds ~6.4x more layers in
+ * the same budget and decodes faster on WASM, at a measured fidelity cost
+ * (docs/benchmarks.md): the operator's choice, per mesh.
+ */
+export const DEFAULT_WEIGHT_FORMAT: WeightFormat = 'f32';
 
 /**
  * What the page asks the node to serve: a fixed span from the URL, or, with
@@ -37,6 +49,8 @@ export interface NodeConfig {
   threads?: number;
   /** KV-cache memory budget in bytes. Absent: the stored setting, else 256 MiB. */
   memoryBudgetBytes?: number;
+  /** How the span's weights are held: f32, f16 (WebGPU with shader-f16) or q4 (4-bit). Absent: the stored setting, else DEFAULT_WEIGHT_FORMAT. */
+  weights?: WeightFormat;
 }
 
 export interface NodeErrorInfo {
@@ -58,6 +72,12 @@ export interface BackendInfo {
   fp16: boolean;
   /** Why this backend: forced, calibration numbers, or why WebGPU was not usable. */
   reason: string;
+  /** The weight format the span runs on (what was asked, unless `precision` says why not). */
+  weights: WeightFormat;
+  /** The graphs: fused operators (the GPU path; 4-bit on WASM) or plain operators, and why plain when they are. */
+  graphs: 'fused' | 'plain';
+  /** Activation precision and why: "f16 (shader-f16)", or "f32: the adapter has no shader-f16", … */
+  precision: string;
 }
 
 export interface NodeStatus {
@@ -76,6 +96,8 @@ export interface NodeStatus {
   storedBytes: number;
   /** Weight bytes fetched from the model server since the worker started (0 after a reload that found everything stored). */
   fetchedBytes: number;
+  /** 4-bit projections quantized in this worker, and read back from IndexedDB instead (0 quantized after a reload). */
+  quantization: { quantized: number; loaded: number; quantizeMs: number };
   requestsServed: number;
   tokensServed: number;
   requestsPerMinute: number;

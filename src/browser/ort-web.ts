@@ -191,16 +191,24 @@ function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory
     let out: OrtTypes.InferenceSession.OnnxValueMapType;
     if (outputs) {
       const fetches: Record<string, OrtTensor | null> = {};
-      for (const name of session.outputNames) fetches[name] = outputs[name] ? toOrt(outputs[name]) : null;
+      // Only device outputs are bound: onnxruntime-web never writes a preallocated CPU output back
+      // (it returns the caller's tensor untouched, so a KV cache written "in place" kept nothing),
+      // so host ones are allocated by ORT and copied into the caller's array below.
+      for (const name of session.outputNames) {
+        const given = outputs[name];
+        fetches[name] = given && isDeviceTensor(given) ? toOrt(given) : null;
+      }
       out = await session.run(input, fetches as OrtTypes.InferenceSession.FetchesType);
     } else out = await session.run(input);
     const result: Record<string, RunValue> = {};
     for (const [name, t] of Object.entries(out)) {
       const given = outputs?.[name];
       if (given) {
-        // A host tensor given as output: ORT wrote into a copy in its heap; bring the values back.
+        // A host tensor given as output: ORT allocated it; bring the values into the caller's array.
         if (!isDeviceTensor(given) && t.data !== given.data) {
-          (given.data as Float32Array).set(t.data as Float32Array);
+          const data = (t.location === 'cpu' ? t.data : await t.getData(true)) as Float32Array;
+          if (data.length !== given.data.length) throw new RangeError(`${name}: ${data.length} values for a ${given.data.length}-value output`);
+          (given.data as Float32Array).set(data);
           if (memory) memory.transfer.down += given.data.byteLength;
         }
         result[name] = given;

@@ -7,6 +7,10 @@
  * bf16: half the space of f32) with their SHA-256, so a download cut by a
  * reload resumes at the first missing tensor and a damaged record is caught
  * before it reaches a graph.
+ *
+ * A node on 4-bit weights also keeps each projection as it quantized it
+ * (`q4`: packed nibbles + scales, keyed by model and tensor name), so a
+ * reload builds its graphs without quantizing again.
  */
 import type { MeshErrorCode } from '../protocol/errors.ts';
 import { openDB, type DBSchema, type IDBPDatabase } from 'idb';
@@ -14,7 +18,8 @@ import type { SafetensorsDtype } from '../model/safetensors-format.ts';
 import type { KeyStore, StoredIdentity } from '../node/identity.ts';
 
 export const DB_NAME = 'meshnet';
-export const DB_VERSION = 1;
+/** 2: the `q4` store (4-bit projections, so a reload does not quantize again). */
+export const DB_VERSION = 2;
 
 export interface StoredTensor {
   /** Model base URL: tensors of different models never mix. */
@@ -36,10 +41,23 @@ export interface StoredModelFiles {
 export interface Settings {
   backend?: 'auto' | 'wasm' | 'webgpu';
   memoryBudgetBytes?: number;
+  weights?: 'f32' | 'f16' | 'q4';
+}
+
+/** A projection as the node quantized it (src/model/quantize.ts's Q4Matrix, symmetric when zeroPoints is null). */
+export interface StoredQ4 {
+  model: string;
+  name: string;
+  n: number;
+  k: number;
+  packed: ArrayBuffer;
+  scales: ArrayBuffer;
+  zeroPoints: ArrayBuffer | null;
 }
 
 interface MeshnetDB extends DBSchema {
   tensors: { key: [string, string]; value: StoredTensor; indexes: { byModel: string } };
+  q4: { key: [string, string]; value: StoredQ4; indexes: { byModel: string } };
   models: { key: string; value: StoredModelFiles };
   kv: { key: string; value: unknown };
 }
@@ -77,11 +95,14 @@ export class NodeStorage {
 
   static async open(name = DB_NAME): Promise<NodeStorage> {
     const db = await openDB<MeshnetDB>(name, DB_VERSION, {
-      upgrade(d) {
-        const t = d.createObjectStore('tensors', { keyPath: ['model', 'name'] });
-        t.createIndex('byModel', 'model');
-        d.createObjectStore('models', { keyPath: 'model' });
-        d.createObjectStore('kv');
+      upgrade(d, oldVersion) {
+        if (oldVersion < 1) {
+          const t = d.createObjectStore('tensors', { keyPath: ['model', 'name'] });
+          t.createIndex('byModel', 'model');
+          d.createObjectStore('models', { keyPath: 'model' });
+          d.createObjectStore('kv');
+        }
+        if (oldVersion < 2) d.createObjectStore('q4', { keyPath: ['model', 'name'] }).createIndex('byModel', 'model');
       },
     });
     return new NodeStorage(db);
@@ -139,13 +160,41 @@ export class NodeStorage {
   async putTensors(list: readonly StoredTensor[]): Promise<void> {
     const bytes = list.reduce((n, t) => n + t.bytes.byteLength, 0);
     await this.guardQuota(bytes, async () => {
-      const tx = this.db.transaction('tensors', 'readwrite');
-      await Promise.all([...list.map((t) => tx.store.put(t)), tx.done]);
+      // A tensor stored anew (a new checkpoint, a damaged record fetched again) voids what was quantized from it.
+      const tx = this.db.transaction(['tensors', 'q4'], 'readwrite');
+      const q4 = tx.objectStore('q4');
+      await Promise.all([...list.map((t) => tx.objectStore('tensors').put(t)), ...list.map((t) => q4.delete([t.model, t.name])), tx.done]);
     });
   }
 
   async deleteTensor(model: string, name: string): Promise<void> {
     await this.db.delete('tensors', [model, name]);
+  }
+
+  // ---------------------------------------------------------------- 4-bit projections
+
+  async getQ4(model: string, name: string): Promise<StoredQ4 | undefined> {
+    return this.db.get('q4', [model, name]);
+  }
+
+  async putQ4(record: StoredQ4): Promise<void> {
+    const bytes = record.packed.byteLength + record.scales.byteLength + (record.zeroPoints?.byteLength ?? 0);
+    await this.guardQuota(bytes, () => this.db.put('q4', record));
+  }
+
+  async deleteQ4(model: string, name: string): Promise<void> {
+    await this.db.delete('q4', [model, name]);
+  }
+
+  /** Bytes of stored 4-bit projections of `model`. */
+  async storedQ4Bytes(model: string): Promise<number> {
+    let n = 0;
+    const tx = this.db.transaction('q4', 'readonly');
+    for await (const cursor of tx.store.index('byModel').iterate(model)) {
+      const r = cursor.value;
+      n += r.packed.byteLength + r.scales.byteLength + (r.zeroPoints?.byteLength ?? 0);
+    }
+    return n;
   }
 
   /**
@@ -164,6 +213,16 @@ export class NodeStorage {
       }
     }
     await tx.done;
+    // Quantized projections follow the tensors they were made from.
+    const qtx = this.db.transaction('q4', 'readwrite');
+    for await (const cursor of qtx.store.iterate()) {
+      const r = cursor.value;
+      if (r.model !== model || !keep.has(r.name)) {
+        dropped += r.packed.byteLength + r.scales.byteLength + (r.zeroPoints?.byteLength ?? 0);
+        await cursor.delete();
+      }
+    }
+    await qtx.done;
     const mtx = this.db.transaction('models', 'readwrite');
     for await (const cursor of mtx.store.iterate()) if (cursor.key !== model) await cursor.delete();
     await mtx.done;

@@ -28,7 +28,7 @@
 import { H } from '../protocol/headers.ts';
 import { encodeTensor } from '../protocol/tensor.ts';
 import { createForwardHandler } from '../node/forward-handler.ts';
-import type { ShardExecutor } from '../shard/executor.ts';
+import type { SpanExecutor } from '../shard/span-executor.ts';
 
 export interface WarmUpOptions {
   /** Stop once the span's layers have run this many times in all (a step over n layers counts n). */
@@ -52,7 +52,7 @@ const yieldToEventLoop = () => new Promise<void>((resolve) => setTimeout(resolve
 /** Tokens of the first step: a short prefill, so the many-row kernels are compiled and set up too. */
 const PREFILL = 8;
 
-export async function warmUp(executor: ShardExecutor, o: WarmUpOptions): Promise<WarmUpResult> {
+export async function warmUp(executor: SpanExecutor, o: WarmUpOptions): Promise<WarmUpResult> {
   const now = o.now ?? (() => performance.now());
   const t0 = now();
   const cfg = executor.config;

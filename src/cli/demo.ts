@@ -2,7 +2,7 @@
  * `meshnet demo` (`npm start`): the whole system on one machine, from a
  * fresh `npm install`, with nothing downloaded but Debian's Chromium:
  *
- *   chromium ─ model (generated once, cached in .models/) ─ app (dist/, built once)
+ *   chromium ─ model (models/fortunes-tiny, shipped; or a fixture generated once into .models/) ─ app (dist/, built once)
  *   relay ─ tracker ─ 3 headless browser nodes (they register, get spans, download them)
  *   one streamed chat through the tracker's OpenAI API, printed as it arrives
  *   then the donor page and dashboard URLs stay up until Ctrl-C
@@ -18,17 +18,17 @@ import { resolveTrackerOptions } from '../tracker/options.ts';
 import { startTracker } from '../tracker/server.ts';
 import { startBrowserMesh, serveBuiltApp, terminalView, type BrowserMesh } from './browser-mesh.ts';
 import { bareLayers, budgetToCover, layerRanges } from './demo-budget.ts';
-import { DEMO_DEFAULTS } from './demo-options.ts';
+import type { DemoModel } from './demo-options.ts';
 import { CliError } from './failure.ts';
-import { defaultModelDir, ensureModel, hasModel } from './models.ts';
+import { countParameters, demoModelDir, describeDemoModel } from './demo-model.ts';
 import { REPO_ROOT } from './paths.ts';
 import { startStaticServer } from './static-server.ts';
 
 export interface DemoOptions {
   nodes: number;
-  /** MiB per page; absent: DEMO_DEFAULTS.budgetMb, or what covers the model with `nodes` pages when that is more. A given budget too small for `nodes` pages is refused before any page starts. */
+  /** MiB per page; absent: the least that lets `nodes` pages hold the model between them (so a chat crosses every page). A given budget too small for `nodes` pages is refused before any page starts. */
   budgetMb?: number;
-  preset: 'small' | 'tiny';
+  preset: DemoModel;
   prompt: string;
   maxTokens: number;
   /** Stop after the chat instead of waiting for Ctrl-C (tests, CI). */
@@ -54,16 +54,16 @@ export async function runDemo(o: DemoOptions): Promise<RunningDemo> {
   try {
     say('meshnet demo: a relay, a tracker and a mesh of headless browser nodes on this machine, then one chat.');
 
-    const cached = await hasModel(defaultModelDir(o.preset), o.preset);
-    if (!cached) say(`[${since()}] model: generating the "${o.preset}" checkpoint (first run only)…`);
-    const modelDir = await ensureModel(o.preset);
-    say(`[${since()}] model: ${cached ? 'cached' : 'generated'} at ${modelDir}`);
-    const models = await startStaticServer({ root: modelDir, port: 0, host: '127.0.0.1' });
+    const model = await demoModelDir(o.preset, () => say(`[${since()}] model: generating the "${o.preset}" checkpoint (first run only)…`));
+    const models = await startStaticServer({ root: model.dir, port: 0, host: '127.0.0.1' });
     closers.push(() => models.close());
     const modelUrl = `${models.url}/`;
     // Sized as the tracker will size it, before anything slow starts: a budget too small for the pages asked for is said now.
     const trackerOptions = { port: 0, host: '127.0.0.1', models: [{ name: o.preset, url: modelUrl }], heartbeatIntervalMs: 2000, logLevel: 'warn' };
-    const budgetMb = pageBudget(await loadModelSpec(o.preset, modelUrl, fetch, resolveTrackerOptions(trackerOptions)), o.nodes, o.budgetMb);
+    const spec = await loadModelSpec(o.preset, modelUrl, fetch, resolveTrackerOptions(trackerOptions));
+    const about = describeDemoModel(o.preset, await countParameters(modelUrl), spec.numLayers, spec.config.hiddenSize);
+    say(`[${since()}] model ${about} (${model.status})`);
+    const budgetMb = pageBudget(spec, o.nodes, o.budgetMb);
 
     const setup = (await import(pathToFileURL(join(REPO_ROOT, 'scripts', 'setup.mjs')).href)) as { ensureChromium(): string };
     const chromium = o.chromium ?? setup.ensureChromium();
@@ -109,7 +109,7 @@ export async function runDemo(o: DemoOptions): Promise<RunningDemo> {
     say('');
     const route = await lastRoute(tracker.url);
     say('');
-    say(`(the generated model has random weights: the words are noise, the mesh that computed them is real)`);
+    say(`(model ${about})`);
     say(`[${since()}] ${chat.tokens} tokens in ${(chat.ms / 1000).toFixed(2)} s: ${(chat.tokens / (chat.ms / 1000)).toFixed(1)} tokens/s (first token after ${Math.round(chat.firstTokenMs)} ms, then ${(Math.max(0, chat.tokens - 1) / ((chat.ms - chat.firstTokenMs) / 1000)).toFixed(1)} tokens/s)`);
     if (route) say(`route: ${route}`);
     say('');
@@ -127,10 +127,15 @@ export async function runDemo(o: DemoOptions): Promise<RunningDemo> {
   }
 }
 
-/** The budget each page gets: the one asked for if it covers the model with `nodes` pages (else a CliError saying what does), or the default raised to what covers it. */
+/**
+ * The budget each page gets: the one asked for if it covers the model with
+ * `nodes` pages (else a CliError saying what does), or the least whole MiB
+ * that does, so every page holds a share and a chat crosses all of them
+ * whatever the model's size.
+ */
 export function pageBudget(model: ModelSpec, nodes: number, asked: number | undefined): number {
   const needed = budgetToCover(model, nodes);
-  if (asked === undefined) return Math.max(DEMO_DEFAULTS.budgetMb, needed);
+  if (asked === undefined) return needed;
   const bare = bareLayers(model, nodes, asked);
   if (bare.length > 0) {
     throw new CliError(`${nodes} page${nodes === 1 ? '' : 's'} of ${asked} MiB leave${nodes === 1 ? 's' : ''} layers ${layerRanges(bare)} of "${model.name}" without a node: give --budget ${needed} or more, or drop --budget (the demo then picks it)`);

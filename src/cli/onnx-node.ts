@@ -19,8 +19,12 @@ const NO_SPIN = { session: { intra_op: { allow_spinning: '0' }, inter_op: { allo
 
 type OrtModule = typeof ort;
 
-/** Shared by the node and wasm adapters: both packages expose the same InferenceSession/Tensor API. */
-export function wrapSession(o: Pick<OrtModule, 'Tensor'>, session: ort.InferenceSession): OnnxSession {
+/**
+ * Shared by the node and wasm adapters: both packages expose the same InferenceSession/Tensor API.
+ * `bindsOutputs`: onnxruntime-node writes a preallocated output in place; onnxruntime-web does not
+ * (it hands the caller's tensor back unwritten), so there ORT allocates outputs and they are copied.
+ */
+export function wrapSession(o: Pick<OrtModule, 'Tensor'>, session: ort.InferenceSession, bindsOutputs = true): OnnxSession {
   const host = (name: string, t: RunValue): BackendTensor => {
     if (isDeviceTensor(t)) throw new TypeError(`${name}: a CPU backend has no device tensors`);
     return t;
@@ -47,8 +51,17 @@ export function wrapSession(o: Pick<OrtModule, 'Tensor'>, session: ort.Inference
       if (!outputs) return collect(await session.run(input));
       // Every output is named: given ones are written in place, the rest allocated by ORT.
       const fetches: Record<string, ort.Tensor | null> = {};
-      for (const name of session.outputNames) fetches[name] = outputs[name] ? tensor(host(name, outputs[name])) : null;
-      return collect(await session.run(input, fetches as ort.InferenceSession.FetchesType), outputs);
+      for (const name of session.outputNames) fetches[name] = outputs[name] && bindsOutputs ? tensor(host(name, outputs[name])) : null;
+      const out = await session.run(input, fetches as ort.InferenceSession.FetchesType);
+      if (!bindsOutputs) {
+        for (const [name, given] of Object.entries(outputs)) {
+          const g = host(name, given);
+          const t = out[name];
+          if (!t || t.data.length !== g.data.length) throw new RangeError(`${name}: ORT's output does not match the ${g.data.length}-value tensor given for it`);
+          (g.data as Float32Array).set(t.data as Float32Array);
+        }
+      }
+      return collect(out, outputs);
     },
     release: () => session.release(),
   };

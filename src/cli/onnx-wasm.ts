@@ -20,7 +20,7 @@ export function createWasmBackend(opts: WasmBackendOptions = {}): OnnxBackend {
       // onnxruntime-web takes threads from env.wasm, not from session options.
       const { intraOpNumThreads: _ignored, ...rest } = ortSessionOptions(options, undefined);
       const session = await ort.InferenceSession.create(model, { ...rest, executionProviders: ['wasm'] });
-      return wrapSession(ort as unknown as Parameters<typeof wrapSession>[0], session as unknown as Parameters<typeof wrapSession>[1]);
+      return wrapSession(ort as unknown as Parameters<typeof wrapSession>[0], session as unknown as Parameters<typeof wrapSession>[1], false);
     },
   };
 }

@@ -38,6 +38,12 @@ export interface ForwardHandlerInfo {
   decode?(tokenId: number): string;
   /** True while the donor has paused the node: /forward answers 503, the rest keeps working. */
   isPaused?(): boolean;
+  /**
+   * The wire dtype this hop's mesh uses (its tracker's, per model): a body in
+   * another answers 400, so a misconfigured head fails loudly instead of
+   * mixing roundings. Absent: any of bf16, f16, f32, answered in kind.
+   */
+  wireDtype?: Dtype;
   /** Extra fields merged into GET /info (peer id, adapter, …). */
   extraInfo?(): Record<string, unknown>;
   /** Called after each /forward with its outcome: the host's stats (tokens served, throughput). */
@@ -122,6 +128,9 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     const dtypeText = (h[H.dtype] ?? 'bf16').trim().toLowerCase();
     if (!isDtype(dtypeText)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.dtype} "${dtypeText.slice(0, 16)}" is not one of bf16, f16, f32`);
     const dtype: Dtype = dtypeText;
+    if (info.wireDtype !== undefined && dtype !== info.wireDtype) {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.dtype} is ${dtype}, but this hop's mesh sends ${info.wireDtype} between hops (the tracker's wire dtype for ${info.model}); send ${info.wireDtype}`);
+    }
     const shape = parseShape(h[H.shape]);
     if (!shape) throw new MeshError('MESH_ERR_BAD_SHAPE', `${H.shape} must be "batch,seq,hidden" in positive decimals, got "${(h[H.shape] ?? '').slice(0, 64)}"`);
     const hidden = executor.config.hiddenSize;
@@ -180,7 +189,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       holds_head: executor.holdsHead,
       backend: info.backend,
       dtype: executor.dtype,
-      wire_dtypes: ['bf16', 'f16', 'f32'],
+      wire_dtypes: info.wireDtype ? [info.wireDtype] : ['bf16', 'f16', 'f32'],
       max_context: executor.maxContext,
       // The memory budget is these weights plus kv.budget_bytes.
       weight_bytes: executor.weightBytes,

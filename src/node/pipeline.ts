@@ -300,6 +300,10 @@ export class PipelineDriver {
           const ans = parseTokenAnswer(reply.body, hs.hop);
           return { tokenId: ans.token_id, logprob: ans.logprob };
         }
+        const answered = reply.headers[H.dtype];
+        if (answered !== undefined && answered !== this.options.wireDtype) {
+          throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${H.dtype} ${answered.slice(0, 16)} to a ${this.options.wireDtype} request`);
+        }
         if (reply.body.byteLength !== rowsSent * this.rowBytes) {
           throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes for ${rowsSent} rows of ${this.rowBytes}`);
         }

@@ -7,6 +7,7 @@
  * shapes), validated with these schemas on arrival.
  */
 import { z } from 'zod';
+import { DTYPES } from './tensor.ts';
 
 const peerId = z.string().regex(/^[0-9a-f]{32}$/);
 
@@ -19,6 +20,11 @@ export const nodeInfoSchema = z.object({
   memory_budget_mb: z.number().positive().max(1 << 24),
   host: z.enum(['browser', 'node']),
   version: z.string().max(40).optional(),
+  /**
+   * The format the node holds its weights in (WEIGHT_FORMATS of the model's weight-format module, spelled out
+   * so the relay's bundle loads no model code); the tracker sizes its span by it. Absent: f32.
+   */
+  weight_format: z.enum(['f32', 'f16', 'q4']).optional(),
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 
@@ -53,6 +59,12 @@ export const assignmentSchema = z.object({
   end_layer: z.number().int().positive(),
   /** Base URL of the HF-layout checkpoint to fetch the layers from. */
   model_url: z.string(),
+  /**
+   * The model's wire dtype (X-Meshnet-Dtype of every hop): a head sends it on
+   * every hop, a hop accepts only it. Optional: older trackers do not send it
+   * (then bf16 is sent and all three are accepted).
+   */
+  wire_dtype: z.enum(DTYPES).optional(),
 });
 export type Assignment = z.infer<typeof assignmentSchema>;
 

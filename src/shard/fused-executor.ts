@@ -93,6 +93,8 @@ export class FusedShardExecutor {
   readonly endLayer: number;
   readonly maxContext: number;
   readonly projections: FusedWeights;
+  /** Activations are f32 whatever the projections (what /info reports as the graph dtype). */
+  readonly dtype = 'f32' as const;
   readonly weightBytes: number;
   /** Activations and KV stay in device memory between graphs. */
   readonly onDevice: boolean;

@@ -2,8 +2,9 @@
  * Which layers a node holds (ADR-0011), after Petals' block selection
  * (petals/server/block_selection.py), decided centrally by the tracker:
  *
- * - how many: the longest span whose weights (f32 in memory) + KV reserve fit
- *   the node's `memory_budget_mb` (the head also holds the embedding, the
+ * - how many: the longest span whose weights (in the node's announced weight
+ *   format: f32, f16 or q4, ~6.4x smaller) + KV reserve fit the node's
+ *   `memory_budget_mb` (the head also holds the embedding, the
  *   last node the LM head, so a span's length depends on where it lies);
  * - where: the span whose layers are the least covered, then the lowest in
  *   throughput (Petals' `_choose_best_start`: compare each window's sorted
@@ -16,7 +17,8 @@
  *
  * Pure functions over plain data: tested without a tracker.
  */
-import { spanBytes, type ModelSpec } from './model-registry.ts';
+import type { WeightFormat } from '../model/weight-format.ts';
+import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
 
 export interface Span {
   start: number;
@@ -90,9 +92,9 @@ function compareWindows(a: Key[], b: Key[]): number {
   return b.length - a.length;
 }
 
-/** The best span for a node with `budgetBytes`, given everyone else's holdings; null when nothing fits. */
-export function chooseSpan(model: ModelSpec, budgetBytes: number, others: Iterable<Holder>): Span | null {
-  return chooseAmong(candidateSpans(model, budgetBytes), coverage(model.numLayers, others));
+/** The best span for a node with `budgetBytes` holding `format` (absent: f32), given everyone else's holdings; null when nothing fits. */
+export function chooseSpan(model: ModelSpec, budgetBytes: number, others: Iterable<Holder>, format?: WeightFormat): Span | null {
+  return chooseAmong(candidateSpans(sizedFor(model, format), budgetBytes), coverage(model.numLayers, others));
 }
 
 function chooseAmong(candidates: Span[], cov: Coverage): Span | null {
@@ -138,6 +140,8 @@ export function betterBalance(next: Balance, cur: Balance, balanceQuality: numbe
 
 export interface RebalanceNode extends Holder {
   budgetBytes: number;
+  /** The weight format the node holds its span in (absent: f32). */
+  format?: WeightFormat;
   /** False while the node loads its current assignment: moving it again would only thrash. */
   movable: boolean;
 }
@@ -163,7 +167,7 @@ export function rebalance(model: ModelSpec, nodes: readonly RebalanceNode[], bal
       const n = state[i]!;
       if (!n.movable || moved.has(n.id)) continue;
       const others = state.filter((_, j) => j !== i);
-      const to = chooseSpan(model, n.budgetBytes, others);
+      const to = chooseSpan(model, n.budgetBytes, others, n.format);
       if (to === null || (to.start === n.start && to.end === n.end)) continue; // already at its best place
       const next = balanceOf(coverage(model.numLayers, [...others, { ...n, ...to }]));
       if (!betterBalance(next, cur, balanceQuality)) continue;

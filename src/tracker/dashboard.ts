@@ -5,7 +5,7 @@
  * - the availability map: layers × nodes, a cell per layer a node holds
  *   (solid: serving, pale: assigned and still loading), and per layer how
  *   many nodes serve it (red where none does);
- * - the node list: host, backend, status, span, throughput, RPM over the
+ * - the node list: host, backend, weight format, status, span, throughput, RPM over the
  *   last heartbeats, tokens served, KV cache use (a bar: used of budget,
  *   with what this tracker's chats hold);
  * - the admission queue: chats running, waiting for KV room, longest wait;
@@ -146,10 +146,10 @@ function renderQueue(d) {
 function renderNodes(d) {
   const root = $("nodes");
   if (d.nodes.length === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
-  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
+  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
   for (const n of d.nodes) {
     t.append(el("tr", {},
-      el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend),
+      el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend), el("td", { class: "mono" }, n.weight_format),
       el("td", { class: "status-" + n.status }, n.status), el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
       el("td", {}, n.throughput.toFixed(0)), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
       el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, n.queue_depth + n.in_flight),

@@ -1,15 +1,17 @@
 /**
  * The models a tracker serves, and what a span of each costs in memory.
  *
- * A node's executor holds weights converted to f32 (src/shard/executor.ts,
- * dtype 'f32' by default), whatever the checkpoint's dtype, so a layer costs
- * its parameter count × `weightBytesPerParam`, plus a KV reserve for
+ * A node's executor holds weights converted to its weight format
+ * (src/model/weight-format.ts; f32 unless the node announces f16 or q4),
+ * whatever the checkpoint's dtype, so an f32 layer costs its parameter count
+ * × `weightBytesPerParam`, a q4 one ~6.4x less, plus a KV reserve for
  * `kvReserveSessions` sessions of `kvReserveContextTokens` tokens. The
  * parameter counts come from the safetensors headers when the checkpoint is
  * reachable (exact, biases included), else from config.json's shapes.
  */
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, layerTensorNames, parseModelConfig, type ModelConfig } from '../model/config.ts';
 import { openSafetensors } from '../model/safetensors.ts';
+import { tensorBytesIn, type WeightFormat } from '../model/weight-format.ts';
 
 export interface ModelSpec {
   name: string;
@@ -29,6 +31,19 @@ export interface ModelSpec {
   contextTokens: number;
   /** Where the parameter counts came from. */
   sizedFrom: 'safetensors' | 'config';
+  /**
+   * The weights in each format a node may announce (`info.weight_format`):
+   * f32 is the fields above; a q4 layer is ~6.4x smaller, so the same budget
+   * holds that many more layers. Absent: every node is sized as f32.
+   */
+  formats?: Record<WeightFormat, FormatWeights>;
+}
+
+/** One format's weight bytes: each decoder layer, the embedding, final norm + LM head. */
+export interface FormatWeights {
+  layerBytes: number[];
+  embedBytes: number;
+  headBytes: number;
 }
 
 export interface SizingOptions {
@@ -41,22 +56,22 @@ function joinUrl(base: string, file: string): string {
   return base.endsWith('/') ? base + file : `${base}/${file}`;
 }
 
-const product = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
-
 /** Sizes from a parsed config and, when known, the checkpoint's tensor shapes by name. */
 export function sizeModel(name: string, url: string, config: ModelConfig, o: SizingOptions, shapes?: ReadonlyMap<string, readonly number[]>): ModelSpec {
-  const params = (tensor: string): number => {
-    const s = shapes?.get(tensor) ?? expectedTensorShape(config, tensor);
-    return s ? product(s) : 0;
+  const shapeOf = (tensor: string): readonly number[] | null => shapes?.get(tensor) ?? expectedTensorShape(config, tensor);
+  const weightsIn = (format: WeightFormat): FormatWeights => {
+    const bytes = (tensor: string): number => {
+      const s = shapeOf(tensor);
+      return s ? tensorBytesIn(format, tensor, s, o.weightBytesPerParam) : 0;
+    };
+    const layerBytes: number[] = [];
+    for (let l = 0; l < config.numLayers; l++) layerBytes.push(layerTensorNames(config, l).reduce((n, t) => n + bytes(t), 0));
+    const embedBytes = bytes(EMBED_TENSOR);
+    // A tied model's LM head is the embedding matrix: the last node holds a copy (in f32 under q4, as the embedding).
+    const lmHead = config.tieWordEmbeddings ? embedBytes : bytes(LM_HEAD_TENSOR);
+    return { layerBytes, embedBytes, headBytes: lmHead + bytes(FINAL_NORM_TENSOR) };
   };
-  const layerBytes: number[] = [];
-  for (let l = 0; l < config.numLayers; l++) {
-    layerBytes.push(layerTensorNames(config, l).reduce((n, t) => n + params(t), 0) * o.weightBytesPerParam);
-  }
-  const embedBytes = params(EMBED_TENSOR) * o.weightBytesPerParam;
-  // A tied model's LM head is the embedding matrix: the last node holds a copy.
-  const lmHead = config.tieWordEmbeddings ? params(EMBED_TENSOR) : params(LM_HEAD_TENSOR);
-  const headBytes = (lmHead + params(FINAL_NORM_TENSOR)) * o.weightBytesPerParam;
+  const formats: Record<WeightFormat, FormatWeights> = { f32: weightsIn('f32'), f16: weightsIn('f16'), q4: weightsIn('q4') };
   const ctx = Math.min(o.kvReserveContextTokens, config.maxPositionEmbeddings);
   const kvBytesPerLayer = 2 * ctx * config.numKvHeads * config.headDim * 4 * o.kvReserveSessions;
   return {
@@ -64,13 +79,18 @@ export function sizeModel(name: string, url: string, config: ModelConfig, o: Siz
     url,
     config,
     numLayers: config.numLayers,
-    layerBytes,
-    embedBytes,
-    headBytes,
+    ...formats.f32,
     kvBytesPerLayer,
     contextTokens: config.maxPositionEmbeddings,
     sizedFrom: shapes ? 'safetensors' : 'config',
+    formats,
   };
+}
+
+/** `m` as a node holding `format` sees it (its layers', embedding's and head's bytes in that format). */
+export function sizedFor(m: ModelSpec, format: WeightFormat | undefined): ModelSpec {
+  const w = format && m.formats?.[format];
+  return w ? { ...m, ...w } : m;
 }
 
 /** Memory a node needs to hold layers [start, end) of `m`, bytes. */

@@ -1,3 +1,5 @@
+import { DTYPES, isDtype, type Dtype } from '../protocol/tensor.ts';
+
 /**
  * Every tracker knob in one place: type, default, unit. `meshnet tracker
  * --help` prints its defaults from here.
@@ -8,6 +10,8 @@ export interface TrackerModelSource {
   name: string;
   /** Base URL of an HF-layout checkpoint (config.json, safetensors, tokenizer). */
   url: string;
+  /** Wire dtype of this model's activations between hops; absent: TrackerOptions.wireDtype. */
+  wireDtype?: Dtype;
 }
 
 export interface TrackerOptions {
@@ -18,6 +22,13 @@ export interface TrackerOptions {
   /** Relay to register with (the tracker reaches heads over its fast path); absent: direct HTTP only. */
   relayUrl: string | undefined;
   models: TrackerModelSource[];
+  /**
+   * Wire dtype of activations between hops, for models that name none: every
+   * node of a model gets it with its assignment (a head sends it on every hop,
+   * a hop refuses any other). bf16 halves the bytes; f32 makes a split run
+   * give the un-split greedy tokens exactly. @defaultValue 'bf16'
+   */
+  wireDtype: Dtype;
   /** File holding the tracker's Ed25519 key (JWK); created when missing. Absent: a fresh key per run. */
   keyFile: string | undefined;
   /** Largest `max_tokens` a client may ask for. @defaultValue 4096 */
@@ -77,6 +88,7 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   host: '127.0.0.1',
   relayUrl: undefined,
   models: [],
+  wireDtype: 'bf16',
   keyFile: undefined,
   maxTokensLimit: 4096,
   defaultMaxTokens: 256,
@@ -103,6 +115,11 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   random: () => Math.random(),
 };
 
+/** The wire dtype of `model` (its own, else the tracker's). */
+export function wireDtypeOf(o: Pick<TrackerOptions, 'models' | 'wireDtype'>, model: string): Dtype {
+  return o.models.find((m) => m.name === model)?.wireDtype ?? o.wireDtype;
+}
+
 export function resolveTrackerOptions(partial: Partial<TrackerOptions>): TrackerOptions {
   const o: TrackerOptions = { ...TRACKER_DEFAULTS };
   for (const [k, v] of Object.entries(partial)) if (v !== undefined) (o as unknown as Record<string, unknown>)[k] = v;
@@ -115,8 +132,10 @@ export function resolveTrackerOptions(partial: Partial<TrackerOptions>): Tracker
     if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`tracker option ${k} must be a non-negative number, got ${o[k]}`);
   }
   if (!(o.balanceQuality > 0 && o.balanceQuality <= 1)) throw new TypeError(`tracker option balanceQuality must be in (0, 1], got ${o.balanceQuality}`);
+  if (!isDtype(o.wireDtype)) throw new TypeError(`tracker option wireDtype must be one of ${DTYPES.join(', ')}, got ${String(o.wireDtype)}`);
   const names = new Set<string>();
   for (const m of o.models) {
+    if (m.wireDtype !== undefined && !isDtype(m.wireDtype)) throw new TypeError(`model "${m.name}": wire dtype must be one of ${DTYPES.join(', ')}, got ${String(m.wireDtype)}`);
     if (names.has(m.name)) throw new TypeError(`model "${m.name}" is given twice`);
     names.add(m.name);
   }

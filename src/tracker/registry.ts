@@ -144,14 +144,14 @@ export class NodeRegistry {
     this.nodes.set(rec.peerId, rec);
     this.absorbStats(rec, msg.stats, now);
     const budget = budgetBytes(msg.info);
-    if (prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb) {
+    if (prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb && prev.info.weight_format === msg.info.weight_format) {
       // Re-registration (reconnect): keep what it was asked to hold.
       rec.assignment = prev.assignment;
     } else if (rec.serving) {
       // It already serves a span (a restarted tracker): adopt it, no reload.
       rec.assignment = rec.serving;
     } else {
-      rec.assignment = chooseSpan(model, budget, this.holders(model.name, rec.peerId));
+      rec.assignment = chooseSpan(model, budget, this.holders(model.name, rec.peerId), msg.info.weight_format);
     }
     return rec;
   }
@@ -160,7 +160,8 @@ export class NodeRegistry {
   heartbeat(msg: NodeMessage): NodeRecord {
     const rec = this.nodes.get(msg.peer_id);
     if (!rec) throw new MeshError('MESH_ERR_NOT_FOUND', `peer ${msg.peer_id} is not registered here (tracker restarted or node expired); register again`);
-    if (rec.info.model !== msg.info.model || rec.info.memory_budget_mb !== msg.info.memory_budget_mb) return this.register(msg);
+    // A new budget or weight format changes how many layers fit: size the node again.
+    if (rec.info.model !== msg.info.model || rec.info.memory_budget_mb !== msg.info.memory_budget_mb || rec.info.weight_format !== msg.info.weight_format) return this.register(msg);
     const now = this.o.now();
     rec.lastSeen = now;
     rec.info = msg.info;
@@ -209,7 +210,7 @@ export class NodeRegistry {
     if (!model) return [];
     const nodes = [...this.nodes.values()].filter((n) => n.info.model === modelName);
     // Idle nodes (nothing fit before) get a chance whenever the picture changes.
-    for (const n of nodes) if (!n.assignment) n.assignment = chooseSpan(model, budgetBytes(n.info), this.holders(modelName, n.peerId));
+    for (const n of nodes) if (!n.assignment) n.assignment = chooseSpan(model, budgetBytes(n.info), this.holders(modelName, n.peerId), n.info.weight_format);
     const moves = rebalance(
       model,
       nodes.filter((n) => n.assignment).map((n) => ({
@@ -218,6 +219,7 @@ export class NodeRegistry {
         end: n.assignment!.end,
         throughput: this.throughput(n),
         budgetBytes: budgetBytes(n.info),
+        ...(n.info.weight_format ? { format: n.info.weight_format } : {}),
         movable: this.status(n) === NodeStatus.Serving,
       })),
       this.o.balanceQuality,

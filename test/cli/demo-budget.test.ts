@@ -2,11 +2,12 @@
  * `meshnet demo --nodes N`: each page's budget must let N pages hold every
  * layer between them, as the tracker really places them. Checked by joining
  * N signed nodes of that budget to a tracker app (the real assignment code),
- * on the `small` checkpoint the demo serves, sized as the demo sizes it.
+ * on the shipped `fortunes-tiny` checkpoint the demo serves by default and on
+ * the generated `small`, sized as the demo sizes them.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pageBudget } from '../../src/cli/demo.ts';
-import { DEMO_DEFAULTS } from '../../src/cli/demo-options.ts';
+import { SHIPPED_MODELS } from '../../src/cli/demo-model.ts';
 import { CliError } from '../../src/cli/failure.ts';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
@@ -23,25 +24,33 @@ async function bareAfterJoining(spec: ModelSpec, nodes: number, budgetMb: number
 }
 
 describe('the demo\'s budget per page', () => {
-  let files: StaticServer;
+  let files: StaticServer[] = [];
+  const models: ModelSpec[] = [];
   let small: ModelSpec;
   beforeAll(async () => {
-    files = await startStaticServer({ root: await ensureModel('small') });
-    small = await loadModelSpec('small', `${files.url}/`, fetch, resolveTrackerOptions({}));
-  });
-  afterAll(() => files.close());
-
-  it('lets 1, 2, 3 or 4 pages hold every layer of small, and is the least whole MiB that does for 1 and 2', async () => {
-    // The fault: the old fixed 60 MiB left layers bare with fewer than three pages.
-    expect(await bareAfterJoining(small, 2, DEMO_DEFAULTS.budgetMb)).toEqual([8, 9, 10, 11]);
-    for (const nodes of [1, 2, 3, 4]) {
-      const budget = pageBudget(small, nodes, undefined);
-      expect(budget).toBeGreaterThanOrEqual(DEMO_DEFAULTS.budgetMb);
-      expect(await bareAfterJoining(small, nodes, budget), `${nodes} pages of ${budget} MiB`).toEqual([]);
-      if (nodes <= 2) expect((await bareAfterJoining(small, nodes, budget - 1)).length).toBeGreaterThan(0);
+    // The shipped default (6 layers, 7.8M parameters) and the generated `small` (12 layers, ~38M).
+    for (const [name, dir] of [['fortunes-tiny', SHIPPED_MODELS['fortunes-tiny'].dir], ['small', await ensureModel('small')]] as const) {
+      const st = await startStaticServer({ root: dir });
+      files.push(st);
+      models.push(await loadModelSpec(name, `${st.url}/`, fetch, resolveTrackerOptions({})));
     }
-    // Three pages keep the default: each holds a third of the model, so a chat crosses all three.
-    expect(pageBudget(small, 3, undefined)).toBe(DEMO_DEFAULTS.budgetMb);
+    small = models[1]!;
+  });
+  afterAll(async () => {
+    await Promise.all(files.map((f) => f.close()));
+    files = [];
+  });
+
+  it('is the least whole MiB with which 1, 2, 3 or 4 pages hold every layer, for the shipped model and for small', async () => {
+    for (const model of models) {
+      for (const nodes of [1, 2, 3, 4]) {
+        const budget = pageBudget(model, nodes, undefined);
+        expect(await bareAfterJoining(model, nodes, budget), `${nodes} pages of ${budget} MiB on ${model.name}`).toEqual([]);
+        expect((await bareAfterJoining(model, nodes, budget - 1)).length, `${nodes} pages of ${budget - 1} MiB on ${model.name}`).toBeGreaterThan(0);
+      }
+    }
+    // The fault a fixed 60 MiB had: two pages of it left the end of small bare.
+    expect(await bareAfterJoining(small, 2, 60)).toEqual([8, 9, 10, 11]);
   });
 
   it('keeps a budget the user gave when it is enough, and refuses one that is not, naming the budget that is', () => {

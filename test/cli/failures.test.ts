@@ -56,7 +56,7 @@ describe('meshnet failures: one line that says what to do', () => {
     await new Promise((r) => closed.close(r));
     models = await startStaticServer({ root: await ensureModel('tiny') });
     tracker = await startTracker({ port: 0, logLevel: 'silent', models: [{ name: 'tiny', url: `${models.url}/` }] });
-    await ensureModel('small'); // the demo sizes it before refusing a budget
+    await ensureModel('small'); // `demo --preset small` sizes it before refusing a budget
     notAnApp = join(work, 'my-files');
     builtApp = join(work, 'built');
     for (const d of [notAnApp, builtApp]) rmSync(d, { recursive: true, force: true });
@@ -84,6 +84,9 @@ describe('meshnet failures: one line that says what to do', () => {
     ['tracker: --model without a URL', () => ['tracker', '--model', 'nourl'], /NAME=URL/],
     ['tracker: an unreachable relay', () => ['tracker', '--model', `tiny=${models.url}/`, '--relay', closedWs()], /cannot reach the relay at ws:\/\/127\.0\.0\.1:\d+ \(connection refused\): start `meshnet relay` there, or fix --relay/],
     ['tracker: a busy port', () => ['tracker', '--model', `tiny=${models.url}/`, '--port', String(busyPort)], /already in use/],
+    ['tracker: an unknown wire dtype', () => ['tracker', '--model', `tiny=${models.url}/`, '--wire-dtype', 'f64'], /--wire-dtype .*expected \[NAME=\]DTYPE with DTYPE one of bf16, f16, f32, got "f64"/],
+    ['tracker: a wire dtype for a model it does not serve', () => ['tracker', '--model', `tiny=${models.url}/`, '--wire-dtype', 'small=f32'], /--wire-dtype names model "small", which no --model serves/],
+    ['node: --wire-dtype without a static span', () => ['node', '--tracker', tracker.url, '--wire-dtype', 'f32'], /--wire-dtype is for a static span \(--layers\): a tracker gives its nodes the model's wire dtype/],
     ['node: neither --tracker nor --layers', () => ['node'], /give --tracker, or --layers with --model-url/],
     ['node: --layers without --model-url', () => ['node', '--layers', '0-2'], /--layers needs --model-url/],
     ['node: an unreachable tracker', () => ['node', '--tracker', closedHttp()], /cannot reach the tracker at http:\/\/127\.0\.0\.1:\d+ \(connection refused\): start `meshnet tracker` there, or fix --tracker/],
@@ -100,7 +103,9 @@ describe('meshnet failures: one line that says what to do', () => {
     ['mesh: an unreachable tracker', () => ['mesh', '--nodes', '2', '--tracker', closedHttp(), '--relay', closedWs()], /cannot reach the tracker .*fix --tracker/],
     ['mesh: an unreachable relay', () => ['mesh', '--nodes', '2', '--tracker', tracker.url, '--relay', closedWs()], /cannot reach the relay .*fix --relay/],
     ['demo: --nodes 0', () => ['demo', '--nodes', '0'], /--nodes .*expected a positive integer/],
-    ['demo: a budget too small for the pages asked for', () => ['demo', '--nodes', '2', '--budget', '60'], /2 pages of 60 MiB leave layers 8–11 of "small" without a node: give --budget \d+ or more/],
+    ['demo: a budget too small for the pages asked for', () => ['demo', '--nodes', '2', '--budget', '10'], /2 pages of 10 MiB leave layers [\d–, ]+ of "fortunes-tiny" without a node: give --budget 26 or more/],
+    ['demo: the same for a generated preset', () => ['demo', '--preset', 'small', '--nodes', '2', '--budget', '60'], /2 pages of 60 MiB leave layers 8–11 of "small" without a node: give --budget \d+ or more/],
+    ['demo: an unknown model', () => ['demo', '--preset', 'huge'], /--preset must be one of fortunes-tiny, small, tiny, got "huge"/],
     ['an unknown command', () => ['serve'], /unknown command 'serve'/],
   ];
 

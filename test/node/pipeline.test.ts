@@ -7,6 +7,7 @@ import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import type { MeshRequest, MeshResponse } from '../../src/protocol/envelopes.ts';
 import { generateRequestSchema, type GenerateEvent, type RouteHop } from '../../src/protocol/tracker.ts';
+import { decodeTensor, encodeTensor } from '../../src/protocol/tensor.ts';
 import type { ShardExecutor } from '../../src/shard/executor.ts';
 import { executor, fixture } from '../helpers/shard.ts';
 
@@ -247,6 +248,30 @@ describe('PipelineDriver', () => {
       expect(after(resumed)).toEqual(after(whole));
       expect(resumed.at(-1)).toMatchObject({ type: 'done', finish_reason: whole.at(-1)!.type === 'done' ? (whole.at(-1) as { finish_reason: string }).finish_reason : 'none' });
     }
+  });
+
+  it('sends its wire dtype on every hop (f32: the reference tokens, 4 bytes per element) and ends with an error when a hop answers in another', async () => {
+    const f32 = new PipelineDriver({ executor: head, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetch }), wireDtype: 'f32' });
+    net.log.length = 0;
+    const ev = await run(f32, [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 12 });
+    expect(ids(ev)).toEqual(want);
+    expect(net.log.length).toBeGreaterThan(0);
+    expect(new Set(net.log.map((l) => l.headers['x-meshnet-dtype']))).toEqual(new Set(['f32']));
+    // f16 travels the same way (2 bytes per element, checked by each hop against the shape); its tokens may differ at a near-tie, so only completion is asserted.
+    const f16 = new PipelineDriver({ executor: head, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetch }), wireDtype: 'f16' });
+    net.log.length = 0;
+    const ev16 = await run(f16, [hop('b', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 12 });
+    expect(ev16.at(-1)).toMatchObject({ type: 'done', completion_tokens: 12 });
+    expect(new Set(net.log.map((l) => l.headers['x-meshnet-dtype']))).toEqual(new Set(['f16']));
+    // A hop that answers bf16 bytes labelled bf16 to an f32 request: refused by the head, not passed on.
+    const honest = net.handlers.get('b.test')!;
+    net.handlers.set('x.test', async (req) => {
+      const res = await honest({ ...req, headers: { ...req.headers, 'x-meshnet-dtype': 'bf16' }, body: encodeTensor(decodeTensor(req.body, 'f32'), 'bf16') });
+      return res;
+    });
+    const bad = await run(f32, [hop('x', 1, 3), hop('c', 3, 4)], { prompt: PROMPT, max_tokens: 4 });
+    expect(bad.at(-1)).toMatchObject({ type: 'error', code: 'MESH_ERR_UPSTREAM' });
+    expect((bad.at(-1) as { message: string }).message).toMatch(/answered x-meshnet-dtype bf16 to a f32 request/);
   });
 
   it('refuses a route with a gap or one that does not end at the last layer', () => {

@@ -226,6 +226,25 @@ describe('NodeRuntime', () => {
     expect(host.opened.filter((s) => s.startLayer === 2).length).toBeGreaterThanOrEqual(2);
   });
 
+  it('takes the wire dtype from the tracker\'s assignment: the hop accepts only it, a new one reloads the span', async () => {
+    const tracker = await scriptedTracker();
+    tracker.assign({ ...assignment(1, 3), wire_dtype: 'f32' });
+    const host = fakeHost(tracker.fetch);
+    const { rt } = await runtime(host, { trackerUrl: 'http://tracker.test' });
+    await rt.start();
+    expect(rt.span?.spec.wireDtype).toBe('f32');
+    const handler = rt.handlerFor('http');
+    expect(json(await handler(get('/info'))).wire_dtypes).toEqual(['f32']);
+    expect((await handler(forward(activation(1), 1))).status).toBe(200);
+    const bf16: MeshRequest = { ...forward(activation(1), 1), headers: { 'x-meshnet-shape': `1,1,${H}`, 'x-meshnet-dtype': 'bf16' }, body: encodeTensor(activation(1), 'bf16') };
+    const refused = json(await handler(bf16)) as { error: { code: string; message: string } };
+    expect(refused.error.code).toBe('MESH_ERR_BAD_REQUEST');
+    expect(refused.error.message).toMatch(/is bf16, but this hop's mesh sends f32/);
+    tracker.assign({ ...assignment(1, 3), wire_dtype: 'bf16' });
+    await until(() => rt.span?.spec.wireDtype === 'bf16');
+    expect((await rt.handlerFor('http')(bf16)).status).toBe(200);
+  });
+
   it('waits in connecting, saying why, while the tracker assigns nothing', async () => {
     const tracker = await scriptedTracker();
     const host = fakeHost(tracker.fetch);

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { Identity } from '../../src/node/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
+import type { TrackerOptions } from '../../src/tracker/options.ts';
 import { signBody } from '../../src/tracker/signing.ts';
 import { FakeNode, makeTracker } from './support.ts';
 
@@ -21,6 +22,21 @@ describe('POST /api/nodes/register', () => {
     expect(body.heartbeat_interval_ms).toBe(2000);
     expect(body.tracker_public_key).toBe(t.publicKey);
     expect(t.registry.nodes.has(node.peerId)).toBe(true);
+    // bf16 unless the tracker says otherwise.
+    expect((body.assignment as { wire_dtype?: string }).wire_dtype).toBe('bf16');
+  });
+
+  it('gives each model its wire dtype with the assignment (the tracker\'s default, or the model\'s own)', async () => {
+    const cases: Array<[Partial<TrackerOptions>, string]> = [
+      [{ wireDtype: 'f32' }, 'f32'],
+      [{ wireDtype: 'f32', models: [{ name: 'small', url: 'http://models.test/small', wireDtype: 'f16' }] }, 'f16'],
+    ];
+    for (const [o, want] of cases) {
+      const t = await makeTracker(o);
+      const node = await FakeNode.create();
+      const body = (await (await node.post(t, '/api/nodes/register', t.clock.now)).json()) as { assignment: { wire_dtype?: string } };
+      expect(body.assignment.wire_dtype).toBe(want);
+    }
   });
 
   it('refuses a public key that does not hash to the claimed peer id (403) and registers nothing', async () => {

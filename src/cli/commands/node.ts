@@ -1,6 +1,7 @@
 /** `meshnet node`: options from src/cli/node-options.ts; onnxruntime and the node host load when the command runs. */
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
+import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
 import { KV_DEFAULTS } from '../../shard/kv-ledger.ts';
 import { CliError } from '../failure.ts';
 import { NODE_HOST_DEFAULTS } from '../node-options.ts';
@@ -15,6 +16,12 @@ function layerRange(value: string): [number, number] {
 function hopOrder(value: string): 'relay' | 'direct' | 'adaptive' {
   if (value !== 'relay' && value !== 'direct' && value !== 'adaptive') throw new InvalidArgumentError(`expected relay, direct or adaptive, got "${value}"`);
   return value;
+}
+
+function wireDtype(value: string): Dtype {
+  const v = value.trim().toLowerCase();
+  if (!isDtype(v)) throw new InvalidArgumentError(`expected one of ${DTYPES.join(', ')}, got "${value}"`);
+  return v;
 }
 
 function positive(value: string): number {
@@ -34,6 +41,7 @@ export function configure(cmd: Command): void {
     .option('--key-file <path>', 'Ed25519 identity file (created on first run; keeps the peer id across restarts)')
     .option('--layers <a-b>', 'static span [a, b) instead of the tracker\'s assignment (needs --model-url)', layerRange)
     .option('--model-url <url>', 'base URL of the HF-layout checkpoint for --layers')
+    .option('--wire-dtype <dtype>', 'with --layers: activations between hops, bf16, f16 or f32 (a head sends it, a hop accepts only it; default: sends bf16, accepts all). A tracker\'s nodes get the tracker\'s (--wire-dtype there)', wireDtype)
     .option('--model <name>', `model id as the tracker knows it (default: the tracker's only model; with --layers: "${NODE_HOST_DEFAULTS.staticModel}")`)
     .option('--threads <n>', 'ONNX intra-op threads (default: onnxruntime decides)', int)
     .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
@@ -46,6 +54,7 @@ export function configure(cmd: Command): void {
     .action(async (o: Record<string, unknown>) => {
       if (!o.tracker && !o.layers) cmd.error('give --tracker, or --layers with --model-url: a tracker (--tracker URL) assigns this node its layers; --layers a-b serves a fixed span');
       if (o.layers && !o.modelUrl) cmd.error('--layers needs --model-url (the checkpoint to load the layers from)');
+      if (o.wireDtype && !o.layers) cmd.error('--wire-dtype is for a static span (--layers): a tracker gives its nodes the model\'s wire dtype');
       const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
       const model = o.tracker ? await trackerModel(o.tracker as string, o.model as string | undefined, log) : ((o.model as string | undefined) ?? NODE_HOST_DEFAULTS.staticModel);
       if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
@@ -60,6 +69,7 @@ export function configure(cmd: Command): void {
         keyFile: o.keyFile as string | undefined,
         layers: o.layers as [number, number] | undefined,
         modelUrl: o.modelUrl as string | undefined,
+        ...(o.wireDtype ? { wireDtype: o.wireDtype as Dtype } : {}),
         model,
         threads: o.threads as number | undefined,
         injectDelayMs: o.injectDelayMs as number,

@@ -1,6 +1,8 @@
 /** `meshnet tracker`: options from src/tracker/options.ts; the tracker is loaded when the command runs. */
 import { InvalidArgumentError, type Command } from 'commander';
 import { TRACKER_DEFAULTS, type TrackerModelSource } from '../../tracker/options.ts';
+import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
+import { CliError } from '../failure.ts';
 import { int, onShutdown } from '../util.ts';
 
 function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerModelSource[] {
@@ -15,6 +17,30 @@ function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerMo
   return [...previous, { name: value.slice(0, i), url }];
 }
 
+/** `--wire-dtype bf16` (every model) or `--wire-dtype NAME=f32` (one model); repeatable. */
+function wireDtypeArg(value: string, previous: Array<{ model?: string; dtype: Dtype }> = []): Array<{ model?: string; dtype: Dtype }> {
+  const i = value.lastIndexOf('=');
+  const dtype = (i < 0 ? value : value.slice(i + 1)).trim().toLowerCase();
+  if (!isDtype(dtype)) throw new InvalidArgumentError(`expected [NAME=]DTYPE with DTYPE one of ${DTYPES.join(', ')}, got "${value}"`);
+  return [...previous, i < 0 ? { dtype } : { model: value.slice(0, i), dtype }];
+}
+
+/** Apply --wire-dtype entries: a named one to its model (which must be served), an unnamed one as the default. */
+export function applyWireDtypes(models: TrackerModelSource[], entries: ReadonlyArray<{ model?: string; dtype: Dtype }>): { models: TrackerModelSource[]; wireDtype?: Dtype } {
+  let wireDtype: Dtype | undefined;
+  const out = models.map((m) => ({ ...m }));
+  for (const e of entries) {
+    if (e.model === undefined) {
+      wireDtype = e.dtype;
+      continue;
+    }
+    const m = out.find((x) => x.name === e.model);
+    if (!m) throw new CliError(`--wire-dtype names model "${e.model}", which no --model serves`);
+    m.wireDtype = e.dtype;
+  }
+  return { models: out, ...(wireDtype ? { wireDtype } : {}) };
+}
+
 export function configure(cmd: Command): void {
   const d = TRACKER_DEFAULTS;
   cmd
@@ -23,6 +49,7 @@ export function configure(cmd: Command): void {
     .option('--host <addr>', 'interface to bind', d.host)
     .option('--relay <url>', 'relay to register with (reaches NAT\'d heads over its fast path)')
     .option('--key-file <path>', 'file holding the tracker\'s Ed25519 key (created when missing); without it the key changes every run')
+    .option('--wire-dtype <[NAME=]DTYPE>', `activations between hops: bf16 (half the bytes), f16, or f32 (a split gives the un-split tokens exactly); NAME= sets one model's (repeatable). Default: ${d.wireDtype}`, wireDtypeArg, [])
     .option('--max-tokens-limit <n>', 'largest max_tokens a client may ask for', int, d.maxTokensLimit)
     .option('--default-max-tokens <n>', 'max_tokens when a request gives none', int, d.defaultMaxTokens)
     .option('--heartbeat-interval-ms <n>', 'heartbeat period given to nodes; a node missing 3 is removed', int, d.heartbeatIntervalMs)
@@ -36,12 +63,14 @@ export function configure(cmd: Command): void {
     .action(async (o: Record<string, unknown>) => {
       if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
       const { startTracker } = await import('../../tracker/server.ts');
+      const wire = applyWireDtypes(o.model as TrackerModelSource[], o.wireDtype as Array<{ model?: string; dtype: Dtype }>);
       const tracker = await startTracker({
+        ...(wire.wireDtype ? { wireDtype: wire.wireDtype } : {}),
         port: o.port as number,
         host: o.host as string,
         relayUrl: o.relay as string | undefined,
         keyFile: o.keyFile as string | undefined,
-        models: o.model as TrackerModelSource[],
+        models: wire.models,
         maxTokensLimit: o.maxTokensLimit as number,
         defaultMaxTokens: o.defaultMaxTokens as number,
         heartbeatIntervalMs: o.heartbeatIntervalMs as number,

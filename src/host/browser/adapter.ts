@@ -5,8 +5,20 @@
  * verified on every load), onnxruntime-web on WebGPU or WASM (calibrated on
  * the span's own first layer when the donor left it to us) with a warm-up
  * before the span serves.
+ *
+ * Spans run on the fused-operator graphs (src/model/fused-graph.ts: the GPU
+ * path, KV and activations kept on the device; on WASM the same graphs with
+ * onnxruntime's CPU kernels) in the donor's weight format, f32 or 4-bit,
+ * quantized layer by layer as the graphs are built and kept in IndexedDB
+ * (q4-store.ts). Plain graphs only where the fused ones cannot serve: a
+ * config they do not express, or f16 (an adapter with shader-f16), which
+ * only the plain graphs have; the reason is logged and shown on the page.
  */
 import type { ModelConfig } from '../../model/config.ts';
+import { fusedUnsupportedReason } from '../../model/fused-graph.ts';
+import type { WeightFormat } from '../../model/weight-format.ts';
+import type { SpanGraphs } from '../../shard/span-executor.ts';
+import { indexedDbQ4Cache, type Q4Counters } from '../../browser/q4-store.ts';
 import { ModelFetchError, ModelFormatError } from '../../model/errors.ts';
 import { ModelTokenizer } from '../../model/tokenizer.ts';
 import { MeshError } from '../../protocol/errors.ts';
@@ -71,6 +83,10 @@ export interface BrowserAdapterOptions {
   counters: StorageCounters;
   /** Whether onnxruntime-web's WASM module has had its first warm-up in this worker (kept across runtimes). */
   warmed: { wasm: boolean };
+  /** The weight format the donor asked for. */
+  weights: WeightFormat;
+  /** 4-bit projections quantized / read back from IndexedDB in this worker. */
+  q4: Q4Counters;
 }
 
 export function browserAdapter(g: BrowserGlobals, o: BrowserAdapterOptions): RuntimeHost {
@@ -130,7 +146,7 @@ function storedWeights(g: BrowserGlobals, o: BrowserAdapterOptions): WeightStore
       const got = await weights.ensure({ fetch: g.fetch, onProgress });
       counters.fetchedBytes += got.fetchedBytes;
       counters.storedBytes = got.storedBytes;
-      return { loader: weights.loader(), fetchedBytes: got.fetchedBytes, storedBytes: got.storedBytes };
+      return { loader: weights.loader(), fetchedBytes: got.fetchedBytes, storedBytes: got.storedBytes, q4Cache: indexedDbQ4Cache(storage, spec.modelUrl, o.q4) };
     },
     async tokenizer(modelUrl, config) {
       const f = await files(modelUrl, ['tokenizer.json', 'tokenizer_config.json']);
@@ -143,12 +159,15 @@ function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFac
   const threads = threadsFor(g, o.threads);
   const cpu = `CPU (WASM, ${threads} thread${threads === 1 ? '' : 's'})`;
   const backendFor = (kind: BackendKind): Promise<OnnxBackend> => createOrtWebBackend(kind, { numThreads: threads, wasmPaths: g.ortWasmPaths });
-  const chosen = async (d: { kind: BackendKind; fp16: boolean; reason: string }, adapter: string): Promise<ChosenBackend> => {
-    const page: PageBackendInfo = { kind: d.kind, fp16: d.fp16, threads: d.kind === 'wasm' ? threads : 1, adapter, reason: d.reason };
-    return { backend: await backendFor(d.kind), info: { name: `onnxruntime-web/${d.kind}`, kind: d.kind, dtype: d.fp16 ? 'f16' : 'f32', details: { ...page } } };
-  };
   return {
     async choose(spec, config, weights: WeightLoader) {
+      const chosen = async (d: { kind: BackendKind; fp16: boolean; reason: string }, adapter: string): Promise<ChosenBackend> => {
+        const g = graphsFor(config, d.kind, d.fp16, o.weights);
+        console.info(`meshnet node: layers ${spec.startLayer}-${spec.endLayer - 1} on ${d.kind}, ${g.graphs.kind} graphs, ${g.weights} weights; ${g.precision}${g.why ? `; ${g.why}` : ''}`);
+        const dtype = g.graphs.kind === 'plain' ? g.graphs.dtype : 'f32';
+        const page: PageBackendInfo = { kind: d.kind, fp16: dtype === 'f16', threads: d.kind === 'wasm' ? threads : 1, adapter, reason: d.reason, weights: g.weights, graphs: g.graphs.kind, precision: g.why ? `${g.precision}; ${g.why}` : g.precision };
+        return { backend: await backendFor(d.kind), graphs: g.graphs, info: { name: `onnxruntime-web/${d.kind}`, kind: d.kind, dtype, weights: g.weights, details: { ...page } } };
+      };
       if (o.choice === 'wasm') return chosen({ kind: 'wasm', fp16: false, reason: 'WASM: forced by setting' }, cpu);
       const probe = await probeWebGpu(g.gpu);
       if (o.choice === 'webgpu') {
@@ -157,8 +176,10 @@ function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFac
       }
       if (!probe.usable || probe.fallback) return chosen(decide(probe), cpu);
       const layer = spec.startLayer;
-      const webgpuMs = await calibrate(await backendFor('webgpu'), config, weights, layer, probe.fp16 ? 'f16' : 'f32');
-      const wasmMs = await calibrate(await backendFor('wasm'), config, weights, layer, 'f32');
+      // Each backend timed on the graphs it would serve with; 4-bit is timed as f32 there (quantizing the layer twice just to time it would cost more than it tells).
+      const timed = (g: SpanGraphs): SpanGraphs => (g.kind === 'fused' ? { kind: 'fused', projections: 'f32' } : g);
+      const webgpuMs = await calibrate(await backendFor('webgpu'), config, weights, layer, timed(graphsFor(config, 'webgpu', probe.fp16, o.weights).graphs));
+      const wasmMs = await calibrate(await backendFor('wasm'), config, weights, layer, timed(graphsFor(config, 'wasm', false, o.weights).graphs));
       const d = decide(probe, { webgpuMs, wasmMs });
       return chosen(d, d.kind === 'webgpu' ? probe.adapter : cpu);
     },
@@ -170,4 +191,34 @@ function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFac
       if (first) console.info(`meshnet node: warmed up layers ${executor.startLayer}-${executor.endLayer - 1} in ${Math.round(done.ms)} ms (${done.steps} steps)`);
     },
   };
+}
+
+export interface GraphChoice {
+  graphs: SpanGraphs;
+  /** The format the span runs on: the one asked for, unless it cannot run here (f16 without shader-f16, q4 on a config the fused graphs refuse). */
+  weights: WeightFormat;
+  /** Activation precision and why. */
+  precision: string;
+  /** Why plain graphs, or why not the asked format; absent when neither. */
+  why?: string;
+}
+
+/** Which graphs run a span on `kind` for the asked weight format, and why (what the page shows). */
+export function graphsFor(config: ModelConfig, kind: BackendKind, shaderF16: boolean, asked: WeightFormat): GraphChoice {
+  const refused = fusedUnsupportedReason(config);
+  if (asked === 'f16') {
+    if (kind === 'webgpu' && shaderF16) {
+      return { graphs: { kind: 'plain', dtype: 'f16' }, weights: 'f16', precision: 'f16 activations (the adapter has shader-f16)', why: 'plain graphs: the fused graphs are f32 or 4-bit only' };
+    }
+    const precision = kind === 'webgpu' ? 'f32 activations: f16 was asked but the adapter has no shader-f16' : 'f32 activations: f16 was asked but needs WebGPU with shader-f16';
+    return refused ? { graphs: { kind: 'plain', dtype: 'f32' }, weights: 'f32', precision, why: `plain graphs: the fused graphs refuse this model (${refused})` } : { graphs: { kind: 'fused', projections: 'f32' }, weights: 'f32', precision };
+  }
+  const precision = kind === 'webgpu' ? (shaderF16 ? 'f32 activations (the adapter has shader-f16: ?weights=f16 runs f16)' : 'f32 activations: the adapter has no shader-f16') : 'f32 activations (WASM)';
+  if (refused) {
+    const why = `plain graphs: the fused graphs refuse this model (${refused})${asked === 'q4' ? ', so f32 weights instead of 4-bit' : ''}`;
+    return { graphs: { kind: 'plain', dtype: 'f32' }, weights: 'f32', precision, why };
+  }
+  // Measured (docs/benchmarks.md): onnxruntime-web's WASM MatMulNBits has no fast kernel, so 4-bit buys memory there, not speed.
+  const slow = kind === 'wasm' && asked === 'q4' ? { why: '4-bit on WASM holds ~6x more layers but decodes slower than f32 (onnxruntime-web has no fast WASM MatMulNBits kernel)' } : {};
+  return { graphs: { kind: 'fused', projections: asked }, weights: asked, precision, ...slow };
 }

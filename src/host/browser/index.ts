@@ -14,7 +14,8 @@
  */
 import { MeshError } from '../../protocol/errors.ts';
 import { NodeRuntime } from '../../node/runtime/runtime.ts';
-import type { BackendChoice, NodeConfig, NodeEngine, NodeStatus } from '../../browser/engine.ts';
+import { DEFAULT_WEIGHT_FORMAT, type BackendChoice, type NodeConfig, type NodeEngine, type NodeStatus, type WeightFormat } from '../../browser/engine.ts';
+import { newQ4Counters } from '../../browser/q4-store.ts';
 import type { NodeStorage } from '../../browser/storage.ts';
 import { browserAdapter, workerGlobals, type BrowserGlobals, type StorageCounters } from './adapter.ts';
 import { describeError, pageStatus } from './surface.ts';
@@ -29,9 +30,9 @@ function modelNameOf(url: string): string {
 }
 
 /** What makes two starts the same node: the same key reuses the runtime (and what it loaded). */
-function runtimeKey(config: NodeConfig, choice: BackendChoice): string {
+function runtimeKey(config: NodeConfig, choice: BackendChoice, weights: WeightFormat): string {
   const where = config.trackerUrl ? `tracker ${config.trackerUrl} ${config.modelName ?? ''}` : `span ${config.modelUrl}|${config.startLayer}-${config.endLayer}`;
-  return `${config.relayUrl}|${where}|${choice}|${config.threads ?? ''}`;
+  return `${config.relayUrl}|${where}|${choice}|${weights}|${config.threads ?? ''}`;
 }
 
 export class BrowserNode implements NodeEngine {
@@ -46,6 +47,7 @@ export class BrowserNode implements NodeEngine {
   private paused = false;
   private memoryBudget = DEFAULT_MEMORY_BUDGET;
   private readonly counters: StorageCounters = { fetchedBytes: 0, storedBytes: 0 };
+  private readonly q4 = newQ4Counters();
   /** Whether onnxruntime-web's WASM module has had its first (long) warm-up in this worker. */
   private readonly warmed = { wasm: false };
   private readonly g: BrowserGlobals;
@@ -55,7 +57,7 @@ export class BrowserNode implements NodeEngine {
   }
 
   async status(): Promise<NodeStatus> {
-    return pageStatus({ runtime: this.runtime, config: this.lastConfig, startError: this.startError, starting: this.starting > 0, counters: this.counters, memoryBudgetBytes: this.memoryBudget, crossOriginIsolated: this.g.crossOriginIsolated });
+    return pageStatus({ runtime: this.runtime, config: this.lastConfig, startError: this.startError, starting: this.starting > 0, counters: this.counters, q4: this.q4, memoryBudgetBytes: this.memoryBudget, crossOriginIsolated: this.g.crossOriginIsolated });
   }
 
   async start(config: NodeConfig): Promise<NodeStatus> {
@@ -114,13 +116,18 @@ export class BrowserNode implements NodeEngine {
     const settings = await storage.settings();
     this.memoryBudget = config.memoryBudgetBytes ?? settings.memoryBudgetBytes ?? DEFAULT_MEMORY_BUDGET;
     const choice = config.backend ?? settings.backend ?? 'auto';
-    if (config.backend !== undefined || config.memoryBudgetBytes !== undefined) {
-      await storage.saveSettings({ ...(config.backend ? { backend: config.backend } : {}), ...(config.memoryBudgetBytes ? { memoryBudgetBytes: config.memoryBudgetBytes } : {}) });
+    const weights = config.weights ?? settings.weights ?? DEFAULT_WEIGHT_FORMAT;
+    if (config.backend !== undefined || config.memoryBudgetBytes !== undefined || config.weights !== undefined) {
+      await storage.saveSettings({
+        ...(config.backend ? { backend: config.backend } : {}),
+        ...(config.memoryBudgetBytes ? { memoryBudgetBytes: config.memoryBudgetBytes } : {}),
+        ...(config.weights ? { weights: config.weights } : {}),
+      });
     }
     if (!config.trackerUrl && (config.modelUrl === undefined || config.startLayer === undefined || config.endLayer === undefined)) {
       throw new MeshError('MESH_ERR_BAD_REQUEST', 'without a tracker the node needs a model URL and a layer range');
     }
-    const key = runtimeKey(config, choice);
+    const key = runtimeKey(config, choice, weights);
     if (this.runtime && this.key === key) {
       await this.runtime.setMemoryBudget(this.memoryBudget);
       return seq === this.startSeq ? this.runtime : undefined;
@@ -128,7 +135,7 @@ export class BrowserNode implements NodeEngine {
     const old = this.runtime;
     this.runtime = undefined;
     await old?.close();
-    const adapter = browserAdapter(this.g, { storage, choice, ...(config.threads !== undefined ? { threads: config.threads } : {}), counters: this.counters, warmed: this.warmed });
+    const adapter = browserAdapter(this.g, { storage, choice, ...(config.threads !== undefined ? { threads: config.threads } : {}), counters: this.counters, warmed: this.warmed, weights, q4: this.q4 });
     const runtime = await NodeRuntime.create(adapter, {
       relayUrl: config.relayUrl,
       ...(config.trackerUrl
@@ -136,6 +143,8 @@ export class BrowserNode implements NodeEngine {
         : { span: { model: modelNameOf(config.modelUrl!), modelUrl: config.modelUrl!, startLayer: config.startLayer!, endLayer: config.endLayer! } }),
       memoryBudgetBytes: this.memoryBudget,
       backendKind: choice === 'auto' ? 'wasm' : choice,
+      // The tracker sizes the span by it; a span that cannot run it (f16 without shader-f16) announces what it runs once loaded.
+      weightFormat: weights === 'f16' ? 'f32' : weights,
       // A span that failed waits for the donor's Retry, with the reason on the page.
       retryFailedLoads: false,
     });

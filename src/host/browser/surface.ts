@@ -10,6 +10,7 @@ import type { NodeRuntime } from '../../node/runtime/runtime.ts';
 import { NodeState } from '../../node/runtime/state.ts';
 import type { BackendInfo, NodeConfig, NodeErrorInfo, NodeStatus } from '../../browser/engine.ts';
 import { isQuotaError } from '../../browser/storage.ts';
+import type { Q4Counters } from '../../browser/q4-store.ts';
 import type { StorageCounters } from './adapter.ts';
 
 /** What the donor can do about each failure, by code; anything else: Retry. */
@@ -44,6 +45,7 @@ export interface PageFacts {
   /** A start is under way (storage, identity) before the runtime runs: already "connecting" for the page. */
   starting: boolean;
   counters: StorageCounters;
+  q4: Q4Counters;
   memoryBudgetBytes: number;
   crossOriginIsolated: boolean;
 }
@@ -61,6 +63,7 @@ export function pageStatus(f: PageFacts): NodeStatus {
     state,
     storedBytes: f.counters.storedBytes,
     fetchedBytes: f.counters.fetchedBytes,
+    quantization: { ...f.q4, quantizeMs: Math.round(f.q4.quantizeMs) },
     requestsServed: activity?.requests ?? 0,
     tokensServed: activity?.tokens ?? 0,
     requestsPerMinute: activity?.requestsPerMinute(now) ?? 0,

@@ -13,6 +13,7 @@ import { MeshError } from '../../protocol/errors.ts';
 import { decodeBase64 } from '../../protocol/base64.ts';
 import type { LogLevel } from '../../node/runtime/host.ts';
 import { NodeRuntime, type RuntimeEvent } from '../../node/runtime/runtime.ts';
+import type { Dtype } from '../../protocol/tensor.ts';
 import { nodeAdapter } from './adapter.ts';
 import { openSurface } from './surface.ts';
 
@@ -34,6 +35,8 @@ export interface NodeHostOptions {
   /** Static span [start, end) instead of the tracker's assignment. */
   layers?: [number, number];
   modelUrl?: string;
+  /** A static span's wire dtype (absent: sends bf16, accepts all three). */
+  wireDtype?: Dtype;
   /** Model id as the tracker's registry knows it. */
   model: string;
   /** ONNX intra-op threads; absent: ORT decides. */
@@ -79,7 +82,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
     ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),
     model: o.model,
-    ...(o.layers ? { span: { model: o.model, modelUrl: o.modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1] } } : {}),
+    ...(o.layers ? { span: { model: o.model, modelUrl: o.modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1], ...(o.wireDtype ? { wireDtype: o.wireDtype } : {}) } } : {}),
     ...(o.trackerKey ? { trackerKey: decodeBase64(o.trackerKey) } : {}),
     memoryBudgetBytes: o.budgetMb * 2 ** 20,
     maxContext: o.maxContext,

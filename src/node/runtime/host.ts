@@ -14,8 +14,12 @@
  */
 import type { ModelConfig } from '../../model/config.ts';
 import type { ModelTokenizer } from '../../model/tokenizer.ts';
+import type { Dtype } from '../../protocol/tensor.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
-import type { ShardExecutor, WeightLoader } from '../../shard/executor.ts';
+import type { WeightFormat } from '../../model/weight-format.ts';
+import type { WeightLoader } from '../../shard/executor.ts';
+import type { Q4Cache } from '../../shard/fused-executor.ts';
+import type { SpanExecutor, SpanGraphs } from '../../shard/span-executor.ts';
 import type { DirectRequest } from '../hop-transport.ts';
 import type { Identity, KeyStore } from '../identity.ts';
 import type { MeshRequestFn } from '../mesh-types.ts';
@@ -31,6 +35,12 @@ export interface SpanSpec {
   startLayer: number;
   /** Exclusive. */
   endLayer: number;
+  /**
+   * Wire dtype of activations between hops (the tracker's assignment, or the
+   * node's --wire-dtype for a static span): as a head it sends it, as a hop it
+   * accepts only it. Absent: sends bf16, accepts all three.
+   */
+  wireDtype?: Dtype;
 }
 
 export interface DownloadProgress {
@@ -45,6 +55,8 @@ export interface SpanWeightsHandle {
   fetchedBytes: number;
   /** Bytes of the span the host keeps (0 for a host that keeps nothing). */
   storedBytes: number;
+  /** Where 4-bit projections are kept across loads (IndexedDB in the browser); absent: quantized on every load. */
+  q4Cache?: Q4Cache;
 }
 
 export interface WeightStore {
@@ -64,6 +76,8 @@ export interface BackendInfo {
   kind: string;
   /** Graph dtype. */
   dtype: 'f32' | 'f16';
+  /** The format the span's weights are held in (the tracker sizes spans by it). Absent: f32. */
+  weights?: WeightFormat;
   /** Host-specific details (kind, adapter, threads, why this one), shown as they are. */
   details?: Record<string, unknown>;
 }
@@ -71,13 +85,15 @@ export interface BackendInfo {
 export interface ChosenBackend {
   backend: OnnxBackend;
   info: BackendInfo;
+  /** Which graphs run the span; absent: the plain graphs in `info.dtype`. */
+  graphs?: SpanGraphs;
 }
 
 export interface BackendFactory {
   /** The backend for a span; may calibrate on the span's own weights first. */
   choose(span: SpanSpec, config: ModelConfig, weights: WeightLoader): Promise<ChosenBackend>;
   /** After the executor is built, before it serves (a WASM warm-up); a failure here is only logged. */
-  prepare?(executor: ShardExecutor, chosen: ChosenBackend): Promise<void>;
+  prepare?(executor: SpanExecutor, chosen: ChosenBackend): Promise<void>;
 }
 
 /** Direct links the host can dial (a Node.js node's `/link`); undefined while not up, or when the link ends at another peer. */

@@ -16,6 +16,7 @@
  * hand. A host is an adapter (host.ts): src/host/node and src/host/browser.
  */
 import type { ModelConfig } from '../../model/config.ts';
+import type { WeightFormat } from '../../model/weight-format.ts';
 import { encodeBase64Url } from '../../protocol/base64.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { Assignment, GenerateEvent, NodeMessage } from '../../protocol/tracker.ts';
@@ -54,6 +55,8 @@ export interface RuntimeConfig {
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
+  /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
+  weightFormat?: WeightFormat;
   /**
    * A tracker's span that fails to load: retried at the next heartbeat while
    * the old span keeps serving (true: a daemon), or the node stops in the
@@ -93,6 +96,8 @@ export class NodeRuntime {
   private session: TrackerSession | undefined;
   private started = false;
   private paused = false;
+  /** Said once: a static span's wire dtype differs from the tracker's. */
+  private warnedWireDtype = false;
   private budget: number;
   private epoch = 0;
   private stateValue: NodeState = NodeState.Idle;
@@ -312,7 +317,14 @@ export class NodeRuntime {
       public_key: encodeBase64Url(this.identity.publicKey),
       ...(relayAddr ? { relay_addr: relayAddr } : {}),
       ...(this.endpoint ? { endpoint: this.endpoint } : {}),
-      info: { model: this.model ?? 'default', backend: s?.backend.kind ?? this.config.backendKind, memory_budget_mb: this.budget / 2 ** 20, host: this.host.name, version: RUNTIME_VERSION },
+      info: {
+        model: this.model ?? 'default',
+        backend: s?.backend.kind ?? this.config.backendKind,
+        memory_budget_mb: this.budget / 2 ** 20,
+        host: this.host.name,
+        version: RUNTIME_VERSION,
+        weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
+      },
       stats: this.activity.heartbeat(kvHeartbeat(kv, this.budget)),
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
@@ -383,9 +395,14 @@ export class NodeRuntime {
       this.changed();
       return;
     }
+    const staticDtype = this.config.span?.wireDtype ?? 'bf16';
+    if (this.config.span && a.wire_dtype && a.wire_dtype !== staticDtype && !this.warnedWireDtype) {
+      this.warnedWireDtype = true;
+      this.host.log('warn', `the tracker's wire dtype for ${a.model} is ${a.wire_dtype}, this static span's is ${staticDtype}: hops will refuse one another's activations (give --wire-dtype ${a.wire_dtype})`);
+    }
     // A span that failed is retried only by retry(), not on every heartbeat (unless failed loads are retried); a static span stays.
     if (this.error !== undefined || this.config.span) return;
-    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer });
+    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer, ...(a.wire_dtype ? { wireDtype: a.wire_dtype } : {}) });
   }
 
   private loadContext(epoch: number): SpanLoadContext {

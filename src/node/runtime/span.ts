@@ -12,7 +12,7 @@
 import { parseModelConfig, type ModelConfig } from '../../model/config.ts';
 import type { ModelTokenizer } from '../../model/tokenizer.ts';
 import { MeshError } from '../../protocol/errors.ts';
-import { ShardExecutor } from '../../shard/executor.ts';
+import { createSpanExecutor, type SpanExecutor } from '../../shard/span-executor.ts';
 import { createForwardHandler } from '../forward-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
@@ -23,7 +23,7 @@ import type { NodeActivity } from './stats.ts';
 export interface LoadedSpan {
   spec: SpanSpec;
   config: ModelConfig;
-  executor: ShardExecutor;
+  executor: SpanExecutor;
   backend: BackendInfo;
   tokenizer: ModelTokenizer | undefined;
   /** The node's HTTP surface over this span's executor. */
@@ -64,7 +64,8 @@ export function baseUrl(url: string): string {
 }
 
 export function sameSpec(a: SpanSpec, b: SpanSpec): boolean {
-  return a.startLayer === b.startLayer && a.endLayer === b.endLayer && baseUrl(a.modelUrl) === baseUrl(b.modelUrl);
+  // A new wire dtype reloads the span too: its handler and pipeline are built for one (a rare change: a tracker restarted with another).
+  return a.startLayer === b.startLayer && a.endLayer === b.endLayer && baseUrl(a.modelUrl) === baseUrl(b.modelUrl) && a.wireDtype === b.wireDtype;
 }
 
 /** Download (only what is missing), choose the backend, build the executor; the span does not serve until the caller switches to it. */
@@ -82,13 +83,14 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   ctx.onPhase('loading', spec, config);
   const chosen = await host.backends.choose(spec, config, weights.loader);
   ctx.checkCurrent();
-  const executor = await ShardExecutor.create({
+  const executor = await createSpanExecutor({
     config,
     backend: chosen.backend,
     weights: weights.loader,
     startLayer: spec.startLayer,
     endLayer: spec.endLayer,
-    dtype: chosen.info.dtype,
+    graphs: chosen.graphs ?? { kind: 'plain', dtype: chosen.info.dtype },
+    ...(weights.q4Cache ? { q4Cache: weights.q4Cache } : {}),
     maxContext: Math.min(ctx.maxContext, config.maxPositionEmbeddings),
     // The budget means weights + KV, as the tracker sizes spans: the KV caches get what the weights leave.
     memoryBudgetBytes: ctx.memoryBudgetBytes(),
@@ -123,7 +125,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
 }
 
 /** A span whose weights leave too little of the budget for even one short session: say so, or every session is refused with no hint why. */
-function warnIfKvStarved(executor: ShardExecutor, spec: SpanSpec, ctx: SpanLoadContext): void {
+function warnIfKvStarved(executor: SpanExecutor, spec: SpanSpec, ctx: SpanLoadContext): void {
   const kv = executor.kvStats();
   if (kv.budgetBytes >= kv.bytesPerToken * Math.min(executor.maxContext, 256)) return;
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
@@ -141,6 +143,7 @@ function forwardHandlerFor(span: LoadedSpan, ctx: SpanLoadContext): MeshHandler 
     backend: span.backend.name,
     version: ctx.version,
     isPaused: ctx.isPaused,
+    ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(tokenizer ? { decode: (id: number) => tokenizer.decode([id]) } : {}),
     extraInfo: () => ctx.extraInfo(span),
     onForward: (ev) => {
@@ -174,6 +177,7 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     executor: timed,
     tokenizer: span.tokenizer,
     transport: ctx.transport,
+    ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(replace ? { replace } : {}),
     onLog: (m) => ctx.host.log('warn', `pipeline: ${m}`),
   });

@@ -7,6 +7,7 @@
 import { MeshError } from '../../protocol/errors.ts';
 import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
 import { notLoadedYet, type TrackerContext } from '../context.ts';
+import { wireDtypeOf } from '../options.ts';
 import { json, readJson, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
 import { verifyNodeMessage } from '../signing.ts';
@@ -19,7 +20,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
   function answerFor(n: NodeRecord): RegisterAnswer {
     const model = registry.models.get(n.info.model)!;
     return {
-      assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url },
+      assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url, wire_dtype: wireDtypeOf(o, model.name) },
       heartbeat_interval_ms: o.heartbeatIntervalMs,
       tracker_public_key: ctx.publicKey,
     };

@@ -8,6 +8,7 @@
  *   GET /healthz, GET /metrics
  */
 import type { TrackerContext } from '../context.ts';
+import { wireDtypeOf } from '../options.ts';
 import { DASHBOARD_HTML } from '../dashboard.ts';
 import { json, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
@@ -48,12 +49,13 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
       tracker: { public_key: publicKey, peer_id: identity.peerId, uptime_s: Math.round((now - ctx.startedAt) / 1000) },
       models: [...registry.models.values()].map((m) => {
         const a = registry.availability(m.name);
-        return { name: m.name, url: m.url, num_layers: m.numLayers, complete: a.complete, missing_layers: a.missing_layers, coverage: a.layers.map((l) => l.count) };
+        return { name: m.name, url: m.url, num_layers: m.numLayers, wire_dtype: wireDtypeOf(o, m.name), complete: a.complete, missing_layers: a.missing_layers, coverage: a.layers.map((l) => l.count) };
       }),
       nodes: [...registry.nodes.values()].map((n) => ({
         peer_id: n.peerId,
         model: n.info.model,
         backend: n.info.backend,
+        weight_format: n.info.weight_format ?? 'f32',
         host: n.info.host,
         version: n.info.version ?? null,
         memory_budget_mb: n.info.memory_budget_mb,

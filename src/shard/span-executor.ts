@@ -1,0 +1,54 @@
+/**
+ * The executor a node serves its span with, whichever graphs it runs: the
+ * plain-operator ShardExecutor (executor.ts: onnxruntime-node's CPU, f16 on
+ * WebGPU) or the fused-operator FusedShardExecutor (fused-executor.ts: the
+ * GPU path, and 4-bit weights on WASM). Hosts say which in their
+ * ChosenBackend; the runtime builds it here and sees only this interface.
+ */
+import type { ModelConfig } from '../model/config.ts';
+import type { FusedWeights } from '../model/fused-graph.ts';
+import type { GraphDtype } from '../model/graph.ts';
+import type { OnnxBackend } from './backend.ts';
+import { ShardExecutor, type WeightLoader } from './executor.ts';
+import { FusedShardExecutor, type Q4Cache } from './fused-executor.ts';
+
+export type SpanExecutor = Pick<
+  ShardExecutor,
+  'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward' | 'release' | 'setMemoryBudget'
+>;
+
+/** Which graphs run a span: plain operators in a dtype, or fused operators with f32 or 4-bit projections. */
+export type SpanGraphs = { kind: 'plain'; dtype: GraphDtype } | { kind: 'fused'; projections: FusedWeights };
+
+export interface SpanExecutorOptions {
+  config: ModelConfig;
+  backend: OnnxBackend;
+  weights: WeightLoader;
+  startLayer: number;
+  endLayer: number;
+  graphs: SpanGraphs;
+  /** Quantized projections kept across loads (4-bit fused graphs only). */
+  q4Cache?: Q4Cache;
+  maxContext: number;
+  memoryBudgetBytes: number;
+  kvTtlMs?: number;
+}
+
+export async function createSpanExecutor(o: SpanExecutorOptions): Promise<SpanExecutor> {
+  const common = {
+    config: o.config,
+    backend: o.backend,
+    weights: o.weights,
+    startLayer: o.startLayer,
+    endLayer: o.endLayer,
+    maxContext: o.maxContext,
+    memoryBudgetBytes: o.memoryBudgetBytes,
+    ...(o.kvTtlMs !== undefined ? { kvTtlMs: o.kvTtlMs } : {}),
+  };
+  if (o.graphs.kind === 'plain') return ShardExecutor.create({ ...common, dtype: o.graphs.dtype });
+  // One graph per layer: a request may enter or leave at any held layer (the overlap protocol),
+  // and 4-bit weights are quantized layer by layer as each graph is built.
+  const cuts: number[] = [];
+  for (let l = o.startLayer + 1; l < o.endLayer; l++) cuts.push(l);
+  return FusedShardExecutor.create({ ...common, projections: o.graphs.projections, segmentBoundaries: cuts, ...(o.q4Cache ? { q4Cache: o.q4Cache } : {}) });
+}
