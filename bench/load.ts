@@ -25,8 +25,15 @@
  * bench/results/load.json>` to print
  * the ratio per row (runs on different days differ; the lead reruns on a
  * quiet machine). Table on stdout, JSON in bench/results/load.json.
+ * `--max-batch N` starts the nodes with it (1: batching off).
  *
- *   npx tsx bench/load.ts [--quick] [--mesh split|replicas|both] [--label NAME] [--compare FILE] [--soak-s N]
+ * `--batching` runs the batching comparison instead (bench/lib/batching.ts):
+ * the split mesh twice in one run, batching off (--max-batch 1) then on, 1,
+ * 2, 4, 8 and 16 chats at once: aggregate tokens/s, its ratio to one chat
+ * (target ≥ 4× at 8 chats), p50/p95 time between tokens, the nodes' batch
+ * sizes; JSON in bench/results/load-batching.json.
+ *
+ *   npx tsx bench/load.ts [--quick] [--mesh split|replicas|both] [--label NAME] [--compare FILE] [--soak-s N] [--max-batch N] [--batching]
  */
 import { readFileSync } from 'node:fs';
 import { loadavg } from 'node:os';
@@ -49,6 +56,7 @@ const label = opt('label') ?? 'current';
 const compareFile = opt('compare');
 const SOAK_S = Number(opt('soak-s') ?? (quick ? 20 : 60));
 const MAX_TOKENS = quick ? 16 : 32;
+const MAX_BATCH = opt('max-batch');
 const CONCURRENCY = [1, 4, 16, 64];
 /** Split mesh: the tracker's queue, small on purpose so that 64 chats at once go past it. */
 const SPLIT_QUEUE = { length: 16, waitMs: 20_000 };
@@ -71,6 +79,8 @@ interface Outcome {
   /** 429: `error.reason` (queue_full, queue_timeout, busy). */
   reason?: string;
   retryAfter?: string | null;
+  /** Time between successive streamed tokens, ms. */
+  gaps?: number[];
   /** A 200 stream that ended with an error event instead of [DONE]. */
   streamError?: string;
   error?: string;
@@ -96,6 +106,8 @@ async function chat(trackerUrl: string, i: number): Promise<Outcome> {
   let text = '';
   let tokens = 0;
   let ttftMs: number | null = null;
+  const gaps: number[] = [];
+  let lastAt = 0;
   let streamError: string | undefined;
   let buf = '';
   const dec = new TextDecoder();
@@ -113,15 +125,18 @@ async function chat(trackerUrl: string, i: number): Promise<Outcome> {
       if (msg.usage) tokens = msg.usage.completion_tokens;
       const d = msg.choices?.[0]?.delta?.content;
       if (d) {
-        ttftMs ??= performance.now() - t0;
+        const now = performance.now();
+        ttftMs ??= now - t0;
+        if (lastAt > 0) gaps.push(now - lastAt);
+        lastAt = now;
         text += d;
       }
     }
   }
-  return { status: 200, ms: performance.now() - t0, ttftMs, tokens, text, ...(streamError ? { streamError } : {}) };
+  return { status: 200, ms: performance.now() - t0, ttftMs, tokens, text, gaps, ...(streamError ? { streamError } : {}) };
 }
 
-interface Mesh {
+export interface Mesh {
   kind: 'split' | 'replicas';
   relay: RelayProcess;
   tracker: TrackerProc;
@@ -129,7 +144,7 @@ interface Mesh {
   stop(): Promise<void>;
 }
 
-async function startMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<Mesh> {
+export async function startMesh(kind: 'split' | 'replicas', modelUrl: string, maxBatch = MAX_BATCH): Promise<Mesh> {
   const relay = await startRelayProcess();
   let tracker: TrackerProc | undefined;
   const nodes: NodeProc[] = [];
@@ -142,7 +157,7 @@ async function startMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<
     const queue = kind === 'split' ? ['--queue-max-length', String(SPLIT_QUEUE.length), '--queue-max-wait-ms', String(SPLIT_QUEUE.waitMs)] : [];
     const t = await startTrackerProc(['--model', `small=${modelUrl}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', ...queue]);
     tracker = t;
-    const budget = kind === 'split' ? ['--budget-mb', '60'] : [];
+    const budget = [...(kind === 'split' ? ['--budget-mb', '60'] : []), ...(maxBatch !== undefined ? ['--max-batch', String(maxBatch)] : [])];
     // One at a time: each sees the previous ones' spans (split: 0-4, 4-8, 8-12). One ONNX thread each: three processes share the cores.
     for (let i = 0; i < 3; i++) {
       const n = await startNode(['--relay', relay.url, '--tracker', t.url, '--model', 'small', '--threads', '1', ...budget]);
@@ -173,7 +188,7 @@ function rssOf(m: Mesh): Record<string, number> {
   return out;
 }
 
-interface Round {
+export interface Round {
   concurrency: number;
   chats: number;
   ok: number;
@@ -192,10 +207,20 @@ interface Round {
   ttft_p50_ms: number;
   ttft_p95_ms: number;
   wall_s: number;
+  /** Time between tokens within a chat, over every successful chat's gaps. */
+  tbt_p50_ms: number;
+  tbt_p95_ms: number;
 }
 
 /** `c` chats at once, `rounds` times; prompts cycle through the topics (so every text has its alone twin). */
-async function round(m: Mesh, c: number, rounds: number, alone: Map<number, string>, waitLimitMs: number): Promise<Round> {
+/** What rounds run one at a time add up to (bench/lib/batching.ts interleaves two meshes' rounds). */
+export interface RoundSink {
+  gaps: number[];
+  busyMs: number;
+  tokens: number;
+}
+
+export async function round(m: Mesh, c: number, rounds: number, alone: Map<number, string>, waitLimitMs: number, sink?: RoundSink): Promise<Round> {
   const all: Array<{ i: number; o: Outcome }> = [];
   let wall = 0;
   let busyWall = 0;
@@ -217,6 +242,12 @@ async function round(m: Mesh, c: number, rounds: number, alone: Map<number, stri
     return o.reason === 'queue_full' ? o.ms > 1000 : false;
   };
   const ttfts = ok.map((x) => x.o.ttftMs ?? NaN).filter(Number.isFinite).sort((a, b) => a - b);
+  const gaps = ok.flatMap((x) => x.o.gaps ?? []).sort((a, b) => a - b);
+  if (sink) {
+    sink.gaps.push(...gaps);
+    sink.busyMs += busyWall;
+    sink.tokens += tokens;
+  }
   return {
     concurrency: c,
     chats: all.length,
@@ -232,6 +263,8 @@ async function round(m: Mesh, c: number, rounds: number, alone: Map<number, stri
     ttft_p50_ms: +quantile(ttfts, 0.5).toFixed(1),
     ttft_p95_ms: +quantile(ttfts, 0.95).toFixed(1),
     wall_s: +(wall / 1000).toFixed(2),
+    tbt_p50_ms: +quantile(gaps, 0.5).toFixed(1),
+    tbt_p95_ms: +quantile(gaps, 0.95).toFixed(1),
   };
 }
 
@@ -338,7 +371,23 @@ async function runMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<Me
   }
 }
 
+export async function aloneTexts(m: Mesh): Promise<Map<number, string>> {
+  await chat(m.tracker.url, 0);
+  const alone = new Map<number, string>();
+  for (let i = 0; i < TOPICS.length; i++) {
+    const o = await chat(m.tracker.url, i);
+    if (o.status !== 200 || o.streamError) throw new Error(`[${m.kind}] chat ${i} alone failed: ${o.status} ${o.error ?? o.streamError}`);
+    alone.set(i, o.text);
+  }
+  return alone;
+}
+
 async function main(): Promise<void> {
+  if (flag('batching')) {
+    const { runBatching } = await import('./lib/batching.ts');
+    await runBatching({ quick, label, maxBatch: MAX_BATCH === undefined ? 16 : Number(MAX_BATCH), maxTokens: MAX_TOKENS, queueWaitMs: SPLIT_QUEUE.waitMs, out: `${here}results/load-batching.json` });
+    return;
+  }
   const loadBefore = loadavg()[0]!;
   const st: StaticServer = await startStaticServer({ root: await ensureModel('small') });
   const results: MeshResult[] = [];
@@ -373,4 +422,11 @@ async function main(): Promise<void> {
   writeResult(`${here}results/load.json`, { bench: 'load', label, quick, max_tokens: MAX_TOKENS, load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) }, meshes: results });
 }
 
-await main();
+// Only as a script: bench/lib/batching.ts imports the mesh helpers from here.
+// Not a top-level await: --batching imports this module back, which must finish evaluating first.
+if (/bench[\\/]load\.ts$/.test(process.argv[1] ?? '')) {
+  main().catch((e: unknown) => {
+    console.error(e);
+    process.exitCode = 1;
+  });
+}

@@ -12,9 +12,11 @@ import OpenAI from 'openai';
 import { startBrowserMesh, type BrowserMesh } from '../src/cli/browser-mesh.ts';
 import { pageBudget } from '../src/cli/demo.ts';
 import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
+import { RpcConnection } from '../src/node/relay-hop.ts';
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../test/helpers/fortunes-tiny.ts';
+import { NodeWebSocket } from '../test/node/support/ws-host.ts';
 import { startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
 import { appUrl, startRelayProcess, type RelayProcess } from './support/mesh.ts';
 
@@ -68,4 +70,17 @@ test('three browser pages serve fortunes-tiny and stream the float64 reference\'
   }
   const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { recent_routes: Array<{ kind: string; hops: unknown[] }> };
   expect(d.recent_routes.find((r) => r.kind === 'generate')?.hops).toHaveLength(3);
+  // The pages chain by default: the pages after the head took chained steps (GET /info over the relay's /rpc).
+  const nodes = ((await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ relay_addr: string | null; serving: { start_layer: number } | null }> }).nodes;
+  const hops = nodes.filter((x) => x.serving && x.serving.start_layer > 0 && x.relay_addr);
+  expect(hops).toHaveLength(2);
+  for (const n of hops) {
+    const conn = new RpcConnection(n.relay_addr!, { WebSocket: NodeWebSocket });
+    try {
+      const info = JSON.parse(new TextDecoder().decode((await conn.request({ method: 'GET', path: '/info' })).body)) as { chain_forwards: number };
+      expect(info.chain_forwards).toBeGreaterThan(0);
+    } finally {
+      conn.close();
+    }
+  }
 });

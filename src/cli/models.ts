@@ -9,6 +9,7 @@ import { join, resolve } from 'node:path';
 import { FIXTURE_VERSION, makeModel } from '../model/fixture.ts';
 import type { FixturePreset } from '../model/fixture.ts';
 import { REPO_ROOT } from './paths.ts';
+import { fixtureTokenizerFiles } from './real-tokenizers.ts';
 
 export const MARKER_FILE = '.meshnet-fixture.json';
 
@@ -54,7 +55,8 @@ export async function writeModel(preset: FixturePreset, dir: string, seed = 0): 
   await rm(join(dir, MARKER_FILE), { force: true });
   // Files of a previous, different fixture would confuse discovery (a stale index.json).
   if (old) await Promise.all(old.files.map((f) => rm(join(dir, f), { force: true })));
-  const files = makeModel(preset, seed);
+  const tokenizerFiles = fixtureTokenizerFiles(preset);
+  const files = makeModel(preset, seed, tokenizerFiles ? { tokenizerFiles } : {});
   const tag = `${process.pid}-${Math.random().toString(36).slice(2)}`;
   for (const [name, bytes] of files) {
     const tmp = join(dir, `.${name}.${tag}.tmp`);

@@ -10,6 +10,7 @@ export const NODE_HOST_DEFAULTS = {
   maxBodyBytes: 64 * 1024 * 1024,
   maxContext: 2048,
   hopOrder: 'relay',
+  hopMode: 'chain',
   /** The model name with a static span (--layers) and no tracker to ask. */
   staticModel: 'default',
 } as const;

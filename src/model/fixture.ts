@@ -12,8 +12,9 @@ import { fillerCorpus, FIXTURE_CORPUS, trainBpe } from './bpe.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames, parseModelConfig, expectedTensorShape } from './config.ts';
 import type { ModelConfig } from './config.ts';
 import { serializeSafetensors, type TensorEntry } from './safetensors-format.ts';
+import { REAL_TOKENIZER_PACKAGE, REAL_VOCAB_PRESETS, isRealVocabPreset, realVocabSpec, type TokenizerFiles } from './fixture-real-vocab.ts';
 
-export const FIXTURE_PRESETS = ['tiny', 'small', 'tiny-qwen2'] as const;
+export const FIXTURE_PRESETS = ['tiny', 'small', 'tiny-qwen2', ...REAL_VOCAB_PRESETS] as const;
 export type FixturePreset = (typeof FIXTURE_PRESETS)[number];
 
 export function isFixturePreset(s: string): s is FixturePreset {
@@ -36,6 +37,7 @@ interface PresetSpec {
 }
 
 function presetSpec(preset: FixturePreset): PresetSpec {
+  if (isRealVocabPreset(preset)) return { shards: 1, config: realVocabSpec(preset).config };
   const common = {
     attention_dropout: 0,
     hidden_act: 'silu',
@@ -219,14 +221,16 @@ const json = (v: unknown): Uint8Array => new TextEncoder().encode(JSON.stringify
  * generation_config.json, tokenizer.json, tokenizer_config.json,
  * model.safetensors or model-0000i-of-0000n.safetensors + index.
  */
-export function makeModel(preset: FixturePreset, seed = 0): Map<string, Uint8Array> {
+export function makeModel(preset: FixturePreset, seed = 0, opts: { tokenizerFiles?: TokenizerFiles } = {}): Map<string, Uint8Array> {
   if (!isFixturePreset(preset)) throw new Error(`unknown fixture preset "${String(preset)}" (have: ${FIXTURE_PRESETS.join(', ')})`);
   const spec = presetSpec(preset);
   const cfg = parseModelConfig(spec.config);
   const files = new Map<string, Uint8Array>();
   files.set('config.json', json(spec.config));
-  files.set('generation_config.json', json({ bos_token_id: spec.config.bos_token_id, eos_token_id: spec.config.eos_token_id, transformers_version: '4.46.0' }));
-  const { tokenizer, tokenizerConfig } = tokenizerFiles(cfg, preset);
+  const real = isRealVocabPreset(preset) ? realVocabSpec(preset) : null;
+  if (real && !opts.tokenizerFiles) throw new Error(`fixture preset "${preset}" needs the published tokenizer files (from ${REAL_TOKENIZER_PACKAGE[preset as keyof typeof REAL_TOKENIZER_PACKAGE]}/models/)`);
+  files.set('generation_config.json', json(real?.generationConfig ?? { bos_token_id: spec.config.bos_token_id, eos_token_id: spec.config.eos_token_id, transformers_version: '4.46.0' }));
+  const { tokenizer, tokenizerConfig } = real ? opts.tokenizerFiles! : tokenizerFiles(cfg, preset);
   files.set('tokenizer.json', json(tokenizer));
   files.set('tokenizer_config.json', json(tokenizerConfig));
 
@@ -235,7 +239,11 @@ export function makeModel(preset: FixturePreset, seed = 0): Map<string, Uint8Arr
     const shape = expectedTensorShape(cfg, name)!;
     const n = shape.reduce((a, b) => a * b, 1);
     const { mean, std } = tensorInit(cfg, name);
-    return [name, { dtype: 'BF16', shape, data: encodeTensor(gaussian(name, seed, n, mean, std), 'bf16') }];
+    const values = gaussian(name, seed, n, mean, std);
+    if (real && name === EMBED_TENSOR) {
+      for (const id of real.boostRows.ids) for (let j = 0; j < cfg.hiddenSize; j++) values[id * cfg.hiddenSize + j]! *= real.boostRows.factor;
+    }
+    return [name, { dtype: 'BF16', shape, data: encodeTensor(values, 'bf16') }];
   });
 
   if (spec.shards === 1) {

@@ -14,14 +14,14 @@
  * (graph.ts) stay for the CPU default and the per-layer overlap protocol;
  * this kind is what a GPU runs, and what WASM runs for 4-bit weights.
  *
- * Interface of a fused span graph:
- *   hidden_states          f32 [1, seq, hidden]
- *   seqlens_k              int32 [1]   position + seq - 1 (GQA's convention)
- *   total_sequence_length  int32 [1]   position + seq
- *   past_key_values.N.key/value  f32 [1, kvHeads, capacity, headDim]
+ * Interface of a fused span graph (batch: 1, or B sessions' one-row steps, fused-batch.ts):
+ *   hidden_states          f32 [batch, seq, hidden]
+ *   seqlens_k              int32 [batch]   position + seq - 1 (GQA's convention), per session
+ *   total_sequence_length  int32 [1]       max(position) + seq
+ *   past_key_values.N.key/value  f32 [batch, kvHeads, capacity, headDim]
  * out:
- *   hidden_states_out      f32 [1, seq, hidden]
- *   present.N.key/value    f32 [1, kvHeads, capacity, headDim]
+ *   hidden_states_out      f32 [batch, seq, hidden]
+ *   present.N.key/value    f32 [batch, kvHeads, capacity, headDim]
  * Bind present to the same buffer as past: GroupQueryAttention then writes
  * this call's rows in place (past_present_share_buffer) and never copies
  * the cache. `capacity` ≤ the graph's `maxContext` (the rotary tables'
@@ -219,8 +219,8 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
   const { hiddenSize: h, numHeads: H, numKvHeads: KV, headDim: D, intermediateSize: I } = cfg;
   const eps = { float: cfg.rmsNormEps };
 
-  const x = g.input(FUSED_IO.hidden, ElemType.FLOAT, [1, 'seq', h]);
-  const seqlensK = g.input(FUSED_IO.seqlensK, ElemType.INT32, [1]);
+  const x = g.input(FUSED_IO.hidden, ElemType.FLOAT, ['batch', 'seq', h]);
+  const seqlensK = g.input(FUSED_IO.seqlensK, ElemType.INT32, ['batch']);
   const totalLen = g.input(FUSED_IO.totalSeqLen, ElemType.INT32, [1]);
   const { cos, sin } = b.rotaryCaches();
 
@@ -242,8 +242,8 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
     }
 
     const qkvSizes = [H * D, KV * D, KV * D];
-    const pastK = g.input(FUSED_IO.pastKey(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
-    const pastV = g.input(FUSED_IO.pastValue(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
+    const pastK = g.input(FUSED_IO.pastKey(l), ElemType.FLOAT, ['batch', KV, 'capacity', D]);
+    const pastV = g.input(FUSED_IO.pastValue(l), ElemType.FLOAT, ['batch', KV, 'capacity', D]);
     let qkvInputs: string[];
     if (opts.weights === 'q4') {
       // Separate projections off one norm: the shape onnxruntime's WebGPU fusions match (MatMulNBitsQkv).
@@ -263,8 +263,8 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
       [g.fresh('attn'), FUSED_IO.presentKey(l), FUSED_IO.presentValue(l)],
       MS_DOMAIN,
     ) as [string];
-    g.output(FUSED_IO.presentKey(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
-    g.output(FUSED_IO.presentValue(l), ElemType.FLOAT, [1, KV, 'capacity', D]);
+    g.output(FUSED_IO.presentKey(l), ElemType.FLOAT, ['batch', KV, 'capacity', D]);
+    g.output(FUSED_IO.presentValue(l), ElemType.FLOAT, ['batch', KV, 'capacity', D]);
 
     const o = b.linear(attn, names.o, H * D, h, `${p}.self_attn.o_proj`);
     const sum2 = g.fresh('residual');
@@ -285,7 +285,7 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
     pending = b.linear(act, names.down, I, h, `${p}.mlp.down_proj`);
   }
   g.op1('Add', [pending!, residual], {}, FUSED_IO.hiddenOut);
-  g.output(FUSED_IO.hiddenOut, ElemType.FLOAT, [1, 'seq', h]);
+  g.output(FUSED_IO.hiddenOut, ElemType.FLOAT, ['batch', 'seq', h]);
   return { bytes: g.encode(), weightBytes: g.initializerBytes() };
 }
 
@@ -306,29 +306,30 @@ export function fusedLayerBytes(cfg: ModelConfig, weights: FusedWeights): number
 export const HEAD_IO = { hidden: 'hidden_states', logits: 'logits', greedyToken: 'greedy_token', greedyLogprob: 'greedy_logprob' } as const;
 
 /**
- * Final norm + LM head over the last row only: hidden_states f32 [1, seq,
- * hidden] → logits f32 [1, vocab], and the greedy token (int64 [1]) with
- * its log-probability (f32 [1]). The row is picked inside the graph so a
+ * Final norm + LM head over the last row only: hidden_states f32 [batch, seq,
+ * hidden] → logits f32 [batch, vocab] (a batch: one row per session), and
+ * each row's greedy token (int64 [batch]) with its log-probability (f32
+ * [batch]). The row is picked inside the graph so a
  * device-resident activation never comes back to the CPU for slicing; the
  * head matrix is 4-bit when the span's projections are.
  */
 export function buildLastRowHeadGraph(cfg: ModelConfig, src: WeightSource, opts: Omit<FusedGraphOptions, 'maxContext'>): BuiltGraph {
   const b = new FusedBuilder(cfg, src, { ...opts, maxContext: 1 }, `head_${opts.weights}`);
   const g = b.g;
-  const x = g.input(HEAD_IO.hidden, ElemType.FLOAT, [1, 'seq', cfg.hiddenSize]);
-  const last = g.op1('Gather', [x, g.constI64('last_row', [-1], [])], { axis: 1 }); // [1, hidden]
+  const x = g.input(HEAD_IO.hidden, ElemType.FLOAT, ['batch', 'seq', cfg.hiddenSize]);
+  const last = g.op1('Gather', [x, g.constI64('last_row', [-1], [])], { axis: 1 }); // [batch, hidden]
   const n = g.op1('SimplifiedLayerNormalization', [last, b.vector(FINAL_NORM_TENSOR, cfg.hiddenSize)], { axis: -1, epsilon: { float: cfg.rmsNormEps }, stash_type: 1 });
   const head = cfg.tieWordEmbeddings ? EMBED_TENSOR : LM_HEAD_TENSOR;
   const logits = b.linear(n, head, cfg.hiddenSize, cfg.vocabSize, 'lm_head');
   g.op1('Identity', [logits], {}, HEAD_IO.logits);
-  g.output(HEAD_IO.logits, ElemType.FLOAT, [1, cfg.vocabSize]);
+  g.output(HEAD_IO.logits, ElemType.FLOAT, ['batch', cfg.vocabSize]);
   // Greedy decoding on the device: the token (first maximum, as sampling.ts breaks ties) and its
-  // log-probability are all that must leave a GPU, 12 bytes instead of the vocabulary's logits.
+  // log-probability are all that must leave a GPU, 12 bytes a row instead of the vocabulary's logits.
   g.op1('ArgMax', [logits], { axis: -1, keepdims: 0, select_last_index: 0 }, HEAD_IO.greedyToken);
-  g.output(HEAD_IO.greedyToken, ElemType.INT64, [1]);
+  g.output(HEAD_IO.greedyToken, ElemType.INT64, ['batch']);
   const max = g.op1('ReduceMax', [logits], { axes: [-1], keepdims: 0 });
   const lse = g.op1('ReduceLogSumExp', [logits], { axes: [-1], keepdims: 0 });
   g.op1('Sub', [max, lse], {}, HEAD_IO.greedyLogprob);
-  g.output(HEAD_IO.greedyLogprob, ElemType.FLOAT, [1]);
+  g.output(HEAD_IO.greedyLogprob, ElemType.FLOAT, ['batch']);
   return { bytes: g.encode(), weightBytes: g.initializerBytes() };
 }

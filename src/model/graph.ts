@@ -210,13 +210,14 @@ export function buildEmbedGraph(cfg: ModelConfig, src: WeightSource, opts: Layer
   const dtype = opts.dtype ?? 'f32';
   const et = wt(dtype);
   const g = new GraphBuilder('embed');
-  const ids = g.input(IO.inputIds, ElemType.INT64, [1, 'seq']);
+  // 'batch': the fused executor embeds B sessions' tokens as [B, 1] (fused-batch.ts); the plain graphs pass [1, seq].
+  const ids = g.input(IO.inputIds, ElemType.INT64, ['batch', 'seq']);
   const w = src(EMBED_TENSOR);
   expectShape(EMBED_TENSOR, w, [cfg.vocabSize, cfg.hiddenSize]);
   const table = g.initializer(EMBED_TENSOR, et, [cfg.vocabSize, cfg.hiddenSize], (dst) => writeFloats(dst, w.data, et));
   const rows = g.op1('Gather', [table, ids], { axis: 0 }, dtype === 'f16' ? undefined : IO.hiddenOut);
   if (dtype === 'f16') g.op1('Cast', [rows], { to: ElemType.FLOAT }, IO.hiddenOut);
-  g.output(IO.hiddenOut, ElemType.FLOAT, [1, 'seq', cfg.hiddenSize]);
+  g.output(IO.hiddenOut, ElemType.FLOAT, ['batch', 'seq', cfg.hiddenSize]);
   return { weightBytes: g.initializerBytes(), bytes: g.encode() };
 }
 

@@ -59,9 +59,44 @@ async function fetchJson(fetchFn: typeof fetch, baseUrl: string, file: string, s
   }
 }
 
+const GenerationConfigSchema = z.object({ eos_token_id: z.union([z.number().int().nonnegative(), z.array(z.number().int().nonnegative())]).nullable().optional() }).loose();
+
+/**
+ * eos ids of generation_config.json: chat checkpoints list their end-of-turn
+ * tokens there (Qwen3: <|im_end|> and <|endoftext|>; Llama 3.1: <|eot_id|>,
+ * <|eom_id|>, <|end_of_text|>), often more than config.json does. The file is
+ * optional (404: none); a malformed one is an error, not silently ignored.
+ */
+async function generationEosIds(fetchFn: typeof fetch, baseUrl: string, signal?: AbortSignal): Promise<number[]> {
+  const res = await fetchFn(joinUrl(baseUrl, 'generation_config.json'), { signal });
+  if (res.status === 404) {
+    await res.body?.cancel();
+    return [];
+  }
+  if (!res.ok) {
+    await res.body?.cancel();
+    throw new ModelFormatError('generation_config.json', `HTTP ${res.status} from ${joinUrl(baseUrl, 'generation_config.json')}`);
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(await res.text());
+  } catch (e) {
+    throw new ModelFormatError('generation_config.json', `not valid JSON (${(e as Error).message})`);
+  }
+  return generationConfigEosIds(json);
+}
+
+/** eos ids of a parsed generation_config.json (none when it lists none). */
+export function generationConfigEosIds(json: unknown): number[] {
+  const g = GenerationConfigSchema.safeParse(json);
+  if (!g.success) throw new ModelFormatError('generation_config.json', `field "${g.error.issues[0]!.path.join('.')}": ${g.error.issues[0]!.message}`);
+  const eos = g.data.eos_token_id;
+  return eos === undefined || eos === null ? [] : Array.isArray(eos) ? eos : [eos];
+}
+
 export interface TokenizerLoadOptions {
   signal?: AbortSignal;
-  /** eos ids from config.json / generation_config.json, added to the tokenizer's own. */
+  /** eos ids from config.json, added to the tokenizer's own (load() adds generation_config.json's). */
   extraEosTokenIds?: readonly number[];
 }
 
@@ -120,7 +155,8 @@ export class ModelTokenizer {
   /**
    * Fetch tokenizer.json and tokenizer_config.json from `baseUrl`; a
    * `chat_template.jinja` file (newer checkpoints) is used when the config
-   * carries no template.
+   * carries no template, and generation_config.json's eos ids stop
+   * generation too.
    */
   static async load(fetchFn: typeof fetch, baseUrl: string, opts: TokenizerLoadOptions = {}): Promise<ModelTokenizer> {
     const [tj, tc] = await Promise.all([
@@ -133,7 +169,8 @@ export class ModelTokenizer {
       if (res.ok) chatTemplate = await res.text();
       else await res.body?.cancel();
     }
-    return new ModelTokenizer(tj, tc, { ...opts, chatTemplate });
+    const genEos = await generationEosIds(fetchFn, baseUrl, opts.signal);
+    return new ModelTokenizer(tj, tc, { ...opts, chatTemplate, extraEosTokenIds: [...(opts.extraEosTokenIds ?? []), ...genEos] });
   }
 
   get hasChatTemplate(): boolean {

@@ -17,12 +17,15 @@ import { MeshError } from '../protocol/errors.ts';
 import { H, type HeaderMap } from '../protocol/headers.ts';
 import { decodeTensor, dtypeBytes, encodeTensor, formatShape, isDtype, parseShape, shapeElements, type Dtype } from '../protocol/tensor.ts';
 import type { ForwardRequest, ForwardResult, ShardExecutor } from '../shard/executor.ts';
+import type { BatchStats } from '../shard/batch-queue.ts';
 import type { KvStats } from '../shard/kv-store.ts';
 import type { SamplingParams } from '../shard/sampling.ts';
 
 /** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
 export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
   forward(req: ForwardRequest): Promise<ForwardResult>;
+  /** Batch sizes run so far (GET /info's `batch`); absent on an executor that does not batch. */
+  batchStats?(): BatchStats;
 };
 
 export interface ForwardHandlerInfo {
@@ -74,6 +77,11 @@ export function kvInfo(kv: KvStats): Record<string, number> {
     evictions: kv.evictions,
     refusals: kv.refusals,
   };
+}
+
+/** Batching as /info shows it: runs by batch size (sizes[n] = runs of n sessions' steps). */
+export function batchInfo(b: BatchStats): Record<string, unknown> {
+  return { max_batch: b.maxBatch, runs: b.batches, requests: b.requests, sizes: b.sizes };
 }
 
 /** X-Meshnet-Sampling: the JSON names of PROTOCOL.md §5 (snake_case), bounded before use. */
@@ -194,6 +202,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       // The memory budget is these weights plus kv.budget_bytes.
       weight_bytes: executor.weightBytes,
       kv: kvInfo(kv),
+      ...(executor.batchStats ? { batch: batchInfo(executor.batchStats()) } : {}),
       paused: info.isPaused?.() ?? false,
       ...(info.version ? { version: info.version } : {}),
       ...(info.extraInfo?.() ?? {}),

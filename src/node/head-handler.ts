@@ -89,7 +89,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     if ((!p.data.messages || p.data.messages.length === 0) && p.data.prompt === undefined && p.data.prompt_token_ids === undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', '/generate body: give messages, prompt or prompt_token_ids');
     // Refuse a bad route now (400) rather than as the stream's first event.
     driver.planRoute(init.peerId, route);
-    const events = driver.generate(init.peerId, p.data, route, req.signal ? { signal: req.signal } : {});
+    const events = driver.generate(init.peerId, p.data, route, { ...(req.signal ? { signal: req.signal } : {}), signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim() } });
     return {
       status: 200,
       headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
@@ -97,8 +97,20 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     };
   }
 
+  /** A chained step's token from the route's last hop (src/node/chain-hop.ts). */
+  function chainToken(req: MeshRequest): MeshResponse {
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /chain/token'), { allow: 'POST' });
+    const session = req.headers[H.session]?.trim() ?? '';
+    const position = req.headers[H.position]?.trim() ?? '';
+    if (!/^\d{1,9}$/.test(position)) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} must be a non-negative integer`));
+    // Only a step waiting for exactly this session and position takes it; the body is parsed by that step.
+    if (!init.pipeline()?.chainInbox.deliver(session, Number(position), req.body)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
+    return { status: 204, headers: {}, body: new Uint8Array(0) };
+  }
+
   return async function handle(req: MeshRequest): Promise<MeshResponse> {
     const path = req.path.split('?')[0]!;
+    if (path === '/chain/token') return chainToken(req);
     if (path !== '/generate') return init.forward(req);
     if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /generate'), { allow: 'POST' });
     try {

@@ -174,7 +174,7 @@ export class HopTransport {
    * the caller decides); any other outcome on every transport rejects with
    * HopUnreachableError.
    */
-  async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal, opts: { sample?: boolean } = {}): Promise<MeshReply> {
+  async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal, opts: { sample?: boolean; accept?: (reply: MeshReply) => boolean } = {}): Promise<MeshReply> {
     const errors: Array<{ kind: TransportKind; error: MeshError }> = [];
     for (const kind of this.plan(hop)) {
       if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
@@ -187,7 +187,8 @@ export class HopTransport {
         errors.push({ kind, error: asMesh(e, kind) });
         continue;
       }
-      if (isTransportFailure(reply)) {
+      // `accept`: an answer the hop itself gave (a chain hop marks its refusals), passed up whatever its status.
+      if (isTransportFailure(reply) && !opts.accept?.(reply)) {
         errors.push({ kind, error: remoteError(reply.status, reply.body, `HTTP ${reply.status}`) });
         continue;
       }

@@ -27,8 +27,7 @@
  *
  * Host-agnostic: the executor, tokenizer, transports and tracker are injected.
  */
-import type { MeshReply } from '../protocol/envelopes.ts';
-import { MeshError, remoteError } from '../protocol/errors.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { encodeTensor, type Dtype, dtypeBytes } from '../protocol/tensor.ts';
 import type { GenerateEvent, GenerateRequest, RouteHop } from '../protocol/tracker.ts';
@@ -37,7 +36,8 @@ import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
 import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
-import { z } from 'zod';
+import { History, busyError, errorEvent, parseTokenAnswer } from './pipeline-parts.ts';
+import { ChainInbox, ChainState, ChainStepError, chainStep, type HeadAddress, type SignedRouteText } from './chain-driver.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -52,7 +52,7 @@ export interface HeadExecutor {
 /** What the driver needs of ModelTokenizer. */
 export interface HeadTokenizer {
   encode(text: string, opts?: { addSpecialTokens?: boolean }): number[];
-  encodeChat(messages: ReadonlyArray<{ role: string; content: string }>): number[];
+  encodeChat(messages: ReadonlyArray<{ role: string; content: string }>, opts?: { extra?: Record<string, unknown> }): number[];
   decode(ids: readonly number[], opts?: { skipSpecialTokens?: boolean }): string;
   isEos(id: number): boolean;
 }
@@ -69,9 +69,15 @@ export interface PipelineOptions {
   prefillTimeoutMs: number;
   /** Hop replacements one generation may go through before it gives up with an error event. @defaultValue 4 */
   maxRecoveries: number;
+  /**
+   * 'chain': each hop pushes its output to the next and the last answers the head (N legs a token);
+   * 'star': every hop answers the head (2(N−1) legs; ADR-era peers). A chain step that fails runs
+   * again as a star, and the generation stays a star from then on. @defaultValue 'chain'
+   */
+  hopMode: 'chain' | 'star';
 }
 
-export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4 };
+export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4, hopMode: 'chain' };
 
 export interface PipelineInit extends Partial<PipelineOptions> {
   executor: HeadExecutor;
@@ -79,42 +85,9 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   transport: HopTransport;
   /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
   replace?: ReplaceSpan;
+  /** Where the last hop of a chain reaches this head; absent: chains go by the relay alone (the peer id). */
+  self?: () => HeadAddress;
   onLog?: (message: string) => void;
-}
-
-const tokenAnswerSchema = z.object({ token_id: z.number().int().nonnegative(), text: z.string().optional(), logprob: z.number() });
-const utf8d = new TextDecoder();
-
-/** Input activations a hop has been sent so far, rows of `rowBytes`, in one buffer grown by doubling. */
-class History {
-  private buf: Uint8Array;
-  rows = 0;
-  constructor(private readonly rowBytes: number, initialRows: number) {
-    this.buf = new Uint8Array(rowBytes * Math.max(1, initialRows));
-  }
-  private reserve(rows: number): void {
-    const need = rows * this.rowBytes;
-    if (need <= this.buf.byteLength) return;
-    const next = new Uint8Array(Math.max(need, this.buf.byteLength * 2));
-    next.set(this.buf.subarray(0, this.rows * this.rowBytes));
-    this.buf = next;
-  }
-  /** Make the history `total` rows long, given `rows` that end at `total` (the step's input, or all of it). */
-  extendTo(total: number, rows: Uint8Array): void {
-    if (this.rows === total) return; // already recorded (a retry of the same step)
-    const n = rows.byteLength / this.rowBytes;
-    if (n === total) {
-      this.reserve(total);
-      this.buf.set(rows);
-    } else if (this.rows + n === total) {
-      this.reserve(total);
-      this.buf.set(rows, this.rows * this.rowBytes);
-    } else throw new MeshError('MESH_ERR_INTERNAL', `hop history has ${this.rows} rows, cannot reach ${total} with ${n} more`);
-    this.rows = total;
-  }
-  view(): Uint8Array {
-    return this.buf.subarray(0, this.rows * this.rowBytes);
-  }
 }
 
 interface HopState {
@@ -134,10 +107,14 @@ interface PendingRecovery {
 
 export interface GenerateOptions {
   signal?: AbortSignal;
+  /** The route as the tracker signed it: hops check it before they push (absent: no chain, the star). */
+  signed?: SignedRouteText;
 }
 
 export class PipelineDriver {
   readonly options: PipelineOptions;
+  /** Where last hops hand back chained steps' tokens (POST /chain/token). */
+  readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
 
   constructor(private readonly init: PipelineInit) {
@@ -193,7 +170,7 @@ export class PipelineDriver {
     let promptIds: number[];
     try {
       plan = this.planRoute(headPeerId, route);
-      if (req.messages && req.messages.length > 0) promptIds = tok.encodeChat(req.messages);
+      if (req.messages && req.messages.length > 0) promptIds = tok.encodeChat(req.messages, req.chat_template_kwargs ? { extra: req.chat_template_kwargs } : {});
       else if (req.prompt_token_ids !== undefined) {
         promptIds = [...req.prompt_token_ids];
         const vocab = ex.config.vocabSize;
@@ -221,6 +198,7 @@ export class PipelineDriver {
     const pending: GenerateEvent[] = [];
     let recoveries = 0;
     let position = 0;
+    const chain = new ChainState(this.options.hopMode === 'chain' ? opts.signed : undefined, plan.hops);
     let index = req.prefix_token_ids.length;
 
     yield { type: 'start', prompt_tokens: promptIds.length, route: hops.map((h) => h.hop.peer_id) };
@@ -257,6 +235,10 @@ export class PipelineDriver {
       if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
       // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
       let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
+      if (chain.usable(hops)) {
+        const got = await this.chainStepOrStar(chain, hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal });
+        if (got) return got;
+      }
       let recovery: PendingRecovery | undefined;
       /** Hops replayed after a 409 in this step: each gets one replay. */
       const replayed409 = new Set<HopState>();
@@ -359,6 +341,50 @@ export class PipelineDriver {
     }
   }
 
+  /**
+   * The step down the chain; undefined when it failed and must run as a star
+   * (after which the generation stays a star: hops may hold the step already,
+   * and the star's 409 replay puts them right).
+   */
+  private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<{ tokenId: number; logprob: number } | undefined> {
+    hops[0]!.history.extendTo(s.total, input);
+    try {
+      const r = await chainStep({
+        transport: this.init.transport,
+        inbox: this.chainInbox,
+        headPeerId: s.headPeerId,
+        self: this.init.self?.() ?? {},
+        signed: chain.signed!,
+        hops: hops.map((h) => h.hop),
+        body: input,
+        dtype: this.options.wireDtype,
+        hidden: this.init.executor.config.hiddenSize,
+        seq: s.seq,
+        position: s.position,
+        session: s.session,
+        sampling: s.sampling,
+        declared: s.declared,
+        timeoutMs: s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs,
+        ...(s.signal ? { signal: s.signal } : {}),
+      });
+      chain.file(hops, r.copies, s.total, s.seq * this.rowBytes);
+      const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
+      return { tokenId: ans.token_id, logprob: ans.logprob };
+    } catch (e) {
+      if (s.signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+      if (!(e instanceof ChainStepError)) throw e;
+      chain.off = true;
+      if (e.error.code === 'MESH_ERR_BUSY') {
+        const hop = hops.find((h) => h.hop.peer_id === e.peer)?.hop ?? hops[0]!.hop;
+        throw new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${e.error.message}`, { peer_id: hop.peer_id, ...e.error.details });
+      }
+      this.init.onLog?.(`chain step at position ${s.position} failed at hop ${e.peer ?? '(unknown)'} (${e.error.code}: ${e.error.message}); running it as a star`);
+      // Every earlier step's outputs must be filed before the star replays from them; a missing one means replaying every hop from the head's own rows.
+      if (!(await chain.settled(2_000))) for (const h of hops) h.synced = false;
+      return undefined;
+    }
+  }
+
   /** One /forward of `rows` rows at `pos`; a 409 or a 503 MESH_ERR_BUSY comes back as the reply (the caller replays, or gives up). */
   private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined) {
     const headers: Record<string, string> = {
@@ -441,41 +467,19 @@ export class PipelineDriver {
   }
 }
 
+interface ChainStepArgs {
+  headPeerId: string;
+  session: string;
+  position: number;
+  seq: number;
+  total: number;
+  sampling: string;
+  declared: number;
+  signal: AbortSignal | undefined;
+}
+
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
 class ReplayMismatch extends Error {}
-
-function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {
-  let v: unknown;
-  try {
-    v = JSON.parse(utf8d.decode(body));
-  } catch {
-    throw new MeshError('MESH_ERR_UPSTREAM', `the last hop ${hop.peer_id} answered something other than a token JSON; does it hold layer ${hop.end_layer - 1} and the LM head?`);
-  }
-  const p = tokenAnswerSchema.safeParse(v);
-  if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `the last hop ${hop.peer_id} answered ${JSON.stringify(v).slice(0, 120)}, not {token_id, text, logprob}`);
-  return p.data;
-}
-
-/** A hop's 503 MESH_ERR_BUSY as the generation's error: it names the node, so the tracker routes around it or queues. */
-function busyError(hop: RouteHop, reply: MeshReply): MeshError {
-  const remote = remoteError(reply.status, reply.body);
-  const message = remote.code === 'MESH_ERR_BUSY' ? remote.message : 'no KV room';
-  let retry = remote.details.retry_after_ms;
-  if (typeof retry !== 'number') {
-    const h = Number(reply.headers[H.retryAfter]);
-    retry = Number.isFinite(h) && reply.headers[H.retryAfter] !== undefined ? h * 1000 : undefined;
-  }
-  return new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${message}`, { peer_id: hop.peer_id, ...(retry !== undefined ? { retry_after_ms: retry } : {}) });
-}
-
-function errorEvent(e: unknown): GenerateEvent {
-  if (e instanceof MeshError) {
-    const peer = e.details.peer_id;
-    const retry = e.details.retry_after_ms;
-    return { type: 'error', code: e.code, message: e.message, ...(typeof peer === 'string' ? { peer_id: peer } : {}), ...(typeof retry === 'number' ? { retry_after_ms: retry } : {}) };
-  }
-  return { type: 'error', code: 'MESH_ERR_INTERNAL', message: e instanceof Error ? e.message : String(e) };
-}
 
 const SESSION_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 let sessionCounter = 0;

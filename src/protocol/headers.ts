@@ -20,6 +20,20 @@ export const H = {
   sessionTokens: 'x-meshnet-session-tokens',
   /** On 503 MESH_ERR_BUSY (and the tracker's 429): whole seconds to wait before trying again. */
   retryAfter: 'retry-after',
+  /**
+   * Chained hops (src/node/chain-hop.ts): a /forward carrying these runs its
+   * span and pushes the output on to route[index + 1] itself; the last hop
+   * POSTs its token to the head's /chain/token. `chainHead` is the head the
+   * route is signed for, `chainReply` JSON {relay_addr?, endpoint?} of that
+   * head, `chainBudget` ms left for the rest of the chain.
+   */
+  chainIndex: 'x-meshnet-chain-index',
+  chainHead: 'x-meshnet-chain-head',
+  chainReply: 'x-meshnet-chain-reply',
+  chainBudget: 'x-meshnet-chain-budget-ms',
+  /** On a chain hop's answer: "1" (it took part in the chain), and on a failure the peer id of the hop that failed or refused. */
+  chain: 'x-meshnet-chain',
+  chainFailed: 'x-meshnet-chain-failed',
   contentType: 'content-type',
 } as const;
 

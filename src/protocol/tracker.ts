@@ -25,6 +25,11 @@ export const nodeInfoSchema = z.object({
    * so the relay's bundle loads no model code); the tracker sizes its span by it. Absent: f32.
    */
   weight_format: z.enum(['f32', 'f16', 'q4']).optional(),
+  /**
+   * The node serves a span its operator fixed (`meshnet node --layers`): the tracker adopts what it serves
+   * and never moves it, since the node would not follow. Absent: false.
+   */
+  pinned: z.boolean().optional(),
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 
@@ -49,6 +54,8 @@ export const nodeStatsSchema = z.object({
   kv_block_tokens: z.number().int().positive().optional(),
   /** Positions one session may reach on this node (its context). */
   kv_max_tokens: z.number().int().positive().optional(),
+  /** Forward runs by batch size since the span loaded: batch_sizes[n] = runs of n sessions' steps (index 0 unused; issue 11). */
+  batch_sizes: z.array(z.number().int().nonnegative()).max(1025).optional(),
 });
 export type NodeStats = z.infer<typeof nodeStatsSchema>;
 
@@ -135,6 +142,12 @@ export function canonicalJson(value: unknown): string {
   return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${canonicalJson(v)}`).join(',')}}`;
 }
 
+/** Template variables a client may set: scalars under plain names, never what the renderer itself provides. */
+const TEMPLATE_RESERVED = new Set(['messages', 'add_generation_prompt', 'bos_token', 'eos_token', 'pad_token', 'unk_token']);
+export const chatTemplateKwargsSchema = z
+  .record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,63}$/), z.union([z.boolean(), z.number(), z.string().max(1000), z.null()]))
+  .refine((r) => Object.keys(r).length <= 16 && !Object.keys(r).some((k) => TEMPLATE_RESERVED.has(k)), { message: `at most 16 variables, none of ${[...TEMPLATE_RESERVED].join(', ')}` });
+
 /**
  * The request a tracker sends to a head node: `POST /generate` with the
  * route headers. The head answers a stream of NDJSON lines, one
@@ -143,6 +156,8 @@ export function canonicalJson(value: unknown): string {
 export const generateRequestSchema = z.object({
   /** Chat messages (rendered with the model's chat template) or a raw prompt. */
   messages: z.array(z.object({ role: z.string(), content: z.string() })).optional(),
+  /** Extra variables for the chat template (vLLM's `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`). */
+  chat_template_kwargs: chatTemplateKwargsSchema.optional(),
   prompt: z.string().optional(),
   /** A prompt given as token ids (OpenAI's completions API allows it): fed as they are, no chat template, no tokenizer. */
   prompt_token_ids: z.array(z.number().int().nonnegative()).min(1).optional(),

@@ -8,8 +8,10 @@
  * and stop before any. Fewer, longer segments trade that freedom for fewer
  * session.run calls (see bench/shard.ts for what that buys).
  *
- * Forwards run one at a time: KV positions must advance in request order,
- * and a CPU backend gains nothing from overlapping two runs.
+ * Forwards run one batch at a time (batch-queue.ts): KV positions must
+ * advance in request order, and a CPU backend gains nothing from
+ * overlapping two runs; one-token steps of different sessions queued
+ * together run as one packed batch (packed-batch.ts).
  */
 import type { ModelConfig } from '../model/config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
@@ -18,7 +20,9 @@ import { ropeInvFreq, ropeTables } from '../model/rope.ts';
 import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
+import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { KV_DEFAULTS } from './kv-ledger.ts';
+import { packedBatchKey, runPackedBatch } from './packed-batch.ts';
 import { CpuKvStorage, KvStore, kvBytesPerToken, type KvSession, type KvStats } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
 
@@ -54,6 +58,11 @@ export interface ShardExecutorOptions {
    */
   segmentBoundaries?: number[];
   sessionOptions?: BackendSessionOptions;
+  /**
+   * Most one-token steps of different sessions run as one batch (issue 11);
+   * 1 runs every request alone. @defaultValue 16 (DEFAULT_MAX_BATCH)
+   */
+  maxBatch?: number;
   now?: () => number;
 }
 
@@ -97,7 +106,8 @@ export class ShardExecutor {
   readonly weightBytes: number;
   private readonly kv: KvStore;
   private readonly invFreq: Float64Array;
-  private queue: Promise<unknown> = Promise.resolve();
+  /** Forwards run one batch at a time: KV positions advance in request order. */
+  private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
 
   private constructor(
     o: ShardExecutorOptions,
@@ -127,6 +137,20 @@ export class ShardExecutor {
         ...(o.now ? { now: o.now } : {}),
       },
       new CpuKvStorage(shape),
+    );
+    const held = { startLayer: o.startLayer, endLayer: o.endLayer };
+    this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
+      {
+        batchKey: (req) => packedBatchKey(req, held),
+        sessionOf: (req) => req.session,
+        runOne: (req) => this.forwardNow(req),
+        runBatch: (reqs) =>
+          runPackedBatch(
+            { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv },
+            reqs,
+          ),
+      },
+      o.maxBatch ?? DEFAULT_MAX_BATCH,
     );
   }
 
@@ -211,14 +235,18 @@ export class ShardExecutor {
     return this.kv.delete(id);
   }
 
+  /** Queues the request; one-token session steps queued together run as one batch (packed-batch.ts). */
   forward(req: ForwardRequest): Promise<ForwardResult> {
-    const run = this.queue.then(() => this.forwardNow(req));
-    this.queue = run.catch(() => undefined);
-    return run;
+    return this.batches.submit(req);
+  }
+
+  /** Batch sizes run so far (the node's stats and /info). */
+  batchStats(): BatchStats {
+    return this.batches.stats();
   }
 
   async release(): Promise<void> {
-    await this.queue;
+    await this.batches.idle();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
     await Promise.all(all.map((s) => s.release()));
   }

@@ -30,6 +30,8 @@ import { MeshError } from '../protocol/errors.ts';
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
 import { checkForwardInput } from './forward-input.ts';
+import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
+import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
 import { KV_DEFAULTS } from './kv-ledger.ts';
 import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
@@ -69,6 +71,8 @@ export interface FusedExecutorOptions {
   /** Default 1 GiB. */
   maxSegmentBytes?: number;
   sessionOptions?: BackendSessionOptions;
+  /** Most one-token steps of different sessions run as one batch (fused-batch.ts); 1 runs every request alone. @defaultValue 16 */
+  maxBatch?: number;
   /**
    * Return the last row's logits with each token. Default: true on a CPU
    * backend (they are on the host anyway); false on a device, where a greedy
@@ -101,7 +105,8 @@ export class FusedShardExecutor {
   /** See FusedExecutorOptions.returnLogits; may be changed between calls. */
   returnLogits: boolean;
   private readonly kv: KvStore<LayerKv>;
-  private queue: Promise<unknown> = Promise.resolve();
+  /** Forwards run one batch at a time: KV positions advance in request order. */
+  private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
   private lostReason: string | null = null;
   private readonly lost: Promise<never>;
 
@@ -141,6 +146,31 @@ export class FusedShardExecutor {
         ...(o.now ? { now: o.now } : {}),
       },
       new LayerKvStorage(shape),
+    );
+    const held = { startLayer: o.startLayer, endLayer: o.endLayer };
+    this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
+      {
+        batchKey: (req) => fusedBatchKey(req, held),
+        sessionOf: (req) => req.session,
+        runOne: (req) => this.forwardNow(req),
+        runBatch: (reqs) =>
+          runFusedBatch(
+            {
+              ...held,
+              config: this.config,
+              maxContext: this.maxContext,
+              segments: this.segments,
+              embed: this.embed,
+              head: this.head,
+              device: o.backend.device,
+              reserve: async (session, start, end, position, seq, declared) => (await this.reservation(session, start, end, position, seq, declared)).session,
+            },
+            reqs,
+          ),
+      },
+      // Under 32 rows on a device backend until a batch of 32 or more is checked on WebGPU (the >= 32-row
+      // prefill fault was flash attention on 4-lane subgroups, now kept off: webgpu-device.ts).
+      Math.min(o.maxBatch ?? DEFAULT_MAX_BATCH, o.backend.device ? 31 : Infinity),
     );
   }
 
@@ -240,24 +270,29 @@ export class FusedShardExecutor {
     return this.kv.delete(id);
   }
 
+  /** Queues the request; one-token session steps queued together run as one batch (fused-batch.ts). */
+  forward(req: ForwardRequest): Promise<ForwardResult> {
+    // A lost device never answers a call in flight: race each call against the loss, so none hangs.
+    if (this.lostReason !== null) return Promise.reject(this.lostError());
+    return Promise.race([this.batches.submit(req), this.lost]);
+  }
+
   /** Why the device was lost, once it is: every call then fails at once (MESH_ERR_UNAVAILABLE) and the host rebuilds or falls back. */
   get deviceLost(): string | null {
     return this.lostReason;
-  }
-
-  forward(req: ForwardRequest): Promise<ForwardResult> {
-    // A lost device never answers a call in flight: race each call against the loss, so none hangs.
-    const run = this.queue.then(() => (this.lostReason !== null ? Promise.reject(this.lostError()) : Promise.race([this.forwardNow(req), this.lost])));
-    this.queue = run.catch(() => undefined);
-    return run;
   }
 
   private lostError(): MeshError {
     return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard must be rebuilt`, { retryAfterMs: 1000 });
   }
 
+  /** Batch sizes run so far. */
+  batchStats(): BatchStats {
+    return this.batches.stats();
+  }
+
   async release(): Promise<void> {
-    await this.queue;
+    await this.batches.idle();
     this.kv.clear();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
     await Promise.all(all.map((s) => s.release()));

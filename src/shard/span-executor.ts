@@ -14,7 +14,7 @@ import { FusedShardExecutor, type Q4Cache } from './fused-executor.ts';
 
 export type SpanExecutor = Pick<
   ShardExecutor,
-  'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward' | 'release' | 'setMemoryBudget'
+  'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward' | 'release' | 'setMemoryBudget' | 'batchStats'
 >;
 
 /** Which graphs run a span: plain operators in a dtype, or fused operators with f32 or 4-bit projections. */
@@ -32,6 +32,8 @@ export interface SpanExecutorOptions {
   maxContext: number;
   memoryBudgetBytes: number;
   kvTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch (batch-queue.ts); 1 turns batching off. */
+  maxBatch?: number;
 }
 
 export async function createSpanExecutor(o: SpanExecutorOptions): Promise<SpanExecutor> {
@@ -44,6 +46,7 @@ export async function createSpanExecutor(o: SpanExecutorOptions): Promise<SpanEx
     maxContext: o.maxContext,
     memoryBudgetBytes: o.memoryBudgetBytes,
     ...(o.kvTtlMs !== undefined ? { kvTtlMs: o.kvTtlMs } : {}),
+    ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
   };
   if (o.graphs.kind === 'plain') return ShardExecutor.create({ ...common, dtype: o.graphs.dtype });
   // One graph per layer: a request may enter or leave at any held layer (the overlap protocol),

@@ -74,7 +74,8 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
   };
   let inputs: GenerationInput[];
   if (kind === 'chat') {
-    inputs = [{ ...common, messages: (parsed as ChatRequest).messages.map((m) => ({ role: m.role, content: messageText(m.content) })) }];
+    const kwargs = (parsed as ChatRequest).chat_template_kwargs;
+    inputs = [{ ...common, messages: (parsed as ChatRequest).messages.map((m) => ({ role: m.role, content: messageText(m.content) })), ...(kwargs ? { chat_template_kwargs: kwargs } : {}) }];
   } else {
     const prompts = promptsOf((parsed as CompletionRequest).prompt);
     for (const p of prompts) {

@@ -40,6 +40,12 @@ export function createTrackerMetrics() {
     labelNames: ['peer_id', 'model', 'kind'] as const,
     registers: [registry],
   });
-  return { registry, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
+  const nodeBatches = new Gauge({
+    name: 'meshnet_tracker_node_batch_runs',
+    help: 'Forward runs per node by batch size (sessions stepped in one run), from the last heartbeat: the batch size histogram',
+    labelNames: ['peer_id', 'model', 'size'] as const,
+    registers: [registry],
+  });
+  return { registry, nodeBatches, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
 }
 export type TrackerMetrics = ReturnType<typeof createTrackerMetrics>;

@@ -5,6 +5,7 @@
  */
 import { z } from 'zod';
 import { HttpError } from './http.ts';
+import { chatTemplateKwargsSchema } from '../protocol/tracker.ts';
 
 export type OpenAiErrorType = 'invalid_request_error' | 'not_found_error' | 'server_error' | 'service_unavailable' | 'rate_limit_error';
 
@@ -52,6 +53,8 @@ export const chatRequestSchema = z.object({
   ...common,
   messages: z.array(messageSchema).min(1).max(1000),
   max_completion_tokens: z.number().int().positive().nullish(),
+  /** Extra chat-template variables, as vLLM takes them (Qwen3: `{"enable_thinking": false}`). */
+  chat_template_kwargs: chatTemplateKwargsSchema.nullish(),
 });
 export type ChatRequest = z.infer<typeof chatRequestSchema>;
 

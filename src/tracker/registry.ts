@@ -148,8 +148,11 @@ export class NodeRegistry {
       // Re-registration (reconnect): keep what it was asked to hold.
       rec.assignment = prev.assignment;
     } else if (rec.serving) {
-      // It already serves a span (a restarted tracker): adopt it, no reload.
+      // It already serves a span (a restarted tracker, or a pinned node): adopt it, no reload.
       rec.assignment = rec.serving;
+    } else if (msg.info.pinned) {
+      // Pinned but not serving yet: nothing to assign; it is adopted once its heartbeat says what it serves.
+      rec.assignment = null;
     } else {
       rec.assignment = chooseSpan(model, budget, this.holders(model.name, rec.peerId), msg.info.weight_format);
     }
@@ -169,6 +172,7 @@ export class NodeRegistry {
     rec.relayAddr = msg.relay_addr;
     rec.endpoint = msg.endpoint;
     if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, this.model(rec.info.model));
+    if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
     this.absorbStats(rec, msg.stats, now);
     return rec;
   }
@@ -210,7 +214,9 @@ export class NodeRegistry {
     if (!model) return [];
     const nodes = [...this.nodes.values()].filter((n) => n.info.model === modelName);
     // Idle nodes (nothing fit before) get a chance whenever the picture changes.
-    for (const n of nodes) if (!n.assignment) n.assignment = chooseSpan(model, budgetBytes(n.info), this.holders(modelName, n.peerId), n.info.weight_format);
+    // A pinned node (its operator fixed the span) holds what it serves and is never moved: it would not follow.
+    for (const n of nodes) if (n.info.pinned && n.serving) n.assignment = n.serving;
+    for (const n of nodes) if (!n.assignment && !n.info.pinned) n.assignment = chooseSpan(model, budgetBytes(n.info), this.holders(modelName, n.peerId), n.info.weight_format);
     const moves = rebalance(
       model,
       nodes.filter((n) => n.assignment).map((n) => ({
@@ -220,7 +226,7 @@ export class NodeRegistry {
         throughput: this.throughput(n),
         budgetBytes: budgetBytes(n.info),
         ...(n.info.weight_format ? { format: n.info.weight_format } : {}),
-        movable: this.status(n) === NodeStatus.Serving,
+        movable: this.status(n) === NodeStatus.Serving && !n.info.pinned,
       })),
       this.o.balanceQuality,
     );

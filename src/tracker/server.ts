@@ -16,7 +16,8 @@ import { createHeadTransport } from './head-proxy.ts';
 import { serveApp } from './http.ts';
 import { FileKeyStore } from './key-file.ts';
 import { createTrackerMetrics } from './metrics.ts';
-import { loadModelSpec, ModelCatalog, type ModelRetryOptions, type ModelSpec } from './model-registry.ts';
+import { hubAwareLoader } from './hub-models.ts';
+import { ModelCatalog, type ModelRetryOptions, type ModelSpec } from './model-registry.ts';
 import { resolveTrackerOptions, type TrackerOptions } from './options.ts';
 
 export interface RunningTracker extends Tracker {
@@ -70,7 +71,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   // A model whose checkpoint cannot be read is retried with backoff; the others serve meanwhile.
   // Models that load later join the registry the tracker is built with below.
   const late: { registry?: Tracker['registry'] } = {};
-  const catalog = new ModelCatalog((name, url) => loadModelSpec(name, url, fetchFn, o), {
+  const catalog = new ModelCatalog(hubAwareLoader(fetchFn, o, process.env), {
     onError: (name, url, err, attempts, retryInMs) => logger.warn({ model: name, url, attempt: attempts, retry_in_ms: retryInMs, err: err.message }, `model ${name}: cannot load its checkpoint from ${url}; retrying in ${(retryInMs / 1000).toFixed(1)} s`),
     onLoaded: (spec, attempts) => {
       late.registry?.addModel(spec);

@@ -8,6 +8,7 @@ import type { WeightSource } from '../../src/model/graph.ts';
 import { ShardExecutor, type ShardExecutorOptions } from '../../src/shard/executor.ts';
 import { createNodeBackend } from '../../src/cli/onnx-node.ts';
 import { weightsFromFiles } from './weights.ts';
+import { fixtureTokenizerFiles } from '../../src/cli/real-tokenizers.ts';
 
 export interface Fixture {
   cfg: ModelConfig;
@@ -21,7 +22,8 @@ export function fixture(preset: FixturePreset, seed = 0): Fixture {
   const key = `${preset}/${seed}`;
   let f = fixtures.get(key);
   if (!f) {
-    const files = makeModel(preset, seed);
+    const tokenizerFiles = fixtureTokenizerFiles(preset);
+    const files = makeModel(preset, seed, tokenizerFiles ? { tokenizerFiles } : {});
     f = { cfg: fixtureConfig(preset), files, weights: weightsFromFiles(files) };
     fixtures.set(key, f);
   }

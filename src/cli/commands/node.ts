@@ -3,6 +3,7 @@ import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
 import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
 import { KV_DEFAULTS } from '../../shard/kv-ledger.ts';
+import { DEFAULT_MAX_BATCH } from '../../shard/batch-queue.ts';
 import { CliError } from '../failure.ts';
 import { NODE_HOST_DEFAULTS } from '../node-options.ts';
 import { int, onShutdown } from '../util.ts';
@@ -15,6 +16,11 @@ function layerRange(value: string): [number, number] {
 
 function hopOrder(value: string): 'relay' | 'direct' | 'adaptive' {
   if (value !== 'relay' && value !== 'direct' && value !== 'adaptive') throw new InvalidArgumentError(`expected relay, direct or adaptive, got "${value}"`);
+  return value;
+}
+
+function hopMode(value: string): 'chain' | 'star' {
+  if (value !== 'chain' && value !== 'star') throw new InvalidArgumentError(`expected chain or star, got "${value}"`);
   return value;
 }
 
@@ -40,7 +46,8 @@ export function configure(cmd: Command): void {
     .option('--budget-mb <n>', 'memory given to the mesh, MiB: the weights of the span held, and KV caches get the rest (fractions allowed)', positive, NODE_HOST_DEFAULTS.budgetMb)
     .option('--key-file <path>', 'Ed25519 identity file (created on first run; keeps the peer id across restarts)')
     .option('--layers <a-b>', 'static span [a, b) instead of the tracker\'s assignment (needs --model-url)', layerRange)
-    .option('--model-url <url>', 'base URL of the HF-layout checkpoint for --layers')
+    .option('--model-url <url>', 'base URL of the HF-layout checkpoint for --layers, or hf:ORG/REPO[@REVISION] (pinned to its commit; HF_TOKEN for gated repos, HF_ENDPOINT for a mirror)')
+    .option('--cache-dir <path>', 'where hub files pinned to a commit are kept (default: $MESHNET_CACHE_DIR, else ~/.cache/meshnet)')
     .option('--wire-dtype <dtype>', 'with --layers: activations between hops, bf16, f16 or f32 (a head sends it, a hop accepts only it; default: sends bf16, accepts all). A tracker\'s nodes get the tracker\'s (--wire-dtype there)', wireDtype)
     .option('--model <name>', `model id as the tracker knows it (default: the tracker's only model; with --layers: "${NODE_HOST_DEFAULTS.staticModel}")`)
     .option('--threads <n>', 'ONNX intra-op threads (default: onnxruntime decides)', int)
@@ -49,11 +56,22 @@ export function configure(cmd: Command): void {
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
     .option('--max-context <n>', 'positions one session may reach (its KV cache is sized by what the head declares, up to this)', int, NODE_HOST_DEFAULTS.maxContext)
     .option('--kv-idle-ttl-ms <n>', 'a KV session idle this long may be dropped when a new one needs its room (live sessions never are)', int, KV_DEFAULTS.idleTtlMs)
+    .option('--hop-mode <mode>', 'as a head: chain (each hop pushes its output to the next, the last answers the head: N legs a token) or star (every hop answers the head; ADR-era peers)', hopMode, NODE_HOST_DEFAULTS.hopMode)
+    .option('--max-batch <n>', 'most sessions\' one-token steps run together as one batch at this node (1: batching off)', int, DEFAULT_MAX_BATCH)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
     .action(async (o: Record<string, unknown>) => {
       if (!o.tracker && !o.layers) cmd.error('give --tracker, or --layers with --model-url: a tracker (--tracker URL) assigns this node its layers; --layers a-b serves a fixed span');
+      if (!((o.maxBatch as number) >= 1)) cmd.error('--max-batch must be at least 1 (1 turns batching off)');
       if (o.layers && !o.modelUrl) cmd.error('--layers needs --model-url (the checkpoint to load the layers from)');
+      if (typeof o.modelUrl === 'string' && o.modelUrl.startsWith('hf:')) {
+        const { parseHubRef } = await import('../../model/hub.ts');
+        try {
+          parseHubRef(o.modelUrl);
+        } catch (e) {
+          cmd.error(`--model-url: ${(e as Error).message}`);
+        }
+      }
       if (o.wireDtype && !o.layers) cmd.error('--wire-dtype is for a static span (--layers): a tracker gives its nodes the model\'s wire dtype');
       const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
       const model = o.tracker ? await trackerModel(o.tracker as string, o.model as string | undefined, log) : ((o.model as string | undefined) ?? NODE_HOST_DEFAULTS.staticModel);
@@ -69,6 +87,7 @@ export function configure(cmd: Command): void {
         keyFile: o.keyFile as string | undefined,
         layers: o.layers as [number, number] | undefined,
         modelUrl: o.modelUrl as string | undefined,
+        cacheDir: o.cacheDir as string | undefined,
         ...(o.wireDtype ? { wireDtype: o.wireDtype as Dtype } : {}),
         model,
         threads: o.threads as number | undefined,
@@ -77,7 +96,9 @@ export function configure(cmd: Command): void {
         maxBodyBytes: o.maxBodyBytes as number,
         maxContext: o.maxContext as number,
         kvIdleTtlMs: o.kvIdleTtlMs as number,
+        maxBatch: o.maxBatch as number,
         hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
+        hopMode: o.hopMode as 'chain' | 'star',
         links: o.links !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),

@@ -4,15 +4,24 @@ import { TRACKER_DEFAULTS, type TrackerModelSource } from '../../tracker/options
 import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
 import { CliError } from '../failure.ts';
 import { int, onShutdown } from '../util.ts';
+import { isHubRef, parseHubRef } from '../../model/hub.ts';
 
 function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerModelSource[] {
   const i = value.indexOf('=');
-  if (i <= 0 || i === value.length - 1) throw new InvalidArgumentError(`expected NAME=URL (the base URL of an HF-layout checkpoint), got "${value}"`);
+  if (i <= 0 || i === value.length - 1) throw new InvalidArgumentError(`expected NAME=URL (the base URL of an HF-layout checkpoint) or NAME=hf:ORG/REPO[@REVISION], got "${value}"`);
   const url = value.slice(i + 1);
+  if (isHubRef(url)) {
+    try {
+      parseHubRef(url);
+    } catch (e) {
+      throw new InvalidArgumentError((e as Error).message);
+    }
+    return [...previous, { name: value.slice(0, i), url }];
+  }
   try {
     new URL(url);
   } catch {
-    throw new InvalidArgumentError(`"${url}" is not a URL`);
+    throw new InvalidArgumentError(`"${url}" is not a URL (nor a hub id hf:ORG/REPO[@REVISION])`);
   }
   return [...previous, { name: value.slice(0, i), url }];
 }
@@ -44,7 +53,7 @@ export function applyWireDtypes(models: TrackerModelSource[], entries: ReadonlyA
 export function configure(cmd: Command): void {
   const d = TRACKER_DEFAULTS;
   cmd
-    .requiredOption('--model <NAME=URL>', 'a model to serve: its name and the base URL of its HF-layout checkpoint (repeatable; one whose checkpoint cannot be read is retried with backoff while the others serve)', modelArg)
+    .requiredOption('--model <NAME=URL>', 'a model to serve: its name and the base URL of its HF-layout checkpoint, or hf:ORG/REPO[@REVISION] for a hub repo (pinned to its commit; HF_TOKEN for gated repos, HF_ENDPOINT for a mirror) (repeatable; one whose checkpoint cannot be read is retried with backoff while the others serve)', modelArg)
     .option('--port <n>', 'TCP port (0 picks a free one)', int, d.port)
     .option('--host <addr>', 'interface to bind', d.host)
     .option('--relay <url>', 'relay to register with (reaches NAT\'d heads over its fast path)')

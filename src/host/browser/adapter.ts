@@ -20,7 +20,7 @@ import type { WeightFormat } from '../../model/weight-format.ts';
 import type { SpanGraphs } from '../../shard/span-executor.ts';
 import { indexedDbQ4Cache, type Q4Counters } from '../../browser/q4-store.ts';
 import { ModelFetchError, ModelFormatError } from '../../model/errors.ts';
-import { ModelTokenizer } from '../../model/tokenizer.ts';
+import { generationConfigEosIds, ModelTokenizer } from '../../model/tokenizer.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { BackendFactory, ChosenBackend, RuntimeHost, SpanSpec, WeightStore } from '../../node/runtime/host.ts';
 import type { WebSocketConstructor } from '../../node/socket.ts';
@@ -150,7 +150,13 @@ function storedWeights(g: BrowserGlobals, o: BrowserAdapterOptions): WeightStore
     },
     async tokenizer(modelUrl, config) {
       const f = await files(modelUrl, ['tokenizer.json', 'tokenizer_config.json']);
-      return ModelTokenizer.fromJson(f['tokenizer.json'], f['tokenizer_config.json'], { extraEosTokenIds: config.eosTokenIds });
+      // generation_config.json is optional; its eos ids (Qwen3: <|endoftext|> too) stop generation as on Node.js heads.
+      const gen = await files(modelUrl, ['generation_config.json']).catch((e: unknown) => {
+        if (e instanceof ModelFetchError && e.status === 404) return {} as Record<string, unknown>;
+        throw e;
+      });
+      const genEos = gen['generation_config.json'] === undefined ? [] : generationConfigEosIds(gen['generation_config.json']);
+      return ModelTokenizer.fromJson(f['tokenizer.json'], f['tokenizer_config.json'], { extraEosTokenIds: [...config.eosTokenIds, ...genEos] });
     },
   };
 }

@@ -5,6 +5,8 @@
  * graphs, onnxruntime-node, node:http for direct hops, and direct links.
  */
 import { ModelFetchError, ModelFormatError } from '../../model/errors.ts';
+import { hubFetch } from '../../model/hub.ts';
+import { cachingHubFetch } from './hub-cache.ts';
 import { openSafetensors } from '../../model/safetensors.ts';
 import { ModelTokenizer } from '../../model/tokenizer.ts';
 import { LinkPool } from '../../node/direct-link.ts';
@@ -24,6 +26,8 @@ export interface NodeAdapterOptions {
   threads?: number;
   /** Dial direct links to hops with an endpoint. */
   links: boolean;
+  /** Hub files: endpoint (HF_ENDPOINT), HF_TOKEN for the hub origin, and the disk cache of pinned files. */
+  hub: { endpoint: string; token?: string; cacheDir: string };
   log(level: LogLevel, message: string): void;
 }
 
@@ -32,7 +36,7 @@ export interface NodeAdapter extends RuntimeHost {
   close(): void;
 }
 
-/** Weights by HTTP Range from the model host: nothing is kept on disk, each graph fetches its own tensors. */
+/** Weights by HTTP Range from the model host, each graph fetching its own tensors (hub files pinned to a commit come from the disk cache). */
 function rangeWeights(fetchFn: typeof fetch): WeightStore {
   return {
     async config(modelUrl) {
@@ -66,7 +70,8 @@ export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
     fetch: globalThis.fetch,
     WebSocket: NodeWebSocketConstructor,
     keys,
-    weights: rangeWeights(globalThis.fetch),
+    // Checkpoint files: hub redirects and token (model/hub.ts), pinned hub files kept on disk (hub-cache.ts); other URLs untouched.
+    weights: rangeWeights(cachingHubFetch(hubFetch(globalThis.fetch, { endpoint: o.hub.endpoint, ...(o.hub.token ? { token: o.hub.token } : {}) }), { endpoint: o.hub.endpoint, dir: o.hub.cacheDir })),
     backends: {
       choose: async () => ({ backend, info: { name: backend.name, kind: 'onnxruntime-node', dtype: 'f32' } }),
     },

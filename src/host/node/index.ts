@@ -15,6 +15,8 @@ import type { LogLevel } from '../../node/runtime/host.ts';
 import { NodeRuntime, type RuntimeEvent } from '../../node/runtime/runtime.ts';
 import type { Dtype } from '../../protocol/tensor.ts';
 import { nodeAdapter } from './adapter.ts';
+import { defaultCacheDir } from './hub-cache.ts';
+import { hubEndpoint, isHubRef, resolveHubModel } from '../../model/hub.ts';
 import { openSurface } from './surface.ts';
 
 export interface NodeHostOptions {
@@ -34,7 +36,12 @@ export interface NodeHostOptions {
   keyFile?: string;
   /** Static span [start, end) instead of the tracker's assignment. */
   layers?: [number, number];
+  /** Base URL of the checkpoint for `layers`, or a hub id hf:ORG/REPO[@REVISION] (pinned to its commit at start). */
   modelUrl?: string;
+  /** Hub files kept here (default: defaultCacheDir()). */
+  cacheDir?: string;
+  /** HF_ENDPOINT and HF_TOKEN (default: process.env). */
+  env?: Record<string, string | undefined>;
   /** A static span's wire dtype (absent: sends bf16, accepts all three). */
   wireDtype?: Dtype;
   /** Model id as the tracker's registry knows it. */
@@ -51,8 +58,12 @@ export interface NodeHostOptions {
   maxContext: number;
   /** A KV session idle this long may be dropped when room is needed, ms. @defaultValue 120000 */
   kvIdleTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch; 1 turns batching off. @defaultValue 16 */
+  maxBatch?: number;
   /** Which path first when a hop has a relay address and an endpoint (see HopTransportInit.order). */
   hopOrder: 'relay' | 'direct' | 'adaptive';
+  /** How this node drives a pipeline as a head (PipelineOptions.hopMode). @defaultValue 'chain' */
+  hopMode?: 'chain' | 'star';
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
   links?: boolean;
   /** Machine-readable events (stdout). */
@@ -77,17 +88,27 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
   if (o.layers && !o.modelUrl) throw new MeshError('MESH_ERR_BAD_REQUEST', '--layers needs --model-url');
   const links = o.links !== false;
   const log = (level: LogLevel, message: string): void => o.log(level === 'debug' ? 'info' : level, message);
-  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, log });
+  const env = o.env ?? process.env;
+  const hub = { endpoint: hubEndpoint(env), ...(env.HF_TOKEN ? { token: env.HF_TOKEN } : {}), cacheDir: o.cacheDir ?? defaultCacheDir(env) };
+  let modelUrl = o.modelUrl;
+  if (modelUrl !== undefined && isHubRef(modelUrl)) {
+    const r = await resolveHubModel(globalThis.fetch, modelUrl, hub);
+    log('info', `${modelUrl} is commit ${r.sha}: loading from ${r.url}`);
+    modelUrl = r.url;
+  }
+  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log });
   const runtime = await NodeRuntime.create(adapter, {
     ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
     ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),
     model: o.model,
-    ...(o.layers ? { span: { model: o.model, modelUrl: o.modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1], ...(o.wireDtype ? { wireDtype: o.wireDtype } : {}) } } : {}),
+    ...(o.layers ? { span: { model: o.model, modelUrl: modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1], ...(o.wireDtype ? { wireDtype: o.wireDtype } : {}) } } : {}),
     ...(o.trackerKey ? { trackerKey: decodeBase64(o.trackerKey) } : {}),
     memoryBudgetBytes: o.budgetMb * 2 ** 20,
     maxContext: o.maxContext,
     ...(o.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: o.kvIdleTtlMs } : {}),
+    ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     hopOrder: o.hopOrder,
+    ...(o.hopMode ? { hopMode: o.hopMode } : {}),
     backendKind: 'onnxruntime-node',
     // A daemon keeps serving what it has and asks again at the next heartbeat.
     retryFailedLoads: true,

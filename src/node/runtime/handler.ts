@@ -13,7 +13,9 @@
 import { errorReply, jsonReply } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { GenerateEvent } from '../../protocol/tracker.ts';
+import { createChainHop, isChainRequest } from '../chain-hop.ts';
 import { createHeadHandler } from '../head-handler.ts';
+import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
 import type { PipelineDriver } from '../pipeline.ts';
 import type { LoadedSpan } from './span.ts';
@@ -29,6 +31,8 @@ export interface NodeHandlerInit {
   /** /info while no span is in. */
   loadingInfo(): Record<string, unknown>;
   trackerKey(): Uint8Array | undefined;
+  /** How a chained /forward reaches the next hop (and the last one the head). */
+  transport: Pick<HopTransport, 'send'>;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
   onLog(message: string): void;
@@ -40,13 +44,21 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 export class NodeHandler {
   /** /forward requests served per surface, in /info: which paths hops really take. */
   readonly served: Record<Surface, number> = { relay: 0, link: 0, http: 0 };
+  /** Chained /forward requests taken part in (GET /info's chain_forwards): whether heads really chain. */
+  chained = 0;
   private readonly head: MeshHandler;
   private readonly bySurface: Record<Surface, MeshHandler>;
 
   constructor(private readonly init: NodeHandlerInit) {
     const gate: MeshHandler = (req) => this.gate(req);
+    // A chained /forward runs the span through the gate (counted, delayed like any), then pushes on.
+    const chain = createChainHop({ peerId: init.peerId, trackerKey: init.trackerKey, transport: init.transport, local: gate, onLog: init.onLog });
     this.head = createHeadHandler({
-      forward: gate,
+      forward: (req) => {
+        if (!isChainRequest(req) || req.method.toUpperCase() !== 'POST' || req.path.split('?')[0] !== '/forward') return gate(req);
+        this.chained++;
+        return chain(req);
+      },
       peerId: init.peerId,
       trackerKey: init.trackerKey,
       pipeline: (): PipelineDriver | undefined => init.span()?.pipeline,

@@ -52,7 +52,11 @@ export interface RuntimeConfig {
   maxContext?: number;
   /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
   kvIdleTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch (issue 11); 1 turns batching off. @defaultValue 16 */
+  maxBatch?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
+  /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
+  hopMode?: 'chain' | 'star';
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
   /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
@@ -160,6 +164,7 @@ export class NodeRuntime {
       span: () => this.slot.current,
       loadingInfo: () => ({ peer_id: identity.peerId, host: host.name, model: this.model ?? null, start_layer: null, end_layer: null, loading: this.slot.busy }),
       trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      transport: this.transport,
       injectDelayMs: config.injectDelayMs ?? 0,
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
@@ -324,8 +329,9 @@ export class NodeRuntime {
         host: this.host.name,
         version: RUNTIME_VERSION,
         weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
+        ...(this.config.span ? { pinned: true } : {}),
       },
-      stats: this.activity.heartbeat(kvHeartbeat(kv, this.budget)),
+      stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}) },
       // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       timestamp: Date.now(),
@@ -412,6 +418,7 @@ export class NodeRuntime {
       transport: this.transport,
       memoryBudgetBytes: () => this.budget,
       maxContext: this.config.maxContext ?? 2048,
+      ...(this.config.maxBatch !== undefined ? { maxBatch: this.config.maxBatch } : {}),
       ...(this.config.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: this.config.kvIdleTtlMs } : {}),
       version: RUNTIME_VERSION,
       isPaused: () => this.paused,
@@ -421,8 +428,11 @@ export class NodeRuntime {
         ...(this.endpoint ? { endpoint: this.endpoint } : {}),
         relay_addr: this.relay?.relayAddr ?? null,
         forwards_served: { ...this.handler.served },
+        chain_forwards: this.handler.chained,
         ...span.backend.details,
       }),
+      hopMode: this.config.hopMode ?? 'chain',
+      selfAddress: () => ({ ...(this.relay?.relayAddr ? { relay_addr: this.relay.relayAddr } : {}), ...(this.endpoint ? { endpoint: this.endpoint } : {}) }),
       replace: this.config.trackerUrl ? (model) => (hop, signal) => this.tracker!.replace(model, hop, signal) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };

@@ -16,6 +16,7 @@ import { createSpanExecutor, type SpanExecutor } from '../../shard/span-executor
 import { createForwardHandler } from '../forward-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
+import type { HeadAddress } from '../chain-driver.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../pipeline.ts';
 import type { BackendInfo, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import type { NodeActivity } from './stats.ts';
@@ -46,12 +47,18 @@ export interface SpanLoadContext {
   maxContext: number;
   /** A KV session idle this long may be dropped when room is needed, ms. */
   kvIdleTtlMs?: number;
+  /** Most sessions' one-token steps run as one batch; 1 turns batching off. */
+  maxBatch?: number;
   version: string;
   isPaused(): boolean;
   /** Fields /info adds to the executor's (peer id, relay address, the host's). */
   extraInfo(span: LoadedSpan): Record<string, unknown>;
   /** Asks the tracker for a replacement of a failed hop; absent without a tracker. */
   replace: ((model: string) => ReplaceSpan) | undefined;
+  /** The pipeline's hop mode (PipelineOptions.hopMode). */
+  hopMode?: 'chain' | 'star';
+  /** Where a chain's last hop reaches this node (relay address, endpoint). */
+  selfAddress?: () => HeadAddress;
   /** The load of `spec` moved on (state and progress for the page). */
   onPhase(phase: 'downloading' | 'loading', spec: SpanSpec, config: ModelConfig, progress?: DownloadProgress): void;
   /** Throws MESH_ERR_CANCELLED when the load was superseded (the node stopped or restarted). */
@@ -95,6 +102,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     // The budget means weights + KV, as the tracker sizes spans: the KV caches get what the weights leave.
     memoryBudgetBytes: ctx.memoryBudgetBytes(),
     ...(ctx.kvIdleTtlMs !== undefined ? { kvTtlMs: ctx.kvIdleTtlMs } : {}),
+    ...(ctx.maxBatch !== undefined ? { maxBatch: ctx.maxBatch } : {}),
   });
   warnIfKvStarved(executor, spec, ctx);
   try {
@@ -179,6 +187,8 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     transport: ctx.transport,
     ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(replace ? { replace } : {}),
+    ...(ctx.hopMode ? { hopMode: ctx.hopMode } : {}),
+    ...(ctx.selfAddress ? { self: ctx.selfAddress } : {}),
     onLog: (m) => ctx.host.log('warn', `pipeline: ${m}`),
   });
 }

@@ -90,7 +90,11 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
     metrics.queueLength.set(admission.length);
     metrics.queueRunning.set(admission.running);
     metrics.nodeKv.reset();
+    metrics.nodeBatches.reset();
     for (const n of registry.nodes.values()) {
+      n.stats?.batch_sizes?.forEach((runs, size) => {
+        if (size > 0 && runs > 0) metrics.nodeBatches.set({ peer_id: n.peerId, model: n.info.model, size: String(size) }, runs);
+      });
       const kv = kvView(n);
       if (!kv) continue;
       const labels = { peer_id: n.peerId, model: n.info.model };

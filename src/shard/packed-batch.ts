@@ -1,0 +1,201 @@
+/**
+ * One-row decode steps of several sessions through the plain layer graphs
+ * (graph.ts) in ONE session.run per segment, with no change to the graphs:
+ * the batch is packed along the sequence axis.
+ *
+ *   hidden   [1, B, hidden]       row i = session i's token
+ *   past     [1, ΣP, kvh, hd]     session pasts one after another (P_i rows at off_i)
+ *   rotary   [1, B, 1, hd]        row i at position P_i
+ *   mask     [groups·B, ΣP + B]   row i sees only columns off_i … off_i+P_i-1 and ΣP+i
+ *   present  [1, B, kvh, hd]      row i is session i's new KV row, written at P_i
+ *
+ * The mask makes every other session's columns exactly zero after softmax
+ * (exp(-1e9 - max) underflows to 0 in f32), so each row's attention is the
+ * same sum as alone; the projections and the MLP are row-wise. What can
+ * differ from a lone run is the rounding of a wider GEMM and a longer
+ * softmax reduction (f32 ulps), never the token a greedy step picks
+ * (test/shard-batch.test.ts checks both against float64).
+ *
+ * Cost: the projections and MLP read the weights once for B rows (the win);
+ * attention does B·ΣP dot products instead of ΣP, and the pasts are copied
+ * into one tensor per layer (ΣP rows). For short chats on small models the
+ * first dominates; bench/load.ts measures the whole.
+ */
+import type { ModelConfig } from '../model/config.ts';
+import { IO, maskValue, type GraphDtype } from '../model/graph.ts';
+import { ropeTables } from '../model/rope.ts';
+import type { BackendTensor, OnnxSession } from './backend.ts';
+import { PositionMismatchError, layerRangeError } from './errors.ts';
+import type { ForwardRequest, ForwardResult } from './executor.ts';
+import { checkForwardInput, type ForwardInput } from './forward-input.ts';
+import type { KvSession, KvStore } from './kv-store.ts';
+import { sampleToken } from './sampling.ts';
+
+export interface PackedSegment {
+  start: number;
+  end: number;
+  session: OnnxSession;
+}
+
+/** What a packed batch needs of the plain executor. */
+export interface PackedContext {
+  config: ModelConfig;
+  dtype: GraphDtype;
+  startLayer: number;
+  endLayer: number;
+  maxContext: number;
+  invFreq: Float64Array;
+  segments: readonly PackedSegment[];
+  embed: OnnxSession | null;
+  head: OnnxSession | null;
+  kv: KvStore;
+}
+
+/** Requests that may share a packed batch: one row, a KV session, same layers and input kind. */
+export function packedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
+  if (req.session === undefined) return undefined;
+  const rows = req.tokenIds !== undefined ? req.tokenIds.length : req.activation?.shape[1];
+  if (rows !== 1) return undefined;
+  const kind = req.tokenIds !== undefined ? 'tokens' : 'activation';
+  return `${req.startLayer ?? held.startLayer}-${req.endLayer ?? held.endLayer}-${kind}`;
+}
+
+interface Item {
+  index: number;
+  req: ForwardRequest;
+  input: ForwardInput;
+  kv: KvSession;
+}
+
+/** Runs `reqs` (equal batch keys) as one packed batch; a request that fails its checks or admission fails alone. */
+export async function runPackedBatch(ctx: PackedContext, reqs: readonly ForwardRequest[]): Promise<Array<ForwardResult | Error>> {
+  const answers: Array<ForwardResult | Error> = new Array(reqs.length);
+  const items: Item[] = [];
+  for (let index = 0; index < reqs.length; index++) {
+    try {
+      items.push(await admit(ctx, index, reqs[index]!));
+    } catch (e) {
+      answers[index] = e instanceof Error ? e : new Error(String(e));
+    }
+  }
+  if (items.length > 0) {
+    const done = await runItems(ctx, items);
+    items.forEach((it, i) => (answers[it.index] = done[i]!));
+  }
+  return answers;
+}
+
+/** The per-request checks and KV admission of ShardExecutor.forwardNow, for one batch member. */
+async function admit(ctx: PackedContext, index: number, req: ForwardRequest): Promise<Item> {
+  const held = { startLayer: ctx.startLayer, endLayer: ctx.endLayer };
+  const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
+  const { start, end, seq, position } = input;
+  if (seq !== 1 || req.session === undefined) throw new RangeError('a packed batch takes one-row session steps only');
+  if (ctx.segments.findIndex((s) => s.start === start) < 0 || ctx.segments.findIndex((s) => s.end === end) < 0) {
+    throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
+  }
+  const kv = position === 0 ? await ctx.kv.open(req.session, Math.min(ctx.maxContext, Math.max(seq, req.sessionTokens ?? 0))) : ctx.kv.get(req.session);
+  if (!kv) throw new PositionMismatchError(req.session, position, 0);
+  if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - ctx.startLayer] = 0;
+  let actual = Infinity;
+  for (let l = start; l < end; l++) actual = Math.min(actual, kv.lengths[l - ctx.startLayer]!);
+  for (let l = start; l < end; l++) if (kv.lengths[l - ctx.startLayer] !== position) throw new PositionMismatchError(req.session, position, actual);
+  await ctx.kv.ensure(kv, position + seq, Math.max(0, ...kv.lengths));
+  return { index, req, input, kv };
+}
+
+async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResult[]> {
+  const cfg = ctx.config;
+  const { numKvHeads: KV, headDim: D, hiddenSize: h } = cfg;
+  const B = items.length;
+  const { start, end } = items[0]!.input;
+  const first = ctx.segments.findIndex((s) => s.start === start);
+  const last = ctx.segments.findIndex((s) => s.end === end);
+  const rowElems = KV * D;
+  const positions = items.map((it) => it.input.position);
+  const offsets: number[] = [];
+  let total = 0;
+  for (const p of positions) {
+    offsets.push(total);
+    total += p;
+  }
+
+  let hidden: Float32Array;
+  if (items[0]!.input.kind === 'tokens') {
+    const ids = new BigInt64Array(B);
+    items.forEach((it, i) => (ids[i] = (it.input as Extract<ForwardInput, { kind: 'tokens' }>).ids[0]!));
+    const out = await ctx.embed!.run({ [IO.inputIds]: { type: 'int64', data: ids, dims: [1, B] } });
+    hidden = out[IO.hiddenOut]!.data as Float32Array;
+  } else {
+    hidden = new Float32Array(B * h);
+    items.forEach((it, i) => hidden.set((it.input as Extract<ForwardInput, { kind: 'activation' }>).data, i * h));
+  }
+
+  const cos = new Float32Array(B * D);
+  const sin = new Float32Array(B * D);
+  positions.forEach((p, i) => {
+    const t = ropeTables(ctx.invFreq, p, 1);
+    cos.set(t.cos, i * D);
+    sin.set(t.sin, i * D);
+  });
+  const shared: Record<string, BackendTensor> = {
+    [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, B, 1, D] },
+    [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, B, 1, D] },
+    [IO.mask]: { type: 'float32', data: packedMask(cfg, ctx.dtype, positions, offsets, total), dims: [(cfg.numHeads / KV) * B, total + B] },
+  };
+  const kvType = ctx.dtype === 'f16' ? 'float16' : 'float32';
+  const packedPast = (arrays: Array<Float32Array | Uint16Array>): Float32Array | Uint16Array => {
+    const out = ctx.dtype === 'f16' ? new Uint16Array(total * rowElems) : new Float32Array(total * rowElems);
+    arrays.forEach((a, i) => (out as Float32Array).set((a as Float32Array).subarray(0, positions[i]! * rowElems), offsets[i]! * rowElems));
+    return out;
+  };
+
+  for (let si = first; si <= last; si++) {
+    const seg = ctx.segments[si]!;
+    const feeds: Record<string, BackendTensor> = { ...shared, [IO.hidden]: { type: 'float32', data: hidden, dims: [1, B, h] } };
+    for (let l = seg.start; l < seg.end; l++) {
+      const li = l - ctx.startLayer;
+      feeds[IO.pastKey(l)] = { type: kvType, data: packedPast(items.map((it) => it.kv.cache.keys[li]!)), dims: [1, total, KV, D] };
+      feeds[IO.pastValue(l)] = { type: kvType, data: packedPast(items.map((it) => it.kv.cache.values[li]!)), dims: [1, total, KV, D] };
+    }
+    const out = await seg.session.run(feeds);
+    for (let l = seg.start; l < seg.end; l++) {
+      const li = l - ctx.startLayer;
+      const k = out[IO.presentKey(l)]!.data as Float32Array;
+      const v = out[IO.presentValue(l)]!.data as Float32Array;
+      items.forEach((it, i) => {
+        (it.kv.cache.keys[li] as Float32Array).set(k.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
+        (it.kv.cache.values[li] as Float32Array).set(v.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
+      });
+    }
+    hidden = out[IO.hiddenOut]!.data as Float32Array;
+  }
+  for (const it of items) for (let l = start; l < end; l++) it.kv.lengths[l - ctx.startLayer] = it.input.position + 1;
+
+  if (end === cfg.numLayers && ctx.head) {
+    const out = await ctx.head.run({ [IO.hidden]: { type: 'float32', data: hidden, dims: [1, B, h] } });
+    const all = out[IO.logits]!.data as Float32Array;
+    const V = cfg.vocabSize;
+    return items.map((it, i) => {
+      const logits = all.slice(i * V, (i + 1) * V);
+      const { tokenId, logprob } = sampleToken(logits, it.req.sampling ?? {}, it.input.position + 1);
+      return { kind: 'token', tokenId, logprob, logits };
+    });
+  }
+  return items.map((_, i) => ({ kind: 'activation', data: hidden.slice(i * h, (i + 1) * h), shape: [1, 1, h] }));
+}
+
+/** Additive mask [groups·B, ΣP + B]: row g·B + i is open on session i's past and on its own new column. */
+function packedMask(cfg: ModelConfig, dtype: GraphDtype, positions: number[], offsets: number[], total: number): Float32Array {
+  const groups = cfg.numHeads / cfg.numKvHeads;
+  const B = positions.length;
+  const cols = total + B;
+  const mask = new Float32Array(groups * B * cols).fill(maskValue(dtype));
+  for (let i = 0; i < B; i++) {
+    const row = mask.subarray(i * cols, (i + 1) * cols);
+    row.fill(0, offsets[i]!, offsets[i]! + positions[i]!);
+    row[total + i] = 0;
+  }
+  for (let g = 1; g < groups; g++) mask.copyWithin(g * B * cols, 0, B * cols);
+  return mask;
+}

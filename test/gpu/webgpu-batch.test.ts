@@ -1,0 +1,54 @@
+/**
+ * Batching at a hop on WebGPU (Dawn in Node over SwiftShader, as
+ * webgpu-node.test.ts): the fused executor steps sessions at different
+ * positions together — their caches gathered into one batch tensor on the
+ * device, GroupQueryAttention with a seqlens_k per session — and each gets
+ * the greedy tokens it gets alone, with logits within tolerance of the
+ * float64 reference, through a split span (activation out, token out).
+ * Batches stay under 32 rows (the onnxruntime-web fault at ≥ 32 rows).
+ */
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { OnnxBackend } from '../../src/shard/backend.ts';
+import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
+import { decodeTogether } from '../helpers/batch.ts';
+import { dequantizedWeights } from '../helpers/fused.ts';
+import { fixture } from '../helpers/shard.ts';
+
+const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
+const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
+const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
+
+const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
+// SwiftShader's f32 kernels sum in another order than float64.
+const TOL = 1e-4;
+const f = fixture('tiny');
+
+let backend: OnnxBackend;
+
+beforeAll(async () => {
+  await installNodeWebGpu();
+  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
+}, 600_000);
+
+describe('batched decode steps in the fused executor on WebGPU', () => {
+  it.each(['f32', 'q4'] as const)('%s: sessions at their own positions get the tokens they get alone', async (projections) => {
+    const weights = projections === 'q4' ? dequantizedWeights(f.weights) : f.weights;
+    const sessions = 5;
+    const steps = 3;
+    // One at a time: onnxruntime-web creates one WebGPU session at a time.
+    const make = async (maxBatch: number): Promise<FusedShardExecutor[]> => {
+      const out: FusedShardExecutor[] = [];
+      for (const a of [0, 2]) out.push(await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: a, endLayer: a + 2, projections, maxContext: 128, maxBatch, kvBlockTokens: 8, returnLogits: true }));
+      return out;
+    };
+    const batched = await make(16);
+    expect(batched[0]!.onDevice).toBe(true);
+    const got = await decodeTogether(f, weights, batched, sessions, steps, TOL, 'gb');
+    for (const ex of batched) expect(ex.batchStats().sizes[sessions]).toBe(steps);
+    await Promise.all(batched.map((e) => e.release()));
+    const alone = await make(1);
+    const want = await decodeTogether(f, weights, alone, sessions, steps, TOL, 'ga');
+    await Promise.all(alone.map((e) => e.release()));
+    expect(got).toEqual(want);
+  }, 600_000);
+});

@@ -1,0 +1,139 @@
+/**
+ * Chained hops between real processes on loopback: a relay, a tracker, a
+ * chain head and a star head [0,1), two middles [1,3) (slowed a little so a
+ * kill lands mid-generation) and a tail [3,4), serving the `tiny` fixture.
+ * The test holds the tracker's key, so it signs the routes it sends.
+ */
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
+import { ensureModel } from '../../src/cli/models.ts';
+import { ReferenceModel } from '../../src/model/reference.ts';
+import { ModelTokenizer } from '../../src/model/tokenizer.ts';
+import { Identity } from '../../src/node/identity.ts';
+import { encodeBase64Url } from '../../src/protocol/base64.ts';
+import { encodeTensor } from '../../src/protocol/tensor.ts';
+import { routeSigningMessage, type GenerateEvent, type RouteHop } from '../../src/protocol/tracker.ts';
+import { fixture } from '../helpers/shard.ts';
+import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
+import { collectEvents, generateDirect, hopOf, startNode, startTrackerProc, tokenIds, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+
+const f = fixture('tiny');
+const utf8d = new TextDecoder();
+const tok = ModelTokenizer.fromJson(JSON.parse(utf8d.decode(f.files.get('tokenizer.json')!)), JSON.parse(utf8d.decode(f.files.get('tokenizer_config.json')!)), { extraEosTokenIds: f.cfg.eosTokenIds });
+const PROMPT = 'The quick brown fox jumps over the lazy dog. Then';
+const MAX_TOKENS = 30;
+
+const chainForwards = async (n: NodeProc) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { chain_forwards: number }).chain_forwards;
+
+describe('chained hops between meshnet node processes', () => {
+  let st: StaticServer;
+  let relay: RelayProcess;
+  let tracker: TrackerProc;
+  let chainHead: NodeProc;
+  let starHead: NodeProc;
+  let m1: NodeProc;
+  let m2: NodeProc;
+  let tail: NodeProc;
+  let trackerId: Identity;
+  const work = mkdtempSync(join(tmpdir(), 'meshnet-chain-test-'));
+  const want = new ReferenceModel(f.cfg, f.weights).greedy(tok.encode(PROMPT), MAX_TOKENS);
+  const cut = want.findIndex((t) => tok.isEos(t));
+  const wantIds = cut >= 0 ? want.slice(0, cut) : want;
+  const sign = async (head: string, hops: RouteHop[], ttlMs = 60_000): Promise<Record<string, string>> => {
+    const route = JSON.stringify(hops);
+    const expires = Date.now() + ttlMs;
+    const sig = await trackerId.sign(routeSigningMessage(head, expires, route));
+    return { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig) };
+  };
+  const body = { prompt: PROMPT, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'chain-test' };
+
+  beforeAll(async () => {
+    st = await startStaticServer({ root: await ensureModel('tiny') });
+    relay = await startRelayProcess();
+    trackerId = await Identity.generate();
+    writeFileSync(join(work, 'tracker.key'), JSON.stringify(await trackerId.export()));
+    tracker = await startTrackerProc(['--model', `tiny=${st.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', '--key-file', join(work, 'tracker.key')]);
+    const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', 'tiny', '--model-url', st.url, '--budget-mb', '64'];
+    const started = await Promise.all([
+      startNode([...common, '--layers', '0-1', '--hop-mode', 'chain']),
+      startNode([...common, '--layers', '0-1', '--hop-mode', 'star']),
+      startNode([...common, '--layers', '1-3', '--inject-delay-ms', '10']),
+      startNode([...common, '--layers', '1-3', '--inject-delay-ms', '10']),
+      startNode([...common, '--layers', '3-4']),
+    ]);
+    [chainHead, starHead, m1, m2, tail] = started as [NodeProc, NodeProc, NodeProc, NodeProc, NodeProc];
+    await Promise.all(started.map((n) => n.waitFor((e) => e.event === 'registered')));
+    await until(async () => (await fetch(`${tracker.url}/api/route?model=tiny`)).ok, 20_000, 'a complete route');
+  }, 120_000);
+
+  afterAll(async () => {
+    await Promise.all([chainHead, starHead, m1, m2, tail].filter(Boolean).map((n) => n.stop()));
+    await tracker?.stop();
+    await relay?.stop();
+    await st?.close();
+    rmSync(work, { recursive: true, force: true });
+  });
+
+  it('chain and star heads both stream the float64 reference greedy tokens; only the chain makes the middle push to the tail', async () => {
+    expect(wantIds.length).toBeGreaterThan(5);
+    const route = [hopOf(m1, 1, 3, 'relay'), hopOf(tail, 3, 4, 'relay')];
+    const before = await chainForwards(tail);
+    const chained = await collectEvents(generateDirect(chainHead.endpoint, await sign(chainHead.peerId, route), body));
+    expect(tokenIds(chained)).toEqual(wantIds);
+    const steps = tokenIds(chained).length + (cut >= 0 ? 1 : 0);
+    expect((await chainForwards(tail)) - before).toBe(steps);
+    const mid = await chainForwards(tail);
+    const star = await collectEvents(generateDirect(starHead.endpoint, await sign(starHead.peerId, route), body));
+    expect(tokenIds(star)).toEqual(wantIds);
+    expect(await chainForwards(tail)).toBe(mid);
+  });
+
+  it('loses no token when the middle node is killed mid-generation in chain mode (the tracker replaces it, the head replays)', async () => {
+    const route = [hopOf(m1, 1, 3, 'relay'), hopOf(tail, 3, 4, 'relay')];
+    const events: GenerateEvent[] = [];
+    let tokenAt: number[] = [];
+    let killedAt = 0;
+    for await (const e of generateDirect(chainHead.endpoint, await sign(chainHead.peerId, route), body)) {
+      events.push(e);
+      if (e.type === 'token') tokenAt.push(performance.now());
+      if (e.type === 'token' && e.index === 5) {
+        m1.child.kill('SIGKILL');
+        killedAt = performance.now();
+      }
+    }
+    tokenAt = tokenAt.filter((t) => t > killedAt);
+    expect(tokenIds(events)).toEqual(wantIds);
+    const rec = events.find((e) => e.type === 'recovered');
+    expect(rec).toMatchObject({ failed_peer_id: m1.peerId, replacement_peer_id: m2.peerId });
+    console.log(`[chain mesh] middle killed after token 5: next token ${Math.round(tokenAt[0]! - killedAt)} ms later (recovery_ms ${rec?.type === 'recovered' ? rec.recovery_ms : '?'})`);
+  });
+
+  it('a hop refuses a forged or expired route (403 naming it), a route with a repeated node, and names a gone next hop without hanging', async () => {
+    const rows = encodeTensor(new Float32Array(f.cfg.hiddenSize).fill(0.01), 'bf16');
+    const forward = (headers: Record<string, string>) =>
+      fetch(`${m2.endpoint}/forward`, {
+        method: 'POST',
+        headers: { 'x-meshnet-shape': `1,1,${f.cfg.hiddenSize}`, 'x-meshnet-dtype': 'bf16', 'x-meshnet-session': `t${Date.now()}`, 'x-meshnet-position': '0', 'x-meshnet-chain-index': '0', 'x-meshnet-chain-head': chainHead.peerId, ...headers },
+        body: rows as Uint8Array<ArrayBuffer>,
+      });
+    const route = [hopOf(m2, 1, 3, 'relay'), hopOf(tail, 3, 4, 'relay')];
+    const forged = await sign(chainHead.peerId, route);
+    forged['x-meshnet-route-signature'] = encodeBase64Url(new Uint8Array(64).fill(7));
+    for (const headers of [forged, await sign(chainHead.peerId, route, -1000)]) {
+      const res = await forward(headers);
+      expect(res.status).toBe(403);
+      expect(res.headers.get('x-meshnet-chain-failed')).toBe(m2.peerId);
+    }
+    const looped = await forward(await sign(chainHead.peerId, [hopOf(m2, 1, 2, 'relay'), hopOf(m2, 2, 3, 'relay'), hopOf(tail, 3, 4, 'relay')]));
+    expect(looped.status).toBe(400);
+    expect(((await looped.json()) as { error: { message: string } }).error.message).toMatch(/twice/);
+    // The next hop is a peer the relay does not know (gone): m2 answers at once, naming it.
+    const gone = 'f'.repeat(32);
+    const res = await forward(await sign(chainHead.peerId, [hopOf(m2, 1, 3, 'relay'), { peer_id: gone, start_layer: 3, end_layer: 4, relay_addr: m2.relayAddr!.replace(m2.peerId, gone) }]));
+    expect(res.status, await res.clone().text()).toBeGreaterThanOrEqual(500);
+    expect(res.headers.get('x-meshnet-chain-failed')).toBe(gone);
+  });
+});
