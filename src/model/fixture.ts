@@ -2,7 +2,9 @@
  * Generated checkpoints in exactly the Hugging Face layout, deterministic from
  * a seed. Tests, benchmarks and the offline demo run on these instead of
  * downloading real models; they exercise the same loader, tokenizer and graph
- * paths (GQA, llama3 RoPE scaling, Qwen2 q/k/v bias, sharded index).
+ * paths (GQA, llama3 RoPE scaling, Qwen2 q/k/v bias, sharded index), and
+ * one preset per published architecture (tiny-*: the real config fields of
+ * Llama 3.1, SmolLM2, Mistral, Qwen3, Phi-3.5 at reduced width and depth).
  *
  * Pure: no host API, no transcendental Math (Math.log/cos may differ between
  * engines), so the same seed gives the same bytes in Node and every browser.
@@ -14,7 +16,11 @@ import type { ModelConfig } from './config.ts';
 import { serializeSafetensors, type TensorEntry } from './safetensors-format.ts';
 import { REAL_TOKENIZER_PACKAGE, REAL_VOCAB_PRESETS, isRealVocabPreset, realVocabSpec, type TokenizerFiles } from './fixture-real-vocab.ts';
 
-export const FIXTURE_PRESETS = ['tiny', 'small', 'tiny-qwen2', ...REAL_VOCAB_PRESETS] as const;
+export const FIXTURE_PRESETS = [
+  'tiny', 'small', 'tiny-qwen2',
+  'tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini',
+  ...REAL_VOCAB_PRESETS,
+] as const;
 export type FixturePreset = (typeof FIXTURE_PRESETS)[number];
 
 export function isFixturePreset(s: string): s is FixturePreset {
@@ -90,6 +96,101 @@ function presetSpec(preset: FixturePreset): PresetSpec {
           tie_word_embeddings: false, bos_token_id: 0, eos_token_id: 2,
         },
       };
+    case 'tiny-llama31':
+      // Llama-3.1-8B-shaped: untied head, llama3 scaling (factor 8, theta 500000). The original
+      // length is reduced from 8192 to 256 so head_dim 16 has frequencies in all three bands.
+      return {
+        shards: 1,
+        config: {
+          architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common,
+          attention_bias: false, mlp_bias: false, pretraining_tp: 1,
+          vocab_size: 512, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 4,
+          num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16,
+          max_position_embeddings: 131072, rope_theta: 500000,
+          rope_scaling: { factor: 8, high_freq_factor: 4, low_freq_factor: 1, original_max_position_embeddings: 256, rope_type: 'llama3' },
+          tie_word_embeddings: false, bos_token_id: 1, eos_token_id: [2, 0],
+        },
+      };
+    case 'tiny-smollm2':
+      // SmolLM2-135M-shaped: Llama layout, tied, theta 100000, no head_dim key (576/9 = 64 there, 96/3 = 32 here).
+      return {
+        shards: 1,
+        config: {
+          architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common,
+          attention_bias: false, mlp_bias: false, pretraining_tp: 1,
+          vocab_size: 512, hidden_size: 96, intermediate_size: 256, num_hidden_layers: 4,
+          num_attention_heads: 3, num_key_value_heads: 1,
+          max_position_embeddings: 8192, rope_theta: 100000, rope_scaling: null,
+          tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2, pad_token_id: 2,
+        },
+      };
+    case 'tiny-mistral':
+      // Mistral-7B-v0.1-shaped: sliding_window (4096 there, 16 here so a short chat crosses it).
+      return {
+        shards: 1,
+        config: {
+          architectures: ['MistralForCausalLM'], model_type: 'mistral', ...common,
+          vocab_size: 512, hidden_size: 64, intermediate_size: 224, num_hidden_layers: 4,
+          num_attention_heads: 4, num_key_value_heads: 1,
+          max_position_embeddings: 32768, rope_theta: 10000, sliding_window: 16,
+          tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2,
+        },
+      };
+    case 'tiny-qwen3':
+      // Qwen3-0.6B-shaped: head_dim 32 > hidden/heads (16), q_norm/k_norm, no biases, tied, eps 1e-6.
+      return {
+        shards: 1,
+        config: {
+          architectures: ['Qwen3ForCausalLM'], model_type: 'qwen3', ...common, rms_norm_eps: 1e-6,
+          attention_bias: false, head_dim: 32,
+          vocab_size: 512, hidden_size: 64, intermediate_size: 192, num_hidden_layers: 4,
+          num_attention_heads: 4, num_key_value_heads: 2,
+          max_position_embeddings: 40960, max_window_layers: 4, rope_theta: 1000000, rope_scaling: null,
+          sliding_window: null, use_sliding_window: false,
+          tie_word_embeddings: true, bos_token_id: 0, eos_token_id: 2,
+        },
+      };
+    case 'tiny-phi3':
+      // Phi-3.5-mini-shaped: packed qkv_proj/gate_up_proj, MHA, longrope. head_dim 16 takes 8
+      // factors (48 in the published file; these are made up, spread wider so they matter), and
+      // original/max lengths 512/2048 give attention factor sqrt(1 + ln 4 / ln 512).
+      return {
+        shards: 1,
+        config: {
+          architectures: ['Phi3ForCausalLM'], model_type: 'phi3', ...common,
+          attention_bias: false, embd_pdrop: 0, resid_pdrop: 0,
+          vocab_size: 512, hidden_size: 64, intermediate_size: 160, num_hidden_layers: 4,
+          num_attention_heads: 4, num_key_value_heads: 4,
+          max_position_embeddings: 2048, original_max_position_embeddings: 512, rope_theta: 10000,
+          rope_scaling: {
+            long_factor: [1.08, 1.2, 1.9, 4.5, 9.3, 17.0, 26.5, 31.0],
+            short_factor: [1.0, 1.02, 1.1, 1.3, 1.6, 2.1, 2.6, 3.0],
+            type: 'longrope',
+          },
+          sliding_window: 2047,
+          tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, pad_token_id: 2,
+        },
+      };
+    case 'tiny-phi4mini':
+      // Phi-4-mini-shaped (Phi3ForCausalLM): partial_rotary_factor 0.75 (48 of head_dim 64 rotate,
+      // 96 of 128 there), GQA, tied embeddings, longrope with rotary_dim/2 = 24 factors (made up).
+      return {
+        shards: 1,
+        config: {
+          architectures: ['Phi3ForCausalLM'], model_type: 'phi3', ...common,
+          attention_bias: false, embd_pdrop: 0, resid_pdrop: 0, partial_rotary_factor: 0.75,
+          vocab_size: 512, hidden_size: 128, intermediate_size: 256, num_hidden_layers: 4,
+          num_attention_heads: 2, num_key_value_heads: 1,
+          max_position_embeddings: 2048, original_max_position_embeddings: 512, rope_theta: 10000,
+          rope_scaling: {
+            long_factor: Array.from({ length: 24 }, (_, i) => 1 + i * 1.25),
+            short_factor: Array.from({ length: 24 }, (_, i) => 1 + i / 12),
+            type: 'longrope',
+          },
+          sliding_window: 262144,
+          tie_word_embeddings: true, bos_token_id: 1, eos_token_id: 2, pad_token_id: 2,
+        },
+      };
   }
 }
 
@@ -147,7 +248,7 @@ function tensorInit(cfg: ModelConfig, name: string): { mean: number; std: number
   if (name === EMBED_TENSOR) return { mean: 0, std: (cfg.tieWordEmbeddings ? 1.5 : 3) / Math.sqrt(h) };
   if (name === LM_HEAD_TENSOR) return { mean: 0, std: 3 / Math.sqrt(h) };
   if (name === FINAL_NORM_TENSOR) return { mean: cfg.tieWordEmbeddings ? 2 : 1, std: 0.05 };
-  if (name.endsWith('layernorm.weight')) return { mean: 1, std: 0.05 };
+  if (name.endsWith('layernorm.weight') || name.endsWith('_norm.weight')) return { mean: 1, std: 0.05 };
   if (name.endsWith('.bias')) return { mean: 0, std: 0.1 };
   if (name.endsWith('o_proj.weight')) return { mean: 0, std: 1.5 / Math.sqrt(cfg.numHeads * cfg.headDim) };
   if (name.endsWith('down_proj.weight')) return { mean: 0, std: 1.5 / Math.sqrt(cfg.intermediateSize) };
@@ -191,7 +292,7 @@ function tokenizerFiles(cfg: ModelConfig, preset: FixturePreset): { tokenizer: u
       fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: bpe.merges,
     },
   };
-  const qwen = preset === 'tiny-qwen2';
+  const qwen = preset === 'tiny-qwen2' || preset === 'tiny-qwen3';
   const addedDecoder: Record<string, unknown> = {};
   for (const a of added) addedDecoder[String(a.id)] = { content: a.content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true };
   const tokenizerConfig = {

@@ -31,7 +31,7 @@ import type { ModelConfig } from './config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR } from './config.ts';
 import { ElemType, GraphBuilder, MS_DOMAIN, writeFloats } from './onnx-builder.ts';
 import { q4BlocksPerRow, q4Bytes, quantizeQ4, Q4_BLOCK, type Q4Matrix, type Q4Scheme } from './quantize.ts';
-import { ropeInvFreq } from './rope.ts';
+import { attentionScale, ropeAttentionFactor, ropeInvFreq } from './rope.ts';
 import type { BuiltGraph, WeightSource, WeightTensor } from './graph.ts';
 
 export const FUSED_IO = {
@@ -59,14 +59,14 @@ export interface FusedGraphOptions {
   q4?: Q4Source;
 }
 
-/** Why `cfg` cannot run as a fused graph, or null when it can. */
+/** Why `cfg` cannot run as a fused graph, or null when it can (callers fall back to the plain graphs of graph.ts). */
 export function fusedUnsupportedReason(cfg: ModelConfig): string | null {
-  if (cfg.architecture !== 'llama' && cfg.architecture !== 'mistral' && cfg.architecture !== 'qwen2') return `architecture ${cfg.architecture}`;
+  const known: readonly string[] = ['llama', 'mistral', 'qwen2', 'qwen3', 'phi3'];
+  if (!known.includes(cfg.architecture)) return `architecture ${cfg.architecture}`;
   if (cfg.headDim % 16 !== 0) return `head_dim ${cfg.headDim} is not a multiple of 16`;
+  // GroupQueryAttention's rotary: "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8".
+  if ((cfg.rotaryDim / 2) % 8 !== 0) return `rotary dim ${cfg.rotaryDim} is not a multiple of 16`;
   if (cfg.hiddenSize % Q4_BLOCK !== 0 || cfg.intermediateSize % Q4_BLOCK !== 0) return 'hidden or intermediate size is not a multiple of 32';
-  const extra = cfg as unknown as Record<string, unknown>;
-  // Fields a later config may add (q/k norms, fused Phi-3 weights) that this graph does not express.
-  for (const key of ['qkNorm', 'fusedQkv', 'fusedGateUp', 'slidingWindow']) if (extra[key]) return `${key} is not supported by the fused graph`;
   return null;
 }
 
@@ -88,13 +88,17 @@ export function quantizingSource(src: WeightSource, scheme: Q4Scheme = FUSED_Q4_
 /** Symmetric: the scheme onnxruntime's WebGPU MatMulNBits fusions accept (see quantize.ts). */
 export const FUSED_Q4_SCHEME: Q4Scheme = 'symmetric';
 
-/** HF names of the projections a fused layer packs, in packing order. */
-export function fusedProjectionNames(layer: number): { qkv: string[]; o: string; gateUp: string[]; down: string } {
+/**
+ * HF names of the projections a fused layer packs, in packing order. Phi-3
+ * checkpoints already hold q|k|v and gate|up packed (`cfg.packedProjections`).
+ */
+export function fusedProjectionNames(layer: number, cfg?: ModelConfig): { qkv: string[]; o: string; gateUp: string[]; down: string } {
   const p = `model.layers.${layer}`;
+  const packed = cfg?.packedProjections === true;
   return {
-    qkv: ['q', 'k', 'v'].map((x) => `${p}.self_attn.${x}_proj.weight`),
+    qkv: packed ? [`${p}.self_attn.qkv_proj.weight`] : ['q', 'k', 'v'].map((x) => `${p}.self_attn.${x}_proj.weight`),
     o: `${p}.self_attn.o_proj.weight`,
-    gateUp: [`${p}.mlp.gate_proj.weight`, `${p}.mlp.up_proj.weight`],
+    gateUp: packed ? [`${p}.mlp.gate_up_proj.weight`] : [`${p}.mlp.gate_proj.weight`, `${p}.mlp.up_proj.weight`],
     down: `${p}.mlp.down_proj.weight`,
   };
 }
@@ -186,9 +190,30 @@ class FusedBuilder {
     });
   }
 
-  /** cos/sin caches [maxContext, headDim/2] from the model's (possibly scaled) rotary frequencies. */
+  /**
+   * Qwen3's per-head q_norm / k_norm before GQA's rotary: q and k as [1, seq, heads, D],
+   * SimplifiedLayerNormalization over D, back to [1, seq, heads*D]; returns separate q, k, v.
+   */
+  qkNorm(layer: number, qkv: string[], sizes: number[]): string[] {
+    const g = this.g;
+    const p = `model.layers.${layer}.self_attn`;
+    let [q, k, v] = qkv as [string, string, string];
+    if (!k) [q, k, v] = g.op('Split', [q, g.constI64('qkv_split', sizes)], { axis: -1 }, 3) as [string, string, string];
+    const D = this.cfg.headDim;
+    const heads = g.constI64('shape_heads', [0, 0, -1, D]);
+    const flat = g.constI64('shape_flat', [0, 0, -1]);
+    const norm = (x: string, w: string) =>
+      g.op1('Reshape', [g.op1('SimplifiedLayerNormalization', [g.op1('Reshape', [x, heads]), this.vector(w, D)], { axis: -1, epsilon: { float: this.cfg.rmsNormEps }, stash_type: 1 }), flat]);
+    return [norm(q, `${p}.q_norm.weight`), norm(k, `${p}.k_norm.weight`), v];
+  }
+
+  /**
+   * cos/sin caches [maxContext, rotaryDim/2] from the model's (possibly scaled) rotary frequencies,
+   * times longrope's attention factor; with rotaryDim < headDim GQA rotates only the leading values.
+   */
   rotaryCaches(): { cos: string; sin: string } {
     const inv = ropeInvFreq(this.cfg);
+    const af = ropeAttentionFactor(this.cfg);
     const half = inv.length;
     const max = this.opts.maxContext;
     const table = (fn: (a: number) => number) => (dst: Uint8Array) => {
@@ -199,8 +224,8 @@ class FusedBuilder {
       }
     };
     return {
-      cos: this.g.initializer('rotary.cos_cache', ElemType.FLOAT, [max, half], table(Math.cos)),
-      sin: this.g.initializer('rotary.sin_cache', ElemType.FLOAT, [max, half], table(Math.sin)),
+      cos: this.g.initializer('rotary.cos_cache', ElemType.FLOAT, [max, half], table((a) => Math.cos(a) * af)),
+      sin: this.g.initializer('rotary.sin_cache', ElemType.FLOAT, [max, half], table((a) => Math.sin(a) * af)),
     };
   }
 }
@@ -228,7 +253,8 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
   let pending: string | null = null; // the last layer's MLP output, not yet added to the residual
   for (let l = start; l < end; l++) {
     const p = `model.layers.${l}`;
-    const names = fusedProjectionNames(l);
+    const names = fusedProjectionNames(l, cfg);
+    const packed = cfg.packedProjections;
     const wIn = b.vector(`${p}.input_layernorm.weight`, h);
     const wPost = b.vector(`${p}.post_attention_layernorm.weight`, h);
 
@@ -244,22 +270,31 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
     const qkvSizes = [H * D, KV * D, KV * D];
     const pastK = g.input(FUSED_IO.pastKey(l), ElemType.FLOAT, ['batch', KV, 'capacity', D]);
     const pastV = g.input(FUSED_IO.pastValue(l), ElemType.FLOAT, ['batch', KV, 'capacity', D]);
+    const qkvTotal = (H + 2 * KV) * D;
     let qkvInputs: string[];
-    if (opts.weights === 'q4') {
+    if (opts.weights === 'q4' && packed) {
+      // Phi-3's qkv_proj is one tensor: one MatMulNBits, GQA takes the packed rows.
+      qkvInputs = [b.nbits(n1, names.qkv[0]!, h, qkvTotal, `${p}.self_attn.qkv_proj`), '', ''];
+    } else if (opts.weights === 'q4') {
       // Separate projections off one norm: the shape onnxruntime's WebGPU fusions match (MatMulNBitsQkv).
       qkvInputs = names.qkv.map((nm, i) => {
         const bias = cfg.attentionBias ? b.bias(nm.replace(/weight$/, 'bias'), qkvSizes[i]!) : undefined;
         return b.nbits(n1, nm, h, qkvSizes[i]!, nm.replace(/\.weight$/, ''), bias);
       });
     } else {
-      let qkv = b.packedMatMul(n1, names.qkv, h, qkvSizes, `${p}.self_attn.qkv_proj`);
+      let qkv = b.packedMatMul(n1, names.qkv, h, packed ? [qkvTotal] : qkvSizes, `${p}.self_attn.qkv_proj`);
       if (cfg.attentionBias) qkv = g.op1('Add', [qkv, b.qkvBias(l, qkvSizes)]);
       qkvInputs = [qkv, '', ''];
     }
+    if (cfg.qkNorm) qkvInputs = b.qkNorm(l, qkvInputs, qkvSizes);
+    // Mistral / Phi-3: local_window_size = sliding_window, as onnxruntime-genai's builder sets it.
+    // Measured on the CPU kernel (test/arch): the query then sees `sliding_window` keys, itself
+    // included, which is transformers' window; sliding_window - 1 would see one fewer.
+    const window: Record<string, number> = cfg.slidingWindow !== null ? { local_window_size: cfg.slidingWindow } : {};
     const [attn] = g.op(
       'GroupQueryAttention',
       [...qkvInputs, pastK, pastV, seqlensK, totalLen, cos, sin],
-      { num_heads: H, kv_num_heads: KV, do_rotary: 1, rotary_interleaved: 0, scale: { float: 1 / Math.sqrt(D) } },
+      { num_heads: H, kv_num_heads: KV, do_rotary: 1, rotary_interleaved: 0, scale: { float: attentionScale(cfg) }, ...window },
       [g.fresh('attn'), FUSED_IO.presentKey(l), FUSED_IO.presentValue(l)],
       MS_DOMAIN,
     ) as [string];
@@ -272,13 +307,17 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
     residual = sum2;
 
     let act: string;
-    if (opts.weights === 'q4') {
+    if (opts.weights === 'q4' && packed) {
+      const gu = b.nbits(n2, names.gateUp[0]!, h, 2 * I, `${p}.mlp.gate_up_proj`);
+      const [gate, up] = g.op('Split', [gu], { axis: -1 }, 2) as [string, string];
+      act = g.op1('Mul', [g.op1('Mul', [gate, g.op1('Sigmoid', [gate])]), up]);
+    } else if (opts.weights === 'q4') {
       // gate * sigmoid(gate) * up over separate projections: what MatMulNBitsMlp fuses (with the norm) on WebGPU.
       const gate = b.nbits(n2, names.gateUp[0]!, h, I, `${p}.mlp.gate_proj`);
       const up = b.nbits(n2, names.gateUp[1]!, h, I, `${p}.mlp.up_proj`);
       act = g.op1('Mul', [g.op1('Mul', [gate, g.op1('Sigmoid', [gate])]), up]);
     } else {
-      const gu = b.packedMatMul(n2, names.gateUp, h, [I, I], `${p}.mlp.gate_up_proj`);
+      const gu = b.packedMatMul(n2, names.gateUp, h, packed ? [2 * I] : [I, I], `${p}.mlp.gate_up_proj`);
       const [gate, up] = g.op('Split', [gu], { axis: -1 }, 2) as [string, string];
       act = g.op1('Mul', [g.op1('QuickGelu', [gate], { alpha: { float: 1 } }, undefined, MS_DOMAIN), up]);
     }
@@ -300,7 +339,8 @@ export function fusedLayerBytes(cfg: ModelConfig, weights: FusedWeights): number
   ];
   const proj = mats.reduce((s, [n, k]) => s + (weights === 'f32' ? n * k * 4 : q4Bytes(n, k, FUSED_Q4_SCHEME)), 0);
   const bias = cfg.attentionBias ? (H + 2 * KV) * D * 4 : 0;
-  return proj + 2 * h * 4 + bias;
+  const qkNorm = cfg.qkNorm ? 2 * D * 4 : 0;
+  return proj + 2 * h * 4 + bias + qkNorm;
 }
 
 export const HEAD_IO = { hidden: 'hidden_states', logits: 'logits', greedyToken: 'greedy_token', greedyLogprob: 'greedy_logprob' } as const;

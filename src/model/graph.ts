@@ -4,7 +4,7 @@
  *
  * Interface of a layer-range graph (names are what the executor feeds):
  *   hidden_states          f32 [1, seq, hidden]
- *   rope_cos, rope_sin     f32 [1, seq, 1, headDim]   (see rope.ts: signed sin)
+ *   rope_cos, rope_sin     f32 [1, seq, 1, headDim]   (see rope.ts: signed sin; partial rotary uses the first rotaryDim)
  *   attention_mask         f32 [groups*seq, past+seq] additive, 0 or a large negative
  *   past_key_values.N.key/value   [1, past, kvHeads, headDim]  (f32, or f16 in the f16 variant)
  * out:
@@ -26,7 +26,8 @@
  * stream and RMSNorm in f32: Pow(x,2) of a residual above 256 overflows f16.
  */
 import type { ModelConfig } from './config.ts';
-import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR } from './config.ts';
+import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, projectionRows } from './config.ts';
+import { attentionScale, ropeAttentionFactor } from './rope.ts';
 import { ElemType, GraphBuilder, writeFloats, type ElemTypeId } from './onnx-builder.ts';
 
 export interface WeightTensor {
@@ -76,17 +77,43 @@ function expectShape(name: string, w: WeightTensor, shape: number[]): void {
 
 /** An HF [out,in] matrix as a MatMul right operand [in,out], transposed row by row into the model bytes. */
 function addMatmulWeight(g: GraphBuilder, src: WeightSource, name: string, outDim: number, inDim: number, dtype: GraphDtype, scale = 1): string {
+  return addMatmulRows(g, src, name, { row: 0, rows: outDim, total: outDim }, inDim, dtype, scale, name);
+}
+
+/**
+ * Rows [row, row+rows) of an HF [total, in] matrix as a MatMul operand [in, rows]:
+ * how Phi-3's packed qkv_proj / gate_up_proj become separate q, k, v, gate, up weights.
+ */
+function addMatmulRows(
+  g: GraphBuilder,
+  src: WeightSource,
+  name: string,
+  r: { row: number; rows: number; total: number },
+  inDim: number,
+  dtype: GraphDtype,
+  scale: number,
+  label: string,
+): string {
   const w = src(name);
-  expectShape(name, w, [outDim, inDim]);
+  expectShape(name, w, [r.total, inDim]);
   const et = wt(dtype);
-  return g.initializer(name, et, [inDim, outDim], (dst) => {
+  const outDim = r.rows;
+  return g.initializer(label, et, [inDim, outDim], (dst) => {
     const row = new Float32Array(outDim);
     const data = w.data;
     for (let i = 0; i < inDim; i++) {
-      for (let o = 0; o < outDim; o++) row[o] = data[o * inDim + i]! * scale;
+      for (let o = 0; o < outDim; o++) row[o] = data[(r.row + o) * inDim + i]! * scale;
       writeFloats(dst, row, et, i * outDim);
     }
   });
+}
+
+/** One of a layer's q/k/v/gate/up projections, from its own tensor or a packed one. */
+function addProjection(g: GraphBuilder, src: WeightSource, cfg: ModelConfig, layer: number, which: 'q' | 'k' | 'v' | 'gate' | 'up', dtype: GraphDtype, scale = 1): string {
+  const pr = projectionRows(cfg, layer, which);
+  const [total, inDim] = expectedTensorShape(cfg, pr.tensor)!;
+  const label = cfg.packedProjections ? `${pr.tensor.replace(/(qkv|gate_up)_proj\.weight$/, `${which}_proj.weight`)}` : pr.tensor;
+  return addMatmulRows(g, src, pr.tensor, { row: pr.row, rows: pr.rows, total: total! }, inDim!, dtype, scale, label);
 }
 
 function addVector(g: GraphBuilder, src: WeightSource, name: string, len: number, et: ElemTypeId, scale = 1): string {
@@ -116,6 +143,13 @@ function rope(g: GraphBuilder, x: string, cos: string, sin: string): string {
   return g.op1('Add', [g.op1('Mul', [x, cos]), g.op1('Mul', [swapped, sin])]);
 }
 
+/** RoPE on the first `rotaryDim` of `headDim` values (partial rotary), the rest passed through. */
+function partialRope(g: GraphBuilder, x: string, cos: string, sin: string, rotaryDim: number, headDim: number): string {
+  if (rotaryDim === headDim) return rope(g, x, cos, sin);
+  const [rot, pass] = g.op('Split', [x, g.constI64('rotary_split', [rotaryDim, headDim - rotaryDim])], { axis: -1 }, 2) as [string, string];
+  return g.op1('Concat', [rope(g, rot, cos, sin), pass], { axis: -1 });
+}
+
 export interface LayerGraphOptions {
   dtype?: GraphDtype;
 }
@@ -133,8 +167,22 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
 
   const g = new GraphBuilder(`layers_${start}_${end}`);
   let x = g.input(IO.hidden, ElemType.FLOAT, [1, 'seq', h]);
+  const R = cfg.rotaryDim;
   let cos = g.input(IO.ropeCos, ElemType.FLOAT, [1, 'seq', 1, D]);
   let sin = g.input(IO.ropeSin, ElemType.FLOAT, [1, 'seq', 1, D]);
+  if (R < D) {
+    // Partial rotary: the tables' rows are headDim wide with the rotated half-pairs first (rope.ts).
+    const slice = (t: string) => g.op1('Slice', [t, g.constI64('rot_start', [0]), g.constI64('rot_end', [R]), g.constI64('rot_axis', [-1])]);
+    cos = slice(cos);
+    sin = slice(sin);
+  }
+  const af = ropeAttentionFactor(cfg);
+  if (af !== 1) {
+    // longrope's attention factor on cos and sin, as transformers applies it.
+    const f = g.constF('rope_factor', [af]);
+    cos = g.op1('Mul', [cos, f]);
+    sin = g.op1('Mul', [sin, f]);
+  }
   let mask = g.input(IO.mask, ElemType.FLOAT, ['groups_seq', 'total']);
   if (f16) {
     cos = g.op1('Cast', [cos], { to: ElemType.FLOAT16 });
@@ -150,19 +198,22 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
   const shapeRows = g.constI64('shape_rows', [0, 0, -1, D]);
   const shapeSplitRows = g.constI64('shape_split_rows', [0, 0, groups, -1, D]);
   const shapeMerge = g.constI64('shape_merge', [0, 0, -1]);
-  // 1/sqrt(headDim) folded into q_proj: RoPE is linear, so scaling before it is exact and free at run time.
-  const qScale = 1 / Math.sqrt(D);
+  // 1/sqrt(headDim) folded into q_proj: RoPE is linear, so scaling before it is exact and free at
+  // run time. Qwen3 normalizes q after the projection, which would undo the scale there: it goes
+  // into q_norm's weight instead. (longrope's attention factor multiplies cos/sin above.)
+  const qScale = attentionScale(cfg);
+  const shapeQkHeads = cfg.qkNorm ? g.constI64('shape_qk_heads', [0, 0, -1, D]) : '';
 
   for (let l = start; l < end; l++) {
     const p = `model.layers.${l}`;
     const wIn = addVector(g, src, `${p}.input_layernorm.weight`, h, ElemType.FLOAT);
     const wPost = addVector(g, src, `${p}.post_attention_layernorm.weight`, h, ElemType.FLOAT);
-    const wq = addMatmulWeight(g, src, `${p}.self_attn.q_proj.weight`, H * D, h, dtype, qScale);
-    const wk = addMatmulWeight(g, src, `${p}.self_attn.k_proj.weight`, KV * D, h, dtype);
-    const wv = addMatmulWeight(g, src, `${p}.self_attn.v_proj.weight`, KV * D, h, dtype);
+    const wq = addProjection(g, src, cfg, l, 'q', dtype, cfg.qkNorm ? 1 : qScale);
+    const wk = addProjection(g, src, cfg, l, 'k', dtype);
+    const wv = addProjection(g, src, cfg, l, 'v', dtype);
     const wo = addMatmulWeight(g, src, `${p}.self_attn.o_proj.weight`, h, H * D, dtype);
-    const wg = addMatmulWeight(g, src, `${p}.mlp.gate_proj.weight`, I, h, dtype);
-    const wu = addMatmulWeight(g, src, `${p}.mlp.up_proj.weight`, I, h, dtype);
+    const wg = addProjection(g, src, cfg, l, 'gate', dtype);
+    const wu = addProjection(g, src, cfg, l, 'up', dtype);
     const wd = addMatmulWeight(g, src, `${p}.mlp.down_proj.weight`, h, I, dtype);
     const bq = cfg.attentionBias ? addVector(g, src, `${p}.self_attn.q_proj.bias`, H * D, et, qScale) : undefined;
     const bk = cfg.attentionBias ? addVector(g, src, `${p}.self_attn.k_proj.bias`, KV * D, et) : undefined;
@@ -171,11 +222,18 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
     const pastV = g.input(IO.pastValue(l), et, [1, 'past', KV, D]);
 
     const n1 = toCompute(rmsNorm(g, x, wIn, eps));
-    const q = g.op1('Reshape', [linear(g, n1, wq, bq), shapeHeads]);
-    const k = g.op1('Reshape', [linear(g, n1, wk, bk), shapeKv]);
+    let q = g.op1('Reshape', [linear(g, n1, wq, bq), shapeHeads]);
+    let k = g.op1('Reshape', [linear(g, n1, wk, bk), shapeKv]);
+    if (cfg.qkNorm) {
+      // Qwen3: RMSNorm of each head over head_dim (in f32, like the residual norms), then RoPE.
+      const wqn = addVector(g, src, `${p}.self_attn.q_norm.weight`, D, ElemType.FLOAT, qScale);
+      const wkn = addVector(g, src, `${p}.self_attn.k_norm.weight`, D, ElemType.FLOAT);
+      q = g.op1('Reshape', [toCompute(rmsNorm(g, toResidual(q), wqn, eps)), shapeQkHeads]);
+      k = g.op1('Reshape', [toCompute(rmsNorm(g, toResidual(k), wkn, eps)), shapeQkHeads]);
+    }
     g.op1('Reshape', [linear(g, n1, wv, bv), shapeKv], {}, IO.presentValue(l));
-    const qr = rope(g, q, cos, sin);
-    g.op1('Identity', [rope(g, k, cos, sin)], {}, IO.presentKey(l));
+    const qr = partialRope(g, q, cos, sin, R, D);
+    g.op1('Identity', [partialRope(g, k, cos, sin, R, D)], {}, IO.presentKey(l));
 
     const kAll = g.op1('Concat', [pastK, IO.presentKey(l)], { axis: 1 });
     const vAll = g.op1('Concat', [pastV, IO.presentValue(l)], { axis: 1 });

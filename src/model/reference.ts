@@ -23,14 +23,22 @@ export function newRefCache(cfg: ModelConfig): RefKvCache {
   return { keys: Array.from({ length: cfg.numLayers }, () => []), values: Array.from({ length: cfg.numLayers }, () => []) };
 }
 
-function llama3Frequencies(cfg: ModelConfig): Float64Array {
-  const half = cfg.headDim / 2;
+/** Rotary inverse frequencies: plain, llama3-scaled, or longrope's short factors (positions below the original length). */
+function ropeFrequencies(cfg: ModelConfig): Float64Array {
+  // Partial rotary (Phi-4-mini): frequencies over the rotated dims only.
+  const dim = cfg.rotaryDim;
+  const half = dim / 2;
   const out = new Float64Array(half);
+  const sc = cfg.ropeScaling;
   for (let i = 0; i < half; i++) {
-    const base = Math.pow(cfg.ropeTheta, -(2 * i) / cfg.headDim);
-    const sc = cfg.ropeScaling;
+    const base = Math.pow(cfg.ropeTheta, -(2 * i) / dim);
     if (!sc) {
       out[i] = base;
+      continue;
+    }
+    if (sc.type === 'longrope') {
+      // transformers: inv_freq = 1 / (ext_factors * base ** (arange(0, dim, 2) / dim)).
+      out[i] = 1 / (sc.shortFactor[i]! * Math.pow(cfg.ropeTheta, (2 * i) / dim));
       continue;
     }
     const wavelen = (2 * Math.PI) / base;
@@ -48,13 +56,16 @@ function llama3Frequencies(cfg: ModelConfig): Float64Array {
 
 export class ReferenceModel {
   private readonly freqs: Float64Array;
+  /** cos and sin are multiplied by this (longrope's attention_factor), as transformers does. */
+  private readonly ropeMul: number;
   private readonly w = new Map<string, Float64Array>();
 
   constructor(
     readonly cfg: ModelConfig,
     private readonly src: RefWeightSource,
   ) {
-    this.freqs = llama3Frequencies(cfg);
+    this.freqs = ropeFrequencies(cfg);
+    this.ropeMul = cfg.ropeScaling?.type === 'longrope' ? cfg.ropeScaling.attentionFactor : 1;
   }
 
   private weight(name: string): Float64Array {
@@ -76,8 +87,8 @@ export class ReferenceModel {
     return out;
   }
 
-  private rmsNorm(x: Float64Array, seq: number, w: Float64Array): Float64Array {
-    const h = this.cfg.hiddenSize;
+  /** RMSNorm over rows of `h` values (the hidden size, or head_dim for Qwen3's q/k norms). */
+  private rmsNorm(x: Float64Array, seq: number, w: Float64Array, h = this.cfg.hiddenSize): Float64Array {
     const out = new Float64Array(x.length);
     for (let s = 0; s < seq; s++) {
       let ss = 0;
@@ -88,27 +99,28 @@ export class ReferenceModel {
     return out;
   }
 
-  /** y = x W^T (+ b) with HF [out, in] weights. */
-  private linear(x: Float64Array, seq: number, w: Float64Array, inDim: number, outDim: number, b?: Float64Array): Float64Array {
+  /** y = x W^T (+ b) with HF [out, in] weights; `row0` skips rows of a packed tensor (Phi-3 qkv_proj, gate_up_proj). */
+  private linear(x: Float64Array, seq: number, w: Float64Array, inDim: number, outDim: number, b?: Float64Array, row0 = 0): Float64Array {
     const y = new Float64Array(seq * outDim);
     for (let s = 0; s < seq; s++) {
       for (let o = 0; o < outDim; o++) {
         let acc = b ? b[o]! : 0;
-        for (let i = 0; i < inDim; i++) acc += x[s * inDim + i]! * w[o * inDim + i]!;
+        const r = (row0 + o) * inDim;
+        for (let i = 0; i < inDim; i++) acc += x[s * inDim + i]! * w[r + i]!;
         y[s * outDim + o] = acc;
       }
     }
     return y;
   }
 
-  /** rotate_half RoPE on one head vector in place. */
+  /** rotate_half RoPE on one head vector in place: its first rotaryDim values (transformers' q_rot; q_pass stays). */
   private rotate(v: Float64Array, off: number, pos: number): void {
-    const half = this.cfg.headDim / 2;
+    const half = this.cfg.rotaryDim / 2;
     for (let i = 0; i < half; i++) {
       const a = v[off + i]!;
       const b = v[off + half + i]!;
-      const c = Math.cos(pos * this.freqs[i]!);
-      const s = Math.sin(pos * this.freqs[i]!);
+      const c = Math.cos(pos * this.freqs[i]!) * this.ropeMul;
+      const s = Math.sin(pos * this.freqs[i]!) * this.ropeMul;
       v[off + i] = a * c - b * s;
       v[off + half + i] = b * c + a * s;
     }
@@ -124,9 +136,23 @@ export class ReferenceModel {
     const bias = (n: string) => (this.cfg.attentionBias ? this.weight(`${p}.self_attn.${n}_proj.bias`) : undefined);
 
     const n1 = this.rmsNorm(x, seq, this.weight(`${p}.input_layernorm.weight`));
-    const q = this.linear(n1, seq, this.weight(`${p}.self_attn.q_proj.weight`), h, H * D, bias('q'));
-    const k = this.linear(n1, seq, this.weight(`${p}.self_attn.k_proj.weight`), h, KV * D, bias('k'));
-    const v = this.linear(n1, seq, this.weight(`${p}.self_attn.v_proj.weight`), h, KV * D, bias('v'));
+    let q: Float64Array, k: Float64Array, v: Float64Array;
+    if (this.cfg.packedProjections) {
+      // Phi3Attention: qkv = qkv_proj(x); q = qkv[..., :H*D], k = next KV*D, v = the rest.
+      const w = this.weight(`${p}.self_attn.qkv_proj.weight`);
+      q = this.linear(n1, seq, w, h, H * D);
+      k = this.linear(n1, seq, w, h, KV * D, undefined, H * D);
+      v = this.linear(n1, seq, w, h, KV * D, undefined, (H + KV) * D);
+    } else {
+      q = this.linear(n1, seq, this.weight(`${p}.self_attn.q_proj.weight`), h, H * D, bias('q'));
+      k = this.linear(n1, seq, this.weight(`${p}.self_attn.k_proj.weight`), h, KV * D, bias('k'));
+      v = this.linear(n1, seq, this.weight(`${p}.self_attn.v_proj.weight`), h, KV * D, bias('v'));
+    }
+    if (this.cfg.qkNorm) {
+      // Qwen3Attention: q_norm / k_norm over each head's head_dim values, then RoPE.
+      q = this.rmsNorm(q, seq * H, this.weight(`${p}.self_attn.q_norm.weight`), D);
+      k = this.rmsNorm(k, seq * KV, this.weight(`${p}.self_attn.k_norm.weight`), D);
+    }
     for (let s = 0; s < seq; s++) {
       for (let hd = 0; hd < H; hd++) this.rotate(q, s * H * D + hd * D, position + s);
       for (let hd = 0; hd < KV; hd++) this.rotate(k, s * KV * D + hd * D, position + s);
@@ -139,22 +165,25 @@ export class ReferenceModel {
     const scale = 1 / Math.sqrt(D);
     for (let s = 0; s < seq; s++) {
       const visible = position + s + 1; // causal: itself and everything before
+      // Sliding window: key t is seen from query i only when i - t < window.
+      const W = this.cfg.slidingWindow;
+      const first = W === null ? 0 : Math.max(0, position + s - W + 1);
       for (let hd = 0; hd < H; hd++) {
         const kvh = Math.floor(hd / groups);
-        const scores = new Float64Array(visible);
+        const scores = new Float64Array(visible).fill(-Infinity);
         let max = -Infinity;
-        for (let t = 0; t < visible; t++) {
+        for (let t = first; t < visible; t++) {
           let dot = 0;
           for (let d = 0; d < D; d++) dot += q[s * H * D + hd * D + d]! * keys[t]![kvh * D + d]!;
           scores[t] = dot * scale;
           if (scores[t]! > max) max = scores[t]!;
         }
         let sum = 0;
-        for (let t = 0; t < visible; t++) {
+        for (let t = first; t < visible; t++) {
           scores[t] = Math.exp(scores[t]! - max);
           sum += scores[t]!;
         }
-        for (let t = 0; t < visible; t++) {
+        for (let t = first; t < visible; t++) {
           const pr = scores[t]! / sum;
           for (let d = 0; d < D; d++) attn[s * H * D + hd * D + d] = attn[s * H * D + hd * D + d]! + pr * values[t]![kvh * D + d]!;
         }
@@ -164,8 +193,16 @@ export class ReferenceModel {
     const x2 = x.map((xv, i) => xv + o[i]!);
 
     const n2 = this.rmsNorm(x2, seq, this.weight(`${p}.post_attention_layernorm.weight`));
-    const gate = this.linear(n2, seq, this.weight(`${p}.mlp.gate_proj.weight`), h, I);
-    const up = this.linear(n2, seq, this.weight(`${p}.mlp.up_proj.weight`), h, I);
+    let gate: Float64Array, up: Float64Array;
+    if (this.cfg.packedProjections) {
+      // Phi3MLP: gate, up = gate_up_proj(x).chunk(2, dim=-1); up * silu(gate).
+      const w = this.weight(`${p}.mlp.gate_up_proj.weight`);
+      gate = this.linear(n2, seq, w, h, I);
+      up = this.linear(n2, seq, w, h, I, undefined, I);
+    } else {
+      gate = this.linear(n2, seq, this.weight(`${p}.mlp.gate_proj.weight`), h, I);
+      up = this.linear(n2, seq, this.weight(`${p}.mlp.up_proj.weight`), h, I);
+    }
     const act = gate.map((gv, i) => (gv / (1 + Math.exp(-gv))) * up[i]!);
     const down = this.linear(act, seq, this.weight(`${p}.mlp.down_proj.weight`), I, h);
     return x2.map((xv, i) => xv + down[i]!);

@@ -5,13 +5,18 @@
  */
 import type { ModelConfig } from './config.ts';
 
-/** Inverse frequencies (headDim/2 of them) with llama3 scaling, as transformers computes them. */
+/** Inverse frequencies (rotaryDim/2 of them) with llama3 or longrope (short-factor) scaling, as transformers computes them. */
 export function ropeInvFreq(cfg: ModelConfig): Float64Array {
-  const half = cfg.headDim / 2;
+  const half = cfg.rotaryDim / 2;
   const inv = new Float64Array(half);
-  for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(cfg.ropeTheta, (2 * i) / cfg.headDim);
+  for (let i = 0; i < half; i++) inv[i] = 1 / Math.pow(cfg.ropeTheta, (2 * i) / cfg.rotaryDim);
   const s = cfg.ropeScaling;
   if (!s) return inv;
+  if (s.type === 'longrope') {
+    // Positions stay below original_max_position_embeddings (config.ts caps the context): short factors.
+    for (let i = 0; i < half; i++) inv[i] = inv[i]! / s.shortFactor[i]!;
+    return inv;
+  }
   const lowWavelen = s.originalMaxPositionEmbeddings / s.lowFreqFactor;
   const highWavelen = s.originalMaxPositionEmbeddings / s.highFreqFactor;
   for (let i = 0; i < half; i++) {
@@ -27,13 +32,30 @@ export function ropeInvFreq(cfg: ModelConfig): Float64Array {
 }
 
 /**
- * cos and signed sin for positions [start, start+count), each [count, headDim].
+ * The factor transformers multiplies cos and sin by (longrope's
+ * attention_factor; 1 otherwise). The graphs apply it to their cos/sin, not
+ * to the softmax scale: with partial rotary only the rotated values carry it.
+ */
+export function ropeAttentionFactor(cfg: ModelConfig): number {
+  return cfg.ropeScaling?.type === 'longrope' ? cfg.ropeScaling.attentionFactor : 1;
+}
+
+/** The softmax scale of attention scores, 1/sqrt(head_dim) (transformers' `scaling`). */
+export function attentionScale(cfg: ModelConfig): number {
+  return 1 / Math.sqrt(cfg.headDim);
+}
+
+/**
+ * cos and signed sin for positions [start, start+count), each [count, width].
  * The sin table carries -sin on the first half so the graph computes
  * rotate_half as a swap of halves with no Neg: x*cos + swap(x)*sinSigned.
+ * Rows are `width` apart (headDim for the graphs' inputs): with partial
+ * rotary only the first rotaryDim values of a row are set, and the graph
+ * slices them off.
  */
-export function ropeTables(invFreq: Float64Array, start: number, count: number): { cos: Float32Array; sin: Float32Array } {
+export function ropeTables(invFreq: Float64Array, start: number, count: number, width = invFreq.length * 2): { cos: Float32Array; sin: Float32Array } {
   const half = invFreq.length;
-  const dim = half * 2;
+  const dim = width;
   const cos = new Float32Array(count * dim);
   const sin = new Float32Array(count * dim);
   for (let p = 0; p < count; p++) {

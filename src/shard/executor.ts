@@ -318,7 +318,7 @@ export class ShardExecutor {
     const rowElems = KV * D;
     const kvType = this.dtype === 'f16' ? 'float16' : 'float32';
     const emptyPast = this.dtype === 'f16' ? new Uint16Array(0) : new Float32Array(0);
-    const { cos, sin } = ropeTables(this.invFreq, position, seq);
+    const { cos, sin } = ropeTables(this.invFreq, position, seq, D);
     const shared: Record<string, BackendTensor> = {
       [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, seq, 1, D] },
       [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, seq, 1, D] },
@@ -360,15 +360,20 @@ export class ShardExecutor {
     return { kind: 'activation', data: hidden, shape: [1, seq, cfg.hiddenSize] };
   }
 
-  /** Additive causal mask [groups*seq, position+seq]; row g*seq+i sees columns <= position+i. */
+  /**
+   * Additive causal mask [groups*seq, position+seq]; row g*seq+i sees columns <= position+i,
+   * and with a sliding window (Mistral, Phi-3) only the last `window` of them.
+   */
   private causalMask(position: number, seq: number): Float32Array {
     const groups = this.config.numHeads / this.config.numKvHeads;
+    const window = this.config.slidingWindow;
     const total = position + seq;
     const neg = maskValue(this.dtype);
     const mask = new Float32Array(groups * seq * total);
     for (let i = 0; i < seq; i++) {
       const row = mask.subarray(i * total, (i + 1) * total);
       row.fill(neg, position + i + 1);
+      if (window !== null) row.fill(neg, 0, Math.max(0, position + i + 1 - window));
     }
     for (let g = 1; g < groups; g++) mask.copyWithin(g * seq * total, 0, seq * total);
     return mask;

@@ -202,7 +202,7 @@ export class FusedShardExecutor {
         const src = await o.weights(names);
         const projNames: string[] = [];
         for (let l = start; l < end; l++) {
-          const p = fusedProjectionNames(l);
+          const p = fusedProjectionNames(l, cfg);
           projNames.push(...p.qkv, p.o, ...p.gateUp, p.down);
         }
         const q4 = o.projections === 'q4' ? await quantizedSource(src, projNames, o.q4Cache) : undefined;

@@ -193,7 +193,9 @@ function packedMask(cfg: ModelConfig, dtype: GraphDtype, positions: number[], of
   const mask = new Float32Array(groups * B * cols).fill(maskValue(dtype));
   for (let i = 0; i < B; i++) {
     const row = mask.subarray(i * cols, (i + 1) * cols);
-    row.fill(0, offsets[i]!, offsets[i]! + positions[i]!);
+    // Sliding window (Mistral, Phi-3): the query at position p sees past keys t > p - window.
+    const first = cfg.slidingWindow === null ? 0 : Math.max(0, positions[i]! + 1 - cfg.slidingWindow);
+    row.fill(0, offsets[i]! + first, offsets[i]! + positions[i]!);
     row[total + i] = 0;
   }
   for (let g = 1; g < groups; g++) mask.copyWithin(g * B * cols, 0, B * cols);

@@ -48,7 +48,7 @@ describe('parseModelConfig', () => {
     expect(c).toEqual({
       architecture: 'llama', vocabSize: 49152, hiddenSize: 576, intermediateSize: 1536, numLayers: 30, numHeads: 9, numKvHeads: 3,
       headDim: 64, rmsNormEps: 1e-5, ropeTheta: 100000, ropeScaling: null, maxPositionEmbeddings: 8192, tieWordEmbeddings: true,
-      attentionBias: false, bosTokenId: 1, eosTokenIds: [2], torchDtype: 'bfloat16',
+      rotaryDim: 64, attentionBias: false, qkNorm: false, packedProjections: false, slidingWindow: null, bosTokenId: 1, eosTokenIds: [2], torchDtype: 'bfloat16',
     });
   });
 

@@ -14,6 +14,8 @@ function ropeInvFreq(cfg: ModelConfig): Float64Array {
   for (let i = 0; i < half; i++) {
     let f = 1 / cfg.ropeTheta ** ((2 * i) / cfg.headDim);
     const s = cfg.ropeScaling;
+    // Llama-layout presets only (the other architectures are checked against reference.ts).
+    if (s?.type === 'longrope') throw new Error('naive-llama: longrope is not modelled here');
     if (s) {
       const lowWavelen = s.originalMaxPositionEmbeddings / s.lowFreqFactor;
       const highWavelen = s.originalMaxPositionEmbeddings / s.highFreqFactor;
