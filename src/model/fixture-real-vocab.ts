@@ -66,19 +66,20 @@ export function realVocabSpec(preset: RealVocabPreset): RealVocabSpec {
         boostRows: { ids: [128009], factor: 3 },
       };
     case 'qwen3-real-vocab':
-      // Qwen3-0.6B's ids and vocabulary (151,936 rows, tied head). The layers are
-      // Qwen2's (q/k/v bias, no q_norm/k_norm) until the qwen3 architecture lands.
+      // Qwen3-0.6B's config.json (ids, vocabulary of 151,936 rows, tied head, q_norm/k_norm,
+      // head_dim independent of hidden/heads, no biases) at hidden size 64 and 2 layers.
       return {
         config: {
-          architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', ...COMMON, rms_norm_eps: 1e-6,
+          architectures: ['Qwen3ForCausalLM'], model_type: 'qwen3', ...COMMON, rms_norm_eps: 1e-6,
+          attention_bias: false,
           vocab_size: 151936, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2,
-          num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16,
+          num_attention_heads: 4, num_key_value_heads: 2, head_dim: 32,
           max_position_embeddings: 40960, max_window_layers: 2, rope_theta: 1000000, rope_scaling: null,
           sliding_window: null, use_sliding_window: false,
           tie_word_embeddings: true, bos_token_id: 151643, eos_token_id: 151645,
         },
         generationConfig: { bos_token_id: 151643, do_sample: true, eos_token_id: [151645, 151643], pad_token_id: 151643, temperature: 0.6, top_k: 20, top_p: 0.95 },
-        boostRows: { ids: [151645], factor: 3 },
+        boostRows: { ids: [151645], factor: 5 },
       };
   }
 }

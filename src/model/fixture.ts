@@ -28,7 +28,7 @@ export function isFixturePreset(s: string): s is FixturePreset {
 }
 
 /** Bump when the generator's output changes, so cached fixture directories are remade. */
-export const FIXTURE_VERSION = 1;
+export const FIXTURE_VERSION = 2;
 
 export const SPECIAL_TOKENS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'] as const;
 

@@ -100,8 +100,9 @@ export class SafetensorsReader {
     return this.tensors;
   }
 
+  /** Sorted: headers are read in parallel, so the order they arrive in is not the checkpoint's. */
   get files(): string[] {
-    return [...this.fileSizes.keys()];
+    return [...this.fileSizes.keys()].sort();
   }
 
   has(name: string): boolean {
