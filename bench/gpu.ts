@@ -10,7 +10,7 @@
  *   npx tsx bench/gpu.ts                 # here: SwiftShader (correctness), WASM f32 vs 4-bit on `small`
  *   node bench.mjs --dawn dawn.node --wasm-dir ort/ --out results.json   # in the pack
  * Options: --quick, --layers N (default 16), --positions 16,1024, --steps N,
- *   --only correctness|speed|wasm-small, --threads N.
+ *   --only correctness|bytes|speed|wasm-small, --threads N.
  * Table on stdout, JSON in bench/results/gpu.json (or --out).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -151,7 +151,7 @@ async function correctness(backend: OnnxBackend, projections: FusedWeights, n: n
           return /_proj\.weight$|^lm_head\.weight$/.test(name) ? { shape: w.shape, data: dequantizeQ4(quantizeQ4(w.data, w.shape[0]!, w.shape[1]!, FUSED_Q4_SCHEME)) } : w;
         }
       : src;
-  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => src, startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: 128 });
+  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => src, startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: 128, returnLogits: true });
   try {
     const ref = new ReferenceModel(cfg, refSrc);
     const cache = newRefCache(cfg);
@@ -215,6 +215,12 @@ if (want('wasm-small')) {
   for (const p of ['f32', 'q4'] as const) {
     for (const r of await decodeSpeed(wasm, cfg, p, [16], quick ? 8 : 24)) rows.push({ ...r, what: 'small (12 layers h512)', backend: `wasm ${threads}t` });
   }
+}
+if (webgpu && want('bytes')) {
+  // Bytes across CPU<->GPU per greedy decode step (the head's ArgMax picks the token on the GPU),
+  // on `tiny`'s shape so that a software adapter measures them too; the speed rows repeat them at 1B size.
+  const cfg = fixtureConfig('tiny');
+  for (const r of await decodeSpeed(webgpu, cfg, 'q4', [16, 1024], 2)) rows.push({ ...r, what: 'tiny (bytes; ms not meaningful)', backend: 'webgpu' });
 }
 if (want('speed') && !software) {
   const layers = Number(arg('--layers') ?? 16);

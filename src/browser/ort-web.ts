@@ -8,7 +8,8 @@
  */
 import type * as OrtTypes from 'onnxruntime-web';
 import { isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue, type TensorType } from '../shard/backend.ts';
-import { ElemType, GraphBuilder } from '../model/onnx-builder.ts';
+import { MeshError } from '../protocol/errors.ts';
+import { requestOrtGpuDevice } from './webgpu-device.ts';
 import type { BackendKind } from './engine.ts';
 
 type Ort = typeof OrtTypes;
@@ -57,12 +58,17 @@ interface GpuDeviceTensor extends DeviceTensor {
 
 const BYTES: Record<TensorType, number> = { float32: 4, float16: 2, int64: 8, int32: 4 };
 
-/** Thrown when the GPU cannot hold what a span needs; the node asks the tracker for a smaller span. */
-export class DeviceAllocationError extends Error {
-  readonly code = 'MESH_ERR_DEVICE_MEMORY';
-  constructor(readonly bytes: number, reason: string) {
-    super(`the GPU could not allocate ${bytes} bytes: ${reason}`);
-    this.name = 'DeviceAllocationError';
+/**
+ * Thrown when the GPU cannot allocate a buffer (a KV cache growing, a span's
+ * buffers): a MeshError, so the request it happens in is answered 507 with
+ * this message instead of failing as an internal error.
+ */
+export class DeviceAllocationError extends MeshError {
+  constructor(
+    readonly bytes: number,
+    reason: string,
+  ) {
+    super('MESH_ERR_DEVICE_MEMORY', `the GPU could not allocate ${bytes} bytes: ${reason}`, { bytes });
   }
 }
 
@@ -230,38 +236,25 @@ function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory
 
 export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions): Promise<OnnxBackend> {
   const ort = await loadOrt(kind, opts);
-  let memory: WebGpuMemory | null = null;
+  // Our own device (webgpu-device.ts says why), shared by every session; the EP never drops it.
+  const gpu = kind === 'webgpu' ? await requestOrtGpuDevice(navigator.gpu) : null;
+  const memory = gpu ? new WebGpuMemory(ort, gpu.device) : null;
   const backend: { -readonly [K in keyof OnnxBackend]: OnnxBackend[K] } = {
     name: `onnxruntime-web/${kind}`,
     async createSession(model, options) {
       const device = options?.deviceOutputs ?? [];
       const session = await ort.InferenceSession.create(model, {
-        executionProviders: [kind === 'webgpu' ? 'webgpu' : 'wasm'],
+        // The object form: the EP reads enableGraphCapture only when its options are an object.
+        executionProviders: [gpu ? ({ name: 'webgpu', device: gpu.device } as OrtTypes.InferenceSession.ExecutionProviderConfig) : 'wasm'],
         graphOptimizationLevel: options?.graphOptimizationLevel ?? 'all',
         executionMode: 'sequential',
         ...(opts.infoLog ? { logSeverityLevel: 1 as const, logVerbosityLevel: 0 } : {}),
         ...(kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
         ...(kind === 'webgpu' && options?.graphCapture ? { enableGraphCapture: true } : {}),
       });
-      if (kind === 'webgpu' && !memory) {
-        memory = new WebGpuMemory(ort, await ort.env.webgpu.device);
-        backend.device = memory;
-      }
       return wrap(ort, session, memory);
     },
   };
-  if (kind === 'webgpu') {
-    // The EP creates its device with the first session and drops it with the last one: this
-    // one-node session is held for the backend's life, so buffers we allocate stay valid.
-    await backend.createSession(identityModel());
-  }
+  if (memory) backend.device = memory;
   return backend;
-}
-
-/** A one-node graph (Identity of a float): enough to make the EP create its device. */
-function identityModel(): Uint8Array {
-  const g = new GraphBuilder('device_probe');
-  g.op1('Identity', [g.input('x', ElemType.FLOAT, [1])], {}, 'y');
-  g.output('y', ElemType.FLOAT, [1]);
-  return g.encode();
 }

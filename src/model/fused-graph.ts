@@ -343,11 +343,13 @@ export function fusedLayerBytes(cfg: ModelConfig, weights: FusedWeights): number
   return proj + 2 * h * 4 + bias + qkNorm;
 }
 
-export const HEAD_IO = { hidden: 'hidden_states', logits: 'logits' } as const;
+export const HEAD_IO = { hidden: 'hidden_states', logits: 'logits', greedyToken: 'greedy_token', greedyLogprob: 'greedy_logprob' } as const;
 
 /**
  * Final norm + LM head over the last row only: hidden_states f32 [batch, seq,
- * hidden] → logits f32 [batch, vocab] (a batch: one row per session). The row is picked inside the graph so a
+ * hidden] → logits f32 [batch, vocab] (a batch: one row per session), and
+ * each row's greedy token (int64 [batch]) with its log-probability (f32
+ * [batch]). The row is picked inside the graph so a
  * device-resident activation never comes back to the CPU for slicing; the
  * head matrix is 4-bit when the span's projections are.
  */
@@ -361,5 +363,13 @@ export function buildLastRowHeadGraph(cfg: ModelConfig, src: WeightSource, opts:
   const logits = b.linear(n, head, cfg.hiddenSize, cfg.vocabSize, 'lm_head');
   g.op1('Identity', [logits], {}, HEAD_IO.logits);
   g.output(HEAD_IO.logits, ElemType.FLOAT, ['batch', cfg.vocabSize]);
+  // Greedy decoding on the device: the token (first maximum, as sampling.ts breaks ties) and its
+  // log-probability are all that must leave a GPU, 12 bytes a row instead of the vocabulary's logits.
+  g.op1('ArgMax', [logits], { axis: -1, keepdims: 0, select_last_index: 0 }, HEAD_IO.greedyToken);
+  g.output(HEAD_IO.greedyToken, ElemType.INT64, ['batch']);
+  const max = g.op1('ReduceMax', [logits], { axes: [-1], keepdims: 0 });
+  const lse = g.op1('ReduceLogSumExp', [logits], { axes: [-1], keepdims: 0 });
+  g.op1('Sub', [max, lse], {}, HEAD_IO.greedyLogprob);
+  g.output(HEAD_IO.greedyLogprob, ElemType.FLOAT, ['batch']);
   return { bytes: g.encode(), weightBytes: g.initializerBytes() };
 }

@@ -88,7 +88,7 @@ export interface ForwardRequest {
 
 export type ForwardResult =
   | { kind: 'activation'; data: Float32Array; shape: [1, number, number] }
-  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]. */ logits: Float32Array };
+  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array };
 
 interface Segment {
   start: number;

@@ -149,6 +149,7 @@ async function runItems(ctx: FusedBatchContext, items: Item[]): Promise<ForwardR
 
     if (end === cfg.numLayers && ctx.head) {
       const out = await ctx.head.runWith({ [HEAD_IO.hidden]: hidden });
+      owned.push(out[HEAD_IO.logits]!); // on the device (the head keeps them there): freed below
       const all = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
       const V = cfg.vocabSize;
       return items.map((it, i) => {

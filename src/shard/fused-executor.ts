@@ -26,6 +26,7 @@ import { buildEmbedGraph, IO } from '../model/graph.ts';
 import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes, fusedProjectionNames, HEAD_IO, quantizingSource, type FusedWeights } from '../model/fused-graph.ts';
 import type { Q4Matrix } from '../model/quantize.ts';
 import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
+import { MeshError } from '../protocol/errors.ts';
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
 import { checkForwardInput } from './forward-input.ts';
@@ -34,7 +35,7 @@ import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
 import { KV_DEFAULTS } from './kv-ledger.ts';
 import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
-import { sampleToken } from './sampling.ts';
+import { sampleToken, validateSampling } from './sampling.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
 export interface Q4Cache {
@@ -72,6 +73,13 @@ export interface FusedExecutorOptions {
   sessionOptions?: BackendSessionOptions;
   /** Most one-token steps of different sessions run as one batch (fused-batch.ts); 1 runs every request alone. @defaultValue 16 */
   maxBatch?: number;
+  /**
+   * Return the last row's logits with each token. Default: true on a CPU
+   * backend (they are on the host anyway); false on a device, where a greedy
+   * step then brings back only the token and its log-probability (picked
+   * by the head graph on the GPU) and the logits stay there.
+   */
+  returnLogits?: boolean;
   now?: () => number;
 }
 
@@ -94,9 +102,13 @@ export class FusedShardExecutor {
   readonly weightBytes: number;
   /** Activations and KV stay in device memory between graphs. */
   readonly onDevice: boolean;
+  /** See FusedExecutorOptions.returnLogits; may be changed between calls. */
+  returnLogits: boolean;
   private readonly kv: KvStore<LayerKv>;
   /** Forwards run one batch at a time: KV positions advance in request order. */
   private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
+  private lostReason: string | null = null;
+  private readonly lost: Promise<never>;
 
   private constructor(
     private readonly o: FusedExecutorOptions,
@@ -113,6 +125,14 @@ export class FusedShardExecutor {
     this.projections = o.projections;
     this.weightBytes = weightBytes;
     this.onDevice = o.backend.device !== undefined;
+    this.returnLogits = o.returnLogits ?? !this.onDevice;
+    this.lost = new Promise<never>((_, reject) => {
+      void o.backend.device?.lost.then((reason) => {
+        this.lostReason = reason;
+        reject(this.lostError());
+      });
+    });
+    this.lost.catch(() => undefined); // rejected for callers racing it; unobserved otherwise
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
     this.kv = new KvStore(
       {
@@ -148,7 +168,8 @@ export class FusedShardExecutor {
             reqs,
           ),
       },
-      // Under 32 rows on a device backend: onnxruntime-web's WebGPU kernels go wrong at ≥ 32 rows (a known fault, under investigation).
+      // Under 32 rows on a device backend until a batch of 32 or more is checked on WebGPU (the >= 32-row
+      // prefill fault was flash attention on 4-lane subgroups, now kept off: webgpu-device.ts).
       Math.min(o.maxBatch ?? DEFAULT_MAX_BATCH, o.backend.device ? 31 : Infinity),
     );
   }
@@ -204,7 +225,7 @@ export class FusedShardExecutor {
         const q4 = headWeights === 'q4' ? await quantizedSource(src, [headName], o.q4Cache) : undefined;
         const built = buildLastRowHeadGraph(cfg, src, { weights: headWeights, ...(q4 ? { q4 } : {}) });
         weightBytes += built.weightBytes;
-        head = await open(built.bytes, []);
+        head = await open(built.bytes, [HEAD_IO.logits]);
       }
       return new FusedShardExecutor(o, maxContext, segments, embed, head, weightBytes);
     } catch (e) {
@@ -251,7 +272,18 @@ export class FusedShardExecutor {
 
   /** Queues the request; one-token session steps queued together run as one batch (fused-batch.ts). */
   forward(req: ForwardRequest): Promise<ForwardResult> {
-    return this.batches.submit(req);
+    // A lost device never answers a call in flight: race each call against the loss, so none hangs.
+    if (this.lostReason !== null) return Promise.reject(this.lostError());
+    return Promise.race([this.batches.submit(req), this.lost]);
+  }
+
+  /** Why the device was lost, once it is: every call then fails at once (MESH_ERR_UNAVAILABLE) and the host rebuilds or falls back. */
+  get deviceLost(): string | null {
+    return this.lostReason;
+  }
+
+  private lostError(): MeshError {
+    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard must be rebuilt`, { retryAfterMs: 1000 });
   }
 
   /** Batch sizes run so far. */
@@ -313,8 +345,18 @@ export class FusedShardExecutor {
 
       if (end === cfg.numLayers && this.head) {
         const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
-        const logits = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
-        const { tokenId, logprob } = sampleToken(logits, req.sampling ?? {}, position + seq);
+        const onDevice = out[HEAD_IO.logits]!;
+        owned.push(onDevice);
+        const sampling = req.sampling ?? {};
+        validateSampling(sampling);
+        if (!this.returnLogits && !((sampling.temperature ?? 0) > 0)) {
+          // Greedy: the head graph's ArgMax chose on the device; 12 bytes came back.
+          const tokenId = Number((out[HEAD_IO.greedyToken] as BackendTensor).data[0]);
+          const logprob = (out[HEAD_IO.greedyLogprob] as BackendTensor).data[0] as number;
+          return { kind: 'token', tokenId, logprob, logits: new Float32Array(0) };
+        }
+        const logits = (await hostData(onDevice)) as Float32Array;
+        const { tokenId, logprob } = sampleToken(logits, sampling, position + seq);
         return { kind: 'token', tokenId, logprob, logits };
       }
       const data = (await hostData(hidden)) as Float32Array;

@@ -27,7 +27,7 @@ beforeAll(async () => {
 describe('fused graphs of the published architectures on WebGPU', () => {
   it.each(PRESETS)('%s: f32 projections match the reference past the sliding window, on the GPU', async (preset) => {
     const f = fixture(preset);
-    const ex = await FusedShardExecutor.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 64 });
+    const ex = await FusedShardExecutor.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 64, returnLogits: true });
     const prompt = prompts(f.cfg.vocabSize, 3, 11)[2]!; // 13 tokens, then 8 decode steps: past Mistral's window of 16
     await walkAgainstReference(f, f.weights, ex, [prompt, ...Array.from({ length: 8 }, (_, i) => [20 + i])], TOL, `gpu-${preset}`);
     expect(ex.onDevice).toBe(true);

@@ -38,7 +38,7 @@ describe('batched decode steps in the fused executor on WebGPU', () => {
     // One at a time: onnxruntime-web creates one WebGPU session at a time.
     const make = async (maxBatch: number): Promise<FusedShardExecutor[]> => {
       const out: FusedShardExecutor[] = [];
-      for (const a of [0, 2]) out.push(await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: a, endLayer: a + 2, projections, maxContext: 128, maxBatch, kvBlockTokens: 8 }));
+      for (const a of [0, 2]) out.push(await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: a, endLayer: a + 2, projections, maxContext: 128, maxBatch, kvBlockTokens: 8, returnLogits: true }));
       return out;
     };
     const batched = await make(16);
