@@ -144,7 +144,7 @@ async function main(): Promise<void> {
   printTable(
     `WAN bench, browser pages: ${MODEL}, WASM 1 thread per page, ${CHATS} chats × ${MAX_TOKENS} tokens (after a warm-up), decode medians; load ${loadBefore.toFixed(1)} → ${loadAfter.toFixed(1)} on ${cpus().length} cores`,
     ['config', 'one-way ms', 'legs', 'spans', 'ms/token', 'tok/s', 'floor ms', '× floor', 'chain_forwards after head', 'text = 1 page'],
-    rows.map((r) => [r.config, r.one_way_ms, r.legs_per_token, r.spans, r.ms_per_token, r.tokens_per_s, r.floor_ms_per_token, r.x_floor, r.chain_forwards_after_head.join(' ') || '-', String(r.same_text_as_1_page)]),
+    rows.map((r) => [r.config, r.one_way_ms, String(r.legs_per_token), r.spans, r.ms_per_token, r.tokens_per_s, r.floor_ms_per_token, r.x_floor, r.chain_forwards_after_head.join(' ') || '-', String(r.same_text_as_1_page)]),
   );
   const star = rows[2]!;
   const chain = rows[3]!;

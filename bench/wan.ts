@@ -17,7 +17,8 @@
  *   - recovery: the middle of the 20 ms chain killed mid-generation, the
  *     tracker's spare replayed into; tokens compared, time to the next token.
  *
- * Table on stdout, JSON in bench/results/wan.json.
+ * Table on stdout, JSON in bench/results/wan.json. The same shape with
+ * browser pages (`?hop=star|chain`): bench/wan-browser.ts.
  *
  *   npx tsx bench/wan.ts [--quick] [--delay-ms 20] [--model small|tiny]
  */
