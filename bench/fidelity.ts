@@ -9,8 +9,12 @@
  *   npx tsx bench/fidelity.ts [--quick]
  * Table on stdout, JSON in bench/results/fidelity.json.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { SHIPPED_MODELS } from '../src/cli/demo-model.ts';
+import { parseModelConfig, type ModelConfig } from '../src/model/config.ts';
+import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { fixtureConfig, makeModel, type FixturePreset } from '../src/model/fixture.ts';
 import type { WeightSource } from '../src/model/graph.ts';
 import { quantizeQ4, type Q4Scheme } from '../src/model/quantize.ts';
@@ -24,8 +28,12 @@ const TOKENS = quick ? 32 : 256;
 const backend = createNodeBackend({ intraOpNumThreads: 1 });
 
 function weights(preset: FixturePreset): WeightSource {
+  return weightsOf(makeModel(preset, 0));
+}
+
+function weightsOf(files: Map<string, Uint8Array>): WeightSource {
   const tensors = new Map<string, { shape: number[]; data: Float32Array }>();
-  for (const [file, bytes] of makeModel(preset, 0)) {
+  for (const [file, bytes] of files) {
     if (!file.endsWith('.safetensors')) continue;
     const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     const len = Number(dv.getBigUint64(0, true));
@@ -46,13 +54,22 @@ interface Row {
   top1: number;
 }
 
+/** The shipped fortunes-tiny (learned weights): its config, weights and a real chat prompt's ids. */
+function fortunes(): { cfg: ModelConfig; src: WeightSource; prompt: number[] } {
+  const dir = SHIPPED_MODELS['fortunes-tiny'].dir;
+  const read = (f: string) => readFileSync(join(dir, f));
+  const cfg = parseModelConfig(JSON.parse(read('config.json').toString('utf8')));
+  const tok = ModelTokenizer.fromJson(JSON.parse(read('tokenizer.json').toString('utf8')), JSON.parse(read('tokenizer_config.json').toString('utf8')));
+  return { cfg, src: weightsOf(new Map([['model.safetensors', new Uint8Array(read('model.safetensors'))]])), prompt: tok.encodeChat([{ role: 'user', content: 'Tell me a fortune about science.' }]) };
+}
+
 const rows: Row[] = [];
-for (const preset of ['tiny', 'small'] as const) {
-  const cfg = fixtureConfig(preset);
-  const src = weights(preset);
+// Random-weight fixtures have near-flat logits (a floor for top-1 agreement); fortunes-tiny has learned ones.
+for (const preset of ['tiny', 'small', 'fortunes-tiny'] as const) {
+  const { cfg, src, prompt } = preset === 'fortunes-tiny' ? fortunes() : { cfg: fixtureConfig(preset), src: weights(preset), prompt: [] as number[] };
   // The reference's own greedy continuation of a fixed prompt, computed once.
   const ref = new ReferenceModel(cfg, src);
-  const prompt = [1, 17, 300 % cfg.vocabSize, 45, 201, 12];
+  if (prompt.length === 0) prompt.push(1, 17, 300 % cfg.vocabSize, 45, 201, 12);
   const refCache = newRefCache(cfg);
   const refLogits: Float64Array[] = [];
   let ids = prompt;
@@ -81,7 +98,7 @@ for (const preset of ['tiny', 'small'] as const) {
     const q4Cache = v.scheme
       ? { get: async (name: string) => { const w = src(name); return quantizeQ4(w.data, w.shape[0]!, w.shape[1]!, v.scheme); }, put: async () => undefined }
       : undefined;
-    const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => src, startLayer: 0, endLayer: cfg.numLayers, projections: v.projections, maxContext: TOKENS + 16, ...(q4Cache ? { q4Cache } : {}) });
+    const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => src, startLayer: 0, endLayer: cfg.numLayers, projections: v.projections, maxContext: TOKENS + prompt.length + 16, returnLogits: true, ...(q4Cache ? { q4Cache } : {}) });
     let maxRel = 0;
     let sumRel = 0;
     let top1 = 0;
