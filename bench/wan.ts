@@ -17,12 +17,12 @@
  *   - recovery: the middle of the 20 ms chain killed mid-generation, the
  *     tracker's spare replayed into; tokens compared, time to the next token.
  *
- * Table on stdout, JSON in bench/results/wan.json.
+ * Table on stdout, JSON in bench/results/wan.json. The same shape with
+ * browser pages (`?hop=star|chain`): bench/wan-browser.ts.
  *
  *   npx tsx bench/wan.ts [--quick] [--delay-ms 20] [--model small|tiny]
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -39,7 +39,7 @@ import { ShardExecutor } from '../src/shard/executor.ts';
 import { readerWeightLoader } from '../src/shard/weights.ts';
 import { startRelayProcess, type RelayProcess } from '../test/support/relay-process.ts';
 import { generateDirect, startNode, startTrackerProc, until, type NodeProc } from '../test/mesh/support/mesh.ts';
-import { startDelayProxy, type DelayProxy } from './lib/delay-proxy.ts';
+import { median, startDelayedRelay, type DelayedRelay } from './lib/wan.ts';
 import { printTable, writeResult } from './lib/stats.ts';
 
 const quick = process.argv.includes('--quick');
@@ -50,20 +50,6 @@ const ONE_WAY = delayArg > 0 ? Number(process.argv[delayArg + 1]) : 20;
 const modelArg = process.argv.indexOf('--model');
 const MODEL = modelArg > 0 ? process.argv[modelArg + 1]! : 'small';
 const PROMPT = [{ role: 'user', content: 'Write a short story about a lighthouse keeper and a storm at sea.' }];
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
-
-async function freePort(): Promise<number> {
-  const srv = createServer();
-  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
-  const port = (srv.address() as { port: number }).port;
-  await new Promise<void>((r) => srv.close(() => r()));
-  return port;
-}
 
 interface Run {
   msPerToken: number;
@@ -84,7 +70,7 @@ async function main(): Promise<void> {
   const work = mkdtempSync(join(tmpdir(), 'meshnet-bench-wan-'));
   const nodes: NodeProc[] = [];
   const relays: RelayProcess[] = [];
-  let proxy: DelayProxy | undefined;
+  let delayed: DelayedRelay | undefined;
   let tracker: Awaited<ReturnType<typeof startTrackerProc>> | undefined;
   try {
     const trackerId = await Identity.generate();
@@ -100,11 +86,9 @@ async function main(): Promise<void> {
     // Relay A: no delay. Relay B: behind the proxy, and says so in relay_addr.
     const relayA = await startRelayProcess();
     relays.push(relayA);
-    const portB = await freePort();
-    proxy = await startDelayProxy(portB, ONE_WAY / 2);
-    const proxyUrl = `ws://127.0.0.1:${proxy.port}`;
-    const relayB = await startRelayProcess(['--port', String(portB), '--public-url', proxyUrl]);
-    relays.push(relayB);
+    delayed = await startDelayedRelay(ONE_WAY);
+    const proxyUrl = delayed.url;
+    const relayB = delayed.relay;
     tracker = await startTrackerProc(['--model', `${MODEL}=${st.url}`, '--relay', relayB.url, '--key-file', keyFile, '--heartbeat-interval-ms', '1000']);
 
     process.stderr.write('starting nodes...\n');
@@ -252,7 +236,7 @@ async function main(): Promise<void> {
     await Promise.all(nodes.map((n) => n.stop()));
     await tracker?.stop();
     for (const r of relays) await r.stop();
-    await proxy?.close();
+    await delayed?.stop();
     await st.close();
     rmSync(work, { recursive: true, force: true });
   }

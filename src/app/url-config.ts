@@ -3,7 +3,8 @@
  * - with a tracker, whatever span it assigns:
  *   `?relay=ws://…&tracker=http://…[&model=<name at the tracker>]`;
  * - without, a fixed span: `?relay=ws://…&model=<base url>&layers=0-6`;
- * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>][&weights=f32|f16|q4]`.
+ * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>][&weights=f32|f16|q4][&hop=chain|star]`
+ * (`hop`: how the page drives a pipeline when it is the head; absent: chain).
  * Parsed with zod: a URL is outside data.
  */
 import { z } from 'zod';
@@ -25,6 +26,7 @@ const paramsSchema = z.object({
   // Fractions allowed: the tracker sizes spans from it, and test meshes split tiny models with a few MiB.
   budget: z.coerce.number().min(0.25).max(65536).optional(),
   weights: z.enum(WEIGHT_FORMATS).optional(),
+  hop: z.enum(['chain', 'star']).optional(),
 });
 
 const trackedSchema = z.object({
@@ -35,6 +37,7 @@ const trackedSchema = z.object({
   threads: paramsSchema.shape.threads,
   budget: paramsSchema.shape.budget,
   weights: paramsSchema.shape.weights,
+  hop: paramsSchema.shape.hop,
 });
 
 export type UrlConfigResult = { ok: true; config: NodeConfig } | { ok: false; missing: boolean; message: string };
@@ -44,7 +47,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   const q = new URLSearchParams(search);
   if (!q.has('relay') && !q.has('model') && !q.has('layers') && !q.has('tracker')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
   const raw: Record<string, string> = {};
-  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights']) {
+  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights', 'hop']) {
     const v = q.get(k);
     if (v !== null && v !== '') raw[k] = v;
   }
@@ -66,6 +69,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   if (p.threads !== undefined) config.threads = p.threads;
   if (p.budget !== undefined) config.memoryBudgetBytes = p.budget * 1024 * 1024;
   if (p.weights !== undefined) config.weights = p.weights;
+  if (p.hop !== undefined) config.hopMode = p.hop;
   return { ok: true, config };
 }
 
@@ -82,5 +86,6 @@ function trackedConfig(raw: Record<string, string>): UrlConfigResult {
   if (p.threads !== undefined) config.threads = p.threads;
   if (p.budget !== undefined) config.memoryBudgetBytes = Math.round(p.budget * 1024 * 1024);
   if (p.weights !== undefined) config.weights = p.weights;
+  if (p.hop !== undefined) config.hopMode = p.hop;
   return { ok: true, config };
 }

@@ -51,6 +51,8 @@ export interface NodeConfig {
   memoryBudgetBytes?: number;
   /** How the span's weights are held: f32, f16 (WebGPU with shader-f16) or q4 (4-bit). Absent: the stored setting, else DEFAULT_WEIGHT_FORMAT. */
   weights?: WeightFormat;
+  /** As a head: chain (each hop pushes to the next, the last answers the head) or star (every hop answers the head). Absent: chain. Not stored: a URL setting for tests and benchmarks. */
+  hopMode?: 'chain' | 'star';
 }
 
 export interface NodeErrorInfo {

@@ -43,6 +43,8 @@ export interface BrowserMeshOptions {
   budgetMb?: number;
   /** WASM threads per page; absent: the page decides (cores - 1). */
   threads?: number;
+  /** How a page drives its pipeline when it is a head (`?hop=`); absent: the page's default, chain. */
+  hop?: 'chain' | 'star';
   /** @defaultValue /usr/bin/chromium (or MESHNET_CHROMIUM) */
   chromium?: string;
   /** More Chromium flags (also from MESHNET_CHROMIUM_EXTRA, space-separated: for experiments such as --enable-features=NetworkServiceInProcess). */
@@ -105,6 +107,7 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   if (o.backend !== 'auto') q.set('backend', o.backend);
   if (o.budgetMb !== undefined) q.set('budget', String(o.budgetMb));
   if (o.threads !== undefined) q.set('threads', String(o.threads));
+  if (o.hop !== undefined) q.set('hop', o.hop);
   const pageUrl = `${base}?${q}`;
 
   const executablePath = o.chromium ?? process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium';

@@ -35,6 +35,14 @@ describe('configFromSearch', () => {
     expect(configFromSearch('?relay=ws://h:1&tracker=ftp://t')).toMatchObject({ ok: false, message: expect.stringMatching(/^tracker/) });
     expect(configFromSearch('?tracker=http://t')).toMatchObject({ ok: false, message: expect.stringMatching(/^relay/) });
   });
+  it('reads hop=star|chain into the head\'s hop mode, leaves it unset when absent, and refuses anything else', () => {
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&hop=star')).toEqual({ ok: true, config: { relayUrl: 'ws://h:1', trackerUrl: 'http://t:2', hopMode: 'star' } });
+    expect(configFromSearch('?relay=ws://h&model=http://m/&layers=0-2&hop=chain')).toMatchObject({ ok: true, config: { hopMode: 'chain' } });
+    const absent = configFromSearch('?relay=ws://h:1&tracker=http://t:2');
+    expect(absent.ok && 'hopMode' in absent.config).toBe(false);
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&hop=ring')).toMatchObject({ ok: false, missing: false, message: expect.stringMatching(/^hop/) });
+    expect(configFromSearch('?relay=ws://h&model=http://m/&layers=0-2&hop=STAR')).toMatchObject({ ok: false, message: expect.stringMatching(/^hop/) });
+  });
 });
 
 describe('format', () => {

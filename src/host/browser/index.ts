@@ -32,7 +32,7 @@ function modelNameOf(url: string): string {
 /** What makes two starts the same node: the same key reuses the runtime (and what it loaded). */
 function runtimeKey(config: NodeConfig, choice: BackendChoice, weights: WeightFormat): string {
   const where = config.trackerUrl ? `tracker ${config.trackerUrl} ${config.modelName ?? ''}` : `span ${config.modelUrl}|${config.startLayer}-${config.endLayer}`;
-  return `${config.relayUrl}|${where}|${choice}|${weights}|${config.threads ?? ''}`;
+  return `${config.relayUrl}|${where}|${choice}|${weights}|${config.threads ?? ''}|${config.hopMode ?? 'chain'}`;
 }
 
 export class BrowserNode implements NodeEngine {
@@ -147,6 +147,7 @@ export class BrowserNode implements NodeEngine {
       weightFormat: weights === 'f16' ? 'f32' : weights,
       // A span that failed waits for the donor's Retry, with the reason on the page.
       retryFailedLoads: false,
+      hopMode: config.hopMode ?? 'chain',
     });
     if (seq !== this.startSeq) {
       await runtime.close();

@@ -7,7 +7,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { Identity } from '../../../src/node/identity.ts';
+import { RpcConnection } from '../../../src/node/relay-hop.ts';
 import { encodeBase64Url } from '../../../src/protocol/base64.ts';
+import { NodeWebSocket } from '../../node/support/ws-host.ts';
 import { generateEventSchema, routeSigningMessage, type GenerateEvent, type GenerateRequest, type RouteHop } from '../../../src/protocol/tracker.ts';
 
 const BIN = fileURLToPath(new URL('../../../bin/meshnet.js', import.meta.url));
@@ -168,4 +170,23 @@ export async function until<T>(check: () => Promise<T | undefined | false>, ms =
 export async function sessionsOn(n: NodeProc): Promise<number> {
   const r = await fetch(`${n.endpoint}/health`);
   return ((await r.json()) as { sessions: number }).sessions;
+}
+
+/**
+ * `chain_forwards` of every node the tracker lists as serving past layer 0
+ * (the hops after a head), read by GET /info over the relay's /rpc: a page
+ * has no HTTP port. Chained steps count there; star steps do not.
+ */
+export async function chainForwardsAfterHead(trackerUrl: string): Promise<number[]> {
+  const nodes = ((await (await fetch(`${trackerUrl}/api/dashboard`)).json()) as { nodes: Array<{ relay_addr: string | null; serving: { start_layer: number } | null }> }).nodes;
+  const out: number[] = [];
+  for (const n of nodes.filter((x) => x.serving && x.serving.start_layer > 0 && x.relay_addr)) {
+    const conn = new RpcConnection(n.relay_addr!, { WebSocket: NodeWebSocket });
+    try {
+      out.push((JSON.parse(new TextDecoder().decode((await conn.request({ method: 'GET', path: '/info' })).body)) as { chain_forwards: number }).chain_forwards);
+    } finally {
+      conn.close();
+    }
+  }
+  return out;
 }
