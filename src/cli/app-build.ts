@@ -4,7 +4,7 @@
  * built app, and never built into: `vite build` empties its output folder,
  * and a folder the project did not create is not ours to empty.
  */
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { CliError } from './failure.ts';
 import { REPO_ROOT } from './paths.ts';
@@ -29,11 +29,30 @@ export async function builtApp(o: BuiltAppOptions = {}): Promise<string> {
     if (!existsSync(join(dir, 'index.html'))) throw new CliError(`${o.dir} holds no built app (no index.html); it is left untouched: run \`npm run build:app\` and drop --dir to serve the project's dist/, or point --dir at a built app`);
     return dir;
   }
-  if (o.rebuild || !existsSync(join(APP_DIST, 'index.html'))) {
-    o.log?.(`building the donor page into ${APP_DIST} (vite build)…`);
+  const stale = !o.rebuild && existsSync(join(APP_DIST, 'index.html')) && appSourcesNewerThan(statSync(join(APP_DIST, 'index.html')).mtimeMs);
+  if (o.rebuild || stale || !existsSync(join(APP_DIST, 'index.html'))) {
+    o.log?.(`building the donor page into ${APP_DIST} (vite build${stale ? ': sources changed since the last build' : ''})…`);
     // vite is a dev dependency: imported only when a build is needed.
     const { build } = await import('vite');
     await build({ root: REPO_ROOT, logLevel: 'warn', build: { outDir: APP_DIST } });
   }
   return APP_DIST;
+}
+
+/** What the page is built from: the sources it bundles and the build's own inputs. */
+const APP_INPUTS = ['src', 'workers', 'index.html', 'vite.config.ts', 'package-lock.json', 'public'];
+
+/**
+ * True when a page input changed after `builtAt`: a dist/ left by an older
+ * checkout would otherwise serve an old page (new URL parameters ignored,
+ * old protocol) beside new Node.js code.
+ */
+export function appSourcesNewerThan(builtAt: number, root = REPO_ROOT): boolean {
+  const newer = (path: string): boolean => {
+    if (!existsSync(path)) return false;
+    const st = statSync(path);
+    if (!st.isDirectory()) return st.mtimeMs > builtAt;
+    return readdirSync(path).some((name) => newer(join(path, name)));
+  };
+  return APP_INPUTS.some((p) => newer(join(root, p)));
 }
