@@ -25,6 +25,7 @@ import type { ForwardRequest, ForwardResult } from './executor.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession } from './kv-store.ts';
 import type { KvBuffer, LayerKv } from './layer-kv.ts';
+import { runMembers } from './batch-members.ts';
 import { sampleToken } from './sampling.ts';
 import { layerRangeError } from './errors.ts';
 
@@ -59,29 +60,19 @@ interface Item {
   kv: KvSession<LayerKv>;
 }
 
-export async function runFusedBatch(ctx: FusedBatchContext, reqs: readonly ForwardRequest[]): Promise<Array<ForwardResult | Error>> {
-  const answers: Array<ForwardResult | Error> = new Array(reqs.length);
-  const items: Item[] = [];
+export function runFusedBatch(ctx: FusedBatchContext, reqs: readonly ForwardRequest[]): Promise<Array<ForwardResult | Error>> {
   const held = { startLayer: ctx.startLayer, endLayer: ctx.endLayer };
-  for (let index = 0; index < reqs.length; index++) {
+  const admit = async (index: number): Promise<Item> => {
     const req = reqs[index]!;
-    try {
-      const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
-      if (input.seq !== 1 || req.session === undefined) throw new RangeError('a fused batch takes one-row session steps only');
-      if (ctx.segments.findIndex((s) => s.start === input.start) < 0 || ctx.segments.findIndex((s) => s.end === input.end) < 0) {
-        throw layerRangeError(`layers [${input.start}, ${input.end}) do not start and end on this shard's graph boundaries`, held);
-      }
-      const kv = await ctx.reserve(req.session, input.start, input.end, input.position, 1, req.sessionTokens);
-      items.push({ index, req, input, kv });
-    } catch (e) {
-      answers[index] = e instanceof Error ? e : new Error(String(e));
+    const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
+    if (input.seq !== 1 || req.session === undefined) throw new RangeError('a fused batch takes one-row session steps only');
+    if (ctx.segments.findIndex((s) => s.start === input.start) < 0 || ctx.segments.findIndex((s) => s.end === input.end) < 0) {
+      throw layerRangeError(`layers [${input.start}, ${input.end}) do not start and end on this shard's graph boundaries`, held);
     }
-  }
-  if (items.length > 0) {
-    const done = await runItems(ctx, items);
-    items.forEach((it, i) => (answers[it.index] = done[i]!));
-  }
-  return answers;
+    const kv = await ctx.reserve(req.session, input.start, input.end, input.position, 1, req.sessionTokens);
+    return { index, req, input, kv };
+  };
+  return runMembers(reqs.length, admit, (items) => runItems(ctx, items));
 }
 
 async function runItems(ctx: FusedBatchContext, items: Item[]): Promise<ForwardResult[]> {

@@ -29,6 +29,7 @@ import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult } from './executor.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession, KvStore } from './kv-store.ts';
+import { runMembers } from './batch-members.ts';
 import { sampleToken } from './sampling.ts';
 
 export interface PackedSegment {
@@ -68,21 +69,8 @@ interface Item {
 }
 
 /** Runs `reqs` (equal batch keys) as one packed batch; a request that fails its checks or admission fails alone. */
-export async function runPackedBatch(ctx: PackedContext, reqs: readonly ForwardRequest[]): Promise<Array<ForwardResult | Error>> {
-  const answers: Array<ForwardResult | Error> = new Array(reqs.length);
-  const items: Item[] = [];
-  for (let index = 0; index < reqs.length; index++) {
-    try {
-      items.push(await admit(ctx, index, reqs[index]!));
-    } catch (e) {
-      answers[index] = e instanceof Error ? e : new Error(String(e));
-    }
-  }
-  if (items.length > 0) {
-    const done = await runItems(ctx, items);
-    items.forEach((it, i) => (answers[it.index] = done[i]!));
-  }
-  return answers;
+export function runPackedBatch(ctx: PackedContext, reqs: readonly ForwardRequest[]): Promise<Array<ForwardResult | Error>> {
+  return runMembers(reqs.length, (index) => admit(ctx, index, reqs[index]!), (items) => runItems(ctx, items));
 }
 
 /** The per-request checks and KV admission of ShardExecutor.forwardNow, for one batch member. */
