@@ -32,6 +32,7 @@ import { ShardExecutor } from '../src/shard/executor.ts';
 import { readerWeightLoader } from '../src/shard/weights.ts';
 import { startRelayProcess } from '../test/support/relay-process.ts';
 import { generateDirect, hopOf, startNode, startTrackerProc, until, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { firstDivergence, median } from './lib/stats.ts';
 
 const quick = process.argv.includes('--quick');
 // Machine speed drifts by 20-30 % over minutes here: more interleaved runs, medians.
@@ -45,18 +46,6 @@ const threadsArg = process.argv.indexOf('--threads');
 const threads = threadsArg > 0 ? Number(process.argv[threadsArg + 1]) : 1;
 const PROMPT = [{ role: 'user', content: 'Write a short story about a lighthouse keeper and a storm at sea.' }];
 const here = fileURLToPath(new URL('.', import.meta.url));
-
-function firstDivergence(a: number[], b: number[]): number | null {
-  const n = Math.min(a.length, b.length);
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
-  return a.length === b.length ? null : n;
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
 
 interface RunResult {
   ttftMs: number;

@@ -23,6 +23,7 @@ import { readerWeightLoader } from '../src/shard/weights.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
 import { createNodeBackend } from '../src/cli/onnx-node.ts';
 import { createWasmBackend } from '../src/cli/onnx-wasm.ts';
+import { median } from './lib/stats.ts';
 
 const PRESET = 'small';
 const here = fileURLToPath(new URL('.', import.meta.url));
@@ -53,12 +54,6 @@ function fileFetch(dir: string): typeof fetch {
       closeSync(fd);
     }
   }) as typeof fetch;
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
 }
 
 function backendOf(name: string): OnnxBackend {

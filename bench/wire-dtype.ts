@@ -21,24 +21,13 @@ import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import type { GenerateEvent, RouteHop } from '../src/protocol/tracker.ts';
 import { generateDirect, hopOf, startNode, testSigner, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { firstDivergence, median } from './lib/stats.ts';
 
 const quick = process.argv.includes('--quick');
 const RUNS = quick ? 2 : 5;
 const NEW_TOKENS = 64;
 const PROMPT = [{ role: 'user', content: 'Write a short story about a lighthouse keeper and a storm at sea.' }];
 const here = fileURLToPath(new URL('.', import.meta.url));
-
-function firstDivergence(a: number[], b: number[]): number | null {
-  const n = Math.min(a.length, b.length);
-  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
-  return a.length === b.length ? null : n;
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
 
 interface RunResult {
   ttftMs: number;

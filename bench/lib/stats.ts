@@ -8,6 +8,20 @@ export function quantile(sorted: number[], q: number): number {
   return sorted[i]!;
 }
 
+/** Median (the mean of the two middle values for an even count). */
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+/** Index of the first token where two generations differ; null when they are equal. */
+export function firstDivergence(a: number[], b: number[]): number | null {
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return i;
+  return a.length === b.length ? null : n;
+}
+
 export function summarize(samples: number[]): { n: number; p50: number; p99: number; mean: number } {
   const s = [...samples].sort((a, b) => a - b);
   return { n: s.length, p50: quantile(s, 0.5), p99: quantile(s, 0.99), mean: s.reduce((a, b) => a + b, 0) / Math.max(1, s.length) };
