@@ -21,15 +21,14 @@ import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
-import { KV_DEFAULTS } from './kv-ledger.ts';
 import { packedBatchKey, runPackedBatch } from './packed-batch.ts';
-import { CpuKvStorage, KvStore, kvBytesPerToken, type KvSession, type KvStats } from './kv-store.ts';
+import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
 
 /** Supplies the tensors one graph needs, by HF name; called once per graph, so a host can fetch just those bytes. */
 export type WeightLoader = (names: readonly string[]) => WeightSource | Promise<WeightSource>;
 
-export interface ShardExecutorOptions {
+export interface ShardExecutorOptions extends ExecutorKvOptions {
   config: ModelConfig;
   backend: OnnxBackend;
   weights: WeightLoader;
@@ -38,20 +37,6 @@ export interface ShardExecutorOptions {
   dtype?: GraphDtype;
   /** Positions one session may reach; default min(maxPositionEmbeddings, 2048). */
   maxContext?: number;
-  /**
-   * The donor's whole memory budget, bytes: the KV caches get what this
-   * shard's weights leave (the meaning the tracker sizes spans by). Wins
-   * over `kvBudgetBytes`.
-   */
-  memoryBudgetBytes?: number;
-  /** Bytes for KV caches when no `memoryBudgetBytes` is given. @defaultValue 512 MiB */
-  kvBudgetBytes?: number;
-  /** A session idle this long may be dropped when room is needed, ms. @defaultValue 120000 (KV_DEFAULTS) */
-  kvTtlMs?: number;
-  /** KV room is granted in blocks of this many positions. @defaultValue 64 */
-  kvBlockTokens?: number;
-  /** What a MESH_ERR_BUSY refusal tells the caller to wait, ms. @defaultValue 1000 */
-  kvRetryAfterMs?: number;
   /**
    * Layer indices at which graphs are cut, strictly inside (startLayer, endLayer).
    * Default: every layer, so any start/end layer is servable.
@@ -63,7 +48,6 @@ export interface ShardExecutorOptions {
    * 1 runs every request alone. @defaultValue 16 (DEFAULT_MAX_BATCH)
    */
   maxBatch?: number;
-  now?: () => number;
 }
 
 export interface ForwardRequest {
@@ -125,19 +109,7 @@ export class ShardExecutor {
     this.weightBytes = weightBytes;
     this.invFreq = ropeInvFreq(o.config);
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, elem: this.dtype };
-    this.kv = new KvStore(
-      {
-        layers: shape.layers,
-        budgetBytes: o.memoryBudgetBytes !== undefined ? this.kvBudgetFor(o.memoryBudgetBytes) : (o.kvBudgetBytes ?? 512 * 2 ** 20),
-        bytesPerToken: kvBytesPerToken(shape),
-        blockTokens: o.kvBlockTokens ?? KV_DEFAULTS.blockTokens,
-        maxTokens: maxContext,
-        idleTtlMs: o.kvTtlMs ?? KV_DEFAULTS.idleTtlMs,
-        retryAfterMs: o.kvRetryAfterMs ?? KV_DEFAULTS.retryAfterMs,
-        ...(o.now ? { now: o.now } : {}),
-      },
-      new CpuKvStorage(shape),
-    );
+    this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: kvBytesPerToken(shape), maxContext, weightBytes }, new CpuKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
       {
@@ -218,12 +190,9 @@ export class ShardExecutor {
 
   /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
   setMemoryBudget(bytes: number): void {
-    this.kv.setBudget(this.kvBudgetFor(bytes));
+    this.kv.setBudget(kvBudgetFor(bytes, this.weightBytes));
   }
 
-  private kvBudgetFor(memoryBudgetBytes: number): number {
-    return Math.max(0, Math.floor(memoryBudgetBytes - this.weightBytes));
-  }
 
   /** Tokens a session's cache holds at `layer` (default: the first held layer); 0 when unknown. */
   sessionLength(id: string, layer = this.startLayer): number {

@@ -32,8 +32,7 @@ import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts'
 import { checkForwardInput } from './forward-input.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
-import { KV_DEFAULTS } from './kv-ledger.ts';
-import { KvStore, type KvSession, type KvStats } from './kv-store.ts';
+import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { sampleToken, validateSampling } from './sampling.ts';
 
@@ -43,7 +42,7 @@ export interface Q4Cache {
   put(name: string, m: Q4Matrix): Promise<void>;
 }
 
-export interface FusedExecutorOptions {
+export interface FusedExecutorOptions extends ExecutorKvOptions {
   config: ModelConfig;
   backend: OnnxBackend;
   weights: WeightLoader;
@@ -54,19 +53,6 @@ export interface FusedExecutorOptions {
   q4Cache?: Q4Cache;
   /** Positions one session may reach; default min(maxPositionEmbeddings, 2048). */
   maxContext?: number;
-  /**
-   * The donor's whole memory budget, bytes: the KV caches get what this
-   * shard's weights leave. Wins over `kvBudgetBytes`.
-   */
-  memoryBudgetBytes?: number;
-  /** Bytes for KV caches when no `memoryBudgetBytes` is given. @defaultValue 512 MiB */
-  kvBudgetBytes?: number;
-  /** A session idle this long may be dropped when room is needed, ms. @defaultValue 120000 (KV_DEFAULTS) */
-  kvTtlMs?: number;
-  /** KV room is granted in blocks of this many positions. @defaultValue 64 */
-  kvBlockTokens?: number;
-  /** What a MESH_ERR_BUSY refusal tells the caller to wait, ms. @defaultValue 1000 */
-  kvRetryAfterMs?: number;
   segmentBoundaries?: number[];
   /** Default 1 GiB. */
   maxSegmentBytes?: number;
@@ -80,7 +66,6 @@ export interface FusedExecutorOptions {
    * by the head graph on the GPU) and the logits stay there.
    */
   returnLogits?: boolean;
-  now?: () => number;
 }
 
 interface Segment {
@@ -134,19 +119,7 @@ export class FusedShardExecutor {
     });
     this.lost.catch(() => undefined); // rejected for callers racing it; unobserved otherwise
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
-    this.kv = new KvStore(
-      {
-        layers: shape.layers,
-        budgetBytes: o.memoryBudgetBytes !== undefined ? this.kvBudgetFor(o.memoryBudgetBytes) : (o.kvBudgetBytes ?? 512 * 2 ** 20),
-        bytesPerToken: layerKvBytesPerToken(shape),
-        blockTokens: o.kvBlockTokens ?? KV_DEFAULTS.blockTokens,
-        maxTokens: maxContext,
-        idleTtlMs: o.kvTtlMs ?? KV_DEFAULTS.idleTtlMs,
-        retryAfterMs: o.kvRetryAfterMs ?? KV_DEFAULTS.retryAfterMs,
-        ...(o.now ? { now: o.now } : {}),
-      },
-      new LayerKvStorage(shape),
-    );
+    this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: layerKvBytesPerToken(shape), maxContext, weightBytes }, new LayerKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
       {
@@ -254,12 +227,9 @@ export class FusedShardExecutor {
 
   /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
   setMemoryBudget(bytes: number): void {
-    this.kv.setBudget(this.kvBudgetFor(bytes));
+    this.kv.setBudget(kvBudgetFor(bytes, this.weightBytes));
   }
 
-  private kvBudgetFor(memoryBudgetBytes: number): number {
-    return Math.max(0, Math.floor(memoryBudgetBytes - this.weightBytes));
-  }
 
   sessionLength(id: string, layer = this.startLayer): number {
     const r = this.kv.get(id);
