@@ -63,7 +63,8 @@ describe('fixture tokenizer (byte-level BPE)', () => {
 
   it('streaming decode emits whole characters only and adds up to the full text', () => {
     fc.assert(
-      fc.property(fc.string({ unit: 'grapheme', maxLength: 60 }), (s) => {
+      // Inputs without U+FFFD: the check is that the decoder never *makes* one from a split character.
+      fc.property(fc.string({ unit: 'grapheme', maxLength: 60 }).filter((x) => !x.includes('\uFFFD')), (s) => {
         const ids = tok.encode(s);
         const sd = tok.streamDecoder();
         let out = '';
