@@ -56,7 +56,7 @@ interface GpuDeviceTensor extends DeviceTensor {
   readonly tensor: OrtTensor;
 }
 
-const BYTES: Record<TensorType, number> = { float32: 4, float16: 2, int64: 8, int32: 4 };
+const BYTES: Record<TensorType, number> = { float32: 4, float16: 2, int64: 8, int32: 4, uint8: 1 };
 
 /**
  * Thrown when the GPU cannot allocate a buffer (a KV cache growing, a span's
@@ -119,7 +119,9 @@ class WebGpuMemory implements DeviceMemory {
   }
 
   write(dst: DeviceTensor, data: ArrayBufferView, byteOffset = 0): void {
-    this.device.queue.writeBuffer((dst as GpuDeviceTensor).buffer, byteOffset, data as unknown as ArrayBuffer & ArrayBufferView, 0, data.byteLength);
+    // As bytes: writeBuffer counts a typed array's offset and size in its elements.
+    const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    this.device.queue.writeBuffer((dst as GpuDeviceTensor).buffer, byteOffset, bytes, 0, bytes.byteLength);
     this.transfer.up += data.byteLength;
   }
 
@@ -157,6 +159,8 @@ function typedArray(type: TensorType, bytes: ArrayBuffer): BackendTensor['data']
       return new BigInt64Array(bytes);
     case 'int32':
       return new Int32Array(bytes);
+    case 'uint8':
+      return new Uint8Array(bytes);
   }
 }
 
@@ -249,7 +253,8 @@ export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions
         graphOptimizationLevel: options?.graphOptimizationLevel ?? 'all',
         executionMode: 'sequential',
         ...(opts.infoLog ? { logSeverityLevel: 1 as const, logVerbosityLevel: 0 } : {}),
-        ...(kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
+        // A captured session keeps every output on the GPU (onnxruntime-web refuses anything else).
+        ...(kind === 'webgpu' && options?.graphCapture ? { preferredOutputLocation: 'gpu-buffer' as const } : kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
         ...(kind === 'webgpu' && options?.graphCapture ? { enableGraphCapture: true } : {}),
       });
       return wrap(ort, session, memory);
