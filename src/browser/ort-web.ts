@@ -10,6 +10,7 @@ import type * as OrtTypes from 'onnxruntime-web';
 import { isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue, type TensorType } from '../shard/backend.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { requestOrtGpuDevice } from './webgpu-device.ts';
+import { bufferRegistrySymbol, pinBuffer } from './ort-capture.ts';
 import type { BackendKind } from './engine.ts';
 
 type Ort = typeof OrtTypes;
@@ -168,10 +169,12 @@ function hostBytes(t: BackendTensor): number {
   return t.data.byteLength;
 }
 
-function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory | null): OnnxSession {
+/** `captureSymbol`: the session records its graph; its device buffers are pinned (ort-capture.ts). */
+function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory | null, captureSymbol: symbol | null = null): OnnxSession {
   const toOrt = (t: RunValue): OrtTensor => {
     if (isDeviceTensor(t)) {
       if (!memory) throw new TypeError('a WASM session has no device tensors');
+      if (captureSymbol) pinBuffer((t as GpuDeviceTensor).buffer, captureSymbol);
       return (t as GpuDeviceTensor).tensor;
     }
     // float16 travels as raw bits; ORT-web takes a Uint16Array for it.
@@ -215,6 +218,8 @@ function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory
           (given.data as Float32Array).set(data);
           if (memory) memory.transfer.down += given.data.byteLength;
         }
+        // A captured session answers with a new tensor over the bound buffer: free that wrapper, not the buffer.
+        if (isDeviceTensor(given) && t !== (given as GpuDeviceTensor).tensor && t.location === 'gpu-buffer') t.dispose();
         result[name] = given;
       } else result[name] = await fromOrt(t);
     }
@@ -243,6 +248,7 @@ export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions
   // Our own device (webgpu-device.ts says why), shared by every session; the EP never drops it.
   const gpu = kind === 'webgpu' ? await requestOrtGpuDevice(navigator.gpu) : null;
   const memory = gpu ? new WebGpuMemory(ort, gpu.device) : null;
+  let captureSymbol: Promise<symbol> | null = null;
   const backend: { -readonly [K in keyof OnnxBackend]: OnnxBackend[K] } = {
     name: `onnxruntime-web/${kind}`,
     async createSession(model, options) {
@@ -257,7 +263,8 @@ export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions
         ...(kind === 'webgpu' && options?.graphCapture ? { preferredOutputLocation: 'gpu-buffer' as const } : kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
         ...(kind === 'webgpu' && options?.graphCapture ? { enableGraphCapture: true } : {}),
       });
-      return wrap(ort, session, memory);
+      if (gpu && options?.graphCapture) captureSymbol ??= bufferRegistrySymbol(ort, gpu.device);
+      return wrap(ort, session, memory, gpu && options?.graphCapture ? await captureSymbol : null);
     },
   };
   if (memory) backend.device = memory;

@@ -119,7 +119,14 @@ describe('graph capture for decode steps (WebGPU in Node, SwiftShader)', () => {
       await interleaved(ex, weights, 20);
       // One more session's steady state: prefill, two steps (the first records), then count one.
       const chat = new Chat('d', new ReferenceModel(f.cfg, weights));
+      const count = () => logLines.filter((l) => l.includes('Starting program')).length;
+      logLines.length = 0;
+      tapping = true;
       await chat.run(ex, [1, 2, 3, 4]);
+      tapping = false;
+      // The uncaptured prefill dispatches the layers' programs one by one (the log does show them).
+      const prefillPrograms = count();
+      expect(prefillPrograms).toBeGreaterThan(4 * f.cfg.numLayers);
       await chat.run(ex);
       await chat.run(ex);
       ex.returnLogits = false;
@@ -135,7 +142,7 @@ describe('graph capture for decode steps (WebGPU in Node, SwiftShader)', () => {
       const programs = logLines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z0-9]+)/.exec(l)?.[1] ?? '?');
       // Only the embedding's Gather and the head's programs run one by one; the layers replay.
       const outside = ['Gather', 'Gather', 'LayerNorm', 'MatMul', 'ArgMax', 'ReduceMax', 'ReduceLogSumExp', 'Sub'];
-      console.log(`programs dispatched by a captured decode step: ${programs.length} (${programs.join(' ')})`);
+      console.log(`programs dispatched: uncaptured 4-token prefill ${prefillPrograms}, captured decode step ${programs.length} (${programs.join(' ')})`);
       expect(programs.length, programs.join(' ')).toBeLessThanOrEqual(outside.length);
       for (const p of programs) expect(p).toMatch(/^(Gather|LayerNorm|SkipLayerNorm|MatMul|MatMulNBits|ArgMax|Reduce|Sub|Transpose)/);
       // In: the token id (8) and the two counters (4 + 4); out: the token and its log-probability.
