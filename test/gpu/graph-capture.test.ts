@@ -118,6 +118,26 @@ describe('graph capture for decode steps (WebGPU in Node, SwiftShader)', () => {
     }
   }, 900_000);
 
+  it('the graph recorded at position 0 (a one-token first call) serves later positions, past 64, and other sessions', async () => {
+    const ex = await Fused.create({ config: f.cfg, backend: counting, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 160, returnLogits: true, graphCapture: true });
+    try {
+      const ref = new ReferenceModel(f.cfg, f.weights);
+      const first = new Chat('first', ref);
+      await first.run(ex, [7]); // captured at position 0: the graph is recorded here
+      for (let i = 0; i < 10; i++) await first.run(ex);
+      // Past 64 positions (more attention tiles than when the graph was recorded at position 0).
+      const other = new Chat('other', ref);
+      await other.run(ex, Array.from({ length: 70 }, (_, i) => 3 + ((i * 41) % 500)));
+      for (let i = 0; i < 10; i++) {
+        await other.run(ex);
+        await first.run(ex);
+      }
+      expect(ex.captureStats()!.steps).toBe(31);
+    } finally {
+      await ex.release();
+    }
+  }, 900_000);
+
   it('4-bit over two segments: captured steps equal the reference on the dequantized weights; a replayed step dispatches no layer program and moves 28 bytes', async () => {
     const ex = await Fused.create({ config: f.cfg, backend: counting, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'q4', maxContext: 96, returnLogits: true, graphCapture: true, segmentBoundaries: [2] });
     try {
