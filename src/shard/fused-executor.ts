@@ -393,18 +393,18 @@ export class FusedShardExecutor {
     }
   }
 
-  /**
-   * The session's cache, admitted by the ledger when it opens (room for what
-   * it declares, or what this call needs), checked against `position` and
-   * grown by whole blocks to hold the call. A stateless call borrows room
-   * for its own rows and gives it back after.
-   */
   /** `s` runs without the captured graph: its rows come back from the capture lane first, if it holds them. */
   private uncaptured(s: KvSession<LayerKv>): KvSession<LayerKv> {
     this.lane?.release(s);
     return s;
   }
 
+  /**
+   * The session's cache, admitted by the ledger when it opens (room for what
+   * it declares, or what this call needs), checked against `position` and
+   * grown by whole blocks to hold the call. A stateless call borrows room
+   * for its own rows and gives it back after.
+   */
   private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<{ session: KvSession<LayerKv>; stateless: boolean }> {
     if (session === undefined) return { session: await this.kv.open(STATELESS, seq), stateless: true };
     if (session === STATELESS) throw layerRangeError('reserved session id', { startLayer: this.startLayer, endLayer: this.endLayer });
