@@ -2,20 +2,30 @@
  * Where CPU time per token goes in a batched 3-node mesh (issue 11): one
  * split mesh (relay, tracker, 3 `meshnet node`, layers 0-4 / 4-8 / 8-12 of
  * `small`, --max-batch 16), N chats at once for a few rounds; per process
- * CPU ms per generated token from /proc/<pid>/stat (utime+stime) over the
- * measured rounds only. With `--cpu-prof DIR` every process also writes a V8
- * CPU profile there, and the script prints each one's top self-time
- * functions within the measured window.
+ * CPU ms per generated token from /proc/<pid>/stat (user + kernel) over the
+ * measured rounds only, and the nodes' batch sizes. CPU time, not wall time:
+ * on a shared machine it is the figure that stays put while the load moves.
  *
- *   npx tsx bench/profile-chats.ts [--chats 8] [--rounds 3] [--cpu-prof DIR]
+ * `--cpu-prof DIR`: every process also writes a V8 CPU profile there, and the
+ * script prints each one's top self and inclusive times within the measured
+ * window. Samples are wall clock: a process preempted inside a syscall
+ * (writev to the relay on a busy box) shows that time there, so read the
+ * profile next to the /proc figures. `--strace DIR`: `strace -c` of every
+ * process over the window (syscall counts per token).
+ *
+ *   npx tsx bench/profile-chats.ts [--chats 8] [--rounds 3] [--cpu-prof DIR] [--strace DIR]
+ *
+ * JSON in bench/results/profile-chats.json.
  */
 import { chmodSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { spawn } from 'node:child_process';
+import { loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import { aloneTexts, round, startMesh, type Mesh, type RoundSink } from './load.ts';
-import { quantile } from './lib/stats.ts';
+import { quantile, writeResult } from './lib/stats.ts';
 
 const argv = process.argv.slice(2);
 const opt = (name: string) => {
@@ -33,13 +43,15 @@ if (profDir) {
   process.execPath = wrapper;
 }
 
+const here = fileURLToPath(new URL('.', import.meta.url));
 const TICK_MS = 1000 / 100; // USER_HZ
 
-function cpuMs(pid: number | undefined): number {
-  if (pid === undefined) return NaN;
+/** CPU ms of a process: user + kernel, and kernel alone. */
+function cpuMs(pid: number | undefined): { all: number; sys: number } {
+  if (pid === undefined) return { all: NaN, sys: NaN };
   const f = readFileSync(`/proc/${pid}/stat`, 'utf8');
   const rest = f.slice(f.lastIndexOf(')') + 2).split(' ');
-  return (Number(rest[11]) + Number(rest[12])) * TICK_MS;
+  return { all: (Number(rest[11]) + Number(rest[12])) * TICK_MS, sys: Number(rest[12]) * TICK_MS };
 }
 
 function procs(m: Mesh): Record<string, number | undefined> {
@@ -87,8 +99,6 @@ async function main(): Promise<void> {
     const alone = await aloneTexts(m);
     await round(m, CHATS, 1, alone, 20_000);
     const ps = procs(m);
-    const ortCpu = async () => Promise.all(m.nodes.map(async (n) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { ort_cpu_us?: number }).ort_cpu_us ?? NaN));
-    const ort0 = await ortCpu();
     const before = Object.fromEntries(Object.entries(ps).map(([k, pid]) => [k, cpuMs(pid)]));
     const straceDir = opt('strace');
     const traces = straceDir
@@ -103,19 +113,25 @@ async function main(): Promise<void> {
     const to = Number(process.hrtime.bigint() / 1000n);
     const after = Object.fromEntries(Object.entries(ps).map(([k, pid]) => [k, cpuMs(pid)]));
     for (const t of traces) t.kill('SIGINT');
-    const ort1 = await ortCpu();
     sink.gaps.sort((a, b) => a - b);
     console.log(`${CHATS} chats × ${ROUNDS} rounds: ${sink.tokens} tokens in ${wall.toFixed(0)} ms = ${((sink.tokens * 1000) / wall).toFixed(1)} tok/s; ok ${r.ok}/${r.chats}, text ≠ alone ${r.text_mismatches}; TBT p50 ${quantile(sink.gaps, 0.5).toFixed(0)} p95 ${quantile(sink.gaps, 0.95).toFixed(0)} ms`);
-    ort1.forEach((u, i) => console.log(`  node${i + 1} onnxruntime run CPU ${((u - ort0[i]!) / 1000).toFixed(0)} ms, ${((u - ort0[i]!) / 1000 / sink.tokens).toFixed(2)} ms/token`));
     let sum = 0;
+    const perProcess: Record<string, { cpu_ms: number; kernel_ms: number; cpu_ms_per_token: number }> = {};
     for (const k of Object.keys(ps)) {
-      const d = after[k]! - before[k]!;
+      const d = after[k]!.all - before[k]!.all;
+      const sys = after[k]!.sys - before[k]!.sys;
       sum += d;
-      console.log(`  ${k.padEnd(8)} ${d.toFixed(0).padStart(6)} ms CPU  ${(d / sink.tokens).toFixed(2).padStart(6)} ms/token`);
+      perProcess[k] = { cpu_ms: d, kernel_ms: sys, cpu_ms_per_token: d / sink.tokens };
+      console.log(`  ${k.padEnd(8)} ${d.toFixed(0).padStart(6)} ms CPU  ${(d / sink.tokens).toFixed(2).padStart(6)} ms/token  (kernel ${(sys / sink.tokens).toFixed(2)})`);
     }
     console.log(`  ${'all'.padEnd(8)} ${sum.toFixed(0).padStart(6)} ms CPU  ${(sum / sink.tokens).toFixed(2).padStart(6)} ms/token (wall ${(wall / sink.tokens).toFixed(2)} ms/token)`);
     const sizes = await Promise.all(m.nodes.map(async (n) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { batch?: { sizes: number[] } }).batch?.sizes ?? []));
     sizes.forEach((s, i) => console.log(`  node${i + 1} runs by batch size (whole run, index = sessions): ${JSON.stringify(s)}`));
+    writeResult(join(here, 'results', 'profile-chats.json'), {
+      chats: CHATS, rounds: ROUNDS, tokens: sink.tokens, wall_ms: wall, tokens_per_s: (sink.tokens * 1000) / wall,
+      tbt_p50_ms: quantile(sink.gaps, 0.5), tbt_p95_ms: quantile(sink.gaps, 0.95), cpu_ms_per_token: sum / sink.tokens,
+      processes: perProcess, node_batch_sizes: sizes, load_average: loadavg(),
+    });
     const pidName = new Map(Object.entries(ps).map(([k, pid]) => [pid, k]));
     await m.stop();
     if (profDir) {

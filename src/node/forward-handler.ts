@@ -231,7 +231,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       }
       if (path === '/info') {
         if (method !== 'GET') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use GET /info'), { allow: 'GET' });
-        return jsonReply(200, { ...infoBody(), ort_cpu_us: (globalThis as Record<string, unknown>).__ortCpuUs ?? 0 }); // TEMP-PROF
+        return jsonReply(200, infoBody());
       }
       const m = /^\/sessions\/([^/]+)$/.exec(path);
       if (m) {
