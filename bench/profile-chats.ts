@@ -13,7 +13,7 @@
  * profile next to the /proc figures. `--strace DIR`: `strace -c` of every
  * process over the window (syscall counts per token).
  *
- *   npx tsx bench/profile-chats.ts [--chats 8] [--rounds 3] [--cpu-prof DIR] [--strace DIR]
+ *   npx tsx bench/profile-chats.ts [--chats 8] [--rounds 3] [--cpu-prof DIR] [--strace DIR] [--node-flags '--heap-prof ...']
  *
  * JSON in bench/results/profile-chats.json.
  */
@@ -35,10 +35,11 @@ const opt = (name: string) => {
 const CHATS = Number(opt('chats') ?? 8);
 const ROUNDS = Number(opt('rounds') ?? 3);
 const profDir = opt('cpu-prof');
-if (profDir) {
+const nodeFlags = [...(profDir ? [`--cpu-prof`, `--cpu-prof-dir=${resolve(profDir)}`] : []), ...(opt('node-flags')?.split(' ').filter(Boolean) ?? [])];
+if (nodeFlags.length > 0) {
   // --cpu-prof is refused in NODE_OPTIONS: the helpers spawn process.execPath, so point it at a wrapper (exec keeps the pid).
-  const wrapper = join(resolve(profDir), 'node-prof.sh');
-  writeFileSync(wrapper, `#!/bin/sh\nexec ${process.execPath} --cpu-prof --cpu-prof-dir=${resolve(profDir)} "$@"\n`);
+  const wrapper = join(resolve(profDir ?? '.'), 'node-prof.sh');
+  writeFileSync(wrapper, `#!/bin/sh\nexec ${process.execPath} ${nodeFlags.join(' ')} "$@"\n`);
   chmodSync(wrapper, 0o755);
   process.execPath = wrapper;
 }
