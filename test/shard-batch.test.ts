@@ -12,7 +12,6 @@ import { ReferenceModel, newRefCache, type RefKvCache } from '../src/model/refer
 import type { MeshError } from '../src/protocol/errors.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
 import type { ForwardResult, ShardExecutor } from '../src/shard/executor.ts';
-import { PackedScratch } from '../src/shard/packed-batch.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend, prompts } from './helpers/shard.ts';
 
 const F32_TOL = 1e-4;
@@ -103,7 +102,7 @@ describe.each(backends)('batched decode steps on %s', (_name, backend) => {
   });
 
   it('reuses its packed input buffers across batches that grow and shrink', async () => {
-    // The executor keeps the packed pasts and mask between steps (PackedScratch): a batch after a larger one reads
+    // The executor keeps the packed pasts and mask between steps (batch-scratch.ts): a batch after a larger one reads
     // a buffer whose tail holds the larger batch's rows, and one after a smaller one grows it. Each must still equal alone.
     const batched = await twoHops(backend(), 16);
     const alone = await twoHops(backend(), 1);
@@ -114,28 +113,6 @@ describe.each(backends)('batched decode steps on %s', (_name, backend) => {
     expect(await decodeTogether(batched, 6, 4, 'c')).toEqual(want6);
     for (const ex of batched) expect(ex.batchStats().sizes[2]).toBe(4);
     await Promise.all([...batched, ...alone].map((e) => e.release()));
-  });
-});
-
-describe('PackedScratch', () => {
-  it('hands back the same memory while it fits, grows past it, and lets go of a peak', () => {
-    const s = new PackedScratch();
-    const a = s.take('k0', 1000, false);
-    expect(a).toBeInstanceOf(Float32Array);
-    expect(a.length).toBe(1000);
-    const b = s.take('k0', 1200, false);
-    expect(b.buffer).toBe(a.buffer);
-    expect(b.length).toBe(1200);
-    const c = s.take('k0', 100_000, false);
-    expect(c.buffer).not.toBe(a.buffer);
-    expect(c.length).toBe(100_000);
-    expect(s.take('k0', 90_000, false).buffer).toBe(c.buffer);
-    // Under a quarter of the capacity: a smaller buffer replaces the peak's.
-    expect(s.take('k0', 1000, false).buffer).not.toBe(c.buffer);
-    expect(s.heldElements).toBeLessThan(10_000);
-    // A key holds one dtype: asking for f16 gives 16-bit storage.
-    expect(s.take('k0', 1000, true)).toBeInstanceOf(Uint16Array);
-    expect(s.take('v0', 10, false).buffer).not.toBe(s.take('k0', 10, true).buffer);
   });
 });
 

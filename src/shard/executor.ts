@@ -21,7 +21,8 @@ import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
-import { PackedScratch, packedBatchKey, runPackedBatch } from './packed-batch.ts';
+import { packedBatchKey, runPackedBatch } from './packed-batch.ts';
+import { BatchScratch } from './batch-scratch.ts';
 import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
 
@@ -111,7 +112,7 @@ export class ShardExecutor {
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, elem: this.dtype };
     this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: kvBytesPerToken(shape), maxContext, weightBytes }, new CpuKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
-    const scratch = new PackedScratch();
+    const scratch = new BatchScratch();
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
       {
         batchKey: (req) => packedBatchKey(req, held),

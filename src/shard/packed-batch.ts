@@ -30,6 +30,7 @@ import type { ForwardRequest, ForwardResult } from './executor.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession, KvStore } from './kv-store.ts';
 import { runMembers } from './batch-members.ts';
+import type { BatchScratch } from './batch-scratch.ts';
 import { sampleToken } from './sampling.ts';
 
 export interface PackedSegment {
@@ -51,40 +52,7 @@ export interface PackedContext {
   head: OnnxSession | null;
   kv: KvStore;
   /** Reused input buffers (absent: fresh arrays every step). */
-  scratch?: PackedScratch;
-}
-
-/**
- * The packed inputs (pasts, mask) of one executor's batches, kept between
- * steps. Fresh arrays cost a zero-filled allocation of ΣP rows per layer per
- * step (megabytes at 8 chats), and the garbage collector then runs on the
- * external memory they add up to: in an 8-chat mesh that was a large share
- * of a hop's CPU outside onnxruntime. An executor runs one batch at a time
- * (BatchQueue), and a backend reads its inputs during run(), so a buffer is
- * free again once the run it fed is over. Capacity grows by half again what
- * a step needs and shrinks when a step needs under a quarter of it, so a
- * burst of long chats does not pin its peak for good.
- */
-export class PackedScratch {
-  private readonly bufs = new Map<string, Float32Array | Uint16Array>();
-
-  /** `elems` elements of a buffer kept under `key`; its contents are stale (the caller overwrites them all). */
-  take(key: string, elems: number, f16: boolean): Float32Array | Uint16Array {
-    let buf = this.bufs.get(key);
-    if (!buf || buf instanceof Uint16Array !== f16 || buf.length < elems || buf.length > 4 * elems + 4096) {
-      const cap = Math.ceil(elems * 1.5) + 1024;
-      buf = f16 ? new Uint16Array(cap) : new Float32Array(cap);
-      this.bufs.set(key, buf);
-    }
-    return buf.subarray(0, elems);
-  }
-
-  /** Elements held, all buffers together (tests, diagnostics). */
-  get heldElements(): number {
-    let n = 0;
-    for (const b of this.bufs.values()) n += b.length;
-    return n;
-  }
+  scratch?: BatchScratch;
 }
 
 /** Requests that may share a packed batch: one row, a KV session, same layers and input kind. */
@@ -168,7 +136,7 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
   };
   const kvType = ctx.dtype === 'f16' ? 'float16' : 'float32';
   const f16 = ctx.dtype === 'f16';
-  // Every row of the packed past is overwritten (the pasts add up to `total` rows), so a reused buffer needs no clearing.
+  // Reused buffers (batch-scratch.ts) need no clearing: the pasts add up to exactly `total` rows, all written.
   const packedPast = (key: string, arrays: Array<Float32Array | Uint16Array>): Float32Array | Uint16Array => {
     const out = ctx.scratch ? ctx.scratch.take(key, total * rowElems, f16) : f16 ? new Uint16Array(total * rowElems) : new Float32Array(total * rowElems);
     arrays.forEach((a, i) => (out as Float32Array).set((a as Float32Array).subarray(0, positions[i]! * rowElems), offsets[i]! * rowElems));
@@ -212,7 +180,7 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
 }
 
 /** Additive mask [groups·B, ΣP + B]: row g·B + i is open on session i's past and on its own new column. */
-function packedMask(cfg: ModelConfig, dtype: GraphDtype, positions: number[], offsets: number[], total: number, scratch?: PackedScratch): Float32Array {
+function packedMask(cfg: ModelConfig, dtype: GraphDtype, positions: number[], offsets: number[], total: number, scratch?: BatchScratch): Float32Array {
   const groups = cfg.numHeads / cfg.numKvHeads;
   const B = positions.length;
   const cols = total + B;
