@@ -24,8 +24,9 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
-import { aloneTexts, round, startMesh, type Mesh, type RoundSink } from './load.ts';
+import { aloneTexts, round, startMesh, type RoundSink } from './load.ts';
 import { quantile, writeResult } from './lib/stats.ts';
+import { meshPids, sampleMesh } from './lib/proc-cpu.ts';
 
 const argv = process.argv.slice(2);
 const opt = (name: string) => {
@@ -45,22 +46,6 @@ if (nodeFlags.length > 0) {
 }
 
 const here = fileURLToPath(new URL('.', import.meta.url));
-const TICK_MS = 1000 / 100; // USER_HZ
-
-/** CPU ms of a process: user + kernel, and kernel alone. */
-function cpuMs(pid: number | undefined): { all: number; sys: number } {
-  if (pid === undefined) return { all: NaN, sys: NaN };
-  const f = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const rest = f.slice(f.lastIndexOf(')') + 2).split(' ');
-  return { all: (Number(rest[11]) + Number(rest[12])) * TICK_MS, sys: Number(rest[12]) * TICK_MS };
-}
-
-function procs(m: Mesh): Record<string, number | undefined> {
-  const out: Record<string, number | undefined> = { relay: m.relay.child.pid, tracker: m.tracker.child.pid };
-  m.nodes.forEach((n, i) => (out[`node${i + 1}`] = n.child.pid));
-  return out;
-}
-
 interface ProfileNode { id: number; callFrame: { functionName: string; url: string; lineNumber: number }; children?: number[] }
 interface Profile { nodes: ProfileNode[]; startTime: number; samples: number[]; timeDeltas: number[] }
 
@@ -99,8 +84,8 @@ async function main(): Promise<void> {
   try {
     const alone = await aloneTexts(m);
     await round(m, CHATS, 1, alone, 20_000);
-    const ps = procs(m);
-    const before = Object.fromEntries(Object.entries(ps).map(([k, pid]) => [k, cpuMs(pid)]));
+    const ps = meshPids(m);
+    const before = sampleMesh(ps);
     const straceDir = opt('strace');
     const traces = straceDir
       ? Object.entries(ps).map(([k, pid]) => spawn('strace', ['-c', '-f', '-o', join(resolve(straceDir), `${k}.txt`), '-p', String(pid)], { stdio: 'ignore' }))
@@ -112,7 +97,7 @@ async function main(): Promise<void> {
     const r = await round(m, CHATS, ROUNDS, alone, 20_000, sink);
     const wall = performance.now() - t0;
     const to = Number(process.hrtime.bigint() / 1000n);
-    const after = Object.fromEntries(Object.entries(ps).map(([k, pid]) => [k, cpuMs(pid)]));
+    const after = sampleMesh(ps);
     for (const t of traces) t.kill('SIGINT');
     sink.gaps.sort((a, b) => a - b);
     console.log(`${CHATS} chats × ${ROUNDS} rounds: ${sink.tokens} tokens in ${wall.toFixed(0)} ms = ${((sink.tokens * 1000) / wall).toFixed(1)} tok/s; ok ${r.ok}/${r.chats}, text ≠ alone ${r.text_mismatches}; TBT p50 ${quantile(sink.gaps, 0.5).toFixed(0)} p95 ${quantile(sink.gaps, 0.95).toFixed(0)} ms`);
