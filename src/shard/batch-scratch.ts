@@ -65,7 +65,7 @@ export class BatchScratch {
     return n;
   }
 
-  /** Drops every buffer (the executor is released). */
+  /** Drops every buffer now (otherwise the idle sweep does, IDLE_MS after the last step). */
   clear(): void {
     this.bufs.clear();
     if (this.timer !== undefined) clearTimeout(this.timer);
