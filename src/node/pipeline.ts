@@ -37,7 +37,7 @@ import { PositionMismatchError } from '../shard/errors.ts';
 import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
 import { History, busyError, errorEvent, parseTokenAnswer } from './pipeline-parts.ts';
-import { ChainInbox, ChainState, ChainStepError, chainStep, type HeadAddress, type SignedRouteText } from './chain-driver.ts';
+import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -85,8 +85,6 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   transport: HopTransport;
   /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
   replace?: ReplaceSpan;
-  /** Where the last hop of a chain reaches this head; absent: chains go by the relay alone (the peer id). */
-  self?: () => HeadAddress;
   onLog?: (message: string) => void;
 }
 
@@ -348,12 +346,12 @@ export class PipelineDriver {
    */
   private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<{ tokenId: number; logprob: number } | undefined> {
     hops[0]!.history.extendTo(s.total, input);
+    const t0 = performance.now();
     try {
       const r = await chainStep({
         transport: this.init.transport,
         inbox: this.chainInbox,
         headPeerId: s.headPeerId,
-        self: this.init.self?.() ?? {},
         signed: chain.signed!,
         hops: hops.map((h) => h.hop),
         body: input,
@@ -364,11 +362,17 @@ export class PipelineDriver {
         session: s.session,
         sampling: s.sampling,
         declared: s.declared,
-        timeoutMs: s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs,
+        timeoutMs: chain.timeout(s.seq, s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs),
         ...(s.signal ? { signal: s.signal } : {}),
       });
-      chain.file(hops, r.copies, s.total, s.seq * this.rowBytes);
-      const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
+      chain.observe(s.seq, performance.now() - t0);
+      const ans = parseTokenAnswer(new TextEncoder().encode(r.token), hops.at(-1)!.hop);
+      // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
+      if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
+        this.init.onLog?.(`chain step at position ${s.position}: the last hop handed back ${r.rows.byteLength} bytes of rows, not ${(hops.length - 1) * s.seq * this.rowBytes}; the generation goes on as a star`);
+        chain.off = true;
+        for (const h of hops) h.synced = false;
+      }
       return { tokenId: ans.token_id, logprob: ans.logprob };
     } catch (e) {
       if (s.signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
@@ -379,8 +383,6 @@ export class PipelineDriver {
         throw new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${e.error.message}`, { peer_id: hop.peer_id, ...e.error.details });
       }
       this.init.onLog?.(`chain step at position ${s.position} failed at hop ${e.peer ?? '(unknown)'} (${e.error.code}: ${e.error.message}); running it as a star`);
-      // Every earlier step's outputs must be filed before the star replays from them; a missing one means replaying every hop from the head's own rows.
-      if (!(await chain.settled(2_000))) for (const h of hops) h.synced = false;
       return undefined;
     }
   }

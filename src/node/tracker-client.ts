@@ -16,6 +16,7 @@ import {
   replaceAnswerSchema,
   routeSchema,
   routeSigningMessage,
+  chainReplySigningMessage,
   assignmentSchema,
   type NodeMessage,
   type RegisterAnswer,
@@ -87,6 +88,18 @@ export async function verifySignedRoute(trackerKey: Uint8Array | undefined, head
   const p = (Array.isArray(raw) && raw.length === 0 ? routeSchema.or(z.array(z.never()).max(0)) : routeSchema).safeParse(raw);
   if (!p.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `the signed route is not a hop list: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
   return p.data;
+}
+
+/** True when `signature` is the tracker's over `replyText` as `headPeerId`'s reply address for a route expiring at `expiresAt` (chainReplySigningMessage). */
+export async function verifyChainReply(trackerKey: Uint8Array | undefined, headPeerId: string, expiresAt: number, replyText: string, signature: string): Promise<boolean> {
+  if (!trackerKey) return false;
+  let sig: Uint8Array;
+  try {
+    sig = decodeBase64Url(signature);
+  } catch {
+    return false;
+  }
+  return verifyEd25519(trackerKey, chainReplySigningMessage(headPeerId, expiresAt, replyText), sig);
 }
 
 export class TrackerClient {

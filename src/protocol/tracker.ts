@@ -132,6 +132,17 @@ export function routeSigningMessage(headPeerId: string, expiresAt: number, route
   return new TextEncoder().encode(`route-v1:${headPeerId}:${expiresAt}:${routeHeader}`);
 }
 
+/**
+ * What the tracker signs so chain hops may trust a head's reply address
+ * (`X-Meshnet-Chain-Reply`, JSON {relay_addr?, endpoint?} as the head
+ * registered them): `chain-reply-v1:` + head peer id + `:` + the route's
+ * expires_at + `:` + the reply text. A separate signature (not a new route
+ * signature), so ADR-era heads and hops verify routes as before.
+ */
+export function chainReplySigningMessage(headPeerId: string, expiresAt: number, replyText: string): Uint8Array {
+  return new TextEncoder().encode(`chain-reply-v1:${headPeerId}:${expiresAt}:${replyText}`);
+}
+
 /** JSON with sorted keys, no spaces: what signatures cover. */
 export function canonicalJson(value: unknown): string {
   if (value === null || typeof value !== 'object') return JSON.stringify(value);

@@ -19,6 +19,7 @@
 import { randomBytes } from 'node:crypto';
 import {
   FLAG_END,
+  FLAG_ONE_WAY,
   FrameKind,
   MeshError,
   PEER_ID_BYTES,
@@ -215,7 +216,7 @@ export class StreamTable {
     if (head.version !== 1) return this.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
     switch (head.kind) {
       case FrameKind.Request:
-        return this.onRequestFrame(peer, data, head.streamId);
+        return this.onRequestFrame(peer, data, head.streamId, head.flags);
       case FrameKind.Response:
       case FrameKind.Data: {
         const s = peer.incoming.get(head.streamId);
@@ -225,6 +226,7 @@ export class StreamTable {
         if ((head.flags & FLAG_END) !== 0) this.completeStream(s);
         writeStreamId(data, s.callerId as number);
         hot.bytesOut += data.byteLength;
+        hot.messages++;
         this.sendTo(s.caller.socket, data);
         return;
       }
@@ -240,7 +242,7 @@ export class StreamTable {
     }
   }
 
-  private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number): void {
+  private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number, flags: number): void {
     if (data.byteLength < 26) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request frame shorter than its 26-byte head');
     const metaLen = data[24]! | (data[25]! << 8);
     if (26 + metaLen > data.byteLength) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request meta runs past the frame');
@@ -252,10 +254,22 @@ export class StreamTable {
     const refused = this.admission(target);
     if (refused) return this.frameError(peer.socket, streamId, refused[0], refused[1]);
     if (!target.fastPath) return this.forwardFrameAsEnvelope(peer, data, streamId, target);
+    if ((flags & FLAG_ONE_WAY) !== 0) {
+      // One-way (a chained hop's push): no stream to keep, no answer to wait for; the id is fresh so it can never meet a real stream's answer.
+      writeRequestPeerId(data, peer.idBytes);
+      writeStreamId(data, target.allocStreamId());
+      this.metrics.hot.hops.fast++;
+      this.metrics.hot.oneWay++;
+      this.metrics.hot.messages++;
+      this.metrics.hot.bytesOut += data.byteLength;
+      target.socket.send(data);
+      return;
+    }
     const s = this.openStream(peer, streamId, target, 'fast', false);
     writeRequestPeerId(data, peer.idBytes);
     writeStreamId(data, s.relayStreamId);
     this.metrics.hot.bytesOut += data.byteLength;
+    this.metrics.hot.messages++;
     target.socket.send(data);
   }
 
@@ -386,6 +400,7 @@ export class StreamTable {
       socket.close(CLOSE.slowConsumer, 'slow consumer: too much unread data');
       return;
     }
+    this.metrics.hot.messages++;
     socket.send(data);
   }
 

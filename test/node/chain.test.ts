@@ -4,7 +4,7 @@
  * the head's /chain/token) and its own HopTransport over a fake network that
  * logs who sent what to whom. Routes are signed by a test tracker key.
  */
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { createChainHop, isChainRequest } from '../../src/node/chain-hop.ts';
 import { createForwardHandler } from '../../src/node/forward-handler.ts';
 import { createHeadHandler } from '../../src/node/head-handler.ts';
@@ -16,7 +16,7 @@ import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import { collectBody, type MeshRequest, type MeshResponse } from '../../src/protocol/envelopes.ts';
 import { encodeTensor } from '../../src/protocol/tensor.ts';
-import { routeSigningMessage, type GenerateEvent, type RouteHop } from '../../src/protocol/tracker.ts';
+import { chainReplySigningMessage, routeSigningMessage, type GenerateEvent, type RouteHop } from '../../src/protocol/tracker.ts';
 import { executor, fixture } from '../helpers/shard.ts';
 
 const f = fixture('tiny');
@@ -63,10 +63,13 @@ class Net {
   }
 }
 
-async function signed(key: Identity, head: string, hops: RouteHop[], expires = Date.now() + 60_000): Promise<Record<string, string>> {
+/** A route and the head's reply address, signed as the tracker signs them (`replyKey`: who signs the reply, to forge one). */
+async function signed(key: Identity, head: string, hops: RouteHop[], expires = Date.now() + 60_000, replyKey = key): Promise<Record<string, string>> {
   const text = JSON.stringify(hops);
   const sig = await key.sign(routeSigningMessage(head, expires, text));
-  return { 'x-meshnet-route': text, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig) };
+  const reply = JSON.stringify({ endpoint: 'http://a.test' });
+  const rsig = await replyKey.sign(chainReplySigningMessage(head, expires, reply));
+  return { 'x-meshnet-route': text, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig), 'x-meshnet-chain-reply': reply, 'x-meshnet-chain-reply-signature': encodeBase64Url(rsig) };
 }
 
 async function generate(handler: Handler, headers: Record<string, string>, maxTokens = 10): Promise<GenerateEvent[]> {
@@ -101,7 +104,7 @@ describe('chained hops', () => {
     }
     const headExec = await executor(f, 0, 1);
     head = (mode, replace) => {
-      const driver = new PipelineDriver({ executor: headExec, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetchFrom('a') }), hopMode: mode, self: () => ({ endpoint: 'http://a.test' }), ...(replace ? { replace } : {}) });
+      const driver = new PipelineDriver({ executor: headExec, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetchFrom('a') }), hopMode: mode, ...(replace ? { replace } : {}) });
       const h = createHeadHandler({ forward: async () => ({ status: 404, headers: {}, body: new Uint8Array(0) }), peerId: HEAD, trackerKey: () => tracker.publicKey, pipeline: () => driver });
       net.nodes.set('a', h);
       return h;
@@ -169,9 +172,15 @@ describe('chained hops', () => {
     const chainReq = (headers: Record<string, string>, index = '0'): MeshRequest => ({
       method: 'POST',
       path: '/forward',
-      headers: { 'x-meshnet-shape': '1,1,64', 'x-meshnet-dtype': 'bf16', 'x-meshnet-session': `r${Math.random().toString(36).slice(2)}`, 'x-meshnet-position': '0', 'x-meshnet-chain-index': index, 'x-meshnet-chain-head': HEAD, 'x-meshnet-chain-reply': '{"endpoint":"http://a.test"}', ...headers },
+      headers: { 'x-meshnet-shape': '1,1,64', 'x-meshnet-dtype': 'bf16', 'x-meshnet-session': `r${Math.random().toString(36).slice(2)}`, 'x-meshnet-position': '0', 'x-meshnet-chain-index': index, 'x-meshnet-chain-head': HEAD, ...headers },
       body: rows,
     });
+    /** The failure report (POST /chain/failed) a hop sent to `to`, once it came (the hop hands the step on before it knows). */
+    const reportTo = (to: string) => vi.waitFor(() => {
+      const r = net.log.find((l) => l.path === '/chain/failed' && l.to === to);
+      if (!r) throw new Error('no report yet');
+      return r;
+    }, { timeout: 10_000, interval: 20 });
     const err = async (res: MeshResponse) => JSON.parse(utf8d.decode(await collectBody(res.body))) as { error: { code: string; message: string } };
 
     it('a forged or expired signature: 403 from the hop that received it, naming it', async () => {
@@ -183,15 +192,36 @@ describe('chained hops', () => {
         expect(res.headers['x-meshnet-chain-failed']).toBe(pid('b'));
         expect((await err(res)).error.message).toContain(pid('b'));
       }
-      // b accepts the route but c holds another tracker key: the refusal comes back through b naming c.
+      // b accepts the route but c holds another tracker key: b hands the step on (202); c cannot trust the head's
+      // address, so it only answers b (403), and b, which can, tells the head, naming c.
       keys.set('c', stranger.publicKey);
       try {
+        net.log.length = 0;
         const res = await net.nodes.get('b')!(chainReq(await signed(tracker, HEAD, route)));
-        expect(res.status).toBe(403);
-        expect(res.headers['x-meshnet-chain-failed']).toBe(pid('c'));
+        expect(res.status).toBe(202);
+        const report = await reportTo('a');
+        expect(report.from).toBe('b');
+        expect(report.headers['x-meshnet-chain-failed']).toBe(pid('c'));
+        expect(net.log.filter((l) => l.path === '/chain/failed' && l.from === 'c')).toEqual([]);
       } finally {
         keys.delete('c');
       }
+    });
+
+    it('a reply address the tracker did not sign is refused (403): the token never goes where a peer on the route says', async () => {
+      const route = [hop('b', 1, 3), hop('c', 3, 4)];
+      const stranger = await Identity.generate();
+      const forged = await signed(tracker, HEAD, route, Date.now() + 60_000, stranger);
+      const res = await net.nodes.get('b')!(chainReq(forged));
+      expect(res.status).toBe(403);
+      expect((await err(res)).error.message).toMatch(/reply address .* not signed by the tracker/);
+      // The signed reply with another address swapped in: refused the same way.
+      const swapped = { ...(await signed(tracker, HEAD, route)), 'x-meshnet-chain-reply': JSON.stringify({ endpoint: 'http://evil.test' }) };
+      expect((await net.nodes.get('b')!(chainReq(swapped))).status).toBe(403);
+      // Unsigned: refused too.
+      const unsigned = { ...(await signed(tracker, HEAD, route)) };
+      delete unsigned['x-meshnet-chain-reply-signature'];
+      expect((await net.nodes.get('b')!(chainReq(unsigned))).status).toBe(403);
     });
 
     it('a route that visits a node twice, or comes back to the head, is refused', async () => {
@@ -211,22 +241,26 @@ describe('chained hops', () => {
       expect(res.status).toBe(421);
     });
 
-    it('a gone next hop fails the step with an error naming it; a silent one within the chain budget, not a hang', async () => {
+    it('a gone next hop: the hop before it tells the head, naming it; a silent one within the chain budget, not a hang', async () => {
       const route = [hop('b', 1, 3), hop('c', 3, 4)];
       net.dead.add('c');
       try {
+        net.log.length = 0;
         const res = await net.nodes.get('b')!(chainReq(await signed(tracker, HEAD, route)));
-        expect(res.status).toBe(502);
-        expect(res.headers['x-meshnet-chain-failed']).toBe(pid('c'));
-        expect((await err(res)).error.message).toContain(`could not reach the next hop ${pid('c')}`);
+        expect(res.status).toBe(202);
+        const report = await reportTo('a');
+        expect(report.from).toBe('b');
+        expect(report.headers['x-meshnet-chain-failed']).toBe(pid('c'));
       } finally {
         net.dead.delete('c');
       }
       net.silent.add('c');
       try {
+        net.log.length = 0;
         const res = await net.nodes.get('b')!(chainReq({ ...(await signed(tracker, HEAD, route)), 'x-meshnet-chain-budget-ms': '600' }));
-        expect(res.status).toBe(504);
-        expect(res.headers['x-meshnet-chain-failed']).toBe(pid('c'));
+        expect(res.status).toBe(202);
+        const report = await reportTo('a');
+        expect(report.headers['x-meshnet-chain-failed']).toBe(pid('c'));
       } finally {
         net.silent.delete('c');
       }
