@@ -134,7 +134,7 @@ export interface ChainStepInit {
 }
 
 /** How long a one-way push to hop 1 waits for the relay's error (no such peer …) before it counts as delivered. */
-const PUSH_WINDOW_MS = 1_000;
+const PUSH_WINDOW_MS = 2_000;
 
 /** Send one step down the chain; resolves with what the last hop handed back. */
 export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {

@@ -50,7 +50,7 @@ const MAX_BUDGET_MS = 600_000;
 /** What each hop keeps back from the budget it hands on: its failure report must still reach the head in time. */
 const HOP_MARGIN_MS = 250;
 /** How long a one-way push waits for an error the relay may send back (no such peer …) before it counts as delivered. */
-const PUSH_WINDOW_MS = 1_000;
+const PUSH_WINDOW_MS = 2_000;
 
 const replySchema = z.object({ relay_addr: z.string().max(512).optional(), endpoint: z.string().max(512).optional() }).strict();
 

@@ -224,7 +224,8 @@ export class HopTransport {
     if (oneWay !== undefined) {
       try {
         const r = await oneWay;
-        if (r.status === 202) return r;
+        // 202: no news; a 2xx or the hop's own answer: a far side that answered anyway (it does not know one-way requests).
+        if (r.status < 300 || opts.accept?.(r)) return r;
         this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request refused (${remoteError(r.status, r.body).message}); trying every path`);
       } catch (e) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');

@@ -77,7 +77,16 @@ interface Stream {
   deadline: number;
   startedAt: number;
   path: StreamPath;
+  /** A one-way request (FLAG_ONE_WAY): forgotten silently at its deadline. */
+  oneWay?: boolean;
 }
+
+/**
+ * How long the relay remembers a one-way request: a target that leaves
+ * within it is reported to the caller (MESH_ERR_PEER_GONE), as for any
+ * stream. Callers watch for errors at least this long (chain pushes: 2 s).
+ */
+export const ONE_WAY_WINDOW_MS = 2_000;
 
 /** A registered peer's connection. */
 export class PeerConn {
@@ -226,7 +235,6 @@ export class StreamTable {
         if ((head.flags & FLAG_END) !== 0) this.completeStream(s);
         writeStreamId(data, s.callerId as number);
         hot.bytesOut += data.byteLength;
-        hot.messages++;
         this.sendTo(s.caller.socket, data);
         return;
       }
@@ -254,18 +262,15 @@ export class StreamTable {
     const refused = this.admission(target);
     if (refused) return this.frameError(peer.socket, streamId, refused[0], refused[1]);
     if (!target.fastPath) return this.forwardFrameAsEnvelope(peer, data, streamId, target);
-    if ((flags & FLAG_ONE_WAY) !== 0) {
-      // One-way (a chained hop's push): no stream to keep, no answer to wait for; the id is fresh so it can never meet a real stream's answer.
-      writeRequestPeerId(data, peer.idBytes);
-      writeStreamId(data, target.allocStreamId());
-      this.metrics.hot.hops.fast++;
-      this.metrics.hot.oneWay++;
-      this.metrics.hot.messages++;
-      this.metrics.hot.bytesOut += data.byteLength;
-      target.socket.send(data);
-      return;
-    }
     const s = this.openStream(peer, streamId, target, 'fast', false);
+    if ((flags & FLAG_ONE_WAY) !== 0) {
+      // One-way (a chained hop's push): no answer comes. The stream is kept only for a short window, so
+      // that the caller still hears PEER_GONE when the target leaves just after taking it; then it is
+      // forgotten without a word (a 504 would be a message nobody waits for).
+      s.oneWay = true;
+      s.deadline = s.startedAt + ONE_WAY_WINDOW_MS;
+      this.metrics.hot.oneWay++;
+    }
     writeRequestPeerId(data, peer.idBytes);
     writeStreamId(data, s.relayStreamId);
     this.metrics.hot.bytesOut += data.byteLength;
@@ -372,7 +377,8 @@ export class StreamTable {
   sweep(): void {
     const now = this.now();
     for (const s of this.streams) {
-      if (s.deadline <= now) this.failStream(s, 'MESH_ERR_TIMEOUT', `peer ${s.target.id} did not answer within ${this.o.requestTimeoutMs} ms`, true);
+      if (s.deadline <= now && s.oneWay) this.dropStream(s);
+      else if (s.deadline <= now) this.failStream(s, 'MESH_ERR_TIMEOUT', `peer ${s.target.id} did not answer within ${this.o.requestTimeoutMs} ms`, true);
     }
   }
 
@@ -407,7 +413,7 @@ export class StreamTable {
   /** Finish a stream with an error produced by the relay (peer gone, timeout, shutdown). */
   private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean): void {
     if (!this.dropStream(s)) return;
-    if (notifyTarget && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) {
+    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) {
       s.target.socket.send(encodeCancelFrame(s.relayStreamId));
     }
     if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
