@@ -200,16 +200,36 @@ function sameHop(a: RouteHop, b: RouteHop): boolean {
 
 /** One generation's chain: whether steps may go down it, and how long one may take. */
 export class ChainState {
-  off: boolean;
+  off = true;
+  signed: SignedRouteText | undefined;
+  private planned: readonly RouteHop[] = [];
   /** Moving average of a chained one-token step, ms (sets the step timeout). */
   private stepMs: number | undefined;
+  /** `enabled`: the head runs in chain mode. */
   constructor(
-    readonly signed: SignedRouteText | undefined,
-    private readonly planned: readonly RouteHop[],
+    private readonly enabled: boolean,
+    signed: SignedRouteText | undefined,
+    planned: readonly RouteHop[],
   ) {
+    this.set(signed, planned);
+  }
+
+  private set(signed: SignedRouteText | undefined, planned: readonly RouteHop[]): void {
+    this.signed = signed;
+    this.planned = planned;
     // One downstream hop: the chain has the star's two legs, and the star needs no signature on the way.
     // No signed reply address: hops could not trust where the token goes.
-    this.off = signed === undefined || signed.reply === undefined || planned.length < 2;
+    this.off = !this.enabled || signed === undefined || signed.reply === undefined || planned.length < 2;
+  }
+
+  /**
+   * After a replacement: the tracker's route with the replacement in place.
+   * Steps chain again once every hop is in sync (the star step that
+   * replayed the replacement made it so) — usable() checks the hops are
+   * exactly these.
+   */
+  renew(signed: SignedRouteText, planned: readonly RouteHop[]): void {
+    this.set(signed, planned);
   }
 
   /** Chain while the hops are the signed ones, all in sync, and the route has time left. */

@@ -57,8 +57,14 @@ export interface HeadTokenizer {
   isEos(id: number): boolean;
 }
 
-/** Asks the tracker for hops covering exactly [failed.start_layer, failed.end_layer). */
-export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal) => Promise<RouteHop[]>;
+/** A replacement span; with `chain`, the head's whole route with it in place as the tracker re-signed it (chained hops resume on it). */
+export interface Replacement {
+  hops: RouteHop[];
+  chain?: { hops: RouteHop[]; signed: SignedRouteText };
+}
+
+/** Asks the tracker for hops covering exactly [failed.start_layer, failed.end_layer); `route`: the hops the head runs now (the tracker then re-signs the whole route). */
+export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal, route?: readonly RouteHop[]) => Promise<RouteHop[] | Replacement>;
 
 export interface PipelineOptions {
   /** Wire dtype of activations between hops. @defaultValue 'bf16' */
@@ -196,7 +202,7 @@ export class PipelineDriver {
     const pending: GenerateEvent[] = [];
     let recoveries = 0;
     let position = 0;
-    const chain = new ChainState(this.options.hopMode === 'chain' ? opts.signed : undefined, plan.hops);
+    const chain = new ChainState(this.options.hopMode === 'chain', opts.signed, plan.hops);
     let index = req.prefix_token_ids.length;
 
     yield { type: 'start', prompt_tokens: promptIds.length, route: hops.map((h) => h.hop.peer_id) };
@@ -258,7 +264,7 @@ export class PipelineDriver {
             replayed409.add(hs);
             continue;
           }
-          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++);
+          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++, chain);
           continue; // retry index i, now the first replacement hop
         }
         const rowsSent = seq;
@@ -441,13 +447,15 @@ export class PipelineDriver {
     t0: number,
     signal: AbortSignal | undefined,
     count: () => number,
+    chain: ChainState,
   ): Promise<PendingRecovery> {
     const failed = hops[i]!;
     const reason = cause instanceof Error ? cause.message : String(cause);
     if (!this.init.replace) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; no tracker to ask for a replacement`);
     if (count() >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
     this.init.onLog?.(`hop ${failed.hop.peer_id} [${failed.hop.start_layer}, ${failed.hop.end_layer}) failed (${reason}); asking the tracker for a replacement`);
-    const got = await this.init.replace(failed.hop, signal);
+    const answer = await this.init.replace(failed.hop, signal, hops.map((h) => h.hop));
+    const got = Array.isArray(answer) ? answer : answer.hops;
     let at = failed.hop.start_layer;
     for (const h of got) {
       if (h.start_layer !== at || h.end_layer <= at || h.peer_id === headPeerId) {
@@ -459,6 +467,8 @@ export class PipelineDriver {
     // The first replacement inherits the failed hop's input history; the others get theirs from the replay's outputs.
     const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: false }));
     hops.splice(i, 1, ...fresh);
+    // The tracker re-signed the route with the replacement in place: once every hop is in sync again, steps chain again.
+    if (!Array.isArray(answer) && answer.chain) chain.renew(answer.chain.signed, answer.chain.hops);
     const failedIds = current ? current.failed : failed.hop.peer_id;
     return {
       t0: current?.t0 ?? t0,

@@ -214,6 +214,13 @@ export const replaceRequestSchema = z.object({
   end_layer: z.number().int().positive(),
   model: z.string(),
   timestamp: z.number().int(),
+  /**
+   * The head's downstream hops as it runs them now (the failed one among
+   * them): with it, the tracker also signs the whole route with the
+   * replacement in place (ReplaceAnswer.chain), so the head can chain again.
+   * Optional: ADR-era heads send none, ADR-era trackers ignore it.
+   */
+  route: z.array(z.object({ peer_id: peerId, start_layer: z.number().int().nonnegative(), end_layer: z.number().int().positive() })).max(256).optional(),
 });
 export type ReplaceRequest = z.infer<typeof replaceRequestSchema>;
 
@@ -230,5 +237,19 @@ export const replaceAnswerSchema = z.object({
   /** ms since epoch, as X-Meshnet-Route-Expires. */
   expires_at: z.number().int(),
   signature: z.string().min(40).max(200),
+  /**
+   * When the request gave its route: the head's whole downstream route with
+   * the replacement in place, signed as a route header, and the head's reply
+   * address signed for it (as on /generate), for chained hops.
+   */
+  chain: z
+    .object({
+      route: z.string().min(2).max(64_000),
+      expires_at: z.number().int(),
+      signature: z.string().min(40).max(200),
+      reply: z.string().max(2048).optional(),
+      reply_signature: z.string().min(40).max(200).optional(),
+    })
+    .optional(),
 });
 export type ReplaceAnswer = z.infer<typeof replaceAnswerSchema>;

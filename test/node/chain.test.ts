@@ -10,7 +10,7 @@ import { createForwardHandler } from '../../src/node/forward-handler.ts';
 import { createHeadHandler } from '../../src/node/head-handler.ts';
 import { HopTransport } from '../../src/node/hop-transport.ts';
 import { Identity } from '../../src/node/identity.ts';
-import { PipelineDriver, type HeadTokenizer } from '../../src/node/pipeline.ts';
+import { PipelineDriver, type HeadTokenizer, type ReplaceSpan } from '../../src/node/pipeline.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
@@ -89,7 +89,7 @@ describe('chained hops', () => {
   const net = new Net();
   let tracker: Identity;
   const keys = new Map<string, Uint8Array>();
-  let head: (mode: 'chain' | 'star', replace?: (h: RouteHop) => Promise<RouteHop[]>) => Handler;
+  let head: (mode: 'chain' | 'star', replace?: ReplaceSpan) => Handler;
   let want: number[];
   const P = tok.encode(PROMPT).length;
 
@@ -152,6 +152,37 @@ describe('chained hops', () => {
     expect(logprobs(ev)).toEqual(logprobs(undisturbed));
     expect(asked).toEqual([hop('b', 1, 3)]);
     expect(ev.find((e) => e.type === 'recovered')).toMatchObject({ failed_peer_id: pid('b'), replacement_peer_id: pid('d') });
+  });
+
+  it('chains again after a replacement when the tracker re-signs the route with it: the replacement pushes to the tail', async () => {
+    const route = [hop('b', 1, 3), hop('c', 3, 4)];
+    const undisturbed = await generate(head('chain'), await signed(tracker, HEAD, route));
+    net.killAt.set('b', 4);
+    const counts = (net as unknown as { counts: Map<string, number> }).counts;
+    counts.set('b', 0);
+    net.log.length = 0;
+    const sent: RouteHop[][] = [];
+    const replace = async (h: RouteHop, _s?: AbortSignal, now?: readonly RouteHop[]) => {
+      sent.push([...(now ?? [])]);
+      const full = [hop('d', 1, 3), hop('c', 3, 4)];
+      const s = await signed(tracker, HEAD, full);
+      return {
+        hops: [hop('d', h.start_layer, h.end_layer)],
+        chain: { hops: full, signed: { text: s['x-meshnet-route']!, expires: Number(s['x-meshnet-route-expires']), signature: s['x-meshnet-route-signature']!, reply: { text: s['x-meshnet-chain-reply']!, signature: s['x-meshnet-chain-reply-signature']! } } },
+      };
+    };
+    const ev = await generate(head('chain', replace), await signed(tracker, HEAD, route));
+    net.dead.clear();
+    net.killAt.clear();
+    expect(ids(ev)).toEqual(want);
+    expect(logprobs(ev)).toEqual(logprobs(undisturbed));
+    // The head told the tracker the route it ran (so it could re-sign it whole).
+    expect(sent).toEqual([route]);
+    // Steps 1–3 chained through b; step 4 ran as a star (b gone, d replayed); steps 5–10 chained through d.
+    expect(net.log.filter((l) => l.from === 'b' && l.to === 'c').length).toBe(3);
+    const viaD = net.log.filter((l) => l.from === 'd' && l.to === 'c' && l.headers['x-meshnet-chain-index'] === '1');
+    expect(viaD.length).toBe(6);
+    expect(net.log.filter((l) => l.from === 'a' && l.to === 'c' && l.path === '/forward').length).toBeGreaterThan(0);
   });
 
   it('replays the last hop into a replacement when the next hop is gone (the hop before it names it), same tokens', async () => {

@@ -434,7 +434,7 @@ export class NodeRuntime {
         ...span.backend.details,
       }),
       hopMode: this.config.hopMode ?? 'chain',
-      replace: this.config.trackerUrl ? (model) => (hop, signal) => this.tracker!.replace(model, hop, signal) : undefined,
+      replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.tracker!.replace(model, hop, signal, route) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };
         this.lastSpan = { spec, numLayers: config.numLayers };
