@@ -95,6 +95,8 @@ export class PeerConn {
   readonly outgoing = new Map<number, Stream>();
   /** Streams addressed to this peer, by the relay's stream id. */
   readonly incoming = new Map<number, Stream>();
+  /** Of `incoming`, the one-way requests still in their window (not counted against maxInFlightPerPeer). */
+  oneWayIn = 0;
   nextStreamId = 1;
   constructor(
     readonly socket: PeerSocket,
@@ -259,15 +261,28 @@ export class StreamTable {
     const target = this.peers.get(targetId);
     if (target === undefined) return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay`);
     if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
-    const refused = this.admission(target);
+    const oneWay = (flags & FLAG_ONE_WAY) !== 0 && target.fastPath;
+    const refused = this.admission(target, oneWay);
     if (refused) return this.frameError(peer.socket, streamId, refused[0], refused[1]);
     if (!target.fastPath) return this.forwardFrameAsEnvelope(peer, data, streamId, target);
+    if (oneWay && target.oneWayIn >= this.o.maxInFlightPerPeer) {
+      // So many one-way requests in their window: this one goes on without one (no report if the target leaves now).
+      writeRequestPeerId(data, peer.idBytes);
+      writeStreamId(data, target.allocStreamId());
+      this.metrics.hot.hops.fast++;
+      this.metrics.hot.oneWay++;
+      this.metrics.hot.bytesOut += data.byteLength;
+      this.metrics.hot.messages++;
+      target.socket.send(data);
+      return;
+    }
     const s = this.openStream(peer, streamId, target, 'fast', false);
-    if ((flags & FLAG_ONE_WAY) !== 0) {
+    if (oneWay) {
       // One-way (a chained hop's push): no answer comes. The stream is kept only for a short window, so
       // that the caller still hears PEER_GONE when the target leaves just after taking it; then it is
       // forgotten without a word (a 504 would be a message nobody waits for).
       s.oneWay = true;
+      target.oneWayIn++;
       s.deadline = s.startedAt + ONE_WAY_WINDOW_MS;
       this.metrics.hot.oneWay++;
     }
@@ -424,6 +439,7 @@ export class StreamTable {
   private dropStream(s: Stream): boolean {
     if (!this.streams.delete(s)) return false;
     s.target.incoming.delete(s.relayStreamId);
+    if (s.oneWay) s.target.oneWayIn--;
     if (s.relayRequestId !== null) this.jsonPending.delete(s.relayRequestId);
     if (s.caller.kind === 'rpc') s.caller.pending.delete(s.callerId as string);
     else s.caller.outgoing.delete(s.callerId as number);
@@ -437,9 +453,10 @@ export class StreamTable {
   }
 
   /** Why a new request to `target` cannot be taken now, if it cannot. */
-  private admission(target: PeerConn): [MeshErrorCode, string] | null {
+  private admission(target: PeerConn, oneWay = false): [MeshErrorCode, string] | null {
     if (this.closing) return ['MESH_ERR_SHUTTING_DOWN', 'relay is shutting down; retry on another relay'];
-    if (target.incoming.size >= this.o.maxInFlightPerPeer) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} has ${target.incoming.size} requests in flight (limit ${this.o.maxInFlightPerPeer})`];
+    // One-way requests in their window answer nothing and hold no handler: they do not count against the limit (their own cap is below).
+    if (!oneWay && target.incoming.size - target.oneWayIn >= this.o.maxInFlightPerPeer) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} has ${target.incoming.size - target.oneWayIn} requests in flight (limit ${this.o.maxInFlightPerPeer})`];
     if (target.socket.bufferedAmount > this.o.highWaterBytes) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} is not keeping up (${target.socket.bufferedAmount} bytes queued)`];
     return null;
   }

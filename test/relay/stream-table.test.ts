@@ -180,6 +180,19 @@ describe('StreamTable', () => {
     expect([hot.oneWay, hot.messages]).toEqual([2, 3]);
   });
 
+  it('does not count one-way requests against the in-flight limit, and past its own cap forwards them without a window', () => {
+    const { table, peer } = setup({ maxInFlightPerPeer: 2 });
+    const [a, b] = [peer(1), peer(2)];
+    const oneWay = (streamId: number) => encodeRequestFrame({ streamId, peerId: hexToBytes(id(2)), method: 'POST', path: '/forward', body: utf8.encode('push'), flags: FLAG_END | FLAG_ONE_WAY });
+    for (const sid of [1, 2, 3]) table.onBinary(a.conn, oneWay(sid));
+    expect(b.socket.frames().map((f) => f.kind)).toEqual([FrameKind.Request, FrameKind.Request, FrameKind.Request]);
+    expect(table.inFlight).toBe(2);
+    // Two ordinary requests still get in; the third is over the limit.
+    for (const sid of [4, 5, 6]) table.onBinary(a.conn, request(sid, 2));
+    expect(b.socket.frames()).toHaveLength(5);
+    expect([a.socket.frames()[0]!.streamId, errorCode(a.socket.frames()[0]!)]).toEqual([6, 'MESH_ERR_BACKPRESSURE']);
+  });
+
   it('answers 502 when the target leaves, and cancels on the target when the caller leaves or cancels', () => {
     const { table, peer } = setup();
     const [a, b] = [peer(1), peer(2)];
