@@ -198,6 +198,9 @@ function sameHop(a: RouteHop, b: RouteHop): boolean {
   return a.peer_id === b.peer_id && a.start_layer === b.start_layer && a.end_layer === b.end_layer;
 }
 
+/** Failed chain steps after which a generation stays a star (a hop that keeps failing the chain: it may not chain at all). */
+const MAX_FAILURES = 3;
+
 /** One generation's chain: whether steps may go down it, and how long one may take. */
 export class ChainState {
   off = true;
@@ -205,6 +208,7 @@ export class ChainState {
   private planned: readonly RouteHop[] = [];
   /** Moving average of a chained one-token step, ms (sets the step timeout). */
   private stepMs: number | undefined;
+  private failures = 0;
   /** `enabled`: the head runs in chain mode. */
   constructor(
     private readonly enabled: boolean,
@@ -230,6 +234,18 @@ export class ChainState {
    */
   renew(signed: SignedRouteText, planned: readonly RouteHop[]): void {
     this.set(signed, planned);
+  }
+
+  /**
+   * A chain step failed and ran as a star. The star leaves every hop in sync
+   * (replayed where it answered 409), so the next step may chain again as
+   * long as the hops are still the signed ones (a replacement is not, unless
+   * the tracker re-signed the route: renew()); a late push of the failed step
+   * meets a hop that is past it and is refused (409) without harm. After
+   * MAX_FAILURES failed steps the generation stays a star.
+   */
+  failed(): void {
+    if (++this.failures >= MAX_FAILURES) this.off = true;
   }
 
   /** Chain while the hops are the signed ones, all in sync, and the route has time left. */

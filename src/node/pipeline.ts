@@ -78,7 +78,7 @@ export interface PipelineOptions {
   /**
    * 'chain': each hop pushes its output to the next and the last answers the head (N legs a token);
    * 'star': every hop answers the head (2(N−1) legs; ADR-era peers). A chain step that fails runs
-   * again as a star, and the generation stays a star from then on. @defaultValue 'chain'
+   * again as a star; the next step chains again while the hops are the signed ones (ChainState). @defaultValue 'chain'
    */
   hopMode: 'chain' | 'star';
 }
@@ -347,8 +347,8 @@ export class PipelineDriver {
 
   /**
    * The step down the chain; undefined when it failed and must run as a star
-   * (after which the generation stays a star: hops may hold the step already,
-   * and the star's 409 replay puts them right).
+   * (hops may hold the step already: the star's 409 replay puts them right,
+   * and leaves every hop in sync for the next chained step).
    */
   private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<{ tokenId: number; logprob: number } | undefined> {
     hops[0]!.history.extendTo(s.total, input);
@@ -383,7 +383,7 @@ export class PipelineDriver {
     } catch (e) {
       if (s.signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
       if (!(e instanceof ChainStepError)) throw e;
-      chain.off = true;
+      chain.failed();
       if (e.error.code === 'MESH_ERR_BUSY') {
         const hop = hops.find((h) => h.hop.peer_id === e.peer)?.hop ?? hops[0]!.hop;
         throw new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${e.error.message}`, { peer_id: hop.peer_id, ...e.error.details });

@@ -10,7 +10,7 @@ import { createForwardHandler } from '../../src/node/forward-handler.ts';
 import { createHeadHandler } from '../../src/node/head-handler.ts';
 import { HopTransport } from '../../src/node/hop-transport.ts';
 import { Identity } from '../../src/node/identity.ts';
-import { PipelineDriver, type HeadTokenizer, type ReplaceSpan } from '../../src/node/pipeline.ts';
+import { PipelineDriver, type HeadTokenizer, type PipelineOptions, type ReplaceSpan } from '../../src/node/pipeline.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
@@ -38,6 +38,8 @@ class Net {
   readonly silent = new Set<string>();
   /** Kill `host` at its nth /forward (1-based). */
   readonly killAt = new Map<string, number>();
+  /** Swallow `host`'s nth /forward (1-based) without an answer, once (a push lost on the way). */
+  readonly loseAt = new Map<string, number>();
   private readonly counts = new Map<string, number>();
   fetchFrom(from: string): typeof fetch {
     return async (input, init) => {
@@ -53,6 +55,10 @@ class Net {
       const headers: Record<string, string> = {};
       new Headers(init?.headers).forEach((v, k) => (headers[k] = v));
       this.log.push({ from, to, path: url.pathname, headers });
+      if (url.pathname === '/forward' && this.loseAt.get(to) === this.counts.get(to)) {
+        this.loseAt.delete(to);
+        return new Promise<Response>((_, reject) => init?.signal?.addEventListener('abort', () => reject(init.signal!.reason as Error)));
+      }
       if (this.silent.has(to)) {
         return new Promise<Response>((_, reject) => init?.signal?.addEventListener('abort', () => reject(init.signal!.reason as Error)));
       }
@@ -89,7 +95,7 @@ describe('chained hops', () => {
   const net = new Net();
   let tracker: Identity;
   const keys = new Map<string, Uint8Array>();
-  let head: (mode: 'chain' | 'star', replace?: ReplaceSpan) => Handler;
+  let head: (mode: 'chain' | 'star', replace?: ReplaceSpan, opts?: Partial<PipelineOptions>) => Handler;
   let want: number[];
   const P = tok.encode(PROMPT).length;
 
@@ -103,8 +109,8 @@ describe('chained hops', () => {
       net.nodes.set(c, (r) => (isChainRequest(r) ? chain(r) : forward(r)));
     }
     const headExec = await executor(f, 0, 1);
-    head = (mode, replace) => {
-      const driver = new PipelineDriver({ executor: headExec, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetchFrom('a') }), hopMode: mode, ...(replace ? { replace } : {}) });
+    head = (mode, replace, opts = {}) => {
+      const driver = new PipelineDriver({ executor: headExec, tokenizer: tok as HeadTokenizer, transport: new HopTransport({ fetch: net.fetchFrom('a') }), hopMode: mode, ...opts, ...(replace ? { replace } : {}) });
       const h = createHeadHandler({ forward: async () => ({ status: 404, headers: {}, body: new Uint8Array(0) }), peerId: HEAD, trackerKey: () => tracker.publicKey, pipeline: () => driver });
       net.nodes.set('a', h);
       return h;
@@ -183,6 +189,21 @@ describe('chained hops', () => {
     const viaD = net.log.filter((l) => l.from === 'd' && l.to === 'c' && l.headers['x-meshnet-chain-index'] === '1');
     expect(viaD.length).toBe(6);
     expect(net.log.filter((l) => l.from === 'a' && l.to === 'c' && l.path === '/forward').length).toBeGreaterThan(0);
+  });
+
+  it('chains again on the next step after a step was lost (no token within the step timeout, nobody to name): the star step puts every hop in sync', async () => {
+    const route = [hop('b', 1, 3), hop('c', 3, 4)];
+    const counts = (net as unknown as { counts: Map<string, number> }).counts;
+    counts.set('c', 0);
+    net.loseAt.set('c', 4);
+    net.log.length = 0;
+    const ev = await generate(head('chain', undefined, { decodeTimeoutMs: 400 }), await signed(tracker, HEAD, route));
+    expect(ids(ev)).toEqual(want);
+    // Step 4's push to c was lost: that step ran as a star (the head sent c its row itself); every other step chained.
+    const pushesToC = net.log.filter((l) => l.from === 'b' && l.to === 'c' && l.path === '/forward');
+    expect(pushesToC.length).toBe(10);
+    expect(net.log.filter((l) => l.from === 'c' && l.path === '/chain/token').length).toBe(9);
+    expect(net.log.filter((l) => l.from === 'a' && l.to === 'c' && l.path === '/forward').length).toBeGreaterThanOrEqual(1);
   });
 
   it('replays the last hop into a replacement when the next hop is gone (the hop before it names it), same tokens', async () => {
