@@ -59,7 +59,8 @@ export function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeo
 /** A hop's 503 MESH_ERR_BUSY as the generation's error: it names the node, so the tracker routes around it or queues. */
 export function busyError(hop: RouteHop, reply: MeshReply): MeshError {
   const remote = remoteError(reply.status, reply.body);
-  const message = remote.code === 'MESH_ERR_BUSY' ? remote.message : 'no KV room';
+  // MESH_ERR_UNAVAILABLE: the hop's GPU device was lost and its span is being rebuilt (device-recovery.ts).
+  const message = remote.code === 'MESH_ERR_BUSY' || remote.code === 'MESH_ERR_UNAVAILABLE' ? remote.message : 'no KV room';
   let retry = remote.details.retry_after_ms;
   if (typeof retry !== 'number') {
     const h = Number(reply.headers[H.retryAfter]);

@@ -229,7 +229,9 @@ export class PipelineDriver {
           local = await ex.forward(localReq(allTokens(), 0));
         }
       } catch (e) {
-        if (e instanceof MeshError && e.code === 'MESH_ERR_BUSY') throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
+        // No room, or our GPU device was lost and the span is being rebuilt (a Retry-After): the tracker routes the chat again.
+        const back = e instanceof MeshError && (e.code === 'MESH_ERR_BUSY' || (e.code === 'MESH_ERR_UNAVAILABLE' && typeof e.details.retry_after_ms === 'number'));
+        if (back) throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
         throw e;
       }
       if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };

@@ -1,0 +1,140 @@
+/**
+ * The Node.js host's backends (`meshnet node --backend`):
+ *
+ *   cpu      onnxruntime-node, plain graphs (the default)
+ *   webgpu   onnxruntime-web's WebGPU EP on Dawn (src/cli/webgpu-node.ts), the
+ *            fused graphs: a Node.js node on a GPU, with no browser
+ *
+ * After the GPU device is lost (device-recovery.ts) the span is built again:
+ * on a fresh GPUDevice the first time, on onnxruntime-node's CPU after that
+ * (or when no fresh device can be had), and it stays on the CPU from then on.
+ *
+ * Test hooks, read from the environment by the `meshnet node` command only
+ * (they make failures that a software GPU never has):
+ *   MESHNET_TEST_LOSE_GPU_AFTER_RUNS=N[,M…]  the k-th GPU backend destroys its
+ *       device (GPUDevice.destroy(), as a driver reset would lose it) right
+ *       before its N-th session run
+ *   MESHNET_TEST_GPU_MEMORY_BYTES=B  a GPU backend refuses (DeviceAllocationError,
+ *       507) a session whose weights would take its graphs past B bytes
+ */
+import { createRequire } from 'node:module';
+import { dirname } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { fusedUnsupportedReason } from '../../model/fused-graph.ts';
+import type { ModelConfig } from '../../model/config.ts';
+import { MeshError } from '../../protocol/errors.ts';
+import type { BackendFactory, ChosenBackend, DeviceLoss, LogLevel } from '../../node/runtime/host.ts';
+import type { OnnxBackend, OnnxSession } from '../../shard/backend.ts';
+import { createNodeBackend } from '../../cli/onnx-node.ts';
+
+export type NodeBackendChoice = 'cpu' | 'webgpu';
+
+export interface NodeTestHooks {
+  /** Per GPU backend created (in order): destroy its device before this session run (1-based); absent: never. */
+  loseGpuAfterRuns?: number[];
+  /** Bytes of graph weights a GPU backend accepts before it refuses a session as out of memory. */
+  gpuMemoryBytes?: number;
+}
+
+/** The test hooks from the environment (see the module comment); empty when none is set. */
+export function testHooksFromEnv(env: NodeJS.ProcessEnv): NodeTestHooks {
+  const hooks: NodeTestHooks = {};
+  const lose = env.MESHNET_TEST_LOSE_GPU_AFTER_RUNS;
+  if (lose) hooks.loseGpuAfterRuns = lose.split(',').map((x) => Number(x.trim()));
+  const mem = Number(env.MESHNET_TEST_GPU_MEMORY_BYTES);
+  if (env.MESHNET_TEST_GPU_MEMORY_BYTES && Number.isFinite(mem) && mem > 0) hooks.gpuMemoryBytes = mem;
+  return hooks;
+}
+
+export interface NodeBackendOptions {
+  choice: NodeBackendChoice;
+  threads?: number;
+  hooks?: NodeTestHooks;
+  log(level: LogLevel, message: string): void;
+}
+
+/** Where onnxruntime-web's runtime files are (its WASM, which the WebGPU build runs on too). */
+function ortWebDist(): string {
+  const require = createRequire(import.meta.url);
+  return pathToFileURL(`${dirname(require.resolve('onnxruntime-web'))}/`).href;
+}
+
+export function nodeBackends(o: NodeBackendOptions): BackendFactory {
+  let cpuBackend: OnnxBackend | undefined;
+  let gpusCreated = 0;
+  const cpu = (why?: string): ChosenBackend => {
+    cpuBackend ??= createNodeBackend(o.threads !== undefined ? { intraOpNumThreads: o.threads } : {});
+    return { backend: cpuBackend, info: { name: cpuBackend.name, kind: 'onnxruntime-node', dtype: 'f32', ...(why ? { details: { backend_reason: why } } : {}) } };
+  };
+  const gpu = async (config: ModelConfig, lost: DeviceLoss | undefined): Promise<ChosenBackend> => {
+    const { installNodeWebGpu } = await import('../../cli/webgpu-node.ts');
+    const { createOrtWebBackend } = await import('../../browser/ort-web.ts');
+    const { info } = await installNodeWebGpu();
+    let backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: ortWebDist() });
+    backend = withHooks(backend, o.hooks?.loseGpuAfterRuns?.[gpusCreated], o.hooks?.gpuMemoryBytes);
+    gpusCreated++;
+    const refused = fusedUnsupportedReason(config);
+    const adapter = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ') || 'unknown adapter';
+    return {
+      backend,
+      graphs: refused ? { kind: 'plain', dtype: 'f32' } : { kind: 'fused', projections: 'f32' },
+      info: {
+        name: backend.name,
+        kind: 'webgpu',
+        dtype: 'f32',
+        weights: 'f32',
+        details: { adapter, ...(refused ? { graphs_reason: `plain graphs: ${refused}` } : {}), ...(lost ? { backend_reason: `a fresh GPU device after the last was lost (${lost.reason})` } : {}) },
+      },
+    };
+  };
+  return {
+    async choose(span, config, _weights, lost) {
+      if (o.choice === 'cpu') return cpu();
+      if (lost && lost.losses >= 2) {
+        const why = `the GPU device was lost ${lost.losses} times (last: ${lost.reason}): the CPU from now on`;
+        o.log('warn', `layers [${span.startLayer}, ${span.endLayer}): ${why}`);
+        return cpu(why);
+      }
+      try {
+        return await gpu(config, lost);
+      } catch (e) {
+        if (!lost) throw new MeshError('MESH_ERR_UNAVAILABLE', `--backend webgpu: ${(e as Error).message}`);
+        const why = `no fresh GPU device after the last was lost (${(e as Error).message}): the CPU instead`;
+        o.log('warn', `layers [${span.startLayer}, ${span.endLayer}): ${why}`);
+        return cpu(why);
+      }
+    },
+  };
+}
+
+/** The test hooks around a GPU backend: a device destroyed before the N-th run, a memory cap on graph weights. */
+function withHooks(backend: OnnxBackend, loseAtRun: number | undefined, memoryBytes: number | undefined): OnnxBackend {
+  if (loseAtRun === undefined && memoryBytes === undefined) return backend;
+  let runs = 0;
+  let held = 0;
+  const beforeRun = () => {
+    if (++runs === loseAtRun) (backend.device as unknown as { device: GPUDevice }).device.destroy();
+  };
+  return {
+    name: backend.name,
+    ...(backend.device ? { device: backend.device } : {}),
+    async createSession(model, options) {
+      if (memoryBytes !== undefined) {
+        if (held + model.byteLength > memoryBytes) {
+          const { DeviceAllocationError } = await import('../../browser/ort-web.ts');
+          throw new DeviceAllocationError(model.byteLength, `${held} of this device's ${memoryBytes} bytes are taken (MESHNET_TEST_GPU_MEMORY_BYTES)`);
+        }
+        held += model.byteLength;
+      }
+      const s = await backend.createSession(model, options);
+      const hooked: OnnxSession = {
+        inputNames: s.inputNames,
+        outputNames: s.outputNames,
+        run: (feeds) => (beforeRun(), s.run(feeds)),
+        runWith: (feeds, outputs) => (beforeRun(), s.runWith(feeds, outputs)),
+        release: () => s.release(),
+      };
+      return hooked;
+    },
+  };
+}
