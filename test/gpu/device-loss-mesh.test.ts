@@ -127,4 +127,31 @@ describe('a GPU node that loses its device or cannot allocate its span', () => {
     const again = await client.chat.completions.create({ model: 'tiny', messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0 });
     expect(again.choices[0]!.message.content).toBe(want.text);
   }, 300_000);
+
+  it('cannot allocate its span: answers 507 to the load, announces a smaller budget, and the tracker assigns it fewer layers', async () => {
+    // Its own tracker, so that no other node's coverage changes which span it gets.
+    const own = await startTrackerProc(['--model', `tiny=${st.url}`, '--heartbeat-interval-ms', '500']);
+    // The device takes ~550 kB of graphs: two of tiny's layers with the embedding or the LM head, not all four.
+    const node = spawnMeshnet(['node', '--port', '0', '--threads', '1', '--tracker', own.url, '--model', 'tiny', '--budget-mb', '4', '--max-context', '256', '--backend', 'webgpu'], { MESHNET_TEST_GPU_MEMORY_BYTES: '550000' });
+    nodes.push(node as NodeProc);
+    try {
+      const registered = await node.waitFor((e) => e.event === 'registered', 60_000);
+      expect(registered.assignment).toMatchObject({ start_layer: 0, end_layer: 4 });
+      const serving = await node.waitFor((e) => e.event === 'serving', 120_000);
+      const layers = (serving.end_layer as number) - (serving.start_layer as number);
+      expect(layers).toBeGreaterThanOrEqual(1);
+      expect(layers).toBeLessThan(4);
+      expect(node.stderr()).toMatch(/could not allocate .*announcing [\d.]+ MiB instead of 4 MiB so that the tracker assigns a smaller span/);
+      const seen = await until(async () => {
+        const n = await dashNode(own.url, registered.peer_id as string);
+        return n?.serving ? n : undefined;
+      }, 15_000, 'the tracker to see the smaller span served');
+      expect(seen.memory_budget_mb).toBeLessThan(4);
+      expect(seen.assignment).toEqual(seen.serving);
+      expect(seen.backend).toBe('webgpu');
+    } finally {
+      await node.stop();
+      await own.stop();
+    }
+  }, 300_000);
 });

@@ -68,6 +68,7 @@ function rangeWeights(fetchFn: typeof fetch): WeightStore {
 export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
   const keys: KeyStore = o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore();
   const httpDirect: HttpDirect = createHttpDirect();
+  const backends = nodeBackends({ choice: o.backend ?? 'cpu', ...(o.threads !== undefined ? { threads: o.threads } : {}), ...(o.testHooks ? { hooks: o.testHooks } : {}), log: o.log });
   return {
     name: 'node',
     fetch: globalThis.fetch,
@@ -75,12 +76,15 @@ export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
     keys,
     // Checkpoint files: hub redirects and token (model/hub.ts), pinned hub files kept on disk (hub-cache.ts); other URLs untouched.
     weights: rangeWeights(cachingHubFetch(hubFetch(globalThis.fetch, { endpoint: o.hub.endpoint, ...(o.hub.token ? { token: o.hub.token } : {}) }), { endpoint: o.hub.endpoint, dir: o.hub.cacheDir })),
-    backends: nodeBackends({ choice: o.backend ?? 'cpu', ...(o.threads !== undefined ? { threads: o.threads } : {}), ...(o.testHooks ? { hooks: o.testHooks } : {}), log: o.log }),
+    backends,
     log: o.log,
     direct: httpDirect.send,
     watchHandshake: watchWsHandshake,
     // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
     ...(o.links ? { links: (identity) => new LinkPool({ identity, WebSocket: NodeWebSocketConstructor, onLog: (m) => o.log('warn', m) }) } : {}),
-    close: () => httpDirect.close(),
+    close: () => {
+      httpDirect.close();
+      backends.close();
+    },
   };
 }

@@ -20,6 +20,7 @@
 import { createRequire } from 'node:module';
 import { dirname } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { setFlagsFromString } from 'node:v8';
 import { fusedUnsupportedReason } from '../../model/fused-graph.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { MeshError } from '../../protocol/errors.ts';
@@ -59,22 +60,36 @@ function ortWebDist(): string {
   return pathToFileURL(`${dirname(require.resolve('onnxruntime-web'))}/`).href;
 }
 
-export function nodeBackends(o: NodeBackendOptions): BackendFactory {
+export function nodeBackends(o: NodeBackendOptions): BackendFactory & { close(): void } {
   let cpuBackend: OnnxBackend | undefined;
   let gpusCreated = 0;
+  /** GPU backends made so far: one serves every span until its device is lost; all are destroyed on close. */
+  const gpus: Array<{ backend: OnnxBackend; adapter: string; lost: boolean }> = [];
   const cpu = (why?: string): ChosenBackend => {
     cpuBackend ??= createNodeBackend(o.threads !== undefined ? { intraOpNumThreads: o.threads } : {});
     return { backend: cpuBackend, info: { name: cpuBackend.name, kind: 'onnxruntime-node', dtype: 'f32', ...(why ? { details: { backend_reason: why } } : {}) } };
   };
-  const gpu = async (config: ModelConfig, lost: DeviceLoss | undefined): Promise<ChosenBackend> => {
+  const gpuBackend = async (): Promise<{ backend: OnnxBackend; adapter: string }> => {
+    const live = gpus.find((g) => !g.lost);
+    if (live) return live;
+    // V8 tiers onnxruntime-web's 27 MB of WASM up to optimized code on background threads, which
+    // process.exit joins: on a busy 2-core machine that took 1.5-2 minutes at every stop, and starved
+    // heartbeats meanwhile. Here that WASM only dispatches GPU work, so baseline code is kept (Liftoff):
+    // the stop takes 0.1 s. MESHNET_WASM_TIER_UP=1 leaves V8's default (measure it on a real GPU).
+    if (process.env.MESHNET_WASM_TIER_UP !== '1') setFlagsFromString('--liftoff-only');
     const { installNodeWebGpu } = await import('../../cli/webgpu-node.ts');
     const { createOrtWebBackend } = await import('../../browser/ort-web.ts');
     const { info } = await installNodeWebGpu();
-    let backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: ortWebDist() });
-    backend = withHooks(backend, o.hooks?.loseGpuAfterRuns?.[gpusCreated], o.hooks?.gpuMemoryBytes);
+    const backend = withHooks(await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: ortWebDist() }), o.hooks?.loseGpuAfterRuns?.[gpusCreated], o.hooks?.gpuMemoryBytes);
     gpusCreated++;
+    const g = { backend, adapter: [info.vendor, info.architecture, info.description].filter(Boolean).join(' ') || 'unknown adapter', lost: false };
+    void backend.device?.lost.then(() => (g.lost = true));
+    gpus.push(g);
+    return g;
+  };
+  const gpu = async (config: ModelConfig, lost: DeviceLoss | undefined): Promise<ChosenBackend> => {
+    const { backend, adapter } = await gpuBackend();
     const refused = fusedUnsupportedReason(config);
-    const adapter = [info.vendor, info.architecture, info.description].filter(Boolean).join(' ') || 'unknown adapter';
     return {
       backend,
       graphs: refused ? { kind: 'plain', dtype: 'f32' } : { kind: 'fused', projections: 'f32' },
@@ -86,6 +101,10 @@ export function nodeBackends(o: NodeBackendOptions): BackendFactory {
         details: { adapter, ...(refused ? { graphs_reason: `plain graphs: ${refused}` } : {}), ...(lost ? { backend_reason: `a fresh GPU device after the last was lost (${lost.reason})` } : {}) },
       },
     };
+  };
+  // Dawn holds the process at exit until every device it made is gone.
+  const close = () => {
+    for (const g of gpus.splice(0)) deviceOf(g.backend)?.destroy();
   };
   return {
     async choose(span, config, _weights, lost) {
@@ -104,7 +123,12 @@ export function nodeBackends(o: NodeBackendOptions): BackendFactory {
         return cpu(why);
       }
     },
+    close,
   };
+}
+
+function deviceOf(backend: OnnxBackend): GPUDevice | undefined {
+  return (backend.device as unknown as { device?: GPUDevice } | undefined)?.device;
 }
 
 /** The test hooks around a GPU backend: a device destroyed before the N-th run, a memory cap on graph weights. */
@@ -113,7 +137,7 @@ function withHooks(backend: OnnxBackend, loseAtRun: number | undefined, memoryBy
   let runs = 0;
   let held = 0;
   const beforeRun = () => {
-    if (++runs === loseAtRun) (backend.device as unknown as { device: GPUDevice }).device.destroy();
+    if (++runs === loseAtRun) deviceOf(backend)?.destroy();
   };
   return {
     name: backend.name,
@@ -126,13 +150,17 @@ function withHooks(backend: OnnxBackend, loseAtRun: number | undefined, memoryBy
         }
         held += model.byteLength;
       }
-      const s = await backend.createSession(model, options);
+      const bytes = memoryBytes !== undefined ? model.byteLength : 0;
+      const s = await backend.createSession(model, options).catch((e: unknown) => {
+        held -= bytes;
+        throw e;
+      });
       const hooked: OnnxSession = {
         inputNames: s.inputNames,
         outputNames: s.outputNames,
         run: (feeds) => (beforeRun(), s.run(feeds)),
         runWith: (feeds, outputs) => (beforeRun(), s.runWith(feeds, outputs)),
-        release: () => s.release(),
+        release: () => ((held -= bytes), s.release()),
       };
       return hooked;
     },

@@ -26,7 +26,7 @@
  *                   tracker's to shrink: it is only logged.
  */
 import { MeshError } from '../../protocol/errors.ts';
-import type { DeviceLoss, LogLevel } from './host.ts';
+import type { DeviceLoss, LogLevel, SpanSpec } from './host.ts';
 import { sameSpec, type LoadedSpan, type SpanSlot } from './span.ts';
 
 /** Rebuilds of one lost span tried before the failure is left to stand (a fresh GPU, then the CPU, then once more the CPU). */
@@ -52,6 +52,8 @@ export class DeviceRecovery {
   private rebuilds = 0;
   /** Spans that already asked for a smaller span after a KV allocation failure. */
   private readonly shrunkFor = new WeakSet<LoadedSpan>();
+  /** The budget each load started under: a failure halves that, so a load queued before a shrink does not halve it again. */
+  private readonly budgetAtLoad = new WeakMap<SpanSpec, number>();
 
   constructor(private readonly o: DeviceRecoveryInit) {}
 
@@ -66,10 +68,15 @@ export class DeviceRecovery {
     void span.deviceLost?.then((reason) => this.lost(span, reason));
   }
 
+  /** A load of `spec` starts now (the same object comes back to loadFailed). */
+  loading(spec: SpanSpec): void {
+    this.budgetAtLoad.set(spec, this.o.budget());
+  }
+
   /** A load failed. True when handled here (a rebuild tried again, a smaller span asked); false: the runtime's usual failure. */
-  loadFailed(spec: LoadedSpan['spec'], error: unknown): boolean {
+  loadFailed(spec: SpanSpec, error: unknown): boolean {
     if (isDeviceMemory(error)) {
-      this.shrink(`loading layers [${spec.startLayer}, ${spec.endLayer})`, error as MeshError);
+      this.shrink(`loading layers [${spec.startLayer}, ${spec.endLayer})`, error as MeshError, this.budgetAtLoad.get(spec) ?? this.o.budget());
       return !this.o.pinned;
     }
     const cur = this.o.slot.current;
@@ -87,7 +94,7 @@ export class DeviceRecovery {
   requestFailed(span: LoadedSpan, status: number): void {
     if (status !== 507 || this.shrunkFor.has(span)) return;
     this.shrunkFor.add(span);
-    this.shrink(`a KV cache for layers [${span.spec.startLayer}, ${span.spec.endLayer})`, undefined);
+    this.shrink(`a KV cache for layers [${span.spec.startLayer}, ${span.spec.endLayer})`, undefined, this.o.budget());
   }
 
   private lost(span: LoadedSpan, reason: string): void {
@@ -104,14 +111,15 @@ export class DeviceRecovery {
     void this.o.slot.assign({ ...span.spec }, true);
   }
 
-  private shrink(what: string, error: MeshError | undefined): void {
+  /** Announce half of `base` (the budget the failed allocation was sized under), unless less is announced already. */
+  private shrink(what: string, error: MeshError | undefined, base: number): void {
     const why = error ? `: ${error.message}` : '';
     if (this.o.pinned) {
       this.o.log('error', `the device could not allocate ${what}${why}; this span is pinned (--layers), so it keeps answering 507: give it fewer layers`);
       return;
     }
     const before = this.o.budget();
-    const after = Math.max(MIN_BUDGET_BYTES, Math.floor(before / 2));
+    const after = Math.max(MIN_BUDGET_BYTES, Math.floor(base / 2));
     if (after >= before) return;
     this.o.log('warn', `the device could not allocate ${what}${why}; announcing ${mib(after)} instead of ${mib(before)} so that the tracker assigns a smaller span`);
     this.o.setBudget(after);

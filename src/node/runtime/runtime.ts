@@ -158,7 +158,7 @@ export class NodeRuntime {
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
     });
-    this.slot = new SpanSlot((spec) => loadSpan(spec, this.loadContext(this.epoch)), {
+    this.slot = new SpanSlot((spec) => (this.recovery.loading(spec), loadSpan(spec, this.loadContext(this.epoch))), {
       onSwap: (next, _old, loadMs) => {
         this.loading = undefined;
         this.notice = undefined;
