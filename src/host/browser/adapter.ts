@@ -166,7 +166,7 @@ function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFac
   const cpu = `CPU (WASM, ${threads} thread${threads === 1 ? '' : 's'})`;
   const backendFor = (kind: BackendKind): Promise<OnnxBackend> => createOrtWebBackend(kind, { numThreads: threads, wasmPaths: g.ortWasmPaths });
   return {
-    async choose(spec, config, weights: WeightLoader) {
+    async choose(spec, config, weights: WeightLoader, lost) {
       const chosen = async (d: { kind: BackendKind; fp16: boolean; reason: string }, adapter: string): Promise<ChosenBackend> => {
         const g = graphsFor(config, d.kind, d.fp16, o.weights);
         console.info(`meshnet node: layers ${spec.startLayer}-${spec.endLayer - 1} on ${d.kind}, ${g.graphs.kind} graphs, ${g.weights} weights; ${g.precision}${g.why ? `; ${g.why}` : ''}`);
@@ -175,7 +175,13 @@ function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFac
         return { backend: await backendFor(d.kind), graphs: g.graphs, info: { name: `onnxruntime-web/${d.kind}`, kind: d.kind, dtype, weights: g.weights, details: { ...page } } };
       };
       if (o.choice === 'wasm') return chosen({ kind: 'wasm', fp16: false, reason: 'WASM: forced by setting' }, cpu);
+      // After a lost device (device-recovery.ts): a fresh one once, WASM from the second loss on (or when none comes).
+      if (lost && lost.losses >= 2) return chosen({ kind: 'wasm', fp16: false, reason: `WASM: the GPU device was lost ${lost.losses} times (last: ${lost.reason})` }, cpu);
       const probe = await probeWebGpu(g.gpu);
+      if (lost) {
+        if (!probe.usable) return chosen({ kind: 'wasm', fp16: false, reason: `WASM: no fresh GPU device after the last was lost (${probe.reason})` }, cpu);
+        return chosen({ kind: 'webgpu', fp16: probe.fp16, reason: `WebGPU: a fresh device after the last was lost (${lost.reason})` }, probe.adapter);
+      }
       if (o.choice === 'webgpu') {
         if (!probe.usable) throw new MeshError('MESH_ERR_UNAVAILABLE', `WebGPU was forced but ${probe.reason}`);
         return chosen({ kind: 'webgpu', fp16: probe.fp16, reason: `WebGPU: forced by setting${probe.fp16 ? '' : ' (fp32: no shader-f16)'}` }, probe.adapter);
