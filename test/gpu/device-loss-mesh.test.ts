@@ -22,7 +22,7 @@ import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { fixture } from '../helpers/shard.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { spawnMeshnet, startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
+import { spawnMeshnet, startNode, startTrackerProc, stopMesh, until, type Proc, type TrackerProc } from '../mesh/support/mesh.ts';
 
 const f = fixture('tiny');
 const utf8d = new TextDecoder();
@@ -57,7 +57,7 @@ describe('a GPU node that loses its device or cannot allocate its span', () => {
   let st: StaticServer;
   let relay: RelayProcess;
   let tracker: TrackerProc;
-  const nodes: NodeProc[] = [];
+  const nodes: Proc[] = [];
 
   beforeAll(async () => {
     st = await startStaticServer({ root: await ensureModel('tiny') });
@@ -65,12 +65,7 @@ describe('a GPU node that loses its device or cannot allocate its span', () => {
     tracker = await startTrackerProc(['--model', `tiny=${st.url}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
   }, 60_000);
 
-  afterAll(async () => {
-    await Promise.all(nodes.map((n) => n.stop()));
-    await tracker?.stop();
-    await relay?.stop();
-    await st?.close();
-  });
+  afterAll(() => stopMesh({ nodes, tracker, relay, st }));
 
   it('rebuilds its span on a fresh device, then on the CPU, and the chat still gives the reference greedy text', async () => {
     const want = referenceText();
@@ -81,7 +76,7 @@ describe('a GPU node that loses its device or cannot allocate its span', () => {
     // Layers 2-3 plus the LM head on the GPU: 3 session runs per step. Lost at the 7th step of its first device,
     // and on the rebuilt device after the 3 steps that time it and 4 more.
     const gpu = spawnMeshnet(['node', '--port', '0', '--threads', '1', ...common, '--layers', '2-4', '--backend', 'webgpu'], { MESHNET_TEST_LOSE_GPU_AFTER_RUNS: `${3 * 6 + 1},${3 * 7 + 1}` });
-    nodes.push(gpu as NodeProc);
+    nodes.push(gpu);
     const listening = await gpu.waitFor((e) => e.event === 'listening', 60_000);
     const first = await gpu.waitFor((e) => e.event === 'serving', 120_000);
     expect(first).toMatchObject({ start_layer: 2, end_layer: 4, backend: 'webgpu' });
@@ -92,9 +87,11 @@ describe('a GPU node that loses its device or cannot allocate its span', () => {
     await until(async () => (await dashNode(tracker.url, peerId))?.serving && (await fetch(`${tracker.url}/api/route?model=tiny`)).ok, 30_000, 'a complete route');
 
     const client = new OpenAI({ baseURL: `${tracker.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 240_000 });
+    const t0 = performance.now();
     const chat = await client.chat.completions.create({ model: 'tiny', messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0 });
     expect(chat.choices[0]!.message.content).toBe(want.text);
     expect(chat.usage?.completion_tokens).toBe(want.ids.length);
+    console.log(`[device-loss] a ${want.ids.length}-token chat through two device losses took ${Math.round(performance.now() - t0)} ms`);
 
     // Both losses happened during the chat, and each rebuilt the same layers: a fresh GPU device first, then the CPU.
     const serving = gpu.events.filter((e) => e.event === 'serving');
@@ -133,7 +130,7 @@ describe('a GPU node that loses its device or cannot allocate its span', () => {
     const own = await startTrackerProc(['--model', `tiny=${st.url}`, '--heartbeat-interval-ms', '500']);
     // The device takes ~550 kB of graphs: two of tiny's layers with the embedding or the LM head, not all four.
     const node = spawnMeshnet(['node', '--port', '0', '--threads', '1', '--tracker', own.url, '--model', 'tiny', '--budget-mb', '4', '--max-context', '256', '--backend', 'webgpu'], { MESHNET_TEST_GPU_MEMORY_BYTES: '550000' });
-    nodes.push(node as NodeProc);
+    nodes.push(node);
     try {
       const registered = await node.waitFor((e) => e.event === 'registered', 60_000);
       expect(registered.assignment).toMatchObject({ start_layer: 0, end_layer: 4 });

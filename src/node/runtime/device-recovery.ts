@@ -107,8 +107,9 @@ export class DeviceRecovery {
 
   private rebuild(span: LoadedSpan): void {
     this.rebuilds++;
-    // A copy: the slot tells loads apart by identity, and the failed load's own spec is being cleared.
-    void this.o.slot.assign({ ...span.spec }, true);
+    // After the current slot step: a failed rebuild is still the slot's wanted spec until its load settles,
+    // and the slot would take the same spec for one already queued.
+    queueMicrotask(() => void this.o.slot.assign({ ...span.spec }, true));
   }
 
   /** Announce half of `base` (the budget the failed allocation was sized under), unless less is announced already. */
