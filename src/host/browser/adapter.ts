@@ -16,6 +16,7 @@
  */
 import type { ModelConfig } from '../../model/config.ts';
 import { fusedUnsupportedReason } from '../../model/fused-graph.ts';
+import { withGpuTestHooks } from '../../browser/gpu-test-hooks.ts';
 import type { WeightFormat } from '../../model/weight-format.ts';
 import type { SpanGraphs } from '../../shard/span-executor.ts';
 import { indexedDbQ4Cache, type Q4Counters } from '../../browser/q4-store.ts';
@@ -87,6 +88,8 @@ export interface BrowserAdapterOptions {
   weights: WeightFormat;
   /** 4-bit projections quantized / read back from IndexedDB in this worker. */
   q4: Q4Counters;
+  /** Test hook: the k-th GPU backend destroys its device before its N-th session run. */
+  loseGpuAfterRuns?: number[];
 }
 
 export function browserAdapter(g: BrowserGlobals, o: BrowserAdapterOptions): RuntimeHost {
@@ -164,7 +167,11 @@ function storedWeights(g: BrowserGlobals, o: BrowserAdapterOptions): WeightStore
 function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFactory {
   const threads = threadsFor(g, o.threads);
   const cpu = `CPU (WASM, ${threads} thread${threads === 1 ? '' : 's'})`;
-  const backendFor = (kind: BackendKind): Promise<OnnxBackend> => createOrtWebBackend(kind, { numThreads: threads, wasmPaths: g.ortWasmPaths });
+  let gpus = 0;
+  const backendFor = async (kind: BackendKind): Promise<OnnxBackend> => {
+    const b = await createOrtWebBackend(kind, { numThreads: threads, wasmPaths: g.ortWasmPaths });
+    return kind === 'webgpu' && o.loseGpuAfterRuns ? withGpuTestHooks(b, o.loseGpuAfterRuns[gpus++], undefined) : b;
+  };
   return {
     async choose(spec, config, weights: WeightLoader, lost) {
       const chosen = async (d: { kind: BackendKind; fp16: boolean; reason: string }, adapter: string): Promise<ChosenBackend> => {

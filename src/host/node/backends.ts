@@ -25,8 +25,9 @@ import { fusedUnsupportedReason } from '../../model/fused-graph.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { BackendFactory, ChosenBackend, DeviceLoss, LogLevel } from '../../node/runtime/host.ts';
-import type { OnnxBackend, OnnxSession } from '../../shard/backend.ts';
+import type { OnnxBackend } from '../../shard/backend.ts';
 import { createNodeBackend } from '../../cli/onnx-node.ts';
+import { deviceOf, withGpuTestHooks } from '../../browser/gpu-test-hooks.ts';
 
 export type NodeBackendChoice = 'cpu' | 'webgpu';
 
@@ -80,7 +81,7 @@ export function nodeBackends(o: NodeBackendOptions): BackendFactory & { close():
     const { installNodeWebGpu } = await import('../../cli/webgpu-node.ts');
     const { createOrtWebBackend } = await import('../../browser/ort-web.ts');
     const { info } = await installNodeWebGpu();
-    const backend = withHooks(await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: ortWebDist() }), o.hooks?.loseGpuAfterRuns?.[gpusCreated], o.hooks?.gpuMemoryBytes);
+    const backend = withGpuTestHooks(await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: ortWebDist() }), o.hooks?.loseGpuAfterRuns?.[gpusCreated], o.hooks?.gpuMemoryBytes);
     gpusCreated++;
     const g = { backend, adapter: [info.vendor, info.architecture, info.description].filter(Boolean).join(' ') || 'unknown adapter', lost: false };
     void backend.device?.lost.then(() => (g.lost = true));
@@ -124,45 +125,5 @@ export function nodeBackends(o: NodeBackendOptions): BackendFactory & { close():
       }
     },
     close,
-  };
-}
-
-function deviceOf(backend: OnnxBackend): GPUDevice | undefined {
-  return (backend.device as unknown as { device?: GPUDevice } | undefined)?.device;
-}
-
-/** The test hooks around a GPU backend: a device destroyed before the N-th run, a memory cap on graph weights. */
-function withHooks(backend: OnnxBackend, loseAtRun: number | undefined, memoryBytes: number | undefined): OnnxBackend {
-  if (loseAtRun === undefined && memoryBytes === undefined) return backend;
-  let runs = 0;
-  let held = 0;
-  const beforeRun = () => {
-    if (++runs === loseAtRun) deviceOf(backend)?.destroy();
-  };
-  return {
-    name: backend.name,
-    ...(backend.device ? { device: backend.device } : {}),
-    async createSession(model, options) {
-      if (memoryBytes !== undefined) {
-        if (held + model.byteLength > memoryBytes) {
-          const { DeviceAllocationError } = await import('../../browser/ort-web.ts');
-          throw new DeviceAllocationError(model.byteLength, `${held} of this device's ${memoryBytes} bytes are taken (MESHNET_TEST_GPU_MEMORY_BYTES)`);
-        }
-        held += model.byteLength;
-      }
-      const bytes = memoryBytes !== undefined ? model.byteLength : 0;
-      const s = await backend.createSession(model, options).catch((e: unknown) => {
-        held -= bytes;
-        throw e;
-      });
-      const hooked: OnnxSession = {
-        inputNames: s.inputNames,
-        outputNames: s.outputNames,
-        run: (feeds) => (beforeRun(), s.run(feeds)),
-        runWith: (feeds, outputs) => (beforeRun(), s.runWith(feeds, outputs)),
-        release: () => ((held -= bytes), s.release()),
-      };
-      return hooked;
-    },
   };
 }
