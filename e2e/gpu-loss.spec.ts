@@ -7,7 +7,7 @@
  * and then answers the float64 reference's token again, under the same peer
  * id on the same relay registration.
  */
-import { expect, test, type Page } from '@playwright/test';
+import { expect, test } from '@playwright/test';
 import { CHROMIUM_ARGS } from '../playwright.config.ts';
 import { encodeTensor } from '../src/protocol/tensor.ts';
 import { newRefCache } from '../src/model/reference.ts';
