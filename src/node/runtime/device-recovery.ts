@@ -127,6 +127,16 @@ export class DeviceRecovery {
   }
 }
 
+/**
+ * The answer while `span`'s lost device is being replaced: 503 with a
+ * Retry-After of about one load of the span (what the rebuild takes; 1-15 s),
+ * so that the tracker does not spend its re-routes on a node still rebuilding.
+ */
+export function rebuildingError(span: LoadedSpan): MeshError {
+  const retry = Math.min(15_000, Math.max(1_000, Math.round(span.loadMs ?? 0)));
+  return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${span.deviceLostReason}); this span is being rebuilt`, { retry_after_ms: retry });
+}
+
 function isDeviceMemory(e: unknown): boolean {
   return e instanceof MeshError && e.code === 'MESH_ERR_DEVICE_MEMORY';
 }

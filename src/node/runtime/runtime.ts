@@ -164,6 +164,7 @@ export class NodeRuntime {
         this.notice = undefined;
         // A budget changed while it loaded applies to it too.
         next.executor.setMemoryBudget(this.budget);
+        next.loadMs = loadMs;
         this.recovery.watch(next);
         if (next.rebuilt) this.activity.resetSteps(next.rebuilt.layerMs);
         this.changed();

@@ -20,6 +20,7 @@ import type { HeadAddress } from '../chain-driver.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../pipeline.ts';
 import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import { measureLayerMs } from './measure.ts';
+import { rebuildingError } from './device-recovery.ts';
 import type { NodeActivity } from './stats.ts';
 
 export interface LoadedSpan {
@@ -39,6 +40,8 @@ export interface LoadedSpan {
   deviceLost?: Promise<string>;
   /** Set once the device was lost: this span answers 503 until its rebuild swaps in. */
   deviceLostReason?: string;
+  /** How long loading this span took, ms (set when it is swapped in): about what a rebuild takes. */
+  loadMs?: number;
   /** Built again after a device loss: on what, and its per-layer step time measured before serving. */
   rebuilt?: { loss: DeviceLoss; layerMs: number };
 }
@@ -198,6 +201,8 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     dropSession: (id) => executor.dropSession(id),
     forward: async (req) => {
       const t0 = performance.now();
+      // Our own device was lost: a Retry-After the length of a rebuild (the tracker routes the chat again then).
+      if (span.deviceLostReason !== undefined) throw rebuildingError(span);
       const out = await executor.forward(req);
       if (req.tokenIds?.length === 1) ctx.activity.step(performance.now() - t0, layers);
       return out;
