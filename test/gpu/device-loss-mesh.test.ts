@@ -139,12 +139,14 @@ describe('a GPU node that loses its device or cannot allocate its span', () => {
       expect(layers).toBeGreaterThanOrEqual(1);
       expect(layers).toBeLessThan(4);
       expect(node.stderr()).toMatch(/could not allocate .*announcing [\d.]+ MiB instead of 4 MiB so that the tracker assigns a smaller span/);
+      // It may shrink more than once (a 3-layer span does not fit either): wait for it to serve what the tracker assigns.
       const seen = await until(async () => {
         const n = await dashNode(own.url, registered.peer_id as string);
-        return n?.serving ? n : undefined;
-      }, 15_000, 'the tracker to see the smaller span served');
+        const same = n?.serving && n.assignment && n.serving.start_layer === n.assignment.start_layer && n.serving.end_layer === n.assignment.end_layer;
+        return same ? n : undefined;
+      }, 60_000, 'the node to serve the span the tracker assigns');
       expect(seen.memory_budget_mb).toBeLessThan(4);
-      expect(seen.assignment).toEqual(seen.serving);
+      expect(seen.serving!.end_layer - seen.serving!.start_layer).toBeLessThan(4);
       expect(seen.backend).toBe('webgpu');
     } finally {
       await node.stop();
