@@ -32,6 +32,7 @@ import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts'
 import { checkForwardInput } from './forward-input.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
+import { BatchScratch } from './batch-scratch.ts';
 import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { sampleToken, validateSampling } from './sampling.ts';
@@ -121,6 +122,7 @@ export class FusedShardExecutor {
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
     this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: layerKvBytesPerToken(shape), maxContext, weightBytes }, new LayerKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
+    const scratch = new BatchScratch();
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
       {
         batchKey: (req) => fusedBatchKey(req, held),
@@ -136,6 +138,7 @@ export class FusedShardExecutor {
               embed: this.embed,
               head: this.head,
               device: o.backend.device,
+              scratch,
               reserve: async (session, start, end, position, seq, declared) => (await this.reservation(session, start, end, position, seq, declared)).session,
             },
             reqs,

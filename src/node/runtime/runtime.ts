@@ -127,6 +127,7 @@ export class NodeRuntime {
           relayUrl: config.relayUrl,
           isRegistered: () => this.relay?.state === 'registered',
           request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
+          push: (...a: Parameters<RelayClient['push']>) => this.relay?.push(...a),
         }
       : undefined;
     this.transport = new HopTransport({
@@ -138,6 +139,7 @@ export class NodeRuntime {
                 return relayFast.isRegistered();
               },
               request: relayFast.request,
+              push: relayFast.push,
             },
             rpc: (addr: string) => new RpcConnection(addr, { WebSocket: host.WebSocket, ...(host.watchHandshake ? { watchHandshake: host.watchHandshake } : {}) }),
           }
@@ -426,8 +428,7 @@ export class NodeRuntime {
         ...span.backend.details,
       }),
       hopMode: this.config.hopMode ?? 'chain',
-      selfAddress: () => ({ ...(this.relay?.relayAddr ? { relay_addr: this.relay.relayAddr } : {}), ...(this.endpoint ? { endpoint: this.endpoint } : {}) }),
-      replace: this.config.trackerUrl ? (model) => (hop, signal) => this.tracker!.replace(model, hop, signal) : undefined,
+      replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.tracker!.replace(model, hop, signal, route) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };
         this.lastSpan = { spec, numLayers: config.numLayers };

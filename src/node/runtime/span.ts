@@ -16,7 +16,6 @@ import { createSpanExecutor, type SpanExecutor } from '../../shard/span-executor
 import { createForwardHandler } from '../forward-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
-import type { HeadAddress } from '../chain-driver.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../pipeline.ts';
 import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import { measureLayerMs } from './measure.ts';
@@ -67,8 +66,6 @@ export interface SpanLoadContext {
   replace: ((model: string) => ReplaceSpan) | undefined;
   /** The pipeline's hop mode (PipelineOptions.hopMode). */
   hopMode?: 'chain' | 'star';
-  /** Where a chain's last hop reaches this node (relay address, endpoint). */
-  selfAddress?: () => HeadAddress;
   /** The load of `spec` moved on (state and progress for the page). */
   onPhase(phase: 'downloading' | 'loading', spec: SpanSpec, config: ModelConfig, progress?: DownloadProgress): void;
   /** Throws MESH_ERR_CANCELLED when the load was superseded (the node stopped or restarted). */
@@ -216,7 +213,6 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(replace ? { replace } : {}),
     ...(ctx.hopMode ? { hopMode: ctx.hopMode } : {}),
-    ...(ctx.selfAddress ? { self: ctx.selfAddress } : {}),
     onLog: (m) => ctx.host.log('warn', `pipeline: ${m}`),
   });
 }
