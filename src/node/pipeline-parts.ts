@@ -69,6 +69,11 @@ export function busyError(hop: RouteHop, reply: MeshReply): MeshError {
   return new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${message}`, { peer_id: hop.peer_id, ...(retry !== undefined ? { retry_after_ms: retry } : {}) });
 }
 
+/** Our own span's GPU device was lost and it is being rebuilt (UNAVAILABLE with a Retry-After): like no room, the tracker routes the chat again. */
+export function isRebuilding(e: MeshError): boolean {
+  return e.code === 'MESH_ERR_UNAVAILABLE' && typeof e.details.retry_after_ms === 'number';
+}
+
 export function errorEvent(e: unknown): GenerateEvent {
   if (e instanceof MeshError) {
     const peer = e.details.peer_id;
