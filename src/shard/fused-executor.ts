@@ -256,7 +256,7 @@ export class FusedShardExecutor {
   }
 
   private lostError(): MeshError {
-    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard must be rebuilt`, { retryAfterMs: 1000 });
+    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard is being rebuilt`, { retry_after_ms: 1000 });
   }
 
   /** Batch sizes run so far. */
