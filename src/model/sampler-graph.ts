@@ -4,7 +4,7 @@
  * 594 KiB of f32 a step; issue 9 allows 64 KiB). It runs on the head's
  * logits where they already are (a GPU buffer) and gives, per row:
  *
- *   top_values  f32   [batch, K]  the K largest logits, largest first
+ *   top_values  f32   [batch, K]  the K = candidates + 1 largest logits, largest first
  *   top_ids     int64 [batch, K]  their token ids
  *   logsumexp_t f32   [batch]     log Σ_v exp((l_v − l_max) / T) over the whole vocabulary
  *   logsumexp   f32   [batch]     log Σ_v exp(l_v − l_max) (the model's log-softmax normalizer)
@@ -28,7 +28,7 @@ export const SAMPLER_IO = {
 } as const;
 
 /**
- * Candidates a sampled step brings back by default: 256 × 12 B = 3 KiB. Covers
+ * Candidates a sampled step brings back by default: 257 × 12 B ≈ 3 KiB. Covers
  * the usual top_k (20–100) exactly, and at temperature ≤ 1 most of a trained
  * model's mass.
  */
@@ -36,7 +36,9 @@ export const DEFAULT_SAMPLER_CANDIDATES = 256;
 
 export function buildSamplerGraph(vocabSize: number, candidates = DEFAULT_SAMPLER_CANDIDATES): BuiltGraph {
   if (!(Number.isInteger(candidates) && candidates >= 1)) throw new RangeError(`sampler candidates ${candidates} must be a positive integer`);
-  const K = Math.min(candidates, vocabSize);
+  // One more than asked: the smallest candidate may tie with a token left out, so only those above it
+  // are known to be in order (candidate-sampling.ts); this way a top_k of `candidates` is decided.
+  const K = Math.min(candidates + 1, vocabSize);
   const g = new GraphBuilder('sampler');
   const logits = g.input(SAMPLER_IO.logits, ElemType.FLOAT, ['batch', vocabSize]);
   const t = g.input(SAMPLER_IO.temperature, ElemType.FLOAT, ['batch', 1]);

@@ -35,11 +35,12 @@ export interface Candidates {
 
 /**
  * Relative error allowed for the device's f32 normalizer exp(logSumExpT).
- * Observed on SwiftShader over 152k logits: ≤ 3e-6; a worst-case bound for
- * 64-wide f32 reductions with WGSL's exp accuracy is ~2e-4. 1e-3 keeps a
- * margin of 5× over that; a wider band only makes the fallback more frequent.
+ * Measured over 151,936 logits: ≤ 3e-6 on WebGPU (SwiftShader), ≤ 2e-4 on
+ * onnxruntime's CPU EP (its f32 sums run long in few lanes). 2e-3 keeps a
+ * 10× margin over the worst seen; a wider band only makes the fallback fire
+ * more often, a narrower one could pick a wrong token.
  */
-export const NORMALIZER_REL_TOL = 1e-3;
+export const NORMALIZER_REL_TOL = 2e-3;
 
 export type CandidateOutcome = { sampled: Sampled } | { fallback: string };
 
