@@ -8,7 +8,9 @@
  * each session's KV cache lives in GPU buffers that GroupQueryAttention
  * reads and writes in place (layer-kv.ts), the activation passes from one
  * graph to the next as a GPU buffer, and per call only the input comes in
- * and the output activation (or the last hop's logits) goes out.
+ * and the output activation (or the last hop's token: picked by the head
+ * graph when greedy, from the sampler graph's candidates otherwise,
+ * device-sampler.ts) goes out.
  *
  * KV room is admitted by the same KvLedger as ShardExecutor's (kv-store.ts):
  * a session gets what it declares when it opens (`sessionTokens`), grows by
