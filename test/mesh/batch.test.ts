@@ -14,7 +14,7 @@ import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { fixture } from '../helpers/shard.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
 
 const f = fixture('tiny');
 const utf8d = new TextDecoder();
@@ -67,12 +67,7 @@ describe('concurrent chats through the tracker are batched at each hop', () => {
     client = new OpenAI({ baseURL: `${tracker.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
   }, 120_000);
 
-  afterAll(async () => {
-    await Promise.all(nodes.map((n) => n.stop()));
-    await tracker?.stop();
-    await relay?.stop();
-    await st?.close();
-  });
+  afterAll(() => stopMesh({ nodes, tracker, relay, st }));
 
   it('streams every chat its reference text, and the hops report runs of several sessions in /info and the tracker /metrics', async () => {
     const want = TOPICS.map((_, i) => referenceText(i));

@@ -16,7 +16,7 @@ import { ModelTokenizer, type ChatMessage } from '../../src/model/tokenizer.ts';
 import { memoryFetch } from '../../src/model/memory-fetch.ts';
 import { fixture } from '../helpers/shard.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
 
 const MAX_TOKENS = 24;
 // The second conversation reaches the end-of-turn token within a few steps on both presets' weights (checked below).
@@ -37,12 +37,7 @@ for (const preset of ['llama3-real-vocab', 'qwen3-real-vocab'] as const) {
     let tracker: TrackerProc | undefined;
     const nodes: NodeProc[] = [];
 
-    afterAll(async () => {
-      await Promise.all(nodes.map((n) => n.stop()));
-      await tracker?.stop();
-      await relay?.stop();
-      await st?.close();
-    });
+    afterAll(() => stopMesh({ nodes, tracker, relay, st }));
 
     it('streams the reference greedy ids for the template-rendered chat and stops on the end-of-turn token', async () => {
       const f = fixture(preset);

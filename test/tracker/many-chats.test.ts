@@ -10,7 +10,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
+import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
 
 type Dashboard = { queue: { length: number; running: number }; nodes: Array<{ peer_id: string; status: string; kv: { budget_bytes: number; used_bytes: number } | null }> };
 
@@ -20,12 +20,7 @@ describe('many chats at once through the tracker', () => {
   let tracker: TrackerProc | undefined;
   const nodes: NodeProc[] = [];
 
-  afterAll(async () => {
-    await Promise.all(nodes.map((n) => n.stop()));
-    await tracker?.stop();
-    await relay?.stop();
-    await st?.close();
-  });
+  afterAll(() => stopMesh({ nodes, tracker, relay, st }));
 
   async function chat(): Promise<{ status: number; text: string; retryAfter: string | null }> {
     const res = await fetch(`${tracker!.url}/v1/chat/completions`, {

@@ -9,7 +9,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
+import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
 
 type Availability = { models: Array<{ complete: boolean; missing_layers: number[]; nodes: Array<{ peer_id: string; status: string; serving: { start_layer: number; end_layer: number } | null; assignment: { start_layer: number; end_layer: number } | null }> }> };
 
@@ -19,12 +19,7 @@ describe('tracker assignment with meshnet node processes', () => {
   let tracker: TrackerProc | undefined;
   const nodes: NodeProc[] = [];
 
-  afterAll(async () => {
-    await Promise.all(nodes.map((n) => n.stop()));
-    await tracker?.stop();
-    await relay?.stop();
-    await st?.close();
-  });
+  afterAll(() => stopMesh({ nodes, tracker, relay, st }));
 
   const availability = async () => ((await (await fetch(`${tracker!.url}/api/availability?model=tiny`)).json()) as Availability).models[0]!;
 

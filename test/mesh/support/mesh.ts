@@ -155,6 +155,22 @@ export async function startTrackerProc(args: string[]): Promise<TrackerProc> {
   return Object.assign(p, { url: l.url as string, publicKey: l.public_key as string });
 }
 
+/** What a mesh test started; `stopMesh` stops it in the order that keeps shutdown quiet. */
+export interface MeshParts {
+  nodes?: readonly Proc[];
+  tracker?: Proc;
+  relay?: { stop(): Promise<unknown> };
+  st?: { close(): Promise<unknown> };
+}
+
+/** Stop a mesh test's processes: nodes first (they would otherwise log the tracker and relay going), then tracker, relay, static server. */
+export async function stopMesh(m: MeshParts): Promise<void> {
+  await Promise.all((m.nodes ?? []).map((n) => n.stop()));
+  await m.tracker?.stop();
+  await m.relay?.stop();
+  await m.st?.close();
+}
+
 /** Poll until `check` resolves truthy. */
 export async function until<T>(check: () => Promise<T | undefined | false>, ms = 30_000, what = 'condition'): Promise<T> {
   const deadline = Date.now() + ms;
