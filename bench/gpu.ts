@@ -10,7 +10,7 @@
  *   npx tsx bench/gpu.ts                 # here: SwiftShader (correctness), WASM f32 vs 4-bit on `small`
  *   node bench.mjs --dawn dawn.node --wasm-dir ort/ --out results.json   # in the pack
  * Options: --quick, --layers N (default 16), --positions 16,1024, --steps N,
- *   --only correctness|bytes|speed|wasm-small, --threads N.
+ *   --only correctness|bytes|speed|wasm-small (or a comma list), --threads N.
  * Table on stdout, JSON in bench/results/gpu.json (or --out).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -35,7 +35,7 @@ const argv = process.argv.slice(2);
 const arg = (name: string) => (argv.includes(name) ? argv[argv.indexOf(name) + 1] : undefined);
 const quick = argv.includes('--quick');
 const only = arg('--only');
-const want = (part: string) => !only || only === part;
+const want = (part: string) => !only || only.split(',').includes(part);
 const here = dirname(fileURLToPath(import.meta.url));
 const wasmDir = resolve(arg('--wasm-dir') ?? `${here}/../node_modules/onnxruntime-web/dist`);
 const wasmPaths = pathToFileURL(wasmDir).href + '/';
