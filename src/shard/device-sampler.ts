@@ -50,10 +50,16 @@ export class DeviceSampler {
   async candidates(logits: RunValue, temperature: number): Promise<Candidates | string> {
     const session = await this.open();
     if (!session) return `no sampler graph: ${this.broken}`;
-    const out = await session.runWith({
-      [SAMPLER_IO.logits]: logits,
-      [SAMPLER_IO.temperature]: { type: 'float32', data: Float32Array.of(temperature), dims: [1, 1] },
-    });
+    let out: Record<string, RunValue>;
+    try {
+      out = await session.runWith({
+        [SAMPLER_IO.logits]: logits,
+        [SAMPLER_IO.temperature]: { type: 'float32', data: Float32Array.of(temperature), dims: [1, 1] },
+      });
+    } catch (e) {
+      // The logits are still there: this step samples over them instead of failing the request.
+      return `the sampler graph failed: ${e instanceof Error ? e.message : String(e)}`;
+    }
     const host = (name: string) => (out[name] as BackendTensor).data;
     return {
       values: host(SAMPLER_IO.values) as Float32Array,
