@@ -11,6 +11,7 @@ import { describe, expect, it } from 'vitest';
 import { FusedShardExecutor } from '../src/shard/fused-executor.ts';
 import { DeviceSampler } from '../src/shard/device-sampler.ts';
 import { sampleToken } from '../src/shard/sampling.ts';
+import type { OnnxBackend } from '../src/shard/backend.ts';
 import { ReferenceModel, newRefCache } from '../src/model/reference.ts';
 import { fixture, maxAbsDiff, nodeBackend } from './helpers/shard.ts';
 import { peakedLogits, SWEEP, sweepRow } from './helpers/sampling.ts';
@@ -90,6 +91,25 @@ describe('sampling from device candidates (onnxruntime-node CPU)', () => {
       // top_k 400 is past the 256 candidates: that step had to fall back and bring back its logits.
       expect(Object.keys(stats.reasons).some((r) => r.includes('top_k 400'))).toBe(true);
       expect(stats.onDevice).toBeGreaterThan(0);
+    } finally {
+      await ex.release();
+    }
+  }, 600_000);
+
+  it('a backend that cannot build the sampler graph: the step samples over its logits, and says why', async () => {
+    let refuse = false;
+    const backend: OnnxBackend = {
+      name: 'refuses-the-sampler',
+      createSession: (model, options) => (refuse ? Promise.reject(new Error('no TopK here')) : nodeBackend.createSession(model, options)),
+    };
+    const ex = await FusedShardExecutor.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 32, returnLogits: false });
+    try {
+      refuse = true; // the sampler session is made on first use, after the executor's own
+      const sampling = { temperature: 0.8, topK: 10, seed: 1 };
+      const r = await ex.forward({ session: 's', position: 0, tokenIds: [151643, 872, 13], sampling });
+      if (r.kind !== 'token') throw new Error('expected a token');
+      expect(r.tokenId).toBe(sampleToken(r.logits, sampling, 3).tokenId);
+      expect(ex.samplingStats()).toEqual({ onDevice: 0, fallbacks: 1, reasons: { 'no sampler graph: no TopK here': 1 } });
     } finally {
       await ex.release();
     }
