@@ -118,6 +118,7 @@ async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: 
         pos += n;
       }
       const x = new Float32Array(h).map((_, i) => Math.cos(i) * 0.1);
+      const drawn0 = ex.samplingStats();
       const times: number[] = [];
       let bytes = 0;
       for (let i = 0; i < steps + 2; i++) {
@@ -130,8 +131,9 @@ async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: 
         bytes = t1.up - t0.up + (t1.down - t0.down);
         pos++;
       }
-      const sampled = ex.samplingStats();
-      const how = draw.sampling ? `, sampled ${draw.samplerCandidates === 0 ? 'over downloaded logits' : `from candidates (${sampled.fallbacks}/${sampled.onDevice + sampled.fallbacks} fell back)`}` : '';
+      const drawn = ex.samplingStats();
+      const fellBack = drawn.fallbacks - drawn0.fallbacks;
+      const how = draw.sampling ? `, sampled ${draw.samplerCandidates === 0 ? 'over downloaded logits' : `from candidates (${fellBack}/${steps + 2} fell back)`}` : '';
       rows.push({ what: `${cfg.numLayers} layers h${h}${how}`, backend: '', projections, position, msPerToken: median(times), bytesPerStep: ex.onDevice ? bytes : undefined! });
       ex.dropSession(session);
     }
