@@ -26,12 +26,11 @@ import { parseModelConfig } from '../src/model/config.ts';
 import { openSafetensors } from '../src/model/safetensors.ts';
 import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { Identity } from '../src/node/identity.ts';
-import { encodeBase64Url } from '../src/protocol/base64.ts';
-import { routeSigningMessage, type GenerateEvent, type RouteHop } from '../src/protocol/tracker.ts';
+import type { GenerateEvent, RouteHop } from '../src/protocol/tracker.ts';
 import { ShardExecutor } from '../src/shard/executor.ts';
 import { readerWeightLoader } from '../src/shard/weights.ts';
 import { startRelayProcess } from '../test/support/relay-process.ts';
-import { generateDirect, hopOf, startNode, startTrackerProc, until, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { generateDirect, hopOf, signedRouteHeaders, startNode, startTrackerProc, until, type NodeProc } from '../test/mesh/support/mesh.ts';
 import { firstDivergence, median } from './lib/stats.ts';
 
 const quick = process.argv.includes('--quick');
@@ -84,12 +83,8 @@ async function main(): Promise<void> {
     writeFileSync(keyFile, JSON.stringify(await trackerId.export()));
     tracker = await startTrackerProc(['--model', `small=${st.url}`, '--relay', relay.url, '--key-file', keyFile, '--heartbeat-interval-ms', '1000']);
 
-    const sign = async (head: string, hops: RouteHop[]): Promise<Record<string, string>> => {
-      const route = JSON.stringify(hops);
-      const expires = Date.now() + 600_000;
-      const sig = await trackerId.sign(routeSigningMessage(head, expires, route));
-      return { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig) };
-    };
+    // Route and reply address signed as the tracker would (the reply address lets chain-mode heads chain).
+    const sign = (head: NodeProc, hops: RouteHop[]): Promise<Record<string, string>> => signedRouteHeaders(trackerId, head, hops);
 
     process.stderr.write('starting nodes...\n');
     const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', 'small', '--model-url', st.url, '--budget-mb', '2048', '--threads', String(threads), '--max-context', '512'];
@@ -135,7 +130,7 @@ async function main(): Promise<void> {
 
     let runId = 0;
     const viaMesh = async (head: NodeProc, hops: RouteHop[], kill?: { node: NodeProc; afterTokens: number }): Promise<RunResult> => {
-      const headers = await sign(head.peerId, hops);
+      const headers = await sign(head, hops);
       const t0 = performance.now();
       let tFirst = 0;
       let tLast = 0;

@@ -34,14 +34,28 @@ import { openSafetensors } from '../src/model/safetensors.ts';
 import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { Identity } from '../src/node/identity.ts';
 import { encodeBase64Url } from '../src/protocol/base64.ts';
-import { routeSigningMessage, type GenerateEvent, type RouteHop } from '../src/protocol/tracker.ts';
+import type { GenerateEvent, RouteHop } from '../src/protocol/tracker.ts';
 import { ShardExecutor } from '../src/shard/executor.ts';
 import { readerWeightLoader } from '../src/shard/weights.ts';
 import { startRelayProcess, type RelayProcess } from '../test/support/relay-process.ts';
-import { generateDirect, startNode, startTrackerProc, until, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { generateDirect, signedRouteHeaders, startNode, startTrackerProc, until, type NodeProc } from '../test/mesh/support/mesh.ts';
 import { median, startDelayedRelay, type DelayedRelay } from './lib/wan.ts';
 import { printTable, writeResult } from './lib/stats.ts';
 
+if (process.argv.includes('--help') || process.argv.includes('-h')) {
+  process.stdout.write(`npx tsx bench/wan.ts [options]
+  chained hops against the star, and against one process, over real relay and node processes
+
+  --quick          2 runs of 24 tokens (default: 3 runs of 48)
+  --delay-ms N     one-way delay between nodes for the WAN set (default 20)
+  --model M        small (default) or tiny
+  --inject-ms N    middles and tails wait N ms per /forward (compute without CPU)
+  --help           this text
+
+  Table on stdout; JSON in bench/results/wan.json.
+`);
+  process.exit(0);
+}
 const quick = process.argv.includes('--quick');
 const RUNS = quick ? 2 : 3;
 const NEW_TOKENS = quick ? 24 : 48;
@@ -76,12 +90,8 @@ async function main(): Promise<void> {
     const trackerId = await Identity.generate();
     const keyFile = join(work, 'tracker-key.json');
     writeFileSync(keyFile, JSON.stringify(await trackerId.export()));
-    const sign = async (head: string, hops: RouteHop[]): Promise<Record<string, string>> => {
-      const route = JSON.stringify(hops);
-      const expires = Date.now() + 600_000;
-      const sig = await trackerId.sign(routeSigningMessage(head, expires, route));
-      return { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig) };
-    };
+    // Route and reply address signed as the tracker would (the reply address lets chain-mode heads chain).
+    const sign = (head: NodeProc, hops: RouteHop[]): Promise<Record<string, string>> => signedRouteHeaders(trackerId, head, hops);
 
     // Relay A: no delay. Relay B: behind the proxy, and says so in relay_addr.
     const relayA = await startRelayProcess();
@@ -137,7 +147,7 @@ async function main(): Promise<void> {
 
     let runId = 0;
     const viaMesh = async (head: NodeProc, hops: RouteHop[], kill?: { node: NodeProc; afterTokens: number }): Promise<Run> => {
-      const headers = await sign(head.peerId, hops);
+      const headers = await sign(head, hops);
       let tFirst = 0;
       let tLast = 0;
       let tKill = 0;

@@ -38,6 +38,23 @@ describe('batched decode steps in the fused executor (onnxruntime-node CPU)', ()
     await Promise.all([...batched, ...alone].map((e) => e.release()));
   });
 
+  it('reuses its gather buffers across batches that grow and shrink (rows past a session hold stale data, never read)', async () => {
+    // A CPU backend gathers into buffers the executor keeps (batch-scratch.ts). After 6 sessions, a 2-session batch of
+    // similar length reuses the same memory, its rows past each session's length still holding the 6-session batch's rows:
+    // GQA must bound each row by its seqlens_k, or these tokens differ from alone.
+    const f = fixture('tiny');
+    const make = (maxBatch: number) => Promise.all([fused(f, 0, 2, { maxBatch, kvBlockTokens: 8 }), fused(f, 2, 4, { maxBatch, kvBlockTokens: 8 })]);
+    const batched = await make(16);
+    const alone = await make(1);
+    const want6 = await decodeTogether(f, f.weights, alone, 6, 4, TOL, 'a');
+    const want2 = await decodeTogether(f, f.weights, alone, 2, 4, TOL, 'b');
+    expect(await decodeTogether(f, f.weights, batched, 6, 4, TOL, 'a')).toEqual(want6);
+    expect(await decodeTogether(f, f.weights, batched, 2, 4, TOL, 'b')).toEqual(want2);
+    expect(await decodeTogether(f, f.weights, batched, 6, 4, TOL, 'c')).toEqual(want6);
+    for (const ex of batched) expect(ex.batchStats().sizes[2]).toBe(4);
+    await Promise.all([...batched, ...alone].map((e) => e.release()));
+  });
+
   it('on onnxruntime-web WASM (what a browser node serves with) too', async () => {
     const f = fixture('tiny');
     const backend = createWasmBackend({ numThreads: 1 });

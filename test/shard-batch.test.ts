@@ -52,21 +52,21 @@ async function step(hops: [ShardExecutor, ShardExecutor], session: string, posit
  * queue and run as one batch per hop). Every step is checked against the
  * float64 reference; returns each session's greedy tokens.
  */
-async function decodeTogether(hops: [ShardExecutor, ShardExecutor], sessions: number, steps: number): Promise<number[][]> {
+async function decodeTogether(hops: [ShardExecutor, ShardExecutor], sessions: number, steps: number, prefix = 's'): Promise<number[][]> {
   const ps = prompts(V, sessions, 7);
   const ref = new ReferenceModel(f.cfg, f.weights);
   const caches: RefKvCache[] = ps.map(() => newRefCache(f.cfg));
   const tokens: number[][] = ps.map(() => []);
   const pos = ps.map((p) => p.length);
   for (let s = 0; s < sessions; s++) {
-    const r = await step(hops, `s${s}`, 0, ps[s]!);
+    const r = await step(hops, `${prefix}${s}`, 0, ps[s]!);
     expectClose(r.logits, ref.forward(ps[s]!, 0, caches[s]!).subarray((ps[s]!.length - 1) * V), `prefill ${s}`);
     tokens[s]!.push(r.tokenId);
   }
   for (let t = 0; t < steps; t++) {
     // Hop 1 for everyone at once, then hop 2 for everyone at once: both hops see a queue.
-    const acts = await Promise.all(tokens.map((tk, s) => hops[0].forward({ session: `s${s}`, position: pos[s]!, tokenIds: [tk.at(-1)!] })));
-    const outs = await Promise.all(acts.map((a, s) => hops[1].forward({ session: `s${s}`, position: pos[s]!, activation: { data: activation(a).data, shape: [1, 1, h] } })));
+    const acts = await Promise.all(tokens.map((tk, s) => hops[0].forward({ session: `${prefix}${s}`, position: pos[s]!, tokenIds: [tk.at(-1)!] })));
+    const outs = await Promise.all(acts.map((a, s) => hops[1].forward({ session: `${prefix}${s}`, position: pos[s]!, activation: { data: activation(a).data, shape: [1, 1, h] } })));
     outs.forEach((o, s) => {
       const r = token(o);
       expectClose(r.logits, ref.forward([tokens[s]!.at(-1)!], pos[s]!, caches[s]!), `session ${s} step ${t}`);
@@ -98,6 +98,20 @@ describe.each(backends)('batched decode steps on %s', (_name, backend) => {
       expect(st.requests).toBe(sessions + steps * sessions);
     }
     for (const ex of alone) expect(ex.batchStats()).toMatchObject({ maxBatch: 1, batches: sessions + steps * sessions });
+    await Promise.all([...batched, ...alone].map((e) => e.release()));
+  });
+
+  it('reuses its packed input buffers across batches that grow and shrink', async () => {
+    // The executor keeps the packed pasts and mask between steps (batch-scratch.ts): a batch after a larger one reads
+    // a buffer whose tail holds the larger batch's rows, and one after a smaller one grows it. Each must still equal alone.
+    const batched = await twoHops(backend(), 16);
+    const alone = await twoHops(backend(), 1);
+    const want6 = await decodeTogether(alone, 6, 4, 'a');
+    const want2 = await decodeTogether(alone, 2, 4, 'b');
+    expect(await decodeTogether(batched, 6, 4, 'a')).toEqual(want6);
+    expect(await decodeTogether(batched, 2, 4, 'b')).toEqual(want2);
+    expect(await decodeTogether(batched, 6, 4, 'c')).toEqual(want6);
+    for (const ex of batched) expect(ex.batchStats().sizes[2]).toBe(4);
     await Promise.all([...batched, ...alone].map((e) => e.release()));
   });
 });

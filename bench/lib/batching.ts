@@ -7,12 +7,14 @@
  * aggregate tokens/s, its ratio to one chat on the same mesh (the target:
  * ≥ 4× at 8 chats with batching on), p50/p95 time between tokens within a
  * chat, chats whose text differs from the same prompt alone (target 0), and
- * the batch sizes the nodes ran (GET /info).
+ * the batch sizes the nodes ran (GET /info), and CPU ms per token of every
+ * process (relay, tracker, each node: where a token's time goes).
  */
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer } from '../../src/cli/static-server.ts';
 import { aloneTexts, round, startMesh, type Mesh, type RoundSink } from '../load.ts';
 import { fmt, printTable, quantile, writeResult } from './stats.ts';
+import { cpuSpent, meshPids, sampleMesh } from './proc-cpu.ts';
 
 export interface BatchingOptions {
   quick: boolean;
@@ -36,6 +38,8 @@ interface Row {
   aggregate_tokens_per_s: number;
   tbt_p50_ms: number;
   tbt_p95_ms: number;
+  /** CPU ms per generated token of each process (relay, tracker, node1..3) and all together, over this row's rounds. */
+  cpu_ms_per_token: Record<string, number>;
 }
 
 interface Side {
@@ -66,10 +70,14 @@ export async function runBatching(o: BatchingOptions): Promise<void> {
       const reps = o.quick ? (c <= 4 ? 3 : 2) : c <= 4 ? 6 : 3;
       const sinks: RoundSink[] = [0, 1].map(() => ({ gaps: [], busyMs: 0, tokens: 0 }));
       const acc = [0, 1].map(() => ({ ok: 0, failed: 0, mismatches: 0 }));
+      const cpu: Array<Record<string, number>> = [{}, {}];
       process.stderr.write(`[batching] ${c} at once, ${reps} rounds per mesh, interleaved...\n`);
       for (let r = 0; r < reps; r++) {
         for (const s of [0, 1]) {
+          const pids = meshPids(meshes[s]!);
+          const before = sampleMesh(pids);
           const x = await round(meshes[s]!, c, 1, alone[s]!, o.queueWaitMs, sinks[s]);
+          for (const [k, ms] of Object.entries(cpuSpent(before, sampleMesh(pids)))) cpu[s]![k] = (cpu[s]![k] ?? 0) + ms;
           acc[s]!.ok += x.ok;
           acc[s]!.failed += x.chats - x.ok;
           acc[s]!.mismatches += x.text_mismatches;
@@ -88,6 +96,7 @@ export async function runBatching(o: BatchingOptions): Promise<void> {
           aggregate_tokens_per_s: +(k.tokens / (k.busyMs / 1000)).toFixed(2),
           tbt_p50_ms: +quantile(k.gaps, 0.5).toFixed(1),
           tbt_p95_ms: +quantile(k.gaps, 0.95).toFixed(1),
+          cpu_ms_per_token: Object.fromEntries(Object.entries(cpu[s]!).map(([name, ms]) => [name, +(ms / Math.max(1, k.tokens)).toFixed(2)])),
         });
       }
     }
@@ -121,6 +130,12 @@ export async function runBatching(o: BatchingOptions): Promise<void> {
         `${a.failed}/${b.failed}`,
       ];
     }),
+  );
+  const procs = Object.keys(on.rows[0]!.cpu_ms_per_token);
+  printTable(
+    'CPU ms per generated token, by process (/proc user + kernel over the rounds; batching off / on)',
+    ['chats', ...procs],
+    CHATS.map((c, i) => [String(c), ...procs.map((k) => `${fmt(off.rows[i]!.cpu_ms_per_token[k] ?? NaN)} / ${fmt(on.rows[i]!.cpu_ms_per_token[k] ?? NaN)}`)]),
   );
   const eight = on.rows[CHATS.indexOf(8)]!.aggregate_tokens_per_s / one(on);
   console.log(`  8 chats with batching: ${fmt(eight)}× one chat (target ≥ 4: ${eight >= 4 ? 'met' : 'NOT met'})`);

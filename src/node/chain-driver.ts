@@ -1,27 +1,29 @@
 /**
  * The head's side of chained hops (src/node/chain-hop.ts has the hops'):
  * one step sent down the chain, and the inbox where the last hop's token
- * arrives (`POST /chain/token`).
+ * arrives (`POST /chain/token`) or a hop's failure report (`POST /chain/failed`).
  *
- * The step is done when the token arrives; hop 1's answer (every non-last
- * hop's output, in route order) comes later, off the critical path, and the
- * pipeline files those rows into each hop's input history for replays. A
- * step fails (ChainStepError, naming the hop when one is known) when hop 1's
- * answer is an error before the token came, or no token comes within the
- * step timeout; the pipeline then runs that step as a star.
+ * The step is done when the token arrives; its body holds every non-first
+ * hop's input rows for this step (they travelled down the chain with the
+ * activation), which the pipeline files into the hops' input histories for
+ * replays. A step fails (ChainStepError, naming the hop when one is known)
+ * when a hop reports a failure, hop 1 refuses at once (a two-way answer, or
+ * the relay's error), or no token comes within the step timeout; the
+ * pipeline then runs that step as a star.
  */
-import type { MeshReply } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { H, type HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
 import { chainFailure, isChainAnswer } from './chain-hop.ts';
 import type { HopTransport } from './hop-transport.ts';
 
-/** How the head answers which hop spoke: the route the tracker signed for this head. */
+/** The route as the tracker signed it for this head, with the head's reply address when the tracker signed that too. */
 export interface SignedRouteText {
   text: string;
   expires: number;
   signature: string;
+  /** X-Meshnet-Chain-Reply and the tracker's signature over it (chainReplySigningMessage); absent: no chain (hops cannot trust where to send the token). */
+  reply?: { text: string; signature: string };
 }
 
 /** Where the last hop reaches the head (its peer id is the signed head id). */
@@ -40,19 +42,26 @@ export class ChainStepError extends Error {
   }
 }
 
-interface Waiter {
-  resolve(body: Uint8Array): void;
+/** What the last hop hands back: the token's JSON and the rows the head files. */
+export interface ChainArrival {
+  token: string;
+  rows: Uint8Array;
 }
 
-/** Tokens the last hops hand back, by session and position. */
+interface Waiter {
+  resolve(a: ChainArrival): void;
+  reject(e: ChainStepError): void;
+}
+
+/** Tokens the last hops hand back, and failures hops report, by session and position. */
 export class ChainInbox {
   private readonly waiting = new Map<string, Waiter>();
 
   /** Wait for the token of `session`'s step at `position`. */
-  wait(session: string, position: number, timeoutMs: number, signal?: AbortSignal): { promise: Promise<Uint8Array>; cancel(): void } {
+  wait(session: string, position: number, timeoutMs: number, signal?: AbortSignal): { promise: Promise<ChainArrival>; cancel(): void } {
     const key = `${session}@${position}`;
     let cancel = () => undefined as void;
-    const promise = new Promise<Uint8Array>((resolve, reject) => {
+    const promise = new Promise<ChainArrival>((resolve, reject) => {
       const t = setTimeout(() => {
         this.waiting.delete(key);
         reject(new ChainStepError(undefined, new MeshError('MESH_ERR_TIMEOUT', `no token came back down the chain within ${timeoutMs} ms`)));
@@ -67,9 +76,13 @@ export class ChainInbox {
         if (this.waiting.get(key) === waiter) this.waiting.delete(key);
       };
       const waiter: Waiter = {
-        resolve: (body) => {
+        resolve: (a) => {
           cancel();
-          resolve(body);
+          resolve(a);
+        },
+        reject: (e) => {
+          cancel();
+          reject(e);
         },
       };
       this.waiting.set(key, waiter);
@@ -79,10 +92,18 @@ export class ChainInbox {
   }
 
   /** A last hop's token; false when no step waits for it (late, or never asked). */
-  deliver(session: string, position: number, body: Uint8Array): boolean {
+  deliver(session: string, position: number, arrival: ChainArrival): boolean {
     const w = this.waiting.get(`${session}@${position}`);
     if (!w) return false;
-    w.resolve(body);
+    w.resolve(arrival);
+    return true;
+  }
+
+  /** A hop's report that the step failed (the first report wins); false when no step waits. */
+  fail(session: string, position: number, peer: string | undefined, error: MeshError): boolean {
+    const w = this.waiting.get(`${session}@${position}`);
+    if (!w) return false;
+    w.reject(new ChainStepError(peer, error));
     return true;
   }
 
@@ -92,10 +113,9 @@ export class ChainInbox {
 }
 
 export interface ChainStepInit {
-  transport: Pick<HopTransport, 'send'>;
+  transport: Pick<HopTransport, 'push'>;
   inbox: ChainInbox;
   headPeerId: string;
-  self: HeadAddress;
   signed: SignedRouteText;
   /** The downstream hops, as signed. */
   hops: readonly RouteHop[];
@@ -113,8 +133,11 @@ export interface ChainStepInit {
   signal?: AbortSignal;
 }
 
-/** Send one step down the chain; resolves with the token's JSON and hop 1's answer to come (the other hops' outputs). */
-export async function chainStep(s: ChainStepInit): Promise<{ token: Uint8Array; copies: Promise<MeshReply> }> {
+/** How long a one-way push to hop 1 waits for the relay's error (no such peer …) before it counts as delivered. */
+const PUSH_WINDOW_MS = 2_000;
+
+/** Send one step down the chain; resolves with what the last hop handed back. */
+export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {
   const headers: HeaderMap = {
     [H.shape]: `1,${s.seq},${s.hidden}`,
     [H.dtype]: s.dtype,
@@ -127,24 +150,29 @@ export async function chainStep(s: ChainStepInit): Promise<{ token: Uint8Array; 
     [H.routeExpires]: String(s.signed.expires),
     [H.routeSignature]: s.signed.signature,
     [H.chainHead]: s.headPeerId,
-    [H.chainReply]: JSON.stringify(s.self),
     [H.chainIndex]: '0',
     [H.chainBudget]: String(s.timeoutMs),
     'content-type': 'application/octet-stream',
   };
+  if (s.signed.reply) {
+    headers[H.chainReply] = s.signed.reply.text;
+    headers[H.chainReplySignature] = s.signed.reply.signature;
+  }
   if (s.position === 0) headers[H.sessionTokens] = String(s.declared);
   const token = s.inbox.wait(s.session, s.position, s.timeoutMs, s.signal);
   const first = s.hops[0]!;
-  // Hop 1 answers after the whole chain has: give it time for the answers' way back too.
-  const copies = s.transport.send(first, { method: 'POST', path: '/forward', headers, body: s.body }, s.timeoutMs + 5_000, s.signal, { accept: isChainAnswer });
-  const failed = copies.then(
+  // One-way where the relay allows it: then only a relay error comes back; two-way (ADR-era relay, HTTP): hop 1 answers 202 once it handed the step on.
+  const sent = s.transport.push(first, { method: 'POST', path: '/forward', headers, body: s.body }, s.timeoutMs, PUSH_WINDOW_MS, s.signal, { accept: isChainAnswer });
+  const failed = sent.then(
     (r) => {
-      if (r.status !== 200) {
+      if (r.status >= 300) {
         const f = chainFailure(r);
-        throw new ChainStepError(f.peer, f.error);
+        throw new ChainStepError(f.peer ?? first.peer_id, f.error);
       }
-      if (r.headers[H.chain] === undefined) throw new ChainStepError(first.peer_id, new MeshError('MESH_ERR_UPSTREAM', `hop ${first.peer_id} does not chain (an ADR-era node?)`));
-      // Answered without error: the token is here already (the last hop waits for our 204), or the inbox times out.
+      if (r.status === 200) {
+        throw new ChainStepError(first.peer_id, new MeshError('MESH_ERR_UPSTREAM', `hop ${first.peer_id} does not chain (an ADR-era node?)`));
+      }
+      // Accepted: the token (or a failure report) comes through the inbox, or the inbox times out.
       return new Promise<never>(() => undefined);
     },
     (e: unknown) => {
@@ -152,9 +180,8 @@ export async function chainStep(s: ChainStepInit): Promise<{ token: Uint8Array; 
     },
   );
   failed.catch(() => undefined);
-  copies.catch(() => undefined);
   try {
-    return { token: await Promise.race([token.promise, failed]), copies };
+    return await Promise.race([token.promise, failed]);
   } finally {
     token.cancel();
   }
@@ -167,50 +194,90 @@ export interface ChainHopState {
   history: { extendTo(total: number, rows: Uint8Array): void };
 }
 
-/** One generation's chain: whether steps may still go down it, and the copies of hops' outputs still on their way. */
+function sameHop(a: RouteHop, b: RouteHop): boolean {
+  return a.peer_id === b.peer_id && a.start_layer === b.start_layer && a.end_layer === b.end_layer;
+}
+
+/** Failed chain steps after which a generation stays a star (a hop that keeps failing the chain: it may not chain at all). */
+const MAX_FAILURES = 3;
+
+/** One generation's chain: whether steps may go down it, and how long one may take. */
 export class ChainState {
-  off: boolean;
-  private copies: Promise<void> = Promise.resolve();
-  private broken = false;
+  off = true;
+  signed: SignedRouteText | undefined;
+  private planned: readonly RouteHop[] = [];
+  /** Moving average of a chained one-token step, ms (sets the step timeout). */
+  private stepMs: number | undefined;
+  private failures = 0;
+  /** `enabled`: the head runs in chain mode. */
   constructor(
-    readonly signed: SignedRouteText | undefined,
-    private readonly planned: readonly RouteHop[],
+    private readonly enabled: boolean,
+    signed: SignedRouteText | undefined,
+    planned: readonly RouteHop[],
   ) {
-    // One downstream hop: the chain has the star's two legs, and the star needs no signature on the way.
-    this.off = signed === undefined || planned.length < 2;
+    this.set(signed, planned);
   }
 
-  /** Chain while the hops are the signed ones (a replacement is not in the signature), all in sync, and the route has time left. */
+  private set(signed: SignedRouteText | undefined, planned: readonly RouteHop[]): void {
+    this.signed = signed;
+    this.planned = planned;
+    // One downstream hop: the chain has the star's two legs, and the star needs no signature on the way.
+    // No signed reply address: hops could not trust where the token goes.
+    this.off = !this.enabled || signed === undefined || signed.reply === undefined || planned.length < 2;
+  }
+
+  /**
+   * After a replacement: the tracker's route with the replacement in place.
+   * Steps chain again once every hop is in sync (the star step that
+   * replayed the replacement made it so) — usable() checks the hops are
+   * exactly these.
+   */
+  renew(signed: SignedRouteText, planned: readonly RouteHop[]): void {
+    this.set(signed, planned);
+  }
+
+  /**
+   * A chain step failed and ran as a star. The star leaves every hop in sync
+   * (replayed where it answered 409), so the next step may chain again as
+   * long as the hops are still the signed ones (a replacement is not, unless
+   * the tracker re-signed the route: renew()); a late push of the failed step
+   * meets a hop that is past it and is refused (409) without harm. After
+   * MAX_FAILURES failed steps the generation stays a star.
+   */
+  failed(): void {
+    if (++this.failures >= MAX_FAILURES) this.off = true;
+  }
+
+  /** Chain while the hops are the signed ones, all in sync, and the route has time left. */
   usable(hops: readonly ChainHopState[]): boolean {
     if (this.off) return false;
-    if (hops.length !== this.planned.length || hops.some((h, k) => h.hop !== this.planned[k] || !h.synced)) return false;
+    if (hops.length !== this.planned.length || hops.some((h, k) => !sameHop(h.hop, this.planned[k]!) || !h.synced)) return false;
     return Date.now() + 1_000 < this.signed!.expires;
   }
 
-  /** File hop 1's answer (hops 1..n−2's outputs, each `stepBytes`) into hops 2..n's input histories, in step order. */
-  file(hops: readonly ChainHopState[], answer: Promise<MeshReply>, total: number, stepBytes: number): void {
-    const prev = this.copies;
-    this.copies = (async () => {
-      await prev;
-      try {
-        const r = await answer;
-        if (r.status !== 200 || r.body.byteLength !== (hops.length - 1) * stepBytes) throw new Error(`hop 1 answered ${r.status} with ${r.body.byteLength} bytes`);
-        for (let k = 1; k < hops.length; k++) hops[k]!.history.extendTo(total, r.body.subarray((k - 1) * stepBytes, k * stepBytes));
-      } catch {
-        this.broken = true;
-      }
-    })();
+  /**
+   * How long to wait for a one-token step's token: a one-way push lost with
+   * a hop that died as it arrived is reported by nobody, so a decode step
+   * waits a few times its usual length (at least `floorMs`), not the whole
+   * `maxMs`; the star then finds the failed hop. Prompts get `maxMs`.
+   */
+  timeout(seq: number, maxMs: number, floorMs = 2_000): number {
+    if (seq > 1 || this.stepMs === undefined) return maxMs;
+    return Math.min(maxMs, Math.max(floorMs, Math.round(this.stepMs * 10)));
   }
 
-  /** True once every copy sent so far is filed; false when one never came, or has not within `waitMs` (a failure is not held up by a hop that answers slowly). */
-  async settled(waitMs: number): Promise<boolean> {
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const late = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), waitMs)));
-    try {
-      return await Promise.race([this.copies.then(() => !this.broken), late]);
-    } finally {
-      clearTimeout(timer);
-    }
+  observe(seq: number, ms: number): void {
+    if (seq !== 1) return;
+    this.stepMs = this.stepMs === undefined ? ms : this.stepMs + 0.2 * (ms - this.stepMs);
+  }
+
+  /**
+   * File the last hop's rows (hops 2..n's inputs, each `stepBytes`) into
+   * their input histories; false (nothing filed) when the size is wrong.
+   */
+  file(hops: readonly ChainHopState[], rows: Uint8Array, total: number, stepBytes: number): boolean {
+    if (rows.byteLength !== (hops.length - 1) * stepBytes) return false;
+    for (let k = 1; k < hops.length; k++) hops[k]!.history.extendTo(total, rows.subarray((k - 1) * stepBytes, k * stepBytes));
+    return true;
   }
 }
-

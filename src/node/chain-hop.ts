@@ -1,26 +1,27 @@
 /**
  * A hop's side of chained hops (push): a `/forward` that carries the signed
  * route and `X-Meshnet-Chain-Index` runs this node's span and pushes the
- * output on to the next hop itself; the last hop samples and POSTs the token
- * to the head's `/chain/token`. Per token that is N legs instead of the
- * star's 2(N−1):
+ * output on to the next hop itself; the last hop samples and hands the token
+ * to the head (`POST /chain/token`). Per token that is N messages:
  *
  *   head ─▶ hop 1 ─▶ hop 2 ─▶ … ─▶ last hop ─▶ head (/chain/token)
  *
- * Off the critical path every hop answers its caller once the rest of the
- * chain has answered it: a non-last hop's answer is its own output followed
- * by the downstream hops' outputs, so the head ends up holding every hop's
- * input rows (what it replays into a replacement), and a hop that cannot
- * reach the next one answers with an error naming that hop
- * (`X-Meshnet-Chain-Failed` and the body's `peer_id`).
+ * and nothing else: each push is a one-way request where the relay (or the
+ * link) forwards them (FLAG_ONE_WAY: no answer, docs/protocol.md §10), and
+ * no hop holds its caller's request open for the rest of the chain. The rows
+ * the head needs for replays (every non-first hop's input) travel down the
+ * chain with the activation — hop k (k ≥ 1) receives X_1 ‖ … ‖ X_k and runs
+ * its span on X_k — and come back in the last hop's /chain/token body.
  *
- * Every hop checks the tracker's signature on the route before it runs or
- * forwards anything (403 naming itself when it is bad or expired), refuses a
- * route that visits a node twice or returns to the head (a loop), and
- * refuses a route whose hop `index` is not itself. The time left for the
- * chain travels with it (`X-Meshnet-Chain-Budget-Ms`) and each hop gives the
- * next a little less, so the hop next to a gone one reports before the head's
- * own step timeout fires.
+ * A hop that fails a step (it cannot reach the next hop, its span failed,
+ * it refused the route) tells the head itself (`POST /chain/failed`, naming
+ * the hop that failed) and, where the request was two-way (ADR-era relay,
+ * /rpc, HTTP), answers its caller with the same error. Every hop checks the
+ * tracker's signature on the route (403 naming itself when it is bad or
+ * expired) and on the head's reply address, refuses a route that visits a
+ * node twice or returns to the head (a loop), and one whose hop `index` is
+ * not itself. The time left travels with the chain
+ * (`X-Meshnet-Chain-Budget-Ms`); each hop gives the next a little less.
  */
 import { concatBytes } from '../protocol/bytes.ts';
 import { collectBody, errorReply, type MeshReply, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
@@ -29,13 +30,14 @@ import { H, type HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
 import type { HopTransport } from './hop-transport.ts';
 import type { MeshHandler } from './mesh-types.ts';
-import { verifySignedRoute } from './tracker-client.ts';
+import { verifyChainReply, verifySignedRoute } from './tracker-client.ts';
+import { dtypeBytes, isDtype } from '../protocol/tensor.ts';
 import { z } from 'zod';
 
 export interface ChainHopInit {
   peerId: string;
   trackerKey(): Uint8Array | undefined;
-  transport: Pick<HopTransport, 'send'>;
+  transport: Pick<HopTransport, 'send' | 'push'>;
   /** This node's own /forward (runs the span). */
   local: MeshHandler;
   now?: () => number;
@@ -45,8 +47,10 @@ export interface ChainHopInit {
 /** Budget a chain starts with when the head sends none, ms; and the most a caller may ask for. */
 const DEFAULT_BUDGET_MS = 10_000;
 const MAX_BUDGET_MS = 600_000;
-/** What each hop keeps back from the budget it hands on: its own answer must still reach its caller in time. */
+/** What each hop keeps back from the budget it hands on: its failure report must still reach the head in time. */
 const HOP_MARGIN_MS = 250;
+/** How long a one-way push waits for an error the relay may send back (no such peer …) before it counts as delivered. */
+const PUSH_WINDOW_MS = 2_000;
 
 const replySchema = z.object({ relay_addr: z.string().max(512).optional(), endpoint: z.string().max(512).optional() }).strict();
 
@@ -76,19 +80,29 @@ export function checkChainRoute(head: string, hops: readonly RouteHop[]): void {
   }
 }
 
+interface Verified {
+  head: string;
+  text: string;
+  expires: number;
+  hops: RouteHop[];
+  /** Reply text → its signature, checked. */
+  replies: Map<string, string>;
+}
+
 /** Verified routes by signature: a generation's route is checked by the signature once, its expiry on every step. */
 class VerifiedRoutes {
-  private readonly map = new Map<string, { head: string; text: string; expires: number; hops: RouteHop[] }>();
-  async get(key: Uint8Array | undefined, head: string, text: string, expires: number, sig: string, now: number): Promise<RouteHop[]> {
+  private readonly map = new Map<string, Verified>();
+  async get(key: Uint8Array | undefined, head: string, text: string, expires: number, sig: string, now: number): Promise<Verified> {
     const hit = this.map.get(sig);
     if (hit && hit.head === head && hit.text === text && hit.expires === expires) {
       if (expires < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expires} ms ago; ask the tracker for a fresh one`);
-      return hit.hops;
+      return hit;
     }
     const hops = await verifySignedRoute(key, head, text, expires, sig, now);
     if (this.map.size >= 256) this.map.clear();
-    this.map.set(sig, { head, text, expires, hops });
-    return hops;
+    const v: Verified = { head, text, expires, hops, replies: new Map() };
+    this.map.set(sig, v);
+    return v;
   }
 }
 
@@ -99,16 +113,40 @@ function budgetOf(h: HeaderMap): number {
   return Math.min(MAX_BUDGET_MS, Number(v.trim()));
 }
 
+/** Bytes of one block of rows (the activation of this step): product of the shape × the dtype's size. */
+function blockBytes(h: HeaderMap): number {
+  const dtype = h[H.dtype]?.trim() ?? 'f32';
+  const dims = (h[H.shape] ?? '').split(',').map((d) => Number(d.trim()));
+  if (!isDtype(dtype) || dims.length !== 3 || dims.some((d) => !Number.isSafeInteger(d) || d <= 0)) {
+    throw new MeshError('MESH_ERR_BAD_REQUEST', `a chained /forward needs ${H.shape} "1,seq,hidden" and a known ${H.dtype}`);
+  }
+  return dims[0]! * dims[1]! * dims[2]! * dtypeBytes(dtype);
+}
+
 /** The handler for chain /forward requests (route the others to `local`). */
 export function createChainHop(init: ChainHopInit): MeshHandler {
   const now = init.now ?? Date.now;
   const routes = new VerifiedRoutes();
   const me = init.peerId;
 
-  /** An error this hop answers with, naming the hop it concerns (itself unless given). */
-  const fail = (e: MeshError, peer = me): MeshResponse => {
-    const err = e.details.peer_id === undefined ? new MeshError(e.code, e.message.startsWith('hop ') ? e.message : `hop ${me}: ${e.message}`, { ...e.details, peer_id: peer }) : e;
-    return errorReply(err, { [H.chainFailed]: String(err.details.peer_id ?? peer) });
+  /** The error naming the hop it concerns (this one unless given). */
+  const named = (e: MeshError, peer = me): MeshError =>
+    e.details.peer_id === undefined ? new MeshError(e.code, e.message.startsWith('hop ') ? e.message : `hop ${me}: ${e.message}`, { ...e.details, peer_id: peer }) : e;
+
+  /** Tell the head a step failed (POST /chain/failed, one-way where possible), at the reply address the tracker signed. */
+  const report = (to: RouteHop, h: HeaderMap, err: MeshError, left: number): void => {
+    const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainFailed]: String(err.details.peer_id ?? me), 'content-type': 'application/json' };
+    const body = new TextEncoder().encode(JSON.stringify(err.toBody()));
+    init.transport.push(to, { method: 'POST', path: '/chain/failed', headers, body }, Math.max(1, left), PUSH_WINDOW_MS).catch((e: unknown) => {
+      init.onLog?.(`chain: could not tell the head ${to.peer_id} that a step failed: ${(e as Error).message}`);
+    });
+  };
+
+  /** The error answer (for a two-way caller), after telling the head. */
+  const fail = (to: RouteHop | undefined, h: HeaderMap, e: MeshError, left: number, peer = me): MeshResponse => {
+    const err = named(e, peer);
+    if (to) report(to, h, err, left);
+    return errorReply(err, { [H.chainFailed]: String(err.details.peer_id ?? peer), ...(to ? { [H.chainReported]: '1' } : {}) });
   };
 
   async function run(req: MeshRequest): Promise<MeshResponse> {
@@ -119,88 +157,118 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
     const text = h[H.route];
     const expires = h[H.routeExpires]?.trim();
     const sig = h[H.routeSignature]?.trim();
-    if (!/^\d{1,3}$/.test(indexText)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainIndex} must be a small whole number`);
-    if (!head || text === undefined || expires === undefined || sig === undefined) {
-      throw new MeshError('MESH_ERR_FORBIDDEN', `a chained /forward needs ${H.chainHead}, ${H.route}, ${H.routeExpires} and ${H.routeSignature}: hops forward only routes the tracker signed`);
-    }
-    if (!/^\d{1,16}$/.test(expires)) throw new MeshError('MESH_ERR_FORBIDDEN', `${H.routeExpires} must be ms since epoch`);
-    const hops = await routes.get(init.trackerKey(), head, text, Number(expires), sig, now());
-    checkChainRoute(head, hops);
-    const index = Number(indexText);
-    const hop = hops[index];
-    if (!hop || hop.peer_id !== me) throw new MeshError('MESH_ERR_MISDIRECTED', `route hop ${index} is ${hop?.peer_id ?? 'missing'}, not this node`);
-    const last = index === hops.length - 1;
-    const budget = budgetOf(h);
-
-    // This node's span, on the layers the signed route gives it (not whatever the caller wrote).
-    const localHeaders: HeaderMap = { ...h, [H.startLayer]: String(hop.start_layer), [H.endLayer]: String(hop.end_layer) };
-    if (!last) delete localHeaders[H.sampling];
-    const res = await init.local({ ...req, headers: localHeaders });
-    const out = await collectBody(res.body);
-    if (res.status !== 200) return { status: res.status, headers: { ...res.headers, [H.chainFailed]: me }, body: out };
+    // Until the route and the reply address verify, nobody is told but the caller (no report to an address of a stranger's choosing).
+    let to: RouteHop | undefined;
+    let budget = DEFAULT_BUDGET_MS;
     const left = () => Math.max(1, budget - (now() - t0) - HOP_MARGIN_MS);
-
-    if (last) {
-      let reply = h[H.chainReply] !== undefined ? replySchema.safeParse(safeJson(h[H.chainReply])) : undefined;
-      if (reply && !reply.success) reply = undefined;
-      const addr = { ...(reply?.data ?? {}) };
-      // The reply address is not signed: a relay address must at least name the signed head (a /rpc/<peer> URL), or it is not used.
-      if (addr.relay_addr !== undefined && !addr.relay_addr.includes(head)) delete addr.relay_addr;
-      const to: RouteHop = { peer_id: head, start_layer: 0, end_layer: hops[0]!.start_layer, ...addr };
-      const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', 'content-type': 'application/json' };
-      let got: MeshReply;
-      try {
-        got = await init.transport.send(to, { method: 'POST', path: '/chain/token', headers, body: out }, left(), req.signal, { accept: (r) => r.status === 204 || r.status === 404 });
-      } catch (e) {
-        throw new MeshError('MESH_ERR_PEER_GONE', `hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`, { peer_id: head });
+    try {
+      if (!/^\d{1,3}$/.test(indexText)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainIndex} must be a small whole number`);
+      if (!head || text === undefined || expires === undefined || sig === undefined) {
+        throw new MeshError('MESH_ERR_FORBIDDEN', `a chained /forward needs ${H.chainHead}, ${H.route}, ${H.routeExpires} and ${H.routeSignature}: hops forward only routes the tracker signed`);
       }
-      if (got.status !== 204) throw new MeshError('MESH_ERR_NOT_FOUND', `the head ${head} waits for no token of this step (${got.status})`, { peer_id: head });
-      return { status: 200, headers: { [H.chain]: '1', 'content-type': 'application/octet-stream' }, body: new Uint8Array(0) };
-    }
+      if (!/^\d{1,16}$/.test(expires)) throw new MeshError('MESH_ERR_FORBIDDEN', `${H.routeExpires} must be ms since epoch`);
+      budget = budgetOf(h);
+      const route = await routes.get(init.trackerKey(), head, text, Number(expires), sig, now());
+      // The reply address: used only as the tracker signed it for this head and route.
+      const replyText = h[H.chainReply];
+      if (replyText !== undefined) {
+        const rsig = h[H.chainReplySignature]?.trim() ?? '';
+        if (route.replies.get(replyText) !== rsig) {
+          if (!(await verifyChainReply(init.trackerKey(), head, route.expires, replyText, rsig))) {
+            throw new MeshError('MESH_ERR_FORBIDDEN', `the head's reply address (${H.chainReply}) is not signed by the tracker for this head and route: refused`);
+          }
+          if (route.replies.size >= 16) route.replies.clear();
+          route.replies.set(replyText, rsig);
+        }
+        const reply = replySchema.safeParse(safeJson(replyText));
+        if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);
+        to = { peer_id: head, start_layer: 0, end_layer: route.hops[0]?.start_layer ?? 0, ...reply.data };
+      }
+      checkChainRoute(head, route.hops);
+      const hops = route.hops;
+      const index = Number(indexText);
+      const hop = hops[index];
+      if (!hop || hop.peer_id !== me) throw new MeshError('MESH_ERR_MISDIRECTED', `route hop ${index} is ${hop?.peer_id ?? 'missing'}, not this node`);
+      const last = index === hops.length - 1;
+      if (to === undefined) throw new MeshError('MESH_ERR_FORBIDDEN', `a chained /forward needs the head's reply address (${H.chainReply}) as the tracker signed it`);
+      const headTo: RouteHop = to;
 
-    const next = hops[index + 1]!;
-    const fwd: HeaderMap = {};
-    for (const k of [H.dtype, H.session, H.position, H.sessionTokens, H.sampling, H.route, H.routeExpires, H.routeSignature, H.chainHead, H.chainReply]) {
-      const v = h[k];
-      if (v !== undefined) fwd[k] = v;
-    }
-    fwd[H.shape] = res.headers[H.shape] ?? h[H.shape] ?? '';
-    fwd[H.startLayer] = String(next.start_layer);
-    fwd[H.endLayer] = String(next.end_layer);
-    fwd[H.chainIndex] = String(index + 1);
-    fwd[H.chainBudget] = String(Math.max(1, left() - HOP_MARGIN_MS));
-    fwd['content-type'] = 'application/octet-stream';
-    let down: MeshReply;
-    try {
-      down = await init.transport.send(next, { method: 'POST', path: '/forward', headers: fwd, body: out }, left(), req.signal, { accept: isChainAnswer });
-    } catch (e) {
-      const why = e instanceof MeshError ? e.message : String(e);
-      init.onLog?.(`chain: the next hop ${next.peer_id} is unreachable: ${why}`);
-      return fail(new MeshError(e instanceof MeshError && e.code === 'MESH_ERR_TIMEOUT' ? 'MESH_ERR_TIMEOUT' : 'MESH_ERR_PEER_GONE', `hop ${me} could not reach the next hop ${next.peer_id}: ${why}`, { peer_id: next.peer_id }), next.peer_id);
-    }
-    if (down.status !== 200) {
-      // The failure happened further on: pass it up as it is, still naming the hop that failed.
-      const failed = down.headers[H.chainFailed] ?? next.peer_id;
-      return { status: down.status, headers: { ...down.headers, [H.chainFailed]: failed }, body: down.body };
-    }
-    if (down.headers[H.chain] === undefined) {
-      return fail(new MeshError('MESH_ERR_UPSTREAM', `the next hop ${next.peer_id} does not chain (an ADR-era node?); use the star`, { peer_id: next.peer_id }), next.peer_id);
-    }
-    return { status: 200, headers: { [H.chain]: '1', 'content-type': 'application/octet-stream' }, body: down.body.byteLength > 0 ? concatBytes([out, down.body]) : out };
-  }
+      // The body: the rows carried for the head (inputs of hops 1..index−1), then this hop's input.
+      const block = blockBytes(h);
+      const blocks = Math.max(1, index);
+      if (req.body.byteLength !== blocks * block) {
+        throw new MeshError('MESH_ERR_BAD_REQUEST', `chain hop ${index} expects ${blocks} block(s) of ${block} bytes (the carried rows, then its input); got ${req.body.byteLength} bytes`);
+      }
+      const input = req.body.subarray(req.body.byteLength - block);
 
-  return async (req) => {
-    try {
-      return await run(req);
+      // This node's span, on the layers the signed route gives it (not whatever the caller wrote).
+      const localHeaders: HeaderMap = { ...h, [H.startLayer]: String(hop.start_layer), [H.endLayer]: String(hop.end_layer) };
+      if (!last) delete localHeaders[H.sampling];
+      const res = await init.local({ ...req, headers: localHeaders, body: input });
+      const out = await collectBody(res.body);
+      if (res.status !== 200) return fail(headTo, h, remoteError(res.status, out), left());
+
+      if (last) {
+        // The token in a header, and the carried rows (X_1 … X_n−1, all but hop 1's input) as the body.
+        const tokenText = new TextDecoder().decode(out);
+        const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainToken]: tokenText, [H.dtype]: h[H.dtype] ?? '', 'content-type': 'application/octet-stream' };
+        init.transport.push(headTo, { method: 'POST', path: '/chain/token', headers, body: req.body }, left(), PUSH_WINDOW_MS, undefined, { accept: (r) => r.status === 204 || r.status === 404 }).then(
+          (got) => {
+            if (got.status === 404) init.onLog?.(`chain: the head ${head} waits for no token at position ${h[H.position]} (late, or it gave up on the step)`);
+          },
+          (e: unknown) => init.onLog?.(`chain: hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`),
+        );
+        return accepted();
+      }
+
+      const next = hops[index + 1]!;
+      const fwd: HeaderMap = {};
+      for (const k of [H.dtype, H.session, H.position, H.sessionTokens, H.sampling, H.route, H.routeExpires, H.routeSignature, H.chainHead, H.chainReply, H.chainReplySignature]) {
+        const v = h[k];
+        if (v !== undefined) fwd[k] = v;
+      }
+      fwd[H.shape] = res.headers[H.shape] ?? h[H.shape] ?? '';
+      fwd[H.startLayer] = String(next.start_layer);
+      fwd[H.endLayer] = String(next.end_layer);
+      fwd[H.chainIndex] = String(index + 1);
+      fwd[H.chainBudget] = String(Math.max(1, left() - HOP_MARGIN_MS));
+      fwd['content-type'] = 'application/octet-stream';
+      if (out.byteLength !== block) return fail(headTo, h, new MeshError('MESH_ERR_INTERNAL', `the span answered ${out.byteLength} bytes for a ${block}-byte block`), left());
+      // Hop 1's output is X_1, the first row block the head needs back; every later hop adds its own.
+      const body = index === 0 ? out : concatBytes([req.body, out]);
+      // Not awaited: the step goes on from the next hop; what comes back is only ever a failure to report.
+      init.transport.push(next, { method: 'POST', path: '/forward', headers: fwd, body }, left(), PUSH_WINDOW_MS, undefined, { accept: isChainAnswer }).then(
+        (down) => {
+          if (down.status < 300) return;
+          // A two-way next hop's refusal: it told the head itself when it could.
+          if (down.headers[H.chainReported] === '1') return;
+          const f = chainFailure(down);
+          report(headTo, h, named(f.error, f.peer ?? next.peer_id), left());
+        },
+        (e: unknown) => {
+          const why = e instanceof MeshError ? e.message : String(e);
+          init.onLog?.(`chain: the next hop ${next.peer_id} is unreachable: ${why}`);
+          const code = e instanceof MeshError && e.code === 'MESH_ERR_TIMEOUT' ? 'MESH_ERR_TIMEOUT' : 'MESH_ERR_PEER_GONE';
+          report(headTo, h, new MeshError(code, `hop ${me} could not reach the next hop ${next.peer_id}: ${why}`, { peer_id: next.peer_id }), left());
+        },
+      );
+      return accepted();
     } catch (e) {
       if (e instanceof MeshError) {
         if (e.status === 403) init.onLog?.(`chain: refused a route: ${e.message}`);
-        return fail(e);
+        return fail(to, h, e, left());
       }
       init.onLog?.(`chain: ${(e as Error).stack ?? String(e)}`);
-      return fail(new MeshError('MESH_ERR_INTERNAL', 'the node failed to run this chained step; it keeps serving'));
+      return fail(to, h, new MeshError('MESH_ERR_INTERNAL', 'the node failed to run this chained step; it keeps serving'), left());
     }
-  };
+  }
+
+  return run;
+}
+
+/** A hop's answer once it ran its span and handed the step on (a two-way caller's only news; one-way callers get none). */
+function accepted(): MeshResponse {
+  return { status: 202, headers: { [H.chain]: '1' }, body: new Uint8Array(0) };
 }
 
 function safeJson(text: string | undefined): unknown {

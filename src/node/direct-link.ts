@@ -28,14 +28,14 @@
  * HTTP server) and injects the WebSocket constructor for the caller side.
  */
 import { CLOSE } from '../protocol/close-codes.ts';
-import { parseRegister } from '../protocol/envelopes.ts';
+import { ONE_WAY_FEATURE, parseRegister } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FRAME_HEAD_BYTES } from '../protocol/frames.ts';
 import { PEER_ID_BYTES, hexToBytes, peerIdFromPublicKey, randomHex, registrationMessage } from '../protocol/ids.ts';
 import { FrameMux } from './frame-mux.ts';
 import type { LinkDialer } from './runtime/host.ts';
 import { verifyEd25519, type Identity } from './identity.ts';
-import type { MeshHandler, MeshRequestFn, RelayLogEntry } from './mesh-types.ts';
+import type { MeshHandler, MeshPushFn, MeshRequestFn, RelayLogEntry } from './mesh-types.ts';
 import { RelayClient } from './relay-client.ts';
 import { resolveRelayClientOptions, type MuxOptions, type RelayClientOptions } from './relay-options.ts';
 import type { WebSocketConstructor, WebSocketLike } from './socket.ts';
@@ -143,7 +143,7 @@ export function acceptLink(socket: WebSocketLike, init: AcceptLinkInit): Accepte
     });
     state = 'open';
     clearTimeout(registerTimer);
-    socket.send(JSON.stringify({ type: 'registered', peer_id: id, relay_addr: linkAddress(init.identity.peerId) }));
+    socket.send(JSON.stringify({ type: 'registered', peer_id: id, relay_addr: linkAddress(init.identity.peerId), features: [ONE_WAY_FEATURE] }));
     init.onOpen?.(id);
   }
 
@@ -211,7 +211,7 @@ export class LinkPool implements LinkDialer {
   }
 
   /** Like get(), as the request function a HopTransport calls. */
-  requester(endpoint: string, peerId: string): MeshRequestFn | undefined {
+  requester(endpoint: string, peerId: string): (MeshRequestFn & { push?: MeshPushFn }) | undefined {
     return this.lookup(endpoint, peerId)?.request;
   }
 
@@ -233,7 +233,9 @@ export class LinkPool implements LinkDialer {
     } else {
       this.sweep(t);
       const client = this.open(key);
-      link = { client, request: client.request.bind(client), lastUsed: t };
+      const request: MeshRequestFn & { push?: MeshPushFn } = client.request.bind(client);
+      request.push = client.push.bind(client);
+      link = { client, request, lastUsed: t };
       this.links.set(key, link);
     }
     if (link.client.state !== 'registered') return undefined;

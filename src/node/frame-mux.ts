@@ -107,6 +107,11 @@ export class FrameMux implements MuxPort {
     return this.caller.request(peerId, req, opts);
   }
 
+  /** A one-way request (see MuxCaller.push): only for a far side that announced the `one-way` feature. */
+  push(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply> {
+    return this.caller.push(peerId, req, opts);
+  }
+
   /** Like request(), but resolves at the answer's head and yields the body as it arrives. */
   requestStream(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshStreamReply> {
     return this.caller.requestStream(peerId, req, opts);

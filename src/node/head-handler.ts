@@ -14,7 +14,7 @@
  */
 import { z } from 'zod';
 import { errorReply, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
-import { MeshError } from '../protocol/errors.ts';
+import { MeshError, remoteError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
 import { generateRequestSchema, type GenerateEvent } from '../protocol/tracker.ts';
 import type { MeshHandler } from './mesh-types.ts';
@@ -89,7 +89,11 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     if ((!p.data.messages || p.data.messages.length === 0) && p.data.prompt === undefined && p.data.prompt_token_ids === undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', '/generate body: give messages, prompt or prompt_token_ids');
     // Refuse a bad route now (400) rather than as the stream's first event.
     driver.planRoute(init.peerId, route);
-    const events = driver.generate(init.peerId, p.data, route, { ...(req.signal ? { signal: req.signal } : {}), signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim() } });
+    // The reply address is passed on as the tracker signed it (the hops check it); the head need not trust it itself.
+    const replyText = h[H.chainReply];
+    const replySig = h[H.chainReplySignature]?.trim();
+    const reply = replyText !== undefined && replySig ? { reply: { text: replyText, signature: replySig } } : {};
+    const events = driver.generate(init.peerId, p.data, route, { ...(req.signal ? { signal: req.signal } : {}), signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply } });
     return {
       status: 200,
       headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
@@ -97,20 +101,40 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     };
   }
 
-  /** A chained step's token from the route's last hop (src/node/chain-hop.ts). */
+  /** A chained step's token from the route's last hop (src/node/chain-hop.ts): the token JSON in a header, the rows for replays as the body. */
   function chainToken(req: MeshRequest): MeshResponse {
-    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /chain/token'), { allow: 'POST' });
+    const at = chainStepOf(req);
+    if ('status' in at) return at;
+    const token = req.headers[H.chainToken];
+    if (token === undefined || token.length > 4096) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainToken} must hold the token's JSON`));
+    // Only a step waiting for exactly this session and position takes it; the token and rows are checked by that step.
+    if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
+    return { status: 204, headers: {}, body: new Uint8Array(0) };
+  }
+
+  /** A hop's report that a chained step failed (the hop named in X-Meshnet-Chain-Failed; the body is the error). */
+  function chainFailed(req: MeshRequest): MeshResponse {
+    const at = chainStepOf(req);
+    if ('status' in at) return at;
+    const peer = req.headers[H.chainFailed]?.trim();
+    const error = remoteError(undefined, req.body.subarray(0, 16_384), 'a hop reported a failed chain step');
+    const named = peer && /^[0-9a-f]{32}$/.test(peer) ? peer : undefined;
+    if (!init.pipeline()?.chainInbox.fail(at.session, at.position, named, error)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits at this position'));
+    return { status: 204, headers: {}, body: new Uint8Array(0) };
+  }
+
+  function chainStepOf(req: MeshRequest): { session: string; position: number } | MeshResponse {
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', `use POST ${req.path.split('?')[0]}`), { allow: 'POST' });
     const session = req.headers[H.session]?.trim() ?? '';
     const position = req.headers[H.position]?.trim() ?? '';
     if (!/^\d{1,9}$/.test(position)) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} must be a non-negative integer`));
-    // Only a step waiting for exactly this session and position takes it; the body is parsed by that step.
-    if (!init.pipeline()?.chainInbox.deliver(session, Number(position), req.body)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
-    return { status: 204, headers: {}, body: new Uint8Array(0) };
+    return { session, position: Number(position) };
   }
 
   return async function handle(req: MeshRequest): Promise<MeshResponse> {
     const path = req.path.split('?')[0]!;
     if (path === '/chain/token') return chainToken(req);
+    if (path === '/chain/failed') return chainFailed(req);
     if (path !== '/generate') return init.forward(req);
     if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /generate'), { allow: 'POST' });
     try {

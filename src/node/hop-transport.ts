@@ -13,7 +13,7 @@ import type { MeshReply } from '../protocol/envelopes.ts';
 import { MeshError, remoteError } from '../protocol/errors.ts';
 import type { HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
-import type { OutgoingRequest, RequestOptions } from './mesh-types.ts';
+import type { MeshPushFn, OutgoingRequest, RequestOptions } from './mesh-types.ts';
 
 export type TransportKind = 'fast' | 'rpc' | 'link' | 'direct';
 
@@ -29,6 +29,8 @@ export interface FastPathClient {
   /** True while registered: the fast path is usable. */
   readonly isRegistered: boolean;
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
+  /** A one-way request, where the relay forwards them (see MeshPushFn); absent or undefined: it cannot. */
+  push?: MeshPushFn;
 }
 
 /**
@@ -57,7 +59,7 @@ export interface HopTransportInit {
    * direct path. Undefined too when the link ends at another peer than
    * `peerId` (an endpoint that is wrong, or names a local port on the caller's machine).
    */
-  link?: (endpoint: string, peerId: string) => FastPathClient['request'] | undefined;
+  link?: (endpoint: string, peerId: string) => (FastPathClient['request'] & { push?: MeshPushFn }) | undefined;
   /** Direct HTTP; wins over `fetch` when both are given. */
   direct?: DirectRequest;
   /** Direct HTTP through fetch, when no `direct` is given. */
@@ -113,9 +115,15 @@ function parseHostPort(url: string): string | undefined {
 /** Statuses of a reply that mean "this transport did not reach a working hop", as opposed to an answer from the hop. */
 function isTransportFailure(reply: MeshReply): boolean {
   if (reply.status === 200 || reply.status === 409) return false;
-  // The hop itself has no KV room: another path would reach the same full node.
-  if (reply.status === 503 && isBusyReply(reply)) return false;
+  // The hop itself has no KV room, or its GPU span is being rebuilt: another path would reach the same node.
+  if (reply.status === 503 && (isBusyReply(reply) || isRebuildingReply(reply))) return false;
   return true;
+}
+
+/** A 503 MESH_ERR_UNAVAILABLE with retry_after_ms: the hop lost its GPU device and is building its span again (device-recovery.ts). */
+function isRebuildingReply(reply: MeshReply): boolean {
+  const e = remoteError(reply.status, reply.body);
+  return e.code === 'MESH_ERR_UNAVAILABLE' && typeof e.details.retry_after_ms === 'number';
 }
 
 /** A 503 whose body is MESH_ERR_BUSY: the hop refused a session for lack of KV room (not a relay's 503). */
@@ -200,6 +208,38 @@ export class HopTransport {
     }
     this.preferred.delete(hop.peer_id);
     throw new HopUnreachableError(hop, errors);
+  }
+
+  /**
+   * A request whose answer nobody waits on (a chained hop's push, a token
+   * handed to the head). On the path send() would take first, when that is
+   * the relay's fast path or a link whose far side forwards one-way frames,
+   * it goes one-way: no answer, one message instead of two; the promise
+   * resolves with 202 once `windowMs` passed without an error coming back,
+   * or, when the relay answered an error (the hop is gone …), falls back to
+   * send() over every path. Elsewhere (an ADR-era relay, /rpc, HTTP) it is
+   * send() itself: resolves with the hop's answer, rejects with
+   * HopUnreachableError.
+   */
+  async push(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, windowMs: number, signal?: AbortSignal, opts: { accept?: (reply: MeshReply) => boolean } = {}): Promise<MeshReply> {
+    const first = this.plan(hop)[0];
+    const o: RequestOptions = { timeoutMs: Math.min(windowMs, timeoutMs), ...(signal ? { signal } : {}) };
+    let oneWay: Promise<MeshReply> | undefined;
+    if (first === 'fast') oneWay = this.init.fast!.push?.(hop.peer_id, req, o);
+    else if (first === 'link' && hop.endpoint !== undefined) oneWay = this.init.link?.(hop.endpoint, hop.peer_id)?.push?.(hop.peer_id, req, o);
+    if (oneWay !== undefined) {
+      try {
+        const r = await oneWay;
+        // 202: no news; a 2xx or the hop's own answer: a far side that answered anyway (it does not know one-way requests).
+        if (r.status < 300 || opts.accept?.(r)) return r;
+        this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request refused (${remoteError(r.status, r.body).message}); trying every path`);
+      } catch (e) {
+        if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+        this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request failed (${(e as Error).message}); trying every path`);
+      }
+      this.preferred.delete(hop.peer_id);
+    }
+    return this.send(hop, req, timeoutMs, signal, opts);
   }
 
   /** Faster measured path first; explores the other one now and then (see HopTransportInit.order). */

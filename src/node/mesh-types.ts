@@ -34,6 +34,13 @@ export interface MeshStreamReply {
 /** Sends a request to a peer and collects its whole answer (a relay connection, a direct link). */
 export type MeshRequestFn = (peerId: string, req: OutgoingRequest, opts?: RequestOptions) => Promise<MeshReply>;
 
+/**
+ * A one-way request (FLAG_ONE_WAY): resolves with 202 when no error came
+ * back within `opts.timeoutMs`, or with the relay's error answer; undefined
+ * when the connection cannot send one (the far side did not announce it).
+ */
+export type MeshPushFn = (peerId: string, req: OutgoingRequest, opts?: RequestOptions) => Promise<MeshReply> | undefined;
+
 /** `event` is stable for filtering; `ignored` entries are inputs that got no answer, `reason` says why. */
 export interface RelayLogEntry {
   level: 'debug' | 'info' | 'warn' | 'error';

@@ -7,7 +7,7 @@
  */
 import { bodyFieldsFor, collectBody, meshRequestFromEnvelope, relayHttpRequestSchema, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
-import { FLAG_END, FrameError, FrameKind, decodeFrame, encodeDataFrame, encodeErrorFrame, encodeResponseFrame, encodeStreamErrorFrame, type RequestFrame } from '../protocol/frames.ts';
+import { FLAG_END, FLAG_ONE_WAY, FrameError, FrameKind, decodeFrame, encodeDataFrame, encodeErrorFrame, encodeResponseFrame, encodeStreamErrorFrame, type RequestFrame } from '../protocol/frames.ts';
 import { normalizeHeaders, type HeaderMap } from '../protocol/headers.ts';
 import type { MeshHandler } from './mesh-types.ts';
 import type { MuxPort } from './frame-mux.ts';
@@ -25,6 +25,8 @@ class InboundCall {
   private controller: AbortController | undefined;
   private abortReason: unknown;
   aborted = false;
+  /** A one-way request (FLAG_ONE_WAY): the handler runs, nothing is answered. */
+  oneWay = false;
   constructor(
     readonly streamId: number,
     readonly requestId: string | undefined,
@@ -177,7 +179,9 @@ export class MuxBridge {
     }
     const call = new InboundCall(streamId, undefined);
     if (!this.admit(call)) return;
-    this.frames.set(streamId, call);
+    // One-way: not kept by stream id (the relay keeps no stream for it either, and a CANCEL cannot name it); its answer is dropped.
+    if ((frame.flags & FLAG_ONE_WAY) !== 0) call.oneWay = true;
+    else this.frames.set(streamId, call);
     this.run(call, new InboundRequest(frame.method, frame.path, frame.headers, frame.body, call));
   }
 
@@ -302,6 +306,12 @@ export class MuxBridge {
       if (body && !(body instanceof Uint8Array)) void body[Symbol.asyncIterator]().return?.()?.catch?.(() => {});
       return;
     }
+    if (call.oneWay) {
+      call.settled = true;
+      const body = (raw as MeshResponse | undefined)?.body;
+      if (body && !(body instanceof Uint8Array)) void body[Symbol.asyncIterator]().return?.()?.catch?.(() => {});
+      return;
+    }
     let res: MeshResponse;
     try {
       res = checkResponse(raw);
@@ -371,6 +381,11 @@ export class MuxBridge {
   private answerError(call: InboundCall, err: MeshError): void {
     if (call.settled) return;
     call.settled = true;
+    if (call.oneWay) {
+      this.port.log({ level: 'info', event: 'answered-error', message: `one-way request failed (not answered): ${err.status} ${err.code}: ${err.message}`, streamId: call.streamId });
+      this.forget(call);
+      return;
+    }
     if (call.requestId !== undefined) this.sendEnvelopeError(call.requestId, err);
     else this.sendFrameError(call.streamId, err);
     // The id is free for the far side to reuse once our last frame is out, even if the handler still runs.

@@ -8,7 +8,7 @@
  */
 import type { MeshReply } from '../protocol/envelopes.ts';
 import { MeshError, remoteError } from '../protocol/errors.ts';
-import { FLAG_END, FLAG_ERROR, FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, decodeFrame, encodeCancelFrame, encodeRequestFrame } from '../protocol/frames.ts';
+import { FLAG_END, FLAG_ERROR, FLAG_ONE_WAY, FRAME_HEAD_BYTES, FRAME_VERSION, FrameKind, decodeFrame, encodeCancelFrame, encodeRequestFrame } from '../protocol/frames.ts';
 import type { HeaderMap } from '../protocol/headers.ts';
 import { hexToBytes, isPeerId } from '../protocol/ids.ts';
 import { concatBytes } from '../protocol/bytes.ts';
@@ -18,6 +18,9 @@ import type { MuxPort } from './frame-mux.ts';
 const EMPTY = new Uint8Array(0);
 const NOOP = (): void => {};
 const NO_OPTIONS: RequestOptions = {};
+
+/** What a one-way request resolves with when no error came back within its window: 202, "accepted as far as anyone knows". */
+export const NO_NEWS: MeshReply = Object.freeze({ status: 202, headers: Object.freeze({}) as HeaderMap, body: EMPTY });
 
 const enum CallPhase {
   AwaitingHead,
@@ -36,6 +39,8 @@ class OutboundCall {
   failure: unknown;
   ended = false;
   abortCleanup: (() => void) | undefined;
+  /** A one-way request: its "timeout" is the window in which an error may still come back; past it, no news is good news. */
+  oneWay = false;
 
   constructor(
     readonly streamId: number,
@@ -89,7 +94,20 @@ export class MuxCaller {
     });
   }
 
-  private start(peerId: string, req: OutgoingRequest, opts: RequestOptions, streaming: boolean, resolveReply: (r: MeshReply) => void, resolveHead: (r: MeshStreamReply) => void, reject: (e: unknown) => void): void {
+  /**
+   * A one-way request (FLAG_ONE_WAY): resolves with {@link NO_NEWS} once
+   * `opts.timeoutMs` passed without an answer frame (the receiver answers
+   * none), or with the error a relay or a link's far side sent back within
+   * that window (no such peer, too large, back-pressure …). Only for a far
+   * side that announced the `one-way` feature.
+   */
+  push(peerId: string, req: OutgoingRequest, opts: RequestOptions = NO_OPTIONS): Promise<MeshReply> {
+    return new Promise<MeshReply>((resolve, reject) => {
+      this.start(peerId, req, opts, false, resolve, NOOP, reject, true);
+    });
+  }
+
+  private start(peerId: string, req: OutgoingRequest, opts: RequestOptions, streaming: boolean, resolveReply: (r: MeshReply) => void, resolveHead: (r: MeshStreamReply) => void, reject: (e: unknown) => void, oneWay = false): void {
     const port = this.port;
     if (port.closed) {
       reject(new MeshError('MESH_ERR_UNAVAILABLE', 'the connection is closed; use another path'));
@@ -108,13 +126,14 @@ export class MuxCaller {
     const streamId = this.allocStreamId();
     let frame: Uint8Array;
     try {
-      frame = encodeRequestFrame({ streamId, peerId: target, method: req.method, path: req.path, headers: req.headers, body: req.body });
+      frame = encodeRequestFrame({ streamId, peerId: target, method: req.method, path: req.path, headers: req.headers, body: req.body, ...(oneWay ? { flags: FLAG_END | FLAG_ONE_WAY } : {}) });
     } catch (e) {
       reject(e);
       return;
     }
     const timeoutMs = opts.timeoutMs ?? port.options.requestTimeoutMs;
     const call = new OutboundCall(streamId, streaming, timeoutMs, resolveReply, resolveHead, reject);
+    call.oneWay = oneWay;
     this.calls.set(streamId, call);
     if (timeoutMs > 0) port.armSweep(call.lastFrameAt + timeoutMs);
     if (signal) {
@@ -153,7 +172,11 @@ export class MuxCaller {
       if (call.timeoutMs <= 0 || call.phase === CallPhase.Done) continue;
       // Idle time: every answer frame moves the deadline (onAnswerFrame sets lastFrameAt).
       const deadline = call.lastFrameAt + call.timeoutMs;
-      if (deadline <= now) this.cancel(call, new MeshError('MESH_ERR_TIMEOUT', `no answer frame from the peer within ${call.timeoutMs} ms`, { streamId: call.streamId }));
+      if (deadline <= now && call.oneWay) {
+        // Nothing came back: the request went out, and the far side answers none.
+        this.finish(call, true);
+        call.resolveReply(NO_NEWS);
+      } else if (deadline <= now) this.cancel(call, new MeshError('MESH_ERR_TIMEOUT', `no answer frame from the peer within ${call.timeoutMs} ms`, { streamId: call.streamId }));
       else if (deadline < next) next = deadline;
     }
     return next;

@@ -36,8 +36,8 @@ import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
 import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
-import { History, busyError, errorEvent, parseTokenAnswer } from './pipeline-parts.ts';
-import { ChainInbox, ChainState, ChainStepError, chainStep, type HeadAddress, type SignedRouteText } from './chain-driver.ts';
+import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer } from './pipeline-parts.ts';
+import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -57,8 +57,14 @@ export interface HeadTokenizer {
   isEos(id: number): boolean;
 }
 
-/** Asks the tracker for hops covering exactly [failed.start_layer, failed.end_layer). */
-export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal) => Promise<RouteHop[]>;
+/** A replacement span; with `chain`, the head's whole route with it in place as the tracker re-signed it (chained hops resume on it). */
+export interface Replacement {
+  hops: RouteHop[];
+  chain?: { hops: RouteHop[]; signed: SignedRouteText };
+}
+
+/** Asks the tracker for hops covering exactly [failed.start_layer, failed.end_layer); `route`: the hops the head runs now (the tracker then re-signs the whole route). */
+export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal, route?: readonly RouteHop[]) => Promise<RouteHop[] | Replacement>;
 
 export interface PipelineOptions {
   /** Wire dtype of activations between hops. @defaultValue 'bf16' */
@@ -72,7 +78,7 @@ export interface PipelineOptions {
   /**
    * 'chain': each hop pushes its output to the next and the last answers the head (N legs a token);
    * 'star': every hop answers the head (2(N−1) legs; ADR-era peers). A chain step that fails runs
-   * again as a star, and the generation stays a star from then on. @defaultValue 'chain'
+   * again as a star; the next step chains again while the hops are the signed ones (ChainState). @defaultValue 'chain'
    */
   hopMode: 'chain' | 'star';
 }
@@ -85,8 +91,6 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   transport: HopTransport;
   /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
   replace?: ReplaceSpan;
-  /** Where the last hop of a chain reaches this head; absent: chains go by the relay alone (the peer id). */
-  self?: () => HeadAddress;
   onLog?: (message: string) => void;
 }
 
@@ -198,7 +202,7 @@ export class PipelineDriver {
     const pending: GenerateEvent[] = [];
     let recoveries = 0;
     let position = 0;
-    const chain = new ChainState(this.options.hopMode === 'chain' ? opts.signed : undefined, plan.hops);
+    const chain = new ChainState(this.options.hopMode === 'chain', opts.signed, plan.hops);
     let index = req.prefix_token_ids.length;
 
     yield { type: 'start', prompt_tokens: promptIds.length, route: hops.map((h) => h.hop.peer_id) };
@@ -229,7 +233,7 @@ export class PipelineDriver {
           local = await ex.forward(localReq(allTokens(), 0));
         }
       } catch (e) {
-        if (e instanceof MeshError && e.code === 'MESH_ERR_BUSY') throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
+        if (e instanceof MeshError && (e.code === 'MESH_ERR_BUSY' || isRebuilding(e))) throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
         throw e;
       }
       if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
@@ -260,7 +264,7 @@ export class PipelineDriver {
             replayed409.add(hs);
             continue;
           }
-          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++);
+          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++, chain);
           continue; // retry index i, now the first replacement hop
         }
         const rowsSent = seq;
@@ -343,17 +347,17 @@ export class PipelineDriver {
 
   /**
    * The step down the chain; undefined when it failed and must run as a star
-   * (after which the generation stays a star: hops may hold the step already,
-   * and the star's 409 replay puts them right).
+   * (hops may hold the step already: the star's 409 replay puts them right,
+   * and leaves every hop in sync for the next chained step).
    */
   private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<{ tokenId: number; logprob: number } | undefined> {
     hops[0]!.history.extendTo(s.total, input);
+    const t0 = performance.now();
     try {
       const r = await chainStep({
         transport: this.init.transport,
         inbox: this.chainInbox,
         headPeerId: s.headPeerId,
-        self: this.init.self?.() ?? {},
         signed: chain.signed!,
         hops: hops.map((h) => h.hop),
         body: input,
@@ -364,23 +368,27 @@ export class PipelineDriver {
         session: s.session,
         sampling: s.sampling,
         declared: s.declared,
-        timeoutMs: s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs,
+        timeoutMs: chain.timeout(s.seq, s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs),
         ...(s.signal ? { signal: s.signal } : {}),
       });
-      chain.file(hops, r.copies, s.total, s.seq * this.rowBytes);
-      const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
+      chain.observe(s.seq, performance.now() - t0);
+      const ans = parseTokenAnswer(new TextEncoder().encode(r.token), hops.at(-1)!.hop);
+      // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
+      if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
+        this.init.onLog?.(`chain step at position ${s.position}: the last hop handed back ${r.rows.byteLength} bytes of rows, not ${(hops.length - 1) * s.seq * this.rowBytes}; the generation goes on as a star`);
+        chain.off = true;
+        for (const h of hops) h.synced = false;
+      }
       return { tokenId: ans.token_id, logprob: ans.logprob };
     } catch (e) {
       if (s.signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
       if (!(e instanceof ChainStepError)) throw e;
-      chain.off = true;
+      chain.failed();
       if (e.error.code === 'MESH_ERR_BUSY') {
         const hop = hops.find((h) => h.hop.peer_id === e.peer)?.hop ?? hops[0]!.hop;
         throw new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${e.error.message}`, { peer_id: hop.peer_id, ...e.error.details });
       }
       this.init.onLog?.(`chain step at position ${s.position} failed at hop ${e.peer ?? '(unknown)'} (${e.error.code}: ${e.error.message}); running it as a star`);
-      // Every earlier step's outputs must be filed before the star replays from them; a missing one means replaying every hop from the head's own rows.
-      if (!(await chain.settled(2_000))) for (const h of hops) h.synced = false;
       return undefined;
     }
   }
@@ -439,13 +447,15 @@ export class PipelineDriver {
     t0: number,
     signal: AbortSignal | undefined,
     count: () => number,
+    chain: ChainState,
   ): Promise<PendingRecovery> {
     const failed = hops[i]!;
     const reason = cause instanceof Error ? cause.message : String(cause);
     if (!this.init.replace) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; no tracker to ask for a replacement`);
     if (count() >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
     this.init.onLog?.(`hop ${failed.hop.peer_id} [${failed.hop.start_layer}, ${failed.hop.end_layer}) failed (${reason}); asking the tracker for a replacement`);
-    const got = await this.init.replace(failed.hop, signal);
+    const answer = await this.init.replace(failed.hop, signal, hops.map((h) => h.hop));
+    const got = Array.isArray(answer) ? answer : answer.hops;
     let at = failed.hop.start_layer;
     for (const h of got) {
       if (h.start_layer !== at || h.end_layer <= at || h.peer_id === headPeerId) {
@@ -457,6 +467,8 @@ export class PipelineDriver {
     // The first replacement inherits the failed hop's input history; the others get theirs from the replay's outputs.
     const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: false }));
     hops.splice(i, 1, ...fresh);
+    // The tracker re-signed the route with the replacement in place: once every hop is in sync again, steps chain again.
+    if (!Array.isArray(answer) && answer.chain) chain.renew(answer.chain.signed, answer.chain.hops);
     const failedIds = current ? current.failed : failed.hop.peer_id;
     return {
       t0: current?.t0 ?? t0,

@@ -15,7 +15,7 @@
  * aborts every running handler, and the dialer reconnects with exponential
  * backoff and full jitter, registering again under the same peer id.
  */
-import { challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
+import { ONE_WAY_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FrameMux } from './frame-mux.ts';
 import type { Identity } from './identity.ts';
@@ -62,6 +62,8 @@ export interface RelayClientInit extends Partial<RelayClientOptions> {
 export interface Registration {
   peerId: string;
   relayAddr: string;
+  /** The far side forwards one-way requests (announced `one-way`). */
+  oneWay?: boolean;
 }
 
 /** The `/ws` endpoint for a relay base URL. */
@@ -193,6 +195,18 @@ export class RelayClient {
     return mux.request(peerId, req, opts);
   }
 
+  /**
+   * A one-way request (FLAG_ONE_WAY, see MuxCaller.push), or undefined when
+   * the relay (or the link's node) did not announce the `one-way` feature in
+   * its `registered` message, or we are not registered: then the caller
+   * sends an ordinary request.
+   */
+  push(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply> | undefined {
+    const mux = this.mux;
+    if (mux === undefined || this.registration?.oneWay !== true) return undefined;
+    return mux.push(peerId, req, opts);
+  }
+
   /** Like request(), but resolves at the answer's head and yields the body as it arrives. */
   requestStream(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshStreamReply> {
     const mux = this.mux;
@@ -295,7 +309,7 @@ export class RelayClient {
     });
     this.mux = mux;
     this.attempt = 0;
-    this.registration = { peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr };
+    this.registration = { peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr, oneWay: parsed.data.features?.includes(ONE_WAY_FEATURE) === true };
     this.setState({ state: RelayClientState.Registered, attempt: 0, peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr });
     for (const w of this.readyWaiters.splice(0)) w.resolve(this.registration);
   }

@@ -16,10 +16,12 @@ import {
   replaceAnswerSchema,
   routeSchema,
   routeSigningMessage,
+  chainReplySigningMessage,
   assignmentSchema,
   type NodeMessage,
   type RegisterAnswer,
   type ReplaceRequest,
+  type ReplaceAnswer,
   type RouteHop,
   type Assignment,
 } from '../protocol/tracker.ts';
@@ -87,6 +89,24 @@ export async function verifySignedRoute(trackerKey: Uint8Array | undefined, head
   const p = (Array.isArray(raw) && raw.length === 0 ? routeSchema.or(z.array(z.never()).max(0)) : routeSchema).safeParse(raw);
   if (!p.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `the signed route is not a hop list: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
   return p.data;
+}
+
+/** True when `signature` is the tracker's over `replyText` as `headPeerId`'s reply address for a route expiring at `expiresAt` (chainReplySigningMessage). */
+export async function verifyChainReply(trackerKey: Uint8Array | undefined, headPeerId: string, expiresAt: number, replyText: string, signature: string): Promise<boolean> {
+  if (!trackerKey) return false;
+  let sig: Uint8Array;
+  try {
+    sig = decodeBase64Url(signature);
+  } catch {
+    return false;
+  }
+  return verifyEd25519(trackerKey, chainReplySigningMessage(headPeerId, expiresAt, replyText), sig);
+}
+
+/** A replacement span, and (when the tracker signed one) the head's whole route with it in place, for chained hops. */
+export interface Replacement {
+  hops: RouteHop[];
+  chain?: { hops: RouteHop[]; signed: { text: string; expires: number; signature: string; reply?: { text: string; signature: string } } };
 }
 
 export class TrackerClient {
@@ -167,12 +187,24 @@ export class TrackerClient {
     return out;
   }
 
+  /** The re-signed whole route of a replace answer, verified like any route; nothing when absent or not valid (the head then stays a star). */
+  private async replacedRoute(chain: ReplaceAnswer['chain']): Promise<Pick<Replacement, 'chain'>> {
+    if (!chain) return {};
+    try {
+      const hops = await verifySignedRoute(this.trackerKey, this.init.identity.peerId, chain.route, chain.expires_at, chain.signature, Date.now());
+      const reply = chain.reply !== undefined && chain.reply_signature !== undefined ? { reply: { text: chain.reply, signature: chain.reply_signature } } : {};
+      return { chain: { hops, signed: { text: chain.route, expires: chain.expires_at, signature: chain.signature, ...reply } } };
+    } catch {
+      return {};
+    }
+  }
+
   /**
    * Ask for hops covering a failed hop's layers. Retries with backoff while
    * the tracker answers 503 or names the failed peer again (it may not have
    * noticed the failure yet), until the deadline.
    */
-  async replace(model: string, failed: RouteHop, signal?: AbortSignal): Promise<RouteHop[]> {
+  async replace(model: string, failed: RouteHop, signal?: AbortSignal, route?: readonly RouteHop[]): Promise<Replacement> {
     const deadline = Date.now() + this.replaceDeadlineMs;
     let delay = 100;
     for (let attempt = 1; ; attempt++) {
@@ -183,6 +215,7 @@ export class TrackerClient {
         end_layer: failed.end_layer,
         model,
         timestamp: Date.now(),
+        ...(route ? { route: route.map((h) => ({ peer_id: h.peer_id, start_layer: h.start_layer, end_layer: h.end_layer })) } : {}),
       };
       const { status, json } = await this.post('/api/route/replace', await signBody(this.init.identity, req), signal);
       let retryable = status === 503 || status === 404;
@@ -190,7 +223,7 @@ export class TrackerClient {
         const p = replaceAnswerSchema.safeParse(json);
         if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker replace answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
         const hops = await verifySignedRoute(this.trackerKey, this.init.identity.peerId, p.data.route, p.data.expires_at, p.data.signature, Date.now());
-        if (!hops.some((h) => h.peer_id === failed.peer_id)) return hops;
+        if (!hops.some((h) => h.peer_id === failed.peer_id)) return { hops, ...(await this.replacedRoute(p.data.chain)) };
         retryable = true;
       }
       if (!retryable || Date.now() + delay > deadline) {

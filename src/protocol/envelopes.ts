@@ -18,7 +18,10 @@ export const registerSchema = z.object({
   signature: z.string().min(1).max(256),
   info: z.record(z.string(), z.unknown()).default({}),
 });
-export const registeredSchema = z.object({ type: z.literal('registered'), peer_id: z.string(), relay_addr: z.string() });
+export const registeredSchema = z.object({ type: z.literal('registered'), peer_id: z.string(), relay_addr: z.string(), features: z.array(z.string().max(64)).max(32).optional() });
+
+/** The `registered` feature of a relay (or a direct link's node) that forwards one-way REQUEST frames (FLAG_ONE_WAY). */
+export const ONE_WAY_FEATURE = 'one-way';
 
 /** A register message's key and signature, decoded; or why the sender must be refused, and with which close code of §8. */
 export type RegisterCredentials =

@@ -32,6 +32,15 @@ export const FLAG_END = 0x01;
  * JSON `{error:{code,message}}`. The relay forwards it like any DATA frame.
  */
 export const FLAG_ERROR = 0x02;
+/**
+ * Flag bit on a REQUEST frame (with END): a one-way request. The caller
+ * waits for no answer; a relay that announced `one-way` in its `registered`
+ * message forwards it without opening a stream, and the receiver runs its
+ * handler and sends no answer. Only errors the relay itself (or, on a direct
+ * link, the receiver's admission) produces come back on the caller's stream
+ * id. Sent only where the far side announced it (chained hops' pushes).
+ */
+export const FLAG_ONE_WAY = 0x04;
 
 /** Header names sent as one byte (HPACK-style static table); order is wire format. */
 export const STATIC_HEADERS = [

@@ -26,11 +26,19 @@ export const H = {
    * POSTs its token to the head's /chain/token. `chainHead` is the head the
    * route is signed for, `chainReply` JSON {relay_addr?, endpoint?} of that
    * head, `chainBudget` ms left for the rest of the chain.
+   * `chainReplySignature`: the tracker's signature over chainReply for this
+   * head and route expiry (chainReplySigningMessage); a hop uses a reply
+   * address only when it verifies, and refuses (403) a reply it does not.
    */
   chainIndex: 'x-meshnet-chain-index',
   chainHead: 'x-meshnet-chain-head',
   chainReply: 'x-meshnet-chain-reply',
+  chainReplySignature: 'x-meshnet-chain-reply-signature',
   chainBudget: 'x-meshnet-chain-budget-ms',
+  /** On the last hop's POST /chain/token: the token answer JSON ({token_id, text, logprob}); the body is the rows the head files for replays. */
+  chainToken: 'x-meshnet-chain-token',
+  /** On a chain hop's error answer: "1" when the hop already told the head (POST /chain/failed), so its caller need not. */
+  chainReported: 'x-meshnet-chain-reported',
   /** On a chain hop's answer: "1" (it took part in the chain), and on a failure the peer id of the hop that failed or refused. */
   chain: 'x-meshnet-chain',
   chainFailed: 'x-meshnet-chain-failed',

@@ -132,6 +132,17 @@ export function routeSigningMessage(headPeerId: string, expiresAt: number, route
   return new TextEncoder().encode(`route-v1:${headPeerId}:${expiresAt}:${routeHeader}`);
 }
 
+/**
+ * What the tracker signs so chain hops may trust a head's reply address
+ * (`X-Meshnet-Chain-Reply`, JSON {relay_addr?, endpoint?} as the head
+ * registered them): `chain-reply-v1:` + head peer id + `:` + the route's
+ * expires_at + `:` + the reply text. A separate signature (not a new route
+ * signature), so ADR-era heads and hops verify routes as before.
+ */
+export function chainReplySigningMessage(headPeerId: string, expiresAt: number, replyText: string): Uint8Array {
+  return new TextEncoder().encode(`chain-reply-v1:${headPeerId}:${expiresAt}:${replyText}`);
+}
+
 /** JSON with sorted keys, no spaces: what signatures cover. */
 export function canonicalJson(value: unknown): string {
   if (value === null || typeof value !== 'object') return JSON.stringify(value);
@@ -203,6 +214,13 @@ export const replaceRequestSchema = z.object({
   end_layer: z.number().int().positive(),
   model: z.string(),
   timestamp: z.number().int(),
+  /**
+   * The head's downstream hops as it runs them now (the failed one among
+   * them): with it, the tracker also signs the whole route with the
+   * replacement in place (ReplaceAnswer.chain), so the head can chain again.
+   * Optional: ADR-era heads send none, ADR-era trackers ignore it.
+   */
+  route: z.array(z.object({ peer_id: peerId, start_layer: z.number().int().nonnegative(), end_layer: z.number().int().positive() })).max(256).optional(),
 });
 export type ReplaceRequest = z.infer<typeof replaceRequestSchema>;
 
@@ -219,5 +237,19 @@ export const replaceAnswerSchema = z.object({
   /** ms since epoch, as X-Meshnet-Route-Expires. */
   expires_at: z.number().int(),
   signature: z.string().min(40).max(200),
+  /**
+   * When the request gave its route: the head's whole downstream route with
+   * the replacement in place, signed as a route header, and the head's reply
+   * address signed for it (as on /generate), for chained hops.
+   */
+  chain: z
+    .object({
+      route: z.string().min(2).max(64_000),
+      expires_at: z.number().int(),
+      signature: z.string().min(40).max(200),
+      reply: z.string().max(2048).optional(),
+      reply_signature: z.string().min(40).max(200).optional(),
+    })
+    .optional(),
 });
 export type ReplaceAnswer = z.infer<typeof replaceAnswerSchema>;

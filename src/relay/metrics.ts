@@ -10,14 +10,18 @@ export interface HotCounters {
   bytesIn: number;
   bytesOut: number;
   hops: { fast: number; rpc: number; envelope: number };
+  /** Of the fast-path hops, one-way requests (no stream, no answer). */
+  oneWay: number;
+  /** Messages the relay sent on to a peer or an /rpc caller: requests, answers, errors (what wakes a receiver). */
+  messages: number;
   /** Requests in flight now; the server installs the real getter. */
   inFlight: () => number;
 }
 
 export function createRelayMetrics() {
   const registry = new Registry();
-  const hot: HotCounters = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, inFlight: () => 0 };
-  const reported = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 } };
+  const hot: HotCounters = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0, inFlight: () => 0 };
+  const reported = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0 };
   const peers = new Gauge({ name: 'meshnet_relay_peers', help: 'Registered peers', registers: [registry] });
   const inFlight = new Gauge({
     name: 'meshnet_relay_in_flight',
@@ -51,6 +55,18 @@ export function createRelayMetrics() {
       reported.bytesOut = hot.bytesOut;
     },
   });
+  const messages = new Counter({
+    name: 'meshnet_relay_messages_total',
+    help: 'Messages forwarded or produced towards peers (requests, answers, errors), and of the requests the one-way ones',
+    labelNames: ['kind'] as const,
+    registers: [registry],
+    collect() {
+      this.inc({ kind: 'all' }, hot.messages - reported.messages);
+      this.inc({ kind: 'one_way' }, hot.oneWay - reported.oneWay);
+      reported.messages = hot.messages;
+      reported.oneWay = hot.oneWay;
+    },
+  });
   const errors = new Counter({ name: 'meshnet_relay_errors_total', help: 'Error answers the relay itself produced, by code', labelNames: ['code'] as const, registers: [registry] });
   const latency = new Histogram({
     name: 'meshnet_relay_hop_seconds',
@@ -59,6 +75,6 @@ export function createRelayMetrics() {
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
     registers: [registry],
   });
-  return { registry, hot, peers, inFlight, hops, bytes, errors, latency };
+  return { registry, hot, peers, inFlight, hops, messages, bytes, errors, latency };
 }
 export type RelayMetrics = ReturnType<typeof createRelayMetrics>;

@@ -15,7 +15,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Duplex } from 'node:stream';
 import pino, { type Logger } from 'pino';
 import { WebSocket, WebSocketServer, type RawData } from 'ws';
-import { MeshError, PEER_ID_BYTES, parseRegister, registrationMessage } from '../protocol/index.ts';
+import { MeshError, ONE_WAY_FEATURE, PEER_ID_BYTES, parseRegister, registrationMessage } from '../protocol/index.ts';
 import { createRelayMetrics, type RelayMetrics } from './metrics.ts';
 import { resolveRelayOptions, type RelayOptions } from './options.ts';
 import { CLOSE } from '../protocol/close-codes.ts';
@@ -164,7 +164,8 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     if (!v.ok) return refuse(v.close, v.reason);
     const peer = table.addPeer(socket, v.id, v.info);
     if (!('id' in peer)) return refuse(peer.close, peer.reason);
-    socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}` }));
+    // `features`: what this relay forwards beyond PROTOCOL.md §4 (peers of older relays see none and never send one-way frames).
+    socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}`, features: [ONE_WAY_FEATURE] }));
     return peer;
   }
 

@@ -19,6 +19,7 @@
 import { randomBytes } from 'node:crypto';
 import {
   FLAG_END,
+  FLAG_ONE_WAY,
   FrameKind,
   MeshError,
   PEER_ID_BYTES,
@@ -76,7 +77,16 @@ interface Stream {
   deadline: number;
   startedAt: number;
   path: StreamPath;
+  /** A one-way request (FLAG_ONE_WAY): forgotten silently at its deadline. */
+  oneWay?: boolean;
 }
+
+/**
+ * How long the relay remembers a one-way request: a target that leaves
+ * within it is reported to the caller (MESH_ERR_PEER_GONE), as for any
+ * stream. Callers watch for errors at least this long (chain pushes: 2 s).
+ */
+export const ONE_WAY_WINDOW_MS = 2_000;
 
 /** A registered peer's connection. */
 export class PeerConn {
@@ -85,6 +95,8 @@ export class PeerConn {
   readonly outgoing = new Map<number, Stream>();
   /** Streams addressed to this peer, by the relay's stream id. */
   readonly incoming = new Map<number, Stream>();
+  /** Of `incoming`, the one-way requests still in their window (not counted against maxInFlightPerPeer). */
+  oneWayIn = 0;
   nextStreamId = 1;
   constructor(
     readonly socket: PeerSocket,
@@ -215,7 +227,7 @@ export class StreamTable {
     if (head.version !== 1) return this.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
     switch (head.kind) {
       case FrameKind.Request:
-        return this.onRequestFrame(peer, data, head.streamId);
+        return this.onRequestFrame(peer, data, head.streamId, head.flags);
       case FrameKind.Response:
       case FrameKind.Data: {
         const s = peer.incoming.get(head.streamId);
@@ -240,7 +252,7 @@ export class StreamTable {
     }
   }
 
-  private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number): void {
+  private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number, flags: number): void {
     if (data.byteLength < 26) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request frame shorter than its 26-byte head');
     const metaLen = data[24]! | (data[25]! << 8);
     if (26 + metaLen > data.byteLength) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request meta runs past the frame');
@@ -249,13 +261,35 @@ export class StreamTable {
     const target = this.peers.get(targetId);
     if (target === undefined) return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay`);
     if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
-    const refused = this.admission(target);
+    const oneWay = (flags & FLAG_ONE_WAY) !== 0 && target.fastPath;
+    const refused = this.admission(target, oneWay);
     if (refused) return this.frameError(peer.socket, streamId, refused[0], refused[1]);
     if (!target.fastPath) return this.forwardFrameAsEnvelope(peer, data, streamId, target);
+    if (oneWay && target.oneWayIn >= this.o.maxInFlightPerPeer) {
+      // So many one-way requests in their window: this one goes on without one (no report if the target leaves now).
+      writeRequestPeerId(data, peer.idBytes);
+      writeStreamId(data, target.allocStreamId());
+      this.metrics.hot.hops.fast++;
+      this.metrics.hot.oneWay++;
+      this.metrics.hot.bytesOut += data.byteLength;
+      this.metrics.hot.messages++;
+      target.socket.send(data);
+      return;
+    }
     const s = this.openStream(peer, streamId, target, 'fast', false);
+    if (oneWay) {
+      // One-way (a chained hop's push): no answer comes. The stream is kept only for a short window, so
+      // that the caller still hears PEER_GONE when the target leaves just after taking it; then it is
+      // forgotten without a word (a 504 would be a message nobody waits for).
+      s.oneWay = true;
+      target.oneWayIn++;
+      s.deadline = s.startedAt + ONE_WAY_WINDOW_MS;
+      this.metrics.hot.oneWay++;
+    }
     writeRequestPeerId(data, peer.idBytes);
     writeStreamId(data, s.relayStreamId);
     this.metrics.hot.bytesOut += data.byteLength;
+    this.metrics.hot.messages++;
     target.socket.send(data);
   }
 
@@ -358,7 +392,8 @@ export class StreamTable {
   sweep(): void {
     const now = this.now();
     for (const s of this.streams) {
-      if (s.deadline <= now) this.failStream(s, 'MESH_ERR_TIMEOUT', `peer ${s.target.id} did not answer within ${this.o.requestTimeoutMs} ms`, true);
+      if (s.deadline <= now && s.oneWay) this.dropStream(s);
+      else if (s.deadline <= now) this.failStream(s, 'MESH_ERR_TIMEOUT', `peer ${s.target.id} did not answer within ${this.o.requestTimeoutMs} ms`, true);
     }
   }
 
@@ -386,13 +421,14 @@ export class StreamTable {
       socket.close(CLOSE.slowConsumer, 'slow consumer: too much unread data');
       return;
     }
+    this.metrics.hot.messages++;
     socket.send(data);
   }
 
   /** Finish a stream with an error produced by the relay (peer gone, timeout, shutdown). */
   private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean): void {
     if (!this.dropStream(s)) return;
-    if (notifyTarget && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) {
+    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) {
       s.target.socket.send(encodeCancelFrame(s.relayStreamId));
     }
     if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
@@ -403,6 +439,7 @@ export class StreamTable {
   private dropStream(s: Stream): boolean {
     if (!this.streams.delete(s)) return false;
     s.target.incoming.delete(s.relayStreamId);
+    if (s.oneWay) s.target.oneWayIn--;
     if (s.relayRequestId !== null) this.jsonPending.delete(s.relayRequestId);
     if (s.caller.kind === 'rpc') s.caller.pending.delete(s.callerId as string);
     else s.caller.outgoing.delete(s.callerId as number);
@@ -416,9 +453,10 @@ export class StreamTable {
   }
 
   /** Why a new request to `target` cannot be taken now, if it cannot. */
-  private admission(target: PeerConn): [MeshErrorCode, string] | null {
+  private admission(target: PeerConn, oneWay = false): [MeshErrorCode, string] | null {
     if (this.closing) return ['MESH_ERR_SHUTTING_DOWN', 'relay is shutting down; retry on another relay'];
-    if (target.incoming.size >= this.o.maxInFlightPerPeer) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} has ${target.incoming.size} requests in flight (limit ${this.o.maxInFlightPerPeer})`];
+    // One-way requests in their window answer nothing and hold no handler: they do not count against the limit (their own cap is below).
+    if (!oneWay && target.incoming.size - target.oneWayIn >= this.o.maxInFlightPerPeer) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} has ${target.incoming.size - target.oneWayIn} requests in flight (limit ${this.o.maxInFlightPerPeer})`];
     if (target.socket.bufferedAmount > this.o.highWaterBytes) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} is not keeping up (${target.socket.bufferedAmount} bytes queued)`];
     return null;
   }

@@ -22,6 +22,7 @@ import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } f
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { packedBatchKey, runPackedBatch } from './packed-batch.ts';
+import { BatchScratch } from './batch-scratch.ts';
 import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
 
@@ -111,6 +112,7 @@ export class ShardExecutor {
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, elem: this.dtype };
     this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: kvBytesPerToken(shape), maxContext, weightBytes }, new CpuKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
+    const scratch = new BatchScratch();
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
       {
         batchKey: (req) => packedBatchKey(req, held),
@@ -118,7 +120,7 @@ export class ShardExecutor {
         runOne: (req) => this.forwardNow(req),
         runBatch: (reqs) =>
           runPackedBatch(
-            { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv },
+            { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv, scratch },
             reqs,
           ),
       },

@@ -26,6 +26,7 @@ import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession } from './kv-store.ts';
 import type { KvBuffer, LayerKv } from './layer-kv.ts';
 import { runMembers } from './batch-members.ts';
+import type { BatchScratch } from './batch-scratch.ts';
 import { sampleToken } from './sampling.ts';
 import { layerRangeError } from './errors.ts';
 
@@ -38,6 +39,8 @@ export interface FusedBatchContext {
   embed: OnnxSession | null;
   head: OnnxSession | null;
   device: DeviceMemory | undefined;
+  /** Reused gather buffers on a CPU backend (absent: fresh arrays every step). */
+  scratch?: BatchScratch;
   /** The executor's admission and position checks for one session step (FusedShardExecutor.reservation). */
   reserve(session: string, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<KvSession<LayerKv>>;
 }
@@ -107,9 +110,9 @@ async function runItems(ctx: FusedBatchContext, items: Item[]): Promise<ForwardR
     const batchKv = new Map<number, { k: KvBuffer; v: KvBuffer }>();
     for (let l = start; l < end; l++) {
       const i = l - ctx.startLayer;
-      const k = await gather(ctx, items, (s) => s.keys[i]!, positions, cap, KV, D);
+      const k = await gather(ctx, `k${l}`, items, (s) => s.keys[i]!, positions, cap, KV, D);
       gathered.push(k);
-      const v = await gather(ctx, items, (s) => s.values[i]!, positions, cap, KV, D);
+      const v = await gather(ctx, `v${l}`, items, (s) => s.values[i]!, positions, cap, KV, D);
       gathered.push(v);
       batchKv.set(l, { k, v });
     }
@@ -157,11 +160,17 @@ async function runItems(ctx: FusedBatchContext, items: Item[]): Promise<ForwardR
   }
 }
 
-/** [B, kvh, cap, hd] holding each session's first P_i rows of every head. */
-async function gather(ctx: FusedBatchContext, items: Item[], pick: (c: LayerKv) => KvBuffer, positions: number[], cap: number, KV: number, D: number): Promise<KvBuffer> {
+/**
+ * [B, kvh, cap, hd] holding each session's first P_i rows of every head.
+ * On a CPU backend the buffer may be a reused one (`key`: one per layer, all
+ * alive during the step) whose rows past P_i hold an earlier step's data:
+ * GQA reads row i only up to its seqlens_k, so they are never read.
+ */
+async function gather(ctx: FusedBatchContext, key: string, items: Item[], pick: (c: LayerKv) => KvBuffer, positions: number[], cap: number, KV: number, D: number): Promise<KvBuffer> {
   const B = items.length;
   if (!ctx.device) {
-    const out = new Float32Array(B * KV * cap * D);
+    const n = B * KV * cap * D;
+    const out = ctx.scratch ? (ctx.scratch.take(key, n, false) as Float32Array) : new Float32Array(n);
     items.forEach((it, b) => {
       const src = pick(it.kv.cache) as Float32Array;
       const c = it.kv.cache.capacity;

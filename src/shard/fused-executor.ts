@@ -35,6 +35,7 @@ import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts'
 import { checkForwardInput } from './forward-input.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
+import { BatchScratch } from './batch-scratch.ts';
 import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { sampleToken, validateSampling } from './sampling.ts';
@@ -135,6 +136,7 @@ export class FusedShardExecutor {
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
     this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: layerKvBytesPerToken(shape), maxContext, weightBytes }, new LayerKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
+    const scratch = new BatchScratch();
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
       {
         batchKey: (req) => fusedBatchKey(req, held),
@@ -150,6 +152,7 @@ export class FusedShardExecutor {
               embed: this.embed,
               head: this.head,
               device: o.backend.device,
+              scratch,
               reserve: async (session, start, end, position, seq, declared) => (await this.reservation(session, start, end, position, seq, declared)).session,
             },
             reqs,
@@ -267,7 +270,7 @@ export class FusedShardExecutor {
   }
 
   private lostError(): MeshError {
-    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard must be rebuilt`, { retryAfterMs: 1000 });
+    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard is being rebuilt`, { retry_after_ms: 1000 });
   }
 
   /** Steps at temperature > 0 decided from the device's candidates, and those that downloaded the logits (see returnLogits). */

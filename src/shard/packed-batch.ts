@@ -30,6 +30,7 @@ import type { ForwardRequest, ForwardResult } from './executor.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession, KvStore } from './kv-store.ts';
 import { runMembers } from './batch-members.ts';
+import type { BatchScratch } from './batch-scratch.ts';
 import { sampleToken } from './sampling.ts';
 
 export interface PackedSegment {
@@ -50,6 +51,8 @@ export interface PackedContext {
   embed: OnnxSession | null;
   head: OnnxSession | null;
   kv: KvStore;
+  /** Reused input buffers (absent: fresh arrays every step). */
+  scratch?: BatchScratch;
 }
 
 /** Requests that may share a packed batch: one row, a KV session, same layers and input kind. */
@@ -129,11 +132,13 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
   const shared: Record<string, BackendTensor> = {
     [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, B, 1, D] },
     [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, B, 1, D] },
-    [IO.mask]: { type: 'float32', data: packedMask(cfg, ctx.dtype, positions, offsets, total), dims: [(cfg.numHeads / KV) * B, total + B] },
+    [IO.mask]: { type: 'float32', data: packedMask(cfg, ctx.dtype, positions, offsets, total, ctx.scratch), dims: [(cfg.numHeads / KV) * B, total + B] },
   };
   const kvType = ctx.dtype === 'f16' ? 'float16' : 'float32';
-  const packedPast = (arrays: Array<Float32Array | Uint16Array>): Float32Array | Uint16Array => {
-    const out = ctx.dtype === 'f16' ? new Uint16Array(total * rowElems) : new Float32Array(total * rowElems);
+  const f16 = ctx.dtype === 'f16';
+  // Reused buffers (batch-scratch.ts) need no clearing: the pasts add up to exactly `total` rows, all written.
+  const packedPast = (key: string, arrays: Array<Float32Array | Uint16Array>): Float32Array | Uint16Array => {
+    const out = ctx.scratch ? ctx.scratch.take(key, total * rowElems, f16) : f16 ? new Uint16Array(total * rowElems) : new Float32Array(total * rowElems);
     arrays.forEach((a, i) => (out as Float32Array).set((a as Float32Array).subarray(0, positions[i]! * rowElems), offsets[i]! * rowElems));
     return out;
   };
@@ -143,8 +148,9 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
     const feeds: Record<string, BackendTensor> = { ...shared, [IO.hidden]: { type: 'float32', data: hidden, dims: [1, B, h] } };
     for (let l = seg.start; l < seg.end; l++) {
       const li = l - ctx.startLayer;
-      feeds[IO.pastKey(l)] = { type: kvType, data: packedPast(items.map((it) => it.kv.cache.keys[li]!)), dims: [1, total, KV, D] };
-      feeds[IO.pastValue(l)] = { type: kvType, data: packedPast(items.map((it) => it.kv.cache.values[li]!)), dims: [1, total, KV, D] };
+      // Keyed by the layer's place in its segment: segments run one after another, so the next reuses these.
+      feeds[IO.pastKey(l)] = { type: kvType, data: packedPast(`k${l - seg.start}`, items.map((it) => it.kv.cache.keys[li]!)), dims: [1, total, KV, D] };
+      feeds[IO.pastValue(l)] = { type: kvType, data: packedPast(`v${l - seg.start}`, items.map((it) => it.kv.cache.values[li]!)), dims: [1, total, KV, D] };
     }
     const out = await seg.session.run(feeds);
     for (let l = seg.start; l < seg.end; l++) {
@@ -174,11 +180,12 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
 }
 
 /** Additive mask [groups·B, ΣP + B]: row g·B + i is open on session i's past and on its own new column. */
-function packedMask(cfg: ModelConfig, dtype: GraphDtype, positions: number[], offsets: number[], total: number): Float32Array {
+function packedMask(cfg: ModelConfig, dtype: GraphDtype, positions: number[], offsets: number[], total: number, scratch?: BatchScratch): Float32Array {
   const groups = cfg.numHeads / cfg.numKvHeads;
   const B = positions.length;
   const cols = total + B;
-  const mask = new Float32Array(groups * B * cols).fill(maskValue(dtype));
+  const elems = groups * B * cols;
+  const mask = (scratch ? (scratch.take('mask', elems, false) as Float32Array) : new Float32Array(elems)).fill(maskValue(dtype));
   for (let i = 0; i < B; i++) {
     const row = mask.subarray(i * cols, (i + 1) * cols);
     // Sliding window (Mistral, Phi-3): the query at position p sees past keys t > p - window.

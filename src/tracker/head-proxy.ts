@@ -29,7 +29,7 @@ import type { TrackerMetrics } from './metrics.ts';
 import type { TrackerOptions } from './options.ts';
 import type { NodeRecord, NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
-import { signRoute } from './signing.ts';
+import { signChainReply, signRoute } from './signing.ts';
 import { concatBytes } from '../protocol/bytes.ts';
 
 const utf8 = new TextEncoder();
@@ -303,6 +303,12 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         [H.routeSignature]: signed.signature,
         [H.requestId]: requestId,
       };
+      // The head's reply address, signed: chain hops hand the token only to an address the tracker vouches for.
+      const reply = await signChainReply(deps.identity, headId, head, signed.expiresAt);
+      if (reply) {
+        headers[H.chainReply] = reply.text;
+        headers[H.chainReplySignature] = reply.signature;
+      }
       const body = await deps.transport.open({ peerId: headId, endpoint: head.endpoint, relayAddr: head.relayAddr }, headers, utf8.encode(JSON.stringify(req)), { signal: ctl.signal, idleTimeoutMs: deps.options.generateIdleTimeoutMs });
       for await (const line of ndjsonLines(body)) {
         let parsed;

@@ -12,7 +12,7 @@
 import { decodeBase64, encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { peerIdFromPublicKey } from '../protocol/ids.ts';
-import { canonicalJson, routeSigningMessage, type RouteHop } from '../protocol/tracker.ts';
+import { canonicalJson, chainReplySigningMessage, routeSigningMessage, type RouteHop } from '../protocol/tracker.ts';
 import { verifyEd25519, type Identity } from '../node/identity.ts';
 
 const utf8 = new TextEncoder();
@@ -90,6 +90,19 @@ export async function signRoute(identity: Identity, headPeerId: string, hops: re
   const header = JSON.stringify(hops);
   const sig = await identity.sign(routeSigningMessage(headPeerId, expiresAt, header));
   return { header, expiresAt, signature: encodeBase64Url(sig) };
+}
+
+/**
+ * The head's reply address as chain hops may trust it: JSON {relay_addr?,
+ * endpoint?} as the head registered them, signed for the head and the
+ * route's expiry (chainReplySigningMessage). Undefined when the head
+ * registered neither (then no hop could reach it, and it runs the star).
+ */
+export async function signChainReply(identity: Identity, headPeerId: string, head: { relayAddr?: string | undefined; endpoint?: string | undefined }, expiresAt: number): Promise<{ text: string; signature: string } | undefined> {
+  if (head.relayAddr === undefined && head.endpoint === undefined) return undefined;
+  const text = JSON.stringify({ ...(head.relayAddr !== undefined ? { relay_addr: head.relayAddr } : {}), ...(head.endpoint !== undefined ? { endpoint: head.endpoint } : {}) });
+  const sig = await identity.sign(chainReplySigningMessage(headPeerId, expiresAt, text));
+  return { text, signature: encodeBase64Url(sig) };
 }
 
 /**

@@ -42,6 +42,26 @@ describe('HopTransport', () => {
     expect(t.plan(HOP)).toEqual(['direct', 'fast']);
   });
 
+  it('push: one-way on the fast path when the relay forwards them; when it refuses (the hop is gone) or cannot, an ordinary request over every path', async () => {
+    const p = paths(0, 0, { fastFails: true });
+    const pushed: string[] = [];
+    let pushAnswer: MeshReply = { status: 202, headers: {}, body: new Uint8Array(0) };
+    const fast: FastPathClient = { ...p.fast, push: (peer) => (pushed.push(peer), Promise.resolve(pushAnswer)) };
+    const t = new HopTransport({ fast, direct: p.direct });
+    // No news within the window: delivered, nothing else sent.
+    expect((await t.push(HOP, req, 1000, 100)).status).toBe(202);
+    expect([pushed, p.used]).toEqual([[PEER], []]);
+    // The relay's 404: the hop is not there; every path is tried as for send() (fast 404, then direct).
+    pushAnswer = { status: 404, headers: { 'content-type': 'application/json' }, body: new TextEncoder().encode('{"error":{"code":"MESH_ERR_NO_SUCH_PEER","message":"gone"}}') };
+    expect((await t.push(HOP, req, 1000, 100)).status).toBe(200);
+    expect(p.used).toEqual(['fast', 'direct http://127.0.0.1:7000/forward']);
+    // A relay that does not forward one-way frames (push gives undefined): an ordinary request.
+    const q = paths(0, 0);
+    const old = new HopTransport({ fast: { ...q.fast, push: () => undefined }, direct: q.direct });
+    expect((await old.push(HOP, req, 1000, 100)).status).toBe(200);
+    expect(q.used).toEqual(['fast']);
+  });
+
   it('uses /rpc for a relay address on another relay and direct HTTP for a hop with only an endpoint', () => {
     const p = paths(0, 0);
     const t = new HopTransport({ fast: p.fast, direct: p.direct, rpc: () => ({ request: async () => ok, close() {} }) });

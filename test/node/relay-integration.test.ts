@@ -57,6 +57,34 @@ describe('fast path through the relay', () => {
     expect(Buffer.from(reply.body).equals(Buffer.from(body))).toBe(true);
   });
 
+  it('a one-way request (push) reaches the handler as one message with no answer; to a peer that is not there, the relay\'s 404 comes back', async () => {
+    const before = { ...relay.metrics.hot };
+    const seen: Array<{ path: string; body: string }> = [];
+    let got: () => void = () => undefined;
+    const arrived = new Promise<void>((r) => (got = r));
+    handler = async (req) => {
+      seen.push({ path: req.path, body: utf8d.decode(req.body) });
+      got();
+      return { status: 200, headers: {}, body: utf8.encode('an answer nobody reads') };
+    };
+    try {
+      const pushed = caller.push(server.peerId, { method: 'POST', path: '/chain/token', body: utf8.encode('token') }, { timeoutMs: 300 });
+      expect(pushed).toBeDefined();
+      await arrived;
+      // After the window with no error: "no news", 202.
+      expect((await pushed!).status).toBe(202);
+      expect(seen).toEqual([{ path: '/chain/token', body: 'token' }]);
+      const hot = relay.metrics.hot;
+      expect(hot.oneWay - before.oneWay).toBe(1);
+      // The request was the only message the relay passed on: the handler's answer was never sent.
+      expect(hot.messages - before.messages).toBe(1);
+      const gone = await caller.push(NOBODY, { method: 'POST', path: '/chain/token', body: utf8.encode('x') }, { timeoutMs: 2000 })!;
+      expect(gone.status).toBe(404);
+    } finally {
+      handler = async (req) => ({ status: 200, headers: { 'content-type': 'application/octet-stream', 'x-path': req.path }, body: req.body });
+    }
+  });
+
   it('streams an answer chunk by chunk', async () => {
     handler = async () => ({
       status: 200,

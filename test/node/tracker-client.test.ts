@@ -59,7 +59,7 @@ describe('TrackerClient', () => {
     ]);
     const c = new TrackerClient({ trackerUrl: 'http://tracker', fetch: t.fetch, identity: head });
     c.trackerKey = tracker.publicKey;
-    expect(await c.replace('tiny', FAILED)).toEqual([REPL]);
+    expect(await c.replace('tiny', FAILED)).toEqual({ hops: [REPL] });
     expect(t.sent).toHaveLength(3);
     expect(t.sent[0]!.body.body).toMatchObject({ head_peer_id: head.peerId, failed_peer_id: FAILED.peer_id, start_layer: 1, end_layer: 3, model: 'tiny' });
   });

@@ -7,9 +7,10 @@ import { describe, expect, it } from 'vitest';
 import pino from 'pino';
 import { createRelayMetrics } from '../../src/relay/metrics.ts';
 import { RELAY_DEFAULTS } from '../../src/relay/options.ts';
-import { FAST_PATH_PROTOCOL, RpcCaller, StreamTable, type PeerConn, type PeerSocket } from '../../src/relay/stream-table.ts';
+import { FAST_PATH_PROTOCOL, ONE_WAY_WINDOW_MS, RpcCaller, StreamTable, type PeerConn, type PeerSocket } from '../../src/relay/stream-table.ts';
 import {
   FLAG_END,
+  FLAG_ONE_WAY,
   FrameKind,
   decodeFrame,
   encodeCancelFrame,
@@ -157,6 +158,39 @@ describe('StreamTable', () => {
     expect(b.socket.frames()[1]).toMatchObject({ kind: FrameKind.Cancel, streamId: sid });
     table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, body: utf8.encode('late') }));
     expect(a.socket.sent).toHaveLength(1);
+  });
+
+  it('forwards a one-way REQUEST (FLAG_ONE_WAY) and forgets it silently after its window; a target leaving within it is reported to the caller', () => {
+    const { table, peer, advance } = setup({ requestTimeoutMs: 30_000 });
+    const [a, b] = [peer(1), peer(2)];
+    const oneWay = (streamId: number) => encodeRequestFrame({ streamId, peerId: hexToBytes(id(2)), method: 'POST', path: '/forward', body: utf8.encode('push'), flags: FLAG_END | FLAG_ONE_WAY });
+    table.onBinary(a.conn, oneWay(5));
+    expect(b.socket.frames()[0]).toMatchObject({ kind: FrameKind.Request, flags: FLAG_END | FLAG_ONE_WAY });
+    advance(ONE_WAY_WINDOW_MS);
+    table.sweep();
+    // No 504 (nobody waits for one), no CANCEL to the target (it keeps no stream for it either).
+    expect(a.socket.sent).toHaveLength(0);
+    expect(b.socket.frames()).toHaveLength(1);
+    expect(table.inFlight).toBe(0);
+    table.onBinary(a.conn, oneWay(6));
+    table.removePeer(b.conn);
+    expect([a.socket.frames()[0]!.streamId, errorCode(a.socket.frames()[0]!)]).toEqual([6, 'MESH_ERR_PEER_GONE']);
+    // Each one-way request is one message; the relay's report of the gone target is one more.
+    const hot = (table as unknown as { metrics: { hot: { messages: number; oneWay: number } } }).metrics.hot;
+    expect([hot.oneWay, hot.messages]).toEqual([2, 3]);
+  });
+
+  it('does not count one-way requests against the in-flight limit, and past its own cap forwards them without a window', () => {
+    const { table, peer } = setup({ maxInFlightPerPeer: 2 });
+    const [a, b] = [peer(1), peer(2)];
+    const oneWay = (streamId: number) => encodeRequestFrame({ streamId, peerId: hexToBytes(id(2)), method: 'POST', path: '/forward', body: utf8.encode('push'), flags: FLAG_END | FLAG_ONE_WAY });
+    for (const sid of [1, 2, 3]) table.onBinary(a.conn, oneWay(sid));
+    expect(b.socket.frames().map((f) => f.kind)).toEqual([FrameKind.Request, FrameKind.Request, FrameKind.Request]);
+    expect(table.inFlight).toBe(2);
+    // Two ordinary requests still get in; the third is over the limit.
+    for (const sid of [4, 5, 6]) table.onBinary(a.conn, request(sid, 2));
+    expect(b.socket.frames()).toHaveLength(5);
+    expect([a.socket.frames()[0]!.streamId, errorCode(a.socket.frames()[0]!)]).toEqual([6, 'MESH_ERR_BACKPRESSURE']);
   });
 
   it('answers 502 when the target leaves, and cancels on the target when the caller leaves or cancels', () => {

@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import type { GenerateEvent } from '../../src/protocol/tracker.ts';
 import { verifyRoute } from '../../src/tracker/signing.ts';
+import { verifyChainReply } from '../../src/node/tracker-client.ts';
+import { decodeBase64 } from '../../src/protocol/base64.ts';
 import { FakeNode, makeTracker, scriptedTransport, tokenEvents, type TestTracker } from './support.ts';
 
 type Script = Parameters<typeof scriptedTransport>[0][string][number];
@@ -153,8 +155,10 @@ describe('chat completions through a head', () => {
     expect(typeof calls[0]!.body.session_id).toBe('string');
   });
 
-  it('sends the head a signed route that verifies for that head only', async () => {
+  it('sends the head a signed route that verifies for that head only, and its reply address signed for chained hops', async () => {
     const { t, heads, scripts, calls } = await setup();
+    heads[0]!.relayAddr = `ws://relay.test/rpc/${heads[0]!.peerId}`;
+    await heads[0]!.register(t);
     scripts[heads[0]!.peerId] = [happy(['x'])];
     await post(t, '/v1/chat/completions', chat());
     const h = calls[0]!.headers;
@@ -162,6 +166,11 @@ describe('chat completions through a head', () => {
     const signed = { header: h['x-meshnet-route']!, expiresAt: Number(h['x-meshnet-route-expires']), signature: h['x-meshnet-route-signature']! };
     expect(await verifyRoute(t.publicKey, heads[0]!.peerId, signed, t.clock.now)).toBeNull();
     expect(await verifyRoute(t.publicKey, '0'.repeat(32), signed, t.clock.now)).not.toBeNull();
+    // The head's reply address, as it registered it, signed for this head and route (chained hops check it).
+    const reply = h['x-meshnet-chain-reply']!;
+    expect(JSON.parse(reply)).toEqual({ relay_addr: expect.stringContaining(heads[0]!.peerId) as unknown });
+    expect(await verifyChainReply(decodeBase64(t.publicKey), heads[0]!.peerId, signed.expiresAt, reply, h['x-meshnet-chain-reply-signature']!)).toBe(true);
+    expect(await verifyChainReply(decodeBase64(t.publicKey), '0'.repeat(32), signed.expiresAt, reply, h['x-meshnet-chain-reply-signature']!)).toBe(false);
   });
 
   it('streams SSE exactly as OpenAI: role chunk, content deltas, finish chunk, usage chunk, data: [DONE]', async () => {

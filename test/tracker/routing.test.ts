@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { Identity } from '../../src/node/identity.ts';
-import { routeSchema } from '../../src/protocol/tracker.ts';
+import { replaceAnswerSchema, routeSchema } from '../../src/protocol/tracker.ts';
+import { decodeBase64 } from '../../src/protocol/base64.ts';
+import { verifyChainReply } from '../../src/node/tracker-client.ts';
 import { findRoutes, missingLayers, pickRoute, type ServingNode } from '../../src/tracker/routing.ts';
 import { signBody, verifyRoute } from '../../src/tracker/signing.ts';
 import { FakeNode, makeTracker } from './support.ts';
@@ -136,5 +138,32 @@ describe('routing through the tracker', () => {
     const res2 = await t.app.request('/api/route/replace', { method: 'POST', body: JSON.stringify(await signBody(head.identity, none)) });
     expect(res2.status).toBe(503);
     expect(((await res2.json()) as { error: { missing_layers: number[] } }).error.missing_layers).toEqual([4, 5, 6, 7, 8, 9, 10, 11]);
+  });
+
+  it('re-signs the head\'s whole route with the replacement in place (and its reply address) when the head sends the route it runs', async () => {
+    const t = await makeTracker();
+    const head = await serving(t, 0, 4, 1, { endpoint: 'http://head.test' });
+    const failed = await serving(t, 4, 8, 1);
+    const tail = await serving(t, 8, 12, 1, { endpoint: 'http://tail.test' });
+    const spare = await serving(t, 4, 8, 3);
+    const route = [{ peer_id: failed.peerId, start_layer: 4, end_layer: 8 }, { peer_id: tail.peerId, start_layer: 8, end_layer: 12 }];
+    const ask = async (r: unknown[]) => {
+      const body = { head_peer_id: head.peerId, failed_peer_id: failed.peerId, start_layer: 4, end_layer: 8, model: 'small', timestamp: t.clock.now, route: r };
+      const res = await t.app.request('/api/route/replace', { method: 'POST', body: JSON.stringify(await signBody(head.identity, body)) });
+      expect(res.status).toBe(200);
+      return replaceAnswerSchema.parse(await res.json());
+    };
+    const a = await ask(route);
+    expect(JSON.parse(a.route)).toEqual([{ peer_id: spare.peerId, start_layer: 4, end_layer: 8 }]);
+    const chain = a.chain!;
+    expect(JSON.parse(chain.route)).toEqual([{ peer_id: spare.peerId, start_layer: 4, end_layer: 8 }, { peer_id: tail.peerId, start_layer: 8, end_layer: 12, endpoint: 'http://tail.test' }]);
+    expect(await verifyRoute(t.publicKey, head.peerId, { header: chain.route, expiresAt: chain.expires_at, signature: chain.signature }, t.clock.now)).toBeNull();
+    expect(chain.reply).toBe(JSON.stringify({ endpoint: 'http://head.test' }));
+    const key = decodeBase64(t.publicKey);
+    expect(await verifyChainReply(key, head.peerId, chain.expires_at, chain.reply!, chain.reply_signature!)).toBe(true);
+    expect(await verifyChainReply(key, head.peerId, chain.expires_at, JSON.stringify({ endpoint: 'http://evil.test' }), chain.reply_signature!)).toBe(false);
+    // A route with a gap, or one that does not hold the failed hop: the span alone, nothing re-signed.
+    expect((await ask([route[0]!])).chain).toBeUndefined();
+    expect((await ask([route[1]!])).chain).toBeUndefined();
   });
 });

@@ -6,12 +6,12 @@
  *   GET  /api/route?model=      a signed route, as a head would get it
  */
 import { MeshError } from '../../protocol/errors.ts';
-import { replaceRequestSchema, signedSchema, type ReplaceAnswer } from '../../protocol/tracker.ts';
+import { replaceRequestSchema, signedSchema, type ReplaceAnswer, type RouteHop } from '../../protocol/tracker.ts';
 import type { TrackerContext } from '../context.ts';
 import { routeHops } from '../head-proxy.ts';
 import { json, readJson, type App } from '../http.ts';
 import type { RoutePlan } from '../routing.ts';
-import { signRoute, verifyTimestampedSignature } from '../signing.ts';
+import { signChainReply, signRoute, verifyTimestampedSignature } from '../signing.ts';
 
 const replaceMessage = signedSchema(replaceRequestSchema);
 
@@ -45,8 +45,11 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
     }
     metrics.replacements.inc({ result: 'ok' });
     ctx.recordRoute('replace', body.model, plan);
-    const signed = await signRoute(identity, body.head_peer_id, routeHops(registry, plan, false), o.now() + o.routeTtlMs);
+    const picked = routeHops(registry, plan, false);
+    const signed = await signRoute(identity, body.head_peer_id, picked, o.now() + o.routeTtlMs);
     const answer: ReplaceAnswer = { route: signed.header, expires_at: signed.expiresAt, signature: signed.signature };
+    const chain = body.route ? await signReplacedRoute(ctx, body.head_peer_id, head, body.route, body.failed_peer_id, picked, model.numLayers) : undefined;
+    if (chain) answer.chain = chain;
     return json(200, answer);
   });
 
@@ -59,4 +62,43 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
     const signed = await signRoute(identity, head, hops, o.now() + o.routeTtlMs);
     return json(200, { model: modelName, head, head_endpoint: registry.nodes.get(head)?.endpoint ?? null, hops, cost_ms: plan.costMs, route_header: signed.header, expires_at: signed.expiresAt, signature: signed.signature });
   });
+}
+
+/**
+ * The head's whole downstream route with the failed hop swapped for the
+ * replacement, signed for the head (so chained hops may push along it), or
+ * undefined when the route it sent does not hold the failed hop once, does
+ * not cover its layers to the model's end without a gap, or names a node this
+ * tracker does not know (it vouches only for addresses it registered).
+ */
+async function signReplacedRoute(
+  ctx: TrackerContext,
+  headId: string,
+  head: { relayAddr?: string | undefined; endpoint?: string | undefined },
+  route: ReadonlyArray<{ peer_id: string; start_layer: number; end_layer: number }>,
+  failedId: string,
+  picked: RouteHop[],
+  numLayers: number,
+): Promise<ReplaceAnswer['chain']> {
+  const at = route.findIndex((h) => h.peer_id === failedId);
+  if (at < 0 || route.findIndex((h, k) => k > at && h.peer_id === failedId) >= 0) return undefined;
+  const hops: RouteHop[] = [];
+  for (const [k, h] of route.entries()) {
+    if (k === at) {
+      hops.push(...picked);
+      continue;
+    }
+    const n = ctx.registry.nodes.get(h.peer_id);
+    if (!n || h.peer_id === headId) return undefined;
+    hops.push({ peer_id: h.peer_id, start_layer: h.start_layer, end_layer: h.end_layer, ...(n.endpoint ? { endpoint: n.endpoint } : {}), ...(n.relayAddr ? { relay_addr: n.relayAddr } : {}) });
+  }
+  let layer = hops[0]?.start_layer ?? 0;
+  for (const h of hops) {
+    if (h.start_layer !== layer || h.end_layer <= h.start_layer) return undefined;
+    layer = h.end_layer;
+  }
+  if (layer !== numLayers || new Set(hops.map((h) => h.peer_id)).size !== hops.length) return undefined;
+  const signed = await signRoute(ctx.identity, headId, hops, ctx.options.now() + ctx.options.routeTtlMs);
+  const reply = await signChainReply(ctx.identity, headId, head, signed.expiresAt);
+  return { route: signed.header, expires_at: signed.expiresAt, signature: signed.signature, ...(reply ? { reply: reply.text, reply_signature: reply.signature } : {}) };
 }

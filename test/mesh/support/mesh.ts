@@ -10,7 +10,7 @@ import { Identity } from '../../../src/node/identity.ts';
 import { RpcConnection } from '../../../src/node/relay-hop.ts';
 import { encodeBase64Url } from '../../../src/protocol/base64.ts';
 import { NodeWebSocket } from '../../node/support/ws-host.ts';
-import { generateEventSchema, routeSigningMessage, type GenerateEvent, type GenerateRequest, type RouteHop } from '../../../src/protocol/tracker.ts';
+import { chainReplySigningMessage, generateEventSchema, routeSigningMessage, type GenerateEvent, type GenerateRequest, type RouteHop } from '../../../src/protocol/tracker.ts';
 
 const BIN = fileURLToPath(new URL('../../../bin/meshnet.js', import.meta.url));
 
@@ -205,4 +205,23 @@ export async function chainForwardsAfterHead(trackerUrl: string): Promise<number
     }
   }
   return out;
+}
+
+/**
+ * Route headers for `head` signed with the tracker's key (tests and benches
+ * that hold it send routes themselves), with the head's reply address signed
+ * as the tracker signs it on /generate, so chain-mode heads chain (without
+ * it they run the star).
+ */
+export async function signedRouteHeaders(trackerKey: Identity, head: NodeProc, hops: RouteHop[], ttlMs = 600_000): Promise<Record<string, string>> {
+  const route = JSON.stringify(hops);
+  const expires = Date.now() + ttlMs;
+  const sig = await trackerKey.sign(routeSigningMessage(head.peerId, expires, route));
+  const headers: Record<string, string> = { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig) };
+  if (head.relayAddr) {
+    const reply = JSON.stringify({ relay_addr: head.relayAddr });
+    headers['x-meshnet-chain-reply'] = reply;
+    headers['x-meshnet-chain-reply-signature'] = encodeBase64Url(await trackerKey.sign(chainReplySigningMessage(head.peerId, expires, reply)));
+  }
+  return headers;
 }
