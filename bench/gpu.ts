@@ -102,7 +102,7 @@ const TYPICAL_SAMPLING: SamplingParams = { temperature: 0.6, topK: 20, topP: 0.9
 
 /** ms/token of one-token decode steps at `position` through layers [0, layers) (layers only: no embedding, no head). */
 async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: FusedWeights, positions: number[], steps: number, draw: Draw = {}): Promise<Row[]> {
-  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => randomWeights(cfg), startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: Math.max(...positions) + steps + 8, kvBudgetBytes: 8 * 2 ** 30, ...(draw.samplerCandidates !== undefined ? { samplerCandidates: draw.samplerCandidates } : {}) });
+  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => randomWeights(cfg), startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: Math.max(...positions) + steps + 8, kvBudgetBytes: 8 * 2 ** 30, samplerChoice: 'candidates', ...(draw.samplerCandidates !== undefined ? { samplerCandidates: draw.samplerCandidates } : {}) });
   const rows: Row[] = [];
   try {
     const h = cfg.hiddenSize;

@@ -50,7 +50,7 @@ describe('sampling from device candidates (onnxruntime-node CPU)', () => {
   }, 600_000);
 
   it('the fused executor returns sampling.ts\'s tokens at temperature > 0 without its logits', async () => {
-    const ex = await FusedShardExecutor.create({ config: f.cfg, backend: nodeBackend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 64 });
+    const ex = await FusedShardExecutor.create({ config: f.cfg, backend: nodeBackend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 64, samplerChoice: 'candidates' });
     try {
       const prompt = [151643, 872, 13, 4320, 25, 9707, 11, 1879, 0];
       const steps = [
@@ -96,20 +96,51 @@ describe('sampling from device candidates (onnxruntime-node CPU)', () => {
     }
   }, 600_000);
 
+  it('adaptive (the default): times both ways, then serves the faster; tokens are sampling.ts\'s whichever way a step took', async () => {
+    const ex = await FusedShardExecutor.create({ config: f.cfg, backend: nodeBackend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 32, returnLogits: false });
+    try {
+      const prompt = [151643, 872, 13];
+      const sampling = { temperature: 0.7, topK: 20, seed: 11 };
+      // The reference draw: the same step with the logits returned, on a second session in lock step.
+      ex.returnLogits = true;
+      let a = await ex.forward({ session: 'full', position: 0, tokenIds: prompt, sampling });
+      ex.returnLogits = false;
+      let b = await ex.forward({ session: 'device', position: 0, tokenIds: prompt, sampling });
+      expect(ex.samplingStats().path.chosen).toBe('probing');
+      for (let i = 0; i < 8; i++) {
+        if (a.kind !== 'token' || b.kind !== 'token') throw new Error('expected tokens');
+        expect(a.tokenId).toBe(sampleToken(a.logits, sampling, prompt.length + i).tokenId);
+        expect(b.tokenId).toBe(a.tokenId);
+        ex.returnLogits = true;
+        a = await ex.forward({ session: 'full', position: prompt.length + i, tokenIds: [a.tokenId], sampling });
+        ex.returnLogits = false;
+        b = await ex.forward({ session: 'device', position: prompt.length + i, tokenIds: [b.tokenId], sampling });
+      }
+      const { path, onDevice } = ex.samplingStats();
+      expect(path.chosen).not.toBe('probing');
+      expect(path.candidatesMs).toBeGreaterThan(0);
+      expect(path.logitsMs).toBeGreaterThan(0);
+      // Probing took the candidates on at least 3 of the 9 sampled steps (top_k 20: none falls back).
+      expect(onDevice).toBeGreaterThanOrEqual(3);
+    } finally {
+      await ex.release();
+    }
+  }, 300_000);
+
   it('a backend that cannot build the sampler graph: the step samples over its logits, and says why', async () => {
     let refuse = false;
     const backend: OnnxBackend = {
       name: 'refuses-the-sampler',
       createSession: (model, options) => (refuse ? Promise.reject(new Error('no TopK here')) : nodeBackend.createSession(model, options)),
     };
-    const ex = await FusedShardExecutor.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 32, returnLogits: false });
+    const ex = await FusedShardExecutor.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 32, returnLogits: false, samplerChoice: 'candidates' });
     try {
       refuse = true; // the sampler session is made on first use, after the executor's own
       const sampling = { temperature: 0.8, topK: 10, seed: 1 };
       const r = await ex.forward({ session: 's', position: 0, tokenIds: [151643, 872, 13], sampling });
       if (r.kind !== 'token') throw new Error('expected a token');
       expect(r.tokenId).toBe(sampleToken(r.logits, sampling, 3).tokenId);
-      expect(ex.samplingStats()).toEqual({ onDevice: 0, fallbacks: 1, reasons: { 'no sampler graph: no TopK here': 1 } });
+      expect(ex.samplingStats()).toMatchObject({ onDevice: 0, fallbacks: 1, reasons: { 'no sampler graph: no TopK here': 1 } });
     } finally {
       await ex.release();
     }

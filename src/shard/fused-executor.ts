@@ -40,6 +40,7 @@ import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, t
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { sampleToken, validateSampling } from './sampling.ts';
 import { DeviceSampler, type DeviceSamplingStats } from './device-sampler.ts';
+import { SamplerPathChooser, type SamplerChoice, type SamplerPathStats } from './sampler-choice.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
 export interface Q4Cache {
@@ -77,6 +78,12 @@ export interface FusedExecutorOptions extends ExecutorKvOptions {
    * always downloads the logits instead. @defaultValue 256
    */
   samplerCandidates?: number;
+  /**
+   * `adaptive` (default): sample from the candidates or over the downloaded
+   * logits, whichever is measured faster on this device (sampler-choice.ts);
+   * `candidates`: always the candidates. The token is the same either way.
+   */
+  samplerChoice?: SamplerChoice;
 }
 
 interface Segment {
@@ -106,6 +113,7 @@ export class FusedShardExecutor {
   private lostReason: string | null = null;
   /** Temperature > 0 without the logits (null: the head is not here, or candidates are off). */
   private readonly sampler: DeviceSampler | null;
+  private readonly samplerPath: SamplerPathChooser;
   private readonly lost: Promise<never>;
 
   private constructor(
@@ -126,6 +134,7 @@ export class FusedShardExecutor {
     this.returnLogits = o.returnLogits ?? !this.onDevice;
     const candidates = o.samplerCandidates ?? DEFAULT_SAMPLER_CANDIDATES;
     this.sampler = head && candidates > 0 ? new DeviceSampler(o.backend, o.config.vocabSize, candidates, o.sessionOptions) : null;
+    this.samplerPath = new SamplerPathChooser(o.samplerChoice ?? 'adaptive');
     this.lost = new Promise<never>((_, reject) => {
       void o.backend.device?.lost.then((reason) => {
         this.lostReason = reason;
@@ -274,8 +283,8 @@ export class FusedShardExecutor {
   }
 
   /** Steps at temperature > 0 decided from the device's candidates, and those that downloaded the logits (see returnLogits). */
-  samplingStats(): DeviceSamplingStats {
-    return this.sampler?.stats() ?? { onDevice: 0, fallbacks: 0, reasons: {} };
+  samplingStats(): DeviceSamplingStats & { path: SamplerPathStats } {
+    return { ...(this.sampler?.stats() ?? { onDevice: 0, fallbacks: 0, reasons: {} }), path: this.samplerPath.stats() };
   }
 
   /** Batch sizes run so far. */
@@ -347,13 +356,20 @@ export class FusedShardExecutor {
           const logprob = (out[HEAD_IO.greedyLogprob] as BackendTensor).data[0] as number;
           return { kind: 'token', tokenId, logprob, logits: new Float32Array(0) };
         }
-        if (!this.returnLogits && this.sampler) {
+        const timed = !this.returnLogits && this.sampler !== null;
+        const path = timed ? this.samplerPath.next() : 'logits';
+        const t0 = performance.now();
+        if (timed && path === 'candidates') {
           // Temperature > 0: the token from the top candidates (~3 KiB), or null and the logits below.
-          const picked = await this.sampler.sample(onDevice, sampling, position + seq);
-          if (picked) return { kind: 'token', ...picked, logits: new Float32Array(0) };
+          const picked = await this.sampler!.sample(onDevice, sampling, position + seq);
+          if (picked) {
+            this.samplerPath.record('candidates', performance.now() - t0);
+            return { kind: 'token', ...picked, logits: new Float32Array(0) };
+          }
         }
         const logits = (await hostData(onDevice)) as Float32Array;
         const { tokenId, logprob } = sampleToken(logits, sampling, position + seq);
+        if (timed) this.samplerPath.record(path, performance.now() - t0);
         return { kind: 'token', tokenId, logprob, logits };
       }
       const data = (await hostData(hidden)) as Float32Array;

@@ -90,7 +90,7 @@ describe('sampling at temperature > 0 on WebGPU (Dawn in Node, SwiftShader)', ()
   }, 600_000);
 
   it('a sampled decode step moves ≤ 64 KiB at positions 16 and 1024 and returns sampling.ts\'s token', async () => {
-    const ex: FusedShardExecutor = await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 1088 });
+    const ex: FusedShardExecutor = await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 1088, samplerChoice: 'candidates' });
     try {
       const ids = Array.from({ length: 1024 }, (_, i) => 1000 + ((i * 7919) % 120000));
       const typical: SamplingParams = { temperature: 0.6, topK: 20, topP: 0.95 };
