@@ -10,7 +10,7 @@
  *   npx tsx bench/gpu.ts                 # here: SwiftShader (correctness), WASM f32 vs 4-bit on `small`
  *   node bench.mjs --dawn dawn.node --wasm-dir ort/ --out results.json   # in the pack
  * Options: --quick, --layers N (default 16), --positions 16,1024, --steps N,
- *   --only correctness|bytes|speed|wasm-small|capture, --threads N.
+ *   --only correctness|bytes|speed|wasm-small|capture (or a comma list), --threads N.
  * WebGPU rows come in pairs, graph capture off and on (FusedExecutorOptions.graphCapture):
  * `--only capture` runs just those pairs (on a software adapter: `tiny`, correctness and bytes only).
  * Table on stdout, JSON in bench/results/gpu.json (or --out).
@@ -28,6 +28,7 @@ import { FUSED_Q4_SCHEME, type FusedWeights } from '../src/model/fused-graph.ts'
 import { decodeTensor } from '../src/protocol/tensor.ts';
 import { FusedShardExecutor } from '../src/shard/fused-executor.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
+import type { SamplingParams } from '../src/shard/sampling.ts';
 import { createOrtWebBackend } from '../src/browser/ort-web.ts';
 import { installNodeWebGpu, type NodeGpuInfo } from '../src/cli/webgpu-node.ts';
 import { createWasmBackend } from '../src/cli/onnx-wasm.ts';
@@ -36,7 +37,7 @@ const argv = process.argv.slice(2);
 const arg = (name: string) => (argv.includes(name) ? argv[argv.indexOf(name) + 1] : undefined);
 const quick = argv.includes('--quick');
 const only = arg('--only');
-const want = (part: string) => !only || only === part;
+const want = (part: string) => !only || only.split(',').includes(part);
 const here = dirname(fileURLToPath(import.meta.url));
 const wasmDir = resolve(arg('--wasm-dir') ?? `${here}/../node_modules/onnxruntime-web/dist`);
 const wasmPaths = pathToFileURL(wasmDir).href + '/';
@@ -94,9 +95,18 @@ const LLAMA_1B = {
   max_position_embeddings: 131072, tie_word_embeddings: true,
 };
 
+/** How the head picks: greedy (default), or sampled from the device's candidates, or (samplerCandidates 0) over downloaded logits. */
+interface Draw {
+  sampling?: SamplingParams;
+  samplerCandidates?: number;
+}
+
+/** Sampling as Qwen3 and Llama 3 ship it (generation_config.json): top_k inside the candidates, so no step falls back. */
+const TYPICAL_SAMPLING: SamplingParams = { temperature: 0.6, topK: 20, topP: 0.95 };
+
 /** ms/token of one-token decode steps at `position` through layers [0, layers) (layers only: no embedding, no head). */
-async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: FusedWeights, positions: number[], steps: number, capture = false): Promise<Row[]> {
-  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => randomWeights(cfg), startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: Math.max(...positions) + steps + 8, kvBudgetBytes: 8 * 2 ** 30, graphCapture: capture });
+async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: FusedWeights, positions: number[], steps: number, draw: Draw = {}, capture = false): Promise<Row[]> {
+  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => randomWeights(cfg), startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: Math.max(...positions) + steps + 8, kvBudgetBytes: 8 * 2 ** 30, samplerChoice: 'candidates', ...(draw.samplerCandidates !== undefined ? { samplerCandidates: draw.samplerCandidates } : {}), graphCapture: capture });
   const rows: Row[] = [];
   try {
     const h = cfg.hiddenSize;
@@ -112,19 +122,23 @@ async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: 
         pos += n;
       }
       const x = new Float32Array(h).map((_, i) => Math.cos(i) * 0.1);
+      const drawn0 = ex.samplingStats();
       const times: number[] = [];
       let bytes = 0;
       for (let i = 0; i < steps + 2; i++) {
         const t0 = ex.transferStats();
         const s = performance.now();
-        await ex.forward({ session, position: pos, activation: { data: x, shape: [1, 1, h] } });
+        await ex.forward({ session, position: pos, activation: { data: x, shape: [1, 1, h] }, ...(draw.sampling ? { sampling: { ...draw.sampling, seed: i } } : {}) });
         const ms = performance.now() - s;
         const t1 = ex.transferStats();
         if (i >= 2) times.push(ms); // two warm-up steps compile the decode programs (and record the captured graph)
         bytes = t1.up - t0.up + (t1.down - t0.down);
         pos++;
       }
-      rows.push({ what: `${cfg.numLayers} layers h${h}`, backend: '', projections, ...(ex.onDevice ? { capture } : {}), position, msPerToken: median(times), bytesPerStep: ex.onDevice ? bytes : undefined! });
+      const drawn = ex.samplingStats();
+      const fellBack = drawn.fallbacks - drawn0.fallbacks;
+      const how = draw.sampling ? `, sampled ${draw.samplerCandidates === 0 ? 'over downloaded logits' : `from candidates (${fellBack}/${steps + 2} fell back)`}` : '';
+      rows.push({ what: `${cfg.numLayers} layers h${h}${how}`, backend: '', projections, ...(ex.onDevice ? { capture } : {}), position, msPerToken: median(times), bytesPerStep: ex.onDevice ? bytes : undefined! });
       ex.dropSession(session);
     }
   } finally {
@@ -225,11 +239,17 @@ if (webgpu && want('bytes')) {
   // on `tiny`'s shape so that a software adapter measures them too; the speed rows repeat them at 1B size.
   const cfg = fixtureConfig('tiny');
   for (const r of await decodeSpeed(webgpu, cfg, 'q4', [16, 1024], 2)) rows.push({ ...r, what: 'tiny (bytes; ms not meaningful)', backend: 'webgpu' });
+  // Temperature > 0 on a real vocabulary (128,256 ids): the sampler graph's ~3 KiB of candidates
+  // against downloading the 513 KB of logits, same head, side by side (ms meaningful on a real GPU only).
+  const real = fixtureConfig('llama3-real-vocab');
+  for (const draw of [{}, { sampling: TYPICAL_SAMPLING }, { sampling: TYPICAL_SAMPLING, samplerCandidates: 0 }]) {
+    for (const r of await decodeSpeed(webgpu, real, 'f32', [16, 1024], quick || software ? 2 : 16, draw)) rows.push({ ...r, what: `llama3-real-vocab ${r.what}`, backend: 'webgpu' });
+  }
 }
 if (webgpu && only === 'capture' && software) {
   // A software adapter: the captured path runs and moves the same bytes; its ms mean nothing.
   const cfg = fixtureConfig('tiny');
-  for (const capture of [false, true]) for (const r of await decodeSpeed(webgpu, cfg, 'q4', [16], 4, capture)) rows.push({ ...r, what: 'tiny (ms not meaningful)', backend: 'webgpu' });
+  for (const capture of [false, true]) for (const r of await decodeSpeed(webgpu, cfg, 'q4', [16], 4, {}, capture)) rows.push({ ...r, what: 'tiny (ms not meaningful)', backend: 'webgpu' });
 }
 if ((want('speed') || only === 'capture') && !software) {
   const layers = Number(arg('--layers') ?? 16);
@@ -237,9 +257,16 @@ if ((want('speed') || only === 'capture') && !software) {
   const cfg = { ...parseModelConfig({ ...LLAMA_1B, num_hidden_layers: layers }) };
   const steps = Number(arg('--steps') ?? (quick ? 8 : 32));
   for (const p of ['q4', 'f32'] as const) {
-    for (const capture of [false, true]) for (const r of await decodeSpeed(webgpu!, cfg, p, positions, steps, capture)) rows.push({ ...r, backend: 'webgpu' });
+    for (const capture of [false, true]) for (const r of await decodeSpeed(webgpu!, cfg, p, positions, steps, {}, capture)) rows.push({ ...r, backend: 'webgpu' });
   }
-  if (only !== 'capture') for (const r of await decodeSpeed(wasm, cfg, 'q4', [positions[0]!], Math.max(4, steps / 4))) rows.push({ ...r, backend: `wasm ${threads}t` });
+  if (only !== 'capture') {
+    // Temperature > 0 at 1B size: candidates (TopK on the GPU) vs the logits downloaded, side by side.
+    for (const samplerCandidates of [undefined, 0]) {
+      const draw = { sampling: TYPICAL_SAMPLING, ...(samplerCandidates === 0 ? { samplerCandidates } : {}) };
+      for (const r of await decodeSpeed(webgpu!, cfg, 'q4', [positions[0]!], steps, draw)) rows.push({ ...r, backend: 'webgpu' });
+    }
+    for (const r of await decodeSpeed(wasm, cfg, 'q4', [positions[0]!], Math.max(4, steps / 4))) rows.push({ ...r, backend: `wasm ${threads}t` });
+  }
 }
 
 console.log('\n| what | backend | weights | graph capture | position | ms/token | CPU↔GPU bytes/step |');

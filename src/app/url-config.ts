@@ -4,7 +4,9 @@
  *   `?relay=ws://…&tracker=http://…[&model=<name at the tracker>]`;
  * - without, a fixed span: `?relay=ws://…&model=<base url>&layers=0-6`;
  * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>][&weights=f32|f16|q4][&hop=chain|star]`
- * (`hop`: how the page drives a pipeline when it is the head; absent: chain).
+ * (`hop`: how the page drives a pipeline when it is the head; absent: chain),
+ * and for tests `[&test_lose_gpu=N[,M…]]`: the k-th GPU backend destroys its
+ * device before its N-th session run (src/browser/gpu-test-hooks.ts).
  * Parsed with zod: a URL is outside data.
  */
 import { z } from 'zod';
@@ -27,6 +29,11 @@ const paramsSchema = z.object({
   budget: z.coerce.number().min(0.25).max(65536).optional(),
   weights: z.enum(WEIGHT_FORMATS).optional(),
   hop: z.enum(['chain', 'star']).optional(),
+  test_lose_gpu: z
+    .string()
+    .regex(/^\d{1,6}(,\d{1,6}){0,7}$/, 'test_lose_gpu must look like 7 or 7,9')
+    .transform((v) => v.split(',').map(Number))
+    .optional(),
 });
 
 const trackedSchema = z.object({
@@ -38,6 +45,7 @@ const trackedSchema = z.object({
   budget: paramsSchema.shape.budget,
   weights: paramsSchema.shape.weights,
   hop: paramsSchema.shape.hop,
+  test_lose_gpu: paramsSchema.shape.test_lose_gpu,
 });
 
 export type UrlConfigResult = { ok: true; config: NodeConfig } | { ok: false; missing: boolean; message: string };
@@ -47,7 +55,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   const q = new URLSearchParams(search);
   if (!q.has('relay') && !q.has('model') && !q.has('layers') && !q.has('tracker')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
   const raw: Record<string, string> = {};
-  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights', 'hop']) {
+  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights', 'hop', 'test_lose_gpu']) {
     const v = q.get(k);
     if (v !== null && v !== '') raw[k] = v;
   }
@@ -70,6 +78,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   if (p.budget !== undefined) config.memoryBudgetBytes = p.budget * 1024 * 1024;
   if (p.weights !== undefined) config.weights = p.weights;
   if (p.hop !== undefined) config.hopMode = p.hop;
+  if (p.test_lose_gpu !== undefined) config.testLoseGpuAfterRuns = p.test_lose_gpu;
   return { ok: true, config };
 }
 
@@ -87,5 +96,6 @@ function trackedConfig(raw: Record<string, string>): UrlConfigResult {
   if (p.budget !== undefined) config.memoryBudgetBytes = Math.round(p.budget * 1024 * 1024);
   if (p.weights !== undefined) config.weights = p.weights;
   if (p.hop !== undefined) config.hopMode = p.hop;
+  if (p.test_lose_gpu !== undefined) config.testLoseGpuAfterRuns = p.test_lose_gpu;
   return { ok: true, config };
 }

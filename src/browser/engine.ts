@@ -53,6 +53,8 @@ export interface NodeConfig {
   weights?: WeightFormat;
   /** As a head: chain (each hop pushes to the next, the last answers the head) or star (every hop answers the head). Absent: chain. Not stored: a URL setting for tests and benchmarks. */
   hopMode?: 'chain' | 'star';
+  /** Test hook: the k-th GPU backend destroys its device before its N-th session run (gpu-test-hooks.ts). Not stored. */
+  testLoseGpuAfterRuns?: number[];
 }
 
 export interface NodeErrorInfo {

@@ -73,6 +73,28 @@ export interface ReaderStats {
   requests: number;
   /** Body bytes consumed from responses (what actually crossed the wire, roughly). */
   bytesReceived: number;
+  /** Requests sent again after a failed connection or a 502/503/504. */
+  retries: number;
+}
+
+/** Tries per request, and the first wait between them (×4 each time: 0.25 s, 1 s). */
+const FETCH_ATTEMPTS = 3;
+const RETRY_DELAY_MS = 250;
+const RETRY_STATUSES = new Set([502, 503, 504]);
+
+function abortableDelay(ms: number, signal: AbortSignal | undefined, what: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason instanceof Error ? signal.reason : new DOMException(what, 'AbortError'));
+    const onAbort = () => {
+      clearTimeout(t);
+      reject(signal!.reason instanceof Error ? signal!.reason : new DOMException(what, 'AbortError'));
+    };
+    const t = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
 }
 
 /**
@@ -80,7 +102,7 @@ export interface ReaderStats {
  * requests through the injected `fetch`. Open with {@link SafetensorsReader.open}.
  */
 export class SafetensorsReader {
-  readonly stats: ReaderStats = { requests: 0, bytesReceived: 0 };
+  readonly stats: ReaderStats = { requests: 0, bytesReceived: 0, retries: 0 };
   /** Files whose server answered 200 to a Range request: correct, but every read streams from byte 0. */
   readonly rangeIgnoredFiles = new Set<string>();
   private readonly tensors = new Map<string, TensorInfo>();
@@ -165,15 +187,30 @@ export class SafetensorsReader {
     }
   }
 
+  /**
+   * One GET, tried again after a short wait when no answer came (the
+   * connection failed) or the server said it is briefly unable (502/503/504):
+   * a weight server under load drops connections now and then, and a node
+   * that gave up on its span at the first one would leave its layers bare.
+   */
   private async request(file: string, range: [number, number | null] | null, signal: AbortSignal | undefined): Promise<Response> {
-    this.stats.requests++;
     const headers: Record<string, string> = {};
     if (range) headers.Range = `bytes=${range[0]}-${range[1] === null ? '' : range[1] - 1}`;
-    try {
-      return await this.fetchFn(joinUrl(this.baseUrl, file), { headers, signal });
-    } catch (e) {
-      if ((e as Error).name === 'AbortError') throw e;
-      throw new ModelFetchError(file, `fetch failed: ${(e as Error).message}`);
+    for (let attempt = 1; ; attempt++) {
+      this.stats.requests++;
+      let why: string;
+      try {
+        const res = await this.fetchFn(joinUrl(this.baseUrl, file), { headers, signal });
+        if (!RETRY_STATUSES.has(res.status) || attempt >= FETCH_ATTEMPTS) return res;
+        await res.body?.cancel();
+        why = `HTTP ${res.status}`;
+      } catch (e) {
+        if ((e as Error).name === 'AbortError') throw e;
+        why = (e as Error).message;
+        if (attempt >= FETCH_ATTEMPTS) throw new ModelFetchError(file, `fetch failed (${attempt} attempts): ${why}`);
+      }
+      this.stats.retries++;
+      await abortableDelay(RETRY_DELAY_MS * 4 ** (attempt - 1), signal, `${file}: ${why}`);
     }
   }
 

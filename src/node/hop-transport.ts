@@ -115,9 +115,15 @@ function parseHostPort(url: string): string | undefined {
 /** Statuses of a reply that mean "this transport did not reach a working hop", as opposed to an answer from the hop. */
 function isTransportFailure(reply: MeshReply): boolean {
   if (reply.status === 200 || reply.status === 409) return false;
-  // The hop itself has no KV room: another path would reach the same full node.
-  if (reply.status === 503 && isBusyReply(reply)) return false;
+  // The hop itself has no KV room, or its GPU span is being rebuilt: another path would reach the same node.
+  if (reply.status === 503 && (isBusyReply(reply) || isRebuildingReply(reply))) return false;
   return true;
+}
+
+/** A 503 MESH_ERR_UNAVAILABLE with retry_after_ms: the hop lost its GPU device and is building its span again (device-recovery.ts). */
+function isRebuildingReply(reply: MeshReply): boolean {
+  const e = remoteError(reply.status, reply.body);
+  return e.code === 'MESH_ERR_UNAVAILABLE' && typeof e.details.retry_after_ms === 'number';
 }
 
 /** A 503 whose body is MESH_ERR_BUSY: the hop refused a session for lack of KV room (not a relay's 503). */

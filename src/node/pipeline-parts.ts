@@ -59,13 +59,19 @@ export function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeo
 /** A hop's 503 MESH_ERR_BUSY as the generation's error: it names the node, so the tracker routes around it or queues. */
 export function busyError(hop: RouteHop, reply: MeshReply): MeshError {
   const remote = remoteError(reply.status, reply.body);
-  const message = remote.code === 'MESH_ERR_BUSY' ? remote.message : 'no KV room';
+  // MESH_ERR_UNAVAILABLE: the hop's GPU device was lost and its span is being rebuilt (device-recovery.ts).
+  const message = remote.code === 'MESH_ERR_BUSY' || remote.code === 'MESH_ERR_UNAVAILABLE' ? remote.message : 'no KV room';
   let retry = remote.details.retry_after_ms;
   if (typeof retry !== 'number') {
     const h = Number(reply.headers[H.retryAfter]);
     retry = Number.isFinite(h) && reply.headers[H.retryAfter] !== undefined ? h * 1000 : undefined;
   }
   return new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${message}`, { peer_id: hop.peer_id, ...(retry !== undefined ? { retry_after_ms: retry } : {}) });
+}
+
+/** Our own span's GPU device was lost and it is being rebuilt (UNAVAILABLE with a Retry-After): like no room, the tracker routes the chat again. */
+export function isRebuilding(e: MeshError): boolean {
+  return e.code === 'MESH_ERR_UNAVAILABLE' && typeof e.details.retry_after_ms === 'number';
 }
 
 export function errorEvent(e: unknown): GenerateEvent {

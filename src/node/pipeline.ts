@@ -36,7 +36,7 @@ import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
 import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
-import { History, busyError, errorEvent, parseTokenAnswer } from './pipeline-parts.ts';
+import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer } from './pipeline-parts.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
@@ -233,7 +233,7 @@ export class PipelineDriver {
           local = await ex.forward(localReq(allTokens(), 0));
         }
       } catch (e) {
-        if (e instanceof MeshError && e.code === 'MESH_ERR_BUSY') throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
+        if (e instanceof MeshError && (e.code === 'MESH_ERR_BUSY' || isRebuilding(e))) throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
         throw e;
       }
       if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };

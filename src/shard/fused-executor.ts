@@ -8,7 +8,9 @@
  * each session's KV cache lives in GPU buffers that GroupQueryAttention
  * reads and writes in place (layer-kv.ts), the activation passes from one
  * graph to the next as a GPU buffer, and per call only the input comes in
- * and the output activation (or the last hop's logits) goes out.
+ * and the output activation (or the last hop's token: picked by the head
+ * graph when greedy, from the sampler graph's candidates otherwise,
+ * device-sampler.ts) goes out.
  *
  * KV room is admitted by the same KvLedger as ShardExecutor's (kv-store.ts):
  * a session gets what it declares when it opens (`sessionTokens`), grows by
@@ -23,6 +25,7 @@
 import type { ModelConfig } from '../model/config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
 import { buildEmbedGraph, IO } from '../model/graph.ts';
+import { DEFAULT_SAMPLER_CANDIDATES } from '../model/sampler-graph.ts';
 import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes, fusedProjectionNames, HEAD_IO, quantizingSource, type FusedWeights } from '../model/fused-graph.ts';
 import type { Q4Matrix } from '../model/quantize.ts';
 import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
@@ -37,6 +40,8 @@ import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, t
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { sampleToken, validateSampling } from './sampling.ts';
 import { CaptureLane, uploadWeights, withWeights, type CaptureStats, type LaneSegment } from './capture-lane.ts';
+import { DeviceSampler, type DeviceSamplingStats } from './device-sampler.ts';
+import { SamplerPathChooser, type SamplerChoice, type SamplerPathStats } from './sampler-choice.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
 export interface Q4Cache {
@@ -77,6 +82,18 @@ export interface FusedExecutorOptions extends ExecutorKvOptions {
    * per layer (charged to the KV budget). @defaultValue false
    */
   graphCapture?: boolean;
+  /**
+   * Candidates (largest logits) the sampler graph sends back for a step at
+   * temperature > 0 when `returnLogits` is false (device-sampler.ts); 0
+   * always downloads the logits instead. @defaultValue 256
+   */
+  samplerCandidates?: number;
+  /**
+   * `adaptive` (default): sample from the candidates or over the downloaded
+   * logits, whichever is measured faster on this device (sampler-choice.ts);
+   * `candidates`: always the candidates. The token is the same either way.
+   */
+  samplerChoice?: SamplerChoice;
 }
 
 interface Segment {
@@ -104,6 +121,9 @@ export class FusedShardExecutor {
   /** Forwards run one batch at a time: KV positions advance in request order. */
   private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
   private lostReason: string | null = null;
+  /** Temperature > 0 without the logits (null: the head is not here, or candidates are off). */
+  private readonly sampler: DeviceSampler | null;
+  private readonly samplerPath: SamplerPathChooser;
   private readonly lost: Promise<never>;
   private lane: CaptureLane | null = null;
   private readonly deviceWeights: DeviceTensor[] = [];
@@ -126,6 +146,9 @@ export class FusedShardExecutor {
     this.weightBytes = weightBytes;
     this.onDevice = o.backend.device !== undefined;
     this.returnLogits = o.returnLogits ?? !this.onDevice;
+    const candidates = o.samplerCandidates ?? DEFAULT_SAMPLER_CANDIDATES;
+    this.sampler = head && candidates > 0 ? new DeviceSampler(o.backend, o.config.vocabSize, candidates, o.sessionOptions) : null;
+    this.samplerPath = new SamplerPathChooser(o.samplerChoice ?? 'adaptive');
     this.lost = new Promise<never>((_, reject) => {
       void o.backend.device?.lost.then((reason) => {
         this.lostReason = reason;
@@ -300,7 +323,12 @@ export class FusedShardExecutor {
   }
 
   private lostError(): MeshError {
-    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard must be rebuilt`, { retryAfterMs: 1000 });
+    return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${this.lostReason}); this shard is being rebuilt`, { retry_after_ms: 1000 });
+  }
+
+  /** Steps at temperature > 0 decided from the device's candidates, and those that downloaded the logits (see returnLogits). */
+  samplingStats(): DeviceSamplingStats & { path: SamplerPathStats } {
+    return { ...(this.sampler?.stats() ?? { onDevice: 0, fallbacks: 0, reasons: {} }), path: this.samplerPath.stats() };
   }
 
   /** Batch sizes run so far. */
@@ -312,7 +340,7 @@ export class FusedShardExecutor {
     await this.batches.idle();
     this.kv.clear();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
-    await Promise.all(all.map((s) => s.release()));
+    await Promise.all([...all.map((s) => s.release()), this.sampler?.release()]);
     await this.lane?.dispose();
     for (const t of this.deviceWeights) t.dispose();
   }
@@ -384,8 +412,20 @@ export class FusedShardExecutor {
           const logprob = (out[HEAD_IO.greedyLogprob] as BackendTensor).data[0] as number;
           return { kind: 'token', tokenId, logprob, logits: new Float32Array(0) };
         }
+        const timed = !this.returnLogits && this.sampler !== null;
+        const path = timed ? this.samplerPath.next() : 'logits';
+        const t0 = performance.now();
+        if (timed && path === 'candidates') {
+          // Temperature > 0: the token from the top candidates (~3 KiB), or null and the logits below.
+          const picked = await this.sampler!.sample(onDevice, sampling, position + seq);
+          if (picked) {
+            this.samplerPath.record('candidates', performance.now() - t0);
+            return { kind: 'token', ...picked, logits: new Float32Array(0) };
+          }
+        }
         const logits = (await hostData(onDevice)) as Float32Array;
         const { tokenId, logprob } = sampleToken(logits, sampling, position + seq);
+        if (timed) this.samplerPath.record(path, performance.now() - t0);
         return { kind: 'token', tokenId, logprob, logits };
       }
       const data = (await hostData(hidden)) as Float32Array;

@@ -53,7 +53,7 @@ export function validateSampling(p: SamplingParams): void {
   if (!(Number.isSafeInteger(s) && s >= 0)) throw badRequestError(`seed ${s} must be a non-negative safe integer`);
 }
 
-function logSoftmaxAt(logits: Float32Array, index: number): number {
+export function logSoftmaxAt(logits: Float32Array, index: number): number {
   let max = -Infinity;
   for (let i = 0; i < logits.length; i++) if (logits[i]! > max) max = logits[i]!;
   let sum = 0;
@@ -77,10 +77,22 @@ export function sampleToken(logits: Float32Array, params: SamplingParams, positi
   let order = Array.from({ length: logits.length }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]! || a - b);
   const k = params.topK ?? 0;
   if (k > 0 && k < order.length) order = order.slice(0, k);
-  const max = logits[order[0]!]! / temperature;
-  const weights = order.map((i) => Math.exp(logits[i]! / temperature - max));
+  const chosen = drawFromSorted(order, (i) => logits[i]!, temperature, params.topP ?? 1, params.seed ?? 0, position);
+  return { tokenId: chosen, logprob: logSoftmaxAt(logits, chosen) };
+}
+
+/**
+ * The draw over candidates already in sampling order (logit descending, id
+ * ascending) and already cut to top_k: weights exp(l/T − max), the nucleus
+ * cut, then the first candidate whose running mass passes u. Shared by
+ * sampleToken and the device path (candidate-sampling.ts), which must do
+ * exactly this arithmetic to pick the same token.
+ */
+export function drawFromSorted(order: readonly number[], logitOf: (id: number) => number, temperature: number, topP: number, seed: number, position: number): number {
+  let kept = order;
+  const max = logitOf(kept[0]!) / temperature;
+  const weights = kept.map((i) => Math.exp(logitOf(i) / temperature - max));
   let total = weights.reduce((a, b) => a + b, 0);
-  const topP = params.topP ?? 1;
   if (topP < 1) {
     // Smallest prefix whose mass reaches top_p (the token that crosses it stays in).
     let acc = 0;
@@ -90,19 +102,19 @@ export function sampleToken(logits: Float32Array, params: SamplingParams, positi
       keep++;
       if (acc >= topP * total) break;
     }
-    order = order.slice(0, keep);
+    kept = kept.slice(0, keep);
     weights.length = keep;
     total = acc;
   }
-  const u = drawUniform(params.seed ?? 0, position) * total;
+  const u = drawUniform(seed, position) * total;
   let acc = 0;
-  let chosen = order[order.length - 1]!;
-  for (let i = 0; i < order.length; i++) {
+  let chosen = kept[kept.length - 1]!;
+  for (let i = 0; i < kept.length; i++) {
     acc += weights[i]!;
     if (u < acc) {
-      chosen = order[i]!;
+      chosen = kept[i]!;
       break;
     }
   }
-  return { tokenId: chosen, logprob: logSoftmaxAt(logits, chosen) };
+  return chosen;
 }

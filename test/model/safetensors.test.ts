@@ -136,6 +136,37 @@ describe('SafetensorsReader over HTTP Range (static server)', () => {
     await expect(r.loadTensors(layers('small', 0, 11), { signal: ac.signal })).rejects.toMatchObject({ name: 'AbortError' });
   });
 
+  it('a failed connection or a 503 is tried again (up to 3 times); the tensors are the file\'s', async () => {
+    let left = 2;
+    const flaky: typeof fetch = async (url, init) => {
+      const want = String(url).endsWith('model.safetensors') && (init?.headers as Record<string, string> | undefined)?.Range?.startsWith('bytes=0-') === false;
+      if (want && left > 0) {
+        left--;
+        if (left === 1) throw new TypeError('fetch failed', { cause: { code: 'ECONNRESET' } });
+        return new Response('busy', { status: 503 });
+      }
+      return fetch(url, init);
+    };
+    const r = await SafetensorsReader.open(flaky, `${base}/tiny/`);
+    const names = layers('tiny', 1, 1);
+    const got = await r.loadTensors(names);
+    expect(left).toBe(0);
+    expect(r.stats.retries).toBe(2);
+    expectSameFloats(got.get('model.layers.1.mlp.up_proj.weight')!.data, await fromDisk(tinyDir, 'model.safetensors', 'model.layers.1.mlp.up_proj.weight'));
+  });
+
+  it('a server that never answers fails after 3 attempts with a fetch error naming the file', async () => {
+    let calls = 0;
+    const dead: typeof fetch = async () => {
+      calls++;
+      throw new TypeError('fetch failed', { cause: { code: 'ECONNREFUSED' } });
+    };
+    const err = await SafetensorsReader.open(dead, `${base}/tiny/`).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ModelFetchError);
+    expect((err as ModelFetchError).message).toMatch(/3 attempts/);
+    expect(calls).toBe(3);
+  });
+
   it('a missing base directory is a fetch error with the status', async () => {
     const err = await SafetensorsReader.open(fetch, `${base}/nope/`).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(ModelFetchError);

@@ -30,6 +30,11 @@ function wireDtype(value: string): Dtype {
   return v;
 }
 
+function backendChoice(value: string): 'cpu' | 'webgpu' {
+  if (value !== 'cpu' && value !== 'webgpu') throw new InvalidArgumentError(`expected cpu or webgpu, got "${value}"`);
+  return value;
+}
+
 function positive(value: string): number {
   const n = Number(value);
   if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a positive number, got "${value}"`);
@@ -51,6 +56,7 @@ export function configure(cmd: Command): void {
     .option('--wire-dtype <dtype>', 'with --layers: activations between hops, bf16, f16 or f32 (a head sends it, a hop accepts only it; default: sends bf16, accepts all). A tracker\'s nodes get the tracker\'s (--wire-dtype there)', wireDtype)
     .option('--model <name>', `model id as the tracker knows it (default: the tracker's only model; with --layers: "${NODE_HOST_DEFAULTS.staticModel}")`)
     .option('--threads <n>', 'ONNX intra-op threads (default: onnxruntime decides)', int)
+    .option('--backend <kind>', 'what runs the span: cpu (onnxruntime-node) or webgpu (onnxruntime-web\'s WebGPU EP on Dawn, fused graphs; a lost GPU device is rebuilt, then the CPU takes over)', backendChoice, 'cpu')
     .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
     .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
@@ -77,6 +83,7 @@ export function configure(cmd: Command): void {
       const model = o.tracker ? await trackerModel(o.tracker as string, o.model as string | undefined, log) : ((o.model as string | undefined) ?? NODE_HOST_DEFAULTS.staticModel);
       if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
       const { startNodeHost } = await import('../../host/node/index.ts');
+      const { testHooksFromEnv } = await import('../../host/node/backends.ts');
       const host = await startNodeHost({
         relayUrl: o.relay as string | undefined,
         trackerUrl: o.tracker as string | undefined,
@@ -91,6 +98,8 @@ export function configure(cmd: Command): void {
         ...(o.wireDtype ? { wireDtype: o.wireDtype as Dtype } : {}),
         model,
         threads: o.threads as number | undefined,
+        backend: o.backend as 'cpu' | 'webgpu',
+        testHooks: testHooksFromEnv(process.env),
         injectDelayMs: o.injectDelayMs as number,
         trackerKey: o.trackerKey as string | undefined,
         maxBodyBytes: o.maxBodyBytes as number,

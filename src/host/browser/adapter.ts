@@ -16,6 +16,7 @@
  */
 import type { ModelConfig } from '../../model/config.ts';
 import { fusedUnsupportedReason } from '../../model/fused-graph.ts';
+import { withGpuTestHooks } from '../../browser/gpu-test-hooks.ts';
 import type { WeightFormat } from '../../model/weight-format.ts';
 import type { SpanGraphs } from '../../shard/span-executor.ts';
 import { indexedDbQ4Cache, type Q4Counters } from '../../browser/q4-store.ts';
@@ -87,6 +88,8 @@ export interface BrowserAdapterOptions {
   weights: WeightFormat;
   /** 4-bit projections quantized / read back from IndexedDB in this worker. */
   q4: Q4Counters;
+  /** Test hook: the k-th GPU backend destroys its device before its N-th session run. */
+  loseGpuAfterRuns?: number[];
 }
 
 export function browserAdapter(g: BrowserGlobals, o: BrowserAdapterOptions): RuntimeHost {
@@ -164,9 +167,13 @@ function storedWeights(g: BrowserGlobals, o: BrowserAdapterOptions): WeightStore
 function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFactory {
   const threads = threadsFor(g, o.threads);
   const cpu = `CPU (WASM, ${threads} thread${threads === 1 ? '' : 's'})`;
-  const backendFor = (kind: BackendKind): Promise<OnnxBackend> => createOrtWebBackend(kind, { numThreads: threads, wasmPaths: g.ortWasmPaths });
+  let gpus = 0;
+  const backendFor = async (kind: BackendKind): Promise<OnnxBackend> => {
+    const b = await createOrtWebBackend(kind, { numThreads: threads, wasmPaths: g.ortWasmPaths });
+    return kind === 'webgpu' && o.loseGpuAfterRuns ? withGpuTestHooks(b, o.loseGpuAfterRuns[gpus++], undefined) : b;
+  };
   return {
-    async choose(spec, config, weights: WeightLoader) {
+    async choose(spec, config, weights: WeightLoader, lost) {
       const chosen = async (d: { kind: BackendKind; fp16: boolean; reason: string }, adapter: string): Promise<ChosenBackend> => {
         const g = graphsFor(config, d.kind, d.fp16, o.weights);
         console.info(`meshnet node: layers ${spec.startLayer}-${spec.endLayer - 1} on ${d.kind}, ${g.graphs.kind} graphs, ${g.weights} weights; ${g.precision}${g.why ? `; ${g.why}` : ''}`);
@@ -175,7 +182,13 @@ function ortWebBackends(g: BrowserGlobals, o: BrowserAdapterOptions): BackendFac
         return { backend: await backendFor(d.kind), graphs: g.graphs, info: { name: `onnxruntime-web/${d.kind}`, kind: d.kind, dtype, weights: g.weights, details: { ...page } } };
       };
       if (o.choice === 'wasm') return chosen({ kind: 'wasm', fp16: false, reason: 'WASM: forced by setting' }, cpu);
+      // After a lost device (device-recovery.ts): a fresh one once, WASM from the second loss on (or when none comes).
+      if (lost && lost.losses >= 2) return chosen({ kind: 'wasm', fp16: false, reason: `WASM: the GPU device was lost ${lost.losses} times (last: ${lost.reason})` }, cpu);
       const probe = await probeWebGpu(g.gpu);
+      if (lost) {
+        if (!probe.usable) return chosen({ kind: 'wasm', fp16: false, reason: `WASM: no fresh GPU device after the last was lost (${probe.reason})` }, cpu);
+        return chosen({ kind: 'webgpu', fp16: probe.fp16, reason: `WebGPU: a fresh device after the last was lost (${lost.reason})` }, probe.adapter);
+      }
       if (o.choice === 'webgpu') {
         if (!probe.usable) throw new MeshError('MESH_ERR_UNAVAILABLE', `WebGPU was forced but ${probe.reason}`);
         return chosen({ kind: 'webgpu', fp16: probe.fp16, reason: `WebGPU: forced by setting${probe.fp16 ? '' : ' (fp32: no shader-f16)'}` }, probe.adapter);

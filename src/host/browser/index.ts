@@ -135,7 +135,7 @@ export class BrowserNode implements NodeEngine {
     const old = this.runtime;
     this.runtime = undefined;
     await old?.close();
-    const adapter = browserAdapter(this.g, { storage, choice, ...(config.threads !== undefined ? { threads: config.threads } : {}), counters: this.counters, warmed: this.warmed, weights, q4: this.q4 });
+    const adapter = browserAdapter(this.g, { storage, choice, ...(config.threads !== undefined ? { threads: config.threads } : {}), counters: this.counters, warmed: this.warmed, weights, q4: this.q4, ...(config.testLoseGpuAfterRuns ? { loseGpuAfterRuns: config.testLoseGpuAfterRuns } : {}) });
     const runtime = await NodeRuntime.create(adapter, {
       relayUrl: config.relayUrl,
       ...(config.trackerUrl

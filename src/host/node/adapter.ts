@@ -17,13 +17,17 @@ import { readerWeightLoader } from '../../shard/weights.ts';
 import { FileKeyStore } from '../../tracker/key-file.ts';
 import { createHttpDirect, type HttpDirect } from '../../cli/http-direct.ts';
 import { NodeWebSocketConstructor } from '../../cli/node-socket.ts';
-import { createNodeBackend } from '../../cli/onnx-node.ts';
+import { nodeBackends, type NodeBackendChoice, type NodeTestHooks } from './backends.ts';
 
 export interface NodeAdapterOptions {
   /** Where the Ed25519 identity lives; absent: a fresh id each run. */
   keyFile?: string;
   /** ONNX intra-op threads; absent: ORT decides. */
   threads?: number;
+  /** onnxruntime-node's CPU (default), or WebGPU through Dawn (backends.ts). */
+  backend?: NodeBackendChoice;
+  /** Failures a software GPU never has, for tests (backends.ts). */
+  testHooks?: NodeTestHooks;
   /** Dial direct links to hops with an endpoint. */
   links: boolean;
   /** Hub files: endpoint (HF_ENDPOINT), HF_TOKEN for the hub origin, and the disk cache of pinned files. */
@@ -63,8 +67,8 @@ function rangeWeights(fetchFn: typeof fetch): WeightStore {
 
 export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
   const keys: KeyStore = o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore();
-  const backend = createNodeBackend(o.threads !== undefined ? { intraOpNumThreads: o.threads } : {});
   const httpDirect: HttpDirect = createHttpDirect();
+  const backends = nodeBackends({ choice: o.backend ?? 'cpu', ...(o.threads !== undefined ? { threads: o.threads } : {}), ...(o.testHooks ? { hooks: o.testHooks } : {}), log: o.log });
   return {
     name: 'node',
     fetch: globalThis.fetch,
@@ -72,14 +76,15 @@ export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
     keys,
     // Checkpoint files: hub redirects and token (model/hub.ts), pinned hub files kept on disk (hub-cache.ts); other URLs untouched.
     weights: rangeWeights(cachingHubFetch(hubFetch(globalThis.fetch, { endpoint: o.hub.endpoint, ...(o.hub.token ? { token: o.hub.token } : {}) }), { endpoint: o.hub.endpoint, dir: o.hub.cacheDir })),
-    backends: {
-      choose: async () => ({ backend, info: { name: backend.name, kind: 'onnxruntime-node', dtype: 'f32' } }),
-    },
+    backends,
     log: o.log,
     direct: httpDirect.send,
     watchHandshake: watchWsHandshake,
     // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
     ...(o.links ? { links: (identity) => new LinkPool({ identity, WebSocket: NodeWebSocketConstructor, onLog: (m) => o.log('warn', m) }) } : {}),
-    close: () => httpDirect.close(),
+    close: () => {
+      httpDirect.close();
+      backends.close();
+    },
   };
 }

@@ -15,6 +15,7 @@ import type { LogLevel } from '../../node/runtime/host.ts';
 import { NodeRuntime, type RuntimeEvent } from '../../node/runtime/runtime.ts';
 import type { Dtype } from '../../protocol/tensor.ts';
 import { nodeAdapter } from './adapter.ts';
+import type { NodeBackendChoice, NodeTestHooks } from './backends.ts';
 import { defaultCacheDir } from './hub-cache.ts';
 import { hubEndpoint, isHubRef, resolveHubModel } from '../../model/hub.ts';
 import { openSurface } from './surface.ts';
@@ -48,6 +49,10 @@ export interface NodeHostOptions {
   model: string;
   /** ONNX intra-op threads; absent: ORT decides. */
   threads?: number;
+  /** What runs the span: onnxruntime-node's CPU (default) or WebGPU through Dawn (backends.ts). */
+  backend?: NodeBackendChoice;
+  /** Failures a software GPU never has (backends.ts, from MESHNET_TEST_* variables). */
+  testHooks?: NodeTestHooks;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
   /** base64url raw Ed25519 key that signs routes, for a head without a tracker (tests). */
@@ -96,7 +101,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     log('info', `${modelUrl} is commit ${r.sha}: loading from ${r.url}`);
     modelUrl = r.url;
   }
-  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log });
+  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log, ...(o.backend ? { backend: o.backend } : {}), ...(o.testHooks ? { testHooks: o.testHooks } : {}) });
   const runtime = await NodeRuntime.create(adapter, {
     ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
     ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),
@@ -109,7 +114,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     hopOrder: o.hopOrder,
     ...(o.hopMode ? { hopMode: o.hopMode } : {}),
-    backendKind: 'onnxruntime-node',
+    backendKind: o.backend === 'webgpu' ? 'webgpu' : 'onnxruntime-node',
     // A daemon keeps serving what it has and asks again at the next heartbeat.
     retryFailedLoads: true,
     injectDelayMs: o.injectDelayMs,
@@ -117,7 +122,10 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
   const peerId = runtime.peerId;
   runtime.on((e: RuntimeEvent) => {
     if (e.type === 'registered') o.emit({ event: 'registered', peer_id: peerId, tracker: o.trackerUrl, assignment: e.assignment });
-    else if (e.type === 'serving') o.emit({ event: 'serving', peer_id: peerId, model: e.span.model, start_layer: e.span.startLayer, end_layer: e.span.endLayer, load_ms: e.loadMs });
+    else if (e.type === 'serving') {
+      const rebuilt = e.rebuilt ? { rebuilt: { losses: e.rebuilt.loss.losses, reason: e.rebuilt.loss.reason, layer_ms: e.rebuilt.layerMs } } : {};
+      o.emit({ event: 'serving', peer_id: peerId, model: e.span.model, start_layer: e.span.startLayer, end_layer: e.span.endLayer, load_ms: e.loadMs, backend: e.backend, ...rebuilt });
+    }
     else if (e.type === 'generate' && (e.event.type === 'recovered' || e.event.type === 'done' || e.event.type === 'error')) o.emit({ event: `generate-${e.event.type}`, session_id: e.sessionId, ...e.event });
   });
 

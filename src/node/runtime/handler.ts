@@ -18,6 +18,7 @@ import { createHeadHandler } from '../head-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
 import type { PipelineDriver } from '../pipeline.ts';
+import { rebuildingError } from './device-recovery.ts';
 import type { LoadedSpan } from './span.ts';
 import type { NodeActivity } from './stats.ts';
 
@@ -93,6 +94,8 @@ export class NodeHandler {
       return errorReply(new MeshError('MESH_ERR_UNAVAILABLE', 'this node has no span loaded yet; route around it or retry later'));
     }
     if (path !== '/forward' || req.method.toUpperCase() !== 'POST') return span.forward(req);
+    // The span's GPU device was lost and it is being rebuilt (device-recovery.ts): come back after about one load.
+    if (span.deviceLostReason !== undefined) return errorReply(rebuildingError(span));
     const activity = this.init.activity;
     activity.inFlight++;
     try {

@@ -89,9 +89,20 @@ export interface ChosenBackend {
   graphs?: SpanGraphs;
 }
 
+/**
+ * Why a span is being built again on the same layers: the GPU device it ran
+ * on was lost (device-recovery.ts). `losses` counts the losses (and failed
+ * rebuilds) of this span so far: a host tries a fresh GPU device first, and
+ * falls back to the CPU (WASM, onnxruntime-node) after that.
+ */
+export interface DeviceLoss {
+  reason: string;
+  losses: number;
+}
+
 export interface BackendFactory {
-  /** The backend for a span; may calibrate on the span's own weights first. */
-  choose(span: SpanSpec, config: ModelConfig, weights: WeightLoader): Promise<ChosenBackend>;
+  /** The backend for a span; may calibrate on the span's own weights first. `lost`: a rebuild after the device was lost. */
+  choose(span: SpanSpec, config: ModelConfig, weights: WeightLoader, lost?: DeviceLoss): Promise<ChosenBackend>;
   /** After the executor is built, before it serves (a WASM warm-up); a failure here is only logged. */
   prepare?(executor: SpanExecutor, chosen: ChosenBackend): Promise<void>;
 }

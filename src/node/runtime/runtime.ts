@@ -15,11 +15,10 @@
  * The state (state.ts) is derived from facts on every change, never set by
  * hand. A host is an adapter (host.ts): src/host/node and src/host/browser.
  */
-import type { ModelConfig } from '../../model/config.ts';
 import type { WeightFormat } from '../../model/weight-format.ts';
 import { encodeBase64Url } from '../../protocol/base64.ts';
 import { MeshError } from '../../protocol/errors.ts';
-import type { Assignment, GenerateEvent, NodeMessage } from '../../protocol/tracker.ts';
+import type { Assignment, NodeMessage } from '../../protocol/tracker.ts';
 import { HopTransport } from '../hop-transport.ts';
 import { Identity } from '../identity.ts';
 import type { MeshHandler } from '../mesh-types.ts';
@@ -28,10 +27,12 @@ import { RpcConnection } from '../relay-hop.ts';
 import { TrackerClient } from '../tracker-client.ts';
 import { TrackerSession, kvHeartbeat } from '../tracker-session.ts';
 import { NodeHandler, type Surface } from './handler.ts';
-import type { DownloadProgress, LinkDialer, RuntimeHost, SpanSpec } from './host.ts';
+import type { LinkDialer, RuntimeHost, SpanSpec } from './host.ts';
 import { SpanSlot, baseUrl, loadSpan, type LoadedSpan, type SpanLoadContext } from './span.ts';
+import { DeviceRecovery } from './device-recovery.ts';
 import { NodeState, deriveState } from './state.ts';
 import { NodeActivity } from './stats.ts';
+import type { LoadProgress, RuntimeEvent } from './events.ts';
 
 export const RUNTIME_VERSION = '0.1.0';
 
@@ -72,20 +73,7 @@ export interface RuntimeConfig {
   injectDelayMs?: number;
 }
 
-export type RuntimeEvent =
-  | { type: 'state'; state: NodeState }
-  | { type: 'registered'; assignment: Assignment | null }
-  | { type: 'serving'; span: SpanSpec; loadMs: number }
-  | { type: 'load-failed'; span: SpanSpec; error: unknown }
-  | { type: 'generate'; event: GenerateEvent; sessionId: string };
-
-/** The span being loaded now (for the page's progress), with its model's size. */
-export interface LoadProgress {
-  phase: 'downloading' | 'loading';
-  spec: SpanSpec;
-  config: ModelConfig;
-  progress: DownloadProgress | undefined;
-}
+export type { RuntimeEvent, LoadProgress } from './events.ts';
 
 const RELAY_WAIT_MS = 15_000;
 
@@ -94,6 +82,7 @@ export class NodeRuntime {
   readonly slot: SpanSlot;
   readonly transport: HopTransport;
   private readonly handler: NodeHandler;
+  private readonly recovery: DeviceRecovery;
   private relay: RelayClient | undefined;
   private readonly links: LinkDialer | undefined;
   private tracker: TrackerClient | undefined;
@@ -171,14 +160,17 @@ export class NodeRuntime {
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
     });
-    this.slot = new SpanSlot((spec) => loadSpan(spec, this.loadContext(this.epoch)), {
+    this.slot = new SpanSlot((spec) => (this.recovery.loading(spec), loadSpan(spec, this.loadContext(this.epoch))), {
       onSwap: (next, _old, loadMs) => {
         this.loading = undefined;
         this.notice = undefined;
         // A budget changed while it loaded applies to it too.
         next.executor.setMemoryBudget(this.budget);
+        next.loadMs = loadMs;
+        this.recovery.watch(next);
+        if (next.rebuilt) this.activity.resetSteps(next.rebuilt.layerMs);
         this.changed();
-        this.emit({ type: 'serving', span: next.spec, loadMs });
+        this.emit({ type: 'serving', span: next.spec, loadMs, backend: next.backend.kind, ...(next.rebuilt ? { rebuilt: next.rebuilt } : {}) });
         // Tell the tracker what we serve as soon as the span is up.
         void this.session?.beatNow();
       },
@@ -187,10 +179,12 @@ export class NodeRuntime {
         if (error instanceof MeshError && error.code === 'MESH_ERR_CANCELLED') return this.changed();
         this.emit({ type: 'load-failed', span: spec, error });
         this.host.log('error', `loading [${spec.startLayer}, ${spec.endLayer}) of ${spec.modelUrl}: ${(error as Error)?.message ?? String(error)}`);
+        if (this.recovery.loadFailed(spec, error)) return this.changed();
         if (this.config.retryFailedLoads && this.config.trackerUrl) this.changed();
         else this.fail(error);
       },
     });
+    this.recovery = new DeviceRecovery({ slot: this.slot, budget: () => this.budget, setBudget: (b) => void this.setMemoryBudget(b), pinned: config.span !== undefined, log: (l, m) => host.log(l, m) });
   }
 
   get peerId(): string {
@@ -441,6 +435,8 @@ export class NodeRuntime {
         this.changed();
       },
       checkCurrent: () => this.current(epoch),
+      deviceLoss: () => this.recovery.lossFor(),
+      onForwardStatus: (span, status) => this.recovery.requestFailed(span, status),
     };
   }
 

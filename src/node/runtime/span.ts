@@ -17,7 +17,9 @@ import { createForwardHandler } from '../forward-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../pipeline.ts';
-import type { BackendInfo, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
+import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
+import { measureLayerMs } from './measure.ts';
+import { rebuildingError } from './device-recovery.ts';
 import type { NodeActivity } from './stats.ts';
 
 export interface LoadedSpan {
@@ -33,6 +35,14 @@ export interface LoadedSpan {
   /** Weight bytes fetched and kept by the host for this span. */
   fetchedBytes: number;
   storedBytes: number;
+  /** Resolves with a reason when the backend's GPU device is lost (device-recovery.ts rebuilds the span); absent on the CPU. */
+  deviceLost?: Promise<string>;
+  /** Set once the device was lost: this span answers 503 until its rebuild swaps in. */
+  deviceLostReason?: string;
+  /** How long loading this span took, ms (set when it is swapped in): about what a rebuild takes. */
+  loadMs?: number;
+  /** Built again after a device loss: on what, and its per-layer step time measured before serving. */
+  rebuilt?: { loss: DeviceLoss; layerMs: number };
 }
 
 /** What loading a span needs from the runtime around it. */
@@ -60,6 +70,10 @@ export interface SpanLoadContext {
   onPhase(phase: 'downloading' | 'loading', spec: SpanSpec, config: ModelConfig, progress?: DownloadProgress): void;
   /** Throws MESH_ERR_CANCELLED when the load was superseded (the node stopped or restarted). */
   checkCurrent(): void;
+  /** The node's GPU losses so far, for the host's backend choice (device-recovery.ts); undefined: none. */
+  deviceLoss?(): DeviceLoss | undefined;
+  /** Every /forward's status (a 507 asks for a smaller span). */
+  onForwardStatus?(span: LoadedSpan, status: number): void;
 }
 
 /** A model URL as a base that file names append to. */
@@ -85,7 +99,8 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   const weights = await host.weights.open(spec, config, (p) => ctx.onPhase('downloading', spec, config, p));
   ctx.checkCurrent();
   ctx.onPhase('loading', spec, config);
-  const chosen = await host.backends.choose(spec, config, weights.loader);
+  const lost = ctx.deviceLoss?.();
+  const chosen = await host.backends.choose(spec, config, weights.loader, lost);
   ctx.checkCurrent();
   const executor = await createSpanExecutor({
     config,
@@ -108,6 +123,16 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     // Serving finds the same fault on its own and answers it per request; preparing only saves time.
     host.log('warn', `preparing layers ${spec.startLayer}-${spec.endLayer - 1} failed: ${(e as Error).message}`);
   }
+  // After a loss the new backend is timed before it serves (the tracker's new layer_ms), which also proves it works.
+  let rebuilt: LoadedSpan['rebuilt'];
+  if (lost) {
+    try {
+      rebuilt = { loss: lost, layerMs: await measureLayerMs(executor) };
+    } catch (e) {
+      await executor.release().catch(() => undefined);
+      throw e;
+    }
+  }
   // Only a head needs the tokenizer: the last hop answers token ids, and the head detokenizes.
   let tokenizer: ModelTokenizer | undefined;
   if (spec.startLayer === 0) {
@@ -123,7 +148,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     await executor.release().catch(() => undefined);
     throw e;
   }
-  const span: LoadedSpan = { spec: { ...spec, modelUrl }, config, executor, backend: chosen.info, tokenizer, forward: undefined!, pipeline: undefined, fetchedBytes: weights.fetchedBytes, storedBytes: weights.storedBytes };
+  const span: LoadedSpan = { spec: { ...spec, modelUrl }, config, executor, backend: chosen.info, tokenizer, forward: undefined!, pipeline: undefined, fetchedBytes: weights.fetchedBytes, storedBytes: weights.storedBytes, ...(chosen.backend.device ? { deviceLost: chosen.backend.device.lost } : {}), ...(rebuilt ? { rebuilt } : {}) };
   span.forward = forwardHandlerFor(span, ctx);
   span.pipeline = pipelineFor(span, ctx);
   return span;
@@ -153,6 +178,7 @@ function forwardHandlerFor(span: LoadedSpan, ctx: SpanLoadContext): MeshHandler 
     extraInfo: () => ctx.extraInfo(span),
     onForward: (ev) => {
       if (ev.status === 200) ctx.activity.served(ev.tokens, ev.ms, layers);
+      else ctx.onForwardStatus?.(span, ev.status);
     },
     onError: (e) => ctx.host.log('error', `forward: ${(e as Error).stack ?? String(e)}`),
   });
@@ -172,6 +198,8 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     dropSession: (id) => executor.dropSession(id),
     forward: async (req) => {
       const t0 = performance.now();
+      // Our own device was lost: a Retry-After the length of a rebuild (the tracker routes the chat again then).
+      if (span.deviceLostReason !== undefined) throw rebuildingError(span);
       const out = await executor.forward(req);
       if (req.tokenIds?.length === 1) ctx.activity.step(performance.now() - t0, layers);
       return out;

@@ -105,6 +105,16 @@ export class NodeActivity {
     if (this.stepMs.length > STEP_SAMPLES) this.stepMs.shift();
   }
 
+  /**
+   * The span now runs on another backend (a lost GPU rebuilt, or the CPU
+   * instead): the old steps say nothing about it. `measuredMs`, a per-layer
+   * step just timed on the new backend, is the estimate until steps come in.
+   */
+  resetSteps(measuredMs?: number): void {
+    this.stepMs.length = 0;
+    if (measuredMs !== undefined && measuredMs > 0) this.stepMs.push(measuredMs);
+  }
+
   /** Median per-layer step time, ms (0: none measured yet). */
   layerMs(): number {
     if (this.stepMs.length === 0) return 0;
