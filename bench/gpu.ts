@@ -10,7 +10,9 @@
  *   npx tsx bench/gpu.ts                 # here: SwiftShader (correctness), WASM f32 vs 4-bit on `small`
  *   node bench.mjs --dawn dawn.node --wasm-dir ort/ --out results.json   # in the pack
  * Options: --quick, --layers N (default 16), --positions 16,1024, --steps N,
- *   --only correctness|bytes|speed|wasm-small (or a comma list), --threads N.
+ *   --only correctness|bytes|speed|wasm-small|capture (or a comma list), --threads N.
+ * WebGPU rows come in pairs, graph capture off and on (FusedExecutorOptions.graphCapture):
+ * `--only capture` runs just those pairs (on a software adapter: `tiny`, correctness and bytes only).
  * Table on stdout, JSON in bench/results/gpu.json (or --out).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -46,6 +48,8 @@ interface Row {
   what: string;
   backend: string;
   projections: FusedWeights;
+  /** Decode steps replayed from a captured GPU graph. */
+  capture?: boolean;
   position: number;
   msPerToken: number;
   bytesPerStep?: number;
@@ -101,8 +105,8 @@ interface Draw {
 const TYPICAL_SAMPLING: SamplingParams = { temperature: 0.6, topK: 20, topP: 0.95 };
 
 /** ms/token of one-token decode steps at `position` through layers [0, layers) (layers only: no embedding, no head). */
-async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: FusedWeights, positions: number[], steps: number, draw: Draw = {}): Promise<Row[]> {
-  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => randomWeights(cfg), startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: Math.max(...positions) + steps + 8, kvBudgetBytes: 8 * 2 ** 30, samplerChoice: 'candidates', ...(draw.samplerCandidates !== undefined ? { samplerCandidates: draw.samplerCandidates } : {}) });
+async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: FusedWeights, positions: number[], steps: number, draw: Draw = {}, capture = false): Promise<Row[]> {
+  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => randomWeights(cfg), startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: Math.max(...positions) + steps + 8, kvBudgetBytes: 8 * 2 ** 30, samplerChoice: 'candidates', ...(draw.samplerCandidates !== undefined ? { samplerCandidates: draw.samplerCandidates } : {}), graphCapture: capture });
   const rows: Row[] = [];
   try {
     const h = cfg.hiddenSize;
@@ -127,14 +131,14 @@ async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: 
         await ex.forward({ session, position: pos, activation: { data: x, shape: [1, 1, h] }, ...(draw.sampling ? { sampling: { ...draw.sampling, seed: i } } : {}) });
         const ms = performance.now() - s;
         const t1 = ex.transferStats();
-        if (i >= 2) times.push(ms); // two warm-up steps compile the decode programs
+        if (i >= 2) times.push(ms); // two warm-up steps compile the decode programs (and record the captured graph)
         bytes = t1.up - t0.up + (t1.down - t0.down);
         pos++;
       }
       const drawn = ex.samplingStats();
       const fellBack = drawn.fallbacks - drawn0.fallbacks;
       const how = draw.sampling ? `, sampled ${draw.samplerCandidates === 0 ? 'over downloaded logits' : `from candidates (${fellBack}/${steps + 2} fell back)`}` : '';
-      rows.push({ what: `${cfg.numLayers} layers h${h}${how}`, backend: '', projections, position, msPerToken: median(times), bytesPerStep: ex.onDevice ? bytes : undefined! });
+      rows.push({ what: `${cfg.numLayers} layers h${h}${how}`, backend: '', projections, ...(ex.onDevice ? { capture } : {}), position, msPerToken: median(times), bytesPerStep: ex.onDevice ? bytes : undefined! });
       ex.dropSession(session);
     }
   } finally {
@@ -144,7 +148,7 @@ async function decodeSpeed(backend: OnnxBackend, cfg: ModelConfig, projections: 
 }
 
 /** Greedy tokens and logit error of the fused executor on `small` vs the float64 reference (4-bit: on the dequantized weights). */
-async function correctness(backend: OnnxBackend, projections: FusedWeights, n: number) {
+async function correctness(backend: OnnxBackend, projections: FusedWeights, n: number, capture = false) {
   const files = makeModel('small', 0);
   const cfg = fixtureConfig('small');
   const tensors = new Map<string, { shape: number[]; data: Float32Array }>();
@@ -165,7 +169,7 @@ async function correctness(backend: OnnxBackend, projections: FusedWeights, n: n
           return /_proj\.weight$|^lm_head\.weight$/.test(name) ? { shape: w.shape, data: dequantizeQ4(quantizeQ4(w.data, w.shape[0]!, w.shape[1]!, FUSED_Q4_SCHEME)) } : w;
         }
       : src;
-  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => src, startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: 128, returnLogits: true });
+  const ex = await FusedShardExecutor.create({ config: cfg, backend, weights: () => src, startLayer: 0, endLayer: cfg.numLayers, projections, maxContext: 128, returnLogits: true, graphCapture: capture });
   try {
     const ref = new ReferenceModel(cfg, refSrc);
     const cache = newRefCache(cfg);
@@ -189,7 +193,7 @@ async function correctness(backend: OnnxBackend, projections: FusedWeights, n: n
       pos += ids.length;
       ids = [best]; // teacher-forced on the reference's token
     }
-    return { projections, tokens: n, top1Agree: agree, maxLogitErr: worst };
+    return { projections, capture, tokens: n, top1Agree: agree, maxLogitErr: worst, capturedSteps: ex.captureStats()?.steps ?? 0 };
   } finally {
     await ex.release();
   }
@@ -212,11 +216,11 @@ console.log(`adapter: ${gpuInfo ? `${gpuInfo.vendor} ${gpuInfo.device} ${gpuInfo
 
 if (webgpu && want('correctness')) {
   const checks = [];
-  for (const p of ['f32', 'q4'] as const) {
+  for (const [p, capture] of [['f32', false], ['q4', false], ['q4', true]] as const) {
     const t0 = performance.now();
-    const c = await correctness(webgpu, p, quick || software ? 4 : 24);
+    const c = await correctness(webgpu, p, quick || software ? 4 : 24, capture);
     checks.push({ ...c, seconds: (performance.now() - t0) / 1000 });
-    console.log(`correctness small ${p}: top-1 ${c.top1Agree}/${c.tokens}, max |logit err| ${c.maxLogitErr.toExponential(2)}`);
+    console.log(`correctness small ${p}${capture ? ` graph capture (${c.capturedSteps} steps replayed)` : ''}: top-1 ${c.top1Agree}/${c.tokens}, max |logit err| ${c.maxLogitErr.toExponential(2)}`);
   }
   result.correctness = checks;
 }
@@ -242,25 +246,40 @@ if (webgpu && want('bytes')) {
     for (const r of await decodeSpeed(webgpu, real, 'f32', [16, 1024], quick || software ? 2 : 16, draw)) rows.push({ ...r, what: `llama3-real-vocab ${r.what}`, backend: 'webgpu' });
   }
 }
-if (want('speed') && !software) {
+if (webgpu && only === 'capture' && software) {
+  // A software adapter: the captured path runs and moves the same bytes; its ms mean nothing.
+  const cfg = fixtureConfig('tiny');
+  for (const capture of [false, true]) for (const r of await decodeSpeed(webgpu, cfg, 'q4', [16], 4, {}, capture)) rows.push({ ...r, what: 'tiny (ms not meaningful)', backend: 'webgpu' });
+}
+if ((want('speed') || only === 'capture') && !software) {
   const layers = Number(arg('--layers') ?? 16);
   const positions = (arg('--positions') ?? '16,1024').split(',').map(Number);
   const cfg = { ...parseModelConfig({ ...LLAMA_1B, num_hidden_layers: layers }) };
   const steps = Number(arg('--steps') ?? (quick ? 8 : 32));
   for (const p of ['q4', 'f32'] as const) {
-    for (const r of await decodeSpeed(webgpu!, cfg, p, positions, steps)) rows.push({ ...r, backend: 'webgpu' });
+    for (const capture of [false, true]) for (const r of await decodeSpeed(webgpu!, cfg, p, positions, steps, {}, capture)) rows.push({ ...r, backend: 'webgpu' });
   }
-  // Temperature > 0 at 1B size: candidates (TopK on the GPU) vs the logits downloaded, side by side.
-  for (const samplerCandidates of [undefined, 0]) {
-    const draw = { sampling: TYPICAL_SAMPLING, ...(samplerCandidates === 0 ? { samplerCandidates } : {}) };
-    for (const r of await decodeSpeed(webgpu!, cfg, 'q4', [positions[0]!], steps, draw)) rows.push({ ...r, backend: 'webgpu' });
+  if (only !== 'capture') {
+    // Temperature > 0 at 1B size: candidates (TopK on the GPU) vs the logits downloaded, side by side.
+    for (const samplerCandidates of [undefined, 0]) {
+      const draw = { sampling: TYPICAL_SAMPLING, ...(samplerCandidates === 0 ? { samplerCandidates } : {}) };
+      for (const r of await decodeSpeed(webgpu!, cfg, 'q4', [positions[0]!], steps, draw)) rows.push({ ...r, backend: 'webgpu' });
+    }
+    for (const r of await decodeSpeed(wasm, cfg, 'q4', [positions[0]!], Math.max(4, steps / 4))) rows.push({ ...r, backend: `wasm ${threads}t` });
   }
-  for (const r of await decodeSpeed(wasm, cfg, 'q4', [positions[0]!], Math.max(4, steps / 4))) rows.push({ ...r, backend: `wasm ${threads}t` });
 }
 
-console.log('\n| what | backend | weights | position | ms/token | CPU↔GPU bytes/step |');
-console.log('|---|---|---|---|---|---|');
-for (const r of rows) console.log(`| ${r.what} | ${r.backend} | ${r.projections} | ${r.position} | ${r.msPerToken.toFixed(2)} | ${r.bytesPerStep ?? '-'} |`);
+console.log('\n| what | backend | weights | graph capture | position | ms/token | CPU↔GPU bytes/step |');
+console.log('|---|---|---|---|---|---|---|');
+for (const r of rows) console.log(`| ${r.what} | ${r.backend} | ${r.projections} | ${r.capture === undefined ? '-' : r.capture ? 'on' : 'off'} | ${r.position} | ${r.msPerToken.toFixed(2)} | ${r.bytesPerStep ?? '-'} |`);
+// Side by side, same run: capture on vs off for each WebGPU row.
+const captureRatios: { what: string; projections: FusedWeights; position: number; offOverOn: number }[] = [];
+for (const on of rows.filter((r) => r.capture === true)) {
+  const off = rows.find((r) => r.capture === false && r.what === on.what && r.projections === on.projections && r.position === on.position);
+  if (off) captureRatios.push({ what: on.what, projections: on.projections, position: on.position, offOverOn: off.msPerToken / on.msPerToken });
+}
+for (const c of captureRatios) console.log(`graph capture, ${c.what} ${c.projections} at ${c.position}: ${c.offOverOn.toFixed(2)}x the speed of uncaptured`);
+result.captureRatios = captureRatios;
 const small = rows.filter((r) => r.what.startsWith('small'));
 if (small.length === 2) {
   const ratio = small[0]!.msPerToken / small[1]!.msPerToken;

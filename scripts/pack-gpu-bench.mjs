@@ -68,7 +68,7 @@ fi
 [ -z "\${VK_ICD_FILENAMES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_ICD_FILENAMES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -z "\${VK_ICD_FILENAMES:-}" ] && [ -f /usr/share/vulkan/icd.d/nvidia_icd.json ] && export VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/nvidia_icd.json
 cd "$work"
-timeout "\${MESH_BENCH_TIMEOUT:-240}" ./node bench.mjs --dawn "$work/dawn.node" --wasm-dir "$work/ort" --out "$res/gpu.json" "\${@:2}" 2>&1 | tee "$res/gpu.log" | grep -v 'onnxruntime:' | tail -40
+timeout "\${MESH_BENCH_TIMEOUT:-360}" ./node bench.mjs --dawn "$work/dawn.node" --wasm-dir "$work/ort" --out "$res/gpu.json" "\${@:2}" 2>&1 | tee "$res/gpu.log" | grep -v 'onnxruntime:' | tail -40
 if python3 -c 'import torch, transformers' 2>/dev/null; then
   timeout 120 python3 "$here/gpu_torch.py" --out "$res/torch.json" 2>&1 | tee "$res/torch.log" | tail -10
 fi

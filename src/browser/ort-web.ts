@@ -10,6 +10,7 @@ import type * as OrtTypes from 'onnxruntime-web';
 import { isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue, type TensorType } from '../shard/backend.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { requestOrtGpuDevice } from './webgpu-device.ts';
+import { bufferRegistrySymbol, pinBuffer } from './ort-capture.ts';
 import type { BackendKind } from './engine.ts';
 
 type Ort = typeof OrtTypes;
@@ -56,7 +57,7 @@ interface GpuDeviceTensor extends DeviceTensor {
   readonly tensor: OrtTensor;
 }
 
-const BYTES: Record<TensorType, number> = { float32: 4, float16: 2, int64: 8, int32: 4 };
+const BYTES: Record<TensorType, number> = { float32: 4, float16: 2, int64: 8, int32: 4, uint8: 1 };
 
 /**
  * Thrown when the GPU cannot allocate a buffer (a KV cache growing, a span's
@@ -119,7 +120,9 @@ class WebGpuMemory implements DeviceMemory {
   }
 
   write(dst: DeviceTensor, data: ArrayBufferView, byteOffset = 0): void {
-    this.device.queue.writeBuffer((dst as GpuDeviceTensor).buffer, byteOffset, data as unknown as ArrayBuffer & ArrayBufferView, 0, data.byteLength);
+    // As bytes: writeBuffer counts a typed array's offset and size in its elements.
+    const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    this.device.queue.writeBuffer((dst as GpuDeviceTensor).buffer, byteOffset, bytes, 0, bytes.byteLength);
     this.transfer.up += data.byteLength;
   }
 
@@ -157,6 +160,8 @@ function typedArray(type: TensorType, bytes: ArrayBuffer): BackendTensor['data']
       return new BigInt64Array(bytes);
     case 'int32':
       return new Int32Array(bytes);
+    case 'uint8':
+      return new Uint8Array(bytes);
   }
 }
 
@@ -164,10 +169,12 @@ function hostBytes(t: BackendTensor): number {
   return t.data.byteLength;
 }
 
-function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory | null): OnnxSession {
+/** `captureSymbol`: the session records its graph; its device buffers are pinned (ort-capture.ts). */
+function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory | null, captureSymbol: symbol | null = null): OnnxSession {
   const toOrt = (t: RunValue): OrtTensor => {
     if (isDeviceTensor(t)) {
       if (!memory) throw new TypeError('a WASM session has no device tensors');
+      if (captureSymbol) pinBuffer((t as GpuDeviceTensor).buffer, captureSymbol);
       return (t as GpuDeviceTensor).tensor;
     }
     // float16 travels as raw bits; ORT-web takes a Uint16Array for it.
@@ -211,6 +218,8 @@ function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory
           (given.data as Float32Array).set(data);
           if (memory) memory.transfer.down += given.data.byteLength;
         }
+        // A captured session answers with a new tensor over the bound buffer: free that wrapper, not the buffer.
+        if (isDeviceTensor(given) && t !== (given as GpuDeviceTensor).tensor && t.location === 'gpu-buffer') t.dispose();
         result[name] = given;
       } else result[name] = await fromOrt(t);
     }
@@ -239,6 +248,7 @@ export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions
   // Our own device (webgpu-device.ts says why), shared by every session; the EP never drops it.
   const gpu = kind === 'webgpu' ? await requestOrtGpuDevice(navigator.gpu) : null;
   const memory = gpu ? new WebGpuMemory(ort, gpu.device) : null;
+  let captureSymbol: Promise<symbol> | null = null;
   const backend: { -readonly [K in keyof OnnxBackend]: OnnxBackend[K] } = {
     name: `onnxruntime-web/${kind}`,
     async createSession(model, options) {
@@ -249,10 +259,12 @@ export async function createOrtWebBackend(kind: BackendKind, opts: OrtWebOptions
         graphOptimizationLevel: options?.graphOptimizationLevel ?? 'all',
         executionMode: 'sequential',
         ...(opts.infoLog ? { logSeverityLevel: 1 as const, logVerbosityLevel: 0 } : {}),
-        ...(kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
+        // A captured session keeps every output on the GPU (onnxruntime-web refuses anything else).
+        ...(kind === 'webgpu' && options?.graphCapture ? { preferredOutputLocation: 'gpu-buffer' as const } : kind === 'webgpu' && device.length > 0 ? { preferredOutputLocation: Object.fromEntries(device.map((n) => [n, 'gpu-buffer' as const])) } : {}),
         ...(kind === 'webgpu' && options?.graphCapture ? { enableGraphCapture: true } : {}),
       });
-      return wrap(ort, session, memory);
+      if (gpu && options?.graphCapture) captureSymbol ??= bufferRegistrySymbol(ort, gpu.device);
+      return wrap(ort, session, memory, gpu && options?.graphCapture ? await captureSymbol : null);
     },
   };
   if (memory) backend.device = memory;

@@ -57,6 +57,12 @@ export interface FusedGraphOptions {
   maxContext: number;
   /** Where quantized matrices come from (default: quantize `src` now). */
   q4?: Q4Source;
+  /**
+   * Weights as graph inputs, not initializers (BuiltGraph.externalWeights):
+   * a captured decode session and an uncaptured one then share one copy
+   * on the GPU (src/shard/capture-lane.ts).
+   */
+  weightsAsInputs?: boolean;
 }
 
 /** Why `cfg` cannot run as a fused graph, or null when it can (callers fall back to the plain graphs of graph.ts). */
@@ -113,7 +119,8 @@ class FusedBuilder {
     readonly opts: FusedGraphOptions,
     name: string,
   ) {
-    this.g = new GraphBuilder(name);
+    // 64 bytes: every weight and table; shape and scalar constants stay initializers.
+    this.g = new GraphBuilder(name, opts.weightsAsInputs ? { minBytes: 64 } : undefined);
     this.q4 = opts.q4 ?? quantizingSource(src);
   }
 
@@ -325,7 +332,7 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
   }
   g.op1('Add', [pending!, residual], {}, FUSED_IO.hiddenOut);
   g.output(FUSED_IO.hiddenOut, ElemType.FLOAT, ['batch', 'seq', h]);
-  return { bytes: g.encode(), weightBytes: g.initializerBytes() };
+  return { bytes: g.encode(), weightBytes: g.initializerBytes(), ...(opts.weightsAsInputs ? { externalWeights: g.externalWeights() } : {}) };
 }
 
 /** Weight bytes of one fused layer as the node will hold them (what the tracker sizes spans by). */

@@ -28,7 +28,7 @@
 import type { ModelConfig } from './config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, projectionRows } from './config.ts';
 import { attentionScale, ropeAttentionFactor } from './rope.ts';
-import { ElemType, GraphBuilder, writeFloats, type ElemTypeId } from './onnx-builder.ts';
+import { ElemType, GraphBuilder, writeFloats, type ElemTypeId, type Initializer } from './onnx-builder.ts';
 
 export interface WeightTensor {
   readonly shape: readonly number[];
@@ -60,8 +60,10 @@ export function maskValue(dtype: GraphDtype): number {
 
 export interface BuiltGraph {
   bytes: Uint8Array;
-  /** Bytes of weights the graph carries as initializers. */
+  /** Bytes of weights the graph carries as initializers (or takes as inputs, below). */
   weightBytes: number;
+  /** Weights the graph takes as inputs (FusedGraphOptions.weightsAsInputs): the caller feeds them. */
+  externalWeights?: readonly Initializer[];
 }
 
 function wt(dtype: GraphDtype): ElemTypeId {

@@ -37,7 +37,7 @@ export type Dim = number | string;
 
 type AttrValue = number | number[] | string | { float: number };
 
-interface Initializer {
+export interface Initializer {
   name: string;
   elemType: ElemTypeId;
   dims: number[];
@@ -82,8 +82,20 @@ export class GraphBuilder {
   private readonly names = new Set<string>();
   private readonly domains = new Set<string>();
   private counter = 0;
+  private readonly externals: Initializer[] = [];
 
-  constructor(private readonly graphName: string) {}
+  /**
+   * `weightsAsInputs`: initializers of at least `minBytes` become graph
+   * inputs instead (`externalWeights()` lists them with their contents), so
+   * several sessions can read one copy the caller uploads once (GPU graph
+   * capture: a captured decode session and an uncaptured prefill session
+   * over the same weights). Small constants (shapes, scalars) stay
+   * initializers: kernels need some of them on the CPU at load time.
+   */
+  constructor(
+    private readonly graphName: string,
+    private readonly weightsAsInputs?: { minBytes: number },
+  ) {}
 
   /** A fresh value name; `hint` keeps the optimized-model dumps readable. */
   fresh(hint: string): string {
@@ -131,9 +143,19 @@ export class GraphBuilder {
   }
 
   initializer(name: string, elemType: ElemTypeId, dims: number[], fill: (dst: Uint8Array) => void): string {
+    if (this.weightsAsInputs && dims.reduce((a, b) => a * b, 1) * elemBytes(elemType) >= this.weightsAsInputs.minBytes) {
+      this.input(name, elemType, dims);
+      this.externals.push({ name, elemType, dims, fill });
+      return name;
+    }
     this.names.add(name);
     this.inits.push({ name, elemType, dims, fill });
     return name;
+  }
+
+  /** The weights made graph inputs (see the constructor), in declaration order. */
+  externalWeights(): readonly Initializer[] {
+    return this.externals;
   }
 
   constI64(hint: string, values: number[], dims: number[] = [values.length]): string {
@@ -148,9 +170,9 @@ export class GraphBuilder {
     return this.initializer(this.fresh(hint), elemType, dims, (dst) => writeFloats(dst, Float32Array.from(values), elemType));
   }
 
-  /** Total weight bytes held as initializers (what the session will own). */
+  /** Total weight bytes: initializers (what the session will own) and weights made inputs (what the caller holds for it). */
   initializerBytes(): number {
-    return this.inits.reduce((s, t) => s + t.dims.reduce((a, b) => a * b, 1) * elemBytes(t.elemType), 0);
+    return [...this.inits, ...this.externals].reduce((s, t) => s + t.dims.reduce((a, b) => a * b, 1) * elemBytes(t.elemType), 0);
   }
 
   /** ModelProto bytes: skeleton through onnx-proto, then the initializers written in place. */

@@ -5,12 +5,13 @@
  * cross it as plain typed arrays so src/shard never sees a runtime's classes.
  */
 
-export type TensorType = 'float32' | 'float16' | 'int64' | 'int32';
+/** uint8: 4-bit weights packed two to a byte (MatMulNBits), fed from device memory. */
+export type TensorType = 'float32' | 'float16' | 'int64' | 'int32' | 'uint8';
 
 /** float16 travels as raw IEEE half bits. */
 export interface BackendTensor {
   readonly type: TensorType;
-  readonly data: Float32Array | Uint16Array | BigInt64Array | Int32Array;
+  readonly data: Float32Array | Uint16Array | BigInt64Array | Int32Array | Uint8Array;
   readonly dims: readonly number[];
 }
 

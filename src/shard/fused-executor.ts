@@ -28,7 +28,7 @@ import { buildEmbedGraph, IO } from '../model/graph.ts';
 import { DEFAULT_SAMPLER_CANDIDATES } from '../model/sampler-graph.ts';
 import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes, fusedProjectionNames, HEAD_IO, quantizingSource, type FusedWeights } from '../model/fused-graph.ts';
 import type { Q4Matrix } from '../model/quantize.ts';
-import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
+import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
@@ -39,6 +39,7 @@ import { BatchScratch } from './batch-scratch.ts';
 import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { sampleToken, validateSampling } from './sampling.ts';
+import { CaptureLane, uploadWeights, withWeights, type CaptureStats, type LaneSegment } from './capture-lane.ts';
 import { DeviceSampler, type DeviceSamplingStats } from './device-sampler.ts';
 import { SamplerPathChooser, type SamplerChoice, type SamplerPathStats } from './sampler-choice.ts';
 
@@ -72,6 +73,15 @@ export interface FusedExecutorOptions extends ExecutorKvOptions {
    * by the head graph on the GPU) and the logits stay there.
    */
   returnLogits?: boolean;
+  /**
+   * One-token decode steps of a session replay a captured GPU graph
+   * (onnxruntime's graph capture, capture-lane.ts); prefill, batched steps
+   * and partial spans run uncaptured. The layer weights are then graph
+   * inputs held once on the device and shared by both. Device backends only
+   * (ignored on CPU). Costs one extra KV buffer of `maxContext` positions
+   * per layer (charged to the KV budget). @defaultValue false
+   */
+  graphCapture?: boolean;
   /**
    * Candidates (largest logits) the sampler graph sends back for a step at
    * temperature > 0 when `returnLogits` is false (device-sampler.ts); 0
@@ -115,6 +125,8 @@ export class FusedShardExecutor {
   private readonly sampler: DeviceSampler | null;
   private readonly samplerPath: SamplerPathChooser;
   private readonly lost: Promise<never>;
+  private lane: CaptureLane | null = null;
+  private readonly deviceWeights: DeviceTensor[] = [];
 
   private constructor(
     private readonly o: FusedExecutorOptions,
@@ -123,6 +135,8 @@ export class FusedShardExecutor {
     private readonly embed: OnnxSession | null,
     private readonly head: OnnxSession | null,
     weightBytes: number,
+    /** Device bytes held beyond the weights and the sessions' caches (the capture lane). */
+    private readonly laneBytes = 0,
   ) {
     this.config = o.config;
     this.startLayer = o.startLayer;
@@ -143,7 +157,7 @@ export class FusedShardExecutor {
     });
     this.lost.catch(() => undefined); // rejected for callers racing it; unobserved otherwise
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
-    this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: layerKvBytesPerToken(shape), maxContext, weightBytes }, new LayerKvStorage(shape));
+    this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: layerKvBytesPerToken(shape), maxContext, weightBytes: weightBytes + laneBytes }, new LayerKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
     const scratch = new BatchScratch();
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
@@ -162,7 +176,7 @@ export class FusedShardExecutor {
               head: this.head,
               device: o.backend.device,
               scratch,
-              reserve: async (session, start, end, position, seq, declared) => (await this.reservation(session, start, end, position, seq, declared)).session,
+              reserve: async (session, start, end, position, seq, declared) => this.uncaptured((await this.reservation(session, start, end, position, seq, declared)).session),
             },
             reqs,
           ),
@@ -184,12 +198,16 @@ export class FusedShardExecutor {
     const device = o.backend.device !== undefined;
     const sessionOptions = (deviceOutputs: string[]): BackendSessionOptions => ({ ...o.sessionOptions, ...(device ? { deviceOutputs } : {}) });
 
+    const capture = o.graphCapture === true && o.backend.device !== undefined;
+    const laneSegments: LaneSegment[] = [];
     const opened: OnnxSession[] = [];
     const open = async (bytes: Uint8Array, deviceOutputs: string[]) => {
       const s = await o.backend.createSession(bytes, sessionOptions(deviceOutputs));
       opened.push(s);
       return s;
     };
+    const uploaded: DeviceTensor[] = [];
+    let lane: CaptureLane | null = null;
     try {
       let weightBytes = 0;
       const segments: Segment[] = [];
@@ -205,9 +223,17 @@ export class FusedShardExecutor {
           projNames.push(...p.qkv, p.o, ...p.gateUp, p.down);
         }
         const q4 = o.projections === 'q4' ? await quantizedSource(src, projNames, o.q4Cache) : undefined;
-        const built = buildFusedLayersGraph(cfg, src, start, end, { weights: o.projections, maxContext, ...(q4 ? { q4 } : {}) });
+        const built = buildFusedLayersGraph(cfg, src, start, end, { weights: o.projections, maxContext, ...(q4 ? { q4 } : {}), ...(capture ? { weightsAsInputs: true } : {}) });
         weightBytes += built.weightBytes;
-        segments.push({ start, end, session: await open(built.bytes, [FUSED_IO.hiddenOut]) });
+        let session = await open(built.bytes, [FUSED_IO.hiddenOut]);
+        if (capture) {
+          // One copy of the weights on the device, fed to this session and to the captured one.
+          const weights = await uploadWeights(o.backend.device!, built.externalWeights ?? []);
+          uploaded.push(...Object.values(weights));
+          session = withWeights(session, weights);
+          laneSegments.push({ start, end, bytes: built.bytes, weights });
+        }
+        segments.push({ start, end, session });
       }
       let embed: OnnxSession | null = null;
       if (a === 0) {
@@ -226,9 +252,22 @@ export class FusedShardExecutor {
         weightBytes += built.weightBytes;
         head = await open(built.bytes, [HEAD_IO.logits]);
       }
-      return new FusedShardExecutor(o, maxContext, segments, embed, head, weightBytes);
+      let laneBytes = 0;
+      let exec: FusedShardExecutor | null = null;
+      if (capture) {
+        const shape = { startLayer: a, hiddenSize: cfg.hiddenSize, kvHeads: cfg.numKvHeads, headDim: cfg.headDim, maxContext };
+        // A session the lane holds may end meanwhile: its rows are then not copied back.
+        lane = await CaptureLane.create(o.backend, shape, laneSegments, (s) => exec?.kv.peek(s.id) === s);
+        laneBytes = CaptureLane.bytes(shape, b - a, laneSegments.length);
+      }
+      exec = new FusedShardExecutor(o, maxContext, segments, embed, head, weightBytes, laneBytes);
+      exec.lane = lane;
+      exec.deviceWeights.push(...uploaded);
+      return exec;
     } catch (e) {
       await Promise.allSettled(opened.map((s) => s.release()));
+      await lane?.dispose();
+      for (const t of uploaded) t.dispose();
       throw e;
     }
   }
@@ -253,7 +292,12 @@ export class FusedShardExecutor {
 
   /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
   setMemoryBudget(bytes: number): void {
-    this.kv.setBudget(kvBudgetFor(bytes, this.weightBytes));
+    this.kv.setBudget(kvBudgetFor(bytes, this.weightBytes + this.laneBytes));
+  }
+
+  /** Decode steps replayed from a captured graph so far; null when graph capture is off. */
+  captureStats(): CaptureStats | null {
+    return this.lane?.stats() ?? null;
   }
 
 
@@ -297,6 +341,8 @@ export class FusedShardExecutor {
     this.kv.clear();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
     await Promise.all([...all.map((s) => s.release()), this.sampler?.release()]);
+    await this.lane?.dispose();
+    for (const t of this.deviceWeights) t.dispose();
   }
 
   private async forwardNow(req: ForwardRequest): Promise<ForwardResult> {
@@ -309,6 +355,9 @@ export class FusedShardExecutor {
     if (first < 0 || last < 0) throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
 
     const kv = await this.reservation(req.session, start, end, position, seq, req.sessionTokens);
+    // A one-token step of a session over the whole span replays the captured graph (capture-lane.ts).
+    const lane = this.lane !== null && !kv.stateless && seq === 1 && first === 0 && last === this.segments.length - 1 ? this.lane : null;
+    if (!lane) this.uncaptured(kv.session);
     const owned: RunValue[] = []; // device outputs of this call, freed at the end
     try {
       let hidden: RunValue;
@@ -317,6 +366,12 @@ export class FusedShardExecutor {
         hidden = out[IO.hiddenOut]!;
         owned.push(hidden);
       } else hidden = { type: 'float32', data: input.data, dims: [1, seq, cfg.hiddenSize] };
+      if (lane) {
+        const into = lane.input;
+        if (isDeviceTensor(hidden)) this.o.backend.device!.copy([{ src: hidden, srcByte: 0, dst: into, dstByte: 0, bytes: into.byteLength }]);
+        else this.o.backend.device!.write(into, hidden.data);
+        hidden = await lane.step(kv.session, position);
+      }
 
       const { numKvHeads: KV, headDim: D } = cfg;
       const counters = {
@@ -324,7 +379,8 @@ export class FusedShardExecutor {
         [FUSED_IO.totalSeqLen]: { type: 'int32', data: Int32Array.of(position + seq), dims: [1] } as BackendTensor,
       };
       const asValue = (b: KvBuffer): RunValue => (b instanceof Float32Array ? { type: 'float32', data: b, dims: [1, KV, kv.session.cache.capacity, D] } : b);
-      for (let si = first; si <= last; si++) {
+      // Uncaptured: segment by segment, each session fed this session's own KV buffers.
+      for (let si = first; !lane && si <= last; si++) {
         const seg = this.segments[si]!;
         const feeds: Record<string, RunValue> = { ...counters, [FUSED_IO.hidden]: hidden };
         const outputs: Record<string, RunValue> = {};
@@ -378,6 +434,12 @@ export class FusedShardExecutor {
       for (const t of owned) if (isDeviceTensor(t)) t.dispose();
       if (kv.stateless) this.kv.delete(STATELESS);
     }
+  }
+
+  /** `s` runs without the captured graph: its rows come back from the capture lane first, if it holds them. */
+  private uncaptured(s: KvSession<LayerKv>): KvSession<LayerKv> {
+    this.lane?.release(s);
+    return s;
   }
 
   /**

@@ -114,6 +114,11 @@ export class KvStore<C = CpuKv> {
     return s;
   }
 
+  /** The live session without marking it used (a check, not a use). */
+  peek(id: string): KvSession<C> | undefined {
+    return this.sessions.get(id);
+  }
+
   /**
    * The session with room for at least `tokens` positions: opened (admitted
    * by the ledger) when absent, grown when it holds less. Throws KvBusyError

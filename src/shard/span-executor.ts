@@ -18,7 +18,10 @@ export type SpanExecutor = Pick<
 >;
 
 /** Which graphs run a span: plain operators in a dtype, or fused operators with f32 or 4-bit projections. */
-export type SpanGraphs = { kind: 'plain'; dtype: GraphDtype } | { kind: 'fused'; projections: FusedWeights };
+export type SpanGraphs =
+  | { kind: 'plain'; dtype: GraphDtype }
+  /** `graphCapture`: decode steps replay a captured GPU graph (FusedExecutorOptions.graphCapture; off unless a host asks). */
+  | { kind: 'fused'; projections: FusedWeights; graphCapture?: boolean };
 
 export interface SpanExecutorOptions {
   config: ModelConfig;
@@ -53,5 +56,5 @@ export async function createSpanExecutor(o: SpanExecutorOptions): Promise<SpanEx
   // and 4-bit weights are quantized layer by layer as each graph is built.
   const cuts: number[] = [];
   for (let l = o.startLayer + 1; l < o.endLayer; l++) cuts.push(l);
-  return FusedShardExecutor.create({ ...common, projections: o.graphs.projections, segmentBoundaries: cuts, ...(o.q4Cache ? { q4Cache: o.q4Cache } : {}) });
+  return FusedShardExecutor.create({ ...common, projections: o.graphs.projections, segmentBoundaries: cuts, ...(o.q4Cache ? { q4Cache: o.q4Cache } : {}), ...(o.graphs.graphCapture ? { graphCapture: true } : {}) });
 }
