@@ -57,6 +57,7 @@ export function configure(cmd: Command): void {
     .option('--model <name>', `model id as the tracker knows it (default: the tracker's only model; with --layers: "${NODE_HOST_DEFAULTS.staticModel}")`)
     .option('--threads <n>', 'ONNX intra-op threads (default: onnxruntime decides)', int)
     .option('--backend <kind>', 'what runs the span: cpu (onnxruntime-node) or webgpu (onnxruntime-web\'s WebGPU EP on Dawn, fused graphs; a lost GPU device is rebuilt, then the CPU takes over)', backendChoice, 'cpu')
+    .option('--graph-capture', 'with --backend webgpu: decode steps replay a captured GPU graph (onnxruntime graph capture; prefill runs uncaptured). Off by default until measured on real GPUs')
     .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
     .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
@@ -78,6 +79,7 @@ export function configure(cmd: Command): void {
           cmd.error(`--model-url: ${(e as Error).message}`);
         }
       }
+      if (o.graphCapture && o.backend !== 'webgpu') cmd.error('--graph-capture needs --backend webgpu: graph capture replays GPU work');
       if (o.wireDtype && !o.layers) cmd.error('--wire-dtype is for a static span (--layers): a tracker gives its nodes the model\'s wire dtype');
       const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
       const model = o.tracker ? await trackerModel(o.tracker as string, o.model as string | undefined, log) : ((o.model as string | undefined) ?? NODE_HOST_DEFAULTS.staticModel);
@@ -99,6 +101,7 @@ export function configure(cmd: Command): void {
         model,
         threads: o.threads as number | undefined,
         backend: o.backend as 'cpu' | 'webgpu',
+        ...(o.graphCapture ? { graphCapture: true } : {}),
         testHooks: testHooksFromEnv(process.env),
         injectDelayMs: o.injectDelayMs as number,
         trackerKey: o.trackerKey as string | undefined,

@@ -28,6 +28,8 @@ export interface NodeAdapterOptions {
   backend?: NodeBackendChoice;
   /** Failures a software GPU never has, for tests (backends.ts). */
   testHooks?: NodeTestHooks;
+  /** See NodeBackendOptions.graphCapture. */
+  graphCapture?: boolean;
   /** Dial direct links to hops with an endpoint. */
   links: boolean;
   /** Hub files: endpoint (HF_ENDPOINT), HF_TOKEN for the hub origin, and the disk cache of pinned files. */
@@ -68,7 +70,7 @@ function rangeWeights(fetchFn: typeof fetch): WeightStore {
 export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
   const keys: KeyStore = o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore();
   const httpDirect: HttpDirect = createHttpDirect();
-  const backends = nodeBackends({ choice: o.backend ?? 'cpu', ...(o.threads !== undefined ? { threads: o.threads } : {}), ...(o.testHooks ? { hooks: o.testHooks } : {}), log: o.log });
+  const backends = nodeBackends({ choice: o.backend ?? 'cpu', ...(o.threads !== undefined ? { threads: o.threads } : {}), ...(o.testHooks ? { hooks: o.testHooks } : {}), ...(o.graphCapture ? { graphCapture: true } : {}), log: o.log });
   return {
     name: 'node',
     fetch: globalThis.fetch,

@@ -52,6 +52,8 @@ export interface NodeBackendOptions {
   choice: NodeBackendChoice;
   threads?: number;
   hooks?: NodeTestHooks;
+  /** Decode steps on the GPU replay a captured graph (FusedExecutorOptions.graphCapture); opt-in until measured on real GPUs. */
+  graphCapture?: boolean;
   log(level: LogLevel, message: string): void;
 }
 
@@ -93,7 +95,7 @@ export function nodeBackends(o: NodeBackendOptions): BackendFactory & { close():
     const refused = fusedUnsupportedReason(config);
     return {
       backend,
-      graphs: refused ? { kind: 'plain', dtype: 'f32' } : { kind: 'fused', projections: 'f32' },
+      graphs: refused ? { kind: 'plain', dtype: 'f32' } : { kind: 'fused', projections: 'f32', ...(o.graphCapture ? { graphCapture: true } : {}) },
       info: {
         name: backend.name,
         kind: 'webgpu',

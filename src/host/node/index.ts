@@ -53,6 +53,8 @@ export interface NodeHostOptions {
   backend?: NodeBackendChoice;
   /** Failures a software GPU never has (backends.ts, from MESHNET_TEST_* variables). */
   testHooks?: NodeTestHooks;
+  /** `--graph-capture` (with `--backend webgpu`). */
+  graphCapture?: boolean;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
   /** base64url raw Ed25519 key that signs routes, for a head without a tracker (tests). */
@@ -101,7 +103,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     log('info', `${modelUrl} is commit ${r.sha}: loading from ${r.url}`);
     modelUrl = r.url;
   }
-  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log, ...(o.backend ? { backend: o.backend } : {}), ...(o.testHooks ? { testHooks: o.testHooks } : {}) });
+  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log, ...(o.backend ? { backend: o.backend } : {}), ...(o.testHooks ? { testHooks: o.testHooks } : {}), ...(o.graphCapture ? { graphCapture: true } : {}) });
   const runtime = await NodeRuntime.create(adapter, {
     ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
     ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),
