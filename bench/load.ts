@@ -45,6 +45,21 @@ import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } f
 import { fmt, printTable, quantile, writeResult } from './lib/stats.ts';
 
 const argv = process.argv.slice(2);
+if (argv.includes('--help') && /bench[\\/]load\.ts$/.test(process.argv[1] ?? '')) {
+  process.stdout.write(`npx tsx bench/load.ts [options]
+  many chats at once through the tracker, real relay and node processes
+
+  --quick          16 tokens a chat, a 20 s soak
+  --mesh M         split, replicas or both (default both)
+  --label NAME     the run's name in the JSON (default current)
+  --compare FILE   print each row's ratio to an earlier bench/results/load.json
+  --soak-s N       soak length in seconds (default 60)
+  --max-batch N    start the nodes with it (1: batching off)
+  --batching       batching off vs on, 1/2/4/8/16 chats (bench/results/load-batching.json)
+  --help           this text
+`);
+  process.exit(0);
+}
 const flag = (name: string) => argv.includes(`--${name}`);
 const opt = (name: string) => {
   const i = argv.indexOf(`--${name}`);
