@@ -8,9 +8,8 @@
  * counted from onnxruntime's own log: a replayed step dispatches no layer
  * program. Bytes per step are measured.
  */
-import fs from 'node:fs';
-import { syncBuiltinESMExports } from 'node:module';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ortLog } from '../helpers/ort-log-tap.ts';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import type { WeightSource } from '../../src/model/graph.ts';
@@ -18,18 +17,6 @@ import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { dequantizedWeights } from '../helpers/fused.ts';
 import { fixture, maxAbsDiff } from '../helpers/shard.ts';
 
-// onnxruntime-web's WASM module writes its log with fs.writeSync(1|2, …): tap it (as webgpu-node.test.ts).
-const logLines: string[] = [];
-let tapping = false;
-const writeSync = fs.writeSync;
-fs.writeSync = ((fd: number, data: unknown, ...rest: unknown[]) => {
-  if ((fd === 1 || fd === 2) && typeof data === 'string' && /\[[IV]:onnxruntime/.test(data)) {
-    if (tapping) logLines.push(data);
-    return data.length;
-  }
-  return (writeSync as (...a: unknown[]) => number)(fd, data, ...rest);
-}) as typeof fs.writeSync;
-syncBuiltinESMExports();
 
 const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
 const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
@@ -48,7 +35,7 @@ beforeAll(async () => {
 }, 600_000);
 
 afterAll(() => {
-  tapping = false;
+  ortLog.tapping = false;
 });
 
 function argmax(a: ArrayLike<number>): number {
@@ -145,11 +132,11 @@ describe('graph capture for decode steps (WebGPU in Node, SwiftShader)', () => {
       await interleaved(ex, weights, 20);
       // One more session's steady state: prefill, two steps (the first records), then count one.
       const chat = new Chat('d', new ReferenceModel(f.cfg, weights));
-      const count = () => logLines.filter((l) => l.includes('Starting program')).length;
-      logLines.length = 0;
-      tapping = true;
+      const count = () => ortLog.lines.filter((l) => l.includes('Starting program')).length;
+      ortLog.lines.length = 0;
+      ortLog.tapping = true;
       await chat.run(ex, [1, 2, 3, 4]);
-      tapping = false;
+      ortLog.tapping = false;
       // The uncaptured prefill dispatches the layers' programs one by one (the log does show them).
       const prefillPrograms = count();
       expect(prefillPrograms).toBeGreaterThan(4 * f.cfg.numLayers);
@@ -157,15 +144,15 @@ describe('graph capture for decode steps (WebGPU in Node, SwiftShader)', () => {
       await chat.run(ex);
       ex.returnLogits = false;
       const before = ex.transferStats();
-      logLines.length = 0;
-      tapping = true;
+      ortLog.lines.length = 0;
+      ortLog.tapping = true;
       const want = new ReferenceModel(f.cfg, weights);
       const r = await ex.forward({ session: 'd', position: chat.position, tokenIds: [chat.next], sampling: { temperature: 0 } });
-      tapping = false;
+      ortLog.tapping = false;
       const after = ex.transferStats();
       if (r.kind !== 'token') throw new Error('expected a token');
       expect(r.tokenId).toBe(argmax(want.forward([chat.next], chat.position, chat.cache)));
-      const programs = logLines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z0-9]+)/.exec(l)?.[1] ?? '?');
+      const programs = ortLog.lines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z0-9]+)/.exec(l)?.[1] ?? '?');
       // Only the embedding's Gather and the head's programs run one by one; the layers replay.
       const outside = ['Gather', 'Gather', 'LayerNorm', 'MatMul', 'ArgMax', 'ReduceMax', 'ReduceLogSumExp', 'Sub'];
       console.log(`programs dispatched: uncaptured 4-token prefill ${prefillPrograms}, captured decode step ${programs.length} (${programs.join(' ')})`);

@@ -7,9 +7,8 @@
  * temperatures × top_k × top_p on a 128,256-id vocabulary
  * (llama3-real-vocab), or the step falls back to the logits (counted).
  */
-import fs from 'node:fs';
-import { syncBuiltinESMExports } from 'node:module';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ortLog } from '../helpers/ort-log-tap.ts';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import { DeviceSampler } from '../../src/shard/device-sampler.ts';
@@ -17,18 +16,6 @@ import { sampleToken, type SamplingParams } from '../../src/shard/sampling.ts';
 import { fixture } from '../helpers/shard.ts';
 import { peakedLogits, SWEEP, sweepRow } from '../helpers/sampling.ts';
 
-// onnxruntime-web's WASM module writes its log with fs.writeSync(1|2, …): tap it (as webgpu-node.test.ts does).
-const logLines: string[] = [];
-let tapping = false;
-const writeSync = fs.writeSync;
-fs.writeSync = ((fd: number, data: unknown, ...rest: unknown[]) => {
-  if ((fd === 1 || fd === 2) && typeof data === 'string' && /\[[IV]:onnxruntime/.test(data)) {
-    if (tapping) logLines.push(data);
-    return data.length;
-  }
-  return (writeSync as (...a: unknown[]) => number)(fd, data, ...rest);
-}) as typeof fs.writeSync;
-syncBuiltinESMExports();
 
 const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
 const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
@@ -59,15 +46,15 @@ async function onGpu(row: Float32Array, temperature: number) {
 
 describe('sampling at temperature > 0 on WebGPU (Dawn in Node, SwiftShader)', () => {
   it('the sampler graph runs on the WebGPU EP, TopK included: no host copies inserted', async () => {
-    tapping = true;
+    ortLog.tapping = true;
     const row = peakedLogits(V, 5);
     const c = await onGpu(row, 1);
-    tapping = false;
+    ortLog.tapping = false;
     // A node on another EP would need MemcpyFromHost/MemcpyToHost around it; the transformer reports each insertion.
-    const memcpy = logLines.filter((l) => l.includes('GraphTransformer MemcpyTransformer'));
+    const memcpy = ortLog.lines.filter((l) => l.includes('GraphTransformer MemcpyTransformer'));
     expect(memcpy.length).toBeGreaterThanOrEqual(1);
     for (const l of memcpy) expect(l).toMatch(/modified: 0/);
-    const programs = logLines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z]+)/.exec(l)?.[1] ?? '?');
+    const programs = ortLog.lines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z]+)/.exec(l)?.[1] ?? '?');
     const topk = programs.filter((p) => p.startsWith('TopK')).length;
     // onnxruntime's WebGPU TopK is a bitonic sort of the row padded to 2^17: init, 153 steps, output.
     console.log(`sampler graph on WebGPU, vocab ${V}: ${programs.length} GPU programs, ${topk} of them TopK`);

@@ -12,9 +12,8 @@
  * vitest.config.ts puts chromium's Vulkan loader and SwiftShader's ICD in
  * the environment of the test processes (src/cli/webgpu-node.ts vulkanEnv).
  */
-import fs from 'node:fs';
-import { syncBuiltinESMExports } from 'node:module';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ortLog } from '../helpers/ort-log-tap.ts';
 import type { DeviceMemory, OnnxBackend } from '../../src/shard/backend.ts';
 import type { MeshError } from '../../src/protocol/errors.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
@@ -22,18 +21,6 @@ import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
 import { fixture, maxAbsDiff } from '../helpers/shard.ts';
 
-// onnxruntime-web's WASM module writes its log with fs.writeSync(1|2, …) (emscripten's Node output): tap it.
-const logLines: string[] = [];
-let tapping = false;
-const writeSync = fs.writeSync;
-fs.writeSync = ((fd: number, data: unknown, ...rest: unknown[]) => {
-  if ((fd === 1 || fd === 2) && typeof data === 'string' && /\[[IV]:onnxruntime/.test(data)) {
-    if (tapping) logLines.push(data);
-    return data.length;
-  }
-  return (writeSync as (...a: unknown[]) => number)(fd, data, ...rest);
-}) as typeof fs.writeSync;
-syncBuiltinESMExports();
 
 const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
 const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
@@ -54,9 +41,9 @@ beforeAll(async () => {
   expect(info.isFallbackAdapter || info.features.length > 0).toBe(true);
   backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
   counting = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM, infoLog: true });
-  tapping = true;
+  ortLog.tapping = true;
   q4 = await Fused.create({ config: f.cfg, backend: counting, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'q4', maxContext: 128, returnLogits: true });
-  tapping = false;
+  ortLog.tapping = false;
 }, 600_000);
 
 afterAll(async () => {
@@ -66,7 +53,7 @@ afterAll(async () => {
 describe('fused executor on WebGPU (Dawn in Node, SwiftShader)', () => {
   it('places every node on the WebGPU EP: onnxruntime inserted no host/device copy in any graph', () => {
     // A node on another EP would need MemcpyFromHost/MemcpyToHost around it; the transformer reports each insertion.
-    const memcpy = logLines.filter((l) => l.includes('GraphTransformer MemcpyTransformer'));
+    const memcpy = ortLog.lines.filter((l) => l.includes('GraphTransformer MemcpyTransformer'));
     expect(memcpy.length).toBeGreaterThanOrEqual(3); // layers, embedding, head
     for (const l of memcpy) expect(l).toMatch(/modified: 0/);
   });
@@ -78,20 +65,20 @@ describe('fused executor on WebGPU (Dawn in Node, SwiftShader)', () => {
 
   it('a decode step runs at most 12 GPU programs per layer and moves under 64 KiB between CPU and GPU', async () => {
     const before = q4.transferStats();
-    logLines.length = 0;
-    tapping = true;
+    ortLog.lines.length = 0;
+    ortLog.tapping = true;
     const position = CHUNKS.flat().length;
     q4.returnLogits = false;
     const r = await q4.forward({ session: 'gpu-walk', position, tokenIds: [17], sampling: { temperature: 0 } });
     q4.returnLogits = true;
-    tapping = false;
+    ortLog.tapping = false;
     if (r.kind !== 'token') throw new Error('expected a token');
     // The token the head's ArgMax picked on the GPU is the reference's greedy token.
     const ref = new ReferenceModel(f.cfg, dequantizedWeights(f.weights));
     const want = ref.forward([...CHUNKS.flat(), 17], 0, newRefCache(f.cfg)).subarray(position * f.cfg.vocabSize);
     expect(r.tokenId).toBe(want.indexOf(Math.max(...want)));
     expect(r.logits.length).toBe(0);
-    const programs = logLines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z0-9]+)/.exec(l)?.[1] ?? '?');
+    const programs = ortLog.lines.filter((l) => l.includes('Starting program')).map((l) => /Starting program "([A-Za-z0-9]+)/.exec(l)?.[1] ?? '?');
     // Outside the layers: the embedding Gather, the span's closing Add, the head's Gather, norm and
     // matmul, and its greedy pick (ArgMax, ReduceMax, ReduceLogSumExp, Sub).
     const outside = ['Gather', 'Add', 'Gather', 'LayerNorm', 'MatMul', 'ArgMax', 'ReduceMax', 'ReduceLogSumExp', 'Sub'];
