@@ -36,7 +36,7 @@ import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
 import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
-import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer } from './pipeline-parts.ts';
+import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor } from './pipeline-parts.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
@@ -492,12 +492,3 @@ interface ChainStepArgs {
 
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
 class ReplayMismatch extends Error {}
-
-const SESSION_RE = /^[A-Za-z0-9._:-]{1,128}$/;
-let sessionCounter = 0;
-
-/** The KV session id on every hop: the tracker's id when it is header-safe, plus a per-run suffix so two runs never share caches. */
-export function sessionIdFor(sessionId: string): string {
-  const base = SESSION_RE.test(sessionId) ? sessionId.slice(0, 100) : 'gen';
-  return `${base}.${(++sessionCounter).toString(36)}${Math.floor(Math.random() * 1e9).toString(36)}`;
-}

@@ -37,6 +37,11 @@ export function isDeviceTensor(v: RunValue): v is DeviceTensor {
   return (v as DeviceTensor).location === 'device';
 }
 
+/** A run value's elements on the host (downloaded from the device when they are there). */
+export async function hostData(v: RunValue): Promise<BackendTensor['data']> {
+  return isDeviceTensor(v) ? v.download() : v.data;
+}
+
 /** A backend's device memory (WebGPU buffers), for KV caches and activations kept off the CPU. */
 export interface DeviceMemory {
   /**

@@ -20,7 +20,7 @@
 import { IO } from '../model/graph.ts';
 import { FUSED_IO, HEAD_IO } from '../model/fused-graph.ts';
 import type { ModelConfig } from '../model/config.ts';
-import { isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxSession, type RunValue } from './backend.ts';
+import { hostData, isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxSession, type RunValue } from './backend.ts';
 import type { ForwardRequest, ForwardResult } from './executor.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession } from './kv-store.ts';
@@ -209,6 +209,3 @@ function scatterRow(ctx: FusedBatchContext, items: Item[], from: KvBuffer, pick:
   ctx.device!.copy(ops);
 }
 
-async function hostData(v: RunValue): Promise<BackendTensor['data']> {
-  return isDeviceTensor(v) ? v.download() : v.data;
-}

@@ -28,7 +28,7 @@ import { buildEmbedGraph, IO } from '../model/graph.ts';
 import { DEFAULT_SAMPLER_CANDIDATES } from '../model/sampler-graph.ts';
 import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes, fusedProjectionNames, HEAD_IO, quantizingSource, type FusedWeights } from '../model/fused-graph.ts';
 import type { Q4Matrix } from '../model/quantize.ts';
-import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
+import { hostData, isDeviceTensor, type BackendSessionOptions, type BackendTensor, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { PositionMismatchError, layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
@@ -38,10 +38,10 @@ import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
 import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
-import { sampleToken, validateSampling } from './sampling.ts';
 import { CaptureLane, uploadWeights, withWeights, type CaptureStats, type LaneSegment } from './capture-lane.ts';
-import { DeviceSampler, type DeviceSamplingStats } from './device-sampler.ts';
-import { SamplerPathChooser, type SamplerChoice, type SamplerPathStats } from './sampler-choice.ts';
+import type { DeviceSamplingStats } from './device-sampler.ts';
+import { HeadTokenPicker } from './head-token.ts';
+import type { SamplerChoice, SamplerPathStats } from './sampler-choice.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
 export interface Q4Cache {
@@ -122,8 +122,8 @@ export class FusedShardExecutor {
   private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
   private lostReason: string | null = null;
   /** Temperature > 0 without the logits (null: the head is not here, or candidates are off). */
-  private readonly sampler: DeviceSampler | null;
-  private readonly samplerPath: SamplerPathChooser;
+  /** Picks the token at the last layer (null when the span does not hold the head). */
+  private readonly picker: HeadTokenPicker | null;
   private readonly lost: Promise<never>;
   private lane: CaptureLane | null = null;
   private readonly deviceWeights: DeviceTensor[] = [];
@@ -146,9 +146,7 @@ export class FusedShardExecutor {
     this.weightBytes = weightBytes;
     this.onDevice = o.backend.device !== undefined;
     this.returnLogits = o.returnLogits ?? !this.onDevice;
-    const candidates = o.samplerCandidates ?? DEFAULT_SAMPLER_CANDIDATES;
-    this.sampler = head && candidates > 0 ? new DeviceSampler(o.backend, o.config.vocabSize, candidates, o.sessionOptions) : null;
-    this.samplerPath = new SamplerPathChooser(o.samplerChoice ?? 'adaptive');
+    this.picker = head ? new HeadTokenPicker(o.backend, o.config.vocabSize, o.samplerCandidates ?? DEFAULT_SAMPLER_CANDIDATES, o.samplerChoice ?? 'adaptive', o.sessionOptions ?? {}) : null;
     this.lost = new Promise<never>((_, reject) => {
       void o.backend.device?.lost.then((reason) => {
         this.lostReason = reason;
@@ -328,7 +326,7 @@ export class FusedShardExecutor {
 
   /** Steps at temperature > 0 decided from the device's candidates, and those that downloaded the logits (see returnLogits). */
   samplingStats(): DeviceSamplingStats & { path: SamplerPathStats } {
-    return { ...(this.sampler?.stats() ?? { onDevice: 0, fallbacks: 0, reasons: {} }), path: this.samplerPath.stats() };
+    return this.picker?.stats() ?? { onDevice: 0, fallbacks: 0, reasons: {}, path: { chosen: 'probing', candidatesMs: null, logitsMs: null } };
   }
 
   /** Batch sizes run so far. */
@@ -340,7 +338,7 @@ export class FusedShardExecutor {
     await this.batches.idle();
     this.kv.clear();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
-    await Promise.all([...all.map((s) => s.release()), this.sampler?.release()]);
+    await Promise.all([...all.map((s) => s.release()), this.picker?.release()]);
     await this.lane?.dispose();
     for (const t of this.deviceWeights) t.dispose();
   }
@@ -402,31 +400,8 @@ export class FusedShardExecutor {
 
       if (end === cfg.numLayers && this.head) {
         const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
-        const onDevice = out[HEAD_IO.logits]!;
-        owned.push(onDevice);
-        const sampling = req.sampling ?? {};
-        validateSampling(sampling);
-        if (!this.returnLogits && !((sampling.temperature ?? 0) > 0)) {
-          // Greedy: the head graph's ArgMax chose on the device; 12 bytes came back.
-          const tokenId = Number((out[HEAD_IO.greedyToken] as BackendTensor).data[0]);
-          const logprob = (out[HEAD_IO.greedyLogprob] as BackendTensor).data[0] as number;
-          return { kind: 'token', tokenId, logprob, logits: new Float32Array(0) };
-        }
-        const timed = !this.returnLogits && this.sampler !== null;
-        const path = timed ? this.samplerPath.next() : 'logits';
-        const t0 = performance.now();
-        if (timed && path === 'candidates') {
-          // Temperature > 0: the token from the top candidates (~3 KiB), or null and the logits below.
-          const picked = await this.sampler!.sample(onDevice, sampling, position + seq);
-          if (picked) {
-            this.samplerPath.record('candidates', performance.now() - t0);
-            return { kind: 'token', ...picked, logits: new Float32Array(0) };
-          }
-        }
-        const logits = (await hostData(onDevice)) as Float32Array;
-        const { tokenId, logprob } = sampleToken(logits, sampling, position + seq);
-        if (timed) this.samplerPath.record(path, performance.now() - t0);
-        return { kind: 'token', tokenId, logprob, logits };
+        owned.push(out[HEAD_IO.logits]!);
+        return await this.picker!.pick(out, req.sampling ?? {}, position + seq, this.returnLogits);
       }
       const data = (await hostData(hidden)) as Float32Array;
       return { kind: 'activation', data, shape: [1, seq, cfg.hiddenSize] };
@@ -469,9 +444,6 @@ export class FusedShardExecutor {
   }
 }
 
-async function hostData(v: RunValue): Promise<BackendTensor['data']> {
-  return isDeviceTensor(v) ? v.download() : v.data;
-}
 
 /** Layer cuts: the caller's, else greedy groups of at most maxSegmentBytes. */
 function segmentBounds(cfg: ModelConfig, a: number, b: number, o: FusedExecutorOptions): number[] {
