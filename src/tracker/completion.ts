@@ -43,6 +43,8 @@ export interface ParsedCompletion {
 export type CompletionPart = { text: string; tokenIds: number[] } | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[] };
 
 const utf8 = new TextEncoder();
+/** Why a completion's controller is aborted when it ends: one object, not a fresh DOMException (and its stack) per request. */
+const COMPLETION_OVER = new MeshError('MESH_ERR_CANCELLED', 'the completion is over');
 
 /** Step 1: the request body as one generation per choice, or the OpenAI error the client gets. */
 export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'> & Partial<Pick<TrackerContext, 'pendingModels'>>, kind: ApiKind, body: unknown): ParsedCompletion {
@@ -186,7 +188,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
   const choices = c.inputs.map((input, i) => completionParts(runGeneration(ctx.generation, c.model, input, abort.signal, leases[i]), input.stop, onFirstToken));
   /** Stop every choice and release what its generation holds. */
   const endAll = (): void => {
-    abort.abort();
+    abort.abort(COMPLETION_OVER);
     for (const choice of choices) void choice.return(undefined);
   };
   /** A generation error before anything was streamed: a plain HTTP error (completionError). */

@@ -29,7 +29,7 @@ import type { TrackerMetrics } from './metrics.ts';
 import type { TrackerOptions } from './options.ts';
 import type { NodeRecord, NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
-import { signChainReply, signRoute } from './signing.ts';
+import { RouteSigner } from './route-signer.ts';
 
 const utf8 = new TextEncoder();
 
@@ -70,6 +70,8 @@ export interface GenerationDeps {
   options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'>;
   logger: Logger;
   metrics: TrackerMetrics;
+  /** Signs the routes handed to heads, one signature per route for a few seconds (route-signer.ts); one per call to runGeneration when absent. */
+  signer?: RouteSigner;
   /** Called for each route handed to a head (dashboard): the first, after a failed head, after a MESH_ERR_BUSY answer. */
   onRoute?(kind: 'generate' | 'failover' | 'rerouted', model: string, plan: RoutePlan): void;
 }
@@ -110,6 +112,9 @@ export class PromptSizer {
     this.perByte.set(model, prev === undefined ? r : Math.max(r, prev + 0.1 * (r - prev)));
   }
 }
+
+/** Why an attempt's controller is aborted when the attempt is over: one object, not a fresh DOMException (and its stack) per chat. */
+const ATTEMPT_OVER = new MeshError('MESH_ERR_CANCELLED', 'the generation attempt is over');
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -153,6 +158,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   const log = deps.logger.child({ request_id: requestId, model });
   const context = deps.registry.model(model).contextTokens;
   const estimate = deps.sizer.estimate(model, input, context);
+  const signer = deps.signer ?? new RouteSigner(deps.identity, deps.options.routeTtlMs, deps.options.now);
 
   for (let attempt = 0; ; attempt++) {
     if (signal.aborted) {
@@ -189,7 +195,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     let finished: GenerationEvent | undefined;
     try {
       if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
-      const signed = await signRoute(deps.identity, headId, hops, deps.options.now() + deps.options.routeTtlMs);
+      const { route: signed, reply } = await signer.sign(headId, hops, head);
       const req: GenerateRequest = { ...input, prefix_token_ids: [...tokens], session_id: `${requestId}-${attempt}` };
       const headers: Record<string, string> = {
         'content-type': 'application/json',
@@ -200,7 +206,6 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         [H.requestId]: requestId,
       };
       // The head's reply address, signed: chain hops hand the token only to an address the tracker vouches for.
-      const reply = await signChainReply(deps.identity, headId, head, signed.expiresAt);
       if (reply) {
         headers[H.chainReply] = reply.text;
         headers[H.chainReplySignature] = reply.signature;
@@ -271,7 +276,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       why = 'failover';
     } finally {
       signal.removeEventListener('abort', onAbort);
-      ctl.abort();
+      ctl.abort(ATTEMPT_OVER);
       lease.release();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
     }

@@ -124,19 +124,19 @@ function directOpen(agents: { http: HttpAgent; https: HttpsAgent }, endpoint: st
       watch.got();
       // Errors reach the reader through its iterator; one that comes before the reader starts must not go unhandled.
       r.on('error', () => {});
-      const chunks = read(r, watch, endpoint);
+      const chunks = read(r, watch, endpoint, done);
       if (r.statusCode === 200) {
-        resolve(finishing(chunks, done));
+        resolve(chunks);
         return;
       }
       const status = r.statusCode ?? 502;
-      collect(chunks)
+      void collect(chunks)
         .catch(() => new Uint8Array(0))
         .then((bytes) => {
           done();
           r.destroy();
           reject(remoteError(status, bytes));
-        }, reject);
+        });
     });
     watch.waiting();
     req.end(body);
@@ -144,7 +144,7 @@ function directOpen(agents: { http: HttpAgent; https: HttpsAgent }, endpoint: st
 }
 
 /** The answer's chunks, each wait watched; a stream that breaks is the head gone, unless it was cut on purpose (timeout, cancel). */
-async function* read(res: IncomingMessage, watch: { waiting(): void; got(): void }, endpoint: string): AsyncGenerator<Uint8Array> {
+async function* read(res: IncomingMessage, watch: { waiting(): void; got(): void }, endpoint: string, done: () => void): AsyncGenerator<Uint8Array> {
   const it = res[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
   try {
     for (;;) {
@@ -162,13 +162,6 @@ async function* read(res: IncomingMessage, watch: { waiting(): void; got(): void
   } finally {
     // Leaving early (the client went away, a stop string, max_tokens) closes the connection: the head cancels.
     if (!res.complete) res.destroy();
-  }
-}
-
-async function* finishing(chunks: AsyncGenerator<Uint8Array>, done: () => void): AsyncGenerator<Uint8Array> {
-  try {
-    yield* chunks;
-  } finally {
     done();
   }
 }
