@@ -42,6 +42,12 @@ async function startHttpHead(tracker: RunningTracker, o: { layerMs: number; gapM
   const identity = await Identity.generate();
   const head: HttpHead = { peerId: identity.peerId, requests: [], closedEarly: 0, routeErrors: [] };
   const server: Server = createServer((req, res) => {
+    if (req.method !== 'POST' || req.url !== '/generate') {
+      // This head serves /generate only.
+      res.writeHead(404, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ error: { code: 'MESH_ERR_NOT_FOUND', message: 'no' } }));
+      return;
+    }
     let raw = '';
     req.on('data', (c: Buffer) => (raw += c.toString()));
     req.on('end', () => {
