@@ -269,7 +269,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
       endAll();
     }
   }
-  return streamResponse(events(), { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' } });
+  return streamResponse(events(), { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' } }, endAll);
 }
 
 /** POST /v1/chat/completions and /v1/completions: parse → plan (admission) → stream, each step's refusal counted. */

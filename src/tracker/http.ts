@@ -42,9 +42,11 @@ const SOURCE = Symbol('meshnet.bodySource');
  * source itself (bodySource): one await per chunk instead of a web stream's
  * pull, enqueue and read, which at many chats the tracker pays per token per
  * chat. Read one way or the other, never both; the stream's highWaterMark 0
- * keeps it from pulling before it is read.
+ * keeps it from pulling before it is read. `onCancel`: what a cancelled
+ * stream must stop at once (the hosts stop the producer through the
+ * request's signal).
  */
-export function streamResponse(source: AsyncGenerator<Uint8Array>, init: ResponseInit): Response {
+export function streamResponse(source: AsyncGenerator<Uint8Array>, init: ResponseInit, onCancel?: () => void): Response {
   const body = new ReadableStream<Uint8Array>(
     {
       async pull(controller) {
@@ -53,6 +55,8 @@ export function streamResponse(source: AsyncGenerator<Uint8Array>, init: Respons
         else controller.enqueue(r.value);
       },
       async cancel() {
+        // At once: return() waits for a next() in progress (the next token, or a silent head's timeout).
+        onCancel?.();
         await source.return(undefined);
       },
     },
