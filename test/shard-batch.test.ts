@@ -12,6 +12,7 @@ import { ReferenceModel, newRefCache, type RefKvCache } from '../src/model/refer
 import type { MeshError } from '../src/protocol/errors.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
 import type { ForwardResult, ShardExecutor } from '../src/shard/executor.ts';
+import { batchLayout } from '../src/shard/packed-batch.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend, prompts } from './helpers/shard.ts';
 
 const F32_TOL = 1e-4;
@@ -52,8 +53,7 @@ async function step(hops: [ShardExecutor, ShardExecutor], session: string, posit
  * queue and run as one batch per hop). Every step is checked against the
  * float64 reference; returns each session's greedy tokens.
  */
-async function decodeTogether(hops: [ShardExecutor, ShardExecutor], sessions: number, steps: number, prefix = 's'): Promise<number[][]> {
-  const ps = prompts(V, sessions, 7);
+async function decodeTogether(hops: [ShardExecutor, ShardExecutor], sessions: number, steps: number, prefix = 's', ps = prompts(V, sessions, 7)): Promise<number[][]> {
   const ref = new ReferenceModel(f.cfg, f.weights);
   const caches: RefKvCache[] = ps.map(() => newRefCache(f.cfg));
   const tokens: number[][] = ps.map(() => []);
@@ -99,6 +99,23 @@ describe.each(backends)('batched decode steps on %s', (_name, backend) => {
     }
     for (const ex of alone) expect(ex.batchStats()).toMatchObject({ maxBatch: 1, batches: sessions + steps * sessions });
     await Promise.all([...batched, ...alone].map((e) => e.release()));
+  });
+
+  it('runs even pasts padded and one long past packed, each session as alone', async () => {
+    // packed-batch.ts picks a layout per batch: pasts padded to the longest along the batch axis, or packed one after
+    // another along the sequence when one past dwarfs the rest. Both must give every session its lone tokens and logits.
+    const steps = 4;
+    const lens = { padded: [9, 11, 10, 12, 9, 10], packed: [60, 2, 3, 2, 2, 3] };
+    for (const [layout, ls] of Object.entries(lens)) {
+      const ps = ls.map((n, s) => Array.from({ length: n }, (_, k) => 3 + ((k * 13 + s * 7) % (V - 3))));
+      for (const at of [ls, ls.map((n) => n + steps - 1)]) expect(batchLayout(at), `layout at ${at.join(',')}`).toBe(layout);
+      const batched = await twoHops(backend(), 16);
+      const alone = await twoHops(backend(), 1);
+      const got = await decodeTogether(batched, ls.length, steps, layout, ps);
+      expect(got).toEqual(await decodeTogether(alone, ls.length, steps, layout, ps));
+      for (const ex of batched) expect(ex.batchStats().sizes[ls.length]).toBe(steps);
+      await Promise.all([...batched, ...alone].map((e) => e.release()));
+    }
   });
 
   it('reuses its packed input buffers across batches that grow and shrink', async () => {

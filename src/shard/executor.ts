@@ -293,7 +293,7 @@ export class ShardExecutor {
     const shared: Record<string, BackendTensor> = {
       [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, seq, 1, D] },
       [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, seq, 1, D] },
-      [IO.mask]: { type: 'float32', data: this.causalMask(position, seq), dims: [(cfg.numHeads / KV) * seq, position + seq] },
+      [IO.mask]: { type: 'float32', data: this.causalMask(position, seq), dims: [1, 1, (cfg.numHeads / KV) * seq, position + seq] },
     };
 
     for (let si = first; si <= last; si++) {
