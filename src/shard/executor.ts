@@ -21,7 +21,7 @@ import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
-import { packedBatchKey, runPackedBatch } from './packed-batch.ts';
+import { packedBatchKey, runPackedBatch, type BatchLayoutChoice } from './packed-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
 import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
@@ -49,6 +49,8 @@ export interface ShardExecutorOptions extends ExecutorKvOptions {
    * 1 runs every request alone. @defaultValue 16 (DEFAULT_MAX_BATCH)
    */
   maxBatch?: number;
+  /** How batches lay out their pasts (packed-batch.ts); 'auto' picks per batch. Forced only by benchmarks and tests. */
+  batchLayout?: BatchLayoutChoice;
 }
 
 export interface ForwardRequest {
@@ -120,7 +122,7 @@ export class ShardExecutor {
         runOne: (req) => this.forwardNow(req),
         runBatch: (reqs) =>
           runPackedBatch(
-            { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv, scratch },
+            { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv, scratch, layout: o.batchLayout ?? 'auto' },
             reqs,
           ),
       },

@@ -62,7 +62,11 @@ export interface PackedContext {
   kv: KvStore;
   /** Reused input buffers (absent: fresh arrays every step). */
   scratch?: BatchScratch;
+  /** 'auto' (absent): batchLayout() per batch; benchmarks and tests force one. */
+  layout?: BatchLayoutChoice;
 }
+
+export type BatchLayoutChoice = 'auto' | 'padded' | 'packed';
 
 /** Requests that may share a packed batch: one row, a KV session, same layers and input kind. */
 export function packedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
@@ -129,7 +133,7 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
   const last = ctx.segments.findIndex((s) => s.end === end);
   const rowElems = KV * D;
   const positions = items.map((it) => it.input.position);
-  const padded = batchLayout(positions) === 'padded';
+  const padded = (ctx.layout === undefined || ctx.layout === 'auto' ? batchLayout(positions) : ctx.layout) === 'padded';
   // Where session i's past starts, in rows of the fed past tensor, and how many rows that tensor has.
   const offsets: number[] = [];
   let total = 0;
