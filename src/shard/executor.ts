@@ -51,6 +51,11 @@ export interface ShardExecutorOptions extends ExecutorKvOptions {
   maxBatch?: number;
   /** How batches lay out their pasts (packed-batch.ts); 'auto' picks per batch. Forced only by benchmarks and tests. */
   batchLayout?: BatchLayoutChoice;
+  /**
+   * Requests queued while a batch runs join it between segments (batch-queue.ts, packed-batch.ts).
+   * @defaultValue true; false only to measure without it.
+   */
+  batchJoin?: boolean;
 }
 
 export interface ForwardRequest {
@@ -120,10 +125,11 @@ export class ShardExecutor {
         batchKey: (req) => packedBatchKey(req, held),
         sessionOf: (req) => req.session,
         runOne: (req) => this.forwardNow(req),
-        runBatch: (reqs) =>
+        runBatch: (reqs, join) =>
           runPackedBatch(
             { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv, scratch, layout: o.batchLayout ?? 'auto' },
             reqs,
+            o.batchJoin === false ? undefined : join,
           ),
       },
       o.maxBatch ?? DEFAULT_MAX_BATCH,

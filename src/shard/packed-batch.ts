@@ -40,6 +40,7 @@ import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession, KvStore } from './kv-store.ts';
 import { runMembers } from './batch-members.ts';
 import type { BatchScratch } from './batch-scratch.ts';
+import type { JoinQueued, Joiner } from './batch-queue.ts';
 import { sampleToken } from './sampling.ts';
 
 export interface PackedSegment {
@@ -84,9 +85,15 @@ interface Item {
   kv: KvSession;
 }
 
-/** Runs `reqs` (equal batch keys) as one packed batch; a request that fails its checks or admission fails alone. */
-export function runPackedBatch(ctx: PackedContext, reqs: readonly ForwardRequest[]): Promise<Array<ForwardResult | Error>> {
-  return runMembers(reqs.length, (index) => admit(ctx, index, reqs[index]!), (items) => runItems(ctx, items));
+type Join = JoinQueued<ForwardRequest, ForwardResult>;
+
+/**
+ * Runs `reqs` (equal batch keys) as one packed batch; a request that fails its checks or admission fails alone.
+ * With `join`, requests queued meanwhile join between segments (batch-queue.ts): they run the segments they
+ * missed first, then the rest with the batch.
+ */
+export function runPackedBatch(ctx: PackedContext, reqs: readonly ForwardRequest[], join?: Join): Promise<Array<ForwardResult | Error>> {
+  return runMembers(reqs.length, (index) => admit(ctx, index, reqs[index]!), (items) => runItems(ctx, items, join));
 }
 
 /** The per-request checks and KV admission of ShardExecutor.forwardNow, for one batch member. */
@@ -124,17 +131,26 @@ export function batchLayout(positions: readonly number[]): 'padded' | 'packed' {
   return 2 * B * (longest + 1) <= (total + B) * (B + 1) ? 'padded' : 'packed';
 }
 
-async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResult[]> {
+/** What one segment run feeds besides the hidden rows and the pasts, for a set of items. */
+interface Layout {
+  positions: number[];
+  padded: boolean;
+  /** Where item i's past starts, in rows of the fed past tensor. */
+  offsets: number[];
+  /** Rows of the fed past tensor. */
+  total: number;
+  /** The batch's leading dims: [B, 1] along the batch axis, or [1, B] along the sequence. */
+  lead: number[];
+  pastDims: number[];
+  shared: Record<string, BackendTensor>;
+}
+
+function layoutFor(ctx: PackedContext, items: Item[]): Layout {
   const cfg = ctx.config;
-  const { numKvHeads: KV, headDim: D, hiddenSize: h } = cfg;
+  const { numKvHeads: KV, headDim: D } = cfg;
   const B = items.length;
-  const { start, end } = items[0]!.input;
-  const first = ctx.segments.findIndex((s) => s.start === start);
-  const last = ctx.segments.findIndex((s) => s.end === end);
-  const rowElems = KV * D;
   const positions = items.map((it) => it.input.position);
   const padded = (ctx.layout === undefined || ctx.layout === 'auto' ? batchLayout(positions) : ctx.layout) === 'padded';
-  // Where session i's past starts, in rows of the fed past tensor, and how many rows that tensor has.
   const offsets: number[] = [];
   let total = 0;
   if (padded) {
@@ -147,20 +163,7 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
       total += p;
     }
   }
-  // The batch's leading dims: [B, 1] along the batch axis, or [1, B] along the sequence.
   const lead = padded ? [B, 1] : [1, B];
-
-  let hidden: Float32Array;
-  if (items[0]!.input.kind === 'tokens') {
-    const ids = new BigInt64Array(B);
-    items.forEach((it, i) => (ids[i] = (it.input as Extract<ForwardInput, { kind: 'tokens' }>).ids[0]!));
-    const out = await ctx.embed!.run({ [IO.inputIds]: { type: 'int64', data: ids, dims: [1, B] } });
-    hidden = out[IO.hiddenOut]!.data as Float32Array;
-  } else {
-    hidden = new Float32Array(B * h);
-    items.forEach((it, i) => hidden.set((it.input as Extract<ForwardInput, { kind: 'activation' }>).data, i * h));
-  }
-
   const cos = new Float32Array(B * D);
   const sin = new Float32Array(B * D);
   positions.forEach((p, i) => {
@@ -175,7 +178,30 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
     [IO.ropeSin]: { type: 'float32', data: sin, dims: [...lead, 1, D] },
     [IO.mask]: { type: 'float32', data: mask, dims: padded ? [B, 1, groups, total / B + 1] : [1, 1, groups * B, total + B] },
   };
-  const pastDims = padded ? [B, total / B, KV, D] : [1, total, KV, D];
+  return { positions, padded, offsets, total, lead, pastDims: padded ? [B, total / B, KV, D] : [1, total, KV, D], shared };
+}
+
+/** The items' input rows [B·hidden]: their token ids through the embedding, or their activations. */
+async function inputRows(ctx: PackedContext, items: Item[]): Promise<Float32Array> {
+  const B = items.length;
+  const h = ctx.config.hiddenSize;
+  if (items[0]!.input.kind === 'tokens') {
+    const ids = new BigInt64Array(B);
+    items.forEach((it, i) => (ids[i] = (it.input as Extract<ForwardInput, { kind: 'tokens' }>).ids[0]!));
+    const out = await ctx.embed!.run({ [IO.inputIds]: { type: 'int64', data: ids, dims: [1, B] } });
+    return out[IO.hiddenOut]!.data as Float32Array;
+  }
+  const hidden = new Float32Array(B * h);
+  items.forEach((it, i) => hidden.set((it.input as Extract<ForwardInput, { kind: 'activation' }>).data, i * h));
+  return hidden;
+}
+
+/** Segment `si` for `items` laid out as `lay`: their new KV rows written back, the output rows returned. */
+async function runSegment(ctx: PackedContext, items: Item[], lay: Layout, hidden: Float32Array, si: number): Promise<Float32Array> {
+  const { numKvHeads: KV, headDim: D, hiddenSize: h } = ctx.config;
+  const rowElems = KV * D;
+  const { positions, offsets, total, padded } = lay;
+  const B = items.length;
   const kvType = ctx.dtype === 'f16' ? 'float16' : 'float32';
   const f16 = ctx.dtype === 'f16';
   // Reused buffers (batch-scratch.ts) hold stale rows: every row is written here, the pasts' and (padded) the zeros after them.
@@ -188,32 +214,108 @@ async function runItems(ctx: PackedContext, items: Item[]): Promise<ForwardResul
     });
     return out;
   };
+  const seg = ctx.segments[si]!;
+  const feeds: Record<string, BackendTensor> = { ...lay.shared, [IO.hidden]: { type: 'float32', data: hidden, dims: [...lay.lead, h] } };
+  for (let l = seg.start; l < seg.end; l++) {
+    const li = l - ctx.startLayer;
+    // Keyed by the layer's place in its segment: segments run one after another, so the next reuses these.
+    feeds[IO.pastKey(l)] = { type: kvType, data: pastTensor(`k${l - seg.start}`, items.map((it) => it.kv.cache.keys[li]!)), dims: lay.pastDims };
+    feeds[IO.pastValue(l)] = { type: kvType, data: pastTensor(`v${l - seg.start}`, items.map((it) => it.kv.cache.values[li]!)), dims: lay.pastDims };
+  }
+  const out = await seg.session.run(feeds);
+  // Present [B,1,kvh,hd] or [1,B,kvh,hd]: row i is item i's either way, as are the hidden rows.
+  for (let l = seg.start; l < seg.end; l++) {
+    const li = l - ctx.startLayer;
+    const k = out[IO.presentKey(l)]!.data as Float32Array;
+    const v = out[IO.presentValue(l)]!.data as Float32Array;
+    items.forEach((it, i) => {
+      (it.kv.cache.keys[li] as Float32Array).set(k.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
+      (it.kv.cache.values[li] as Float32Array).set(v.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
+    });
+  }
+  return out[IO.hiddenOut]!.data as Float32Array;
+}
 
-  for (let si = first; si <= last; si++) {
-    const seg = ctx.segments[si]!;
-    const feeds: Record<string, BackendTensor> = { ...shared, [IO.hidden]: { type: 'float32', data: hidden, dims: [...lead, h] } };
-    for (let l = seg.start; l < seg.end; l++) {
-      const li = l - ctx.startLayer;
-      // Keyed by the layer's place in its segment: segments run one after another, so the next reuses these.
-      feeds[IO.pastKey(l)] = { type: kvType, data: pastTensor(`k${l - seg.start}`, items.map((it) => it.kv.cache.keys[li]!)), dims: pastDims };
-      feeds[IO.pastValue(l)] = { type: kvType, data: pastTensor(`v${l - seg.start}`, items.map((it) => it.kv.cache.values[li]!)), dims: pastDims };
+/**
+ * Requests queued since the batch started, admitted to it before segment `si`: each passes the
+ * same checks and KV admission as a member (or fails alone), then the admitted ones run segments
+ * first…si-1 together, so that they stand where the batch stands.
+ */
+async function catchUp(ctx: PackedContext, join: Join, items: Item[], first: number, si: number): Promise<{ items: Item[]; joiners: Joiner<ForwardRequest, ForwardResult>[]; hidden: Float32Array } | null> {
+  const queued = join(new Set(items.map((it) => it.req.session!)));
+  const joiners: Joiner<ForwardRequest, ForwardResult>[] = [];
+  const more: Item[] = [];
+  for (const j of queued) {
+    try {
+      more.push(await admit(ctx, -1, j.req));
+      joiners.push(j);
+    } catch (e) {
+      j.reject(e);
     }
-    const out = await seg.session.run(feeds);
-    // Present [B,1,kvh,hd] or [1,B,kvh,hd]: row i is session i's either way, as are the hidden rows.
-    for (let l = seg.start; l < seg.end; l++) {
-      const li = l - ctx.startLayer;
-      const k = out[IO.presentKey(l)]!.data as Float32Array;
-      const v = out[IO.presentValue(l)]!.data as Float32Array;
-      items.forEach((it, i) => {
-        (it.kv.cache.keys[li] as Float32Array).set(k.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
-        (it.kv.cache.values[li] as Float32Array).set(v.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
-      });
+  }
+  if (more.length === 0) return null;
+  try {
+    const lay = layoutFor(ctx, more);
+    let hidden = await inputRows(ctx, more);
+    for (let sj = first; sj < si; sj++) hidden = await runSegment(ctx, more, lay, hidden, sj);
+    return { items: more, joiners, hidden };
+  } catch (e) {
+    for (const j of joiners) j.reject(e);
+    throw e;
+  }
+}
+
+async function runItems(ctx: PackedContext, members: Item[], join?: Join): Promise<ForwardResult[]> {
+  const cfg = ctx.config;
+  const h = cfg.hiddenSize;
+  const { start, end } = members[0]!.input;
+  const first = ctx.segments.findIndex((s) => s.start === start);
+  const last = ctx.segments.findIndex((s) => s.end === end);
+  let items = members;
+  const joiners: Joiner<ForwardRequest, ForwardResult>[] = [];
+  let hidden: Float32Array;
+  try {
+    let lay = layoutFor(ctx, items);
+    hidden = await inputRows(ctx, items);
+    for (let si = first; si <= last; si++) {
+      if (join && si > first) {
+        const c = await catchUp(ctx, join, items, first, si);
+        if (c) {
+          items = [...items, ...c.items];
+          joiners.push(...c.joiners);
+          const merged = new Float32Array(items.length * h);
+          merged.set(hidden);
+          merged.set(c.hidden, hidden.length);
+          hidden = merged;
+          // Also a fresh mask: the catch-up's took the scratch buffer this batch's mask was in.
+          lay = layoutFor(ctx, items);
+        }
+      }
+      hidden = await runSegment(ctx, items, lay, hidden, si);
     }
-    hidden = out[IO.hiddenOut]!.data as Float32Array;
+  } catch (e) {
+    for (const j of joiners) j.reject(e);
+    throw e;
   }
   for (const it of items) for (let l = start; l < end; l++) it.kv.lengths[l - ctx.startLayer] = it.input.position + 1;
 
-  if (end === cfg.numLayers && ctx.head) {
+  let results: ForwardResult[];
+  try {
+    results = await finish(ctx, items, hidden);
+  } catch (e) {
+    for (const j of joiners) j.reject(e);
+    throw e;
+  }
+  joiners.forEach((j, i) => j.resolve(results[members.length + i]!));
+  return results.slice(0, members.length);
+}
+
+/** The batch's answers: tokens through the head when it ends at the last layer, else each item's activation row. */
+async function finish(ctx: PackedContext, items: Item[], hidden: Float32Array): Promise<ForwardResult[]> {
+  const cfg = ctx.config;
+  const h = cfg.hiddenSize;
+  const B = items.length;
+  if (items[0]!.input.end === cfg.numLayers && ctx.head) {
     const out = await ctx.head.run({ [IO.hidden]: { type: 'float32', data: hidden, dims: [1, B, h] } });
     const all = out[IO.logits]!.data as Float32Array;
     const V = cfg.vocabSize;
