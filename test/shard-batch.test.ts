@@ -252,6 +252,7 @@ describe('requests that join a running batch', () => {
     const st = ex.batchStats();
     expect(st.sizes[5]).toBe(1); // the batch started with five…
     expect(st.joined).toBe(4); // …and j5, j6, j7 and the unknown session joined it (j0's and j1's next steps did not)
+    expect(st.requests).toBe(st.sizes.reduce((n, runs, size) => n + runs * size, 0));
     for (let s = 0; s < 8; s++) {
       const r = token(s < 5 ? batch[s]! : (settled[s - 5] as PromiseFulfilledResult<ForwardResult>).value);
       expectClose(r.logits, ref.forward([next[s]!], ps[s]!.length, caches[s]!), `session j${s}`);

@@ -59,11 +59,11 @@ export interface BatchStats {
   maxBatch: number;
   /** Runs so far (a request alone counts as a batch of 1). */
   batches: number;
-  /** Requests served by those runs. */
+  /** Requests those runs started with (the sum of sizes[n]·n). */
   requests: number;
   /** Runs by batch size when they started: sizes[n] = runs of n requests; index 0 unused. */
   sizes: number[];
-  /** Requests that joined a batch while it ran (counted in `requests`, not in `sizes`). */
+  /** Requests that joined a batch while it ran (on top of `requests` and `sizes`). */
   joined: number;
 }
 
@@ -162,7 +162,6 @@ export class BatchQueue<Req, Res> {
         this.pending.splice(i, 1);
       } else i++;
     }
-    this.requests += out.length;
     this.joined += out.length;
     return out;
   }
