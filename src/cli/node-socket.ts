@@ -21,6 +21,7 @@
  */
 import { WebSocket } from 'ws';
 import type { WebSocketConstructor } from '../node/socket.ts';
+import { trace } from '../protocol/trace.ts';
 
 function zeroMask(mask: Buffer): void {
   mask.fill(0);
@@ -55,6 +56,7 @@ export class NodeWebSocket extends WebSocket {
     const socket = this.corked;
     this.corked = undefined;
     socket?.uncork();
+    trace?.('uncork');
   }
 }
 

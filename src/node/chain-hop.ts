@@ -33,6 +33,7 @@ import type { MeshHandler } from './mesh-types.ts';
 import { verifyChainReply, verifySignedRoute } from './tracker-client.ts';
 import { dtypeBytes, isDtype } from '../protocol/tensor.ts';
 import { z } from 'zod';
+import { trace } from '../protocol/trace.ts';
 
 export interface ChainHopInit {
   peerId: string;
@@ -152,6 +153,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
   async function run(req: MeshRequest): Promise<MeshResponse> {
     const t0 = now();
     const h = req.headers;
+    trace?.('hop', h[H.session], h[H.position]);
     const indexText = h[H.chainIndex]!.trim();
     const head = h[H.chainHead]?.trim();
     const text = h[H.route];
@@ -204,8 +206,10 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       // This node's span, on the layers the signed route gives it (not whatever the caller wrote).
       const localHeaders: HeaderMap = { ...h, [H.startLayer]: String(hop.start_layer), [H.endLayer]: String(hop.end_layer) };
       if (!last) delete localHeaders[H.sampling];
+      trace?.('hop-checked', h[H.session], h[H.position]);
       const res = await init.local({ ...req, headers: localHeaders, body: input });
       const out = await collectBody(res.body);
+      trace?.('hop-span', h[H.session], h[H.position]);
       if (res.status !== 200) return fail(headTo, h, remoteError(res.status, out), left());
 
       if (last) {
@@ -218,6 +222,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
           },
           (e: unknown) => init.onLog?.(`chain: hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`),
         );
+        trace?.('hop-pushed', h[H.session], h[H.position]);
         return accepted();
       }
 
@@ -252,6 +257,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
           report(headTo, h, new MeshError(code, `hop ${me} could not reach the next hop ${next.peer_id}: ${why}`, { peer_id: next.peer_id }), left());
         },
       );
+      trace?.('hop-pushed', h[H.session], h[H.position]);
       return accepted();
     } catch (e) {
       if (e instanceof MeshError) {

@@ -20,6 +20,7 @@ import type { ForwardRequest, ForwardResult, ShardExecutor } from '../shard/exec
 import type { BatchStats } from '../shard/batch-queue.ts';
 import type { KvStats } from '../shard/kv-store.ts';
 import type { SamplingParams } from '../shard/sampling.ts';
+import { trace } from '../protocol/trace.ts';
 
 /** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
 export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
@@ -169,7 +170,9 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       if (sessionTokens !== undefined) fr.sessionTokens = sessionTokens;
     }
     if (sampling) fr.sampling = sampling;
+    trace?.('exec', session, position);
     const result = await executor.forward(fr);
+    trace?.('exec-done', session, position);
     const tokens = shape[1]!;
     if (result.kind === 'token') {
       const text = info.decode ? info.decode(result.tokenId) : '';

@@ -22,6 +22,8 @@
  * request runs alone, exactly as before batching existed.
  */
 
+import { trace } from '../protocol/trace.ts';
+
 export interface BatchRunner<Req, Res> {
   /** Requests with equal keys may run as one batch; undefined: this one runs alone. */
   batchKey(req: Req): string | undefined;
@@ -96,6 +98,7 @@ export class BatchQueue<Req, Res> {
         this.sizes[batch.length]!++;
         if (batch.length === 1) {
           const p = batch[0]!;
+          trace?.('run', this.runner.sessionOf(p.req));
           await this.runner.runOne(p.req).then(p.resolve, p.reject);
           continue;
         }

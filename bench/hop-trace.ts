@@ -1,0 +1,319 @@
+/**
+ * Where a hop's fixed cost goes (issue 11: 3 nodes with no delay reach
+ * ~0.6× one process; the mesh adds ~2.3 ms a hop while a bare relay round
+ * trip is 0.19 ms). One chat, greedy, over a real relay and 3 real
+ * `meshnet node` processes (head [0,4) in chain mode, middle [4,8), tail
+ * [8,12) of `small`), every process started with MESHNET_TRACE so it stamps
+ * each stage of a step (src/protocol/trace.ts, src/cli/trace-file.ts):
+ *
+ *   head:  step → ort… → head-span → head-pushed → uncork
+ *   relay: relay-in → relay-out
+ *   mid:   in:/forward → hop → run → ort… → exec-done → hop-span → hop-pushed → uncork
+ *   tail:  … → hop-pushed (POST /chain/token) → uncork
+ *   head:  in:/chain/token → token-in → step-done → ndjson → pulled → step (the next)
+ *
+ * Steps are cut at the head's `step` stamps (one chat: nothing overlaps), each
+ * step's stamps put in time order and labelled `process:stage` (`#n` for the
+ * n-th repeat of a stage in a process); steps with the usual sequence give a
+ * median gap per stage pair. Variants: `relay` (every leg through the relay)
+ * and `link` (direct links between the nodes, tail → head too), interleaved
+ * with the un-split model in this process (ms/token, the same executor).
+ *
+ *   npx tsx bench/hop-trace.ts [--tokens 48] [--runs 2] [--variants relay,link] [--min-gap-ms 0.02]
+ *
+ * Table on stdout per variant; JSON in bench/results/hop-trace.json.
+ */
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ensureModel } from '../src/cli/models.ts';
+import { createNodeBackend } from '../src/cli/onnx-node.ts';
+import { startStaticServer } from '../src/cli/static-server.ts';
+import { parseModelConfig } from '../src/model/config.ts';
+import { openSafetensors } from '../src/model/safetensors.ts';
+import { ModelTokenizer } from '../src/model/tokenizer.ts';
+import { Identity } from '../src/node/identity.ts';
+import { encodeBase64Url } from '../src/protocol/base64.ts';
+import { setTrace } from '../src/protocol/trace.ts';
+import { chainReplySigningMessage, routeSigningMessage, type GenerateEvent, type RouteHop } from '../src/protocol/tracker.ts';
+import { ShardExecutor } from '../src/shard/executor.ts';
+import { readerWeightLoader } from '../src/shard/weights.ts';
+import { startRelayProcess, type RelayProcess } from '../test/support/relay-process.ts';
+import { generateDirect, hopOf, startNode, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { cpuMs } from './lib/proc-cpu.ts';
+import { median, printTable, quantile, writeResult } from './lib/stats.ts';
+
+const argv = process.argv.slice(2);
+if (argv.includes('--help') || argv.includes('-h')) {
+  process.stdout.write(`npx tsx bench/hop-trace.ts [options]
+  per-stage timeline of one chat's decode steps over 3 node processes and a relay
+
+  --tokens N       new tokens per generation (default 48)
+  --runs N         generations per variant, interleaved (default 2)
+  --variants LIST  relay,link (default both)
+  --help           this text
+`);
+  process.exit(0);
+}
+const opt = (name: string) => {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const TOKENS = Number(opt('tokens') ?? 48);
+const RUNS = Number(opt('runs') ?? 2);
+const VARIANTS = (opt('variants') ?? 'relay,link').split(',') as Array<'relay' | 'link'>;
+const PROMPT = [{ role: 'user', content: 'Write a short story about a lighthouse keeper and a storm at sea.' }];
+
+/** CPU ms by thread name (/proc/<pid>/task/<tid>/stat: comm, utime + stime): which threads of a node burn the CPU. */
+function threadCpu(pid: number): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      const f = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+      const comm = f.slice(f.indexOf('(') + 1, f.lastIndexOf(')'));
+      const rest = f.slice(f.lastIndexOf(')') + 2).split(' ');
+      out.set(comm, (out.get(comm) ?? 0) + (Number(rest[11]) + Number(rest[12])) * 10);
+    } catch {
+      // the thread ended
+    }
+  }
+  return out;
+}
+
+interface Stamp {
+  t: number;
+  pid: number;
+  stage: string;
+}
+
+function readStamps(file: string, from: number, to: number): Stamp[] {
+  const out: Stamp[] = [];
+  for (const line of readFileSync(file, 'utf8').split('\n')) {
+    const f = line.split(' ');
+    if (f.length < 4) continue;
+    const t = Number(f[0]);
+    if (t < from || t > to) continue;
+    out.push({ t, pid: Number(f[1]), stage: f[3]! });
+  }
+  return out.sort((a, b) => a.t - b.t);
+}
+
+interface Gap {
+  from: string;
+  to: string;
+  p50: number;
+  p90: number;
+}
+
+interface Analysis {
+  steps: number;
+  gaps: Gap[];
+  grouped: Array<{ group: string; p50: number }>;
+  stepMs: number;
+}
+
+/**
+ * Cut at the head's `step` stamps and label each stamp `process:stage`
+ * (`#n`: the n-th of that stage in that process in the step). Milestones
+ * are put in the order of their median offset into the step, and each
+ * consecutive pair gives a median gap over the steps that hold both (a
+ * stamp that sometimes comes before and sometimes after another, like a
+ * relay's stamps against the sender's uncork, does not spoil the rest).
+ */
+function analyse(stamps: Stamp[], names: Map<number, string>, headPid: number): Analysis {
+  const steps: Stamp[][] = [];
+  let cur: Stamp[] | undefined;
+  for (const s of stamps) {
+    if (!names.has(s.pid)) continue;
+    if (s.pid === headPid && s.stage === 'step') {
+      cur = [];
+      steps.push(cur);
+    }
+    cur?.push(s);
+  }
+  // The first step is the prompt, the last has no successor to close it: decode steps in between.
+  const decode = steps.slice(1, -1).filter((s) => s.length > 0);
+  const labelled = decode.map((step) => {
+    const seen = new Map<string, number>();
+    const at = new Map<string, number>();
+    for (const s of step) {
+      const k = `${names.get(s.pid)}:${s.stage}`;
+      const n = (seen.get(k) ?? 0) + 1;
+      seen.set(k, n);
+      at.set(n === 1 ? k : `${k}#${n}`, s.t - step[0]!.t);
+    }
+    return at;
+  });
+  const offsets = new Map<string, number[]>();
+  for (const at of labelled) for (const [k, t] of at) offsets.set(k, [...(offsets.get(k) ?? []), t]);
+  // Milestones seen in most steps, by median offset.
+  const order = [...offsets.entries()].filter(([, ts]) => ts.length >= decode.length / 2).map(([k, ts]) => [k, median(ts)] as const).sort((a, b) => a[1] - b[1]).map(([k]) => k);
+  const gaps: Gap[] = [];
+  for (let i = 0; i + 1 < order.length; i++) {
+    const ds = labelled.filter((at) => at.has(order[i]!) && at.has(order[i + 1]!)).map((at) => at.get(order[i + 1]!)! - at.get(order[i]!)!).sort((a, b) => a - b);
+    gaps.push({ from: order[i]!, to: order[i + 1]!, p50: quantile(ds, 0.5), p90: quantile(ds, 0.9) });
+  }
+  const lens = decode.slice(0, -1).map((s, k) => decode[k + 1]![0]!.t - s[0]!.t).sort((a, b) => a - b);
+  gaps.push({ from: order.at(-1)!, to: `${order[0]} (next)`, p50: NaN, p90: NaN });
+  // Per step, in time order: onnxruntime runs, other work inside a process, and time between processes (legs), summed.
+  const groups = new Map<string, number[]>();
+  for (const step of decode) {
+    const sums = new Map<string, number>();
+    for (let i = 0; i + 1 < step.length; i++) {
+      const a = step[i]!;
+      const b = step[i + 1]!;
+      const pa = names.get(a.pid)!;
+      const g = a.pid !== b.pid ? 'between processes (legs)' : a.stage === 'ort' && b.stage === 'ort-done' ? `${pa}: onnxruntime` : `${pa}: other`;
+      sums.set(g, (sums.get(g) ?? 0) + b.t - a.t);
+    }
+    for (const [g, v] of sums) groups.set(g, [...(groups.get(g) ?? []), v]);
+  }
+  const grouped = [...groups.entries()].map(([group, vs]) => ({ group, p50: median(vs) })).sort((a, b) => a.group.localeCompare(b.group));
+  return { steps: decode.length, gaps, grouped, stepMs: quantile(lens, 0.5) };
+}
+
+async function main(): Promise<void> {
+  const loadBefore = loadavg()[0]!;
+  const work = mkdtempSync(join(tmpdir(), 'meshnet-hop-trace-'));
+  const traceFile = join(work, 'trace.log');
+  writeFileSync(traceFile, '');
+  process.env.MESHNET_TRACE = traceFile;
+  const dir = await ensureModel('small');
+  const st = await startStaticServer({ root: dir });
+  const cfg = parseModelConfig(await (await fetch(`${st.url}/config.json`)).json());
+  const L = cfg.numLayers;
+  const [A, B] = [Math.round(L / 3), Math.round((2 * L) / 3)];
+  const nodes: NodeProc[] = [];
+  let relay: RelayProcess | undefined;
+  try {
+    const key = await Identity.generate();
+    relay = await startRelayProcess();
+    const base = ['--model', 'small', '--model-url', st.url, '--budget-mb', '2048', '--threads', '1', '--max-context', '512', '--relay', relay.url, '--tracker-key', encodeBase64Url(key.publicKey)];
+    process.stderr.write('starting nodes...\n');
+    nodes.push(...(await Promise.all([startNode([...base, '--layers', `0-${A}`, '--hop-mode', 'chain']), startNode([...base, '--layers', `${A}-${B}`])])));
+    nodes.push(await startNode([...base, '--layers', `${B}-${L}`]));
+    const [head, mid, tail] = nodes as [NodeProc, NodeProc, NodeProc];
+    const names = new Map<number, string>([
+      [head.child.pid!, 'head'],
+      [mid.child.pid!, 'mid'],
+      [tail.child.pid!, 'tail'],
+      [relay.child.pid!, 'relay'],
+    ]);
+
+    const sign = async (variant: 'relay' | 'link'): Promise<Record<string, string>> => {
+      const hops: RouteHop[] = [hopOf(mid, A, B, variant === 'relay' ? 'relay' : 'direct'), hopOf(tail, B, L, variant === 'relay' ? 'relay' : 'direct')];
+      const route = JSON.stringify(hops);
+      const expires = Date.now() + 3_600_000;
+      const reply = JSON.stringify(variant === 'relay' ? { relay_addr: head.relayAddr } : { endpoint: head.endpoint });
+      return {
+        'x-meshnet-route': route,
+        'x-meshnet-route-expires': String(expires),
+        'x-meshnet-route-signature': encodeBase64Url(await key.sign(routeSigningMessage(head.peerId, expires, route))),
+        'x-meshnet-chain-reply': reply,
+        'x-meshnet-chain-reply-signature': encodeBase64Url(await key.sign(chainReplySigningMessage(head.peerId, expires, reply))),
+      };
+    };
+
+    const tok = await ModelTokenizer.load(fetch, `${st.url}/`, { extraEosTokenIds: cfg.eosTokenIds });
+    const whole = await ShardExecutor.create({ config: cfg, backend: createNodeBackend({ intraOpNumThreads: 1 }), weights: readerWeightLoader(await openSafetensors(fetch, `${st.url}/`)), startLayer: 0, endLayer: L, maxContext: 512 });
+    const promptIds = tok.encodeChat(PROMPT);
+    // The un-split run's onnxruntime time per token, from the same stamps (in this process).
+    let ortAt = 0;
+    let ortSum = 0;
+    const oneOrts: number[] = [];
+    const oneProcess = async (): Promise<{ ms: number; ids: number[] }> => {
+      setTrace((stage) => {
+        if (stage === 'ort') ortAt = performance.now();
+        else if (stage === 'ort-done') ortSum += performance.now() - ortAt;
+      });
+      let r = await whole.forward({ session: 'one', position: 0, tokenIds: promptIds, sampling: { temperature: 0 } });
+      const t1 = performance.now();
+      const ids: number[] = [];
+      let pos = promptIds.length;
+      for (let i = 0; i < TOKENS; i++) {
+        if (r.kind !== 'token') throw new Error('expected a token');
+        ids.push(r.tokenId);
+        if (i === TOKENS - 1) break;
+        ortSum = 0;
+        r = await whole.forward({ session: 'one', position: pos++, tokenIds: [r.tokenId], sampling: { temperature: 0 } });
+        oneOrts.push(ortSum);
+      }
+      setTrace(undefined);
+      whole.dropSession('one');
+      return { ms: (performance.now() - t1) / (ids.length - 1), ids };
+    };
+
+    let runId = 0;
+    const viaMesh = async (variant: 'relay' | 'link') => {
+      const headers = await sign(variant);
+      const ids: number[] = [];
+      let tFirst = 0;
+      let tLast = 0;
+      const cpu0 = nodes.map((n) => cpuMs(n.child.pid).all).concat(cpuMs(relay!.child.pid).all);
+      const threads0 = nodes.map((n) => threadCpu(n.child.pid!));
+      const from = performance.timeOrigin + performance.now();
+      for await (const ev of generateDirect(head.endpoint, headers, { messages: PROMPT, max_tokens: TOKENS, temperature: 0, session_id: `trace-${++runId}` }) as AsyncIterable<GenerateEvent>) {
+        if (ev.type === 'token') {
+          tLast = performance.now();
+          if (ids.length === 0) tFirst = tLast;
+          ids.push(ev.token_id);
+        } else if (ev.type === 'error') throw new Error(`${ev.code}: ${ev.message}`);
+      }
+      const to = performance.timeOrigin + performance.now();
+      const cpu1 = nodes.map((n) => cpuMs(n.child.pid).all).concat(cpuMs(relay!.child.pid).all);
+      const threads = nodes.map((n, i) => {
+        const t1 = threadCpu(n.child.pid!);
+        return Object.fromEntries([...t1].map(([k, v]) => [k, +((v - (threads0[i]!.get(k) ?? 0)) / ids.length).toFixed(2)]).filter(([, v]) => (v as number) > 0));
+      });
+      return { ms: (tLast - tFirst) / (ids.length - 1), ids, from, to, cpuPerToken: cpu1.map((c, i) => (c - cpu0[i]!) / ids.length), threads };
+    };
+
+    // Warm-up: graphs, sockets, links.
+    await oneProcess();
+    for (const v of VARIANTS) await viaMesh(v);
+    for (const v of VARIANTS) await viaMesh(v);
+    // Give the trace files' 250 ms flush time to catch up, then measure.
+    const results: Record<string, Array<Awaited<ReturnType<typeof viaMesh>>>> = {};
+    const one: number[] = [];
+    let reference: number[] = [];
+    for (let r = 0; r < RUNS; r++) {
+      const o = await oneProcess();
+      one.push(o.ms);
+      reference = o.ids;
+      for (const v of VARIANTS) {
+        process.stderr.write(`run ${r + 1}/${RUNS}: ${v}\n`);
+        (results[v] ??= []).push(await viaMesh(v));
+      }
+    }
+    await new Promise((r) => setTimeout(r, 600));
+    const oneMs = median(one);
+    const oneOrt = median(oneOrts.slice(-RUNS * (TOKENS - 1)));
+    const json: Record<string, unknown> = {};
+    for (const v of VARIANTS) {
+      const rs = results[v]!;
+      const stamps = rs.flatMap((x) => readStamps(traceFile, x.from, x.to));
+      const a = analyse(stamps, names, head.child.pid!);
+      const ms = median(rs.map((x) => x.ms));
+      const cpu = ['head', 'mid', 'tail', 'relay'].map((n, i) => `${n} ${median(rs.map((x) => x.cpuPerToken[i]!)).toFixed(2)}`).join(', ');
+      printTable(
+        `${v}: ${ms.toFixed(2)} ms/token (one process ${oneMs.toFixed(2)}: ×${(oneMs / ms).toFixed(3)}); traced step ${a.stepMs.toFixed(2)} ms over ${a.steps} steps; CPU ms/token ${cpu}; threads (CPU ms/token, last run) head ${JSON.stringify(rs.at(-1)!.threads[0])} mid ${JSON.stringify(rs.at(-1)!.threads[1])}`,
+        ['from', 'to', 'p50 ms', 'p90 ms'],
+        a.gaps.map((g) => [g.from, g.to, g.p50.toFixed(3), g.p90.toFixed(3)]),
+      );
+      printTable(`${v}: per step, summed (medians over steps; the loop back to the next step not included)`, ['where', 'p50 ms'], [...a.grouped.map((g) => [g.group, g.p50.toFixed(3)]), ['one process: onnxruntime per token', oneOrt.toFixed(3)]]);
+      json[v] = { grouped: a.grouped, ms_per_token: ms, x_one_process: oneMs / ms, step_ms: a.stepMs, steps: a.steps, gaps: a.gaps, same_tokens_as_one_process: rs.every((x) => x.ids.join() === reference.join()) };
+    }
+    console.log(`load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores`);
+    writeResult(fileURLToPath(new URL('./results/hop-trace.json', import.meta.url)), { bench: 'hop-trace', date: new Date().toISOString(), tokens: TOKENS, runs: RUNS, one_process_ms_per_token: oneMs, one_process_ort_ms_per_token: oneOrt, load: [loadBefore, loadavg()[0]], ...json });
+    await whole.release();
+  } finally {
+    await Promise.all(nodes.map((n) => n.stop()));
+    await relay?.stop();
+    await st.close();
+    if (!argv.includes('--keep')) rmSync(work, { recursive: true, force: true });
+    else process.stderr.write(`trace kept in ${traceFile}\n`);
+  }
+}
+
+await main();
