@@ -86,8 +86,6 @@ interface Verified {
   text: string;
   expires: number;
   hops: RouteHop[];
-  /** Reply text → its signature, checked. */
-  replies: Map<string, string>;
 }
 
 /** Verified routes by signature: a generation's route is checked by the signature once, its expiry on every step. */
@@ -101,9 +99,26 @@ class VerifiedRoutes {
     }
     const hops = await verifySignedRoute(key, head, text, expires, sig, now);
     if (this.map.size >= 256) this.map.clear();
-    const v: Verified = { head, text, expires, hops, replies: new Map() };
+    const v: Verified = { head, text, expires, hops };
     this.map.set(sig, v);
     return v;
+  }
+}
+
+/**
+ * Reply addresses the tracker signed, by signature. Checked before the route,
+ * so a hop that refuses a forged or expired route can still tell the head
+ * which hop refused: on a one-way path nobody else hears the refusal.
+ */
+class VerifiedReplies {
+  private readonly map = new Map<string, string>();
+  async check(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): Promise<boolean> {
+    const id = `${head}\n${expires}\n${text}`;
+    if (this.map.get(sig) === id) return true;
+    if (!(await verifyChainReply(key, head, expires, text, sig))) return false;
+    if (this.map.size >= 256) this.map.clear();
+    this.map.set(sig, id);
+    return true;
   }
 }
 
@@ -128,6 +143,7 @@ function blockBytes(h: HeaderMap): number {
 export function createChainHop(init: ChainHopInit): MeshHandler {
   const now = init.now ?? Date.now;
   const routes = new VerifiedRoutes();
+  const replies = new VerifiedReplies();
   const me = init.peerId;
 
   /** The error naming the hop it concerns (this one unless given). */
@@ -159,7 +175,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
     const text = h[H.route];
     const expires = h[H.routeExpires]?.trim();
     const sig = h[H.routeSignature]?.trim();
-    // Until the route and the reply address verify, nobody is told but the caller (no report to an address of a stranger's choosing).
+    // Until the reply address verifies, nobody is told but the caller (no report to an address of a stranger's choosing).
     let to: RouteHop | undefined;
     let budget = DEFAULT_BUDGET_MS;
     const left = () => Math.max(1, budget - (now() - t0) - HOP_MARGIN_MS);
@@ -170,22 +186,22 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       }
       if (!/^\d{1,16}$/.test(expires)) throw new MeshError('MESH_ERR_FORBIDDEN', `${H.routeExpires} must be ms since epoch`);
       budget = budgetOf(h);
-      const route = await routes.get(init.trackerKey(), head, text, Number(expires), sig, now());
-      // The reply address: used only as the tracker signed it for this head and route.
+      // The reply address first: where the tracker signed it for this head, even a refused route can be reported there.
       const replyText = h[H.chainReply];
+      let replyError: MeshError | undefined;
       if (replyText !== undefined) {
-        const rsig = h[H.chainReplySignature]?.trim() ?? '';
-        if (route.replies.get(replyText) !== rsig) {
-          if (!(await verifyChainReply(init.trackerKey(), head, route.expires, replyText, rsig))) {
-            throw new MeshError('MESH_ERR_FORBIDDEN', `the head's reply address (${H.chainReply}) is not signed by the tracker for this head and route: refused`);
-          }
-          if (route.replies.size >= 16) route.replies.clear();
-          route.replies.set(replyText, rsig);
+        if (!(await replies.check(init.trackerKey(), head, Number(expires), replyText, h[H.chainReplySignature]?.trim() ?? ''))) {
+          replyError = new MeshError('MESH_ERR_FORBIDDEN', `the head's reply address (${H.chainReply}) is not signed by the tracker for this head and route: refused`);
+        } else {
+          const reply = replySchema.safeParse(safeJson(replyText));
+          if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);
+          // Layers of the head's own span are not known yet (the route is not); a report needs only the address.
+          to = { peer_id: head, start_layer: 0, end_layer: 0, ...reply.data };
         }
-        const reply = replySchema.safeParse(safeJson(replyText));
-        if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);
-        to = { peer_id: head, start_layer: 0, end_layer: route.hops[0]?.start_layer ?? 0, ...reply.data };
       }
+      const route = await routes.get(init.trackerKey(), head, text, Number(expires), sig, now());
+      if (replyError) throw replyError;
+      if (to) to = { ...to, end_layer: route.hops[0]?.start_layer ?? 0 };
       checkChainRoute(head, route.hops);
       const hops = route.hops;
       const index = Number(indexText);
