@@ -54,6 +54,7 @@ const HOP_MARGIN_MS = 250;
 const PUSH_WINDOW_MS = 2_000;
 
 const replySchema = z.object({ relay_addr: z.string().max(512).optional(), endpoint: z.string().max(512).optional() }).strict();
+type ReplyAddress = z.infer<typeof replySchema>;
 
 /** True when a /forward asks this node to take part in a chain. */
 export function isChainRequest(req: MeshRequest): boolean {
@@ -86,6 +87,8 @@ interface Verified {
   text: string;
   expires: number;
   hops: RouteHop[];
+  /** Why checkChainRoute refuses the route (a loop, a gap), found once per route; undefined: it does not. */
+  refused: MeshError | undefined;
 }
 
 /** Verified routes by signature: a generation's route is checked by the signature once, its expiry on every step. */
@@ -99,7 +102,14 @@ class VerifiedRoutes {
     }
     const hops = await verifySignedRoute(key, head, text, expires, sig, now);
     if (this.map.size >= 256) this.map.clear();
-    const v: Verified = { head, text, expires, hops };
+    let refused: MeshError | undefined;
+    try {
+      checkChainRoute(head, hops);
+    } catch (e) {
+      if (!(e instanceof MeshError)) throw e;
+      refused = e;
+    }
+    const v: Verified = { head, text, expires, hops, refused };
     this.map.set(sig, v);
     return v;
   }
@@ -111,14 +121,18 @@ class VerifiedRoutes {
  * which hop refused: on a one-way path nobody else hears the refusal.
  */
 class VerifiedReplies {
-  private readonly map = new Map<string, string>();
-  async check(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): Promise<boolean> {
-    const id = `${head}\n${expires}\n${text}`;
-    if (this.map.get(sig) === id) return true;
+  /** By signature: what it was checked for, and the address it parses to (a generation's every step carries the same one). */
+  private readonly map = new Map<string, { head: string; expires: number; text: string; address: ReplyAddress }>();
+  /** The address, or false when the tracker did not sign it for this head; 400 when it is signed but not an address. */
+  async check(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): Promise<ReplyAddress | false> {
+    const hit = this.map.get(sig);
+    if (hit && hit.head === head && hit.expires === expires && hit.text === text) return hit.address;
     if (!(await verifyChainReply(key, head, expires, text, sig))) return false;
+    const reply = replySchema.safeParse(safeJson(text));
+    if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);
     if (this.map.size >= 256) this.map.clear();
-    this.map.set(sig, id);
-    return true;
+    this.map.set(sig, { head, expires, text, address: reply.data });
+    return reply.data;
   }
 }
 
@@ -190,19 +204,18 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       const replyText = h[H.chainReply];
       let replyError: MeshError | undefined;
       if (replyText !== undefined) {
-        if (!(await replies.check(init.trackerKey(), head, Number(expires), replyText, h[H.chainReplySignature]?.trim() ?? ''))) {
+        const address = await replies.check(init.trackerKey(), head, Number(expires), replyText, h[H.chainReplySignature]?.trim() ?? '');
+        if (address === false) {
           replyError = new MeshError('MESH_ERR_FORBIDDEN', `the head's reply address (${H.chainReply}) is not signed by the tracker for this head and route: refused`);
         } else {
-          const reply = replySchema.safeParse(safeJson(replyText));
-          if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);
           // Layers of the head's own span are not known yet (the route is not); a report needs only the address.
-          to = { peer_id: head, start_layer: 0, end_layer: 0, ...reply.data };
+          to = { peer_id: head, start_layer: 0, end_layer: 0, ...address };
         }
       }
       const route = await routes.get(init.trackerKey(), head, text, Number(expires), sig, now());
       if (replyError) throw replyError;
-      if (to) to = { ...to, end_layer: route.hops[0]?.start_layer ?? 0 };
-      checkChainRoute(head, route.hops);
+      if (to) to.end_layer = route.hops[0]?.start_layer ?? 0;
+      if (route.refused) throw route.refused;
       const hops = route.hops;
       const index = Number(indexText);
       const hop = hops[index];
