@@ -19,7 +19,12 @@
  * and `link` (direct links between the nodes, tail → head too), interleaved
  * with the un-split model in this process (ms/token, the same executor).
  *
- *   npx tsx bench/hop-trace.ts [--tokens 48] [--runs 2] [--variants relay,link] [--min-gap-ms 0.02]
+ *   npx tsx bench/hop-trace.ts [--tokens 48] [--runs 2] [--variants relay,link] [--baseline DIR]
+ *
+ * `--baseline DIR`: a second relay and 3 nodes from another checkout (a
+ * worktree of the commit before a change: `git worktree add --detach DIR
+ * <commit>` and a node_modules link), run interleaved with this checkout's,
+ * untraced: ms/token and /proc CPU per token side by side.
  *
  * Table on stdout per variant; JSON in bench/results/hop-trace.json.
  */
@@ -52,6 +57,8 @@ if (argv.includes('--help') || argv.includes('-h')) {
   --tokens N       new tokens per generation (default 48)
   --runs N         generations per variant, interleaved (default 2)
   --variants LIST  relay,link (default both)
+  --baseline DIR   also run a mesh from another checkout (DIR/bin/meshnet.js), interleaved
+  --keep           keep the trace file
   --help           this text
 `);
   process.exit(0);
@@ -63,6 +70,8 @@ const opt = (name: string) => {
 const TOKENS = Number(opt('tokens') ?? 48);
 const RUNS = Number(opt('runs') ?? 2);
 const VARIANTS = (opt('variants') ?? 'relay,link').split(',') as Array<'relay' | 'link'>;
+/** Another checkout (its bin/meshnet.js) run as a second mesh, interleaved: before/after on one machine in one run. */
+const BASELINE = opt('baseline');
 const PROMPT = [{ role: 'user', content: 'Write a short story about a lighthouse keeper and a storm at sea.' }];
 
 /** CPU ms by thread name (/proc/<pid>/task/<tid>/stat: comm, utime + stime): which threads of a node burn the CPU. */
@@ -173,45 +182,62 @@ function analyse(stamps: Stamp[], names: Map<number, string>, headPid: number): 
   return { steps: decode.length, gaps, grouped, stepMs: quantile(lens, 0.5) };
 }
 
+interface Mesh {
+  name: string;
+  relay: RelayProcess;
+  head: NodeProc;
+  mid: NodeProc;
+  tail: NodeProc;
+  /** Relay, head, middle, tail. */
+  pids: number[];
+}
+
 async function main(): Promise<void> {
   const loadBefore = loadavg()[0]!;
   const work = mkdtempSync(join(tmpdir(), 'meshnet-hop-trace-'));
   const traceFile = join(work, 'trace.log');
   writeFileSync(traceFile, '');
-  process.env.MESHNET_TRACE = traceFile;
   const dir = await ensureModel('small');
   const st = await startStaticServer({ root: dir });
   const cfg = parseModelConfig(await (await fetch(`${st.url}/config.json`)).json());
   const L = cfg.numLayers;
   const [A, B] = [Math.round(L / 3), Math.round((2 * L) / 3)];
-  const nodes: NodeProc[] = [];
-  let relay: RelayProcess | undefined;
+  const meshes: Mesh[] = [];
+  const procs: Array<{ stop(): Promise<unknown> }> = [];
   try {
     const key = await Identity.generate();
-    relay = await startRelayProcess();
-    const base = ['--model', 'small', '--model-url', st.url, '--budget-mb', '2048', '--threads', '1', '--max-context', '512', '--relay', relay.url, '--tracker-key', encodeBase64Url(key.publicKey)];
+    /** A relay and 3 nodes from `bin` (this checkout's when absent); only this checkout's are traced. */
+    const startMesh = async (name: string, bin?: string): Promise<Mesh> => {
+      if (bin) delete process.env.MESHNET_TRACE;
+      else process.env.MESHNET_TRACE = traceFile;
+      const relay = await startRelayProcess([], bin);
+      procs.push(relay);
+      const base = ['--model', 'small', '--model-url', st.url, '--budget-mb', '2048', '--threads', '1', '--max-context', '512', '--relay', relay.url, '--tracker-key', encodeBase64Url(key.publicKey)];
+      const two = await Promise.all([startNode([...base, '--layers', `0-${A}`, '--hop-mode', 'chain'], bin), startNode([...base, '--layers', `${A}-${B}`], bin)]);
+      procs.push(...two);
+      const tail = await startNode([...base, '--layers', `${B}-${L}`], bin);
+      procs.push(tail);
+      const [head, mid] = two as [NodeProc, NodeProc];
+      return { name, relay, head, mid, tail, pids: [relay.child.pid!, head.child.pid!, mid.child.pid!, tail.child.pid!] };
+    };
     process.stderr.write('starting nodes...\n');
-    nodes.push(...(await Promise.all([startNode([...base, '--layers', `0-${A}`, '--hop-mode', 'chain']), startNode([...base, '--layers', `${A}-${B}`])])));
-    nodes.push(await startNode([...base, '--layers', `${B}-${L}`]));
-    const [head, mid, tail] = nodes as [NodeProc, NodeProc, NodeProc];
-    const names = new Map<number, string>([
-      [head.child.pid!, 'head'],
-      [mid.child.pid!, 'mid'],
-      [tail.child.pid!, 'tail'],
-      [relay.child.pid!, 'relay'],
-    ]);
+    meshes.push(await startMesh('this checkout'));
+    if (BASELINE) meshes.push(await startMesh(`baseline ${BASELINE}`, join(BASELINE, 'bin', 'meshnet.js')));
+    delete process.env.MESHNET_TRACE;
+    const traced = meshes[0]!;
+    const names = new Map<number, string>(['relay', 'head', 'mid', 'tail'].map((n, i) => [traced.pids[i]!, n]));
 
-    const sign = async (variant: 'relay' | 'link'): Promise<Record<string, string>> => {
-      const hops: RouteHop[] = [hopOf(mid, A, B, variant === 'relay' ? 'relay' : 'direct'), hopOf(tail, B, L, variant === 'relay' ? 'relay' : 'direct')];
+    const sign = async (m: Mesh, variant: 'relay' | 'link'): Promise<Record<string, string>> => {
+      const hops: RouteHop[] = [hopOf(m.mid, A, B, variant === 'relay' ? 'relay' : 'direct'), hopOf(m.tail, B, L, variant === 'relay' ? 'relay' : 'direct')];
       const route = JSON.stringify(hops);
       const expires = Date.now() + 3_600_000;
-      const reply = JSON.stringify(variant === 'relay' ? { relay_addr: head.relayAddr } : { endpoint: head.endpoint });
+      const reply = JSON.stringify(variant === 'relay' ? { relay_addr: m.head.relayAddr } : { endpoint: m.head.endpoint });
       return {
         'x-meshnet-route': route,
         'x-meshnet-route-expires': String(expires),
-        'x-meshnet-route-signature': encodeBase64Url(await key.sign(routeSigningMessage(head.peerId, expires, route))),
+        'x-meshnet-route-signature': encodeBase64Url(await key.sign(routeSigningMessage(m.head.peerId, expires, route))),
         'x-meshnet-chain-reply': reply,
-        'x-meshnet-chain-reply-signature': encodeBase64Url(await key.sign(chainReplySigningMessage(head.peerId, expires, reply))),
+        'x-meshnet-chain-reply-signature': encodeBase64Url(await key.sign(chainReplySigningMessage(m.head.peerId, expires, reply))),
       };
     };
 
@@ -245,15 +271,15 @@ async function main(): Promise<void> {
     };
 
     let runId = 0;
-    const viaMesh = async (variant: 'relay' | 'link') => {
-      const headers = await sign(variant);
+    const viaMesh = async (m: Mesh, variant: 'relay' | 'link') => {
+      const headers = await sign(m, variant);
       const ids: number[] = [];
       let tFirst = 0;
       let tLast = 0;
-      const cpu0 = nodes.map((n) => cpuMs(n.child.pid).all).concat(cpuMs(relay!.child.pid).all);
-      const threads0 = nodes.map((n) => threadCpu(n.child.pid!));
+      const cpu0 = m.pids.map((p) => cpuMs(p).all);
+      const threads0 = m.pids.map((p) => threadCpu(p));
       const from = performance.timeOrigin + performance.now();
-      for await (const ev of generateDirect(head.endpoint, headers, { messages: PROMPT, max_tokens: TOKENS, temperature: 0, session_id: `trace-${++runId}` }) as AsyncIterable<GenerateEvent>) {
+      for await (const ev of generateDirect(m.head.endpoint, headers, { messages: PROMPT, max_tokens: TOKENS, temperature: 0, session_id: `trace-${++runId}` }) as AsyncIterable<GenerateEvent>) {
         if (ev.type === 'token') {
           tLast = performance.now();
           if (ids.length === 0) tFirst = tLast;
@@ -261,55 +287,67 @@ async function main(): Promise<void> {
         } else if (ev.type === 'error') throw new Error(`${ev.code}: ${ev.message}`);
       }
       const to = performance.timeOrigin + performance.now();
-      const cpu1 = nodes.map((n) => cpuMs(n.child.pid).all).concat(cpuMs(relay!.child.pid).all);
-      const threads = nodes.map((n, i) => {
-        const t1 = threadCpu(n.child.pid!);
+      const cpu1 = m.pids.map((p) => cpuMs(p).all);
+      const threads = m.pids.map((p, i) => {
+        const t1 = threadCpu(p);
         return Object.fromEntries([...t1].map(([k, v]) => [k, +((v - (threads0[i]!.get(k) ?? 0)) / ids.length).toFixed(2)]).filter(([, v]) => (v as number) > 0));
       });
       return { ms: (tLast - tFirst) / (ids.length - 1), ids, from, to, cpuPerToken: cpu1.map((c, i) => (c - cpu0[i]!) / ids.length), threads };
     };
 
+    const configs = VARIANTS.flatMap((v) => meshes.map((m) => ({ label: meshes.length > 1 ? `${v}, ${m.name}` : v, variant: v, mesh: m })));
     // Warm-up: graphs, sockets, links.
     await oneProcess();
-    for (const v of VARIANTS) await viaMesh(v);
-    for (const v of VARIANTS) await viaMesh(v);
-    // Give the trace files' 250 ms flush time to catch up, then measure.
-    const results: Record<string, Array<Awaited<ReturnType<typeof viaMesh>>>> = {};
+    for (let w = 0; w < 2; w++) for (const c of configs) await viaMesh(c.mesh, c.variant);
+    const results = new Map<(typeof configs)[number], Array<Awaited<ReturnType<typeof viaMesh>>>>();
     const one: number[] = [];
     let reference: number[] = [];
     for (let r = 0; r < RUNS; r++) {
       const o = await oneProcess();
       one.push(o.ms);
       reference = o.ids;
-      for (const v of VARIANTS) {
-        process.stderr.write(`run ${r + 1}/${RUNS}: ${v}\n`);
-        (results[v] ??= []).push(await viaMesh(v));
+      // Alternate the order each run, so neither mesh always follows the other.
+      for (const c of r % 2 ? [...configs].reverse() : configs) {
+        process.stderr.write(`run ${r + 1}/${RUNS}: ${c.label}\n`);
+        results.set(c, [...(results.get(c) ?? []), await viaMesh(c.mesh, c.variant)]);
       }
     }
+    // The trace files flush every 250 ms.
     await new Promise((r) => setTimeout(r, 600));
     const oneMs = median(one);
     const oneOrt = median(oneOrts.slice(-RUNS * (TOKENS - 1)));
-    const json: Record<string, unknown> = {};
-    for (const v of VARIANTS) {
-      const rs = results[v]!;
-      const stamps = rs.flatMap((x) => readStamps(traceFile, x.from, x.to));
-      const a = analyse(stamps, names, head.child.pid!);
+    const rows: Array<Record<string, unknown>> = [];
+    for (const c of configs) {
+      const rs = results.get(c)!;
       const ms = median(rs.map((x) => x.ms));
-      const cpu = ['head', 'mid', 'tail', 'relay'].map((n, i) => `${n} ${median(rs.map((x) => x.cpuPerToken[i]!)).toFixed(2)}`).join(', ');
+      const cpu = [0, 1, 2, 3].map((i) => median(rs.map((x) => x.cpuPerToken[i]!)));
+      const same = rs.every((x) => x.ids.join() === reference.join());
+      // bf16 at the hop boundaries may flip a near-tie against one process; every mesh of a variant must agree with every other.
+      const first = results.get(configs.find((o) => o.variant === c.variant)!)![0]!.ids.join();
+      const sameMesh = rs.every((x) => x.ids.join() === first);
+      rows.push({ config: c.label, ms_per_token: +ms.toFixed(3), x_one_process: +(oneMs / ms).toFixed(3), cpu_ms_per_token: { relay: cpu[0], head: cpu[1], mid: cpu[2], tail: cpu[3], all: cpu.reduce((a, b) => a + b, 0) }, same_tokens_as_one_process: same, same_tokens_as_first_mesh: sameMesh });
+      if (c.mesh !== traced) continue;
+      const a = analyse(rs.flatMap((x) => readStamps(traceFile, x.from, x.to)), names, traced.head.child.pid!);
       printTable(
-        `${v}: ${ms.toFixed(2)} ms/token (one process ${oneMs.toFixed(2)}: ×${(oneMs / ms).toFixed(3)}); traced step ${a.stepMs.toFixed(2)} ms over ${a.steps} steps; CPU ms/token ${cpu}; threads (CPU ms/token, last run) head ${JSON.stringify(rs.at(-1)!.threads[0])} mid ${JSON.stringify(rs.at(-1)!.threads[1])}`,
+        `${c.label}: ${ms.toFixed(2)} ms/token (one process ${oneMs.toFixed(2)}: ×${(oneMs / ms).toFixed(3)}); traced step ${a.stepMs.toFixed(2)} ms over ${a.steps} steps; threads' CPU ms/token (last run) ${JSON.stringify(rs.at(-1)!.threads)}`,
         ['from', 'to', 'p50 ms', 'p90 ms'],
         a.gaps.map((g) => [g.from, g.to, g.p50.toFixed(3), g.p90.toFixed(3)]),
       );
-      printTable(`${v}: per step, summed (medians over steps; the loop back to the next step not included)`, ['where', 'p50 ms'], [...a.grouped.map((g) => [g.group, g.p50.toFixed(3)]), ['one process: onnxruntime per token', oneOrt.toFixed(3)]]);
-      json[v] = { grouped: a.grouped, ms_per_token: ms, x_one_process: oneMs / ms, step_ms: a.stepMs, steps: a.steps, gaps: a.gaps, same_tokens_as_one_process: rs.every((x) => x.ids.join() === reference.join()) };
+      printTable(`${c.label}: per step, summed (medians over steps)`, ['where', 'p50 ms'], [...a.grouped.map((g) => [g.group, g.p50.toFixed(3)]), ['one process: onnxruntime per token', oneOrt.toFixed(3)]]);
+      Object.assign(rows.at(-1)!, { step_ms: a.stepMs, steps: a.steps, grouped: a.grouped, gaps: a.gaps });
     }
-    console.log(`load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores`);
-    writeResult(fileURLToPath(new URL('./results/hop-trace.json', import.meta.url)), { bench: 'hop-trace', date: new Date().toISOString(), tokens: TOKENS, runs: RUNS, one_process_ms_per_token: oneMs, one_process_ort_ms_per_token: oneOrt, load: [loadBefore, loadavg()[0]], ...json });
+    printTable(
+      `one chat, ${TOKENS} tokens, medians of ${RUNS} interleaved runs; one process ${oneMs.toFixed(2)} ms/token (onnxruntime ${oneOrt.toFixed(2)}); load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores`,
+      ['config', 'ms/token', '× one process', 'CPU ms/token (relay, head, mid, tail = all)', 'tokens = one process', 'tokens = first mesh'],
+      rows.map((r) => {
+        const c = r.cpu_ms_per_token as Record<string, number>;
+        return [String(r.config), Number(r.ms_per_token), Number(r.x_one_process), `${c.relay!.toFixed(2)}, ${c.head!.toFixed(2)}, ${c.mid!.toFixed(2)}, ${c.tail!.toFixed(2)} = ${c.all!.toFixed(2)}`, String(r.same_tokens_as_one_process), String(r.same_tokens_as_first_mesh)];
+      }),
+    );
+    writeResult(fileURLToPath(new URL('./results/hop-trace.json', import.meta.url)), { bench: 'hop-trace', date: new Date().toISOString(), tokens: TOKENS, runs: RUNS, baseline: BASELINE ?? null, one_process_ms_per_token: oneMs, one_process_ort_ms_per_token: oneOrt, load: [loadBefore, loadavg()[0]], rows });
     await whole.release();
   } finally {
-    await Promise.all(nodes.map((n) => n.stop()));
-    await relay?.stop();
+    await Promise.all(procs.map((p) => p.stop()));
     await st.close();
     if (!argv.includes('--keep')) rmSync(work, { recursive: true, force: true });
     else process.stderr.write(`trace kept in ${traceFile}\n`);

@@ -54,8 +54,9 @@ export class NodeWebSocket extends WebSocket {
   /** Uncork what this tick's sends buffered (runs at the end of the tick). */
   flush(): void {
     const socket = this.corked;
+    if (socket === undefined) return;
     this.corked = undefined;
-    socket?.uncork();
+    socket.uncork();
     trace?.('uncork');
   }
 }

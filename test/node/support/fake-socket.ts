@@ -27,6 +27,8 @@ export class FakeSocket implements WebSocketLike {
   onclose: ((ev: SocketCloseEvent) => void) | null = null;
   onerror: ((ev: unknown) => void) | null = null;
   closedWith: { code?: number; reason?: string } | undefined;
+  /** flush() calls: a host's "write what this tick's sends hold back now" (WebSocketLike.flush). */
+  flushes = 0;
 
   constructor(readonly url: string) {
     FakeSocket.instances.push(this);
@@ -36,6 +38,9 @@ export class FakeSocket implements WebSocketLike {
     if (this.readyState !== 1) throw new Error('send on a socket that is not open');
     // Copy like a real socket does: the sender may reuse its buffer.
     this.sent.push(typeof data === 'string' ? data : new Uint8Array(data));
+  }
+  flush(): void {
+    this.flushes++;
   }
   close(code?: number, reason?: string): void {
     if (this.readyState >= 2) return;
@@ -83,8 +88,8 @@ export interface Harness {
 
 let sharedIdentity: Promise<Identity> | undefined;
 
-/** A client registered over a FakeSocket; the test is the relay from here on. */
-export async function registeredClient(init: Partial<RelayClientInit> = {}): Promise<Harness> {
+/** A client registered over a FakeSocket; the test is the relay from here on. `registered`: more fields of the relay's `registered` message (features). */
+export async function registeredClient(init: Partial<RelayClientInit> = {}, registered: Record<string, unknown> = {}): Promise<Harness> {
   const identity = init.identity ?? (await (sharedIdentity ??= Identity.generate()));
   const logs: RelayLogEntry[] = [];
   const client = new RelayClient({
@@ -103,7 +108,7 @@ export async function registeredClient(init: Partial<RelayClientInit> = {}): Pro
   await until(() => socket.sent.length > 0);
   const register = JSON.parse(socket.sent[0] as string) as Record<string, unknown>;
   socket.sent.length = 0;
-  socket.text({ type: 'registered', peer_id: identity.peerId, relay_addr: `ws://relay.test/rpc/${identity.peerId}` });
+  socket.text({ type: 'registered', peer_id: identity.peerId, relay_addr: `ws://relay.test/rpc/${identity.peerId}`, ...registered });
   await ready;
   return { client, socket, logs, identity, register };
 }
