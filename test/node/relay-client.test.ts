@@ -684,9 +684,8 @@ describe('one-way pushes: written at once while nothing else runs', () => {
 
   it('a push from inside the only running handler (a hop handing its step on) is flushed; with several handlers running (a batch), pushes wait for the tick\'s one write', async () => {
     const release: Array<() => void> = [];
-    let h!: Harness;
     const pushed: number[] = [];
-    h = await client(
+    const h: Harness = await client(
       {
         handler: async (req) => {
           if (req.path === '/wait') await new Promise<void>((r) => release.push(r));
