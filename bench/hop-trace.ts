@@ -344,6 +344,12 @@ async function main(): Promise<void> {
         return [String(r.config), Number(r.ms_per_token), Number(r.x_one_process), `${c.relay!.toFixed(2)}, ${c.head!.toFixed(2)}, ${c.mid!.toFixed(2)}, ${c.tail!.toFixed(2)} = ${c.all!.toFixed(2)}`, String(r.same_tokens_as_one_process), String(r.same_tokens_as_first_mesh)];
       }),
     );
+    // Which path the hops' /forward requests really took (relay, link, http), per node: a link that never came up shows as http.
+    for (const m of meshes) {
+      const served = await Promise.all([m.mid, m.tail].map(async (n) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { forwards_served?: unknown }).forwards_served));
+      console.log(`${m.name}: /forward served by surface: mid ${JSON.stringify(served[0])}, tail ${JSON.stringify(served[1])}`);
+      if (argv.includes('--stderr')) for (const n of [m.head, m.mid, m.tail]) console.log(n.stderr().slice(-1500));
+    }
     writeResult(fileURLToPath(new URL('./results/hop-trace.json', import.meta.url)), { bench: 'hop-trace', date: new Date().toISOString(), tokens: TOKENS, runs: RUNS, baseline: BASELINE ?? null, one_process_ms_per_token: oneMs, one_process_ort_ms_per_token: oneOrt, load: [loadBefore, loadavg()[0]], rows });
     await whole.release();
   } finally {
