@@ -156,8 +156,13 @@ function analyse(stamps: Stamp[], names: Map<number, string>, headPid: number): 
   });
   const offsets = new Map<string, number[]>();
   for (const at of labelled) for (const [k, t] of at) offsets.set(k, [...(offsets.get(k) ?? []), t]);
-  // Milestones seen in most steps, by median offset.
-  const order = [...offsets.entries()].filter(([, ts]) => ts.length >= decode.length / 2).map(([k, ts]) => [k, median(ts)] as const).sort((a, b) => a[1] - b[1]).map(([k]) => k);
+  // Milestones seen in most steps at about the same point of each (a stamp whose n-th occurrence wanders, like a
+  // socket's uncork that some steps have twice, would mislabel the rest), by median offset.
+  const steady = (ts: number[]) => {
+    const s = [...ts].sort((a, b) => a - b);
+    return quantile(s, 0.9) - quantile(s, 0.1) < 3;
+  };
+  const order = [...offsets.entries()].filter(([, ts]) => ts.length >= decode.length * 0.9 && steady(ts)).map(([k, ts]) => [k, median(ts)] as const).sort((a, b) => a[1] - b[1]).map(([k]) => k);
   const gaps: Gap[] = [];
   for (let i = 0; i + 1 < order.length; i++) {
     const ds = labelled.filter((at) => at.has(order[i]!) && at.has(order[i + 1]!)).map((at) => at.get(order[i + 1]!)! - at.get(order[i]!)!).sort((a, b) => a - b);

@@ -1,3 +1,4 @@
+import { getEventListeners } from 'node:events';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
   FLAG_END,
@@ -680,6 +681,18 @@ describe('one-way pushes: written at once while nothing else runs', () => {
     expect(h.socket.flushes).toBe(flushes + 1);
     expect(decodeFrame(h.socket.sentFrames().at(-1)!)).toMatchObject({ kind: FrameKind.Request, flags: FLAG_END | FLAG_ONE_WAY, path: '/forward' });
     expect((await p)!.status).toBe(202);
+  });
+
+  it('a push holds no abort listener on the caller\'s signal for its window (a generation pushes ~100 steps a second); a two-way request does until answered', async () => {
+    const h = await client({ handler: echo }, { features: ['one-way'] });
+    const ac = new AbortController();
+    const p = h.client.push(TARGET, { method: 'POST', path: '/forward' }, { timeoutMs: 20, signal: ac.signal })!;
+    expect(getEventListeners(ac.signal, 'abort')).toHaveLength(0);
+    const r = h.client.request(TARGET, { method: 'POST', path: '/forward' }, { timeoutMs: 1000, signal: ac.signal });
+    expect(getEventListeners(ac.signal, 'abort')).toHaveLength(1);
+    ac.abort();
+    await expect(r).rejects.toMatchObject({ code: 'MESH_ERR_CANCELLED' });
+    expect((await p).status).toBe(202);
   });
 
   it('a push from inside the only running handler (a hop handing its step on) is flushed; with several handlers running (a batch), pushes wait for the tick\'s one write', async () => {
