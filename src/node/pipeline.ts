@@ -376,7 +376,7 @@ export class PipelineDriver {
         ...(s.signal ? { signal: s.signal } : {}),
       });
       chain.observe(s.seq, performance.now() - t0);
-      const ans = parseTokenAnswer(new TextEncoder().encode(r.token), hops.at(-1)!.hop);
+      const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
       // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
       if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
         this.init.onLog?.(`chain step at position ${s.position}: the last hop handed back ${r.rows.byteLength} bytes of rows, not ${(hops.length - 1) * s.seq * this.rowBytes}; the generation goes on as a star`);
