@@ -160,7 +160,7 @@ function analyse(stamps: Stamp[], names: Map<number, string>, headPid: number): 
   // socket's uncork that some steps have twice, would mislabel the rest), by median offset.
   const steady = (ts: number[]) => {
     const s = [...ts].sort((a, b) => a - b);
-    return quantile(s, 0.9) - quantile(s, 0.1) < 3;
+    return quantile(s, 0.75) - quantile(s, 0.25) < 1;
   };
   const order = [...offsets.entries()].filter(([, ts]) => ts.length >= decode.length * 0.9 && steady(ts)).map(([k, ts]) => [k, median(ts)] as const).sort((a, b) => a[1] - b[1]).map(([k]) => k);
   const gaps: Gap[] = [];
@@ -253,7 +253,7 @@ async function main(): Promise<void> {
     let ortAt = 0;
     let ortSum = 0;
     const oneOrts: number[] = [];
-    const oneProcess = async (): Promise<{ ms: number; ids: number[] }> => {
+    const oneProcess = async (): Promise<{ ms: number; ids: number[]; gaps: number[] }> => {
       setTrace((stage) => {
         if (stage === 'ort') ortAt = performance.now();
         else if (stage === 'ort-done') ortSum += performance.now() - ortAt;
@@ -261,6 +261,8 @@ async function main(): Promise<void> {
       let r = await whole.forward({ session: 'one', position: 0, tokenIds: promptIds, sampling: { temperature: 0 } });
       const t1 = performance.now();
       const ids: number[] = [];
+      const gaps: number[] = [];
+      let tPrev = t1;
       let pos = promptIds.length;
       for (let i = 0; i < TOKENS; i++) {
         if (r.kind !== 'token') throw new Error('expected a token');
@@ -269,16 +271,20 @@ async function main(): Promise<void> {
         ortSum = 0;
         r = await whole.forward({ session: 'one', position: pos++, tokenIds: [r.tokenId], sampling: { temperature: 0 } });
         oneOrts.push(ortSum);
+        const t = performance.now();
+        gaps.push(t - tPrev);
+        tPrev = t;
       }
       setTrace(undefined);
       whole.dropSession('one');
-      return { ms: (performance.now() - t1) / (ids.length - 1), ids };
+      return { ms: (performance.now() - t1) / (ids.length - 1), ids, gaps };
     };
 
     let runId = 0;
     const viaMesh = async (m: Mesh, variant: 'relay' | 'link') => {
       const headers = await sign(m, variant);
       const ids: number[] = [];
+      const gaps: number[] = [];
       let tFirst = 0;
       let tLast = 0;
       const cpu0 = m.pids.map((p) => cpuMs(p).all);
@@ -286,7 +292,9 @@ async function main(): Promise<void> {
       const from = performance.timeOrigin + performance.now();
       for await (const ev of generateDirect(m.head.endpoint, headers, { messages: PROMPT, max_tokens: TOKENS, temperature: 0, session_id: `trace-${++runId}` }) as AsyncIterable<GenerateEvent>) {
         if (ev.type === 'token') {
-          tLast = performance.now();
+          const t = performance.now();
+          if (ids.length > 0) gaps.push(t - tLast);
+          tLast = t;
           if (ids.length === 0) tFirst = tLast;
           ids.push(ev.token_id);
         } else if (ev.type === 'error') throw new Error(`${ev.code}: ${ev.message}`);
@@ -297,7 +305,7 @@ async function main(): Promise<void> {
         const t1 = threadCpu(p);
         return Object.fromEntries([...t1].map(([k, v]) => [k, +((v - (threads0[i]!.get(k) ?? 0)) / ids.length).toFixed(2)]).filter(([, v]) => (v as number) > 0));
       });
-      return { ms: (tLast - tFirst) / (ids.length - 1), ids, from, to, cpuPerToken: cpu1.map((c, i) => (c - cpu0[i]!) / ids.length), threads };
+      return { ms: (tLast - tFirst) / (ids.length - 1), gaps, ids, from, to, cpuPerToken: cpu1.map((c, i) => (c - cpu0[i]!) / ids.length), threads };
     };
 
     const configs = VARIANTS.flatMap((v) => meshes.map((m) => ({ label: meshes.length > 1 ? `${v}, ${m.name}` : v, variant: v, mesh: m })));
@@ -306,10 +314,12 @@ async function main(): Promise<void> {
     for (let w = 0; w < 2; w++) for (const c of configs) await viaMesh(c.mesh, c.variant);
     const results = new Map<(typeof configs)[number], Array<Awaited<ReturnType<typeof viaMesh>>>>();
     const one: number[] = [];
+    const oneGaps: number[] = [];
     let reference: number[] = [];
     for (let r = 0; r < RUNS; r++) {
       const o = await oneProcess();
       one.push(o.ms);
+      oneGaps.push(...o.gaps);
       reference = o.ids;
       // Alternate the order each run, so neither mesh always follows the other.
       for (const c of r % 2 ? [...configs].reverse() : configs) {
@@ -320,17 +330,20 @@ async function main(): Promise<void> {
     // The trace files flush every 250 ms.
     await new Promise((r) => setTimeout(r, 600));
     const oneMs = median(one);
+    // Median time between tokens over every token of every run: steadier than per-run means when the load jumps.
+    const oneTbt = median(oneGaps);
     const oneOrt = median(oneOrts.slice(-RUNS * (TOKENS - 1)));
     const rows: Array<Record<string, unknown>> = [];
     for (const c of configs) {
       const rs = results.get(c)!;
       const ms = median(rs.map((x) => x.ms));
+      const tbt = median(rs.flatMap((x) => x.gaps));
       const cpu = [0, 1, 2, 3].map((i) => median(rs.map((x) => x.cpuPerToken[i]!)));
       const same = rs.every((x) => x.ids.join() === reference.join());
       // bf16 at the hop boundaries may flip a near-tie against one process; every mesh of a variant must agree with every other.
       const first = results.get(configs.find((o) => o.variant === c.variant)!)![0]!.ids.join();
       const sameMesh = rs.every((x) => x.ids.join() === first);
-      rows.push({ config: c.label, ms_per_token: +ms.toFixed(3), x_one_process: +(oneMs / ms).toFixed(3), cpu_ms_per_token: { relay: cpu[0], head: cpu[1], mid: cpu[2], tail: cpu[3], all: cpu.reduce((a, b) => a + b, 0) }, same_tokens_as_one_process: same, same_tokens_as_first_mesh: sameMesh });
+      rows.push({ config: c.label, ms_per_token: +ms.toFixed(3), x_one_process: +(oneMs / ms).toFixed(3), tbt_p50_ms: +tbt.toFixed(3), x_one_process_tbt: +(oneTbt / tbt).toFixed(3), cpu_ms_per_token: { relay: cpu[0], head: cpu[1], mid: cpu[2], tail: cpu[3], all: cpu.reduce((a, b) => a + b, 0) }, same_tokens_as_one_process: same, same_tokens_as_first_mesh: sameMesh });
       if (c.mesh !== traced) continue;
       const a = analyse(rs.flatMap((x) => readStamps(traceFile, x.from, x.to)), names, traced.head.child.pid!);
       printTable(
@@ -342,11 +355,11 @@ async function main(): Promise<void> {
       Object.assign(rows.at(-1)!, { step_ms: a.stepMs, steps: a.steps, grouped: a.grouped, gaps: a.gaps });
     }
     printTable(
-      `one chat, ${TOKENS} tokens, medians of ${RUNS} interleaved runs; one process ${oneMs.toFixed(2)} ms/token (onnxruntime ${oneOrt.toFixed(2)}); load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores`,
-      ['config', 'ms/token', '× one process', 'CPU ms/token (relay, head, mid, tail = all)', 'tokens = one process', 'tokens = first mesh'],
+      `one chat, ${TOKENS} tokens, medians of ${RUNS} interleaved runs; one process ${oneMs.toFixed(2)} ms/token, median between tokens ${oneTbt.toFixed(2)} (onnxruntime ${oneOrt.toFixed(2)}); load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores`,
+      ['config', 'ms/token', '× one process', 'median between tokens ms', '× one process (medians)', 'CPU ms/token (relay, head, mid, tail = all)', 'tokens = one process', 'tokens = first mesh'],
       rows.map((r) => {
         const c = r.cpu_ms_per_token as Record<string, number>;
-        return [String(r.config), Number(r.ms_per_token), Number(r.x_one_process), `${c.relay!.toFixed(2)}, ${c.head!.toFixed(2)}, ${c.mid!.toFixed(2)}, ${c.tail!.toFixed(2)} = ${c.all!.toFixed(2)}`, String(r.same_tokens_as_one_process), String(r.same_tokens_as_first_mesh)];
+        return [String(r.config), Number(r.ms_per_token), Number(r.x_one_process), Number(r.tbt_p50_ms), Number(r.x_one_process_tbt), `${c.relay!.toFixed(2)}, ${c.head!.toFixed(2)}, ${c.mid!.toFixed(2)}, ${c.tail!.toFixed(2)} = ${c.all!.toFixed(2)}`, String(r.same_tokens_as_one_process), String(r.same_tokens_as_first_mesh)];
       }),
     );
     // Which path the hops' /forward requests really took (relay, link, http), per node: a link that never came up shows as http.
@@ -355,7 +368,7 @@ async function main(): Promise<void> {
       console.log(`${m.name}: /forward served by surface: mid ${JSON.stringify(served[0])}, tail ${JSON.stringify(served[1])}`);
       if (argv.includes('--stderr')) for (const n of [m.head, m.mid, m.tail]) console.log(n.stderr().slice(-1500));
     }
-    writeResult(fileURLToPath(new URL('./results/hop-trace.json', import.meta.url)), { bench: 'hop-trace', date: new Date().toISOString(), tokens: TOKENS, runs: RUNS, baseline: BASELINE ?? null, one_process_ms_per_token: oneMs, one_process_ort_ms_per_token: oneOrt, load: [loadBefore, loadavg()[0]], rows });
+    writeResult(fileURLToPath(new URL('./results/hop-trace.json', import.meta.url)), { bench: 'hop-trace', date: new Date().toISOString(), tokens: TOKENS, runs: RUNS, baseline: BASELINE ?? null, one_process_ms_per_token: oneMs, one_process_tbt_p50_ms: oneTbt, one_process_ort_ms_per_token: oneOrt, load: [loadBefore, loadavg()[0]], rows });
     await whole.release();
   } finally {
     await Promise.all(procs.map((p) => p.stop()));
