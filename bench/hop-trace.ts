@@ -21,10 +21,11 @@
  *
  *   npx tsx bench/hop-trace.ts [--tokens 48] [--runs 2] [--variants relay,link] [--baseline DIR]
  *
- * `--baseline DIR`: a second relay and 3 nodes from another checkout (a
+ * `--baseline DIR`: two more meshes, untraced (stamps cost time on the
+ * critical path too): this checkout's, and one from another checkout (a
  * worktree of the commit before a change: `git worktree add --detach DIR
- * <commit>` and a node_modules link), run interleaved with this checkout's,
- * untraced: ms/token and /proc CPU per token side by side.
+ * <commit>` and a node_modules link), all interleaved: ms/token, the median
+ * time between tokens and /proc CPU per token side by side.
  *
  * Table on stdout per variant; JSON in bench/results/hop-trace.json.
  */
@@ -212,9 +213,10 @@ async function main(): Promise<void> {
   try {
     const key = await Identity.generate();
     /** A relay and 3 nodes from `bin` (this checkout's when absent); only this checkout's are traced. */
-    const startMesh = async (name: string, bin?: string): Promise<Mesh> => {
-      if (bin) delete process.env.MESHNET_TRACE;
-      else process.env.MESHNET_TRACE = traceFile;
+    const startMesh = async (name: string, opts: { bin?: string; trace?: boolean } = {}): Promise<Mesh> => {
+      const bin = opts.bin;
+      if (opts.trace) process.env.MESHNET_TRACE = traceFile;
+      else delete process.env.MESHNET_TRACE;
       const relay = await startRelayProcess([], bin);
       procs.push(relay);
       const base = ['--model', 'small', '--model-url', st.url, '--budget-mb', '2048', '--threads', '1', '--max-context', '512', '--relay', relay.url, '--tracker-key', encodeBase64Url(key.publicKey)];
@@ -226,10 +228,14 @@ async function main(): Promise<void> {
       return { name, relay, head, mid, tail, pids: [relay.child.pid!, head.child.pid!, mid.child.pid!, tail.child.pid!] };
     };
     process.stderr.write('starting nodes...\n');
-    meshes.push(await startMesh('this checkout'));
-    if (BASELINE) meshes.push(await startMesh(`baseline ${BASELINE}`, join(BASELINE, 'bin', 'meshnet.js')));
+    // Stamps cost time on the critical path too: the traced mesh gives the timeline, an untraced one (and the baseline's) the comparison.
+    const traced = await startMesh('traced', { trace: true });
+    meshes.push(traced);
+    if (BASELINE) {
+      meshes.push(await startMesh('this checkout'));
+      meshes.push(await startMesh(`baseline ${BASELINE}`, { bin: join(BASELINE, 'bin', 'meshnet.js') }));
+    }
     delete process.env.MESHNET_TRACE;
-    const traced = meshes[0]!;
     const names = new Map<number, string>(['relay', 'head', 'mid', 'tail'].map((n, i) => [traced.pids[i]!, n]));
 
     const sign = async (m: Mesh, variant: 'relay' | 'link'): Promise<Record<string, string>> => {
