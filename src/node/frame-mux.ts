@@ -32,8 +32,6 @@ export interface MuxPort {
   readonly closed: boolean;
   /** Send on the socket; never throws: a lost answer is logged (the far side answers its caller 502). */
   send(data: string | Uint8Array, streamId?: number, requestId?: string): Promise<void> | void;
-  /** Write what the socket holds back for the end of the tick now (a latency-bound send: see MuxCaller.push). */
-  flush(): void;
   log(entry: RelayLogEntry): void;
   /** Make sure a sweep runs by `deadline` (give or take SWEEP_SLACK_MS). */
   armSweep(deadline: number): void;
@@ -158,10 +156,6 @@ export class FrameMux implements MuxPort {
     } catch (e) {
       this.sendFailed(e, streamId, requestId);
     }
-  }
-
-  flush(): void {
-    this.socket.flush?.();
   }
 
   log(entry: RelayLogEntry): void {

@@ -15,20 +15,6 @@ import { trace } from '../protocol/trace.ts';
 
 const EMPTY = new Uint8Array(0);
 
-/**
- * Handlers running now on every mux of this process (relay connection and
- * links together): a push made while this node serves nothing else is the
- * step's critical path, and is written at once instead of at the end of the
- * tick (MuxCaller.push). Per process, not per node: several nodes in one
- * process (tests) only see each other's load in when their pushes leave.
- */
-let handlersRunning = 0;
-
-/** Incoming requests whose handlers run now, over every mux of this process. */
-export function runningHandlers(): number {
-  return handlersRunning;
-}
-
 class InboundCall {
   /** Set once the answer (or the decision not to answer) is taken: guards exactly-once. */
   settled = false;
@@ -252,7 +238,6 @@ export class MuxBridge {
   private run(call: InboundCall, req: InboundRequest): void {
     const handler = this.handler!;
     this.inFlight++;
-    handlersRunning++;
     call.released = false;
     const timeoutMs = this.port.options.handlerTimeoutMs;
     if (timeoutMs > 0) {
@@ -299,7 +284,6 @@ export class MuxBridge {
     if (!call.released) {
       call.released = true;
       this.inFlight--;
-      handlersRunning--;
     }
     if (call.requestId !== undefined) {
       if (this.envelopes.get(call.requestId) === call) this.envelopes.delete(call.requestId);

@@ -14,7 +14,6 @@ import { hexToBytes, isPeerId } from '../protocol/ids.ts';
 import { concatBytes } from '../protocol/bytes.ts';
 import type { MeshStreamReply, OutgoingRequest, RequestOptions } from './mesh-types.ts';
 import type { MuxPort } from './frame-mux.ts';
-import { runningHandlers } from './mux-bridge.ts';
 
 const EMPTY = new Uint8Array(0);
 const NOOP = (): void => {};
@@ -147,10 +146,6 @@ export class MuxCaller {
     try {
       const p = port.gate.send(frame);
       if (p !== undefined) p.catch((e: unknown) => this.fail(call, asMeshError(e) ?? new MeshError('MESH_ERR_PEER_GONE', (e as Error).message), true));
-      // A chained step's push is its whole critical path: with one step in this node (the handler
-      // that pushes, or a head's generation) it leaves now, not after the tick's remaining bookkeeping,
-      // so the next hop starts while this one finishes. Many at once: the tick's sends leave in one write.
-      else if (oneWay && runningHandlers() <= 1) port.flush();
     } catch (e) {
       this.fail(call, asMeshError(e) ?? new MeshError('MESH_ERR_PEER_GONE', (e as Error).message), true);
     }

@@ -25,12 +25,6 @@ export interface WebSocketLike {
   /** Bytes queued but not yet handed to the network: our only flow-control signal. */
   readonly bufferedAmount: number;
   send(data: string | Uint8Array): void;
-  /**
-   * Write now what this tick's sends buffered, where the host batches them
-   * (src/cli/node-socket.ts corks until the tick ends); absent: sends are
-   * not held back.
-   */
-  flush?(): void;
   close(code?: number, reason?: string): void;
   onopen: ((ev: unknown) => void) | null;
   onmessage: ((ev: SocketMessageEvent) => void) | null;

@@ -3,7 +3,6 @@ import { afterEach, describe, expect, it } from 'vitest';
 import {
   FLAG_END,
   FLAG_ERROR,
-  FLAG_ONE_WAY,
   FrameKind,
   MeshError,
   decodeBase64,
@@ -668,21 +667,7 @@ describe('outgoing requests', () => {
   });
 });
 
-describe('one-way pushes: written at once while nothing else runs', () => {
-  const push = (h: Harness) => h.client.push(TARGET, { method: 'POST', path: '/forward', body: utf8.encode('x') }, { timeoutMs: 20 });
-
-  it('a push with no handler running (a head\'s step) is flushed as it is sent; a two-way request is left to the end of the tick', async () => {
-    const h = await client({ handler: echo }, { features: ['one-way'] });
-    const flushes = h.socket.flushes;
-    void h.client.request(TARGET, { method: 'POST', path: '/forward' }, { timeoutMs: 20 }).catch(() => undefined);
-    expect(h.socket.flushes).toBe(flushes);
-    const p = push(h);
-    expect(p).toBeDefined();
-    expect(h.socket.flushes).toBe(flushes + 1);
-    expect(decodeFrame(h.socket.sentFrames().at(-1)!)).toMatchObject({ kind: FrameKind.Request, flags: FLAG_END | FLAG_ONE_WAY, path: '/forward' });
-    expect((await p)!.status).toBe(202);
-  });
-
+describe('one-way pushes', () => {
   it('a push holds no abort listener on the caller\'s signal for its window (a generation pushes ~100 steps a second); a two-way request does until answered', async () => {
     const h = await client({ handler: echo }, { features: ['one-way'] });
     const ac = new AbortController();
@@ -693,33 +678,6 @@ describe('one-way pushes: written at once while nothing else runs', () => {
     ac.abort();
     await expect(r).rejects.toMatchObject({ code: 'MESH_ERR_CANCELLED' });
     expect((await p).status).toBe(202);
-  });
-
-  it('a push from inside the only running handler (a hop handing its step on) is flushed; with several handlers running (a batch), pushes wait for the tick\'s one write', async () => {
-    const release: Array<() => void> = [];
-    const pushed: number[] = [];
-    const h: Harness = await client(
-      {
-        handler: async (req) => {
-          if (req.path === '/wait') await new Promise<void>((r) => release.push(r));
-          const before = h.socket.flushes;
-          await push(h);
-          pushed.push(h.socket.flushes - before);
-          return { status: 200, headers: {}, body: new Uint8Array(0) };
-        },
-      },
-      { features: ['one-way'] },
-    );
-    // Alone: the push inside the handler leaves at once.
-    h.socket.binary(requestFrame(1, utf8.encode('a'), '/go'));
-    await until(() => pushed.length === 1);
-    expect(pushed[0]).toBe(1);
-    // Three handlers at once, released together: each push waits for the tick's end.
-    for (const id of [2, 3, 4]) h.socket.binary(requestFrame(id, utf8.encode('b'), '/wait'));
-    await until(() => release.length === 3);
-    for (const r of release) r();
-    await until(() => pushed.length === 4);
-    expect(pushed.slice(1)).toEqual([0, 0, 0]);
   });
 });
 

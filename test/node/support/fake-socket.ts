@@ -27,8 +27,6 @@ export class FakeSocket implements WebSocketLike {
   onclose: ((ev: SocketCloseEvent) => void) | null = null;
   onerror: ((ev: unknown) => void) | null = null;
   closedWith: { code?: number; reason?: string } | undefined;
-  /** flush() calls: a host's "write what this tick's sends hold back now" (WebSocketLike.flush). */
-  flushes = 0;
 
   constructor(readonly url: string) {
     FakeSocket.instances.push(this);
@@ -38,9 +36,6 @@ export class FakeSocket implements WebSocketLike {
     if (this.readyState !== 1) throw new Error('send on a socket that is not open');
     // Copy like a real socket does: the sender may reuse its buffer.
     this.sent.push(typeof data === 'string' ? data : new Uint8Array(data));
-  }
-  flush(): void {
-    this.flushes++;
   }
   close(code?: number, reason?: string): void {
     if (this.readyState >= 2) return;
