@@ -125,11 +125,11 @@ interface Analysis {
 
 /**
  * Cut at the head's `step` stamps and label each stamp `process:stage`
- * (`#n`: the n-th of that stage in that process in the step). Milestones
- * are put in the order of their median offset into the step, and each
- * consecutive pair gives a median gap over the steps that hold both (a
- * stamp that sometimes comes before and sometimes after another, like a
- * relay's stamps against the sender's uncork, does not spoil the rest).
+ * (`#n`: the n-th of that stage in that process in the step); consecutive
+ * stamps of a step give its gaps, and each pair's median over the steps
+ * that have it (a stamp that sometimes comes before and sometimes after
+ * another, like a relay's stamps against the sender's uncork, gives two
+ * pairs, each with its share of the steps).
  */
 function analyse(stamps: Stamp[], names: Map<number, string>, headPid: number): Analysis {
   const steps: Stamp[][] = [];
@@ -144,33 +144,34 @@ function analyse(stamps: Stamp[], names: Map<number, string>, headPid: number): 
   }
   // The first step is the prompt, the last has no successor to close it: decode steps in between.
   const decode = steps.slice(1, -1).filter((s) => s.length > 0);
-  const labelled = decode.map((step) => {
+  // Per step, its stamps in time order, labelled; each consecutive pair (a → b) is one gap. Pairs seen in at
+  // least half the steps, by where `a` falls in a step (median offset), with their median gap.
+  const pairs = new Map<string, { from: string; to: string; gaps: number[]; at: number[] }>();
+  for (const step of decode) {
     const seen = new Map<string, number>();
-    const at = new Map<string, number>();
-    for (const s of step) {
+    const labels = step.map((s) => {
       const k = `${names.get(s.pid)}:${s.stage}`;
       const n = (seen.get(k) ?? 0) + 1;
       seen.set(k, n);
-      at.set(n === 1 ? k : `${k}#${n}`, s.t - step[0]!.t);
+      return n === 1 ? k : `${k}#${n}`;
+    });
+    for (let i = 0; i + 1 < step.length; i++) {
+      const key = `${labels[i]}\n${labels[i + 1]}`;
+      let p = pairs.get(key);
+      if (!p) pairs.set(key, (p = { from: labels[i]!, to: labels[i + 1]!, gaps: [], at: [] }));
+      p.gaps.push(step[i + 1]!.t - step[i]!.t);
+      p.at.push(step[i]!.t - step[0]!.t);
     }
-    return at;
-  });
-  const offsets = new Map<string, number[]>();
-  for (const at of labelled) for (const [k, t] of at) offsets.set(k, [...(offsets.get(k) ?? []), t]);
-  // Milestones seen in most steps at about the same point of each (a stamp whose n-th occurrence wanders, like a
-  // socket's uncork that some steps have twice, would mislabel the rest), by median offset.
-  const steady = (ts: number[]) => {
-    const s = [...ts].sort((a, b) => a - b);
-    return quantile(s, 0.75) - quantile(s, 0.25) < 1;
-  };
-  const order = [...offsets.entries()].filter(([, ts]) => ts.length >= decode.length * 0.9 && steady(ts)).map(([k, ts]) => [k, median(ts)] as const).sort((a, b) => a[1] - b[1]).map(([k]) => k);
-  const gaps: Gap[] = [];
-  for (let i = 0; i + 1 < order.length; i++) {
-    const ds = labelled.filter((at) => at.has(order[i]!) && at.has(order[i + 1]!)).map((at) => at.get(order[i + 1]!)! - at.get(order[i]!)!).sort((a, b) => a - b);
-    gaps.push({ from: order[i]!, to: order[i + 1]!, p50: quantile(ds, 0.5), p90: quantile(ds, 0.9) });
   }
+  const gaps: Gap[] = [...pairs.values()]
+    .filter((p) => p.gaps.length >= decode.length / 2)
+    .map((p) => ({ p, at: median(p.at) }))
+    .sort((x, y) => x.at - y.at)
+    .map(({ p }) => {
+      const g = [...p.gaps].sort((x, y) => x - y);
+      return { from: p.from, to: p.to, p50: quantile(g, 0.5), p90: quantile(g, 0.9) };
+    });
   const lens = decode.slice(0, -1).map((s, k) => decode[k + 1]![0]!.t - s[0]!.t).sort((a, b) => a - b);
-  gaps.push({ from: order.at(-1)!, to: `${order[0]} (next)`, p50: NaN, p90: NaN });
   // Per step, in time order: onnxruntime runs, other work inside a process, and time between processes (legs), summed.
   const groups = new Map<string, number[]>();
   for (const step of decode) {

@@ -132,9 +132,10 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     ws.on('message', (data: RawData, isBinary: boolean) => {
       try {
         if (peer) {
-          trace?.('relay-in');
-          if (isBinary) table.onBinary(peer, data as Buffer);
-          else table.onText(peer, data.toString());
+          if (isBinary) {
+            trace?.('relay-in');
+            table.onBinary(peer, data as Buffer);
+          } else table.onText(peer, data.toString());
           return;
         }
         if (isBinary) {

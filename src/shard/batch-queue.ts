@@ -125,6 +125,8 @@ export class BatchQueue<Req, Res> {
   /** The head of the queue, plus every later request that may join it (same key, a session not seen before it). */
   private take(): Array<Pending<Req, Res>> {
     const head = this.pending.shift()!;
+    // Alone in the queue (one chat): nothing could join, so no key is worked out (it is on a hop's critical path).
+    if (this.pending.length === 0) return [head];
     const key = this.maxBatch > 1 ? this.runner.batchKey(head.req) : undefined;
     if (key === undefined) return [head];
     const batch = [head];
