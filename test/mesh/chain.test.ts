@@ -192,7 +192,7 @@ describe('chained hops between meshnet node processes', () => {
       // An expired route or a forged one, with the head's reply address as the tracker signed it: the hop refuses
       // (403) and tells the head itself, naming itself — on a one-way path (pushes through the relay or a link)
       // nobody else hears a refusal. A reply address the tracker did not sign is told nothing.
-      const withReply = async (h: Record<string, string>, signer = trackerId) => ({
+      const withReply = async (h: Record<string, string>, signer = trackerId): Promise<Record<string, string>> => ({
         ...h,
         'x-meshnet-chain-reply': reply,
         'x-meshnet-chain-reply-signature': encodeBase64Url(await signer.sign(chainReplySigningMessage(chainHead.peerId, Number(h['x-meshnet-route-expires']), reply))),
