@@ -11,15 +11,17 @@
  * window. Samples are wall clock: a process preempted inside a syscall
  * (writev to the relay on a busy box) shows that time there, so read the
  * profile next to the /proc figures. `--strace DIR`: `strace -c` of every
- * process over the window (syscall counts per token).
+ * process over the window (syscall counts per token). `--ort-cpu`: each node
+ * also counts the CPU it spends inside onnxruntime's session.run
+ * (bench/lib/ort-cpu.mjs), printed per token next to the /proc figures.
  *
- *   npx tsx bench/profile-chats.ts [--chats 8] [--rounds 3] [--cpu-prof DIR] [--strace DIR] [--node-flags '--heap-prof ...']
+ *   npx tsx bench/profile-chats.ts [--chats 8] [--rounds 3] [--cpu-prof DIR] [--strace DIR] [--ort-cpu] [--node-flags '--heap-prof ...']
  *
  * JSON in bench/results/profile-chats.json.
  */
-import { chmodSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { spawn } from 'node:child_process';
-import { loadavg } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
@@ -36,10 +38,16 @@ const opt = (name: string) => {
 const CHATS = Number(opt('chats') ?? 8);
 const ROUNDS = Number(opt('rounds') ?? 3);
 const profDir = opt('cpu-prof');
-const nodeFlags = [...(profDir ? [`--cpu-prof`, `--cpu-prof-dir=${resolve(profDir)}`] : []), ...(opt('node-flags')?.split(' ').filter(Boolean) ?? [])];
+const ortCpuDir = argv.includes('--ort-cpu') ? mkdtempSync(join(tmpdir(), 'ort-cpu-')) : undefined;
+if (ortCpuDir) process.env.MESHNET_ORT_CPU_DIR = ortCpuDir;
+const nodeFlags = [
+  ...(profDir ? [`--cpu-prof`, `--cpu-prof-dir=${resolve(profDir)}`] : []),
+  ...(ortCpuDir ? ['--import', fileURLToPath(new URL('./lib/ort-cpu.mjs', import.meta.url))] : []),
+  ...(opt('node-flags')?.split(' ').filter(Boolean) ?? []),
+];
 if (nodeFlags.length > 0) {
   // --cpu-prof is refused in NODE_OPTIONS: the helpers spawn process.execPath, so point it at a wrapper (exec keeps the pid).
-  const wrapper = join(resolve(profDir ?? '.'), 'node-prof.sh');
+  const wrapper = join(resolve(profDir ?? ortCpuDir ?? '.'), 'node-prof.sh');
   writeFileSync(wrapper, `#!/bin/sh\nexec ${process.execPath} ${nodeFlags.join(' ')} "$@"\n`);
   chmodSync(wrapper, 0o755);
   process.execPath = wrapper;
@@ -78,6 +86,16 @@ function topTimes(p: Profile, fromUs: number, toUs: number, n = 25): { self: Arr
   return { self: [['TOTAL', total], ...top(self)], inclusive: top(incl) };
 }
 
+interface OrtCpu { runs: number; cpu_ms: number; wall_ms: number }
+
+/** Each node's counters of CPU inside session.run (bench/lib/ort-cpu.mjs writes them on SIGUSR2). */
+async function ortCpu(pids: Array<number | undefined>): Promise<OrtCpu[]> {
+  if (!ortCpuDir) return [];
+  for (const pid of pids) if (pid !== undefined) process.kill(pid, 'SIGUSR2');
+  await new Promise((r) => setTimeout(r, 300));
+  return pids.map((pid) => JSON.parse(readFileSync(join(ortCpuDir, `ort-${pid}.json`), 'utf8')) as OrtCpu);
+}
+
 async function main(): Promise<void> {
   const st = await startStaticServer({ root: await ensureModel('small') });
   const m = await startMesh('split', `${st.url}/`, '16');
@@ -85,6 +103,10 @@ async function main(): Promise<void> {
     const alone = await aloneTexts(m);
     await round(m, CHATS, 1, alone, 20_000);
     const ps = meshPids(m);
+    const nodePids = m.nodes.map((n) => n.child.pid);
+    const batchSizes = () => Promise.all(m.nodes.map(async (n) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { batch?: { sizes: number[] } }).batch?.sizes ?? []));
+    const sizesBefore = await batchSizes();
+    const ortBefore = await ortCpu(nodePids);
     const before = sampleMesh(ps);
     const straceDir = opt('strace');
     const traces = straceDir
@@ -98,6 +120,8 @@ async function main(): Promise<void> {
     const wall = performance.now() - t0;
     const to = Number(process.hrtime.bigint() / 1000n);
     const after = sampleMesh(ps);
+    const ortAfter = await ortCpu(nodePids);
+    const sizesAfter = await batchSizes();
     for (const t of traces) t.kill('SIGINT');
     sink.gaps.sort((a, b) => a - b);
     console.log(`${CHATS} chats × ${ROUNDS} rounds: ${sink.tokens} tokens in ${wall.toFixed(0)} ms = ${((sink.tokens * 1000) / wall).toFixed(1)} tok/s; ok ${r.ok}/${r.chats}, text ≠ alone ${r.text_mismatches}; TBT p50 ${quantile(sink.gaps, 0.5).toFixed(0)} p95 ${quantile(sink.gaps, 0.95).toFixed(0)} ms`);
@@ -111,12 +135,22 @@ async function main(): Promise<void> {
       console.log(`  ${k.padEnd(8)} ${d.toFixed(0).padStart(6)} ms CPU  ${(d / sink.tokens).toFixed(2).padStart(6)} ms/token  (kernel ${(sys / sink.tokens).toFixed(2)})`);
     }
     console.log(`  ${'all'.padEnd(8)} ${sum.toFixed(0).padStart(6)} ms CPU  ${(sum / sink.tokens).toFixed(2).padStart(6)} ms/token (wall ${(wall / sink.tokens).toFixed(2)} ms/token)`);
-    const sizes = await Promise.all(m.nodes.map(async (n) => ((await (await fetch(`${n.endpoint}/info`)).json()) as { batch?: { sizes: number[] } }).batch?.sizes ?? []));
-    sizes.forEach((s, i) => console.log(`  node${i + 1} runs by batch size (whole run, index = sessions): ${JSON.stringify(s)}`));
+    const ort = ortAfter.map((a, i) => {
+      const b = ortBefore[i]!;
+      return { runs: a.runs - b.runs, cpu_ms_per_token: (a.cpu_ms - b.cpu_ms) / sink.tokens, wall_ms_per_token: (a.wall_ms - b.wall_ms) / sink.tokens };
+    });
+    ort.forEach((o, i) => console.log(`  node${i + 1} inside onnxruntime: ${o.cpu_ms_per_token.toFixed(2)} ms CPU/token (wall ${o.wall_ms_per_token.toFixed(2)}), ${o.runs} runs`));
+    // Runs by batch size within the measured rounds (index = sessions), and the mean decode batch there.
+    const sizes = sizesAfter.map((a, i) => a.map((n, k) => n - (sizesBefore[i]![k] ?? 0)));
+    sizes.forEach((s, i) => {
+      const runs = s.reduce((a, b) => a + b, 0);
+      const reqs = s.reduce((a, b, k) => a + b * k, 0);
+      console.log(`  node${i + 1} runs by batch size in the window (index = sessions): ${JSON.stringify(s)}, mean ${(reqs / Math.max(1, runs)).toFixed(2)}`);
+    });
     writeResult(join(here, 'results', 'profile-chats.json'), {
       chats: CHATS, rounds: ROUNDS, tokens: sink.tokens, wall_ms: wall, tokens_per_s: (sink.tokens * 1000) / wall,
       tbt_p50_ms: quantile(sink.gaps, 0.5), tbt_p95_ms: quantile(sink.gaps, 0.95), cpu_ms_per_token: sum / sink.tokens,
-      processes: perProcess, node_batch_sizes: sizes, load_average: loadavg(),
+      processes: perProcess, node_batch_sizes: sizes, load_average: loadavg(), ...(ortCpuDir ? { node_ort: ort } : {}),
     });
     const pidName = new Map(Object.entries(ps).map(([k, pid]) => [pid, k]));
     await m.stop();

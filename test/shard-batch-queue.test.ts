@@ -123,4 +123,44 @@ describe('BatchQueue', () => {
     await waiting;
     expect(idle).toBe(true);
   });
+
+  it('hands a running batch the queued requests that may join it, in order, up to maxBatch', async () => {
+    const joinedBy: string[][] = [];
+    let joinNow: (() => void) | null = null;
+    const runner: BatchRunner<Req, string> = {
+      batchKey: (r) => r.key,
+      sessionOf: (r) => r.session,
+      runOne: async (r) => `done ${r.id}`,
+      async runBatch(rs, join) {
+        // Mid-run (between two layers of a real batch): take what may join, answer it ourselves.
+        if (joinedBy.length === 0) await new Promise<void>((r) => (joinNow = r));
+        const js = join!(new Set(rs.map((r) => r.session!)));
+        joinedBy.push(js.map((j) => j.req.id));
+        for (const j of js) j.resolve(`joined ${j.req.id}`);
+        return rs.map((r) => `done ${r.id}`);
+      },
+    };
+    const q = new BatchQueue(runner, 5);
+    const batch = [q.submit({ id: 'a', session: 'a', key: 'k' }), q.submit({ id: 'b', session: 'b', key: 'k' })];
+    await new Promise((r) => setTimeout(r, 0));
+    const late = [
+      q.submit({ id: 'a2', session: 'a', key: 'k' }), // a is in the batch: its next step waits
+      q.submit({ id: 'c', session: 'c', key: 'k' }),
+      q.submit({ id: 'x', session: 'x', key: 'other' }), // another key: waits
+      q.submit({ id: 'd1', session: 'd', key: 'other' }),
+      q.submit({ id: 'd2', session: 'd', key: 'k' }), // behind d's earlier request: waits
+      q.submit({ id: 'e', session: 'e', key: 'k' }),
+      q.submit({ id: 'f', session: 'f', key: 'k' }),
+      q.submit({ id: 'g', session: 'g', key: 'k' }), // past maxBatch 5 (a, b, c, e, f)
+    ];
+    joinNow!();
+    expect(await Promise.all(batch)).toEqual(['done a', 'done b']);
+    expect(joinedBy[0]).toEqual(['c', 'e', 'f']);
+    const answers = await Promise.all(late);
+    expect([answers[1], answers[5], answers[6]]).toEqual(['joined c', 'joined e', 'joined f']);
+    // The ones left behind ran after the batch, each answered once.
+    expect(answers.filter((_, i) => ![1, 5, 6].includes(i)).every((a) => /^(done|joined) /.test(a))).toBe(true);
+    expect(q.stats().joined).toBe(joinedBy.flat().length);
+    expect(q.stats().requests).toBe(q.stats().sizes.reduce((n, runs, size) => n + runs * size, 0));
+  });
 });

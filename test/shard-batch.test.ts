@@ -12,6 +12,7 @@ import { ReferenceModel, newRefCache, type RefKvCache } from '../src/model/refer
 import type { MeshError } from '../src/protocol/errors.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
 import type { ForwardResult, ShardExecutor } from '../src/shard/executor.ts';
+import { batchLayout } from '../src/shard/packed-batch.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend, prompts } from './helpers/shard.ts';
 
 const F32_TOL = 1e-4;
@@ -52,8 +53,7 @@ async function step(hops: [ShardExecutor, ShardExecutor], session: string, posit
  * queue and run as one batch per hop). Every step is checked against the
  * float64 reference; returns each session's greedy tokens.
  */
-async function decodeTogether(hops: [ShardExecutor, ShardExecutor], sessions: number, steps: number, prefix = 's'): Promise<number[][]> {
-  const ps = prompts(V, sessions, 7);
+async function decodeTogether(hops: [ShardExecutor, ShardExecutor], sessions: number, steps: number, prefix = 's', ps = prompts(V, sessions, 7)): Promise<number[][]> {
   const ref = new ReferenceModel(f.cfg, f.weights);
   const caches: RefKvCache[] = ps.map(() => newRefCache(f.cfg));
   const tokens: number[][] = ps.map(() => []);
@@ -99,6 +99,23 @@ describe.each(backends)('batched decode steps on %s', (_name, backend) => {
     }
     for (const ex of alone) expect(ex.batchStats()).toMatchObject({ maxBatch: 1, batches: sessions + steps * sessions });
     await Promise.all([...batched, ...alone].map((e) => e.release()));
+  });
+
+  it('runs even pasts padded and one long past packed, each session as alone', async () => {
+    // packed-batch.ts picks a layout per batch: pasts padded to the longest along the batch axis, or packed one after
+    // another along the sequence when one past dwarfs the rest. Both must give every session its lone tokens and logits.
+    const steps = 4;
+    const lens = { padded: [9, 11, 10, 12, 9, 10], packed: [60, 2, 3, 2, 2, 3] };
+    for (const [layout, ls] of Object.entries(lens)) {
+      const ps = ls.map((n, s) => Array.from({ length: n }, (_, k) => 3 + ((k * 13 + s * 7) % (V - 3))));
+      for (const at of [ls, ls.map((n) => n + steps - 1)]) expect(batchLayout(at), `layout at ${at.join(',')}`).toBe(layout);
+      const batched = await twoHops(backend(), 16);
+      const alone = await twoHops(backend(), 1);
+      const got = await decodeTogether(batched, ls.length, steps, layout, ps);
+      expect(got).toEqual(await decodeTogether(alone, ls.length, steps, layout, ps));
+      for (const ex of batched) expect(ex.batchStats().sizes[ls.length]).toBe(steps);
+      await Promise.all([...batched, ...alone].map((e) => e.release()));
+    }
   });
 
   it('reuses its packed input buffers across batches that grow and shrink', async () => {
@@ -172,5 +189,125 @@ describe('a batch with malformed members', () => {
     expectClose(token(b).logits, ref.forward([8], 3, cache), 'x at 3');
     expectClose(token(c).logits, ref.forward([10], 4, cache), 'x at 4');
     await ex.release();
+  });
+});
+
+describe('requests that join a running batch', () => {
+  /**
+   * onnxruntime-node under a hook: the first run of a graph with `rows` rows (the batch's first
+   * layer) after `arm()` calls `onBatch` before it computes, so requests submitted there are queued
+   * while the batch runs — what happens at a hop when a chat's step arrives just after a convoy's started.
+   */
+  function hooked(rows: number, onBatch: () => void): OnnxBackend & { arm(): void } {
+    let fired = true;
+    return {
+      arm: () => (fired = false),
+      name: 'hooked onnxruntime-node',
+      async createSession(model, options) {
+        const s = await nodeBackend.createSession(model, options);
+        return {
+          ...s,
+          inputNames: s.inputNames,
+          outputNames: s.outputNames,
+          run(feeds) {
+            const hidden = feeds['hidden_states'];
+            if (!fired && hidden && hidden.data.length === rows * h) {
+              fired = true;
+              onBatch();
+            }
+            return s.run(feeds);
+          },
+        };
+      },
+    };
+  }
+
+  it('catch up on the layers they missed and get what they get alone; a bad one fails alone', async () => {
+    const ref = new ReferenceModel(f.cfg, f.weights);
+    const ps = prompts(V, 8, 5);
+    const caches = ps.map(() => newRefCache(f.cfg));
+    // Settled as they are made: a joiner that fails does so while the batch runs.
+    let late: Promise<Array<PromiseSettledResult<ForwardResult>>> = Promise.resolve([]);
+    const next: number[] = [];
+    // One graph per layer (the default): a batch has layer boundaries to be joined at.
+    const backend = hooked(5, () => {
+        late = Promise.allSettled([
+          ...[5, 6, 7].map((s) => ex.forward({ session: `j${s}`, position: ps[s]!.length, tokenIds: [next[s]!] })),
+          ex.forward({ session: 'j0', position: ps[0]!.length + 1, tokenIds: [9] }), // j0's next step: after its own, never in its batch
+          ex.forward({ session: 'j1', position: ps[1]!.length + 7, tokenIds: [9] }), // wrong position: queued behind j1's real step
+          ex.forward({ session: 'nobody', position: 3, tokenIds: [9] }), // never opened: joins, fails alone
+        ]);
+    });
+    const ex = await executor(f, 0, f.cfg.numLayers, { maxBatch: 16, backend });
+    for (let s = 0; s < 8; s++) {
+      const r = token(await ex.forward({ session: `j${s}`, position: 0, tokenIds: ps[s]! }));
+      ref.forward(ps[s]!, 0, caches[s]!);
+      next.push(r.tokenId);
+    }
+    backend.arm();
+    const batch = await Promise.all([0, 1, 2, 3, 4].map((s) => ex.forward({ session: `j${s}`, position: ps[s]!.length, tokenIds: [next[s]!] })));
+    const settled = await late;
+    const code = (r: PromiseSettledResult<unknown>) => (r.status === 'rejected' ? (r.reason as MeshError).code : 'ok');
+    expect(settled.map(code)).toEqual(['ok', 'ok', 'ok', 'ok', 'MESH_ERR_POSITION_MISMATCH', 'MESH_ERR_POSITION_MISMATCH']);
+    const st = ex.batchStats();
+    expect(st.sizes[5]).toBe(1); // the batch started with five…
+    expect(st.joined).toBe(4); // …and j5, j6, j7 and the unknown session joined it (j0's and j1's next steps did not)
+    expect(st.requests).toBe(st.sizes.reduce((n, runs, size) => n + runs * size, 0));
+    for (let s = 0; s < 8; s++) {
+      const r = token(s < 5 ? batch[s]! : (settled[s - 5] as PromiseFulfilledResult<ForwardResult>).value);
+      expectClose(r.logits, ref.forward([next[s]!], ps[s]!.length, caches[s]!), `session j${s}`);
+    }
+    expectClose(token((settled[3] as PromiseFulfilledResult<ForwardResult>).value).logits, ref.forward([9], ps[0]!.length + 1, caches[0]!), 'j0 after its step');
+    for (let s = 0; s < 8; s++) expect(ex.sessionLength(`j${s}`)).toBe(ps[s]!.length + (s === 0 ? 2 : 1));
+    expect(ex.kvStats().sessions).toBe(8);
+    await ex.release();
+  });
+
+  it('gives joined sessions the greedy tokens they get alone, step after step', async () => {
+    // Sessions 0-4 step together; 5-7 are always submitted once that batch is running, so they join it every step.
+    const ps = prompts(V, 8, 9);
+    const steps = 4;
+    const run = async (maxBatch: number): Promise<{ tokens: number[][]; joined: number }> => {
+      const tokens: number[][] = ps.map(() => []);
+      const pos = ps.map((p) => p.length);
+      let late: () => Array<Promise<ForwardResult>> = () => [];
+      let pending: Array<Promise<ForwardResult>> = [];
+      let armed = false;
+      const ex = await executor(f, 0, f.cfg.numLayers, {
+        maxBatch,
+        backend: {
+          name: 'hooked',
+          async createSession(model, options) {
+            const s = await nodeBackend.createSession(model, options);
+            return { ...s, inputNames: s.inputNames, outputNames: s.outputNames, run: (feeds) => {
+              if (armed) {
+                armed = false;
+                pending = late();
+              }
+              return s.run(feeds);
+            } };
+          },
+        },
+      });
+      for (let s = 0; s < 8; s++) tokens[s]!.push(token(await ex.forward({ session: `t${s}`, position: 0, tokenIds: ps[s]! })).tokenId);
+      for (let t = 0; t < steps; t++) {
+        late = () => [5, 6, 7].map((s) => ex.forward({ session: `t${s}`, position: pos[s]!, tokenIds: [tokens[s]!.at(-1)!] }));
+        armed = true;
+        const first = await Promise.all([0, 1, 2, 3, 4].map((s) => ex.forward({ session: `t${s}`, position: pos[s]!, tokenIds: [tokens[s]!.at(-1)!] })));
+        const rest = await Promise.all(pending);
+        [...first, ...rest].forEach((r, s) => {
+          tokens[s]!.push(token(r).tokenId);
+          pos[s]!++;
+        });
+      }
+      const joined = ex.batchStats().joined;
+      await ex.release();
+      return { tokens, joined };
+    };
+    const batched = await run(16);
+    const alone = await run(1);
+    expect(batched.joined).toBe(3 * steps);
+    expect(alone.joined).toBe(0);
+    expect(batched.tokens).toEqual(alone.tokens);
   });
 });

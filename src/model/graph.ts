@@ -3,13 +3,17 @@
  * (a single layer is a range of one), the embedding, and final norm + LM head.
  *
  * Interface of a layer-range graph (names are what the executor feeds):
- *   hidden_states          f32 [1, seq, hidden]
- *   rope_cos, rope_sin     f32 [1, seq, 1, headDim]   (see rope.ts: signed sin; partial rotary uses the first rotaryDim)
- *   attention_mask         f32 [groups*seq, past+seq] additive, 0 or a large negative
- *   past_key_values.N.key/value   [1, past, kvHeads, headDim]  (f32, or f16 in the f16 variant)
+ *   hidden_states          f32 [batch, seq, hidden]
+ *   rope_cos, rope_sin     f32 [batch, seq, 1, headDim]   (see rope.ts: signed sin; partial rotary uses the first rotaryDim)
+ *   attention_mask         f32 [batch, 1, groups*seq, past+seq] additive, 0 or a large negative
+ *   past_key_values.N.key/value   [batch, past, kvHeads, headDim]  (f32, or f16 in the f16 variant)
  * out:
- *   hidden_states_out      f32 [1, seq, hidden]
- *   present.N.key/value    [1, seq, kvHeads, headDim] — only this call's rows
+ *   hidden_states_out      f32 [batch, seq, hidden]
+ *   present.N.key/value    [batch, seq, kvHeads, headDim] — only this call's rows
+ *
+ * A lone call has batch 1. `batch` lets several sessions' one-token steps
+ * run as one call with their pasts padded to the longest (packed-batch.ts):
+ * each row then attends over its own past only, not over every session's.
  *
  * The KV layout is position-major so the valid prefix of a preallocated
  * cache is one contiguous subarray: the executor hands ORT a zero-copy view
@@ -168,10 +172,10 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
   const groups = H / KV;
 
   const g = new GraphBuilder(`layers_${start}_${end}`);
-  let x = g.input(IO.hidden, ElemType.FLOAT, [1, 'seq', h]);
+  let x = g.input(IO.hidden, ElemType.FLOAT, ['batch', 'seq', h]);
   const R = cfg.rotaryDim;
-  let cos = g.input(IO.ropeCos, ElemType.FLOAT, [1, 'seq', 1, D]);
-  let sin = g.input(IO.ropeSin, ElemType.FLOAT, [1, 'seq', 1, D]);
+  let cos = g.input(IO.ropeCos, ElemType.FLOAT, ['batch', 'seq', 1, D]);
+  let sin = g.input(IO.ropeSin, ElemType.FLOAT, ['batch', 'seq', 1, D]);
   if (R < D) {
     // Partial rotary: the tables' rows are headDim wide with the rotated half-pairs first (rope.ts).
     const slice = (t: string) => g.op1('Slice', [t, g.constI64('rot_start', [0]), g.constI64('rot_end', [R]), g.constI64('rot_axis', [-1])]);
@@ -185,7 +189,8 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
     cos = g.op1('Mul', [cos, f]);
     sin = g.op1('Mul', [sin, f]);
   }
-  let mask = g.input(IO.mask, ElemType.FLOAT, ['groups_seq', 'total']);
+  // [batch, 1, …]: one mask per batch row, broadcast over the KV heads.
+  let mask = g.input(IO.mask, ElemType.FLOAT, ['batch', 1, 'groups_seq', 'total']);
   if (f16) {
     cos = g.op1('Cast', [cos], { to: ElemType.FLOAT16 });
     sin = g.op1('Cast', [sin], { to: ElemType.FLOAT16 });
@@ -220,8 +225,8 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
     const bq = cfg.attentionBias ? addVector(g, src, `${p}.self_attn.q_proj.bias`, H * D, et, qScale) : undefined;
     const bk = cfg.attentionBias ? addVector(g, src, `${p}.self_attn.k_proj.bias`, KV * D, et) : undefined;
     const bv = cfg.attentionBias ? addVector(g, src, `${p}.self_attn.v_proj.bias`, KV * D, et) : undefined;
-    const pastK = g.input(IO.pastKey(l), et, [1, 'past', KV, D]);
-    const pastV = g.input(IO.pastValue(l), et, [1, 'past', KV, D]);
+    const pastK = g.input(IO.pastKey(l), et, ['batch', 'past', KV, D]);
+    const pastV = g.input(IO.pastValue(l), et, ['batch', 'past', KV, D]);
 
     const n1 = toCompute(rmsNorm(g, x, wIn, eps));
     let q = g.op1('Reshape', [linear(g, n1, wq, bq), shapeHeads]);
@@ -239,15 +244,15 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
 
     const kAll = g.op1('Concat', [pastK, IO.presentKey(l)], { axis: 1 });
     const vAll = g.op1('Concat', [pastV, IO.presentValue(l)], { axis: 1 });
-    const kT = g.op1('Transpose', [kAll], { perm: [0, 2, 3, 1] }); // [1, KV, D, total]
-    const vT = g.op1('Transpose', [vAll], { perm: [0, 2, 1, 3] }); // [1, KV, total, D]
+    const kT = g.op1('Transpose', [kAll], { perm: [0, 2, 3, 1] }); // [batch, KV, D, total]
+    const vT = g.op1('Transpose', [vAll], { perm: [0, 2, 1, 3] }); // [batch, KV, total, D]
     // GQA without repeating K/V: the query heads sharing a KV head become extra rows of one matmul.
-    const qG = g.op1('Transpose', [g.op1('Reshape', [qr, shapeGroups])], { perm: [0, 2, 3, 1, 4] }); // [1, KV, groups, seq, D]
-    const qRows = g.op1('Reshape', [qG, shapeRows]); // [1, KV, groups*seq, D]
+    const qG = g.op1('Transpose', [g.op1('Reshape', [qr, shapeGroups])], { perm: [0, 2, 3, 1, 4] }); // [batch, KV, groups, seq, D]
+    const qRows = g.op1('Reshape', [qG, shapeRows]); // [batch, KV, groups*seq, D]
     const scores = g.op1('Add', [g.op1('MatMul', [qRows, kT]), mask]);
     const probs = g.op1('Softmax', [scores], { axis: -1 });
-    const ctx = g.op1('MatMul', [probs, vT]); // [1, KV, groups*seq, D]
-    const ctxT = g.op1('Transpose', [g.op1('Reshape', [ctx, shapeSplitRows])], { perm: [0, 3, 1, 2, 4] }); // [1, seq, KV, groups, D]
+    const ctx = g.op1('MatMul', [probs, vT]); // [batch, KV, groups*seq, D]
+    const ctxT = g.op1('Transpose', [g.op1('Reshape', [ctx, shapeSplitRows])], { perm: [0, 3, 1, 2, 4] }); // [batch, seq, KV, groups, D]
     const attn = g.op1('MatMul', [g.op1('Reshape', [ctxT, shapeMerge]), wo]);
     const x2 = g.op1('Add', [x, toResidual(attn)]);
 
@@ -257,10 +262,10 @@ export function buildLayersGraph(cfg: ModelConfig, src: WeightSource, start: num
     const down = g.op1('MatMul', [act, wd]);
     x = g.op1('Add', [x2, toResidual(down)], {}, l === end - 1 ? IO.hiddenOut : undefined);
 
-    g.output(IO.presentKey(l), et, [1, 'seq', KV, D]);
-    g.output(IO.presentValue(l), et, [1, 'seq', KV, D]);
+    g.output(IO.presentKey(l), et, ['batch', 'seq', KV, D]);
+    g.output(IO.presentValue(l), et, ['batch', 'seq', KV, D]);
   }
-  g.output(IO.hiddenOut, ElemType.FLOAT, [1, 'seq', h]);
+  g.output(IO.hiddenOut, ElemType.FLOAT, ['batch', 'seq', h]);
   const weightBytes = g.initializerBytes();
   return { bytes: g.encode(), weightBytes };
 }

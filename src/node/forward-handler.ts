@@ -82,7 +82,7 @@ export function kvInfo(kv: KvStats): Record<string, number> {
 
 /** Batching as /info shows it: runs by batch size (sizes[n] = runs of n sessions' steps). */
 export function batchInfo(b: BatchStats): Record<string, unknown> {
-  return { max_batch: b.maxBatch, runs: b.batches, requests: b.requests, sizes: b.sizes };
+  return { max_batch: b.maxBatch, runs: b.batches, requests: b.requests, sizes: b.sizes, joined: b.joined };
 }
 
 /** X-Meshnet-Sampling: the JSON names of PROTOCOL.md §5 (snake_case), bounded before use. */

@@ -20,6 +20,15 @@
  * `runBatch` answers per request (a result or an Error), so one malformed
  * input fails only its own session. `maxBatch` 1 turns batching off: every
  * request runs alone, exactly as before batching existed.
+ *
+ * A runner that runs a batch in steps (the plain executor: one graph per
+ * layer) may take more requests into it between steps (`join`): requests
+ * that arrived while it ran and would have formed the next batch with it —
+ * same key, sessions not in it, none overtaking its own earlier request. It
+ * catches them up on the steps they missed and runs the rest together. Nobody
+ * waits for them: without it a request that arrives just after a batch
+ * started runs alone after it, and at every later hop again (it arrives
+ * while the batch runs there too), so a chat can trail a convoy for good.
  */
 
 import { trace } from '../protocol/trace.ts';
@@ -30,19 +39,34 @@ export interface BatchRunner<Req, Res> {
   /** The session a request advances (at most one request per session in a batch). */
   sessionOf(req: Req): string | undefined;
   runOne(req: Req): Promise<Res>;
-  /** One answer per request, in order: its result, or the Error that failed it alone. */
-  runBatch(reqs: readonly Req[]): Promise<Array<Res | Error>>;
+  /**
+   * One answer per request, in order: its result, or the Error that failed it alone.
+   * `join` hands over queued requests that may join the running batch; the runner settles those itself.
+   */
+  runBatch(reqs: readonly Req[], join?: JoinQueued<Req, Res>): Promise<Array<Res | Error>>;
 }
+
+/** A queued request handed to a running batch: the runner answers it. */
+export interface Joiner<Req, Res> {
+  req: Req;
+  resolve(v: Res): void;
+  reject(e: unknown): void;
+}
+
+/** The queued requests that may join a running batch whose sessions are `inBatch` (at most maxBatch in all), now out of the queue. */
+export type JoinQueued<Req, Res> = (inBatch: ReadonlySet<string>) => Array<Joiner<Req, Res>>;
 
 export interface BatchStats {
   /** Largest batch this queue forms. */
   maxBatch: number;
   /** Runs so far (a request alone counts as a batch of 1). */
   batches: number;
-  /** Requests served by those runs. */
+  /** Requests those runs started with (the sum of sizes[n]·n). */
   requests: number;
-  /** Runs by batch size: sizes[n] = runs of n requests; index 0 unused. */
+  /** Runs by batch size when they started: sizes[n] = runs of n requests; index 0 unused. */
   sizes: number[];
+  /** Requests that joined a batch while it ran (on top of `requests` and `sizes`). */
+  joined: number;
 }
 
 interface Pending<Req, Res> {
@@ -61,6 +85,7 @@ export class BatchQueue<Req, Res> {
   private readonly sizes: number[];
   private batches = 0;
   private requests = 0;
+  private joined = 0;
 
   constructor(
     private readonly runner: BatchRunner<Req, Res>,
@@ -86,7 +111,7 @@ export class BatchQueue<Req, Res> {
   }
 
   stats(): BatchStats {
-    return { maxBatch: this.maxBatch, batches: this.batches, requests: this.requests, sizes: this.sizes.slice() };
+    return { maxBatch: this.maxBatch, batches: this.batches, requests: this.requests, sizes: this.sizes.slice(), joined: this.joined };
   }
 
   private async drain(): Promise<void> {
@@ -104,7 +129,11 @@ export class BatchQueue<Req, Res> {
         }
         let answers: Array<Res | Error>;
         try {
-          answers = await this.runner.runBatch(batch.map((p) => p.req));
+          const key = this.runner.batchKey(batch[0]!.req)!;
+          answers = await this.runner.runBatch(
+            batch.map((p) => p.req),
+            (inBatch) => this.joiners(key, inBatch),
+          );
         } catch (e) {
           // The batch as a whole failed (the backend threw): every member gets the error.
           for (const p of batch) p.reject(e);
@@ -120,6 +149,24 @@ export class BatchQueue<Req, Res> {
     } finally {
       this.running = null;
     }
+  }
+
+  /** Queued requests that may join a running batch of `key` (take's rule, the batch's sessions already seen). */
+  private joiners(key: string, inBatch: ReadonlySet<string>): Array<Pending<Req, Res>> {
+    const out: Array<Pending<Req, Res>> = [];
+    const seen = new Set(inBatch);
+    for (let i = 0; i < this.pending.length && inBatch.size + out.length < this.maxBatch; ) {
+      const p = this.pending[i]!;
+      const s = this.runner.sessionOf(p.req);
+      const fresh = s === undefined || !seen.has(s);
+      if (s !== undefined) seen.add(s);
+      if (fresh && this.runner.batchKey(p.req) === key) {
+        out.push(p);
+        this.pending.splice(i, 1);
+      } else i++;
+    }
+    this.joined += out.length;
+    return out;
   }
 
   /** The head of the queue, plus every later request that may join it (same key, a session not seen before it). */

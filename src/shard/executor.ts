@@ -21,7 +21,7 @@ import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
 import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
-import { packedBatchKey, runPackedBatch } from './packed-batch.ts';
+import { packedBatchKey, runPackedBatch, type BatchLayoutChoice } from './packed-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
 import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
@@ -49,6 +49,13 @@ export interface ShardExecutorOptions extends ExecutorKvOptions {
    * 1 runs every request alone. @defaultValue 16 (DEFAULT_MAX_BATCH)
    */
   maxBatch?: number;
+  /** How batches lay out their pasts (packed-batch.ts); 'auto' picks per batch. Forced only by benchmarks and tests. */
+  batchLayout?: BatchLayoutChoice;
+  /**
+   * Requests queued while a batch runs join it between segments (batch-queue.ts, packed-batch.ts).
+   * @defaultValue true; false only to measure without it.
+   */
+  batchJoin?: boolean;
 }
 
 export interface ForwardRequest {
@@ -118,10 +125,11 @@ export class ShardExecutor {
         batchKey: (req) => packedBatchKey(req, held),
         sessionOf: (req) => req.session,
         runOne: (req) => this.forwardNow(req),
-        runBatch: (reqs) =>
+        runBatch: (reqs, join) =>
           runPackedBatch(
-            { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv, scratch },
+            { config: this.config, dtype: this.dtype, startLayer: this.startLayer, endLayer: this.endLayer, maxContext: this.maxContext, invFreq: this.invFreq, segments: this.segments, embed: this.embed, head: this.head, kv: this.kv, scratch, layout: o.batchLayout ?? 'auto' },
             reqs,
+            o.batchJoin === false ? undefined : join,
           ),
       },
       o.maxBatch ?? DEFAULT_MAX_BATCH,
@@ -293,7 +301,7 @@ export class ShardExecutor {
     const shared: Record<string, BackendTensor> = {
       [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, seq, 1, D] },
       [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, seq, 1, D] },
-      [IO.mask]: { type: 'float32', data: this.causalMask(position, seq), dims: [(cfg.numHeads / KV) * seq, position + seq] },
+      [IO.mask]: { type: 'float32', data: this.causalMask(position, seq), dims: [1, 1, (cfg.numHeads / KV) * seq, position + seq] },
     };
 
     for (let si = first; si <= last; si++) {

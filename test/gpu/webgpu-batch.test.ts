@@ -6,10 +6,14 @@
  * the greedy tokens it gets alone, with logits within tolerance of the
  * float64 reference, through a split span (activation out, token out).
  * Batches stay under 32 rows (the onnxruntime-web fault at ≥ 32 rows).
+ * The plain executor (what a page with shader-f16, or a model the fused
+ * graphs refuse, serves with) batches on WebGPU too: its layer graphs'
+ * batch axis with padded pasts, and the packed layout for uneven ones.
  */
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
+import type { ShardExecutor } from '../../src/shard/executor.ts';
 import { decodeTogether } from '../helpers/batch.ts';
 import { dequantizedWeights } from '../helpers/fused.ts';
 import { fixture } from '../helpers/shard.ts';
@@ -17,6 +21,7 @@ import { fixture } from '../helpers/shard.ts';
 const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
 const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
+const { ShardExecutor: Plain } = await import('../../src/shard/executor.ts');
 
 const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 // SwiftShader's f32 kernels sum in another order than float64.
@@ -48,6 +53,24 @@ describe('batched decode steps in the fused executor on WebGPU', () => {
     await Promise.all(batched.map((e) => e.release()));
     const alone = await make(1);
     const want = await decodeTogether(f, weights, alone, sessions, steps, TOL, 'ga');
+    await Promise.all(alone.map((e) => e.release()));
+    expect(got).toEqual(want);
+  }, 600_000);
+
+  it.each(['padded', 'packed'] as const)('plain graphs, %s pasts: sessions get the tokens they get alone', async (layout) => {
+    const sessions = 5;
+    const steps = 3;
+    const make = async (maxBatch: number): Promise<ShardExecutor[]> => {
+      const out: ShardExecutor[] = [];
+      for (const a of [0, 2]) out.push(await Plain.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: a, endLayer: a + 2, maxContext: 128, maxBatch, batchLayout: layout }));
+      return out;
+    };
+    const batched = await make(16);
+    const got = await decodeTogether(f, f.weights, batched, sessions, steps, TOL, `pb${layout}`);
+    for (const ex of batched) expect(ex.batchStats().sizes[sessions]).toBe(steps);
+    await Promise.all(batched.map((e) => e.release()));
+    const alone = await make(1);
+    const want = await decodeTogether(f, f.weights, alone, sessions, steps, TOL, `pa${layout}`);
     await Promise.all(alone.map((e) => e.release()));
     expect(got).toEqual(want);
   }, 600_000);
