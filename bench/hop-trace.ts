@@ -14,10 +14,12 @@
  *
  * Steps are cut at the head's `step` stamps (one chat: nothing overlaps), each
  * step's stamps put in time order and labelled `process:stage` (`#n` for the
- * n-th repeat of a stage in a process); steps with the usual sequence give a
- * median gap per stage pair. Variants: `relay` (every leg through the relay)
- * and `link` (direct links between the nodes, tail → head too), interleaved
- * with the un-split model in this process (ms/token, the same executor).
+ * n-th repeat of a stage in a process); each consecutive pair's median gap
+ * over the steps that have it, and per step the time in onnxruntime, in each
+ * process outside it, and between processes. Variants: `relay` (every leg
+ * through the relay) and `link` (direct links between the nodes, tail → head
+ * too), interleaved with the un-split model in this process (ms/token, the
+ * same executor; its onnxruntime time per token from the same stamps).
  *
  *   npx tsx bench/hop-trace.ts [--tokens 48] [--runs 2] [--variants relay,link] [--baseline DIR]
  *
@@ -58,8 +60,9 @@ if (argv.includes('--help') || argv.includes('-h')) {
   --tokens N       new tokens per generation (default 48)
   --runs N         generations per variant, interleaved (default 2)
   --variants LIST  relay,link (default both)
-  --baseline DIR   also run a mesh from another checkout (DIR/bin/meshnet.js), interleaved
+  --baseline DIR   also run untraced meshes of this checkout and of DIR (DIR/bin/meshnet.js), interleaved
   --keep           keep the trace file
+  --stderr         print the nodes' stderr at the end
   --help           this text
 `);
   process.exit(0);
