@@ -21,6 +21,7 @@
  */
 import { WebSocket } from 'ws';
 import type { WebSocketConstructor } from '../node/socket.ts';
+import { trace } from '../protocol/trace.ts';
 
 function zeroMask(mask: Buffer): void {
   mask.fill(0);
@@ -53,8 +54,10 @@ export class NodeWebSocket extends WebSocket {
   /** Uncork what this tick's sends buffered (runs at the end of the tick). */
   flush(): void {
     const socket = this.corked;
+    if (socket === undefined) return;
     this.corked = undefined;
-    socket?.uncork();
+    socket.uncork();
+    trace?.('uncork');
   }
 }
 

@@ -2,6 +2,7 @@
  * OnnxBackend over onnxruntime-node (CPU execution provider).
  */
 import * as ort from 'onnxruntime-node';
+import { trace } from '../protocol/trace.ts';
 import { isDeviceTensor, type BackendSessionOptions, type BackendTensor, type OnnxBackend, type OnnxSession, type RunValue } from '../shard/backend.ts';
 
 export interface NodeBackendOptions {
@@ -43,7 +44,10 @@ export function wrapSession(o: Pick<OrtModule, 'Tensor'>, session: ort.Inference
     async run(feeds) {
       const input: Record<string, ort.Tensor> = {};
       for (const [name, t] of Object.entries(feeds)) input[name] = tensor(t);
-      return collect(await session.run(input));
+      trace?.('ort');
+      const out = await session.run(input);
+      trace?.('ort-done');
+      return collect(out);
     },
     async runWith(feeds, outputs) {
       const input: Record<string, ort.Tensor> = {};

@@ -16,6 +16,7 @@ import { H, type HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
 import { chainFailure, isChainAnswer } from './chain-hop.ts';
 import type { HopTransport } from './hop-transport.ts';
+import { trace } from '../protocol/trace.ts';
 
 /** The route as the tracker signed it for this head, with the head's reply address when the tracker signed that too. */
 export interface SignedRouteText {
@@ -188,6 +189,7 @@ export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {
   const first = s.hops[0]!;
   // One-way where the relay allows it: then only a relay error comes back; two-way (ADR-era relay, HTTP): hop 1 answers 202 once it handed the step on.
   const sent = s.transport.push(first, { method: 'POST', path: '/forward', headers, body: s.body }, s.timeoutMs, PUSH_WINDOW_MS, s.signal, { accept: isChainAnswer });
+  trace?.('head-pushed', s.session, s.position);
   const failed = sent.then(
     (r) => {
       if (r.status >= 300) {

@@ -33,6 +33,7 @@ import type { MeshHandler } from './mesh-types.ts';
 import { verifyChainReply, verifySignedRoute } from './tracker-client.ts';
 import { dtypeBytes, isDtype } from '../protocol/tensor.ts';
 import { z } from 'zod';
+import { trace } from '../protocol/trace.ts';
 
 export interface ChainHopInit {
   peerId: string;
@@ -53,6 +54,7 @@ const HOP_MARGIN_MS = 250;
 const PUSH_WINDOW_MS = 2_000;
 
 const replySchema = z.object({ relay_addr: z.string().max(512).optional(), endpoint: z.string().max(512).optional() }).strict();
+type ReplyAddress = z.infer<typeof replySchema>;
 
 /** True when a /forward asks this node to take part in a chain. */
 export function isChainRequest(req: MeshRequest): boolean {
@@ -85,20 +87,36 @@ interface Verified {
   text: string;
   expires: number;
   hops: RouteHop[];
+  /** Why checkChainRoute refuses the route (a loop, a gap), found once per route; undefined: it does not. */
+  refused: MeshError | undefined;
 }
 
-/** Verified routes by signature: a generation's route is checked by the signature once, its expiry on every step. */
+/**
+ * Verified routes by signature: a generation's route is checked by the signature once, its expiry on every step.
+ * A known route comes back synchronously (no promise, no extra turn on the step's critical path).
+ */
 class VerifiedRoutes {
   private readonly map = new Map<string, Verified>();
-  async get(key: Uint8Array | undefined, head: string, text: string, expires: number, sig: string, now: number): Promise<Verified> {
+  get(key: Uint8Array | undefined, head: string, text: string, expires: number, sig: string, now: number): Verified | Promise<Verified> {
     const hit = this.map.get(sig);
     if (hit && hit.head === head && hit.text === text && hit.expires === expires) {
       if (expires < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expires} ms ago; ask the tracker for a fresh one`);
       return hit;
     }
+    return this.verify(key, head, text, expires, sig, now);
+  }
+
+  private async verify(key: Uint8Array | undefined, head: string, text: string, expires: number, sig: string, now: number): Promise<Verified> {
     const hops = await verifySignedRoute(key, head, text, expires, sig, now);
     if (this.map.size >= 256) this.map.clear();
-    const v: Verified = { head, text, expires, hops };
+    let refused: MeshError | undefined;
+    try {
+      checkChainRoute(head, hops);
+    } catch (e) {
+      if (!(e instanceof MeshError)) throw e;
+      refused = e;
+    }
+    const v: Verified = { head, text, expires, hops, refused };
     this.map.set(sig, v);
     return v;
   }
@@ -110,14 +128,22 @@ class VerifiedRoutes {
  * which hop refused: on a one-way path nobody else hears the refusal.
  */
 class VerifiedReplies {
-  private readonly map = new Map<string, string>();
-  async check(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): Promise<boolean> {
-    const id = `${head}\n${expires}\n${text}`;
-    if (this.map.get(sig) === id) return true;
+  /** By signature: what it was checked for, and the address it parses to (a generation's every step carries the same one). */
+  private readonly map = new Map<string, { head: string; expires: number; text: string; address: ReplyAddress }>();
+  /** The address (synchronously when known), or false when the tracker did not sign it for this head; 400 when it is signed but not an address. */
+  check(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): ReplyAddress | Promise<ReplyAddress | false> {
+    const hit = this.map.get(sig);
+    if (hit && hit.head === head && hit.expires === expires && hit.text === text) return hit.address;
+    return this.verify(key, head, expires, text, sig);
+  }
+
+  private async verify(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): Promise<ReplyAddress | false> {
     if (!(await verifyChainReply(key, head, expires, text, sig))) return false;
+    const reply = replySchema.safeParse(safeJson(text));
+    if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);
     if (this.map.size >= 256) this.map.clear();
-    this.map.set(sig, id);
-    return true;
+    this.map.set(sig, { head, expires, text, address: reply.data });
+    return reply.data;
   }
 }
 
@@ -168,6 +194,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
   async function run(req: MeshRequest): Promise<MeshResponse> {
     const t0 = now();
     const h = req.headers;
+    trace?.('hop', h[H.session], h[H.position]);
     const indexText = h[H.chainIndex]!.trim();
     const head = h[H.chainHead]?.trim();
     const text = h[H.route];
@@ -188,19 +215,20 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       const replyText = h[H.chainReply];
       let replyError: MeshError | undefined;
       if (replyText !== undefined) {
-        if (!(await replies.check(init.trackerKey(), head, Number(expires), replyText, h[H.chainReplySignature]?.trim() ?? ''))) {
+        const checked = replies.check(init.trackerKey(), head, Number(expires), replyText, h[H.chainReplySignature]?.trim() ?? '');
+        const address = checked instanceof Promise ? await checked : checked;
+        if (address === false) {
           replyError = new MeshError('MESH_ERR_FORBIDDEN', `the head's reply address (${H.chainReply}) is not signed by the tracker for this head and route: refused`);
         } else {
-          const reply = replySchema.safeParse(safeJson(replyText));
-          if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);
           // Layers of the head's own span are not known yet (the route is not); a report needs only the address.
-          to = { peer_id: head, start_layer: 0, end_layer: 0, ...reply.data };
+          to = { peer_id: head, start_layer: 0, end_layer: 0, ...address };
         }
       }
-      const route = await routes.get(init.trackerKey(), head, text, Number(expires), sig, now());
+      const known = routes.get(init.trackerKey(), head, text, Number(expires), sig, now());
+      const route = known instanceof Promise ? await known : known;
       if (replyError) throw replyError;
-      if (to) to = { ...to, end_layer: route.hops[0]?.start_layer ?? 0 };
-      checkChainRoute(head, route.hops);
+      if (to) to.end_layer = route.hops[0]?.start_layer ?? 0;
+      if (route.refused) throw route.refused;
       const hops = route.hops;
       const index = Number(indexText);
       const hop = hops[index];
@@ -220,8 +248,10 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       // This node's span, on the layers the signed route gives it (not whatever the caller wrote).
       const localHeaders: HeaderMap = { ...h, [H.startLayer]: String(hop.start_layer), [H.endLayer]: String(hop.end_layer) };
       if (!last) delete localHeaders[H.sampling];
+      trace?.('hop-checked', h[H.session], h[H.position]);
       const res = await init.local({ ...req, headers: localHeaders, body: input });
       const out = await collectBody(res.body);
+      trace?.('hop-span', h[H.session], h[H.position]);
       if (res.status !== 200) return fail(headTo, h, remoteError(res.status, out), left());
 
       if (last) {
@@ -234,6 +264,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
           },
           (e: unknown) => init.onLog?.(`chain: hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`),
         );
+        trace?.('hop-pushed', h[H.session], h[H.position]);
         return accepted();
       }
 
@@ -268,6 +299,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
           report(headTo, h, new MeshError(code, `hop ${me} could not reach the next hop ${next.peer_id}: ${why}`, { peer_id: next.peer_id }), left());
         },
       );
+      trace?.('hop-pushed', h[H.session], h[H.position]);
       return accepted();
     } catch (e) {
       if (e instanceof MeshError) {

@@ -20,6 +20,7 @@ import type { ForwardRequest, ForwardResult, ShardExecutor } from '../shard/exec
 import type { BatchStats } from '../shard/batch-queue.ts';
 import type { KvStats } from '../shard/kv-store.ts';
 import type { SamplingParams } from '../shard/sampling.ts';
+import { trace } from '../protocol/trace.ts';
 
 /** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
 export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
@@ -94,8 +95,26 @@ const samplingSchema = z
   })
   .strict();
 
+/**
+ * Parsed X-Meshnet-Sampling texts: a last hop gets the same text on every step of a generation, and
+ * JSON plus the schema on each, with the code cold after the span ran, cost ~40 µs a token on its
+ * critical path. Frozen: every step shares the one object.
+ */
+const samplingCache = new Map<string, SamplingParams>();
+
 function parseSampling(text: string | undefined): SamplingParams | undefined {
-  if (text === undefined || text.trim() === '') return undefined;
+  if (text === undefined) return undefined;
+  const hit = samplingCache.get(text);
+  if (hit !== undefined) return hit;
+  const parsed = parseSamplingText(text);
+  if (parsed === undefined) return undefined;
+  if (samplingCache.size >= 256) samplingCache.clear();
+  samplingCache.set(text, Object.freeze(parsed));
+  return parsed;
+}
+
+function parseSamplingText(text: string): SamplingParams | undefined {
+  if (text.trim() === '') return undefined;
   let raw: unknown;
   try {
     raw = JSON.parse(text);
@@ -169,7 +188,9 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       if (sessionTokens !== undefined) fr.sessionTokens = sessionTokens;
     }
     if (sampling) fr.sampling = sampling;
+    trace?.('exec', session, position);
     const result = await executor.forward(fr);
+    trace?.('exec-done', session, position);
     const tokens = shape[1]!;
     if (result.kind === 'token') {
       const text = info.decode ? info.decode(result.tokenId) : '';

@@ -20,6 +20,7 @@ import { generateRequestSchema, type GenerateEvent, type RouteHop } from '../pro
 import type { MeshHandler } from './mesh-types.ts';
 import type { PipelineDriver } from './pipeline.ts';
 import { verifySignedRoute } from './tracker-client.ts';
+import { trace } from '../protocol/trace.ts';
 
 export interface HeadHandlerInit {
   /** Everything but /generate. */
@@ -81,7 +82,10 @@ async function* ndjson(events: AsyncGenerator<GenerateEvent>, onEvent: ((e: Gene
   try {
     for await (const ev of events) {
       onEvent?.(ev);
-      yield utf8.encode(JSON.stringify(ev) + '\n');
+      const line = utf8.encode(JSON.stringify(ev) + '\n');
+      trace?.('ndjson');
+      yield line;
+      trace?.('pulled');
     }
   } finally {
     // Runs on completion and when the consumer stops early (client gone): the generator's finally drops the sessions.
@@ -140,6 +144,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     const token = req.headers[H.chainToken];
     if (token === undefined || token.length > 4096) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainToken} must hold the token's JSON`));
     // Only a step waiting for exactly this session and position takes it; the token and rows are checked by that step.
+    trace?.('token-in', at.session, at.position);
     if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
     return { status: 204, headers: {}, body: new Uint8Array(0) };
   }

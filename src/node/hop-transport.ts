@@ -91,6 +91,9 @@ export class HopUnreachableError extends MeshError {
   }
 }
 
+/** After a request over a peer's link failed, this long before a link that is up leads that peer's order again, ms. */
+const LINK_RETRY_MS = 10_000;
+
 /** Parsed once per address: plan() runs for every hop of every token, and a URL parse there showed up cold. */
 const hostPortCache = new Map<string, string | undefined>();
 
@@ -143,6 +146,8 @@ export class HopTransport {
   private readonly rpcConns = new Map<string, RpcLike>();
   /** The transport that last answered each peer: tried first next time. */
   private readonly preferred = new Map<string, TransportKind>();
+  /** When a request over each peer's link last failed (ms since epoch): until LINK_RETRY_MS later, a link that is up does not jump the order. */
+  private readonly linkFailedAt = new Map<string, number>();
   /** Adaptive order: per peer, round-trip EWMA (ms) and sample count per path, and requests sent. */
   private readonly rtt = new Map<string, { ms: Partial<Record<TransportKind, number>>; n: Partial<Record<TransportKind, number>>; sent: number }>();
   private readonly ourRelay: string | undefined;
@@ -169,7 +174,12 @@ export class HopTransport {
     if (mode === 'adaptive' && linkUp) direct.unshift('link');
     const order = mode === 'direct' ? [...direct, ...relay] : [...relay, ...direct];
     // A link that is up has already proved the endpoint reachable (ADR-0014's reason to try the relay first), and skips the relay's two wakes: it leads.
-    if (mode !== 'adaptive' && linkUp) order.unshift('link');
+    if (mode !== 'adaptive' && linkUp) {
+      order.unshift('link');
+      // Ahead of the path that answered while the link was still dialling, too (else a hop first reached by HTTP or the relay stays there).
+      const failed = this.linkFailedAt.get(hop.peer_id);
+      if (failed === undefined || Date.now() - failed > LINK_RETRY_MS) return order;
+    }
     if (mode === 'adaptive' && relay.length > 0 && direct.length > 0) return this.adaptive(hop.peer_id, order);
     const pref = this.preferred.get(hop.peer_id);
     if (pref !== undefined && order.includes(pref)) return [pref, ...order.filter((k) => k !== pref)];
@@ -193,11 +203,13 @@ export class HopTransport {
       } catch (e) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         errors.push({ kind, error: asMesh(e, kind) });
+        if (kind === 'link') this.linkFailed(hop.peer_id);
         continue;
       }
       // `accept`: an answer the hop itself gave (a chain hop marks its refusals), passed up whatever its status.
       if (isTransportFailure(reply) && !opts.accept?.(reply)) {
         errors.push({ kind, error: remoteError(reply.status, reply.body, `HTTP ${reply.status}`) });
+        if (kind === 'link') this.linkFailed(hop.peer_id);
         continue;
       }
       if (errors.length > 0) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);
@@ -237,9 +249,15 @@ export class HopTransport {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request failed (${(e as Error).message}); trying every path`);
       }
+      if (first === 'link') this.linkFailed(hop.peer_id);
       this.preferred.delete(hop.peer_id);
     }
     return this.send(hop, req, timeoutMs, signal, opts);
+  }
+
+  private linkFailed(peer: string): void {
+    if (this.linkFailedAt.size >= 4096) this.linkFailedAt.clear();
+    this.linkFailedAt.set(peer, Date.now());
   }
 
   /** Faster measured path first; explores the other one now and then (see HopTransportInit.order). */

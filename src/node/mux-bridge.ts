@@ -11,6 +11,7 @@ import { FLAG_END, FLAG_ONE_WAY, FrameError, FrameKind, decodeFrame, encodeDataF
 import { normalizeHeaders, type HeaderMap } from '../protocol/headers.ts';
 import type { MeshHandler } from './mesh-types.ts';
 import type { MuxPort } from './frame-mux.ts';
+import { trace } from '../protocol/trace.ts';
 
 const EMPTY = new Uint8Array(0);
 
@@ -173,6 +174,7 @@ export class MuxBridge {
       this.sendFrameError(streamId, err);
       return;
     }
+    trace?.(`in:${frame.path}`, frame.headers['x-meshnet-session'], frame.headers['x-meshnet-position']);
     if ((frame.flags & FLAG_END) === 0) {
       this.sendFrameError(streamId, new MeshError('MESH_ERR_BAD_REQUEST', 'streamed request bodies are not supported: send the whole body in the REQUEST frame with END set'));
       return;

@@ -136,7 +136,9 @@ export class MuxCaller {
     call.oneWay = oneWay;
     this.calls.set(streamId, call);
     if (timeoutMs > 0) port.armSweep(call.lastFrameAt + timeoutMs);
-    if (signal) {
+    // A one-way request is out once sent (nothing to stop at the far side), and its call lives on for its window:
+    // a listener per push on a generation's signal would pile up (~2 s of steps each) for nothing.
+    if (signal && !oneWay) {
       const onAbort = (): void => this.cancel(call, new MeshError('MESH_ERR_CANCELLED', 'the request was cancelled', { reason: String(signal.reason) }));
       signal.addEventListener('abort', onAbort, { once: true });
       call.abortCleanup = () => signal.removeEventListener('abort', onAbort);

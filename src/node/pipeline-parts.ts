@@ -43,10 +43,11 @@ export class History {
   }
 }
 
-export function parseTokenAnswer(body: Uint8Array, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {
+/** The last hop's token JSON: a star step's answer body, or the text a chained step's token came in. */
+export function parseTokenAnswer(body: Uint8Array | string, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {
   let v: unknown;
   try {
-    v = JSON.parse(utf8d.decode(body));
+    v = JSON.parse(typeof body === 'string' ? body : utf8d.decode(body));
   } catch {
     throw new MeshError('MESH_ERR_UPSTREAM', `the last hop ${hop.peer_id} answered something other than a token JSON; does it hold layer ${hop.end_layer - 1} and the LM head?`);
   }

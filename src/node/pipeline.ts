@@ -38,6 +38,7 @@ import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
 import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor } from './pipeline-parts.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
+import { trace } from '../protocol/trace.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -214,6 +215,7 @@ export class PipelineDriver {
     const step = async (tokens: number[], allTokens: () => number[]): Promise<{ tokenId: number; logprob: number }> => {
       const seq = tokens.length;
       const total = position + seq;
+      trace?.('step', session, position);
       let local: ForwardResult;
       const localReq = (ids: readonly number[], pos: number): ForwardRequest => ({
         session,
@@ -236,11 +238,13 @@ export class PipelineDriver {
         if (e instanceof MeshError && (e.code === 'MESH_ERR_BUSY' || isRebuilding(e))) throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
         throw e;
       }
+      trace?.('head-span', session, position);
       if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
       // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
       let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
       if (chain.usable(hops)) {
         const got = await this.chainStepOrStar(chain, hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal });
+        trace?.('step-done', session, position);
         if (got) return got;
       }
       let recovery: PendingRecovery | undefined;
@@ -372,7 +376,7 @@ export class PipelineDriver {
         ...(s.signal ? { signal: s.signal } : {}),
       });
       chain.observe(s.seq, performance.now() - t0);
-      const ans = parseTokenAnswer(new TextEncoder().encode(r.token), hops.at(-1)!.hop);
+      const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
       // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
       if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
         this.init.onLog?.(`chain step at position ${s.position}: the last hop handed back ${r.rows.byteLength} bytes of rows, not ${(hops.length - 1) * s.seq * this.rowBytes}; the generation goes on as a star`);

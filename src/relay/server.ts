@@ -19,6 +19,7 @@ import { MeshError, ONE_WAY_FEATURE, PEER_ID_BYTES, parseRegister, registrationM
 import { createRelayMetrics, type RelayMetrics } from './metrics.ts';
 import { resolveRelayOptions, type RelayOptions } from './options.ts';
 import { CLOSE } from '../protocol/close-codes.ts';
+import { trace } from '../protocol/trace.ts';
 import { StreamTable, type PeerConn, RpcCaller, type PeerSocket } from './stream-table.ts';
 
 export { CLOSE } from '../protocol/close-codes.ts';
@@ -36,6 +37,7 @@ class Corker {
     const sockets = this.corked;
     this.corked = [];
     for (const socket of sockets) socket.uncork();
+    trace?.('relay-out');
   };
   cork(socket: Duplex): void {
     if (socket.writableCorked !== 0) return;
@@ -130,8 +132,10 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     ws.on('message', (data: RawData, isBinary: boolean) => {
       try {
         if (peer) {
-          if (isBinary) table.onBinary(peer, data as Buffer);
-          else table.onText(peer, data.toString());
+          if (isBinary) {
+            trace?.('relay-in');
+            table.onBinary(peer, data as Buffer);
+          } else table.onText(peer, data.toString());
           return;
         }
         if (isBinary) {

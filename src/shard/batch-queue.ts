@@ -31,6 +31,8 @@
  * while the batch runs there too), so a chat can trail a convoy for good.
  */
 
+import { trace } from '../protocol/trace.ts';
+
 export interface BatchRunner<Req, Res> {
   /** Requests with equal keys may run as one batch; undefined: this one runs alone. */
   batchKey(req: Req): string | undefined;
@@ -121,6 +123,7 @@ export class BatchQueue<Req, Res> {
         this.sizes[batch.length]!++;
         if (batch.length === 1) {
           const p = batch[0]!;
+          trace?.('run', this.runner.sessionOf(p.req));
           await this.runner.runOne(p.req).then(p.resolve, p.reject);
           continue;
         }
@@ -169,6 +172,8 @@ export class BatchQueue<Req, Res> {
   /** The head of the queue, plus every later request that may join it (same key, a session not seen before it). */
   private take(): Array<Pending<Req, Res>> {
     const head = this.pending.shift()!;
+    // Alone in the queue (one chat): nothing could join, so no key is worked out (it is on a hop's critical path).
+    if (this.pending.length === 0) return [head];
     const key = this.maxBatch > 1 ? this.runner.batchKey(head.req) : undefined;
     if (key === undefined) return [head];
     const batch = [head];

@@ -91,6 +91,35 @@ describe('HopTransport', () => {
     expect(first.slice().sort()).toEqual(['direct', 'fast', 'link']);
   });
 
+  it('a link that comes up leads even for a hop first reached another way, until a request over it fails', async () => {
+    const endpointOnly: RouteHop = { peer_id: PEER, start_layer: 1, end_layer: 2, endpoint: 'http://127.0.0.1:7000' };
+    for (const hop of [endpointOnly, HOP]) {
+      const p = paths(0, 0);
+      let up = false;
+      let linkFails = false;
+      const viaLink: string[] = [];
+      const link = () => (up ? async (peer: string) => (viaLink.push(peer), linkFails ? Promise.reject(new Error('link reset')) : ok) : undefined);
+      const t = new HopTransport({ fast: p.fast, direct: p.direct, link });
+      // While the link dials, the hop answers over the relay (or HTTP): that path is remembered...
+      await t.send(hop, req, 1000);
+      expect(p.used).toHaveLength(1);
+      // ...but once the link is up it leads (it was stuck behind the remembered path before).
+      up = true;
+      await t.send(hop, req, 1000);
+      await t.send(hop, req, 1000);
+      expect(viaLink).toHaveLength(2);
+      expect(p.used).toHaveLength(1);
+      // A link that fails: the other path answers, and leads for a while (no failing attempt first on every request).
+      linkFails = true;
+      await t.send(hop, req, 1000);
+      expect(viaLink).toHaveLength(3);
+      expect(p.used).toHaveLength(2);
+      await t.send(hop, req, 1000);
+      expect(viaLink).toHaveLength(3);
+      expect(p.used).toHaveLength(3);
+    }
+  });
+
   it('passes a 409 through (the caller replays) and rejects with HopUnreachableError when every path fails', async () => {
     const p409 = paths(0, 0, { fastFails: true, directStatus: 409 });
     expect((await new HopTransport({ fast: p409.fast, direct: p409.direct }).send(HOP, req, 1000)).status).toBe(409);

@@ -1,3 +1,4 @@
+import { getEventListeners } from 'node:events';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
   FLAG_END,
@@ -41,8 +42,8 @@ function errorCode(body: Uint8Array): string {
 }
 
 let harnesses: Harness[] = [];
-async function client(init: Parameters<typeof registeredClient>[0] = {}): Promise<Harness> {
-  const h = await registeredClient(init);
+async function client(init: Parameters<typeof registeredClient>[0] = {}, registered: Record<string, unknown> = {}): Promise<Harness> {
+  const h = await registeredClient(init, registered);
   harnesses.push(h);
   return h;
 }
@@ -665,3 +666,18 @@ describe('outgoing requests', () => {
     expect(framesOn(h, 3).at(-1)!.flags & FLAG_END).toBe(FLAG_END);
   });
 });
+
+describe('one-way pushes', () => {
+  it('a push holds no abort listener on the caller\'s signal for its window (a generation pushes ~100 steps a second); a two-way request does until answered', async () => {
+    const h = await client({ handler: echo }, { features: ['one-way'] });
+    const ac = new AbortController();
+    const p = h.client.push(TARGET, { method: 'POST', path: '/forward' }, { timeoutMs: 20, signal: ac.signal })!;
+    expect(getEventListeners(ac.signal, 'abort')).toHaveLength(0);
+    const r = h.client.request(TARGET, { method: 'POST', path: '/forward' }, { timeoutMs: 1000, signal: ac.signal });
+    expect(getEventListeners(ac.signal, 'abort')).toHaveLength(1);
+    ac.abort();
+    await expect(r).rejects.toMatchObject({ code: 'MESH_ERR_CANCELLED' });
+    expect((await p).status).toBe(202);
+  });
+});
+

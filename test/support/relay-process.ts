@@ -14,8 +14,8 @@ export interface RelayProcess {
 }
 
 /** Start a real `meshnet relay` process and wait for its listening line. */
-export async function startRelayProcess(args: string[] = []): Promise<RelayProcess> {
-  const child = spawn(process.execPath, [BIN, 'relay', '--port', '0', '--log-level', 'warn', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+export async function startRelayProcess(args: string[] = [], bin = BIN): Promise<RelayProcess> {
+  const child = spawn(process.execPath, [bin, 'relay', '--port', '0', '--log-level', 'warn', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   child.stderr!.on('data', (d) => (err += d));
   const lines = createInterface({ input: child.stdout! });

@@ -84,6 +84,7 @@ export function configure(cmd: Command): void {
       const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
       const model = o.tracker ? await trackerModel(o.tracker as string, o.model as string | undefined, log) : ((o.model as string | undefined) ?? NODE_HOST_DEFAULTS.staticModel);
       if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
+      (await import('../trace-file.ts')).installTraceFromEnv('node');
       const { startNodeHost } = await import('../../host/node/index.ts');
       const { testHooksFromEnv } = await import('../../host/node/backends.ts');
       const host = await startNodeHost({

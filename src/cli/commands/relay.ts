@@ -16,6 +16,7 @@ export function configure(cmd: Command): void {
     .option('--high-water-bytes <n>', 'target send-buffer level above which new requests get 503', int, RELAY_DEFAULTS.highWaterBytes)
     .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', RELAY_DEFAULTS.logLevel)
     .action(async (o: Record<string, unknown>) => {
+      (await import('../trace-file.ts')).installTraceFromEnv('relay');
       const { startRelay } = await import('../../relay/server.ts');
       const relay = await startRelay({
         port: o.port as number,

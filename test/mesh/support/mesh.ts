@@ -24,8 +24,9 @@ export interface Proc {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-export function spawnMeshnet(args: string[], env: Record<string, string> = {}): Proc {
-  const child = spawn(process.execPath, [BIN, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+/** `bin`: another checkout's bin/meshnet.js (a bench's baseline), default this one's. */
+export function spawnMeshnet(args: string[], env: Record<string, string> = {}, bin = BIN): Proc {
+  const child = spawn(process.execPath, [bin, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let err = '';
   child.stderr!.on('data', (d) => {
     err += d;
@@ -87,8 +88,8 @@ export interface NodeProc extends Proc {
 }
 
 /** Start `meshnet node` and wait for its listening line (and its serving line when `--layers` is given). */
-export async function startNode(args: string[]): Promise<NodeProc> {
-  const p = spawnMeshnet(['node', '--port', '0', '--threads', '1', ...args]);
+export async function startNode(args: string[], bin?: string): Promise<NodeProc> {
+  const p = spawnMeshnet(['node', '--port', '0', '--threads', '1', ...args], {}, bin);
   const l = await p.waitFor((e) => e.event === 'listening');
   if (args.includes('--layers')) await p.waitFor((e) => e.event === 'serving');
   return Object.assign(p, { peerId: l.peer_id as string, endpoint: l.endpoint as string, relayAddr: (l.relay_addr as string | null) ?? null });

@@ -83,8 +83,8 @@ export interface Harness {
 
 let sharedIdentity: Promise<Identity> | undefined;
 
-/** A client registered over a FakeSocket; the test is the relay from here on. */
-export async function registeredClient(init: Partial<RelayClientInit> = {}): Promise<Harness> {
+/** A client registered over a FakeSocket; the test is the relay from here on. `registered`: more fields of the relay's `registered` message (features). */
+export async function registeredClient(init: Partial<RelayClientInit> = {}, registered: Record<string, unknown> = {}): Promise<Harness> {
   const identity = init.identity ?? (await (sharedIdentity ??= Identity.generate()));
   const logs: RelayLogEntry[] = [];
   const client = new RelayClient({
@@ -103,7 +103,7 @@ export async function registeredClient(init: Partial<RelayClientInit> = {}): Pro
   await until(() => socket.sent.length > 0);
   const register = JSON.parse(socket.sent[0] as string) as Record<string, unknown>;
   socket.sent.length = 0;
-  socket.text({ type: 'registered', peer_id: identity.peerId, relay_addr: `ws://relay.test/rpc/${identity.peerId}` });
+  socket.text({ type: 'registered', peer_id: identity.peerId, relay_addr: `ws://relay.test/rpc/${identity.peerId}`, ...registered });
   await ready;
   return { client, socket, logs, identity, register };
 }
