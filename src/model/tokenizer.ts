@@ -190,9 +190,29 @@ export class ModelTokenizer {
   decode(ids: readonly number[], opts: { skipSpecialTokens?: boolean } = {}): string {
     // The library throws on an empty list; the stream decoder asks for empty windows.
     if (ids.length === 0) return '';
+    const skip = opts.skipSpecialTokens ?? false;
+    if (ids.length === 1) return this.decodeOne(ids[0]!, skip);
     // clean_up_tokenization_spaces off: it rewrites " ." and breaks streaming deltas.
-    return this.inner.decode([...ids], { skip_special_tokens: opts.skipSpecialTokens ?? false, clean_up_tokenization_spaces: false });
+    return this.inner.decode([...ids], { skip_special_tokens: skip, clean_up_tokenization_spaces: false });
   }
+
+  /**
+   * One id alone, remembered: a head's stream decoder decodes each new token
+   * alone once per token of every chat (text-stream.ts), and the library's
+   * decode costs tens of µs a call. Exact: a decode depends on the ids only.
+   */
+  private decodeOne(id: number, skip: boolean): string {
+    const memo = skip ? this.singlesSkipping : this.singles;
+    const known = memo.get(id);
+    if (known !== undefined) return known;
+    const text: string = this.inner.decode([id], { skip_special_tokens: skip, clean_up_tokenization_spaces: false });
+    if (memo.size >= 65_536) memo.clear();
+    memo.set(id, text);
+    return text;
+  }
+
+  private readonly singles = new Map<number, string>();
+  private readonly singlesSkipping = new Map<number, string>();
 
   tokenToId(token: string): number | undefined {
     return this.inner.token_to_id(token);

@@ -57,6 +57,29 @@ interface Waiter {
 /** Tokens the last hops hand back, and failures hops report, by session and position. */
 export class ChainInbox {
   private readonly waiting = new Map<string, Waiter>();
+  /**
+   * Abort callbacks of the waits by the signal they follow: one listener per
+   * signal (a generation's), not one per step. An AbortSignal's
+   * addEventListener is costly in Node (tens of µs here), and a head paid it
+   * per chat per token.
+   */
+  private readonly bySignal = new WeakMap<AbortSignal, Set<() => void>>();
+
+  private follow(signal: AbortSignal, onAbort: () => void): () => void {
+    let set = this.bySignal.get(signal);
+    if (!set) {
+      const waits = new Set<() => void>();
+      set = waits;
+      this.bySignal.set(signal, waits);
+      signal.addEventListener('abort', () => {
+        for (const f of [...waits]) f();
+        waits.clear();
+      }, { once: true });
+    }
+    set.add(onAbort);
+    const waits = set;
+    return () => void waits.delete(onAbort);
+  }
 
   /** Wait for the token of `session`'s step at `position`. */
   wait(session: string, position: number, timeoutMs: number, signal?: AbortSignal): { promise: Promise<ChainArrival>; cancel(): void } {
@@ -71,9 +94,10 @@ export class ChainInbox {
         cancel();
         reject(new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled'));
       };
+      let unfollow: (() => void) | undefined;
       cancel = () => {
         clearTimeout(t);
-        signal?.removeEventListener('abort', onAbort);
+        unfollow?.();
         if (this.waiting.get(key) === waiter) this.waiting.delete(key);
       };
       const waiter: Waiter = {
@@ -87,7 +111,8 @@ export class ChainInbox {
         },
       };
       this.waiting.set(key, waiter);
-      signal?.addEventListener('abort', onAbort, { once: true });
+      if (signal?.aborted) onAbort();
+      else if (signal) unfollow = this.follow(signal, onAbort);
     });
     return { promise, cancel: () => cancel() };
   }

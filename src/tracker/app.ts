@@ -16,6 +16,7 @@ import { Admission } from './admission.ts';
 import type { RecentRoute, TrackerContext } from './context.ts';
 import { PromptSizer, type HeadTransport } from './head-proxy.ts';
 import { App, HttpError, json, meshErrorResponse } from './http.ts';
+import { RouteSigner } from './route-signer.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { ModelSpec, PendingModel } from './model-registry.ts';
 import type { TrackerOptions } from './options.ts';
@@ -97,7 +98,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
       for (const n of registry.nodes.values()) metrics.nodes.inc({ model: n.info.model, status: registry.status(n) });
     },
     admission,
-    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, options: o, logger, metrics, onRoute: recordRoute },
+    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer: new RouteSigner(identity, o.routeTtlMs, o.now), options: o, logger, metrics, onRoute: recordRoute },
   };
 
   const app = new App();

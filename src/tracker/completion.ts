@@ -22,7 +22,7 @@ import { randomHex } from '../protocol/ids.ts';
 import type { Lease } from './admission.ts';
 import { notLoadedYet, type TrackerContext } from './context.ts';
 import { runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput } from './head-proxy.ts';
-import { HttpError, json, readJson } from './http.ts';
+import { HttpError, json, readJson, streamResponse } from './http.ts';
 import { MergedChoices } from './merged-choices.ts';
 import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai.ts';
 
@@ -43,6 +43,8 @@ export interface ParsedCompletion {
 export type CompletionPart = { text: string; tokenIds: number[] } | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[] };
 
 const utf8 = new TextEncoder();
+/** Why a completion's controller is aborted when it ends: one object, not a fresh DOMException (and its stack) per request. */
+const COMPLETION_OVER = new MeshError('MESH_ERR_CANCELLED', 'the completion is over');
 
 /** Step 1: the request body as one generation per choice, or the OpenAI error the client gets. */
 export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'> & Partial<Pick<TrackerContext, 'pendingModels'>>, kind: ApiKind, body: unknown): ParsedCompletion {
@@ -186,7 +188,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
   const choices = c.inputs.map((input, i) => completionParts(runGeneration(ctx.generation, c.model, input, abort.signal, leases[i]), input.stop, onFirstToken));
   /** Stop every choice and release what its generation holds. */
   const endAll = (): void => {
-    abort.abort();
+    abort.abort(COMPLETION_OVER);
     for (const choice of choices) void choice.return(undefined);
   };
   /** A generation error before anything was streamed: a plain HTTP error (completionError). */
@@ -235,53 +237,39 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
   }
   const finishes: Array<{ promptTokens: number; completionTokens: number }> = [];
   const merged = new MergedChoices(choices);
-  let started = false;
-  let finished = false;
-  const sse = new ReadableStream<Uint8Array>({
-    async pull(controller) {
-      if (finished) return;
-      const send = (obj: unknown): void => controller.enqueue(utf8.encode(sseData(obj)));
-      try {
-        if (!started) {
-          started = true;
-          firsts.forEach((r, index) => merged.add(index, r));
-          for (let index = 0; index < choices.length; index++) send(chunkObject(kind, ids, kind === 'chat' ? { index, role: true, text: '' } : { index, text: '' }));
-          return;
-        }
+  const sse = (obj: unknown): Uint8Array => utf8.encode(sseData(obj));
+  // Pull-driven like the generations under it: a chunk is made when the client's socket takes the last one.
+  async function* events(): AsyncGenerator<Uint8Array> {
+    try {
+      firsts.forEach((r, index) => merged.add(index, r));
+      for (let index = 0; index < choices.length; index++) yield sse(chunkObject(kind, ids, kind === 'chat' ? { index, role: true, text: '' } : { index, text: '' }));
+      for (;;) {
         const next = await merged.next();
-        if (next) {
-          const { index, part } = next;
-          if ('text' in part) send(chunkObject(kind, ids, { index, text: part.text, tokenIds: part.tokenIds }));
-          else {
-            finishes.push(part);
-            send(chunkObject(kind, ids, kind === 'chat' ? { index, finish: part.finish, tokenIds: part.tokenIds } : { index, text: '', finish: part.finish, tokenIds: part.tokenIds }));
-          }
-          return;
+        if (!next) break;
+        const { index, part } = next;
+        if ('text' in part) yield sse(chunkObject(kind, ids, { index, text: part.text, tokenIds: part.tokenIds }));
+        else {
+          finishes.push(part);
+          yield sse(chunkObject(kind, ids, kind === 'chat' ? { index, finish: part.finish, tokenIds: part.tokenIds } : { index, text: '', finish: part.finish, tokenIds: part.tokenIds }));
         }
-        finished = true;
-        if (c.includeUsage) send(chunkObject(kind, ids, { usage: usageOf(finishes) }));
-        controller.enqueue(utf8.encode(SSE_DONE));
-        metrics.generation.observe((performance.now() - t0) / 1000);
-        metrics.requests.inc({ endpoint, status: '200' });
-        controller.close();
-        endAll();
-      } catch (e) {
-        finished = true;
-        endAll();
-        const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
-        metrics.requests.inc({ endpoint, status: String(err.status) });
-        logger.warn({ err: err.message, code: err.code }, 'stream failed');
-        // OpenAI's in-stream error: one data event with an error object, then the stream ends.
-        send(openAiError(err.status, err.message, { code: err.code }).body);
-        controller.close();
       }
-    },
-    cancel() {
-      finished = true;
+      if (c.includeUsage) yield sse(chunkObject(kind, ids, { usage: usageOf(finishes) }));
+      metrics.generation.observe((performance.now() - t0) / 1000);
+      metrics.requests.inc({ endpoint, status: '200' });
+      yield utf8.encode(SSE_DONE);
+    } catch (e) {
       endAll();
-    },
-  });
-  return new Response(sse, { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' } });
+      const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', (e as Error).message);
+      metrics.requests.inc({ endpoint, status: String(err.status) });
+      logger.warn({ err: err.message, code: err.code }, 'stream failed');
+      // OpenAI's in-stream error: one data event with an error object, then the stream ends.
+      yield sse(openAiError(err.status, err.message, { code: err.code }).body);
+    } finally {
+      // Also when the client went away mid-stream (the host returns the source).
+      endAll();
+    }
+  }
+  return streamResponse(events(), { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' } }, endAll);
 }
 
 /** POST /v1/chat/completions and /v1/completions: parse → plan (admission) → stream, each step's refusal counted. */

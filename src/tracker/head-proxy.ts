@@ -19,125 +19,21 @@
  */
 import type { Logger } from 'pino';
 import { MeshError, remoteError } from '../protocol/errors.ts';
+import type { HeadTransport } from './head-transport.ts';
 import { H } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
 import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
 import type { Identity } from '../node/identity.ts';
-import type { RelayClient } from '../node/relay-client.ts';
 import type { Admission, Lease } from './admission.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { TrackerOptions } from './options.ts';
 import type { NodeRecord, NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
-import { signChainReply, signRoute } from './signing.ts';
-import { concatBytes } from '../protocol/bytes.ts';
+import { RouteSigner } from './route-signer.ts';
 
 const utf8 = new TextEncoder();
 
-// ---------------------------------------------------------------- transport
-
-export interface HeadTarget {
-  peerId: string;
-  endpoint?: string;
-  relayAddr?: string;
-}
-
-export interface OpenOptions {
-  signal: AbortSignal;
-  /** Longest wait for the answer's head and for each later chunk, ms. */
-  idleTimeoutMs: number;
-}
-
-/** Opens `POST /generate` on a head and yields the raw NDJSON bytes; a non-200 answer throws its MeshError. */
-export interface HeadTransport {
-  open(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>>;
-}
-
-async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promise<Uint8Array> {
-  const parts: Uint8Array[] = [];
-  let n = 0;
-  for await (const c of body) {
-    parts.push(c);
-    n += c.byteLength;
-    if (n > max) break;
-  }
-  return parts.length === 0 ? new Uint8Array(0) : concatBytes(parts);
-}
-
-/** Reads with a per-chunk idle timeout; cancelling the loop cancels the body. */
-async function* readWithIdleTimeout(reader: ReadableStreamDefaultReader<Uint8Array>, idleMs: number): AsyncGenerator<Uint8Array> {
-  try {
-    for (;;) {
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      const timeout = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new MeshError('MESH_ERR_TIMEOUT', `head silent for ${idleMs} ms`)), idleMs);
-      });
-      try {
-        const r = await Promise.race([reader.read(), timeout]);
-        if (r.done) return;
-        yield r.value;
-      } finally {
-        clearTimeout(timer);
-      }
-    }
-  } finally {
-    reader.cancel().catch(() => {});
-  }
-}
-
-/**
- * Direct HTTP when the head has an endpoint (Node.js nodes), the relay's fast
- * path otherwise; a direct attempt that cannot connect falls back to the
- * relay when the head has both.
- */
-export function createHeadTransport(deps: { relay?: RelayClient; fetch?: typeof fetch }): HeadTransport {
-  const fetchFn = deps.fetch ?? globalThis.fetch;
-
-  async function viaRelay(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
-    if (!deps.relay) throw new MeshError('MESH_ERR_UNAVAILABLE', `head ${head.peerId} has no endpoint and the tracker has no relay`);
-    const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
-    if (reply.status !== 200) throw remoteError(reply.status, await collect(reply.body));
-    return reply.body;
-  }
-
-  async function direct(endpoint: string, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
-    const ctl = new AbortController();
-    const onAbort = () => ctl.abort();
-    o.signal.addEventListener('abort', onAbort, { once: true });
-    const timer = setTimeout(() => ctl.abort(), o.idleTimeoutMs);
-    let res: Response;
-    try {
-      res = await fetchFn(endpoint.replace(/\/+$/, '') + '/generate', { method: 'POST', headers, body: body as Uint8Array<ArrayBuffer>, signal: ctl.signal });
-    } catch (e) {
-      throw new MeshError(o.signal.aborted ? 'MESH_ERR_CANCELLED' : 'MESH_ERR_PEER_GONE', `cannot reach head at ${endpoint} (${(e as Error).message})`);
-    } finally {
-      clearTimeout(timer);
-    }
-    if (res.status !== 200 || !res.body) throw remoteError(res.status, new Uint8Array(await res.arrayBuffer().catch(() => new ArrayBuffer(0))));
-    const reader = res.body.getReader();
-    return (async function* () {
-      try {
-        yield* readWithIdleTimeout(reader, o.idleTimeoutMs);
-      } finally {
-        o.signal.removeEventListener('abort', onAbort);
-      }
-    })();
-  }
-
-  return {
-    async open(head, headers, body, o) {
-      if (head.endpoint) {
-        try {
-          return await direct(head.endpoint, headers, body, o);
-        } catch (e) {
-          // Only a connection failure is worth another path; an answered error is the head's word.
-          if (!(e instanceof MeshError && e.code === 'MESH_ERR_PEER_GONE' && deps.relay && head.relayAddr)) throw e;
-        }
-      }
-      return viaRelay(head, headers, body, o);
-    },
-  };
-}
+export { createHeadTransport, type HeadTarget, type HeadTransport, type OpenOptions } from './head-transport.ts';
 
 /** Split a byte stream into NDJSON lines. */
 export async function* ndjsonLines(chunks: AsyncIterable<Uint8Array>): AsyncGenerator<string> {
@@ -174,6 +70,8 @@ export interface GenerationDeps {
   options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'>;
   logger: Logger;
   metrics: TrackerMetrics;
+  /** Signs the routes handed to heads, one signature per route for a few seconds (route-signer.ts); one per call to runGeneration when absent. */
+  signer?: RouteSigner;
   /** Called for each route handed to a head (dashboard): the first, after a failed head, after a MESH_ERR_BUSY answer. */
   onRoute?(kind: 'generate' | 'failover' | 'rerouted', model: string, plan: RoutePlan): void;
 }
@@ -214,6 +112,9 @@ export class PromptSizer {
     this.perByte.set(model, prev === undefined ? r : Math.max(r, prev + 0.1 * (r - prev)));
   }
 }
+
+/** Why an attempt's controller is aborted when the attempt is over: one object, not a fresh DOMException (and its stack) per chat. */
+const ATTEMPT_OVER = new MeshError('MESH_ERR_CANCELLED', 'the generation attempt is over');
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -257,6 +158,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   const log = deps.logger.child({ request_id: requestId, model });
   const context = deps.registry.model(model).contextTokens;
   const estimate = deps.sizer.estimate(model, input, context);
+  const signer = deps.signer ?? new RouteSigner(deps.identity, deps.options.routeTtlMs, deps.options.now);
 
   for (let attempt = 0; ; attempt++) {
     if (signal.aborted) {
@@ -293,7 +195,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     let finished: GenerationEvent | undefined;
     try {
       if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
-      const signed = await signRoute(deps.identity, headId, hops, deps.options.now() + deps.options.routeTtlMs);
+      const { route: signed, reply } = await signer.sign(headId, hops, head);
       const req: GenerateRequest = { ...input, prefix_token_ids: [...tokens], session_id: `${requestId}-${attempt}` };
       const headers: Record<string, string> = {
         'content-type': 'application/json',
@@ -304,7 +206,6 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         [H.requestId]: requestId,
       };
       // The head's reply address, signed: chain hops hand the token only to an address the tracker vouches for.
-      const reply = await signChainReply(deps.identity, headId, head, signed.expiresAt);
       if (reply) {
         headers[H.chainReply] = reply.text;
         headers[H.chainReplySignature] = reply.signature;
@@ -375,7 +276,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       why = 'failover';
     } finally {
       signal.removeEventListener('abort', onAbort);
-      ctl.abort();
+      ctl.abort(ATTEMPT_OVER);
       lease.release();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
     }

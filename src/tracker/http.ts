@@ -33,6 +33,43 @@ export function json(status: number, body: unknown, headers: Record<string, stri
   return new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json', ...headers } });
 }
 
+const SOURCE = Symbol('meshnet.bodySource');
+
+/**
+ * A streamed answer whose chunks come from `source` (SSE). To app.fetch's
+ * callers it is an ordinary Response with a ReadableStream body; the hosts
+ * in this process (serveApp, the relay bridge) take the chunks from the
+ * source itself (bodySource): one await per chunk instead of a web stream's
+ * pull, enqueue and read, which at many chats the tracker pays per token per
+ * chat. Read one way or the other, never both; the stream's highWaterMark 0
+ * keeps it from pulling before it is read. `onCancel`: what a cancelled
+ * stream must stop at once (the hosts stop the producer through the
+ * request's signal).
+ */
+export function streamResponse(source: AsyncGenerator<Uint8Array>, init: ResponseInit, onCancel?: () => void): Response {
+  const body = new ReadableStream<Uint8Array>(
+    {
+      async pull(controller) {
+        const r = await source.next();
+        if (r.done) controller.close();
+        else controller.enqueue(r.value);
+      },
+      async cancel() {
+        // At once: return() waits for a next() in progress (the next token, or a silent head's timeout).
+        onCancel?.();
+        await source.return(undefined);
+      },
+    },
+    { highWaterMark: 0 },
+  );
+  return Object.assign(new Response(body, init), { [SOURCE]: source });
+}
+
+/** The chunk source of a streamResponse answer; undefined for any other Response. */
+export function bodySource(res: Response): AsyncGenerator<Uint8Array> | undefined {
+  return (res as Response & { [SOURCE]?: AsyncGenerator<Uint8Array> })[SOURCE];
+}
+
 export function meshErrorResponse(e: MeshError): Response {
   return json(e.status, e.toBody());
 }
@@ -189,6 +226,17 @@ async function handleNode(fetchFn: (req: Request) => Promise<Response>, req: Inc
     response.headers.forEach((v, k) => (outHeaders[k] = v));
     res.writeHead(response.status, outHeaders);
     if (!response.body || method === 'HEAD') {
+      res.end();
+      return;
+    }
+    const source = bodySource(response);
+    if (source) {
+      // The client going away aborts the request's signal, which the source's producer follows (completion.ts); return() ends it.
+      for await (const value of source) {
+        // A write to a closed response would wait for a 'drain' that never comes.
+        if (abort.signal.aborted || res.destroyed) break;
+        if (!res.write(value)) await new Promise<void>((r) => res.once('drain', r).once('close', r));
+      }
       res.end();
       return;
     }

@@ -25,7 +25,8 @@ export class MergedChoices {
   /** The next part of any choice, in the order they come; undefined once every choice has finished. */
   async next(): Promise<{ index: number; part: CompletionPart } | undefined> {
     if (this.queue.length === 0 && this.waiting.size > 0) {
-      const { index, r } = await Promise.race(this.waiting.values());
+      // One choice (every chat): its own promise, without a race's per-part wrapper.
+      const { index, r } = this.waiting.size === 1 ? await this.waiting.values().next().value! : await Promise.race(this.waiting.values());
       this.waiting.delete(index);
       this.add(index, r);
     }

@@ -13,7 +13,7 @@ import { RelayClient } from '../node/relay-client.ts';
 import type { WebSocketConstructor } from '../node/socket.ts';
 import { createTracker, type Tracker } from './app.ts';
 import { createHeadTransport } from './head-proxy.ts';
-import { serveApp } from './http.ts';
+import { bodySource, serveApp } from './http.ts';
 import { FileKeyStore } from './key-file.ts';
 import { createTrackerMetrics } from './metrics.ts';
 import { hubAwareLoader } from './hub-models.ts';
@@ -46,7 +46,7 @@ export function relayHandlerFor(fetchFn: (req: Request) => Promise<Response>): M
     const headers: Record<string, string> = {};
     res.headers.forEach((v, k) => (headers[k] = v));
     // Streamed as it comes (SSE answers stay streams over the relay too).
-    return { status: res.status, headers, body: res.body ? streamChunks(res.body) : new Uint8Array(0) };
+    return { status: res.status, headers, body: bodySource(res) ?? (res.body ? streamChunks(res.body) : new Uint8Array(0)) };
   };
 }
 
@@ -87,7 +87,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     relay = new RelayClient({ relayUrl: o.relayUrl, WebSocket: WebSocket as unknown as WebSocketConstructor, identity, info: { role: 'tracker', models: models.map((m) => m.name) } });
   }
   const metrics = createTrackerMetrics();
-  const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay, fetch: fetchFn }), logger, metrics, pendingModels: catalog.pending });
+  const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay }), logger, metrics, pendingModels: catalog.pending });
   late.registry = tracker.registry;
   if (relay) {
     relay.setHandler(relayHandlerFor(tracker.app.fetch));

@@ -46,6 +46,22 @@ describe('fixture tokenizer (byte-level BPE)', () => {
     expect(tok.decode(ids, { skipSpecialTokens: true })).toBe('hi');
   });
 
+  it('decodes one id alone the same whether remembered or not, skipping specials or not (the stream decoder\'s window)', () => {
+    const fresh = () => ModelTokenizer.fromJson(json('tokenizer.json'), json('tokenizer_config.json'));
+    const a = fresh();
+    const vocab = Math.min(a.vocabSize, 2048);
+    for (const skipSpecialTokens of [false, true]) {
+      const b = fresh();
+      for (let id = 0; id < vocab; id++) {
+        const first = a.decode([id], { skipSpecialTokens });
+        expect(a.decode([id], { skipSpecialTokens })).toBe(first);
+        expect(b.decode([id], { skipSpecialTokens })).toBe(first);
+      }
+    }
+    expect(a.decode([2])).toBe('<|im_end|>');
+    expect(a.decode([2], { skipSpecialTokens: true })).toBe('');
+  });
+
   it('renders ChatML with a generation prompt', () => {
     const messages = [
       { role: 'system', content: 'Be brief.' },

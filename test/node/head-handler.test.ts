@@ -73,6 +73,30 @@ describe('createHeadHandler', () => {
     }
   });
 
+  it('takes a signature it checked once again (the tracker shares one per route), but never past its expiry, for other text or under another tracker key', async () => {
+    const good = await sign(tracker, HEAD, [], Date.now() + 400);
+    for (let i = 0; i < 2; i++) {
+      const res = await handle(post(good));
+      expect(res.status).toBe(200);
+      expect(utf8d.decode(await collectBody(res.body))).toContain('"type":"done"');
+    }
+    const cases: Record<string, Record<string, string>> = {
+      altered: { ...good, 'x-meshnet-route': '[ ]' },
+      'expiry moved': { ...good, 'x-meshnet-route-expires': String(Number(good['x-meshnet-route-expires']) + 1) },
+    };
+    for (const [name, headers] of Object.entries(cases)) {
+      const res = await handle(post(headers));
+      expect([name, res.status, (await json(res)).error?.code]).toEqual([name, 403, 'MESH_ERR_FORBIDDEN']);
+    }
+    trackerKey = (await Identity.generate()).publicKey;
+    const otherKey = await handle(post(good));
+    trackerKey = tracker.publicKey;
+    expect([otherKey.status, (await json(otherKey)).error?.code]).toEqual([403, 'MESH_ERR_FORBIDDEN']);
+    await new Promise((r) => setTimeout(r, 450));
+    const expired = await handle(post(good));
+    expect([expired.status, (await json(expired)).error?.message]).toEqual([403, expect.stringContaining('expired')]);
+  });
+
   it('refuses every route with 403 while it knows no tracker key', async () => {
     trackerKey = undefined;
     const res = await handle(post(await sign(tracker, HEAD, [])));
