@@ -96,6 +96,37 @@ describe('device recovery', () => {
     expect(h.logs.at(-1)).toMatch(/failed 3 times; giving up/);
   });
 
+  it('a span given up on is not announced, and the next assignment loads it afresh (once a load works it serves again)', async () => {
+    let broken = true;
+    const h = harness({ fail: (n) => (n >= 1 && broken ? new Error('nothing works') : undefined) });
+    await h.slot.assign(spec(0, 2));
+    const dead = h.slot.current!;
+    expect(h.recovery.gaveUp(dead)).toBe(false);
+    h.built[0]!.lose('destroyed');
+    await settle(h.slot);
+    // While rebuilds are still tried, the span is not given up on (the runtime keeps announcing it, answering 503).
+    expect(h.handled).toEqual([...Array(MAX_REBUILDS - 1).fill(true), false]);
+    expect(h.slot.current).toBe(dead);
+    expect(h.recovery.gaveUp(dead)).toBe(true);
+    expect(h.recovery.gaveUp(undefined)).toBe(false);
+
+    // The tracker's next assignment of the same layers: kept as is without a reload, so the runtime asks for one.
+    await h.slot.assign(spec(0, 2), h.recovery.gaveUp(h.slot.current));
+    await settle(h.slot);
+    expect(h.built).toHaveLength(2 + MAX_REBUILDS);
+    expect(h.logs.filter((l) => /giving up/.test(l))).toHaveLength(1);
+    broken = false;
+    await h.slot.assign(spec(0, 2), h.recovery.gaveUp(h.slot.current));
+    await settle(h.slot);
+    expect(h.slot.current).not.toBe(dead);
+    expect(h.slot.current).toBe(h.built.at(-1)!.span);
+    expect(h.recovery.gaveUp(h.slot.current)).toBe(false);
+    // Without the flag the same spec would have been kept: that is what the runtime's reload avoids.
+    await h.slot.assign(spec(0, 2));
+    await settle(h.slot);
+    expect(h.built).toHaveLength(3 + MAX_REBUILDS);
+  });
+
   it('a span that does not fit the device halves the budget it was loaded under, once per shrink', async () => {
     const h = harness({ fail: () => oom() });
     // A load that starts under 64 MiB and fails only after the shrink below (it was queued before it).

@@ -14,7 +14,7 @@ import type { MeshReply, MeshRequest, MeshResponse } from '../../src/protocol/en
 import { decodeTensor, encodeTensor } from '../../src/protocol/tensor.ts';
 import { routeSigningMessage, type GenerateEvent } from '../../src/protocol/tracker.ts';
 import { Identity } from '../../src/node/identity.ts';
-import { fixture, maxAbsDiff } from '../helpers/shard.ts';
+import { fixture, maxAbsDiff, nodeBackend } from '../helpers/shard.ts';
 import { MODEL_URL, assignment, fakeHost, scriptedTracker, type FakeHost } from './support/fake-host.ts';
 import { until } from './support/fake-socket.ts';
 
@@ -224,6 +224,45 @@ describe('NodeRuntime', () => {
     host.failing.clear();
     await until(() => rt.span?.spec.startLayer === 2);
     expect(host.opened.filter((s) => s.startLayer === 2).length).toBeGreaterThanOrEqual(2);
+  });
+
+  it('stops announcing a span whose lost device could not be rebuilt, answers 503, and loads it afresh at a later assignment', async () => {
+    const tracker = await scriptedTracker();
+    tracker.assign(assignment(1, 3));
+    // A backend with a device that can be lost (onnxruntime-node underneath: the plain executor never touches the device).
+    const losers: Array<(reason: string) => void> = [];
+    const host: FakeHost = {
+      ...fakeHost(tracker.fetch),
+      backends: {
+        choose: async () => {
+          const lost = new Promise<string>((r) => losers.push(r));
+          const backend = Object.assign(Object.create(nodeBackend) as typeof nodeBackend, { device: { lost } as unknown as NonNullable<typeof nodeBackend.device> });
+          return { backend, info: { name: nodeBackend.name, kind: 'onnxruntime-node', dtype: 'f32' } };
+        },
+      },
+    };
+    const { rt, events } = await runtime(host, { trackerUrl: 'http://tracker.test', retryFailedLoads: true });
+    await rt.start();
+    const handler = rt.handlerFor('http');
+    expect(rt.nodeMessage().serving).toEqual({ start_layer: 1, end_layer: 3 });
+    const first = rt.span;
+    host.failing.add('1-3');
+    losers[0]!('destroyed: test');
+    await until(() => host.logs.some((l) => /giving up/.test(l.message)));
+    expect(rt.span).toBe(first);
+    expect(rt.nodeMessage().serving).toBeNull();
+    await until(() => tracker.messages.at(-1)?.body.serving === null);
+    expect((await handler(forward(activation(1), 1))).status).toBe(503);
+    // The tracker assigns the same layers again at each heartbeat: now a load works, and the node serves them again.
+    host.failing.clear();
+    await until(() => rt.span !== first);
+    expect(events.filter((e) => e.type === 'load-failed').length).toBeGreaterThanOrEqual(3);
+    expect(rt.nodeMessage().serving).toEqual({ start_layer: 1, end_layer: 3 });
+    const x = activation(1);
+    const res = reply(await handler(forward(x, 1)));
+    expect(res.status).toBe(200);
+    const { err, scale } = maxAbsDiff(decodeTensor(res.body, 'f32'), ref.layers(1, 3, Float64Array.from(x), 1, 0, newRefCache(f.cfg)));
+    expect(err).toBeLessThanOrEqual(1e-4 * Math.max(1, scale));
   });
 
   it('takes the wire dtype from the tracker\'s assignment: the hop accepts only it, a new one reloads the span', async () => {

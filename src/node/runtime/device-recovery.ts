@@ -17,7 +17,10 @@
  *                   replaying their history.
  *   rebuild failed  the next fallback (the host's choice, by `losses`), up
  *                   to MAX_REBUILDS; after that the load failure is the
- *                   runtime's as any other.
+ *                   runtime's as any other, and the dead span is given up
+ *                   on (gaveUp): heartbeats announce nothing served, so the
+ *                   tracker routes around the node, and the tracker's next
+ *                   assignment loads the span afresh.
  *   out of memory   a span load or a KV cache the device could not allocate
  *                   (MESH_ERR_DEVICE_MEMORY, 507): the request already got
  *                   its clear 507; the node halves its announced memory
@@ -54,12 +57,23 @@ export class DeviceRecovery {
   private readonly shrunkFor = new WeakSet<LoadedSpan>();
   /** The budget each load started under: a failure halves that, so a load queued before a shrink does not halve it again. */
   private readonly budgetAtLoad = new WeakMap<SpanSpec, number>();
+  /** Lost spans whose rebuilds all failed: nothing serves them any more. */
+  private readonly abandoned = new WeakSet<LoadedSpan>();
 
   constructor(private readonly o: DeviceRecoveryInit) {}
 
   /** What a load tells the host's backend choice: every load after a loss, so a host that fell back to the CPU stays there. */
   lossFor(): DeviceLoss | undefined {
     return this.loss ? { ...this.loss } : undefined;
+  }
+
+  /**
+   * True once every rebuild of `span`'s lost device failed: the node must not
+   * announce it (requests would meet 503 forever while the tracker routed to
+   * it) and a later assignment loads it afresh instead of keeping it.
+   */
+  gaveUp(span: LoadedSpan | undefined): boolean {
+    return span !== undefined && this.abandoned.has(span);
   }
 
   /** `span` serves from now on: rebuild it when its device is lost. */
@@ -82,7 +96,8 @@ export class DeviceRecovery {
     const cur = this.o.slot.current;
     if (!this.loss || !cur?.deviceLostReason || !sameSpec(cur.spec, spec)) return false;
     if (this.rebuilds >= MAX_REBUILDS) {
-      this.o.log('error', `rebuilding layers [${spec.startLayer}, ${spec.endLayer}) failed ${this.rebuilds} times; giving up: ${(error as Error)?.message ?? String(error)}`);
+      if (!this.abandoned.has(cur)) this.o.log('error', `rebuilding layers [${spec.startLayer}, ${spec.endLayer}) failed ${this.rebuilds} times; giving up: ${(error as Error)?.message ?? String(error)}`);
+      this.abandoned.add(cur);
       return false;
     }
     this.loss = { reason: `${this.loss.reason}; rebuilding failed: ${(error as Error)?.message ?? String(error)}`, losses: this.loss.losses + 1 };

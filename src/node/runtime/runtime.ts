@@ -328,8 +328,8 @@ export class NodeRuntime {
         ...(this.config.span ? { pinned: true } : {}),
       },
       stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}) },
-      // While paused the node answers 503: tell the tracker it serves nothing, so routes avoid it.
-      serving: s && !this.paused ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
+      // While paused, or with a lost device it gave up rebuilding, the node answers 503: tell the tracker it serves nothing, so routes avoid it.
+      serving: s && !this.paused && !this.recovery.gaveUp(s) ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       timestamp: Date.now(),
     };
   }
@@ -404,7 +404,8 @@ export class NodeRuntime {
     }
     // A span that failed is retried only by retry(), not on every heartbeat (unless failed loads are retried); a static span stays.
     if (this.error !== undefined || this.config.span) return;
-    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer, ...(a.wire_dtype ? { wireDtype: a.wire_dtype } : {}) });
+    // A span whose lost device could not be rebuilt is loaded afresh at each assignment (the same spec would be kept as is).
+    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer, ...(a.wire_dtype ? { wireDtype: a.wire_dtype } : {}) }, this.recovery.gaveUp(this.slot.current));
   }
 
   private loadContext(epoch: number): SpanLoadContext {
