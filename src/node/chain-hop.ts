@@ -30,7 +30,7 @@ import { H, type HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
 import type { HopTransport } from './hop-transport.ts';
 import type { MeshHandler } from './mesh-types.ts';
-import { verifyChainReply, verifySignedRoute } from './tracker-client.ts';
+import { VerifiedRoutes, verifyChainReply, type VerifiedRoute } from './tracker-client.ts';
 import { dtypeBytes, isDtype } from '../protocol/tensor.ts';
 import { z } from 'zod';
 import { trace } from '../protocol/trace.ts';
@@ -82,43 +82,25 @@ export function checkChainRoute(head: string, hops: readonly RouteHop[]): void {
   }
 }
 
-interface Verified {
-  head: string;
-  text: string;
-  expires: number;
-  hops: RouteHop[];
-  /** Why checkChainRoute refuses the route (a loop, a gap), found once per route; undefined: it does not. */
-  refused: MeshError | undefined;
-}
-
 /**
- * Verified routes by signature: a generation's route is checked by the signature once, its expiry on every step.
- * A known route comes back synchronously (no promise, no extra turn on the step's critical path).
+ * Why checkChainRoute refuses a verified route (a loop, a gap), worked out
+ * once per route; null: it does not.
  */
-class VerifiedRoutes {
-  private readonly map = new Map<string, Verified>();
-  get(key: Uint8Array | undefined, head: string, text: string, expires: number, sig: string, now: number): Verified | Promise<Verified> {
-    const hit = this.map.get(sig);
-    if (hit && hit.head === head && hit.text === text && hit.expires === expires) {
-      if (expires < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expires} ms ago; ask the tracker for a fresh one`);
-      return hit;
+class RouteChecks {
+  private readonly refused = new WeakMap<VerifiedRoute, MeshError | null>();
+  of(head: string, route: VerifiedRoute): MeshError | null {
+    let r = this.refused.get(route);
+    if (r === undefined) {
+      try {
+        checkChainRoute(head, route.hops);
+        r = null;
+      } catch (e) {
+        if (!(e instanceof MeshError)) throw e;
+        r = e;
+      }
+      this.refused.set(route, r);
     }
-    return this.verify(key, head, text, expires, sig, now);
-  }
-
-  private async verify(key: Uint8Array | undefined, head: string, text: string, expires: number, sig: string, now: number): Promise<Verified> {
-    const hops = await verifySignedRoute(key, head, text, expires, sig, now);
-    if (this.map.size >= 256) this.map.clear();
-    let refused: MeshError | undefined;
-    try {
-      checkChainRoute(head, hops);
-    } catch (e) {
-      if (!(e instanceof MeshError)) throw e;
-      refused = e;
-    }
-    const v: Verified = { head, text, expires, hops, refused };
-    this.map.set(sig, v);
-    return v;
+    return r;
   }
 }
 
@@ -168,6 +150,7 @@ function blockBytes(h: HeaderMap): number {
 export function createChainHop(init: ChainHopInit): MeshHandler {
   const now = init.now ?? Date.now;
   const routes = new VerifiedRoutes();
+  const checks = new RouteChecks();
   const replies = new VerifiedReplies();
   const me = init.peerId;
 
@@ -228,7 +211,8 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       const route = known instanceof Promise ? await known : known;
       if (replyError) throw replyError;
       if (to) to.end_layer = route.hops[0]?.start_layer ?? 0;
-      if (route.refused) throw route.refused;
+      const refused = checks.of(head, route);
+      if (refused) throw refused;
       const hops = route.hops;
       const index = Number(indexText);
       const hop = hops[index];

@@ -16,10 +16,10 @@ import { z } from 'zod';
 import { errorReply, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
 import { MeshError, remoteError } from '../protocol/errors.ts';
 import { H } from '../protocol/headers.ts';
-import { generateRequestSchema, type GenerateEvent, type RouteHop } from '../protocol/tracker.ts';
+import { generateRequestSchema, type GenerateEvent } from '../protocol/tracker.ts';
 import type { MeshHandler } from './mesh-types.ts';
 import type { PipelineDriver } from './pipeline.ts';
-import { verifySignedRoute } from './tracker-client.ts';
+import { VerifiedRoutes } from './tracker-client.ts';
 import { trace } from '../protocol/trace.ts';
 
 export interface HeadHandlerInit {
@@ -41,37 +41,6 @@ export interface HeadHandlerInit {
 
 const utf8 = new TextEncoder();
 const utf8d = new TextDecoder();
-
-/**
- * Routes verified by their signature. The tracker hands the chats that start
- * on one route within a few seconds the same signed route (its
- * route-signer.ts), so a head checks each signature once (an Ed25519
- * verification per chat otherwise) and the expiry on every request. A hit
- * must match the tracker key, head, text and expiry the signature was
- * checked for; each caller gets its own copy of the hops.
- */
-class VerifiedRoutes {
-  private readonly map = new Map<string, { key: Uint8Array; head: string; text: string; expires: number; hops: RouteHop[] }>();
-
-  async verify(key: Uint8Array | undefined, head: string, text: string, expires: number, signature: string, now: number): Promise<RouteHop[]> {
-    const hit = this.map.get(signature);
-    if (key && hit && hit.head === head && hit.text === text && hit.expires === expires && sameBytes(hit.key, key)) {
-      if (expires < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expires} ms ago; ask the tracker for a fresh one`);
-      return hit.hops.map((h) => ({ ...h }));
-    }
-    const hops = await verifySignedRoute(key, head, text, expires, signature, now);
-    if (this.map.size >= 256) this.map.clear();
-    this.map.set(signature, { key: key!, head, text, expires, hops: hops.map((h) => ({ ...h })) });
-    return hops;
-  }
-}
-
-function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a === b) return true;
-  if (a.byteLength !== b.byteLength) return false;
-  for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
 
 /** 421 Misdirected Request: a route pointed at a node that is not (or no longer) a head. */
 function notAHead(): MeshResponse {
@@ -107,7 +76,9 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
       throw new MeshError('MESH_ERR_FORBIDDEN', `${H.route}, ${H.routeExpires} and ${H.routeSignature} are required: a head accepts routes only from the tracker`);
     }
     if (!/^\d{1,16}$/.test(expires.trim())) throw new MeshError('MESH_ERR_FORBIDDEN', `${H.routeExpires} must be ms since epoch`);
-    const route = await routes.verify(init.trackerKey(), init.peerId, routeText, Number(expires.trim()), signature.trim(), now());
+    const known = routes.get(init.trackerKey(), init.peerId, routeText, Number(expires.trim()), signature.trim(), now());
+    // Copies: the pipeline may change its hops (replacements), the cached route stays as signed.
+    const route = (known instanceof Promise ? await known : known).hops.map((hop) => ({ ...hop }));
     const driver = init.pipeline();
     if (!driver) return notAHead();
     if (req.body.byteLength > maxBody) throw new MeshError('MESH_ERR_TOO_LARGE', `the /generate body is ${req.body.byteLength} bytes, over ${maxBody}`);

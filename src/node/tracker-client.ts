@@ -91,6 +91,47 @@ export async function verifySignedRoute(trackerKey: Uint8Array | undefined, head
   return p.data;
 }
 
+/** A route the tracker's signature was checked on; one object per signature while it stays cached. */
+export interface VerifiedRoute {
+  readonly hops: readonly RouteHop[];
+}
+
+/**
+ * Routes verified by signature (a head's /generate, a chain hop's steps): the
+ * tracker hands the chats that start on one route within a few seconds the
+ * same signed route (route-signer.ts), so the signature is checked once per
+ * tracker key, head, text and expiry (an Ed25519 verification per chat or
+ * step otherwise); the expiry on every call. A known route comes back synchronously (no promise,
+ * no extra turn on a step's critical path).
+ */
+export class VerifiedRoutes {
+  private readonly map = new Map<string, { key: Uint8Array; head: string; text: string; expires: number; route: VerifiedRoute }>();
+
+  get(key: Uint8Array | undefined, head: string, text: string, expires: number, signature: string, now: number): VerifiedRoute | Promise<VerifiedRoute> {
+    const hit = this.map.get(signature);
+    if (key && hit && hit.head === head && hit.text === text && hit.expires === expires && sameBytes(hit.key, key)) {
+      if (expires < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expires} ms ago; ask the tracker for a fresh one`);
+      return hit.route;
+    }
+    return this.verify(key, head, text, expires, signature, now);
+  }
+
+  private async verify(key: Uint8Array | undefined, head: string, text: string, expires: number, signature: string, now: number): Promise<VerifiedRoute> {
+    const hops = await verifySignedRoute(key, head, text, expires, signature, now);
+    if (this.map.size >= 256) this.map.clear();
+    const route: VerifiedRoute = { hops };
+    this.map.set(signature, { key: key!, head, text, expires, route });
+    return route;
+  }
+}
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a === b) return true;
+  if (a.byteLength !== b.byteLength) return false;
+  for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
 /** True when `signature` is the tracker's over `replyText` as `headPeerId`'s reply address for a route expiring at `expiresAt` (chainReplySigningMessage). */
 export async function verifyChainReply(trackerKey: Uint8Array | undefined, headPeerId: string, expiresAt: number, replyText: string, signature: string): Promise<boolean> {
   if (!trackerKey) return false;
