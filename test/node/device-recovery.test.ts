@@ -146,6 +146,23 @@ describe('device recovery', () => {
     expect(h.budget()).toBe(16 * MiB);
   });
 
+  it('an assignment of layers that already did not fit, made before the tracker saw the smaller budget, halves nothing more', async () => {
+    const h = harness({ fail: (_n) => oom() });
+    await h.slot.assign(spec(0, 4));
+    expect(h.budget()).toBe(32 * MiB);
+    // A heartbeat's answer that was in flight assigns [0, 4) again, loaded under the 32 MiB now announced.
+    await h.slot.assign(spec(0, 4));
+    expect(h.built).toHaveLength(2);
+    expect(h.budget()).toBe(32 * MiB);
+    expect(h.logs.filter((l) => /announcing/.test(l))).toHaveLength(1);
+    // Smaller layers that fail are news: half again.
+    await h.slot.assign(spec(0, 2));
+    expect(h.budget()).toBe(16 * MiB);
+    // [0, 4) failing once more, under less than it asked for: still no news.
+    h.recovery.loadFailed(spec(0, 4), oom());
+    expect(h.budget()).toBe(16 * MiB);
+  });
+
   it('a KV cache the device cannot allocate (507) asks for a smaller span once per span; other statuses do nothing', async () => {
     const h = harness();
     await h.slot.assign(spec(0, 4));

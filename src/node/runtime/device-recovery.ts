@@ -57,6 +57,8 @@ export class DeviceRecovery {
   private readonly shrunkFor = new WeakSet<LoadedSpan>();
   /** The budget each load started under: a failure halves that, so a load queued before a shrink does not halve it again. */
   private readonly budgetAtLoad = new WeakMap<SpanSpec, number>();
+  /** Layers ("start-end") that did not fit the device → the budget announced after they failed. */
+  private readonly tooBig = new Map<string, number>();
   /** Lost spans whose rebuilds all failed: nothing serves them any more. */
   private readonly abandoned = new WeakSet<LoadedSpan>();
 
@@ -90,7 +92,13 @@ export class DeviceRecovery {
   /** A load failed. True when handled here (a rebuild tried again, a smaller span asked); false: the runtime's usual failure. */
   loadFailed(spec: SpanSpec, error: unknown): boolean {
     if (isDeviceMemory(error)) {
+      const layers = `${spec.startLayer}-${spec.endLayer}`;
+      const asked = this.tooBig.get(layers);
+      // The same layers failed already and the smaller budget is still what we announce: this assignment was made
+      // before the tracker saw it (a heartbeat's answer in flight), so it is no news and must not halve again.
+      if (asked !== undefined && this.o.budget() <= asked) return !this.o.pinned;
       this.shrink(`loading layers [${spec.startLayer}, ${spec.endLayer})`, error as MeshError, this.budgetAtLoad.get(spec) ?? this.o.budget());
+      this.tooBig.set(layers, this.o.budget());
       return !this.o.pinned;
     }
     const cur = this.o.slot.current;
