@@ -9,7 +9,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { signBody } from '../../src/tracker/signing.ts';
-import { FakeNode, makeTracker, type TestTracker } from './support.ts';
+import { FakeNode, makeTracker, type TestTracker } from '../helpers/tracker.ts';
 
 /** A node already serving [start, end) with a large budget. */
 async function serving(t: TestTracker, start: number, end: number, layerMs = 1): Promise<FakeNode> {
