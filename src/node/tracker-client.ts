@@ -214,6 +214,11 @@ export class TrackerClient {
     return p.data;
   }
 
+  /** A heartbeat signed now, to be sent later as it is (a page's beacon): the URL and the JSON body. */
+  async signedHeartbeat(msg: NodeMessage): Promise<{ url: string; body: string }> {
+    return { url: `${this.base}/api/nodes/heartbeat`, body: JSON.stringify(await signBody(this.init.identity, msg)) };
+  }
+
   /** Throws NotRegisteredError on 404 (the tracker restarted and forgot us). */
   async heartbeat(msg: NodeMessage): Promise<HeartbeatAnswer> {
     const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg));

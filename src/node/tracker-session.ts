@@ -7,6 +7,9 @@
  *   start() ── register ──▶ onAssignment(a)
  *      └─ every interval: heartbeat ──▶ onAssignment(a)   (404 → register)
  *   beatNow()  the host loaded a span: tell the tracker at once, not a period later
+ *   onDrainBeacon  with every message, the same message saying `draining`,
+ *              signed at once, for a host that must tell the tracker in a
+ *              handler that cannot wait (a page's freeze: sendBeacon)
  *
  * The signing is TrackerClient's (the relay identity); the message is built
  * by the host on each beat, so stats and the served span are always current.
@@ -25,6 +28,11 @@ export interface TrackerSessionInit {
   /** Each (re-)registration's answer. */
   onRegistered?(answer: RegisterAnswer): void;
   onLog?(level: 'info' | 'warn', message: string): void;
+  /**
+   * A draining heartbeat signed with each message's timestamp, ready to send as it is (the tracker
+   * applies a drain at an equal timestamp, so it holds even when it overtakes the message it was signed beside).
+   */
+  onDrainBeacon?(beacon: { url: string; body: string }): void;
   /** Until the first answer tells us. @defaultValue 5000 */
   heartbeatMs?: number;
 }
@@ -77,8 +85,21 @@ export class TrackerSession {
     this.timer = undefined;
   }
 
+  /** The message to send now, with its draining twin handed to the host first. */
+  private async message(): Promise<NodeMessage> {
+    const msg = this.init.message();
+    if (this.init.onDrainBeacon) {
+      try {
+        this.init.onDrainBeacon(await this.init.client.signedHeartbeat({ ...msg, draining: true }));
+      } catch (e) {
+        this.init.onLog?.('warn', `signing the drain beacon failed: ${(e as Error).message}`);
+      }
+    }
+    return msg;
+  }
+
   private async register(): Promise<void> {
-    const ans = await this.init.client.register(this.init.message());
+    const ans = await this.init.client.register(await this.message());
     this.registered = true;
     this.heartbeatMs = ans.heartbeat_interval_ms;
     if (this.closed) return;
@@ -90,7 +111,7 @@ export class TrackerSession {
     try {
       if (!this.registered) return await this.register();
       try {
-        const ans = await this.init.client.heartbeat(this.init.message());
+        const ans = await this.init.client.heartbeat(await this.message());
         if (ans.heartbeatIntervalMs) this.heartbeatMs = ans.heartbeatIntervalMs;
         if (ans.assignment !== undefined && !this.closed) this.init.onAssignment(ans.assignment);
       } catch (e) {
