@@ -39,7 +39,8 @@ const STORAGE_EVERY_POLLS = 20;
 export class PageController {
   private timer: ReturnType<typeof setTimeout> | undefined;
   private stopped = false;
-  private polls = 0;
+  /** Status polls so far (a hidden page's timers are throttled: this shows by how much). */
+  polls = 0;
   /** The persistence request was made and answered (false: refused). */
   private persistAnswer: boolean | undefined;
   private persistAsked = false;

@@ -157,7 +157,16 @@ export class BrowserNode implements NodeEngine {
 
   async onDrainBeacon(sink: (b: DrainBeacon) => void): Promise<void> {
     this.beaconSink = sink;
-    if (this.lastBeacon) sink(this.lastBeacon);
+    if (this.lastBeacon) this.handBeacon(this.lastBeacon);
+  }
+
+  /** Across the worker boundary the sink is a Comlink proxy: its call is a promise that fails when the page is gone. */
+  private handBeacon(b: DrainBeacon): void {
+    const sink = this.beaconSink;
+    if (!sink) return;
+    Promise.resolve(sink(b) as unknown).catch(() => {
+      if (this.beaconSink === sink) this.beaconSink = undefined;
+    });
   }
 
   /** Off the charger with "charging only" on: drain (the battery reason); otherwise lift it. */
@@ -259,7 +268,7 @@ export class BrowserNode implements NodeEngine {
     runtime.on((e) => {
       if (e.type === 'drain-beacon') {
         this.lastBeacon = { url: e.url, body: e.body };
-        this.beaconSink?.(this.lastBeacon);
+        this.handBeacon(this.lastBeacon);
       } else if (e.type === 'serving') {
         void storage.saveSettings({ lastSpan: { model: e.span.model, modelUrl: e.span.modelUrl, startLayer: e.span.startLayer, endLayer: e.span.endLayer } }).catch(() => undefined);
       }
