@@ -82,6 +82,11 @@ export class NodeRegistry {
   readonly models: ReadonlyMap<string, ModelSpec>;
   /** KV bytes held on each node by this tracker's running generations (admission leases), by peer id. */
   private readonly kvHeld = new Map<string, number>();
+  /**
+   * Nodes this tracker removed (silent, or left), by peer id: one that comes back was away, not
+   * re-registering after a tracker restart, so the span it still serves is not simply adopted.
+   */
+  private readonly dropped = new Set<string>();
 
   constructor(
     models: readonly ModelSpec[],
@@ -148,6 +153,7 @@ export class NodeRegistry {
     const now = this.o.now();
     const prev = this.nodes.get(msg.peer_id);
     const draining = msg.draining === true;
+    const wasDropped = !prev && this.dropped.has(msg.peer_id);
     const rec: NodeRecord = {
       peerId: msg.peer_id,
       publicKey: msg.public_key,
@@ -169,12 +175,13 @@ export class NodeRegistry {
       lastTimestamp: msg.timestamp,
     };
     this.nodes.set(rec.peerId, rec);
+    this.dropped.delete(rec.peerId);
     this.absorbStats(rec, msg.stats, now);
     const budget = budgetBytes(msg.info);
     if (prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb && prev.info.weight_format === msg.info.weight_format) {
       // Re-registration (reconnect): keep what it was asked to hold.
       rec.assignment = prev.assignment;
-    } else if (rec.serving) {
+    } else if (rec.serving && (msg.info.pinned || !wasDropped)) {
       // It already serves a span (a restarted tracker, or a pinned node): adopt it, no reload.
       rec.assignment = rec.serving;
     } else if (msg.info.pinned) {
@@ -182,15 +189,16 @@ export class NodeRegistry {
       rec.assignment = null;
     } else {
       const others = this.holders(model.name, rec.peerId);
-      // A node that keeps a span in its storage (a reloaded page) gets it back, with no download, unless others hold it while layers lie bare.
-      rec.assignment = this.restorable(model, budget, msg, others) ?? chooseSpan(model, budget, others, msg.info.weight_format);
+      // A node back after this tracker dropped it (a page frozen or asleep for long) is placed as a fresh join, keeping
+      // what it serves (or, a reloaded page, what it keeps in storage) with no download unless others took those layers while some lie bare.
+      rec.assignment = this.restorable(model, budget, msg.serving ?? msg.stored, msg.info.weight_format, others) ?? chooseSpan(model, budget, others, msg.info.weight_format);
     }
     return rec;
   }
 
-  private restorable(model: ModelSpec, budget: number, msg: NodeMessage, others: Holder[]): Span | null {
-    const stored = validSpan(msg.stored, model);
-    if (!stored || spanBytes(sizedFor(model, msg.info.weight_format), stored.start, stored.end) > budget) return null;
+  private restorable(model: ModelSpec, budget: number, span: NodeMessage['stored'], format: NodeInfo['weight_format'], others: Holder[]): Span | null {
+    const stored = validSpan(span, model);
+    if (!stored || spanBytes(sizedFor(model, format), stored.start, stored.end) > budget) return null;
     const cov = coverage(model.numLayers, others).count;
     const heldElsewhere = cov.slice(stored.start, stored.end).every((c) => c > 0);
     return heldElsewhere && cov.some((c) => c === 0) ? null : stored;
@@ -233,10 +241,17 @@ export class NodeRegistry {
     if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
   }
 
+  private forget(peerId: string): void {
+    this.dropped.add(peerId);
+    // Bounded: the oldest go first (a Set iterates in insertion order).
+    if (this.dropped.size > 10_000) this.dropped.delete(this.dropped.values().next().value!);
+  }
+
   remove(peerId: string, reason: string): boolean {
     const rec = this.nodes.get(peerId);
     if (!rec) return false;
     this.nodes.delete(peerId);
+    this.forget(peerId);
     this.events.onRemoved?.(rec, reason);
     this.rebalance(rec.info.model);
     return true;
@@ -248,6 +263,7 @@ export class NodeRegistry {
     const dead = [...this.nodes.values()].filter((n) => n.lastSeen < cutoff);
     for (const n of dead) {
       this.nodes.delete(n.peerId);
+      this.forget(n.peerId);
       this.events.onRemoved?.(n, 'missed heartbeats');
     }
     for (const m of this.models.keys()) this.rebalance(m);

@@ -141,3 +141,41 @@ describe('draining nodes on the tracker', () => {
     expect(routeIds(t).has(n.peerId)).toBe(false);
   });
 });
+
+describe('a node back after the tracker dropped it', () => {
+  it('keeps the span it serves when nothing else is bare, and is placed as a fresh join when others took its layers and some lie bare', async () => {
+    const t = await makeTracker({ heartbeatIntervalMs: 1000, deadAfterMissedHeartbeats: 3 });
+    const a = (await FakeNode.create({ memory_budget_mb: 4096 })).withStats(1);
+    a.serving = { start_layer: 0, end_layer: 6 };
+    await a.register(t);
+    const b = (await FakeNode.create({ memory_budget_mb: 4096 })).withStats(1);
+    b.serving = { start_layer: 6, end_layer: 12 };
+    await b.register(t);
+    // b is frozen: silent past the timeout, dropped.
+    t.clock.now += 3_500;
+    await a.heartbeat(t);
+    expect(t.registry.sweep()).toEqual([b.peerId]);
+    // Back with nothing else changed: it keeps what it serves (no download).
+    const back = await b.register(t);
+    expect(back.assignment).toMatchObject({ start_layer: 6, end_layer: 12 });
+    // Dropped again; meanwhile c took 6-11 and a left, so 0-5 lie bare: b comes back and is given the bare layers
+    // (a download, as a fresh join does), not its old span.
+    t.clock.now += 3_500;
+    await a.heartbeat(t);
+    t.registry.sweep();
+    // c holds 6-11 and cannot hold more (90 MiB): nobody can cover 0-5 once a leaves.
+    const c = (await FakeNode.create({ memory_budget_mb: 90 })).withStats(1);
+    c.serving = { start_layer: 6, end_layer: 12 };
+    await c.register(t);
+    t.registry.remove(a.peerId, 'left');
+    expect(t.registry.nodes.get(c.peerId)!.assignment).toEqual({ start: 6, end: 12 });
+    const again = await b.register(t);
+    expect(again.assignment!.start_layer).toBe(0);
+    // A restarted tracker (it never dropped anyone) adopts what a node serves, whatever the coverage.
+    const fresh = await makeTracker();
+    await c.register(fresh);
+    const d = (await FakeNode.create({ memory_budget_mb: 4096 })).withStats(1);
+    d.serving = { start_layer: 6, end_layer: 12 };
+    expect((await d.register(fresh)).assignment).toMatchObject({ start_layer: 6, end_layer: 12 });
+  });
+});
