@@ -133,6 +133,22 @@ test('the donor\'s controls: the Web Lock, keep my shard (refused, then granted)
   const given = (await status()).contribution;
   expect(given.tokensServed).toBeGreaterThan(0);
   expect(given.layersHeld).toBe(fortunesTiny().cfg.numLayers);
+  // Kept in IndexedDB every few seconds (a page being closed may not finish a last write).
+  await until(
+    () =>
+      page.evaluate(
+        () =>
+          new Promise<number>((resolve) => {
+            const req = indexedDB.open('meshnet');
+            req.onsuccess = () => {
+              const get = req.result.transaction('kv').objectStore('kv').get('contribution');
+              get.onsuccess = () => resolve((get.result as { tokensServed?: number } | undefined)?.tokensServed ?? 0);
+            };
+          }),
+      ).then((n) => n >= given.tokensServed),
+    15_000,
+    'what was given saved',
+  );
   const bytes0 = model.stats.bytesSent;
   await page.reload();
   const back = await until(async () => {

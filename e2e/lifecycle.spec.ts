@@ -180,6 +180,8 @@ test('frozen mid-chat while a spare holds the same layers: the chat goes on thro
 test('Pause drains: the chat in flight finishes, the button counts the grace down, no new chat comes; Resume serves at once with 0 bytes', async () => {
   test.setTimeout(180_000);
   const bytes0 = model.stats.bytesSent;
+  // A frozen-then-resumed tab stays hidden, and a hidden tab draws no frames: bring it to the front to click.
+  await mid.page.bringToFront();
   const pause = mid.page.locator('#pause');
   let label = '';
   let newChat = 0;
@@ -211,6 +213,7 @@ test('Pause drains: the chat in flight finishes, the button counts the grace dow
 test('a 50 % duty cycle halves the throughput the tracker counts on for the page', async () => {
   test.setTimeout(120_000);
   const before = (await node(mid.peer))!;
+  await mid.page.bringToFront();
   await mid.page.locator('#duty').fill('50');
   await mid.page.locator('#duty').dispatchEvent('change');
   await expect(mid.page.locator('#duty-value')).toHaveText('50 %');

@@ -39,7 +39,7 @@ export { describeError };
 export const DEFAULT_MEMORY_BUDGET = 256 * 2 ** 20;
 
 /** How often what the donor gave is counted and saved to IndexedDB, ms (and on freeze and close). */
-const CONTRIBUTION_SAVE_MS = 15_000;
+const CONTRIBUTION_SAVE_MS = 5_000;
 
 function modelNameOf(url: string): string {
   const parts = url.replace(/\/+$/, '').split('/');
