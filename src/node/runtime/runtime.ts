@@ -511,6 +511,8 @@ export class NodeRuntime {
         relay_addr: this.relay?.relayAddr ?? null,
         forwards_served: { ...this.handler.served },
         chain_forwards: this.handler.chained,
+        draining: this.drain.draining,
+        duty_cycle: this.duty.fraction,
         ...span.backend.details,
       }),
       hopMode: this.config.hopMode ?? 'chain',
