@@ -1,6 +1,6 @@
 /**
  * The relay dialer: this node's persistent connection to a relay
- * (PROTOCOL.md §1): connect, register, reconnect.
+ * (docs/protocol.md §1): connect, register, reconnect.
  *
  *   peer                                relay
  *    |  ---- open ws(s)://RELAY/ws ---->  |
