@@ -213,6 +213,16 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
     r.error = st.error ? `${st.error.code}: ${st.error.message}` : undefined;
   }
 
+  /** Until the page's node got a span (it downloads, loads or serves), or `timeoutMs` passed (then the next page opens anyway). */
+  async function untilAssigned(s: Slot, timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (!closing && Date.now() < deadline) {
+      await poll(s);
+      if (s.row.state === 'downloading' || s.row.state === 'loading' || s.row.state === 'serving' || s.row.layers !== undefined) return;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
   let timer: ReturnType<typeof setTimeout> | undefined;
   const tick = async () => {
     await Promise.all(slots.map((s) => poll(s)));
@@ -221,9 +231,13 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   };
 
   await launch();
-  // One page at a time: the tracker sizes each span knowing the spans already given, and two
-  // cores stay responsive while each page starts its worker.
-  for (const s of slots) await openPage(s);
+  // One page at a time, each assigned its span before the next opens: the tracker sizes each span
+  // knowing the spans already given, spans follow the pages' order (a test that makes page k the real
+  // tab knows which span it holds), and two cores stay responsive while each page starts its worker.
+  for (const s of slots) {
+    await openPage(s);
+    await untilAssigned(s, 30_000);
+  }
   void tick();
 
   return {
