@@ -40,7 +40,7 @@ export interface ParsedCompletion {
  * extension): text that could still start a stop string is held back, so ids
  * can arrive a part before their text.
  */
-export type CompletionPart = { text: string; tokenIds: number[] } | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[] };
+export type CompletionPart = { text: string; tokenIds: number[] } | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[]; drafted: number; accepted: number };
 
 const utf8 = new TextEncoder();
 /** Why a completion's controller is aborted when it ends: one object, not a fresh DOMException (and its stack) per request. */
@@ -73,6 +73,9 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
     top_k: 0,
     stop,
     ...(parsed.seed != null ? { seed: parsed.seed } : {}),
+    ...(parsed.speculative === false ? { speculative: false } : {}),
+    ...(parsed.draft_model != null ? { draft_model: parsed.draft_model } : {}),
+    ...(parsed.prediction != null ? { prediction: typeof parsed.prediction.content === 'string' ? parsed.prediction.content : parsed.prediction.content.map((p) => p.text).join('') } : {}),
   };
   let inputs: GenerationInput[];
   if (kind === 'chat') {
@@ -140,6 +143,8 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
   };
   let completionTokens = 0;
   let promptTokens = 0;
+  let drafted = 0;
+  let accepted = 0;
   try {
     for (;;) {
       const r = await events.next();
@@ -152,18 +157,20 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
       if (ev.type === 'token') {
         if (completionTokens++ === 0) onFirstToken();
         ids.push(ev.tokenId);
+        drafted += ev.drafted ?? 0;
+        accepted += ev.accepted ?? 0;
         const { text, stopped } = stops.push(ev.text);
         if (stopped) await events.return(undefined);
         if (text) yield { text, tokenIds: take() };
         if (stopped) {
-          yield { finish: 'stop', promptTokens, completionTokens, tokenIds: take() };
+          yield { finish: 'stop', promptTokens, completionTokens, tokenIds: take(), drafted, accepted };
           return;
         }
         continue;
       }
       const tail = stops.flush();
       if (tail) yield { text: tail, tokenIds: take() };
-      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take() };
+      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take(), drafted, accepted };
       return;
     }
   } finally {
@@ -197,10 +204,11 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     metrics.requests.inc({ endpoint, status: String(err.status) });
     return err;
   };
-  const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number }>) =>
+  const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number; drafted: number; accepted: number }>) =>
     usage(
       finishes.reduce((n, f) => n + f.promptTokens, 0),
       finishes.reduce((n, f) => n + f.completionTokens, 0),
+      { drafted: finishes.reduce((n, f) => n + f.drafted, 0), accepted: finishes.reduce((n, f) => n + f.accepted, 0) },
     );
 
   if (!c.stream) {
@@ -212,7 +220,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
           for await (const part of choice) {
             tokenIds.push(...part.tokenIds);
             if ('text' in part) text += part.text;
-            else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens };
+            else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens, drafted: part.drafted, accepted: part.accepted };
           }
           throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
         }),
@@ -235,7 +243,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     endAll();
     throw clientError(e);
   }
-  const finishes: Array<{ promptTokens: number; completionTokens: number }> = [];
+  const finishes: Array<{ promptTokens: number; completionTokens: number; drafted: number; accepted: number }> = [];
   const merged = new MergedChoices(choices);
   const sse = (obj: unknown): Uint8Array => utf8.encode(sseData(obj));
   // Pull-driven like the generations under it: a chunk is made when the client's socket takes the last one.
