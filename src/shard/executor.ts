@@ -25,6 +25,7 @@ import { packedBatchKey, runPackedBatch, type BatchLayoutChoice } from './packed
 import { BatchScratch } from './batch-scratch.ts';
 import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
+import type { DraftProposal, Verified } from './speculative.ts';
 
 /** Supplies the tensors one graph needs, by HF name; called once per graph, so a host can fetch just those bytes. */
 export type WeightLoader = (names: readonly string[]) => WeightSource | Promise<WeightSource>;
@@ -76,11 +77,27 @@ export interface ForwardRequest {
   /** Token ids, when this shard holds the embedding and starts at layer 0. */
   tokenIds?: readonly number[];
   sampling?: SamplingParams;
+  /**
+   * Speculative decoding: the session's cache may hold positions up to this
+   * one from an earlier verification step; those past `position` are cut
+   * before this call (truncateSession). Outside [position, rollbackFrom]: 409 as usual.
+   */
+  rollbackFrom?: number;
+  /** A verification step (the call must end at the last layer): the drafts its last rows propose (speculative.ts). */
+  draft?: DraftProposal;
 }
 
 export type ForwardResult =
   | { kind: 'activation'; data: Float32Array; shape: [1, number, number] }
-  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array };
+  | {
+      kind: 'token';
+      tokenId: number;
+      logprob: number;
+      /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */
+      logits: Float32Array;
+      /** A verification step's outcome: the drafts accepted and the tokens emitted (tokenId is the last of them). */
+      spec?: Verified;
+    };
 
 interface Segment {
   start: number;

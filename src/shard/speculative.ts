@@ -40,12 +40,23 @@ export interface SparseDist {
   probs: readonly number[];
 }
 
-/** What the head drafted for a verification step (X-Meshnet-Draft). */
+/**
+ * What the head drafted for a verification step (X-Meshnet-Draft). The
+ * step's last ids.length + 1 rows are judged: row r proposes ids[r] (fed as
+ * row r + 1), and the last row `next`, when given.
+ */
 export interface DraftProposal {
-  /** ids[r] is judged by row r: the fed drafts d1..dk, and optionally one more for the last row. */
+  /** The drafts fed as rows (d1..dk, k ≥ 0). */
   ids: readonly number[];
-  /** Stochastic drafts: the distribution each id was drawn from (one per id). Absent: point-mass drafts. */
+  /** A proposal for the last row's token, not fed (a stochastic drafter's k+1-th). */
+  next?: number;
+  /** Stochastic drafts: the distribution each proposal (ids, then next) was drawn from. Absent: point-mass drafts. */
   q?: readonly SparseDist[];
+}
+
+/** The proposals in row order: the fed drafts, then `next`. */
+function proposals(d: DraftProposal): readonly number[] {
+  return d.next === undefined ? d.ids : [...d.ids, d.next];
 }
 
 export interface Verified {
@@ -87,15 +98,15 @@ export function speculativeUniform(seed: number, stream: SpecStream, position: n
   return drawUniform(s, position);
 }
 
-/** The checks a draft gets before any row is judged (a bad draft is the caller's fault: 400). */
-export function checkDraft(draft: DraftProposal, rows: number, vocabSize: number): void {
-  const n = draft.ids.length;
-  if (!(rows >= 1)) throw badRequestError('a verification step needs at least one row');
-  if (n < rows - 1 || n > rows) throw badRequestError(`a draft for ${rows} rows proposes ${rows - 1} or ${rows} tokens, not ${n}`);
-  if (rows - 1 > MAX_DRAFT) throw badRequestError(`a verification step carries at most ${MAX_DRAFT} drafted tokens, not ${rows - 1}`);
-  for (const id of draft.ids) if (!(Number.isInteger(id) && id >= 0 && id < vocabSize)) throw badRequestError(`drafted token ${id} is outside 0..${vocabSize - 1}`);
+/** The checks a draft gets before any row is judged (a bad draft is the caller's fault: 400); `seq`: the step's rows. */
+export function checkDraft(draft: DraftProposal, seq: number, vocabSize: number): void {
+  const all = proposals(draft);
+  const n = all.length;
+  if (draft.ids.length > MAX_DRAFT) throw badRequestError(`a verification step carries at most ${MAX_DRAFT} drafted tokens, not ${draft.ids.length}`);
+  if (draft.ids.length + 1 > seq) throw badRequestError(`a draft of ${draft.ids.length} tokens needs ${draft.ids.length + 1} rows; the step has ${seq}`);
+  for (const id of all) if (!(Number.isInteger(id) && id >= 0 && id < vocabSize)) throw badRequestError(`drafted token ${id} is outside 0..${vocabSize - 1}`);
   if (draft.q === undefined) return;
-  if (draft.q.length !== n) throw badRequestError(`a stochastic draft gives one q per proposed token: ${n} ids, ${draft.q.length} distributions`);
+  if (draft.q.length !== n) throw badRequestError(`a stochastic draft gives one q per proposed token: ${n} proposals, ${draft.q.length} distributions`);
   draft.q.forEach((q, r) => {
     if (q.ids.length !== q.probs.length || q.ids.length === 0 || q.ids.length > MAX_Q_ENTRIES) throw badRequestError(`draft q[${r}] needs 1..${MAX_Q_ENTRIES} ids with one probability each`);
     const seen = new Set<number>();
@@ -108,7 +119,7 @@ export function checkDraft(draft: DraftProposal, rows: number, vocabSize: number
       sum += p;
     });
     if (Math.abs(sum - 1) > Q_SUM_TOL) throw badRequestError(`draft q[${r}] sums to ${sum}, not 1`);
-    if (!seen.has(draft.ids[r]!)) throw badRequestError(`drafted token ${draft.ids[r]} at row ${r} is not in the q it was drawn from`);
+    if (!seen.has(all[r]!)) throw badRequestError(`drafted token ${all[r]} at row ${r} is not in the q it was drawn from`);
   });
 }
 
@@ -171,14 +182,17 @@ function judgeStochastic(logits: Float32Array, params: SamplingParams, d: number
 }
 
 /**
- * Judges a verification step: `rowLogits(r)` is row r's logits (rows of
- * them), the first row's token sits at `firstPosition` (P + 1). Emits the
- * accepted drafts and the token after them; the caller rolls the caches back
- * to P + accepted + 1.
+ * Judges a verification step: `rowLogits(r)` is the logits of the r-th
+ * judged row (the step's last draft.ids.length + 1 rows), whose token sits
+ * at `firstPosition` + r. Emits the accepted drafts and the token after
+ * them; the caches are cut back to the first judged row's position +
+ * accepted + 1 (by the next step's rollback).
  */
-export function verifyDraft(rowLogits: (row: number) => Float32Array, rows: number, draft: DraftProposal, params: SamplingParams, firstPosition: number, vocabSize: number): Verified {
+export function verifyDraft(rowLogits: (row: number) => Float32Array, draft: DraftProposal, params: SamplingParams, firstPosition: number, vocabSize: number): Verified {
   validateSampling(params);
+  const rows = draft.ids.length + 1;
   checkDraft(draft, rows, vocabSize);
+  const all = proposals(draft);
   const stochastic = draft.q !== undefined && (params.temperature ?? 0) > 0;
   const tokenIds: number[] = [];
   const logprobs: number[] = [];
@@ -186,7 +200,7 @@ export function verifyDraft(rowLogits: (row: number) => Float32Array, rows: numb
   for (let r = 0; r < rows; r++) {
     const logits = rowLogits(r);
     const position = firstPosition + r;
-    const proposed = r < draft.ids.length ? draft.ids[r]! : undefined;
+    const proposed = r < all.length ? all[r]! : undefined;
     let token: number;
     let ok: boolean;
     if (proposed !== undefined && stochastic) {
