@@ -12,10 +12,9 @@ export type DrafterKind = 'prompt-lookup' | 'prediction' | 'model' | 'self';
 export interface Draft {
   /** The proposed tokens, in order (may be fewer than asked: nothing worth proposing). */
   ids: number[];
-  /**
-   * A stochastic drafter (a draft model sampling at T > 0): the distribution each id was drawn
-   * from, and one proposal more than it fed (the last row's; see src/shard/speculative.ts).
-   */
+  /** A stochastic drafter's proposal for the last row (not fed; see src/shard/speculative.ts). */
+  next?: number;
+  /** A stochastic drafter (a draft model sampling at T > 0): the distribution each proposal (ids, then next) was drawn from. */
   q?: SparseDist[];
 }
 
