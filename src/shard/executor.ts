@@ -24,8 +24,9 @@ import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts
 import { packedBatchKey, runPackedBatch, type BatchLayoutChoice } from './packed-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
 import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
-import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
-import type { DraftProposal, Verified } from './speculative.ts';
+import { validateSampling, type SamplingParams } from './sampling.ts';
+import { checkDraft, judgedRows, tokenFromRows, type DraftProposal, type Verified } from './speculative.ts';
+import { rollBack, truncateLengths } from './kv-rollback.ts';
 
 /** Supplies the tensors one graph needs, by HF name; called once per graph, so a host can fetch just those bytes. */
 export type WeightLoader = (names: readonly string[]) => WeightSource | Promise<WeightSource>;
@@ -231,6 +232,17 @@ export class ShardExecutor {
     return this.kv.delete(id);
   }
 
+  /**
+   * Cuts a session's cache back to `length` positions on every held layer
+   * (speculative decoding's rollback; a forward's `rollbackFrom` does the
+   * same in order with its queue). Call it between that session's forwards.
+   * False when the session is unknown.
+   */
+  truncateSession(id: string, length: number): boolean {
+    const s = this.kv.get(id);
+    return s !== undefined && truncateLengths(s.lengths, length);
+  }
+
   /** Queues the request; one-token session steps queued together run as one batch (packed-batch.ts). */
   forward(req: ForwardRequest): Promise<ForwardResult> {
     return this.batches.submit(req);
@@ -286,6 +298,9 @@ export class ShardExecutor {
       if (bad >= 0) throw nonFiniteError(bad, data[bad]!);
       hidden = data;
     } else throw badRequestError('no input: give token ids or an activation');
+    // A verification step's drafts are judged where the LM head runs (other hops pass them on unread).
+    const draft = end === cfg.numLayers && this.head ? req.draft : undefined;
+    if (draft) checkDraft(draft, seq, cfg.vocabSize);
 
     // Cache: the session's buffers (room reserved by the KV ledger), or an empty past for a stateless call.
     const position = req.position ?? 0;
@@ -299,6 +314,7 @@ export class ShardExecutor {
       kv = position === 0 ? await this.kv.open(req.session, Math.min(this.maxContext, Math.max(seq, declared ?? 0))) : (this.kv.get(req.session) ?? null);
       if (!kv) throw new PositionMismatchError(req.session, position, 0);
       if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = 0;
+      rollBack(kv.lengths, start - this.startLayer, end - this.startLayer, position, req.rollbackFrom);
       let actual = Infinity;
       for (let l = start; l < end; l++) actual = Math.min(actual, kv.lengths[l - this.startLayer]!);
       for (let l = start; l < end; l++) if (kv.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(req.session, position, actual);
@@ -347,11 +363,12 @@ export class ShardExecutor {
 
     if (end === cfg.numLayers && this.head) {
       const h = cfg.hiddenSize;
-      const lastRow = hidden.subarray((seq - 1) * h, seq * h);
-      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: lastRow, dims: [1, 1, h] } });
+      // The last row, or a verification's judged rows.
+      const rows = judgedRows(draft);
+      const judged = hidden.subarray((seq - rows) * h, seq * h);
+      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: judged, dims: [1, rows, h] } });
       const logits = out[IO.logits]!.data as Float32Array;
-      const { tokenId, logprob } = sampleToken(logits, req.sampling ?? {}, position + seq);
-      return { kind: 'token', tokenId, logprob, logits };
+      return { kind: 'token', ...tokenFromRows(logits, cfg.vocabSize, draft, req.sampling ?? {}, position + seq - rows + 1) };
     }
     return { kind: 'activation', data: hidden, shape: [1, seq, cfg.hiddenSize] };
   }

@@ -27,7 +27,7 @@ import type { KvSession } from './kv-store.ts';
 import type { KvBuffer, LayerKv } from './layer-kv.ts';
 import { runMembers } from './batch-members.ts';
 import type { BatchScratch } from './batch-scratch.ts';
-import { sampleToken } from './sampling.ts';
+import { checkDraft, tokenFromRows } from './speculative.ts';
 import { layerRangeError } from './errors.ts';
 
 export interface FusedBatchContext {
@@ -42,7 +42,7 @@ export interface FusedBatchContext {
   /** Reused gather buffers on a CPU backend (absent: fresh arrays every step). */
   scratch?: BatchScratch;
   /** The executor's admission and position checks for one session step (FusedShardExecutor.reservation). */
-  reserve(session: string, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<KvSession<LayerKv>>;
+  reserve(session: string, start: number, end: number, position: number, seq: number, declared: number | undefined, rollbackFrom?: number): Promise<KvSession<LayerKv>>;
 }
 
 /**
@@ -72,7 +72,8 @@ export function runFusedBatch(ctx: FusedBatchContext, reqs: readonly ForwardRequ
     if (ctx.segments.findIndex((s) => s.start === input.start) < 0 || ctx.segments.findIndex((s) => s.end === input.end) < 0) {
       throw layerRangeError(`layers [${input.start}, ${input.end}) do not start and end on this shard's graph boundaries`, held);
     }
-    const kv = await ctx.reserve(req.session, input.start, input.end, input.position, 1, req.sessionTokens);
+    if (req.draft && input.end === ctx.config.numLayers && ctx.head) checkDraft(req.draft, 1, ctx.config.vocabSize);
+    const kv = await ctx.reserve(req.session, input.start, input.end, input.position, 1, req.sessionTokens, req.rollbackFrom);
     return { index, req, input, kv };
   };
   return runMembers(reqs.length, admit, (items) => runItems(ctx, items));
@@ -146,11 +147,8 @@ async function runItems(ctx: FusedBatchContext, items: Item[]): Promise<ForwardR
       owned.push(out[HEAD_IO.logits]!); // on the device (the head keeps them there): freed below
       const all = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
       const V = cfg.vocabSize;
-      return items.map((it, i) => {
-        const logits = all.slice(i * V, (i + 1) * V);
-        const { tokenId, logprob } = sampleToken(logits, it.req.sampling ?? {}, it.input.position + 1);
-        return { kind: 'token', tokenId, logprob, logits };
-      });
+      // One row per member: a draft here proposes only its last row's token (`next`).
+      return items.map((it, i) => ({ kind: 'token', ...tokenFromRows(all.slice(i * V, (i + 1) * V), V, it.req.draft, it.req.sampling ?? {}, it.input.position + 1) }));
     }
     const data = (await hostData(hidden)) as Float32Array;
     return items.map((_, i) => ({ kind: 'activation', data: data.slice(i * h, (i + 1) * h), shape: [1, 1, h] }));

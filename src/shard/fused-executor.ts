@@ -41,6 +41,9 @@ import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } fro
 import { CaptureLane, uploadWeights, withWeights, type CaptureStats, type LaneSegment } from './capture-lane.ts';
 import type { DeviceSamplingStats } from './device-sampler.ts';
 import { HeadTokenPicker } from './head-token.ts';
+import { validateSampling, type SamplingParams } from './sampling.ts';
+import { checkDraft, judgedRows, tokenFromRows, verifyGreedyPicks, type DraftProposal } from './speculative.ts';
+import { rollBack, truncateLengths } from './kv-rollback.ts';
 import type { SamplerChoice, SamplerPathStats } from './sampler-choice.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
@@ -174,7 +177,7 @@ export class FusedShardExecutor {
               head: this.head,
               device: o.backend.device,
               scratch,
-              reserve: async (session, start, end, position, seq, declared) => this.uncaptured((await this.reservation(session, start, end, position, seq, declared)).session),
+              reserve: async (session, start, end, position, seq, declared, rollbackFrom) => this.uncaptured((await this.reservation(session, start, end, position, seq, declared, rollbackFrom)).session),
             },
             reqs,
           ),
@@ -352,7 +355,10 @@ export class FusedShardExecutor {
     const last = this.segments.findIndex((s) => s.end === end);
     if (first < 0 || last < 0) throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
 
-    const kv = await this.reservation(req.session, start, end, position, seq, req.sessionTokens);
+    // A verification step's drafts are judged where the LM head runs (other hops pass them on unread).
+    const draft = end === cfg.numLayers && this.head ? req.draft : undefined;
+    if (draft) checkDraft(draft, seq, cfg.vocabSize);
+    const kv = await this.reservation(req.session, start, end, position, seq, req.sessionTokens, req.rollbackFrom);
     // A one-token step of a session over the whole span replays the captured graph (capture-lane.ts).
     const lane = this.lane !== null && !kv.stateless && seq === 1 && first === 0 && last === this.segments.length - 1 ? this.lane : null;
     if (!lane) this.uncaptured(kv.session);
@@ -398,6 +404,7 @@ export class FusedShardExecutor {
       // Lengths move only once every layer of the call has written its rows.
       for (let l = start; l < end; l++) kv.session.lengths[l - this.startLayer] = position + seq;
 
+      if (end === cfg.numLayers && this.head && draft) return await this.verify(hidden, seq, position, draft, req.sampling ?? {}, owned);
       if (end === cfg.numLayers && this.head) {
         const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
         owned.push(out[HEAD_IO.logits]!);
@@ -423,7 +430,48 @@ export class FusedShardExecutor {
    * grown by whole blocks to hold the call. A stateless call borrows room
    * for its own rows and gives it back after.
    */
-  private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<{ session: KvSession<LayerKv>; stateless: boolean }> {
+  /**
+   * A verification step's last rows through the LM head as a batch of
+   * one-row entries ([rows, 1, hidden], the head graph's last row of each):
+   * greedy from the graph's ArgMax per row ((rows) ids and log-probabilities
+   * down, the logits stay), otherwise over the downloaded rows of logits.
+   */
+  private async verify(hidden: RunValue, seq: number, position: number, draft: DraftProposal, sampling: SamplingParams, owned: RunValue[]): Promise<ForwardResult> {
+    const h = this.config.hiddenSize;
+    const V = this.config.vocabSize;
+    const rows = judgedRows(draft);
+    let judged: RunValue;
+    if (isDeviceTensor(hidden)) {
+      const t = await this.o.backend.device!.alloc('float32', [rows, 1, h]);
+      owned.push(t);
+      this.o.backend.device!.copy([{ src: hidden, srcByte: (seq - rows) * h * 4, dst: t, dstByte: 0, bytes: rows * h * 4 }]);
+      judged = t;
+    } else judged = { type: 'float32', data: (hidden.data as Float32Array).subarray((seq - rows) * h, seq * h), dims: [rows, 1, h] };
+    const out = await this.head!.runWith({ [HEAD_IO.hidden]: judged });
+    owned.push(out[HEAD_IO.logits]!);
+    if (!((sampling.temperature ?? 0) > 0) && !this.returnLogits) {
+      validateSampling(sampling);
+      const spec = verifyGreedyPicks((out[HEAD_IO.greedyToken] as BackendTensor).data as BigInt64Array, (out[HEAD_IO.greedyLogprob] as BackendTensor).data as Float32Array, draft, V);
+      const last = spec.tokenIds.length - 1;
+      return { kind: 'token', tokenId: spec.tokenIds[last]!, logprob: spec.logprobs[last]!, logits: new Float32Array(0), spec };
+    }
+    const logits = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
+    return { kind: 'token', ...tokenFromRows(logits, V, draft, sampling, position + seq - rows + 1) };
+  }
+
+  /**
+   * Cuts a session's cache back to `length` positions on every held layer
+   * (speculative decoding's rollback; a forward's `rollbackFrom` does the
+   * same in order with its queue). The capture lane needs nothing: while it
+   * holds the session it reads and hands back only `length` rows. Call it
+   * between that session's forwards. False when the session is unknown.
+   */
+  truncateSession(id: string, length: number): boolean {
+    const s = this.kv.get(id);
+    return s !== undefined && truncateLengths(s.lengths, length);
+  }
+
+  private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number, declared: number | undefined, rollbackFrom?: number): Promise<{ session: KvSession<LayerKv>; stateless: boolean }> {
     if (session === undefined) return { session: await this.kv.open(STATELESS, seq), stateless: true };
     if (session === STATELESS) throw layerRangeError('reserved session id', { startLayer: this.startLayer, endLayer: this.endLayer });
     let s: KvSession<LayerKv> | undefined;
@@ -434,6 +482,7 @@ export class FusedShardExecutor {
     } else {
       s = this.kv.get(session);
       if (!s) throw new PositionMismatchError(session, position, 0);
+      rollBack(s.lengths, start - this.startLayer, end - this.startLayer, position, rollbackFrom);
     }
     let actual = Infinity;
     for (let l = start; l < end; l++) actual = Math.min(actual, s.lengths[l - this.startLayer]!);

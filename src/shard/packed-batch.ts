@@ -41,7 +41,8 @@ import type { KvSession, KvStore } from './kv-store.ts';
 import { runMembers } from './batch-members.ts';
 import type { BatchScratch } from './batch-scratch.ts';
 import type { JoinQueued, Joiner } from './batch-queue.ts';
-import { sampleToken } from './sampling.ts';
+import { checkDraft, tokenFromRows } from './speculative.ts';
+import { rollBack } from './kv-rollback.ts';
 
 export interface PackedSegment {
   start: number;
@@ -102,12 +103,14 @@ async function admit(ctx: PackedContext, index: number, req: ForwardRequest): Pr
   const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
   const { start, end, seq, position } = input;
   if (seq !== 1 || req.session === undefined) throw new RangeError('a packed batch takes one-row session steps only');
+  if (req.draft && end === ctx.config.numLayers && ctx.head) checkDraft(req.draft, seq, ctx.config.vocabSize);
   if (ctx.segments.findIndex((s) => s.start === start) < 0 || ctx.segments.findIndex((s) => s.end === end) < 0) {
     throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
   }
   const kv = position === 0 ? await ctx.kv.open(req.session, Math.min(ctx.maxContext, Math.max(seq, req.sessionTokens ?? 0))) : ctx.kv.get(req.session);
   if (!kv) throw new PositionMismatchError(req.session, position, 0);
   if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - ctx.startLayer] = 0;
+  rollBack(kv.lengths, start - ctx.startLayer, end - ctx.startLayer, position, req.rollbackFrom);
   let actual = Infinity;
   for (let l = start; l < end; l++) actual = Math.min(actual, kv.lengths[l - ctx.startLayer]!);
   for (let l = start; l < end; l++) if (kv.lengths[l - ctx.startLayer] !== position) throw new PositionMismatchError(req.session, position, actual);
@@ -319,11 +322,8 @@ async function finish(ctx: PackedContext, items: Item[], hidden: Float32Array): 
     const out = await ctx.head.run({ [IO.hidden]: { type: 'float32', data: hidden, dims: [1, B, h] } });
     const all = out[IO.logits]!.data as Float32Array;
     const V = cfg.vocabSize;
-    return items.map((it, i) => {
-      const logits = all.slice(i * V, (i + 1) * V);
-      const { tokenId, logprob } = sampleToken(logits, it.req.sampling ?? {}, it.input.position + 1);
-      return { kind: 'token', tokenId, logprob, logits };
-    });
+    // One row per member: a draft here proposes only its last row's token (`next`).
+    return items.map((it, i) => ({ kind: 'token', ...tokenFromRows(all.slice(i * V, (i + 1) * V), V, it.req.draft, it.req.sampling ?? {}, it.input.position + 1) }));
   }
   return items.map((_, i) => ({ kind: 'activation', data: hidden.slice(i * h, (i + 1) * h), shape: [1, 1, h] }));
 }

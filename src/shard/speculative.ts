@@ -252,3 +252,44 @@ export function proposeFromLogits(logits: Float32Array, params: SamplingParams, 
   }
   return { id, q: { ids, probs } };
 }
+
+/** Rows of a step's output the LM head must give logits for: the judged ones with a draft, else the last. */
+export function judgedRows(draft: DraftProposal | undefined): number {
+  return draft ? draft.ids.length + 1 : 1;
+}
+
+/**
+ * A step's token answer from the logits of its last judgedRows(draft) rows
+ * ([rows × vocab], row-major), the first of whose tokens sits at
+ * `firstPosition`: sampling.ts's draw on the last row, or a verification.
+ */
+export function tokenFromRows(logits: Float32Array, vocabSize: number, draft: DraftProposal | undefined, params: SamplingParams, firstPosition: number): { tokenId: number; logprob: number; logits: Float32Array; spec?: Verified } {
+  const row = (r: number) => logits.subarray(r * vocabSize, (r + 1) * vocabSize);
+  if (!draft) {
+    const { tokenId, logprob } = sampleToken(row(0), params, firstPosition);
+    return { tokenId, logprob, logits: row(0) };
+  }
+  const spec = verifyDraft(row, draft, params, firstPosition, vocabSize);
+  const last = spec.tokenIds.length - 1;
+  return { tokenId: spec.tokenIds[last]!, logprob: spec.logprobs[last]!, logits: row(last), spec };
+}
+
+/**
+ * A greedy verification from what a device's head graph picked per judged
+ * row (its ArgMax, lowest id on ties, as sampleToken; and that token's
+ * log-probability): the logits never leave the device.
+ */
+export function verifyGreedyPicks(picks: ArrayLike<number | bigint>, logprobs: ArrayLike<number>, draft: DraftProposal, vocabSize: number): Verified {
+  checkDraft(draft, draft.ids.length + 1, vocabSize);
+  const tokenIds: number[] = [];
+  const lps: number[] = [];
+  let accepted = 0;
+  for (let r = 0; r <= draft.ids.length; r++) {
+    const t = Number(picks[r]);
+    tokenIds.push(t);
+    lps.push(Number(logprobs[r]));
+    if (r === draft.ids.length || t !== draft.ids[r]) break;
+    accepted++;
+  }
+  return { accepted, tokenIds, logprobs: lps };
+}
