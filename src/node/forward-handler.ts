@@ -21,12 +21,15 @@ import type { BatchStats } from '../shard/batch-queue.ts';
 import type { KvStats } from '../shard/kv-store.ts';
 import type { SamplingParams } from '../shard/sampling.ts';
 import { trace } from '../protocol/trace.ts';
+import { parseDraft } from '../protocol/draft.ts';
 
 /** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
 export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
   forward(req: ForwardRequest): Promise<ForwardResult>;
   /** Batch sizes run so far (GET /info's `batch`); absent on an executor that does not batch. */
   batchStats?(): BatchStats;
+  /** The last batch ran full: answers say so (X-Meshnet-Batch-Full) and heads stop drafting for a while. */
+  batchFull?(): boolean;
 };
 
 export interface ForwardHandlerInfo {
@@ -179,6 +182,10 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     if (session === undefined && position !== undefined && position !== 0) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} without ${H.session}: a stateless forward starts at 0`);
     const sessionTokens = intHeader(h, H.sessionTokens);
     const sampling = parseSampling(h[H.sampling]);
+    const rollbackFrom = intHeader(h, H.rollback);
+    // The drafts are read where the LM head runs; other hops pass them on (chain) unread.
+    const draftText = endLayer === executor.config.numLayers && executor.holdsHead ? h[H.draft] : undefined;
+    const draft = draftText !== undefined ? parseDraft(draftText) : undefined;
 
     const data = decodeTensor(req.body, dtype);
     const fr: ForwardRequest = { activation: { data, shape }, startLayer, endLayer };
@@ -186,20 +193,27 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       fr.session = session;
       fr.position = position!;
       if (sessionTokens !== undefined) fr.sessionTokens = sessionTokens;
+      if (rollbackFrom !== undefined) fr.rollbackFrom = rollbackFrom;
     }
     if (sampling) fr.sampling = sampling;
+    if (draft) fr.draft = draft;
     trace?.('exec', session, position);
     const result = await executor.forward(fr);
     trace?.('exec-done', session, position);
     const tokens = shape[1]!;
+    const full = executor.batchFull?.() === true;
     if (result.kind === 'token') {
       const text = info.decode ? info.decode(result.tokenId) : '';
-      return { res: jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob }), tokens };
+      // A verification: the drafts it accepted precede token_id (only ids go back).
+      const spec = result.spec ? { accepted: result.spec.accepted, logprobs: result.spec.logprobs } : {};
+      const res = jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob, ...spec });
+      if (full) res.headers[H.batchFull] = '1';
+      return { res, tokens };
     }
     // Answer in the caller's dtype: the next hop expects what this one received.
     const body = encodeTensor(result.data, dtype);
     return {
-      res: { status: 200, headers: { 'content-type': 'application/octet-stream', [H.shape]: formatShape(result.shape), [H.dtype]: dtype }, body },
+      res: { status: 200, headers: { 'content-type': 'application/octet-stream', [H.shape]: formatShape(result.shape), [H.dtype]: dtype, ...(full ? { [H.batchFull]: '1' } : {}) }, body },
       tokens,
     };
   }

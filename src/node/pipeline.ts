@@ -36,7 +36,13 @@ import type { ForwardRequest, ForwardResult } from '../shard/executor.ts';
 import { PositionMismatchError } from '../shard/errors.ts';
 import { StopMatcher, StreamDecoder } from '../model/text-stream.ts';
 import type { HopTransport } from './hop-transport.ts';
-import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor } from './pipeline-parts.ts';
+import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor, type TokenAnswer } from './pipeline-parts.ts';
+import { MAX_DRAFT, type DraftProposal } from '../shard/speculative.ts';
+import { encodeDraft } from '../protocol/draft.ts';
+import { AdaptiveK } from './head/speculation/adaptive-k.ts';
+import type { Drafter } from './head/speculation/drafter.ts';
+import { promptLookupFor } from './head/speculation/prompt-lookup.ts';
+import { Speculator, addCounters, emptyCounters, type SpeculationCounters, type StepOutcome, type StepPlan } from './head/speculation/speculator.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 import { trace } from '../protocol/trace.ts';
 
@@ -82,9 +88,24 @@ export interface PipelineOptions {
    * again as a star; the next step chains again while the hops are the signed ones (ChainState). @defaultValue 'chain'
    */
   hopMode: 'chain' | 'star';
+  /**
+   * Speculative decoding (head/speculation/): steps carry drafts where the drafter has them and the
+   * k policy finds they pay; a request may still turn it off. @defaultValue true
+   */
+  speculation: boolean;
 }
 
-export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4, hopMode: 'chain' };
+export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4, hopMode: 'chain', speculation: true };
+
+/** What a drafter is made from: the generation's KV session id (a draft model's own session derives from it), its declared length, its prompt's length. */
+export interface DraftContext {
+  session: string;
+  declared: number;
+  promptTokens: number;
+}
+
+/** A generation's drafter (undefined: none for this request, e.g. a draft model it names that is not here). */
+export type DrafterFactory = (req: GenerateRequest, ctx: DraftContext) => Drafter | undefined;
 
 export interface PipelineInit extends Partial<PipelineOptions> {
   executor: HeadExecutor;
@@ -93,6 +114,8 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
   replace?: ReplaceSpan;
   onLog?: (message: string) => void;
+  /** The drafter of each generation (absent: prompt lookup, with the request's prediction). */
+  drafter?: DrafterFactory;
 }
 
 interface HopState {
@@ -121,6 +144,7 @@ export class PipelineDriver {
   /** Where last hops hand back chained steps' tokens (POST /chain/token). */
   readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
+  private readonly specTotals = emptyCounters();
 
   constructor(private readonly init: PipelineInit) {
     const o = { ...PIPELINE_DEFAULTS };
@@ -211,20 +235,23 @@ export class PipelineDriver {
     // matcher holds back exactly what it held (and never sent), and releases or drops it as it would have.
     for (const id of req.prefix_token_ids) stop.push(detok.push(id));
 
-    /** One step: `tokens` enter at `position`; returns the sampled token. */
-    const step = async (tokens: number[], allTokens: () => number[]): Promise<{ tokenId: number; logprob: number }> => {
+    /** One step: `sp.tokens` enter at `position` (with drafts, a verification); returns the token(s) it emits. */
+    const step = async (sp: StepPlan, allTokens: () => number[]): Promise<StepAnswer> => {
+      const tokens = sp.tokens;
       const seq = tokens.length;
       const total = position + seq;
+      const spec: SpecHeaders = specHeaders(sp);
       trace?.('step', session, position);
       let local: ForwardResult;
       const localReq = (ids: readonly number[], pos: number): ForwardRequest => ({
         session,
         position: pos,
         ...(pos === 0 ? { sessionTokens: declared } : {}),
+        ...(pos > 0 && sp.rollbackFrom !== undefined ? { rollbackFrom: sp.rollbackFrom } : {}),
         tokenIds: ids,
         startLayer: 0,
         endLayer: plan.localEnd,
-        ...(plan.localEnd === L ? { sampling: localSampling } : {}),
+        ...(plan.localEnd === L ? { sampling: localSampling, ...(sp.draft ? { draft: sp.draft } : {}) } : {}),
       });
       try {
         try {
@@ -239,11 +266,14 @@ export class PipelineDriver {
         throw e;
       }
       trace?.('head-span', session, position);
-      if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
+      if (local.kind === 'token') {
+        const v = local.spec;
+        return v ? { tokens: v.tokenIds, logprobs: v.logprobs, accepted: v.accepted, batchFull: false } : { tokens: [local.tokenId], logprobs: [local.logprob], accepted: 0, batchFull: false };
+      }
       // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
       let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
       if (chain.usable(hops)) {
-        const got = await this.chainStepOrStar(chain, hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal });
+        const got = await this.chainStepOrStar(chain, hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal, spec, decode: isDecodeStep(position, seq) });
         trace?.('step-done', session, position);
         if (got) return got;
       }
@@ -259,8 +289,8 @@ export class PipelineDriver {
         let replayed: Uint8Array[] | null = null;
         let reply;
         try {
-          if (!hs.synced) replayed = await this.replayHop(hs, bounds(), session, last, sampling, declared, signal);
-          reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal);
+          if (!hs.synced) replayed = await this.replayHop(hs, chunks(), session, last, sampling, declared, signal);
+          reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal, { ...spec, draft: last ? spec.draft : undefined, decode: isDecodeStep(position, seq) });
         } catch (e) {
           if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
           if (e instanceof ReplayMismatch) {
@@ -286,10 +316,7 @@ export class PipelineDriver {
           pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
           recovery = undefined;
         }
-        if (last) {
-          const ans = parseTokenAnswer(reply.body, hs.hop);
-          return { tokenId: ans.token_id, logprob: ans.logprob };
-        }
+        if (last) return stepAnswer(parseTokenAnswer(reply.body, hs.hop), sp, reply.headers[H.batchFull] === '1');
         const answered = reply.headers[H.dtype];
         if (answered !== undefined && answered !== this.options.wireDtype) {
           throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${H.dtype} ${answered.slice(0, 16)} to a ${this.options.wireDtype} request`);
@@ -307,37 +334,50 @@ export class PipelineDriver {
 
     let finish: 'stop' | 'length' = 'length';
     const history: number[] = [...promptIds, ...req.prefix_token_ids];
-    // Where each step started: a replay resends the history in these same chunks.
-    const stepStarts: number[] = [];
-    const bounds = (): number[] => [...stepStarts, position];
+    // How each step was computed: a replay resends the history in these same chunks (a verification's
+    // kept rows padded back to its width, so the rebuilt cache is bit for bit the same).
+    const steps: Chunk[] = [];
+    const chunks = (): Chunk[] => [...steps, { start: position, width: 0 }];
+    const speculator = this.speculatorFor(req, session, declared, promptIds.length);
     let completed = false;
     try {
       let next: number[] = history.slice();
-      while (index < req.max_tokens && position + next.length <= ex.maxContext) {
+      gen: while (index < req.max_tokens && position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
-        const { tokenId, logprob } = await step(next, () => history.slice(0, position + next.length));
-        stepStarts.push(position);
-        position += next.length;
+        const sp: StepPlan = speculator ? await speculator.plan(history, next, position, index) : { tokens: next, draftMs: 0 };
+        const answer = await step(sp, () => [...history.slice(0, position), ...sp.tokens]);
+        speculator?.settle(sp, answer, { batchFull: answer.batchFull });
+        steps.push({ start: position, width: sp.tokens.length });
+        // The rows that stay: the unfed tokens and the accepted drafts; the hops cut the rest at the next step.
+        position += next.length + answer.accepted;
+        if (answer.accepted < sp.tokens.length - next.length) for (const hs of hops) hs.history.truncate(position);
         while (pending.length > 0) yield pending.shift()!;
-        if (tok.isEos(tokenId)) {
-          finish = 'stop';
-          break;
+        const drafted = sp.draft?.ids.length ?? 0;
+        for (let t = 0; t < answer.tokens.length; t++) {
+          const tokenId = answer.tokens[t]!;
+          if (tok.isEos(tokenId)) {
+            finish = 'stop';
+            break gen;
+          }
+          history.push(tokenId);
+          const pushed = stop.push(detok.push(tokenId));
+          let text = pushed.text;
+          // The last token of a length-limited run lets go of text held for a stop string that can no longer complete.
+          if (!pushed.stopped && (index + 1 >= req.max_tokens || history.length > ex.maxContext)) text += stop.flush();
+          const counts = t === 0 && drafted > 0 ? { drafted, accepted: answer.accepted } : {};
+          yield { type: 'token', index, token_id: tokenId, text, logprob: answer.logprobs[t] ?? 0, ...counts };
+          index++;
+          if (pushed.stopped) {
+            finish = 'stop';
+            break gen;
+          }
+          if (index >= req.max_tokens) break gen;
         }
-        history.push(tokenId);
-        const pushed = stop.push(detok.push(tokenId));
-        let text = pushed.text;
-        // The last token of a length-limited run lets go of text held for a stop string that can no longer complete.
-        if (!pushed.stopped && (index + 1 >= req.max_tokens || position + 1 > ex.maxContext)) text += stop.flush();
-        yield { type: 'token', index, token_id: tokenId, text, logprob };
-        index++;
-        if (pushed.stopped) {
-          finish = 'stop';
-          break;
-        }
-        next = [tokenId];
+        next = [answer.tokens.at(-1)!];
       }
       completed = true;
-      yield { type: 'done', finish_reason: finish, completion_tokens: index, prompt_tokens: promptIds.length };
+      const c = speculator?.counters;
+      yield { type: 'done', finish_reason: finish, completion_tokens: index, prompt_tokens: promptIds.length, ...(c && c.drafted > 0 ? { drafted: c.drafted, accepted: c.accepted, trips: c.trips } : {}) };
     } catch (e) {
       if (!completed) {
         while (pending.length > 0) yield pending.shift()!;
@@ -346,7 +386,25 @@ export class PipelineDriver {
     } finally {
       ex.dropSession(session);
       for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
+      if (speculator) {
+        addCounters(this.specTotals, speculator.counters);
+        await speculator.release();
+      }
     }
+  }
+
+  /** Speculative decoding over every generation this driver ran (GET /info, heartbeats). */
+  speculationStats(): SpeculationCounters {
+    return { ...this.specTotals };
+  }
+
+  /** The generation's speculator, or none: turned off (by the request or the node), or nothing to draft with. */
+  private speculatorFor(req: GenerateRequest, session: string, declared: number, promptTokens: number): Speculator | undefined {
+    if (!this.options.speculation || req.speculative === false || req.speculative_k === 0) return undefined;
+    const drafter = (this.init.drafter ?? promptLookupFor(this.init.tokenizer))(req, { session, declared, promptTokens });
+    if (!drafter) return undefined;
+    const policy = new AdaptiveK(req.speculative_k !== undefined ? { fixedK: req.speculative_k } : {});
+    return new Speculator({ drafter, policy, maxTokens: req.max_tokens, declared });
   }
 
   /**
@@ -354,7 +412,7 @@ export class PipelineDriver {
    * (hops may hold the step already: the star's 409 replay puts them right,
    * and leaves every hop in sync for the next chained step).
    */
-  private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<{ tokenId: number; logprob: number } | undefined> {
+  private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<StepAnswer | undefined> {
     hops[0]!.history.extendTo(s.total, input);
     const t0 = performance.now();
     try {
@@ -372,10 +430,12 @@ export class PipelineDriver {
         session: s.session,
         sampling: s.sampling,
         declared: s.declared,
-        timeoutMs: chain.timeout(s.seq, s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs),
+        // A verification (a few rows after the prompt) is timed as a decode step.
+        timeoutMs: chain.timeout(s.decode ? 1 : s.seq, s.decode ? this.options.decodeTimeoutMs : this.options.prefillTimeoutMs),
+        extra: specHeaderMap(s.spec),
         ...(s.signal ? { signal: s.signal } : {}),
       });
-      chain.observe(s.seq, performance.now() - t0);
+      chain.observe(s.decode ? 1 : s.seq, performance.now() - t0);
       const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
       // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
       if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
@@ -383,7 +443,7 @@ export class PipelineDriver {
         chain.off = true;
         for (const h of hops) h.synced = false;
       }
-      return { tokenId: ans.token_id, logprob: ans.logprob };
+      return stepAnswer(ans, s.spec, r.batchFull === true);
     } catch (e) {
       if (s.signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
       if (!(e instanceof ChainStepError)) throw e;
@@ -398,7 +458,7 @@ export class PipelineDriver {
   }
 
   /** One /forward of `rows` rows at `pos`; a 409 or a 503 MESH_ERR_BUSY comes back as the reply (the caller replays, or gives up). */
-  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined) {
+  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined, spec: SpecHeaders & { decode?: boolean } = {}) {
     const headers: Record<string, string> = {
       [H.shape]: `1,${rows},${this.init.executor.config.hiddenSize}`,
       [H.dtype]: this.options.wireDtype,
@@ -411,7 +471,8 @@ export class PipelineDriver {
     if (last) headers[H.sampling] = sampling;
     // Opening the session: the hop reserves KV room for all of it now, or refuses before computing anything.
     if (pos === 0) headers[H.sessionTokens] = String(declared);
-    const timeout = rows > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
+    Object.assign(headers, specHeaderMap(spec));
+    const timeout = rows > 1 && !spec.decode ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
     return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
   }
 
@@ -423,18 +484,32 @@ export class PipelineDriver {
    * bit what it would have been. Returns the outputs (null for the last hop,
    * whose answers are tokens).
    */
-  private async replayHop(hs: HopState, starts: number[], session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
+  private async replayHop(hs: HopState, chunks: Chunk[], session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
     const outs: Uint8Array[] = [];
     const hist = hs.history.view();
-    for (let k = 0; k + 1 < starts.length; k++) {
-      const a = starts[k]!;
-      const b = starts[k + 1]!;
-      const reply = await this.sendRows(hs, hist.subarray(a * this.rowBytes, b * this.rowBytes), a, b - a, session, last, sampling, declared, signal);
+    const rb = this.rowBytes;
+    let written = 0;
+    for (let k = 0; k + 1 < chunks.length; k++) {
+      const a = chunks[k]!.start;
+      const b = chunks[k + 1]!.start;
+      // A verification kept b − a of its rows: the kept ones, padded back to its width with copies of
+      // the last (a row never changes an earlier one: causal attention, row-wise projections).
+      const width = Math.max(b - a, chunks[k]!.width);
+      let rows = hist.subarray(a * rb, b * rb);
+      if (width > b - a) {
+        const padded = new Uint8Array(width * rb);
+        padded.set(rows);
+        for (let r = b - a; r < width; r++) padded.set(hist.subarray((b - 1) * rb, b * rb), r * rb);
+        rows = padded;
+      }
+      const spec: SpecHeaders = written > a ? { rollbackFrom: written } : {};
+      const reply = await this.sendRows(hs, rows, a, width, session, last, sampling, declared, signal, spec);
+      written = Math.max(written, a + width);
       if (reply.status === 409) throw new ReplayMismatch();
       if (reply.status === 503) throw busyError(hs.hop, reply);
       if (!last) {
-        if (reply.body.byteLength !== (b - a) * this.rowBytes) throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes replaying ${b - a} rows`);
-        outs.push(reply.body);
+        if (reply.body.byteLength !== width * rb) throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes replaying ${width} rows`);
+        outs.push(reply.body.subarray(0, (b - a) * rb));
       }
     }
     hs.synced = true;
@@ -492,6 +567,53 @@ interface ChainStepArgs {
   sampling: string;
   declared: number;
   signal: AbortSignal | undefined;
+  spec: SpecHeaders;
+  /** A decode step (a verification's few rows included): timed as one. */
+  decode: boolean;
+}
+
+/** How a step was first computed: where it started and how many rows it fed (a verification's drafts included). */
+interface Chunk {
+  start: number;
+  width: number;
+}
+
+/** What a step emits. */
+interface StepAnswer extends StepOutcome {
+  /** A hop said its batches run full. */
+  batchFull: boolean;
+}
+
+/** A step's speculative-decoding headers: the drafts (to the hop with the LM head) and the rollback bound (to every hop). */
+interface SpecHeaders {
+  draft?: DraftProposal | undefined;
+  rollbackFrom?: number | undefined;
+}
+
+function specHeaders(sp: StepPlan): SpecHeaders {
+  return { ...(sp.draft ? { draft: sp.draft } : {}), ...(sp.rollbackFrom !== undefined ? { rollbackFrom: sp.rollbackFrom } : {}) };
+}
+
+function specHeaderMap(s: SpecHeaders): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (s.draft) out[H.draft] = encodeDraft(s.draft);
+  if (s.rollbackFrom !== undefined) out[H.rollback] = String(s.rollbackFrom);
+  return out;
+}
+
+/** Steps after the prompt with at most a verification's rows are timed as decode steps. */
+function isDecodeStep(position: number, seq: number): boolean {
+  return seq === 1 || (position > 0 && seq <= MAX_DRAFT + 1);
+}
+
+/** The last hop's token JSON as what the step emits: its accepted drafts, then its token. */
+function stepAnswer(ans: TokenAnswer, spec: SpecHeaders, batchFull: boolean): StepAnswer {
+  const accepted = ans.accepted ?? 0;
+  const ids = spec.draft?.ids ?? [];
+  if (accepted > ids.length) throw new MeshError('MESH_ERR_UPSTREAM', `the last hop accepted ${accepted} drafted tokens of ${ids.length}`);
+  const tokens = [...ids.slice(0, accepted), ans.token_id];
+  const logprobs = ans.logprobs && ans.logprobs.length === tokens.length ? ans.logprobs : [...new Array<number>(accepted).fill(0), ans.logprob];
+  return { tokens, logprobs, accepted, batchFull };
 }
 
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */

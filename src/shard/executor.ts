@@ -253,6 +253,11 @@ export class ShardExecutor {
     return this.batches.stats();
   }
 
+  /** The last batch this executor ran was full (speculative decoding backs off: X-Meshnet-Batch-Full). */
+  batchFull(): boolean {
+    return this.batches.full;
+  }
+
   async release(): Promise<void> {
     await this.batches.idle();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);

@@ -337,6 +337,11 @@ export class FusedShardExecutor {
     return this.batches.stats();
   }
 
+  /** The last batch this executor ran was full (speculative decoding backs off: X-Meshnet-Batch-Full). */
+  batchFull(): boolean {
+    return this.batches.full;
+  }
+
   async release(): Promise<void> {
     await this.batches.idle();
     this.kv.clear();

@@ -14,7 +14,7 @@ import { FusedShardExecutor, type Q4Cache } from './fused-executor.ts';
 
 export type SpanExecutor = Pick<
   ShardExecutor,
-  'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward' | 'release' | 'setMemoryBudget' | 'batchStats'
+  'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward' | 'release' | 'setMemoryBudget' | 'batchStats' | 'batchFull' | 'truncateSession'
 >;
 
 /** Which graphs run a span: plain operators in a dtype, or fused operators with f32 or 4-bit projections. */

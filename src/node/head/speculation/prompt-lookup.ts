@@ -133,3 +133,15 @@ export class PromptLookupDrafter implements Drafter {
 
   release(): void {}
 }
+
+/**
+ * The default drafter factory of a head: prompt lookup over the prompt and
+ * the text so far, following the request's prediction (text tokenized by
+ * the head's tokenizer, or token ids) first.
+ */
+export function promptLookupFor(tok: { encode(text: string, opts?: { addSpecialTokens?: boolean }): number[] }): (req: { prediction?: string | undefined; prediction_token_ids?: number[] | undefined }) => PromptLookupDrafter {
+  return (req) => {
+    const prediction = req.prediction_token_ids ?? (req.prediction !== undefined && req.prediction.length > 0 ? tok.encode(req.prediction, { addSpecialTokens: false }) : undefined);
+    return new PromptLookupDrafter(prediction ? { prediction } : {});
+  };
+}

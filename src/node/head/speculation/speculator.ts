@@ -50,6 +50,13 @@ export function emptyCounters(): SpeculationCounters {
   return { drafted: 0, accepted: 0, trips: 0, tokens: 0 };
 }
 
+export function addCounters(into: SpeculationCounters, c: SpeculationCounters): void {
+  into.drafted += c.drafted;
+  into.accepted += c.accepted;
+  into.trips += c.trips;
+  into.tokens += c.tokens;
+}
+
 export interface SpeculatorInit {
   drafter: Drafter;
   policy: AdaptiveK;
