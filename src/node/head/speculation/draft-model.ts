@@ -28,11 +28,12 @@ export interface DraftExecutor {
   dropSession(id: string): boolean;
 }
 
-/** What a tokenizer says about its vocabulary, to compare a draft's with the target's. */
+/** What a model says about its vocabulary, to compare a draft's with the target's. */
 export interface VocabularyOf {
+  /** The config's vocab_size. */
   vocabSize: number;
-  /** token text → id of the tokenizer (absent: only the size is compared). */
-  tokens?: ReadonlyMap<string, number> | Readonly<Record<string, number>>;
+  /** The tokenizer's token text of an id (absent: only the sizes are compared). */
+  idToToken?(id: number): string | undefined;
 }
 
 /**
@@ -44,13 +45,11 @@ export function checkDraftVocabulary(draftName: string, draft: VocabularyOf, tar
   if (draft.vocabSize !== target.vocabSize) {
     throw new MeshError('MESH_ERR_BAD_REQUEST', `draft model ${draftName} has a vocabulary of ${draft.vocabSize} tokens, the target ${target.vocabSize}: a draft model must share the target's tokenizer`);
   }
-  if (!draft.tokens || !target.tokens) return;
-  const entries = (t: VocabularyOf['tokens']): Array<[string, number]> => (t instanceof Map ? [...t.entries()] : Object.entries(t as Record<string, number>));
-  const a = new Map(entries(draft.tokens));
-  const b = entries(target.tokens);
-  if (a.size !== b.length) throw new MeshError('MESH_ERR_BAD_REQUEST', `draft model ${draftName}'s tokenizer has ${a.size} tokens, the target's ${b.length}: not the same vocabulary`);
-  for (const [text, id] of b) {
-    if (a.get(text) !== id) throw new MeshError('MESH_ERR_BAD_REQUEST', `draft model ${draftName}'s tokenizer maps ${JSON.stringify(text).slice(0, 40)} to ${a.get(text) ?? 'nothing'}, the target's to ${id}: not the same vocabulary`);
+  if (!draft.idToToken || !target.idToToken) return;
+  for (let id = 0; id < target.vocabSize; id++) {
+    const a = draft.idToToken(id);
+    const b = target.idToToken(id);
+    if (a !== b) throw new MeshError('MESH_ERR_BAD_REQUEST', `draft model ${draftName}'s tokenizer maps id ${id} to ${JSON.stringify(a)?.slice(0, 40) ?? 'nothing'}, the target's to ${JSON.stringify(b)?.slice(0, 40) ?? 'nothing'}: not the same vocabulary`);
   }
 }
 
