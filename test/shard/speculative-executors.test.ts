@@ -190,6 +190,35 @@ describe('batched steps with rollbacks (one row each)', () => {
     });
   }
 
+  it('plain: sessions with different k share one batch (one-row steps beside verifications), each exact', async () => {
+    const ex = await executor(f, 0, f.cfg.numLayers);
+    try {
+      const ps = prompts(f.cfg.vocabSize, 4, 13);
+      const refs = ps.map((p) => ref.greedy(p, 8));
+      // Prompts first (alone), then one batch: k = 0, 2 (one wrong), 4 (all right), 1 (wrong).
+      await Promise.all(ps.map((p, i) => token(ex, { session: `k${i}`, position: 0, tokenIds: p })));
+      const before = ex.batchStats().sizes.slice();
+      const steps: ForwardRequest[] = [
+        { tokenIds: [refs[0]![0]!] },
+        { tokenIds: [refs[1]![0]!, refs[1]![1]!, wrong(refs[1]![2]!)], draft: { ids: [refs[1]![1]!, wrong(refs[1]![2]!)] } },
+        { tokenIds: refs[2]!.slice(0, 5), draft: { ids: refs[2]!.slice(1, 5) } },
+        { tokenIds: [refs[3]![0]!, wrong(refs[3]![1]!)], draft: { ids: [wrong(refs[3]![1]!)] } },
+      ];
+      const got = await Promise.all(steps.map((st, i) => token(ex, { session: `k${i}`, position: ps[i]!.length, ...st })));
+      expect(ex.batchStats().sizes[4]! - (before[4] ?? 0)).toBe(1);
+      expect(got[0]!.tokenId).toBe(refs[0]![1]);
+      expect(got[1]!.spec).toMatchObject({ accepted: 1, tokenIds: refs[1]!.slice(1, 3) });
+      expect(got[2]!.spec).toMatchObject({ accepted: 4, tokenIds: refs[2]!.slice(1, 6) });
+      expect(got[3]!.spec).toMatchObject({ accepted: 0, tokenIds: [refs[3]![1]] });
+      // And on: each session cut back where its verification stopped, in one more batch.
+      const kept = [1, 2, 5, 1];
+      const next = await Promise.all(ps.map((p, i) => token(ex, { session: `k${i}`, position: p.length + kept[i]!, rollbackFrom: p.length + steps[i]!.tokenIds!.length, tokenIds: [refs[i]![kept[i]!]!] })));
+      next.forEach((r, i) => expect(r.tokenId).toBe(refs[i]![kept[i]! + 1]));
+    } finally {
+      await ex.release();
+    }
+  });
+
   it('fused (onnxruntime-node): the same', async () => {
     const ex = (await createSpanExecutor({ config: f.cfg, backend: nodeBackend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, graphs: { kind: 'fused', projections: 'f32' }, maxContext: 256, memoryBudgetBytes: 64 * 2 ** 20 })) as unknown as Exec & { batchStats(): { sizes: number[] } };
     try {
