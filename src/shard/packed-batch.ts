@@ -342,8 +342,6 @@ async function catchUp(ctx: PackedContext, join: Join, items: Item[], first: num
 }
 
 async function runItems(ctx: PackedContext, members: Item[], join?: Join): Promise<ForwardResult[]> {
-  const cfg = ctx.config;
-  const h = cfg.hiddenSize;
   const { start, end } = members[0]!.input;
   const first = ctx.segments.findIndex((s) => s.start === start);
   const last = ctx.segments.findIndex((s) => s.end === end);
