@@ -190,6 +190,8 @@ describe('batched steps with rollbacks (one row each)', () => {
     });
   }
 
+  // Fused graphs cannot: onnxruntime's GroupQueryAttention refuses a batch of several rows over a past
+  // ("batch_size must be 1 when sequence_length > 1 and past context is given"), so a fused verification runs alone.
   it('plain: sessions with different k share one batch (one-row steps beside verifications), each exact', async () => {
     const ex = await executor(f, 0, f.cfg.numLayers);
     try {
