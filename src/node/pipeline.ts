@@ -208,6 +208,8 @@ export class PipelineDriver {
       } else if (req.prompt !== undefined) promptIds = tok.encode(req.prompt);
       else throw new MeshError('MESH_ERR_BAD_REQUEST', 'give messages, prompt or prompt_token_ids');
       if (promptIds.length === 0) throw new MeshError('MESH_ERR_BAD_REQUEST', 'the prompt encodes to no tokens');
+      const predicted = req.prediction_token_ids?.find((id) => id >= ex.config.vocabSize);
+      if (predicted !== undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', `prediction token id ${predicted} is outside the vocabulary (0..${ex.config.vocabSize - 1})`);
       if (promptIds.length + req.prefix_token_ids.length >= ex.maxContext) {
         throw new MeshError('MESH_ERR_TOO_LARGE', `prompt of ${promptIds.length} tokens (+${req.prefix_token_ids.length} already generated) does not fit the context of ${ex.maxContext}`);
       }

@@ -140,6 +140,11 @@ describe('speculative decoding through the pipeline', () => {
     expect(onStop.at(-1)).toMatchObject({ finish_reason: 'stop', completion_tokens: ids(offStop).length });
   });
 
+  it('refuses a prediction with ids outside the vocabulary (400, before anything runs)', async () => {
+    const ev = await run(driver(), route(), { prompt: PROMPT, max_tokens: 4, prediction_token_ids: [5, f.cfg.vocabSize] });
+    expect(ev).toEqual([expect.objectContaining({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: expect.stringMatching(/prediction token id/) })]);
+  });
+
   it('max_tokens cuts the draft: exactly max_tokens tokens, the last step drafting only what fits', async () => {
     net.log.length = 0;
     const ev = await run(driver(), route(), { prompt: PROMPT, max_tokens: 7, speculative_k: 4, prediction_token_ids: want });
