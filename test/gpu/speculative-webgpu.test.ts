@@ -7,7 +7,7 @@
  * session cut back while it held it (by a rollback and by truncateSession):
  * every token the float64 reference's.
  */
-import { beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
 import type { ForwardRequest } from '../../src/shard/executor.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
@@ -40,9 +40,18 @@ async function token(ex: FusedShardExecutor, req: ForwardRequest) {
 }
 
 describe('speculative decoding on WebGPU (fused graphs, KV on the device)', () => {
+  // One executor for both (each load compiles its programs again on SwiftShader): graph capture on, which
+  // only one-row steps of a whole span use; verifications run uncaptured.
+  let ex: FusedShardExecutor;
+  beforeAll(async () => {
+    ex = await Fused.create({ config: f.cfg, backend: gpu, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 96, graphCapture: true });
+  }, 600_000);
+  afterAll(async () => {
+    await ex?.release();
+  });
+
   it('verifies on the device (ArgMax per row), cuts back by the next step\'s rollback, and samples at T > 0 over the judged rows', async () => {
-    const ex = await Fused.create({ config: f.cfg, backend: gpu, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 96 });
-    try {
+    {
       expect(ex.onDevice).toBe(true);
       let r = await token(ex, { session: 's', position: 0, tokenIds: [...PROMPT, R[0]!, R[1]!, wrong(R[2]!)], draft: { ids: [R[0]!, R[1]!, wrong(R[2]!)] } });
       expect(r.spec).toMatchObject({ accepted: 2, tokenIds: R.slice(0, 3) });
@@ -65,14 +74,12 @@ describe('speculative decoding on WebGPU (fused graphs, KV on the device)', () =
       off.push(o.tokenId);
       const v = await token(ex, { session: 'on', position: 0, tokenIds: [...PROMPT, ...off.slice(0, 4)], sampling, draft: { ids: off.slice(0, 4) } });
       expect(v.spec).toMatchObject({ accepted: 4, tokenIds: off });
-    } finally {
-      await ex.release();
+      for (const id of ['s', 'off', 'on']) ex.dropSession(id);
     }
   }, 600_000);
 
   it('the capture lane serves a session cut back while it held it (rollback, then truncateSession)', async () => {
-    const ex = await Fused.create({ config: f.cfg, backend: gpu, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'f32', maxContext: 96, graphCapture: true });
-    try {
+    {
       await token(ex, { session: 'c', position: 0, tokenIds: PROMPT });
       // Captured one-token steps: the lane holds the session.
       for (let i = 0; i < 3; i++) expect((await token(ex, { session: 'c', position: P + i, tokenIds: [R[i]!] })).tokenId).toBe(R[i + 1]);
@@ -88,8 +95,6 @@ describe('speculative decoding on WebGPU (fused graphs, KV on the device)', () =
       expect((await token(ex, { session: 'c', position: P + 4, tokenIds: [R[4]!] })).tokenId).toBe(R[5]);
       expect((await token(ex, { session: 'c', position: P + 5, tokenIds: [R[5]!] })).tokenId).toBe(R[6]);
       expect(ex.captureStats()!.steps).toBeGreaterThan(steps + 2);
-    } finally {
-      await ex.release();
     }
   }, 600_000);
 });
