@@ -140,6 +140,32 @@ describe('speculative decoding through the pipeline', () => {
     expect(onStop.at(-1)).toMatchObject({ finish_reason: 'stop', completion_tokens: ids(offStop).length });
   });
 
+  it('turns itself off while a hop says its batches run full (X-Meshnet-Batch-Full), and back on after', async () => {
+    const c = net.handlers.get('c.test')!;
+    let fullFor = 0;
+    net.handlers.set('c.test', async (r) => {
+      const res = await c(r);
+      if (fullFor > 0) {
+        fullFor--;
+        res.headers['x-meshnet-batch-full'] = '1';
+      }
+      return res;
+    });
+    try {
+      net.log.length = 0;
+      fullFor = 1;
+      const ev = await run(driver(), route(), { prompt: PROMPT, max_tokens: 24, prediction_token_ids: want });
+      expect(ids(ev)).toEqual(want);
+      const drafts = net.log.filter((l) => l.host === 'c.test').map((l) => (l.headers['x-meshnet-draft'] ? JSON.parse(l.headers['x-meshnet-draft']).ids.length : 0));
+      // The prompt's step drafted and heard "full": the next 8 trips are plain, then drafting resumes.
+      expect(drafts[0]).toBeGreaterThan(0);
+      expect(drafts.slice(1, 9)).toEqual(new Array(8).fill(0));
+      expect(drafts.slice(9).some((k) => k > 0)).toBe(true);
+    } finally {
+      net.handlers.set('c.test', c);
+    }
+  });
+
   it('refuses a prediction with ids outside the vocabulary (400, before anything runs)', async () => {
     const ev = await run(driver(), route(), { prompt: PROMPT, max_tokens: 4, prediction_token_ids: [5, f.cfg.vocabSize] });
     expect(ev).toEqual([expect.objectContaining({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: expect.stringMatching(/prediction token id/) })]);
