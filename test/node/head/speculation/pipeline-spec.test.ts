@@ -140,6 +140,25 @@ describe('speculative decoding through the pipeline', () => {
     expect(onStop.at(-1)).toMatchObject({ finish_reason: 'stop', completion_tokens: ids(offStop).length });
   });
 
+  it('a draft model sampling at T > 0 (Leviathan): the same tokens for a seed whatever k, and another seed gives others', async () => {
+    const other = fixture('tiny', 1);
+    const draftEx = await executor(other, 0, other.cfg.numLayers);
+    try {
+      const drafter = (req: Parameters<NonNullable<ConstructorParameters<typeof PipelineDriver>[0]['drafter']>>[0], ctx: { session: string; declared: number }) =>
+        new DraftModelDrafter(draftEx, { session: `${ctx.session}.draft`, sampling: { temperature: req.temperature, ...(req.seed !== undefined ? { seed: req.seed } : {}) }, declared: ctx.declared });
+      const body = { prompt: PROMPT, max_tokens: 16, temperature: 0.8, seed: 21 };
+      const a = await run(driver({ drafter }), route(), { ...body, speculative_k: 2 });
+      const b = await run(driver({ drafter }), route(), { ...body, speculative_k: 5 });
+      expect(ids(a)).toHaveLength(16);
+      expect(ids(b)).toEqual(ids(a));
+      expect(a.at(-1)).toMatchObject({ type: 'done', drafted: expect.any(Number) });
+      const c = await run(driver({ drafter }), route(), { ...body, seed: 22, speculative_k: 2 });
+      expect(ids(c)).not.toEqual(ids(a));
+    } finally {
+      await draftEx.release();
+    }
+  });
+
   it('turns itself off while a hop says its batches run full (X-Meshnet-Batch-Full), and back on after', async () => {
     const c = net.handlers.get('c.test')!;
     let fullFor = 0;
