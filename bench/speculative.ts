@@ -31,10 +31,10 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
-import { Identity } from '../src/node/identity.ts';
+import { Identity } from '../src/net/identity.ts';
 import type { GenerateEvent, GenerateRequest, RouteHop } from '../src/protocol/tracker.ts';
 import { expectedTokens } from '../src/node/head/speculation/adaptive-k.ts';
-import { generateDirect, signedRouteHeaders, startNode, startTrackerProc, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { generateDirect, signedRouteHeaders, startNode, startTrackerProc, type NodeProc } from '../test/helpers/mesh.ts';
 import { median, startDelayedRelay, type DelayedRelay } from './lib/wan.ts';
 import { printTable, writeResult } from './lib/stats.ts';
 

@@ -7,7 +7,7 @@
  * rebuilds a bit-identical cache.
  */
 import { describe, expect, it } from 'vitest';
-import { createWasmBackend } from '../../src/cli/onnx-wasm.ts';
+import { createWasmBackend } from '../../src/host/node/onnx-wasm.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { MeshError } from '../../src/protocol/errors.ts';
 import type { ForwardRequest, ForwardResult } from '../../src/shard/executor.ts';

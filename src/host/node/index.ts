@@ -75,7 +75,7 @@ export interface NodeHostOptions {
   draftModelUrl?: string;
   /** As a head: false never drafts. @defaultValue true */
   speculation?: boolean;
-  /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
+  /** Accept direct links on GET /link and dial them to hops with an endpoint (src/net/direct-link.ts). @defaultValue true */
   links?: boolean;
   /** Machine-readable events (stdout). */
   emit: (event: Record<string, unknown>) => void;
@@ -84,7 +84,7 @@ export interface NodeHostOptions {
 }
 
 // Apart from the host so that `meshnet node --help` prints them without loading onnxruntime.
-export { NODE_HOST_DEFAULTS } from '../../cli/node-options.ts';
+export { NODE_HOST_DEFAULTS } from './options.ts';
 
 export interface NodeHost {
   peerId: string;

@@ -7,9 +7,9 @@
  * max_tokens end exactly where speculation off ends; a draft model drafts.
  */
 import { beforeAll, describe, expect, it } from 'vitest';
-import { createForwardHandler } from '../../../../src/node/forward-handler.ts';
-import { HopTransport } from '../../../../src/node/hop-transport.ts';
-import { PipelineDriver, type HeadTokenizer } from '../../../../src/node/pipeline.ts';
+import { createForwardHandler } from '../../../../src/node/hop/forward-handler.ts';
+import { HopTransport } from '../../../../src/net/hop-transport.ts';
+import { PipelineDriver, type HeadTokenizer } from '../../../../src/node/head/pipeline.ts';
 import { DraftModelDrafter } from '../../../../src/node/head/speculation/draft-model.ts';
 import { ReferenceModel } from '../../../../src/model/reference.ts';
 import { ModelTokenizer } from '../../../../src/model/tokenizer.ts';
