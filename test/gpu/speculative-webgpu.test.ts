@@ -9,7 +9,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
-import type { ForwardRequest } from '../../src/shard/executor.ts';
+import type { ForwardRequest } from '../../src/shard/contract.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { fixture, prompts } from '../helpers/shard.ts';

@@ -10,7 +10,7 @@ import { describe, expect, it } from 'vitest';
 import { createWasmBackend } from '../../src/host/node/onnx-wasm.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { MeshError } from '../../src/protocol/errors.ts';
-import type { ForwardRequest, ForwardResult } from '../../src/shard/executor.ts';
+import type { ForwardRequest, ForwardResult } from '../../src/shard/contract.ts';
 import { createSpanExecutor, type SpanGraphs } from '../../src/shard/span-executor.ts';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
 import { executor, fixture, nodeBackend, prompts } from '../helpers/shard.ts';

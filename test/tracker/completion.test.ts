@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { completionParts, parseCompletion, planCompletion, type CompletionPart } from '../../src/tracker/completion.ts';
 import { PromptSizer, type GenerationEvent } from '../../src/tracker/head-proxy.ts';
 import { HttpError } from '../../src/tracker/http.ts';
-import { usage } from '../../src/tracker/openai.ts';
+import { usage } from '../../src/tracker/openai-wire.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
 import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 

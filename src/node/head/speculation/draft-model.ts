@@ -15,7 +15,7 @@
  * chunked, so a seeded generation draws the same tokens whatever k was.
  */
 import { MeshError } from '../../../protocol/errors.ts';
-import type { ForwardRequest, ForwardResult } from '../../../shard/executor.ts';
+import type { ForwardRequest, ForwardResult } from '../../../shard/contract.ts';
 import type { SamplingParams } from '../../../shard/sampling.ts';
 import { proposeFromLogits, type SparseDist } from '../../../shard/speculative.ts';
 import type { Draft, Drafter } from './drafter.ts';
