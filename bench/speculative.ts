@@ -146,6 +146,7 @@ async function main(): Promise<void> {
         mean_k: +(trips.reduce((n, t) => n + t.drafted, 0) / Math.max(1, trips.length)).toFixed(2),
         alpha: alpha === null ? null : +alpha.toFixed(3),
         tokens_per_trip: +tokensPerTrip.toFixed(3),
+        trips_per_token: +(1 / tokensPerTrip).toFixed(3),
         theory_tokens_per_trip: +theory.toFixed(3),
         x_theory: +(tokensPerTrip / theory).toFixed(3),
         tokens_per_s: +tokS.toFixed(2),
@@ -155,8 +156,8 @@ async function main(): Promise<void> {
     });
     printTable(
       `speculative decoding: ${MODEL} (12 layers, hidden 512), 3 nodes [0,4) [4,8) [8,12) chained, ${ONE_WAY} ms one-way a leg, 1 ONNX thread each, ${NEW_TOKENS} new tokens greedy, medians of ${RUNS}; load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores (shared machine)`,
-      ['drafter', 'k', 'mean k', 'α', 'tokens/trip', 'theory', '× theory', 'tok/s', '× off', 'tokens = off'],
-      rows.map((r) => [r.drafter, r.k, r.mean_k, r.alpha ?? '-', r.tokens_per_trip, r.theory_tokens_per_trip, r.x_theory, r.tokens_per_s, r.x_off, String(r.same_tokens_as_off)]),
+      ['drafter', 'k', 'mean k', 'α', 'tokens/trip', 'trips/token', 'theory', '× theory', 'tok/s', '× off', 'tokens = off'],
+      rows.map((r) => [r.drafter, r.k, r.mean_k, r.alpha ?? '-', r.tokens_per_trip, r.trips_per_token, r.theory_tokens_per_trip, r.x_theory, r.tokens_per_s, r.x_off, String(r.same_tokens_as_off)]),
     );
     const row = (name: string, k: string) => rows.find((r) => r.drafter.startsWith(name) && r.k === k)!;
     const oracle = row('oracle', '4').x_off;
