@@ -18,7 +18,7 @@ import { decodeTensor, encodeTensor } from '../../src/protocol/tensor.ts';
 import { buildHeadGraph, IO } from '../../src/model/graph.ts';
 import { ShardExecutor, type ForwardRequest, type ForwardResult } from '../../src/shard/executor.ts';
 import { Attestor } from '../../src/verify/attestor.ts';
-import { tokenIdBytes, tokenBytes } from '../../src/verify/attest.ts';
+import { tokenBytes } from '../../src/verify/attest.ts';
 import { judgeReport, type CheckReport, type Verdict } from '../../src/verify/evidence.ts';
 import type { CheckPlan, PlanPeer } from '../../src/verify/plan.ts';
 import { signPlan } from '../../src/tracker/verify/planner.ts';
@@ -170,7 +170,10 @@ async function run(start: number, end: number, opts: { hopLie?: Lie; checkerLie?
   const all = (parts: Uint8Array[]) => {
     const b = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
     let o = 0;
-    for (const p of parts) (b.set(p, o), (o += p.byteLength));
+    for (const p of parts) {
+      b.set(p, o);
+      o += p.byteLength;
+    }
     return b;
   };
   const fin: FinishedSpan = {
@@ -185,7 +188,6 @@ async function run(start: number, end: number, opts: { hopLie?: Lie; checkerLie?
   const gen: FinishedGeneration = { plan: { ...signed, plan }, session, steps, spans: [fin], dtype: 'bf16', hidden: H, sampling };
   verifier.finished(gen);
   await verifier.idle();
-  void tokenIdBytes;
   return out;
 }
 
