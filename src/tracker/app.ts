@@ -7,6 +7,7 @@
  *   routes/routes.ts   POST /api/route/replace, GET /api/route
  *   routes/status.ts   GET /api/tracker, /api/availability, /api/dashboard, /dashboard, /healthz, /metrics
  *   routes/openai.ts   GET /v1/models, POST /v1/chat/completions, /v1/completions (completion.ts)
+ *   routes/verify.ts   POST /api/checks/report, GET /v1/verifications/:id (verify/service.ts)
  */
 import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
@@ -26,6 +27,8 @@ import { nodeRoutes } from './routes/nodes.ts';
 import { openAiRoutes } from './routes/openai.ts';
 import { routeRoutes } from './routes/routes.ts';
 import { statusRoutes } from './routes/status.ts';
+import { verifyRoutes } from './routes/verify.ts';
+import { VerificationService } from './verify/service.ts';
 
 export type { RecentRoute } from './context.ts';
 
@@ -81,6 +84,15 @@ export function createTracker(deps: TrackerDeps): Tracker {
     if (recentRoutes.length > o.recentRoutes) recentRoutes.splice(0, recentRoutes.length - o.recentRoutes);
   }
 
+  const verification = new VerificationService({
+    registry,
+    identity,
+    transport: deps.transport,
+    logger,
+    options: { enabled: o.checks, minRate: o.checkMinRate, quarantineMs: o.quarantineMs, now: o.now, random: o.random },
+    onVerdict: (v) => metrics.checks.inc({ outcome: v.outcome }),
+  });
+  registry.excluded = (peer) => verification.excluded(peer);
   const admission = new Admission(registry, o, metrics);
   const ctx: TrackerContext = {
     options: o,
@@ -98,7 +110,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
       for (const n of registry.nodes.values()) metrics.nodes.inc({ model: n.info.model, status: registry.status(n) });
     },
     admission,
-    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer: new RouteSigner(identity, o.routeTtlMs, o.now), options: o, logger, metrics, onRoute: recordRoute },
+    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer: new RouteSigner(identity, o.routeTtlMs, o.now), options: o, logger, metrics, onRoute: recordRoute, verification },
+    verification,
   };
 
   const app = new App();
@@ -112,6 +125,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
   routeRoutes(app, ctx);
   statusRoutes(app, ctx);
   openAiRoutes(app, ctx);
+  verifyRoutes(app, ctx);
 
   return {
     app,

@@ -74,6 +74,11 @@ export class NodeRegistry {
   readonly models: ReadonlyMap<string, ModelSpec>;
   /** KV bytes held on each node by this tracker's running generations (admission leases), by peer id. */
   private readonly kvHeld = new Map<string, number>();
+  /**
+   * Nodes routing and coverage leave out while it says so (a quarantined node: docs/verification.md).
+   * It stays registered and keeps its assignment; others are assigned around it.
+   */
+  excluded: (peerId: string) => boolean = () => false;
 
   constructor(
     models: readonly ModelSpec[],
@@ -113,7 +118,7 @@ export class NodeRegistry {
   private holders(model: string, except?: string): Holder[] {
     const out: Holder[] = [];
     for (const n of this.nodes.values()) {
-      if (n.info.model !== model || n.peerId === except || !n.assignment) continue;
+      if (n.info.model !== model || n.peerId === except || !n.assignment || this.excluded(n.peerId)) continue;
       out.push({ id: n.peerId, start: n.assignment.start, end: n.assignment.end, throughput: this.throughput(n) });
     }
     return out;
@@ -247,7 +252,7 @@ export class NodeRegistry {
   servingNodes(model: string, exclude: ReadonlySet<string> = new Set(), keep?: (n: NodeRecord) => boolean): ServingNode[] {
     const out: ServingNode[] = [];
     for (const n of this.nodes.values()) {
-      if (n.info.model !== model || !n.serving || exclude.has(n.peerId)) continue;
+      if (n.info.model !== model || !n.serving || exclude.has(n.peerId) || this.excluded(n.peerId)) continue;
       if (keep && !keep(n)) continue;
       out.push({ id: n.peerId, start: n.serving.start, end: n.serving.end, layerMs: this.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight });
     }

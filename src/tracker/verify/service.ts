@@ -1,0 +1,240 @@
+/**
+ * The tracker's verification service (docs/verification.md): plans checks
+ * for each generation (planner.ts), judges the evidence heads report
+ * (src/verify/evidence.ts), keeps the BOINC counters and quarantines
+ * (trust.ts), and keeps each generation's verification record (log.ts).
+ *
+ * A quarantine acts at once: the node leaves routing (the registry asks
+ * `excluded`), every head running a generation through it is told by a
+ * signed notice (`POST /verify/distrust`; the head replaces the hop by its
+ * usual replay), and an attempt the node heads is ended so the generation
+ * fails over to another head with the tokens so far.
+ */
+import type { Logger } from 'pino';
+import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../../protocol/base64.ts';
+import { MeshError } from '../../protocol/errors.ts';
+import { canonicalJson } from '../../protocol/tracker.ts';
+import type { Identity } from '../../node/identity.ts';
+import { verifyEd25519 } from '../../node/identity.ts';
+import { checkReportSchema, judgeReport, type Verdict } from '../../verify/evidence.ts';
+import { DISTRUST_PATH, distrustMessage, type CheckPlan, type Distrust } from '../../verify/plan.ts';
+import type { WeightFormat } from '../../verify/thresholds.ts';
+import type { HeadTransport } from '../head-transport.ts';
+import type { NodeRegistry } from '../registry.ts';
+import { VerificationLog, type GenerationRecord } from './log.ts';
+import { planChecks, signPlan, type PlannerNode } from './planner.ts';
+import { TrustBook, type OffenceRecord } from './trust.ts';
+
+export interface VerificationOptions {
+  /** Plan checks at all (`meshnet tracker --no-checks` turns spot-checks off). @defaultValue true */
+  enabled: boolean;
+  /** p_min of the BOINC rule. @defaultValue 0.02 */
+  minRate: number;
+  /** First quarantine, ms (doubling per offence). @defaultValue 900000 */
+  quarantineMs: number;
+  now(): number;
+  random(): number;
+}
+
+export interface VerificationDeps {
+  registry: NodeRegistry;
+  identity: Identity;
+  transport: HeadTransport;
+  logger: Logger;
+  options: VerificationOptions;
+  /** Checks judged, by outcome (metrics). */
+  onVerdict?(v: Verdict): void;
+}
+
+export interface ReportAnswer {
+  outcome: Verdict['outcome'];
+  guilty?: string;
+  distance: Verdict['distance'];
+  threshold: number;
+  /** Nodes under quarantine now: the head stops using them at once. */
+  distrust: Distrust[];
+}
+
+const SEEN_MAX = 50_000;
+
+export class VerificationService {
+  readonly trust: TrustBook;
+  readonly log: VerificationLog;
+  /** Reports already judged, by the claim's and checks' signatures (a replayed report is refused). */
+  private readonly seen = new Set<string>();
+
+  constructor(private readonly d: VerificationDeps) {
+    this.trust = new TrustBook({ minRate: d.options.minRate, quarantineMs: d.options.quarantineMs, now: d.options.now, random: d.options.random });
+    this.log = new VerificationLog({ now: d.options.now });
+  }
+
+  get enabled(): boolean {
+    return this.d.options.enabled;
+  }
+
+  /** Routing leaves these out. */
+  excluded(peer: string): boolean {
+    return this.trust.quarantined(peer);
+  }
+
+  private plannerNode(peer: string): PlannerNode | undefined {
+    const n = this.d.registry.nodes.get(peer);
+    if (!n) return undefined;
+    return {
+      peerId: n.peerId,
+      publicKey: n.publicKey,
+      model: n.info.model,
+      format: (n.info.weight_format ?? 'f32') as WeightFormat,
+      backend: n.info.backend,
+      serving: n.serving,
+      ...(n.endpoint ? { endpoint: n.endpoint } : {}),
+      ...(n.relayAddr ? { relayAddr: n.relayAddr } : {}),
+    };
+  }
+
+  /** The signed plan for one attempt (undefined: nothing drawn, or checks are off). */
+  async plan(model: string, generation: string, head: string, spans: ReadonlyArray<{ peer: string; start: number; end: number }>, force = false): Promise<{ plan: CheckPlan; text: string; signature: string } | undefined> {
+    if (!this.enabled) return undefined;
+    const reg = this.d.registry;
+    const plan = planChecks(
+      {
+        nodes: () => [...reg.nodes.keys()].map((p) => this.plannerNode(p)!).filter(Boolean),
+        node: (p) => this.plannerNode(p),
+        trust: this.trust,
+        random: this.d.options.random,
+        now: this.d.options.now,
+      },
+      { model, generation, head, spans, force },
+    );
+    if (!plan) return undefined;
+    return { plan, ...(await signPlan(this.d.identity, plan)) };
+  }
+
+  /** POST /api/checks/report: a head's signed evidence; the verdict, and who is distrusted now. */
+  async report(raw: unknown): Promise<ReportAnswer> {
+    if (typeof raw !== 'object' || raw === null) throw new MeshError('MESH_ERR_BAD_REQUEST', 'expected {body: CheckReport, signature}');
+    const { body, signature } = raw as { body?: unknown; signature?: unknown };
+    const parsed = checkReportSchema.safeParse(body);
+    if (!parsed.success || typeof signature !== 'string') {
+      const issue = parsed.success ? undefined : parsed.error.issues[0];
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `check report: ${issue ? `${issue.path.join('.') || '(root)'}: ${issue.message}` : 'signature missing'}`);
+    }
+    const r = parsed.data;
+    const head = this.d.registry.nodes.get(r.head);
+    if (!head) throw new MeshError('MESH_ERR_NOT_FOUND', `head ${r.head} is not registered here`);
+    let sig: Uint8Array;
+    try {
+      sig = decodeBase64Url(signature);
+    } catch {
+      throw new MeshError('MESH_ERR_UNAUTHORIZED', 'the report signature is not base64url');
+    }
+    if (!(await verifyEd25519(decodeBase64Url(head.publicKey), new TextEncoder().encode(canonicalJson(body)), sig))) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'the report is not signed by its head');
+    const key = `${r.claim.attestation}:${r.checks.map((c) => c.attestation).join(':')}`;
+    if (this.seen.has(key)) throw new MeshError('MESH_ERR_BAD_REQUEST', 'this evidence was reported already');
+    const v = await judgeReport(r, { trackerKey: this.d.identity.publicKey, now: this.d.options.now(), verify: verifyEd25519 });
+    if (this.seen.size >= SEEN_MAX) this.seen.clear();
+    this.seen.add(key);
+    this.apply(v, r.head, r.claim.attestation, r.checks);
+    this.d.onVerdict?.(v);
+    return { outcome: v.outcome, ...(v.guilty ? { guilty: v.guilty } : {}), distance: v.distance, threshold: v.threshold, distrust: this.distrusted() };
+  }
+
+  distrusted(): Distrust[] {
+    return this.trust.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until }));
+  }
+
+  private apply(v: Verdict, reporter: string, claimAttestation: string, checks: ReadonlyArray<{ role: string; peer_id: string; attestation: string }>): void {
+    const record = this.log.ofGeneration(v.plan.generation);
+    const mark = (outcome: 'clean' | 'wrong' | 'inconclusive', detail?: string) => record?.result(v.plan.generation, v.checked, v.startLayer, v.endLayer, outcome, detail);
+    const log = this.d.logger.child({ checked: v.checked, layers: [v.startLayer, v.endLayer], session: v.session, distance: v.distance, threshold: v.threshold });
+    if (v.outcome === 'pass') {
+      this.trust.pass(v.checked);
+      mark('clean');
+      log.debug('check passed');
+      return;
+    }
+    if (v.outcome === 'inconclusive') {
+      this.trust.inconclusive(v.checked);
+      for (const c of checks) this.trust.inconclusive(c.peer_id);
+      mark('inconclusive');
+      log.warn('check inconclusive: the checked node and its checker disagree and no arbiter settled it');
+      return;
+    }
+    const guilty = v.guilty!;
+    const checker = checks[0]!;
+    const arbiter = checks[1];
+    const off = this.trust.offence({
+      peer: guilty,
+      role: v.outcome === 'offence' ? 'hop' : 'checker',
+      model: v.plan.model,
+      start_layer: v.startLayer,
+      end_layer: v.endLayer,
+      generation: v.plan.generation,
+      session: v.session,
+      kind: v.kind,
+      rows: v.rows,
+      steps: v.steps,
+      threshold: v.threshold,
+      claim: { peer: v.checked, attestation: claimAttestation },
+      checker: { peer: checker.peer_id, attestation: checker.attestation, distance: v.distance.checker },
+      ...(arbiter ? { arbiter: { peer: arbiter.peer_id, attestation: arbiter.attestation, distance: v.distance.arbiter ?? NaN } } : {}),
+      ...(v.distance.between !== undefined ? { between: v.distance.between } : {}),
+      reported_by: reporter,
+    });
+    if (v.outcome === 'offence') mark('wrong', `its output was ${fmt(v.distance.checker)} from the checker's and ${fmt(v.distance.arbiter ?? NaN)} from the arbiter's (threshold ${fmt(v.threshold)})`);
+    else {
+      this.trust.inconclusive(v.checked);
+      mark('inconclusive', 'its checker was found lying');
+    }
+    log.warn({ guilty, role: off.role, until: new Date(off.until).toISOString(), offence: off.id }, 'a node was proven wrong: quarantined');
+    this.quarantined(off);
+  }
+
+  /** Acts on a new quarantine: heads running through the node are told, attempts it heads end. */
+  private quarantined(off: OffenceRecord): void {
+    const notice: Distrust = { peer_id: off.peer, until: off.until, offence: off.id };
+    const heads = new Set<string>();
+    for (const { attempt } of this.log.activeThrough(off.peer)) {
+      if (attempt.head === off.peer) attempt.abort?.();
+      else heads.add(attempt.head);
+    }
+    if (heads.size === 0) return;
+    void signNotice(this.d.identity, notice).then((signature) => {
+      for (const h of heads) void this.pushNotice(h, notice, signature);
+    });
+  }
+
+  private async pushNotice(head: string, notice: Distrust, signature: string): Promise<void> {
+    const n = this.d.registry.nodes.get(head);
+    if (!n) return;
+    const ctl = new AbortController();
+    try {
+      const body = await this.d.transport.open(
+        { peerId: head, ...(n.endpoint ? { endpoint: n.endpoint } : {}), ...(n.relayAddr ? { relayAddr: n.relayAddr } : {}) },
+        { 'content-type': 'application/json' },
+        new TextEncoder().encode(JSON.stringify({ notice, signature })),
+        { signal: ctl.signal, idleTimeoutMs: 5_000, path: DISTRUST_PATH },
+      );
+      for await (const _ of body) void _;
+    } catch (e) {
+      this.d.logger.info({ head, peer: notice.peer_id, err: (e as Error).message }, 'could not tell a head of a quarantine (its next heartbeat will)');
+    }
+  }
+
+  /** The verification record of a generation attempt, to end it. */
+  record(generation: string): GenerationRecord | undefined {
+    return this.log.ofGeneration(generation);
+  }
+
+  offences(): readonly OffenceRecord[] {
+    return this.trust.offenceLog;
+  }
+}
+
+export async function signNotice(identity: Identity, notice: Distrust): Promise<string> {
+  return encodeBase64Url(await identity.sign(distrustMessage(notice)));
+}
+
+function fmt(x: number): string {
+  return Number.isFinite(x) ? x.toPrecision(3) : String(x);
+}
