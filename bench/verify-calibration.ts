@@ -61,6 +61,17 @@ type ImplName = (typeof ALL_IMPLS)[number];
 const IMPLS = (arg('--impls')?.split(',') ?? [...ALL_IMPLS]) as ImplName[];
 const DTYPES: Dtype[] = (arg('--dtypes')?.split(',') as Dtype[] | undefined) ?? ['bf16', 'f32'];
 const here = fileURLToPath(new URL('.', import.meta.url));
+
+// Dawn finds Vulkan through LD_LIBRARY_PATH, read only when a process starts: run again with it set.
+if (IMPLS.some((i) => i.startsWith('webgpu'))) {
+  const { vulkanEnv } = await import('../src/cli/webgpu-node.ts');
+  const env = vulkanEnv();
+  if (Object.keys(env).length > 0 && process.env.MESHNET_CALIBRATION_CHILD !== '1') {
+    const { spawnSync } = await import('node:child_process');
+    const r = spawnSync(process.execPath, [...process.execArgv, ...process.argv.slice(1)], { stdio: 'inherit', env: { ...process.env, ...env, MESHNET_CALIBRATION_CHILD: '1' } });
+    process.exit(r.status ?? 1);
+  }
+}
 const outFile = arg('--out') ?? join(here, 'results', 'verify-calibration.json');
 
 const TOPICS = [
@@ -99,8 +110,7 @@ async function backendOf(impl: ImplName): Promise<OnnxBackend> {
   if (impl.startsWith('cpu')) return cpuBackend;
   if (impl.startsWith('wasm')) return (wasmBackend ??= createWasmBackend({ numThreads: 1 }));
   if (!gpuBackend) {
-    const { installNodeWebGpu, vulkanEnv } = await import('../src/cli/webgpu-node.ts');
-    Object.assign(process.env, vulkanEnv());
+    const { installNodeWebGpu } = await import('../src/cli/webgpu-node.ts');
     await installNodeWebGpu();
     const { createOrtWebBackend } = await import('../src/browser/ort-web.ts');
     gpuBackend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: pathToFileURL(join(here, '..', 'node_modules', 'onnxruntime-web', 'dist')).href + '/' });
@@ -275,6 +285,8 @@ interface TokenStats {
   deficit: { min: number; p01: number; p50: number; p99: number; max: number; nonzero: number };
   /** Temperature 0.8 / top-p 0.95 / seeded: the draw's gap from the claimed token's interval. */
   gap: { p99: number; max: number; nonzero: number };
+  /** |claimed log-probability − the checker's for that token| (greedy claims). */
+  logprob: { min: number; p01: number; p50: number; p99: number; max: number };
 }
 
 // ------------------------------------------------------------------ main
@@ -351,8 +363,12 @@ for (const dtype of DTYPES) {
   const lastIn = claimsMid.get('cpu-f32') ?? honestCpu;
   interface Claim {
     greedy: number[][];
+    /** The log-probability each greedy claim answered. */
+    lp: number[][];
     sampled: number[][];
     second: number[][];
+    /** The second-best token's log-probability under the claim's logits (what a liar picking it would answer). */
+    secondLp: number[][];
   }
   const claimsLast = new Map<string, Claim>();
   const checkedLast: Array<[string, ImplName, WeightSource]> = IMPLS.map((i) => [i, i, weights] as [string, ImplName, WeightSource]);
@@ -361,23 +377,28 @@ for (const dtype of DTYPES) {
     const ex = await makeExec(impl, LAST[0], LAST[1], src);
     const res = await stepwise(ex, lastIn, seqs, LAST[0], LAST[1]);
     await ex.release();
-    const claim: Claim = { greedy: [], sampled: [], second: [] };
+    const claim: Claim = { greedy: [], lp: [], sampled: [], second: [], secondLp: [] };
     res.forEach((steps, i) => {
       let pos = 0;
       claim.greedy.push([]);
+      claim.lp.push([]);
       claim.sampled.push([]);
       claim.second.push([]);
+      claim.secondLp.push([]);
       steps.forEach((r, k) => {
         pos += seqs[i]!.steps[k]!;
         if (r.kind !== 'token') throw new Error('the last hop answered rows');
         claim.greedy[i]!.push(r.tokenId);
+        claim.lp[i]!.push(r.logprob);
         const logits = r.logits.length > 0 ? r.logits : undefined;
         claim.sampled[i]!.push(logits ? sampleToken(logits, { ...SAMPLING, seed: i }, pos).tokenId : r.tokenId);
         if (logits) {
           const top = argmax(logits);
           const copy = Float32Array.from(logits);
           copy[top] = -Infinity;
-          claim.second[i]!.push(argmax(copy));
+          const second = argmax(copy);
+          claim.second[i]!.push(second);
+          claim.secondLp[i]!.push(checkToken(logits, second, {}, pos).logprob);
         }
       });
     });
@@ -406,31 +427,36 @@ for (const dtype of DTYPES) {
     await hg.release();
     await ex.release();
     for (const [name, claim] of claimsLast) {
-      const variants: Array<[string, number[][], boolean]> = [[name, claim.greedy, name.startsWith('lie:')]];
-      if (name === 'cpu-f32') variants.push(['lie:second-best', claim.second, true]);
-      for (const [label, picks, lying] of variants) {
+      const variants: Array<[string, number[][], number[][], boolean]> = [[name, claim.greedy, claim.lp, name.startsWith('lie:')]];
+      if (name === 'cpu-f32') variants.push(['lie:second-best', claim.second, claim.secondLp, true]);
+      for (const [label, picks, lps, lying] of variants) {
         if (lying && !(checker === 'cpu-f32' || checker === 'wasm-f32')) continue;
         const deficits: number[] = [];
         const gaps: number[] = [];
+        const dlp: number[] = [];
         for (let i = 0; i < seqs.length; i++) {
           let pos = 0;
           seqs[i]!.steps.forEach((n, k) => {
             pos += n;
             const lg = logitRows[i]![k]!;
             if (picks[i]![k] === undefined) return;
-            deficits.push(checkToken(lg, picks[i]![k]!, {}, pos).deficit);
+            const tc = checkToken(lg, picks[i]![k]!, {}, pos);
+            deficits.push(tc.deficit);
+            if (lps[i]![k] !== undefined) dlp.push(Math.abs(lps[i]![k]! - tc.logprob));
             if (!lying) gaps.push(checkToken(lg, claim.sampled[i]![k]!, { ...SAMPLING, seed: i }, pos).gap);
             else if (label === 'lie:second-best') gaps.push(checkToken(lg, picks[i]![k]!, { ...SAMPLING, seed: i }, pos).gap);
           });
         }
         const d = [...deficits].sort((a, b) => a - b);
         const g = [...gaps].sort((a, b) => a - b);
+        const l = [...dlp].sort((a, b) => a - b);
         (lying ? lyingTokens : tokens).push({
           pair: `${label} / ${checker}`,
           dtype,
           steps: d.length,
           deficit: { min: d[0] ?? NaN, p01: quantile(d, 0.01), p50: quantile(d, 0.5), p99: quantile(d, 0.99), max: d[d.length - 1] ?? NaN, nonzero: d.filter((x) => x > 0).length },
           gap: { p99: quantile(g, 0.99), max: g[g.length - 1] ?? NaN, nonzero: g.filter((x) => x > 0).length },
+          logprob: { min: l[0] ?? NaN, p01: quantile(l, 0.01), p50: quantile(l, 0.5), p99: quantile(l, 0.99), max: l[l.length - 1] ?? NaN },
         });
       }
     }
@@ -442,9 +468,9 @@ const drow = (d: Dist) => [d.pair, d.dtype, d.rows, d.rel.p50, d.rel.p99, d.rel.
 const dhead = ['checked / checker', 'wire', 'rows', 'rel p50', 'rel p99', 'rel p99.9', 'rel max', 'peak p99', 'peak max'];
 printTable(`honest pairs: hop [${MID[0]}, ${MID[1]}) stepwise vs one prefill`, dhead, dists.map(drow));
 printTable('lying modes against honest checkers', ['checked / checker', 'wire', 'rows', 'rel min', 'rel p1', 'rel p50', 'rel max', 'peak min'], lies.map((d) => [d.pair, d.dtype, d.rows, d.rel.min, d.rel.p01, d.rel.p50, d.rel.max, d.peak.min]));
-const trow = (t: TokenStats) => [t.pair, t.dtype, t.steps, t.deficit.p50, t.deficit.p99, t.deficit.max, t.deficit.nonzero, t.gap.p99, t.gap.max, t.gap.nonzero];
-const thead = ['last hop / checker', 'wire', 'steps', 'deficit p50', 'p99', 'max', '>0', 'gap p99', 'gap max', 'gap>0'];
+const trow = (t: TokenStats) => [t.pair, t.dtype, t.steps, t.deficit.p99, t.deficit.max, t.deficit.nonzero, t.gap.p99, t.gap.max, t.gap.nonzero, t.logprob.p50, t.logprob.p99, t.logprob.max];
+const thead = ['last hop / checker', 'wire', 'steps', 'deficit p99', 'deficit max', 'deficit>0', 'gap p99', 'gap max', 'gap>0', '|Δlogprob| p50', 'p99', 'max'];
 printTable(`last hop [${LAST[0]}, ${LAST[1]}): the claimed token under the checker's logits`, thead, tokens.map(trow));
-printTable('lying last hops', ['last hop / checker', 'wire', 'steps', 'deficit min', 'p1', 'p50', 'gap>0'], lyingTokens.map((t) => [t.pair, t.dtype, t.steps, t.deficit.min, t.deficit.p01, t.deficit.p50, t.gap.nonzero]));
+printTable('lying last hops', ['last hop / checker', 'wire', 'steps', 'deficit min', 'p1', 'p50', 'gap>0', '|Δlogprob| min', 'p1', 'p50'], lyingTokens.map((t) => [t.pair, t.dtype, t.steps, t.deficit.min, t.deficit.p01, t.deficit.p50, t.gap.nonzero, t.logprob.min, t.logprob.p01, t.logprob.p50]));
 writeResult(outFile, { model: 'fortunes-tiny', prompts: PROMPTS, tokens: TOKENS, rows: totalRows, mid: MID, last: LAST, honest: dists, lying: lies, last_hop: tokens, last_hop_lying: lyingTokens });
 process.exit(0);

@@ -71,9 +71,11 @@ export interface TokenCheckRecord {
   argmax: number;
   deficit: number;
   gap: number;
+  /** The claimed token's log-probability under the checker's logits (a last hop signs the one it computed). */
+  logprob: number;
 }
 
-export const TOKEN_CHECK_BYTES = 28;
+export const TOKEN_CHECK_BYTES = 36;
 
 export function tokenCheckBytes(r: TokenCheckRecord): Uint8Array {
   const b = new Uint8Array(TOKEN_CHECK_BYTES);
@@ -83,12 +85,13 @@ export function tokenCheckBytes(r: TokenCheckRecord): Uint8Array {
   dv.setUint32(8, r.argmax >>> 0, true);
   dv.setFloat64(12, r.deficit, true);
   dv.setFloat64(20, r.gap, true);
+  dv.setFloat64(28, r.logprob, true);
   return b;
 }
 
 export function readTokenCheck(b: Uint8Array, offset = 0): TokenCheckRecord {
   const dv = new DataView(b.buffer, b.byteOffset + offset, TOKEN_CHECK_BYTES);
-  return { claimed: dv.getUint32(0, true), sampled: dv.getUint32(4, true), argmax: dv.getUint32(8, true), deficit: dv.getFloat64(12, true), gap: dv.getFloat64(20, true) };
+  return { claimed: dv.getUint32(0, true), sampled: dv.getUint32(4, true), argmax: dv.getUint32(8, true), deficit: dv.getFloat64(12, true), gap: dv.getFloat64(20, true), logprob: dv.getFloat64(28, true) };
 }
 
 /** A last hop's claimed output bytes (attest.ts tokenBytes) read back. */

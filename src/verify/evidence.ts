@@ -26,7 +26,7 @@ import { parseSteps, readTokenBytes, readTokenCheck, TOKEN_CHECK_BYTES } from '.
 import { rowDistances, worst } from './distance.ts';
 import { checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan, type PlanPeer } from './plan.ts';
 import { checkToken } from './token-check.ts';
-import { thresholdsFor, type NodeClass, type Thresholds } from './thresholds.ts';
+import { recordsDistance, thresholdsFor, tokenDistance, type NodeClass, type Thresholds } from './thresholds.ts';
 
 const peerId = z.string().regex(/^[0-9a-f]{32}$/);
 const b64 = z.string().max(12_000_000);
@@ -84,7 +84,7 @@ export interface Verdict {
   endLayer: number;
   rows: number;
   steps: number;
-  /** Worst step distance of the claim from each check, and of the two checks from each other (rows: relative L2; tokens: logit deficit or draw gap). */
+  /** Worst step distance of the claim from each check, and of the two checks from each other (rows: relative L2; tokens: in units of the pair's thresholds, thresholds.ts tokenDistance). */
   distance: { checker: number; arbiter?: number; between?: number };
   threshold: number;
   /** Steps whose bytes the tracker compared. */
@@ -198,24 +198,23 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
         dist.between = Math.max(dist.between, d(checkBytes[0]!, checkBytes[1]));
       }
     } else {
-      const claimed = readTokenBytes(claimBytes).tokenId;
+      const claim = readTokenBytes(claimBytes);
       const recs = checkBytes.map((b) => {
-        if (b.byteLength !== TOKEN_CHECK_BYTES) throw new MeshError('MESH_ERR_BAD_REQUEST', 'a token check record is 28 bytes');
+        if (b.byteLength !== TOKEN_CHECK_BYTES) throw new MeshError('MESH_ERR_BAD_REQUEST', `a token check record is ${TOKEN_CHECK_BYTES} bytes`);
         const rec = readTokenCheck(b);
-        if (rec.claimed !== claimed) throw forbidden(`a checker judged token ${rec.claimed} at step ${s.step}, but the hop claimed ${claimed}`);
+        if (rec.claimed !== claim.tokenId) throw forbidden(`a checker judged token ${rec.claimed} at step ${s.step}, but the hop claimed ${claim.tokenId}`);
         return rec;
       });
       const sampled = temperature > 0;
-      const score = (x: { deficit: number; gap: number }) => (sampled ? x.gap : x.deficit);
-      dist.checker = Math.max(dist.checker, nan(score(recs[0]!)));
+      dist.checker = Math.max(dist.checker, tokenDistance(th[0]!, sampled, recs[0]!, claim.logprob));
       if (recs[1]) {
-        dist.arbiter = Math.max(dist.arbiter, nan(score(recs[1])));
-        // The two checkers agree when they pick the same token from their logits.
-        if (recs[0]!.sampled !== recs[1].sampled) dist.between = Infinity;
+        dist.arbiter = Math.max(dist.arbiter, tokenDistance(th[1]!, sampled, recs[1], claim.logprob));
+        dist.between = Math.max(dist.between, recordsDistance(between!, recs[0]!, recs[1]));
       }
     }
   }
-  const pick = (t: Thresholds) => (kind === 'rows' ? t.rowRel : temperature > 0 ? t.tokenGap : t.tokenDeficit);
+  // Rows: relative L2 against the pair's threshold; tokens: already in units of the thresholds (tokenDistance).
+  const pick = (t: Thresholds) => (kind === 'rows' ? t.rowRel : 1);
   const okChecker = dist.checker <= pick(th[0]!);
   const okArbiter = th[1] ? dist.arbiter <= pick(th[1]) : undefined;
   const okBetween = between ? dist.between <= pick(between) : undefined;

@@ -31,6 +31,8 @@ export interface Thresholds {
   tokenDeficit: number;
   /** Largest gap of a sampled last hop's draw from its token's interval (a fraction of the mass). */
   tokenGap: number;
+  /** Largest difference of the log-probability a last hop answered for its token from the checker's (nats). */
+  tokenLogprob: number;
 }
 
 /**
@@ -40,9 +42,9 @@ export interface Thresholds {
  * - mixed: a 4-bit node and a full-precision one.
  */
 export const THRESHOLDS: Readonly<Record<PairClass, Thresholds>> = {
-  exact: { rowRel: 3e-3, tokenDeficit: 0.05, tokenGap: 0.01 },
-  q4: { rowRel: 3e-3, tokenDeficit: 0.05, tokenGap: 0.01 },
-  mixed: { rowRel: 0.4, tokenDeficit: 2.5, tokenGap: 0.4 },
+  exact: { rowRel: 3e-3, tokenDeficit: 0.01, tokenGap: 0.01, tokenLogprob: 1e-4 },
+  q4: { rowRel: 3e-3, tokenDeficit: 0.01, tokenGap: 0.01, tokenLogprob: 1e-4 },
+  mixed: { rowRel: 0.4, tokenDeficit: 2.5, tokenGap: 0.4, tokenLogprob: 2 },
 };
 
 export function pairClass(a: NodeClass, b: NodeClass): PairClass {
@@ -55,4 +57,24 @@ export function pairClass(a: NodeClass, b: NodeClass): PairClass {
 
 export function thresholdsFor(a: NodeClass, b: NodeClass): Thresholds {
   return THRESHOLDS[pairClass(a, b)];
+}
+
+/**
+ * A last hop's step against a checker's record, in units of the pair's
+ * thresholds (≤ 1: they agree): the claimed token must be the one the
+ * checker's logits give (its deficit, or its draw's gap when sampled), and
+ * the log-probability it answered must be the checker's.
+ */
+export function tokenDistance(t: Thresholds, sampled: boolean, check: { deficit: number; gap: number; logprob: number }, claimedLogprob: number): number {
+  const pick = sampled ? check.gap / t.tokenGap : check.deficit / t.tokenDeficit;
+  const lp = Math.abs(claimedLogprob - check.logprob) / t.tokenLogprob;
+  const d = Math.max(pick, lp);
+  return Number.isNaN(d) ? Infinity : d;
+}
+
+/** Two checkers' records of one step, in units of the thresholds between them (≤ 1: they agree). */
+export function recordsDistance(t: Thresholds, a: { sampled: number; logprob: number }, b: { sampled: number; logprob: number }): number {
+  if (a.sampled !== b.sampled) return Infinity;
+  const d = Math.abs(a.logprob - b.logprob) / t.tokenLogprob;
+  return Number.isNaN(d) ? Infinity : d;
 }

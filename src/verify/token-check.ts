@@ -21,16 +21,19 @@ export interface TokenCheck {
   gap: number;
   /** The checker's own pick under the same sampling. */
   sampled: number;
+  /** The claimed token's log-probability under the checker's logits (softmax of the raw logits, as a hop answers it). */
+  logprob: number;
 }
 
 export function checkToken(logits: ArrayLike<number>, claimed: number, params: SamplingParams, position: number): TokenCheck {
   validateSampling(params);
   const n = logits.length;
-  if (!(Number.isInteger(claimed) && claimed >= 0 && claimed < n)) return { deficit: Infinity, gap: 1, sampled: argmax(logits) };
+  if (!(Number.isInteger(claimed) && claimed >= 0 && claimed < n)) return { deficit: Infinity, gap: 1, sampled: argmax(logits), logprob: -Infinity };
   const top = argmax(logits);
   const deficit = logits[top]! - logits[claimed]!;
+  const logprob = logSoftmax(logits, claimed, logits[top]!);
   const t = params.temperature ?? 0;
-  if (t === 0) return { deficit: Number.isNaN(deficit) ? Infinity : deficit, gap: 0, sampled: top };
+  if (t === 0) return { deficit: Number.isNaN(deficit) ? Infinity : deficit, gap: 0, sampled: top, logprob };
 
   // The same order and cuts as sampling.ts drawFromSorted: logit descending, id ascending, top_k, then the nucleus.
   let order = Array.from({ length: n }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]! || a - b);
@@ -72,10 +75,17 @@ export function checkToken(logits: ArrayLike<number>, claimed: number, params: S
     }
     lo += w[i]!;
   }
-  if (found < 0) return { deficit, gap: 1, sampled };
+  if (found < 0) return { deficit, gap: 1, sampled, logprob };
   const hi = lo + w[found]!;
   const gap = u < lo ? (lo - u) / all : u >= hi ? (u - hi) / all : 0;
-  return { deficit, gap, sampled };
+  return { deficit, gap, sampled, logprob };
+}
+
+/** log softmax of the raw logits at `index` (as sampling.ts logSoftmaxAt), given the top logit. */
+function logSoftmax(logits: ArrayLike<number>, index: number, max: number): number {
+  let sum = 0;
+  for (let i = 0; i < logits.length; i++) sum += Math.exp(logits[i]! - max);
+  return logits[index]! - max - Math.log(sum);
 }
 
 export function argmax(xs: ArrayLike<number>): number {

@@ -163,7 +163,7 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
         for (let s = 0; s < steps.length; s++) {
           const logits = result.data.subarray(s * V, (s + 1) * V);
           const t = checkToken(logits, claimed[s]!, params, ends[s]! + 1);
-          outs.push(tokenCheckBytes({ claimed: claimed[s]!, sampled: t.sampled, argmax: argmaxOf(logits), deficit: t.deficit, gap: t.gap }));
+          outs.push(tokenCheckBytes({ claimed: claimed[s]!, sampled: t.sampled, argmax: argmaxOf(logits), deficit: t.deficit, gap: t.gap, logprob: t.logprob }));
         }
       } else {
         if (result.kind !== 'activation') throw new MeshError('MESH_ERR_INTERNAL', 'the span answered no activation');

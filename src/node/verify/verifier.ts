@@ -24,11 +24,11 @@ import { H } from '../../protocol/headers.ts';
 import type { RouteHop } from '../../protocol/tracker.ts';
 import { decodeTensor, dtypeBytes, type Dtype } from '../../protocol/tensor.ts';
 import { attestMessage, chainDigest, checkMessage, CHECK_ATTEST_HEADER, parseAttestations, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../verify/attest.ts';
-import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, formatSteps, formatTokens, readTokenCheck, TOKEN_CHECK_BYTES } from '../../verify/check-wire.ts';
+import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, formatSteps, formatTokens, readTokenBytes, readTokenCheck, TOKEN_CHECK_BYTES } from '../../verify/check-wire.ts';
 import { rowDistances, worst } from '../../verify/distance.ts';
 import { temperatureOf, type CheckReport } from '../../verify/evidence.ts';
 import { CHECK_PATH, CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, type CheckPlan, type PlanCheck, type PlanPeer } from '../../verify/plan.ts';
-import { thresholdsFor, type Thresholds } from '../../verify/thresholds.ts';
+import { thresholdsFor, tokenDistance, type Thresholds } from '../../verify/thresholds.ts';
 
 /** The plan as the head received it with /generate. */
 export interface SignedPlan {
@@ -229,15 +229,15 @@ export class Verifier {
 
     const temperature = temperatureOf(gen.sampling);
     const classOf = (p: PlanPeer) => ({ format: p.format, backend: p.backend });
-    const limit = (t: Thresholds) => (last ? (temperature > 0 ? t.tokenGap : t.tokenDeficit) : t.rowRel);
+    const limit = (t: Thresholds) => (last ? 1 : t.rowRel);
+    const t0 = thresholdsFor(classOf(entry.peer), classOf(answers[0]!.peer));
     const stepDistance = (claim: Uint8Array, check: Uint8Array): number => {
       if (!last) return worst(rowDistances(decodeTensor(claim, gen.dtype), decodeTensor(check, gen.dtype), gen.hidden).rel);
-      const r = readTokenCheck(check);
-      return temperature > 0 ? r.gap : r.deficit;
+      return tokenDistance(t0, temperature > 0, readTokenCheck(check), readTokenBytes(claim).logprob);
     };
     const perStep = (k: number) => outputs.map((o, s) => nanInf(stepDistance(o, answers[k]!.outs[s]!)));
     const d0 = perStep(0);
-    const th0 = limit(thresholdsFor(classOf(entry.peer), classOf(answers[0]!.peer)));
+    const th0 = limit(t0);
     const local = Math.max(...d0);
     if (local > th0) await ask(); // a mismatch: a third holder before anyone is accused
 
