@@ -256,10 +256,6 @@ export function temperatureOf(sampling: string): number {
   }
 }
 
-function nan(x: number): number {
-  return Number.isNaN(x) ? Infinity : x;
-}
-
 function equal(a: Uint8Array, b: Uint8Array): boolean {
   if (a.byteLength !== b.byteLength) return false;
   for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false;
