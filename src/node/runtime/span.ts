@@ -102,10 +102,11 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   const lost = ctx.deviceLoss?.();
   const chosen = await host.backends.choose(spec, config, weights.loader, lost);
   ctx.checkCurrent();
-  const executor = await createSpanExecutor({
+  const loader = host.spanHooks?.weights ? host.spanHooks.weights(weights.loader, spec) : weights.loader;
+  const built = await createSpanExecutor({
     config,
     backend: chosen.backend,
-    weights: weights.loader,
+    weights: loader,
     startLayer: spec.startLayer,
     endLayer: spec.endLayer,
     graphs: chosen.graphs ?? { kind: 'plain', dtype: chosen.info.dtype },
@@ -116,6 +117,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     ...(ctx.kvIdleTtlMs !== undefined ? { kvTtlMs: ctx.kvIdleTtlMs } : {}),
     ...(ctx.maxBatch !== undefined ? { maxBatch: ctx.maxBatch } : {}),
   });
+  const executor = host.spanHooks?.executor ? host.spanHooks.executor(built, spec) : built;
   warnIfKvStarved(executor, spec, ctx);
   try {
     await host.backends.prepare?.(executor, chosen);
