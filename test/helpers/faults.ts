@@ -100,7 +100,7 @@ export function lyingForward<E extends { forward(req: ForwardRequest): Promise<F
     if (req.session && req.position === 0) sessions.add(req.session);
     // Only calls that carry a session (a real step): a stateless call is someone checking, and an honest liar answers those right.
     if (!req.session) return res;
-    let lie = false;
+    let lie: boolean;
     switch (o.mode) {
       case 'noise':
       case 'zero':
