@@ -21,6 +21,11 @@ import type { MeshHandler } from './mesh-types.ts';
 import type { PipelineDriver } from './pipeline.ts';
 import { VerifiedRoutes } from './tracker-client.ts';
 import { trace } from '../protocol/trace.ts';
+import { decodeBase64 as decodeBase64Url } from '../protocol/base64.ts';
+import { ATTEST_HEADER } from '../verify/attest.ts';
+import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, checkPlanSchema, DISTRUST_PATH, distrustMessage, distrustSchema, type Distrust } from '../verify/plan.ts';
+import { verifyEd25519 } from './identity.ts';
+import type { SignedPlan } from './verify/verifier.ts';
 
 export interface HeadHandlerInit {
   /** Everything but /generate. */
@@ -37,6 +42,21 @@ export interface HeadHandlerInit {
   onLog?: (message: string) => void;
   /** Every event of every generation, as it is sent (the host logs recoveries and finishes). */
   onEvent?: (event: GenerateEvent, sessionId: string) => void;
+  /** The tracker's verified notice that a node is quarantined (POST /verify/distrust). */
+  onDistrust?: (notice: Distrust) => void;
+}
+
+/** The tracker's check plan that came with /generate (the head passes it on to checkers, who verify it). */
+function checkPlanOf(h: Record<string, string>): SignedPlan | undefined {
+  const text = h[CHECK_PLAN_HEADER];
+  const signature = h[CHECK_PLAN_SIGNATURE_HEADER]?.trim();
+  if (text === undefined || !signature) return undefined;
+  try {
+    return { text, signature, plan: checkPlanSchema.parse(JSON.parse(text)) };
+  } catch {
+    // A plan this head cannot read: the generation runs unchecked (its hops stay "not checked").
+    return undefined;
+  }
 }
 
 const utf8 = new TextEncoder();
@@ -100,7 +120,8 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     const replyText = h[H.chainReply];
     const replySig = h[H.chainReplySignature]?.trim();
     const reply = replyText !== undefined && replySig ? { reply: { text: replyText, signature: replySig } } : {};
-    const events = driver.generate(init.peerId, p.data, route, { ...(req.signal ? { signal: req.signal } : {}), signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply } });
+    const plan = checkPlanOf(h);
+    const events = driver.generate(init.peerId, p.data, route, { ...(req.signal ? { signal: req.signal } : {}), signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply }, ...(plan ? { plan } : {}) });
     return {
       status: 200,
       headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
@@ -116,7 +137,8 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     if (token === undefined || token.length > 4096) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainToken} must hold the token's JSON`));
     // Only a step waiting for exactly this session and position takes it; the token and rows are checked by that step.
     trace?.('token-in', at.session, at.position);
-    if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
+    const attest = req.headers[ATTEST_HEADER];
+    if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body, ...(attest !== undefined ? { attest } : {}) })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
     return { status: 204, headers: {}, body: new Uint8Array(0) };
   }
 
@@ -139,8 +161,32 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     return { session, position: Number(position) };
   }
 
+  /** The tracker's signed notice that a node is quarantined: this head stops using it before its next step. */
+  async function distrustNotice(req: MeshRequest): Promise<MeshResponse> {
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', `use POST ${DISTRUST_PATH}`), { allow: 'POST' });
+    let raw: unknown;
+    try {
+      raw = JSON.parse(utf8d.decode(req.body.subarray(0, 4096)));
+    } catch {
+      return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'a distrust notice is JSON {notice, signature}'));
+    }
+    const p = z.object({ notice: distrustSchema, signature: z.string().max(200) }).safeParse(raw);
+    if (!p.success) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'a distrust notice is JSON {notice: {peer_id, until, offence?}, signature}'));
+    const key = init.trackerKey();
+    let sig: Uint8Array;
+    try {
+      sig = decodeBase64Url(p.data.signature);
+    } catch {
+      return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the notice signature is not base64url'));
+    }
+    if (!key || !(await verifyEd25519(key, distrustMessage(p.data.notice), sig))) return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the notice is not signed by this node\'s tracker'));
+    init.onDistrust?.(p.data.notice);
+    return { status: 204, headers: {}, body: new Uint8Array(0) };
+  }
+
   return async function handle(req: MeshRequest): Promise<MeshResponse> {
     const path = req.path.split('?')[0]!;
+    if (path === DISTRUST_PATH) return distrustNotice(req);
     if (path === '/chain/token') return chainToken(req);
     if (path === '/chain/failed') return chainFailed(req);
     if (path !== '/generate') return init.forward(req);

@@ -39,6 +39,9 @@ import type { HopTransport } from './hop-transport.ts';
 import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor } from './pipeline-parts.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 import { trace } from '../protocol/trace.ts';
+import type { HeadVerify } from './verify/head-verify.ts';
+import { ATTEST_HEADER } from '../verify/attest.ts';
+import type { SignedPlan } from './verify/verifier.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -92,6 +95,8 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   transport: HopTransport;
   /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
   replace?: ReplaceSpan;
+  /** Spot-checks (docs/verification.md): attestations, the plan's checks, distrusted hops. Absent: none. */
+  verify?: HeadVerify;
   onLog?: (message: string) => void;
 }
 
@@ -114,6 +119,8 @@ export interface GenerateOptions {
   signal?: AbortSignal;
   /** The route as the tracker signed it: hops check it before they push (absent: no chain, the star). */
   signed?: SignedRouteText;
+  /** The tracker's check plan for this generation (docs/verification.md); absent: nothing is checked. */
+  plan?: SignedPlan;
 }
 
 export class PipelineDriver {
@@ -205,6 +212,8 @@ export class PipelineDriver {
     let position = 0;
     const chain = new ChainState(this.options.hopMode === 'chain', opts.signed, plan.hops);
     let index = req.prefix_token_ids.length;
+    const verify = this.init.verify;
+    const checks = verify?.begin({ session, plan: opts.plan, sampling, dtype: this.options.wireDtype, hidden: ex.config.hiddenSize, numLayers: L, localEnd: plan.localEnd });
 
     yield { type: 'start', prompt_tokens: promptIds.length, route: hops.map((h) => h.hop.peer_id) };
     // A restart after a head failed: both see the text so far as that head did, so the stop
@@ -239,11 +248,18 @@ export class PipelineDriver {
         throw e;
       }
       trace?.('head-span', session, position);
-      if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
+      const fed = local.kind === 'token' || (local.data.length / ex.config.hiddenSize) === seq ? { at: position, ids: tokens } : { at: 0, ids: allTokens() };
+      if (local.kind === 'token') {
+        checks?.local(fed.at, fed.ids, local);
+        return { tokenId: local.tokenId, logprob: local.logprob };
+      }
       // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
       let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
-      if (chain.usable(hops)) {
-        const got = await this.chainStepOrStar(chain, hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal });
+      checks?.local(fed.at, fed.ids, input);
+      // A hop the tracker now distrusts (a check proved it wrong) is replaced before this step, by the usual replay.
+      const distrusted = verify ? hops.findIndex((h) => verify.distrusted(h.hop.peer_id)) : -1;
+      if (distrusted < 0 && chain.usable(hops)) {
+        const got = await this.chainStepOrStar(chain, hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal, onAttest: (h) => checks?.attest(h) });
         trace?.('step-done', session, position);
         if (got) return got;
       }
@@ -253,6 +269,13 @@ export class PipelineDriver {
 
       for (let i = 0; i < hops.length; ) {
         const hs = hops[i]!;
+        if (verify?.distrusted(hs.hop.peer_id)) {
+          // Its caches and everything after it hold rows derived from its lies: replace it, and replay every later hop.
+          this.init.onLog?.(`hop ${hs.hop.peer_id} is distrusted by the tracker (a check found it lying); replacing it`);
+          recovery = await this.recover(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), headPeerId, recovery, performance.now(), signal, () => recoveries++, chain);
+          for (let k = i + 1; k < hops.length; k++) hops[k]!.synced = false;
+          continue;
+        }
         hs.history.extendTo(total, input);
         const last = i === hops.length - 1;
         const t0 = performance.now();
@@ -282,6 +305,7 @@ export class PipelineDriver {
         }
         if (reply.status === 503) throw busyError(hs.hop, reply);
         hs.synced = true;
+        checks?.attest(reply.headers);
         if (recovery && i >= recovery.untilIndex) {
           pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
           recovery = undefined;
@@ -316,6 +340,7 @@ export class PipelineDriver {
       while (index < req.max_tokens && position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         const { tokenId, logprob } = await step(next, () => history.slice(0, position + next.length));
+        checks?.step(next.length, { tokenId, logprob });
         stepStarts.push(position);
         position += next.length;
         while (pending.length > 0) yield pending.shift()!;
@@ -345,7 +370,9 @@ export class PipelineDriver {
       }
     } finally {
       ex.dropSession(session);
-      for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
+      // With checks, the planned hops' answers to DELETE carry their final attestation (head-verify.ts); the checks run after.
+      if (checks) checks.end(hops, history.slice(0, position));
+      else for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
     }
   }
 
@@ -376,6 +403,7 @@ export class PipelineDriver {
         ...(s.signal ? { signal: s.signal } : {}),
       });
       chain.observe(s.seq, performance.now() - t0);
+      if (r.attest !== undefined) s.onAttest?.({ [ATTEST_HEADER]: r.attest });
       const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
       // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
       if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
@@ -484,6 +512,8 @@ export class PipelineDriver {
 }
 
 interface ChainStepArgs {
+  /** The hops' attestations that came with the token (head-verify.ts). */
+  onAttest?: (headers: Record<string, string>) => void;
   headPeerId: string;
   session: string;
   position: number;

@@ -76,11 +76,29 @@ export interface ForwardRequest {
   /** Token ids, when this shard holds the embedding and starts at layer 0. */
   tokenIds?: readonly number[];
   sampling?: SamplingParams;
+  /**
+   * A call that ends at the last layer answers the logits of these rows (0-based within the call's
+   * rows, in order) instead of sampling a token: a spot-check of a last hop recomputes every step's
+   * logits in one prefill (docs/verification.md).
+   */
+  logitRows?: readonly number[];
 }
 
 export type ForwardResult =
   | { kind: 'activation'; data: Float32Array; shape: [1, number, number] }
-  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array };
+  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array }
+  /** `logitRows` asked: the rows' logits one after another, [rows.length, vocab]. */
+  | { kind: 'logits'; rows: readonly number[]; data: Float32Array };
+
+/** The hidden rows `rows` of [seq, hidden] gathered into one [rows.length, hidden] buffer; a bad index is the caller's error. */
+export function gatherRows(hidden: Float32Array, seq: number, width: number, rows: readonly number[]): Float32Array {
+  const out = new Float32Array(rows.length * width);
+  rows.forEach((r, i) => {
+    if (!(Number.isInteger(r) && r >= 0 && r < seq)) throw badRequestError(`logit row ${r} is outside the call's ${seq} rows`);
+    out.set(hidden.subarray(r * width, (r + 1) * width), i * width);
+  });
+  return out;
+}
 
 interface Segment {
   start: number;
@@ -328,6 +346,11 @@ export class ShardExecutor {
     // Lengths move only once every layer of the call has written its rows.
     if (kv) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = position + seq;
 
+    if (end === cfg.numLayers && this.head && req.logitRows) {
+      const rows = req.logitRows;
+      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: gatherRows(hidden, seq, cfg.hiddenSize, rows), dims: [1, rows.length, cfg.hiddenSize] } });
+      return { kind: 'logits', rows, data: out[IO.logits]!.data as Float32Array };
+    }
     if (end === cfg.numLayers && this.head) {
       const h = cfg.hiddenSize;
       const lastRow = hidden.subarray((seq - 1) * h, seq * h);

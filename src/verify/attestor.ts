@@ -68,6 +68,8 @@ export class Attestor {
     c.rows = covered;
     const chain = c;
     c.acc = (async () => {
+      // After the answer is on its way: hashing starts on the next turn of the event loop.
+      await later();
       const [acc, ih, oh] = await Promise.all([prev, sha256(input), sha256(output)]);
       return chainStep(acc, { position, rows, input: ih, output: oh });
     })();
@@ -108,6 +110,8 @@ export class Attestor {
   }
 }
 
+const later = (): Promise<void> => new Promise((r) => setTimeout(r, 0));
+
 function sameScope(a: AttestScope, b: AttestScope): boolean {
-  return a.model === b.model && a.session === b.session && a.startLayer === b.startLayer && a.endLayer === b.endLayer && a.dtype === b.dtype;
+  return a.model === b.model && a.session === b.session && a.startLayer === b.startLayer && a.endLayer === b.endLayer && a.dtype === b.dtype && a.sampling === b.sampling;
 }

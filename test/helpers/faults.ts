@@ -4,8 +4,8 @@
  * this, the CLI cannot reach it (test/cli/fault-hooks.test.ts proves both);
  * a test starts a lying node through test/helpers/lying-node.ts.
  *
- *   noise         every output row + Gaussian noise of σ = 1 % of the row's RMS
- *   zero          every output row zeroed
+ *   noise         every output row + Gaussian noise of σ = 1 % of the row's RMS (a last hop: of its logits)
+ *   zero          every output row zeroed (a last hop: samples from zero logits)
  *   wrong-layers  layer l computed with layer l+1's weights (the right computation on the wrong layers)
  *   tampered      every weight of the span with 1 % relative noise (a corrupted download, a tampered file)
  *   q4-as-f32     4-bit weights (quantized, dequantized) while the node announces f32
@@ -17,7 +17,7 @@ import type { WeightSource } from '../../src/model/graph.ts';
 import { dequantizeQ4, quantizeQ4 } from '../../src/model/quantize.ts';
 import { FUSED_Q4_SCHEME } from '../../src/model/fused-graph.ts';
 import type { ForwardRequest, ForwardResult } from '../../src/shard/executor.ts';
-import { logSoftmaxAt } from '../../src/shard/sampling.ts';
+import { logSoftmaxAt, sampleToken } from '../../src/shard/sampling.ts';
 
 export const LYING_MODES = ['noise', 'zero', 'wrong-layers', 'tampered', 'q4-as-f32', 'one-in-20', 'honest-then-noise', 'second-best'] as const;
 export type LyingMode = (typeof LYING_MODES)[number];
@@ -122,12 +122,19 @@ export function lyingForward<E extends { forward(req: ForwardRequest): Promise<F
       if (o.mode === 'second-best') return res;
       return { ...res, data: addNoise(res.data, hidden, 0.01, r) };
     }
-    // A last hop: the second-best token (the others leave tokens alone: their lies are rows).
-    if (o.mode !== 'second-best' || res.logits.length === 0) return res;
-    let best = 0;
-    let second = -1;
-    for (let i = 1; i < res.logits.length; i++) if (res.logits[i]! > res.logits[best]!) best = i;
-    for (let i = 0; i < res.logits.length; i++) if (i !== best && (second < 0 || res.logits[i]! > res.logits[second]!)) second = i;
-    return { ...res, tokenId: second, logprob: logSoftmaxAt(res.logits, second) };
+    if (res.kind !== 'token') return res;
+    // A last hop answers a token: its lies are in the logits it samples from (noise, zeros) or in the pick (second-best).
+    if (res.logits.length === 0) return res;
+    const position = (req.position ?? 0) + (req.activation?.shape[1] ?? req.tokenIds?.length ?? 1);
+    if (o.mode === 'second-best') {
+      let best = 0;
+      let second = -1;
+      for (let i = 1; i < res.logits.length; i++) if (res.logits[i]! > res.logits[best]!) best = i;
+      for (let i = 0; i < res.logits.length; i++) if (i !== best && (second < 0 || res.logits[i]! > res.logits[second]!)) second = i;
+      return { ...res, tokenId: second, logprob: logSoftmaxAt(res.logits, second) };
+    }
+    const logits = o.mode === 'zero' ? new Float32Array(res.logits.length) : addNoise(res.logits, res.logits.length, 0.01, r);
+    const picked = sampleToken(logits, req.sampling ?? {}, position);
+    return { ...res, tokenId: picked.tokenId, logprob: picked.logprob, logits };
   };
 }

@@ -6,8 +6,8 @@
  *
  *   tsx test/helpers/lying-node.ts '<json>'
  *
- * The JSON: { mode, relay?, tracker, model, budgetMb?, layers?, modelUrl?,
- * honestSessions?, hopMode?, maxContext? }. Events on stdout as `meshnet node`
+ * The JSON: { mode, relay?, tracker, model, numLayers, budgetMb?, layers?,
+ * modelUrl?, wireDtype?, honestSessions?, hopMode?, maxContext? }. Events on stdout as `meshnet node`
  * writes them (`listening`, `serving`, …), plus `{event: "lying", mode}`.
  */
 import { startNodeHost } from '../../src/host/node/index.ts';
@@ -27,6 +27,7 @@ interface LyingNodeConfig {
   hopMode?: 'chain' | 'star';
   maxContext?: number;
   numLayers: number;
+  wireDtype?: 'bf16' | 'f16' | 'f32';
 }
 
 const cfg = JSON.parse(process.argv[2] ?? '{}') as LyingNodeConfig;
@@ -43,6 +44,7 @@ const host = await startNodeHost({
   host: '127.0.0.1',
   budgetMb: cfg.budgetMb ?? NODE_HOST_DEFAULTS.budgetMb,
   ...(cfg.layers ? { layers: cfg.layers, modelUrl: cfg.modelUrl! } : {}),
+  ...(cfg.wireDtype ? { wireDtype: cfg.wireDtype } : {}),
   model: cfg.model,
   injectDelayMs: 0,
   maxBodyBytes: NODE_HOST_DEFAULTS.maxBodyBytes,

@@ -15,14 +15,13 @@ import { Identity, verifyEd25519 } from '../../src/node/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import { collectBody, type MeshReply, type MeshRequest } from '../../src/protocol/envelopes.ts';
 import { decodeTensor, encodeTensor } from '../../src/protocol/tensor.ts';
-import { buildHeadGraph, IO } from '../../src/model/graph.ts';
-import { ShardExecutor, type ForwardRequest, type ForwardResult } from '../../src/shard/executor.ts';
+import { ShardExecutor } from '../../src/shard/executor.ts';
 import { Attestor } from '../../src/verify/attestor.ts';
 import { tokenBytes } from '../../src/verify/attest.ts';
 import { judgeReport, type CheckReport, type Verdict } from '../../src/verify/evidence.ts';
 import type { CheckPlan, PlanPeer } from '../../src/verify/plan.ts';
 import { signPlan } from '../../src/tracker/verify/planner.ts';
-import { createCheckHandler, type CheckExecutor, type LogitsResult } from '../../src/node/verify/check-handler.ts';
+import { createCheckHandler, type CheckExecutor } from '../../src/node/verify/check-handler.ts';
 import { Verifier, type FinishedGeneration, type FinishedSpan } from '../../src/node/verify/verifier.ts';
 import { fortunesTiny, FORTUNES_DIR } from '../helpers/fortunes-tiny.ts';
 import { weightsFromFiles } from '../helpers/weights.ts';
@@ -34,25 +33,9 @@ const H = cfg.hiddenSize;
 const L = cfg.numLayers;
 const MODEL = 'fortunes-tiny';
 
-/** A span executor that also answers the logits of chosen rows (a checker of a last hop). */
-async function checkExecutor(start: number, end: number): Promise<CheckExecutor> {
-  const last = end === L;
-  const ex = await ShardExecutor.create({ config: last ? { ...cfg, numLayers: L + 1 } : cfg, backend: nodeBackend, weights: () => weights, startLayer: start, endLayer: end, maxContext: 256 });
-  const head = last ? await nodeBackend.createSession(buildHeadGraph(cfg, weights).bytes) : undefined;
-  return {
-    config: cfg,
-    startLayer: start,
-    endLayer: end,
-    async forward(req: ForwardRequest & { logitRows?: readonly number[] }): Promise<ForwardResult | LogitsResult> {
-      const { logitRows, ...rest } = req;
-      const r = await ex.forward(rest);
-      if (!logitRows || !head || r.kind !== 'activation') return r;
-      const hidden = new Float32Array(logitRows.length * H);
-      logitRows.forEach((row, i) => hidden.set(r.data.subarray(row * H, (row + 1) * H), i * H));
-      const out = await head.run({ [IO.hidden]: { type: 'float32', data: hidden, dims: [1, logitRows.length, H] } });
-      return { kind: 'logits', rows: logitRows, data: out[IO.logits]!.data as Float32Array };
-    },
-  };
+/** A checker's span executor (its forward answers the logits of chosen rows at the last layer). */
+function checkExecutor(start: number, end: number): Promise<CheckExecutor> {
+  return ShardExecutor.create({ config: cfg, backend: nodeBackend, weights: () => weights, startLayer: start, endLayer: end, maxContext: 256 });
 }
 
 let tracker: Identity;
@@ -151,7 +134,6 @@ async function run(start: number, end: number, opts: { hopLie?: Lie; checkerLie?
   const out: Run = { verdicts: [], events: [] };
   const verifier = new Verifier({
     peerId: head.peerId,
-    model: MODEL,
     transport: {
       async send(h, req): Promise<MeshReply> {
         const res = await handlers.get(h.peer_id)!({ method: req.method, path: req.path, headers: req.headers ?? {}, body: req.body ?? new Uint8Array(0) });

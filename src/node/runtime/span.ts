@@ -19,6 +19,8 @@ import type { MeshHandler } from '../mesh-types.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../pipeline.ts';
 import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import { measureLayerMs } from './measure.ts';
+import type { Attestor } from '../../verify/attestor.ts';
+import type { HeadVerify } from '../verify/head-verify.ts';
 import { rebuildingError } from './device-recovery.ts';
 import type { NodeActivity } from './stats.ts';
 
@@ -66,6 +68,10 @@ export interface SpanLoadContext {
   replace: ((model: string) => ReplaceSpan) | undefined;
   /** The pipeline's hop mode (PipelineOptions.hopMode). */
   hopMode?: 'chain' | 'star';
+  /** Signs what this node's span answers (docs/protocol.md §11). */
+  attestor?: Attestor;
+  /** A head's spot-checks for a model (docs/verification.md). */
+  headVerify?(model: string): HeadVerify;
   /** The load of `spec` moved on (state and progress for the page). */
   onPhase(phase: 'downloading' | 'loading', spec: SpanSpec, config: ModelConfig, progress?: DownloadProgress): void;
   /** Throws MESH_ERR_CANCELLED when the load was superseded (the node stopped or restarted). */
@@ -183,6 +189,7 @@ function forwardHandlerFor(span: LoadedSpan, ctx: SpanLoadContext): MeshHandler 
       else ctx.onForwardStatus?.(span, ev.status);
     },
     onError: (e) => ctx.host.log('error', `forward: ${(e as Error).stack ?? String(e)}`),
+    ...(ctx.attestor ? { attestor: ctx.attestor } : {}),
   });
 }
 
@@ -208,7 +215,9 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     },
   };
   const replace = ctx.replace?.(span.spec.model);
+  const verify = ctx.headVerify?.(span.spec.model);
   return new PipelineDriver({
+    ...(verify ? { verify } : {}),
     executor: timed,
     tokenizer: span.tokenizer,
     transport: ctx.transport,

@@ -21,19 +21,18 @@ import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseSteps,
 import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan } from '../../verify/plan.ts';
 import { checkToken } from '../../verify/token-check.ts';
 
-/** A forward that may answer the logits of chosen rows (a last hop's check). */
-export type LogitsResult = { kind: 'logits'; rows: readonly number[]; data: Float32Array };
-
+/** What a check needs of the span's executor: a stateless forward, and the logits of chosen rows at the last layer (ForwardRequest.logitRows). */
 export interface CheckExecutor {
   readonly config: { readonly numLayers: number; readonly hiddenSize: number; readonly vocabSize: number };
   readonly startLayer: number;
   readonly endLayer: number;
-  forward(req: ForwardRequest & { logitRows?: readonly number[] }): Promise<ForwardResult | LogitsResult>;
+  forward(req: ForwardRequest): Promise<ForwardResult>;
 }
 
 export interface CheckHandlerInit {
   peerId: string;
-  model: string;
+  /** The model this node serves now, as the tracker names it. */
+  model: string | (() => string);
   executor(): CheckExecutor | undefined;
   trackerKey(): Uint8Array | undefined;
   sign(bytes: Uint8Array): Promise<Uint8Array>;
@@ -105,7 +104,8 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
     const h = req.headers;
     const plan = await planOf(h);
     if (plan.expires_at < now()) throw new MeshError('MESH_ERR_FORBIDDEN', 'the check plan expired');
-    if (plan.model !== init.model) throw new MeshError('MESH_ERR_FORBIDDEN', `the plan is for model ${plan.model}; this node serves ${init.model}`);
+    const model = typeof init.model === 'string' ? init.model : init.model();
+    if (plan.model !== model) throw new MeshError('MESH_ERR_FORBIDDEN', `the plan is for model ${plan.model}; this node serves ${model}`);
     const checked = h[CHECK_PEER_HEADER]?.trim() ?? '';
     const session = h[H.session]?.trim() ?? '';
     const start = Number(h[H.startLayer]);
@@ -144,7 +144,7 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
     uses.set(useKey, used + 1);
     if (uses.size > 4096) uses.clear();
     try {
-      const fr: ForwardRequest & { logitRows?: readonly number[] } = { startLayer: start, endLayer: end };
+      const fr: ForwardRequest = { startLayer: start, endLayer: end };
       if (tokensIn) {
         const dv = new DataView(req.body.buffer, req.body.byteOffset, req.body.byteLength);
         fr.tokenIds = Array.from({ length: rows }, (_, i) => dv.getUint32(i * 4, true));

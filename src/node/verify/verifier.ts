@@ -76,7 +76,6 @@ export interface VerifierInit {
   verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): Promise<boolean>;
   /** Sends the report (signed by the head) to the tracker; resolves with the tracker's answer. */
   report(report: CheckReport): Promise<unknown>;
-  model: string;
   /** Checks at once. @defaultValue 2 */
   maxConcurrent?: number;
   /** Checks waiting. @defaultValue 32 */

@@ -1,0 +1,147 @@
+/**
+ * Volunteers who lie, caught on a mesh of real processes (docs/verification.md):
+ * a relay, a tracker with spot-checks on, and four nodes on the shipped
+ * fortunes-tiny with overlapping spans — a head H [0, 3), and three holders
+ * of the last layers: X [3, 6), Y [3, 6), Z [2, 6). X is a lying node
+ * (test/helpers/lying-node.ts: the Node.js host with a fault wrapped around
+ * its span; a new process, so a new node, for every lying mode). Chats run
+ * steadily through the OpenAI API; the tracker routes about a third of
+ * them through X, plans checks (every session of a new node), the head
+ * has Y or Z recompute X's steps in one prefill and the other arbitrate,
+ * and the tracker judges the signed evidence.
+ *
+ * Per mode: X is quarantined within 60 s of traffic; no honest node is
+ * accused; every answer that went through X before says so (its
+ * verification is "wrong"); and afterwards greedy answers are the float64
+ * reference's, token for token (f32 on the wire).
+ */
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
+import { FORTUNES_DIR, fortunesTiny } from '../helpers/fortunes-tiny.ts';
+import type { LyingMode } from '../helpers/faults.ts';
+import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
+import { spawnMeshnet, startNode, startTrackerProc, stopMesh, until, type NodeProc, type Proc, type TrackerProc } from './support/mesh.ts';
+
+const LYING_NODE = fileURLToPath(new URL('../helpers/lying-node.ts', import.meta.url));
+const TOPICS = ['science', 'cats', 'the sea', 'money', 'love', 'work', 'music', 'time', 'rain', 'dogs', 'coffee', 'luck'];
+
+interface Verification {
+  status: string;
+  generations: Array<{ id: string; status: string; url: string; hops: Array<{ peer_id: string; status: string; role: string }> }>;
+}
+
+interface ChatResult {
+  at: number;
+  prompt: string;
+  ids: number[];
+  verification: Verification | undefined;
+}
+
+describe('lying volunteers on a 4-node mesh', () => {
+  let st: StaticServer;
+  let relay: RelayProcess;
+  let tracker: TrackerProc;
+  const nodes: NodeProc[] = [];
+  const liars: Proc[] = [];
+  const ref = fortunesTiny();
+
+  beforeAll(async () => {
+    st = await startStaticServer({ root: FORTUNES_DIR });
+    relay = await startRelayProcess();
+    tracker = await startTrackerProc(['--model', `fortunes-tiny=${st.url}`, '--relay', relay.url, '--wire-dtype', 'f32', '--heartbeat-interval-ms', '500']);
+    const common = ['--tracker', tracker.url, '--relay', relay.url, '--model-url', st.url, '--wire-dtype', 'f32', '--max-context', '256'];
+    for (const layers of ['0-3', '3-6', '2-6']) nodes.push(await startNode([...common, '--layers', layers]));
+  }, 180_000);
+
+  afterAll(async () => {
+    await Promise.all(liars.map((l) => l.stop()));
+    await stopMesh({ nodes, tracker, relay, st });
+  });
+
+  async function chat(prompt: string): Promise<ChatResult> {
+    const res = await fetch(`${tracker.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'fortunes-tiny', messages: [{ role: 'user', content: prompt }], max_tokens: 16, temperature: 0 }),
+    });
+    const body = (await res.json()) as { choices?: Array<{ token_ids: number[] }>; usage?: { verification?: Verification }; error?: { message: string } };
+    if (res.status !== 200) throw new Error(`chat answered ${res.status}: ${body.error?.message}`);
+    return { at: Date.now(), prompt, ids: body.choices![0]!.token_ids, verification: body.usage?.verification };
+  }
+
+  /** Chats, three at a time, until `stop()` says so (or `ms` pass). */
+  async function traffic(stop: () => Promise<boolean>, ms: number): Promise<ChatResult[]> {
+    const out: ChatResult[] = [];
+    const deadline = Date.now() + ms;
+    let done = false;
+    let n = 0;
+    const worker = async () => {
+      while (!done && Date.now() < deadline) {
+        const topic = TOPICS[n++ % TOPICS.length]!;
+        out.push(await chat(`Tell me a fortune about ${topic}.`));
+      }
+    };
+    const watcher = (async () => {
+      while (!done && Date.now() < deadline) {
+        if (await stop().catch(() => false)) done = true;
+        else await new Promise((r) => setTimeout(r, 250));
+      }
+      done = true;
+    })();
+    await Promise.all([worker(), worker(), worker(), watcher]);
+    return out;
+  }
+
+  async function verificationSummary(): Promise<{ nodes: Record<string, { offences: number; quarantined_until: number | null; passes: number; consecutive: number }>; offences: Array<{ peer: string; at: number; role: string; checker: { peer: string }; arbiter?: { peer: string } }> }> {
+    return (await (await fetch(`${tracker.url}/api/verification`)).json()) as never;
+  }
+
+  function startLiar(mode: LyingMode): Promise<Proc & { peerId: string; servingAt: number }> {
+    const cfg = { mode, tracker: tracker.url, relay: relay.url, model: 'fortunes-tiny', numLayers: 6, layers: [3, 6], modelUrl: st.url, wireDtype: 'f32', maxContext: 256 };
+    const p = spawnMeshnet([JSON.stringify(cfg)], { NODE_OPTIONS: '--import tsx' }, LYING_NODE);
+    liars.push(p);
+    return (async () => {
+      const l = await p.waitFor((e) => e.event === 'listening', 60_000);
+      const s = await p.waitFor((e) => e.event === 'serving', 60_000);
+      void s;
+      return Object.assign(p, { peerId: l.peer_id as string, servingAt: Date.now() });
+    })();
+  }
+
+  it.each<LyingMode>(['noise'])('a last hop lying by %s is quarantined within 60 s, with evidence; nothing it computed is passed off as checked; later answers are the reference\'s', async (mode) => {
+    const liar = await startLiar(mode);
+    // The tracker routes over the liar once its heartbeat says what it serves.
+    await until(async () => ((await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ peer_id: string; status: string }> }).nodes.some((n) => n.peer_id === liar.peerId && n.status === 'serving'), 20_000, 'the liar serving');
+    const t0 = Date.now();
+    const before = await traffic(async () => (await verificationSummary()).nodes[liar.peerId]?.quarantined_until != null, 90_000);
+    const v = await verificationSummary();
+    const offence = v.offences.find((o) => o.peer === liar.peerId);
+    expect(offence, `no offence of the liar after ${before.length} chats`).toBeDefined();
+    const detectedS = (offence!.at - t0) / 1000;
+    console.log(`lying mode ${mode}: quarantined ${detectedS.toFixed(1)} s into traffic, after ${before.length} chats`);
+    expect(detectedS).toBeLessThan(60);
+    // The checker and the arbiter are the other two holders of [3, 6); nobody honest is accused.
+    expect(new Set([offence!.checker.peer, offence!.arbiter?.peer])).toEqual(new Set([nodes[1]!.peerId, nodes[2]!.peerId]));
+    for (const n of nodes) expect(v.nodes[n.peerId]?.offences ?? 0).toBe(0);
+
+    // Every answer that went through the liar says so now (found wrong by its own check, or by a later one).
+    const through = before.filter((c) => c.verification?.generations.some((g) => g.hops.some((h) => h.peer_id === liar.peerId)));
+    expect(through.length).toBeGreaterThan(0);
+    for (const c of through) {
+      const g = c.verification!.generations[0]!;
+      const now = (await (await fetch(`${tracker.url}${g.url}`)).json()) as Verification['generations'][number];
+      expect(now.status).toBe('wrong');
+      expect(now.hops.find((h) => h.peer_id === liar.peerId)!.status).toBe('wrong');
+    }
+
+    // Afterwards: no route through the liar, and greedy answers are the reference's.
+    const after = await traffic(async () => false, 4_000);
+    expect(after.length).toBeGreaterThan(0);
+    for (const c of after) {
+      expect(c.verification!.generations[0]!.hops.map((h) => h.peer_id)).not.toContain(liar.peerId);
+      expect(c.ids).toEqual(ref.greedy(c.prompt, 16).ids);
+    }
+  }, 240_000);
+});
