@@ -29,6 +29,8 @@ export interface FaultOptions {
   /** The model's layer count (wrong-layers keeps the last layer in range). */
   numLayers: number;
   seed?: number;
+  /** Called at the first lie an output mode tells (weight modes lie from the start). */
+  onFirstLie?: () => void;
 }
 
 function rng(seed: number): () => number {
@@ -95,6 +97,7 @@ export function lyingForward<E extends { forward(req: ForwardRequest): Promise<F
   const hidden = ex.config.hiddenSize;
   const sessions = new Set<string>();
   let steps = 0;
+  let lied = false;
   return async (req) => {
     const res = await ex.forward(req);
     if (req.session && req.position === 0) sessions.add(req.session);
@@ -117,6 +120,10 @@ export function lyingForward<E extends { forward(req: ForwardRequest): Promise<F
         lie = false;
     }
     if (!lie) return res;
+    if (!lied) {
+      lied = true;
+      o.onFirstLie?.();
+    }
     if (res.kind === 'activation') {
       if (o.mode === 'zero') return { ...res, data: new Float32Array(res.data.length) };
       if (o.mode === 'second-best') return res;

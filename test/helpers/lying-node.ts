@@ -31,8 +31,8 @@ interface LyingNodeConfig {
 }
 
 const cfg = JSON.parse(process.argv[2] ?? '{}') as LyingNodeConfig;
-const fault = { mode: cfg.mode, numLayers: cfg.numLayers, ...(cfg.honestSessions !== undefined ? { honestSessions: cfg.honestSessions } : {}) };
 const emit = (event: Record<string, unknown>) => process.stdout.write(`${JSON.stringify(event)}\n`);
+const fault = { mode: cfg.mode, numLayers: cfg.numLayers, ...(cfg.honestSessions !== undefined ? { honestSessions: cfg.honestSessions } : {}), onFirstLie: () => emit({ event: 'first-lie', mode: cfg.mode, at: Date.now() }) };
 
 /** Layer names a wrong-layers node asks its loader for instead: the next layer's. */
 const shift = (name: string) => name.replace(/^model\.layers\.(\d+)\./, (_, l: string) => `model.layers.${Math.min(cfg.numLayers - 1, Number(l) + 1)}.`);

@@ -45,9 +45,20 @@ describe('lying volunteers on a 4-node mesh', () => {
   let tracker: TrackerProc;
   const nodes: NodeProc[] = [];
   const liars: Proc[] = [];
-  const ref = fortunesTiny();
+  const fortunes = fortunesTiny();
+  /** The float64 reference's greedy answers, by prompt (seconds of work each: once). */
+  const refs = new Map<string, number[]>();
+  const ref = (prompt: string) => {
+    let ids = refs.get(prompt);
+    if (!ids) refs.set(prompt, (ids = fortunes.greedy(prompt, 16).ids));
+    return ids;
+  };
+  /** Detection time per mode, s (printed at the end for docs/verification.md). */
+  const detections: Array<{ mode: string; seconds: number; chats: number; checks: number }> = [];
 
   beforeAll(async () => {
+    // The references first: synchronous float64 work would stall sockets later.
+    for (const t of TOPICS) ref(`Tell me a fortune about ${t}.`);
     st = await startStaticServer({ root: FORTUNES_DIR });
     relay = await startRelayProcess();
     tracker = await startTrackerProc(['--model', `fortunes-tiny=${st.url}`, '--relay', relay.url, '--wire-dtype', 'f32', '--heartbeat-interval-ms', '500']);
@@ -56,6 +67,7 @@ describe('lying volunteers on a 4-node mesh', () => {
   }, 180_000);
 
   afterAll(async () => {
+    console.log(`detection by lying mode: ${JSON.stringify(detections)}`);
     await Promise.all(liars.map((l) => l.stop()));
     await stopMesh({ nodes, tracker, relay, st });
   });
@@ -94,12 +106,13 @@ describe('lying volunteers on a 4-node mesh', () => {
     return out;
   }
 
-  async function verificationSummary(): Promise<{ nodes: Record<string, { offences: number; quarantined_until: number | null; passes: number; consecutive: number }>; offences: Array<{ peer: string; at: number; role: string; checker: { peer: string }; arbiter?: { peer: string } }> }> {
+  async function verificationSummary(): Promise<{ nodes: Record<string, { offences: number; quarantined_until: number | null; passes: number; consecutive: number }>; offences: Array<{ peer: string; at: number; role: 'hop' | 'checker'; checker: { peer: string }; arbiter?: { peer: string } }> }> {
     return (await (await fetch(`${tracker.url}/api/verification`)).json()) as never;
   }
 
   function startLiar(mode: LyingMode): Promise<Proc & { peerId: string; servingAt: number }> {
-    const cfg = { mode, tracker: tracker.url, relay: relay.url, model: 'fortunes-tiny', numLayers: 6, layers: [3, 6], modelUrl: st.url, wireDtype: 'f32', maxContext: 256 };
+    // honest-then-noise: honest long enough to pass the 10 checks of a new node, then lying on every step.
+    const cfg = { mode, tracker: tracker.url, relay: relay.url, model: 'fortunes-tiny', numLayers: 6, layers: [3, 6], modelUrl: st.url, wireDtype: 'f32', maxContext: 256, honestSessions: 14 };
     const p = spawnMeshnet([JSON.stringify(cfg)], { NODE_OPTIONS: '--import tsx' }, LYING_NODE);
     liars.push(p);
     return (async () => {
@@ -110,38 +123,60 @@ describe('lying volunteers on a 4-node mesh', () => {
     })();
   }
 
-  it.each<LyingMode>(['noise'])('a last hop lying by %s is quarantined within 60 s, with evidence; nothing it computed is passed off as checked; later answers are the reference\'s', async (mode) => {
+  it.each<LyingMode>(['noise', 'zero', 'wrong-layers', 'tampered', 'q4-as-f32', 'one-in-20', 'second-best', 'honest-then-noise'])('a last hop lying by %s is quarantined within 60 s, with evidence; nothing it computed is passed off as checked; later answers are the reference\'s', async (mode) => {
     const liar = await startLiar(mode);
     // The tracker routes over the liar once its heartbeat says what it serves.
     await until(async () => ((await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ peer_id: string; status: string }> }).nodes.some((n) => n.peer_id === liar.peerId && n.status === 'serving'), 20_000, 'the liar serving');
-    const t0 = Date.now();
-    const before = await traffic(async () => (await verificationSummary()).nodes[liar.peerId]?.quarantined_until != null, 90_000);
+    const trafficStart = Date.now();
+    const before = await traffic(async () => (await verificationSummary()).nodes[liar.peerId]?.quarantined_until != null, 150_000);
     const v = await verificationSummary();
     const offence = v.offences.find((o) => o.peer === liar.peerId);
     expect(offence, `no offence of the liar after ${before.length} chats`).toBeDefined();
+    // From the first lie it told (an output mode) or the start of traffic (its weights lie from the start).
+    const firstLie = liar.events.find((e) => e.event === 'first-lie')?.at as number | undefined;
+    const t0 = Math.max(trafficStart, firstLie ?? 0);
     const detectedS = (offence!.at - t0) / 1000;
-    console.log(`lying mode ${mode}: quarantined ${detectedS.toFixed(1)} s into traffic, after ${before.length} chats`);
+    const honestChecks = mode === 'honest-then-noise' ? (await verificationSummary()).nodes[liar.peerId]!.passes : 0;
+    detections.push({ mode, seconds: Math.round(detectedS * 10) / 10, chats: before.length, checks: honestChecks });
+    console.log(`lying mode ${mode}: quarantined ${detectedS.toFixed(1)} s after ${firstLie ? 'its first lie' : 'traffic started'}, after ${before.length} chats`);
     expect(detectedS).toBeLessThan(60);
-    // The checker and the arbiter are the other two holders of [3, 6); nobody honest is accused.
-    expect(new Set([offence!.checker.peer, offence!.arbiter?.peer])).toEqual(new Set([nodes[1]!.peerId, nodes[2]!.peerId]));
+    // Honest long enough to pass the 10 checks a new node gets, before it lied.
+    if (mode === 'honest-then-noise') expect(honestChecks).toBeGreaterThanOrEqual(10);
+    // Found lying as a hop (the other two holders of [3, 6) checked and arbitrated), or — a node whose
+    // weights are wrong computes wrong checks too — as the checker of an honest hop (the third arbitrated).
+    const honestHolders = new Set([nodes[1]!.peerId, nodes[2]!.peerId]);
+    if (offence!.role === 'hop') expect(new Set([offence!.checker.peer, offence!.arbiter?.peer])).toEqual(honestHolders);
+    else {
+      expect(offence!.checker.peer).toBe(liar.peerId);
+      expect(honestHolders.has(offence!.arbiter!.peer)).toBe(true);
+    }
     for (const n of nodes) expect(v.nodes[n.peerId]?.offences ?? 0).toBe(0);
 
-    // Every answer that went through the liar says so now (found wrong by its own check, or by a later one).
+    // Every answer that went through the liar is accounted for: its part checked clean on that very
+    // generation (then the answer is the reference's), or wrong (found so by its own check or a later one).
     const through = before.filter((c) => c.verification?.generations.some((g) => g.hops.some((h) => h.peer_id === liar.peerId)));
     expect(through.length).toBeGreaterThan(0);
+    let wrong = 0;
     for (const c of through) {
       const g = c.verification!.generations[0]!;
       const now = (await (await fetch(`${tracker.url}${g.url}`)).json()) as Verification['generations'][number];
-      expect(now.status).toBe('wrong');
-      expect(now.hops.find((h) => h.peer_id === liar.peerId)!.status).toBe('wrong');
+      const hop = now.hops.find((h) => h.peer_id === liar.peerId)!;
+      expect(['clean', 'wrong']).toContain(hop.status);
+      if (hop.status === 'clean') expect(c.ids).toEqual(ref(c.prompt));
+      else {
+        wrong++;
+        expect(now.status).toBe('wrong');
+      }
     }
+    expect(wrong).toBeGreaterThan(0);
 
     // Afterwards: no route through the liar, and greedy answers are the reference's.
     const after = await traffic(async () => false, 4_000);
     expect(after.length).toBeGreaterThan(0);
     for (const c of after) {
       expect(c.verification!.generations[0]!.hops.map((h) => h.peer_id)).not.toContain(liar.peerId);
-      expect(c.ids).toEqual(ref.greedy(c.prompt, 16).ids);
+      expect(c.ids).toEqual(ref(c.prompt));
     }
-  }, 240_000);
+    await liar.stop();
+  }, 300_000);
 });

@@ -137,11 +137,12 @@ export class GenerationRecord {
         if (s.result?.outcome === 'wrong') {
           status = 'wrong';
           detail = s.result.detail ?? 'a check of this generation found its output wrong';
-        } else if (later.length > 0) {
-          status = 'wrong';
-          detail = `found lying at ${new Date(later[0]!.at).toISOString()} (offence ${later[0]!.id}); what it computed here is not to be trusted`;
         } else if (s.result?.outcome === 'clean') status = 'clean';
-        else if (s.planned && !s.result && (a.active || now <= a.planExpires)) {
+        else if (later.length > 0) {
+          // Not checked here, and found lying since: what it computed here is not to be trusted.
+          status = 'wrong';
+          detail = `found lying at ${new Date(later[0]!.at).toISOString()} (offence ${later[0]!.id}); its part of this generation was not checked`;
+        } else if (s.planned && !s.result && (a.active || now <= a.planExpires)) {
           status = 'pending';
           detail = 'a check is planned';
         } else {
