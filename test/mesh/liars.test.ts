@@ -39,7 +39,27 @@ interface ChatResult {
   verification: Verification | undefined;
 }
 
-describe('lying volunteers on a 4-node mesh', () => {
+interface Layout {
+  title: string;
+  /** The honest nodes' spans ('a-b', [a, b)), the head first. */
+  honest: string[];
+  /** The liar's span [a, b). */
+  liar: [number, number];
+  /** Indexes into `honest` of the other holders of the liar's span. */
+  holders: [number, number];
+  modes: LyingMode[];
+  /** Routes have two hops after the head: steps go down the chain (hops push to each other). */
+  chained?: boolean;
+}
+
+const LAYOUTS: Layout[] = [
+  // Four nodes, overlapping spans: routes are H → one of X, Y, Z (a star: one hop after the head).
+  { title: 'a last hop on a 4-node mesh', honest: ['0-3', '3-6', '2-6'], liar: [3, 6], holders: [1, 2], modes: ['noise', 'zero', 'wrong-layers', 'tampered', 'q4-as-f32', 'one-in-20', 'second-best', 'honest-then-noise'] },
+  // Five nodes: routes are H → one of X, Y, Z → W, chained (the hops push to each other; attestations ride with the step).
+  { title: 'a middle hop of a chained 5-node mesh', honest: ['0-2', '2-4', '2-4', '4-6'], liar: [2, 4], holders: [1, 2], modes: ['noise', 'zero'], chained: true },
+];
+
+describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
   let st: StaticServer;
   let relay: RelayProcess;
   let tracker: TrackerProc;
@@ -63,7 +83,7 @@ describe('lying volunteers on a 4-node mesh', () => {
     relay = await startRelayProcess();
     tracker = await startTrackerProc(['--model', `fortunes-tiny=${st.url}`, '--relay', relay.url, '--wire-dtype', 'f32', '--heartbeat-interval-ms', '500']);
     const common = ['--tracker', tracker.url, '--relay', relay.url, '--model-url', st.url, '--wire-dtype', 'f32', '--max-context', '256'];
-    for (const layers of ['0-3', '3-6', '2-6']) nodes.push(await startNode([...common, '--layers', layers]));
+    for (const layers of layout.honest) nodes.push(await startNode([...common, '--layers', layers]));
   }, 180_000);
 
   afterAll(async () => {
@@ -112,7 +132,7 @@ describe('lying volunteers on a 4-node mesh', () => {
 
   function startLiar(mode: LyingMode): Promise<Proc & { peerId: string; servingAt: number }> {
     // honest-then-noise: honest long enough to pass the 10 checks of a new node, then lying on every step.
-    const cfg = { mode, tracker: tracker.url, relay: relay.url, model: 'fortunes-tiny', numLayers: 6, layers: [3, 6], modelUrl: st.url, wireDtype: 'f32', maxContext: 256, honestSessions: 14 };
+    const cfg = { mode, tracker: tracker.url, relay: relay.url, model: 'fortunes-tiny', numLayers: 6, layers: layout.liar, modelUrl: st.url, wireDtype: 'f32', maxContext: 256, honestSessions: 14 };
     const p = spawnMeshnet([JSON.stringify(cfg)], { NODE_OPTIONS: '--import tsx' }, LYING_NODE);
     liars.push(p);
     return (async () => {
@@ -123,7 +143,7 @@ describe('lying volunteers on a 4-node mesh', () => {
     })();
   }
 
-  it.each<LyingMode>(['noise', 'zero', 'wrong-layers', 'tampered', 'q4-as-f32', 'one-in-20', 'second-best', 'honest-then-noise'])('a last hop lying by %s is quarantined within 60 s, with evidence; nothing it computed is passed off as checked; later answers are the reference\'s', async (mode) => {
+  it.each(layout.modes)('lying by %s: quarantined within 60 s, with evidence; nothing it computed is passed off as checked; later answers are the reference\'s', async (mode) => {
     const liar = await startLiar(mode);
     // The tracker routes over the liar once its heartbeat says what it serves.
     await until(async () => ((await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ peer_id: string; status: string }> }).nodes.some((n) => n.peer_id === liar.peerId && n.status === 'serving'), 20_000, 'the liar serving');
@@ -137,14 +157,14 @@ describe('lying volunteers on a 4-node mesh', () => {
     const t0 = Math.max(trafficStart, firstLie ?? 0);
     const detectedS = (offence!.at - t0) / 1000;
     const honestChecks = mode === 'honest-then-noise' ? (await verificationSummary()).nodes[liar.peerId]!.passes : 0;
-    detections.push({ mode, seconds: Math.round(detectedS * 10) / 10, chats: before.length, checks: honestChecks });
-    console.log(`lying mode ${mode}: quarantined ${detectedS.toFixed(1)} s after ${firstLie ? 'its first lie' : 'traffic started'}, after ${before.length} chats`);
+    detections.push({ mode: `${layout.liar.join('-')} ${mode}`, seconds: Math.round(detectedS * 10) / 10, chats: before.length, checks: honestChecks });
+    console.log(`${layout.title}, lying mode ${mode}: quarantined ${detectedS.toFixed(1)} s after ${firstLie ? 'its first lie' : 'traffic started'}, after ${before.length} chats`);
     expect(detectedS).toBeLessThan(60);
     // Honest long enough to pass the 10 checks a new node gets, before it lied.
     if (mode === 'honest-then-noise') expect(honestChecks).toBeGreaterThanOrEqual(10);
     // Found lying as a hop (the other two holders of [3, 6) checked and arbitrated), or — a node whose
     // weights are wrong computes wrong checks too — as the checker of an honest hop (the third arbitrated).
-    const honestHolders = new Set([nodes[1]!.peerId, nodes[2]!.peerId]);
+    const honestHolders = new Set(layout.holders.map((i) => nodes[i]!.peerId));
     if (offence!.role === 'hop') expect(new Set([offence!.checker.peer, offence!.arbiter?.peer])).toEqual(honestHolders);
     else {
       expect(offence!.checker.peer).toBe(liar.peerId);
@@ -176,6 +196,11 @@ describe('lying volunteers on a 4-node mesh', () => {
     for (const c of after) {
       expect(c.verification!.generations[0]!.hops.map((h) => h.peer_id)).not.toContain(liar.peerId);
       expect(c.ids).toEqual(ref(c.prompt));
+    }
+    if (layout.chained) {
+      // The steps went down the chain (the last hop took chained /forwards), so the attestations rode with them.
+      const info = (await (await fetch(`${nodes.at(-1)!.endpoint}/info`)).json()) as { chain_forwards: number };
+      expect(info.chain_forwards).toBeGreaterThan(0);
     }
     await liar.stop();
   }, 300_000);
