@@ -218,6 +218,13 @@ export class TrackerClient {
     return p.data;
   }
 
+  /** A planned check this head could not run (src/verify/evidence.ts SkippedCheck), signed. */
+  async reportSkipped(skipped: unknown): Promise<unknown> {
+    const { status, json } = await this.post('/api/checks/skipped', await signBody(this.init.identity, skipped));
+    if (status !== 200) this.fail('/api/checks/skipped', status, json);
+    return json;
+  }
+
   /** A check's evidence (src/verify/evidence.ts), signed by this head: the tracker's verdict, and who is distrusted now. */
   async reportCheck(report: unknown): Promise<unknown> {
     const { status, json } = await this.post('/api/checks/report', await signBody(this.init.identity, report));

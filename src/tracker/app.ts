@@ -51,6 +51,8 @@ export interface Tracker {
   identity: Identity;
   publicKey: string;
   recentRoutes: RecentRoute[];
+  /** Spot-checks: trust counters, quarantines, verification records (docs/verification.md). */
+  verification: VerificationService;
   /** Expire silent nodes and rebalance; the server calls it every heartbeat interval. */
   sweep(): string[];
 }
@@ -134,6 +136,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     identity,
     publicKey: ctx.publicKey,
     recentRoutes,
+    verification,
     sweep() {
       const removed = registry.sweep();
       ctx.updateNodeGauge();

@@ -71,6 +71,21 @@ export const checkReportSchema = z.object({
 });
 export type CheckReport = z.infer<typeof checkReportSchema>;
 
+/** POST /api/checks/skipped: a planned check the head could not run (the hop gave no valid attestation, or no checker answered). */
+export const skippedCheckSchema = z.object({
+  head: peerId,
+  timestamp: z.number().int(),
+  plan: z.string().min(2).max(64_000),
+  plan_signature: z.string().min(40).max(200),
+  session: z.string().min(1).max(128),
+  peer_id: peerId,
+  start_layer: z.number().int().nonnegative(),
+  end_layer: z.number().int().positive(),
+  reason: z.enum(['refused', 'no-checker']),
+  why: z.string().max(500),
+});
+export type SkippedCheck = z.infer<typeof skippedCheckSchema>;
+
 export type Outcome = 'pass' | 'offence' | 'checker-offence' | 'inconclusive';
 
 export interface Verdict {

@@ -169,6 +169,7 @@ export class NodeRuntime {
         if (!this.tracker) return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no tracker to report a check to'));
         return this.tracker.reportCheck(r);
       },
+      skipped: (s) => (this.tracker ? this.tracker.reportSkipped(s) : Promise.resolve(undefined)),
       onEvent: (e) => {
         if (e.type === 'reported') {
           const a = e.answer as { outcome?: string; guilty?: string } | undefined;

@@ -26,7 +26,7 @@ import { decodeTensor, dtypeBytes, type Dtype } from '../../protocol/tensor.ts';
 import { attestMessage, chainDigest, checkMessage, CHECK_ATTEST_HEADER, parseAttestations, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../verify/attest.ts';
 import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, formatSteps, formatTokens, readTokenBytes, readTokenCheck, TOKEN_CHECK_BYTES } from '../../verify/check-wire.ts';
 import { rowDistances, worst } from '../../verify/distance.ts';
-import { temperatureOf, type CheckReport } from '../../verify/evidence.ts';
+import { temperatureOf, type CheckReport, type SkippedCheck } from '../../verify/evidence.ts';
 import { CHECK_PATH, CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, type CheckPlan, type PlanCheck, type PlanPeer } from '../../verify/plan.ts';
 import { thresholdsFor, tokenDistance, type Thresholds } from '../../verify/thresholds.ts';
 
@@ -76,6 +76,8 @@ export interface VerifierInit {
   verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): Promise<boolean>;
   /** Sends the report (signed by the head) to the tracker; resolves with the tracker's answer. */
   report(report: CheckReport): Promise<unknown>;
+  /** Tells the tracker a planned check could not run (signed by the head). */
+  skipped?(s: SkippedCheck): Promise<unknown>;
   /** Checks at once. @defaultValue 2 */
   maxConcurrent?: number;
   /** Checks waiting. @defaultValue 32 */
@@ -147,7 +149,7 @@ export class Verifier {
     const { gen, span, entry } = job;
     const peer = entry.peer.peer_id;
     const att = parseAttestations(span.attestation).find((a) => a.peer === peer);
-    if (!att) return this.init.onEvent?.({ type: 'refused', peer, why: 'it gave no attestation' });
+    if (!att) return this.skip(job, 'refused', 'it gave no attestation');
     // The steps the attestation covers: a prefix of the generation's steps.
     let covered = 0;
     const steps: number[] = [];
@@ -156,7 +158,7 @@ export class Verifier {
       steps.push(n);
       covered += n;
     }
-    if (covered !== att.rows || steps.length === 0) return this.init.onEvent?.({ type: 'refused', peer, why: `its attestation covers ${att.rows} rows, not a whole number of steps` });
+    if (covered !== att.rows || steps.length === 0) return this.skip(job, 'refused', `its attestation covers ${att.rows} rows, not a whole number of steps`);
     const last = span.output.kind === 'tokens';
     const scope: AttestScope = { model: gen.plan.plan.model, session: gen.session, startLayer: span.start, endLayer: span.end, dtype: gen.dtype, ...(last ? { sampling: gen.sampling } : {}) };
 
@@ -169,13 +171,13 @@ export class Verifier {
       if (span.output.kind === 'rows') outputs.push(span.output.bytes.subarray(row * span.output.rowBytes, (row + n) * span.output.rowBytes));
       else {
         const t = span.output.tokens[s];
-        if (!t) return this.init.onEvent?.({ type: 'refused', peer, why: `no token for step ${s}` });
+        if (!t) return this.skip(job, 'refused', `no token for step ${s}`);
         outputs.push(tokenBytes(t.tokenId, t.logprob));
       }
       row += n;
     }
     if (inputs.some((b, s) => b.byteLength !== steps[s]! * span.inputRowBytes) || outputs.some((b) => b.byteLength === 0)) {
-      return this.init.onEvent?.({ type: 'refused', peer, why: 'the head does not hold every row the attestation covers' });
+      return this.skip(job, 'refused', 'the head does not hold every row the attestation covers');
     }
     const inHashes = await Promise.all(inputs.map(sha256));
     const outHashes = await Promise.all(outputs.map(sha256));
@@ -188,7 +190,7 @@ export class Verifier {
       });
     };
     if (!(await this.init.verify(decodeBase64Url(entry.peer.public_key), attestMessage(gen.session, covered, await chainDigest(scope, digests(outHashes))), att.signature))) {
-      return this.init.onEvent?.({ type: 'refused', peer, why: 'its attestation does not verify over what it answered' });
+      return this.skip(job, 'refused', 'its attestation does not verify over what it answered');
     }
 
     const body = concatAll(inputs);
@@ -224,7 +226,7 @@ export class Verifier {
       }
       return false;
     };
-    if (!(await ask())) return this.init.onEvent?.({ type: 'no-checker', peer, why: 'no planned checker answered' });
+    if (!(await ask())) return this.skip(job, 'no-checker', 'no planned checker answered');
 
     const temperature = temperatureOf(gen.sampling);
     const classOf = (p: PlanPeer) => ({ format: p.format, backend: p.backend });
@@ -276,6 +278,13 @@ export class Verifier {
     this.ran++;
     const answer = await this.init.report(report);
     this.init.onEvent?.({ type: 'reported', peer, local, threshold: th0, answer });
+  }
+
+  /** A planned check that could not run: said to the tracker (the generation's record shows it unchecked, a refusing hop stays unverified). */
+  private async skip(job: Job, kind: 'refused' | 'no-checker', why: string): Promise<void> {
+    const peer = job.entry.peer.peer_id;
+    this.init.onEvent?.({ type: kind, peer, why });
+    await this.init.skipped?.({ head: this.init.peerId, timestamp: (this.init.now ?? Date.now)(), plan: job.gen.plan.text, plan_signature: job.gen.plan.signature, session: job.gen.session, peer_id: peer, start_layer: job.entry.start_layer, end_layer: job.entry.end_layer, reason: kind, why: why.slice(0, 500) }).catch(() => undefined);
   }
 
   /** One checker's answer, verified; undefined when it did not answer usably (a timeout is not a verdict). */

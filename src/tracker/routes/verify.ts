@@ -2,6 +2,7 @@
  * Spot-checks at the tracker (docs/verification.md, docs/protocol.md §11):
  *
  *   POST /api/checks/report       a head's signed evidence → the verdict and the nodes distrusted now
+ *   POST /api/checks/skipped      a head's signed word that a planned check could not run (the hop refused, no checker answered)
  *   GET  /v1/verifications/:id    a generation's verification: per node clean, unchecked, pending or wrong
  *   GET  /api/verification        the trust counters, quarantines and recent offences (the dashboard's)
  */
@@ -21,6 +22,8 @@ export function verifyRoutes(app: App, ctx: TrackerContext): void {
     ctx.metrics.quarantined.set(v.distrusted().length);
     return json(200, answer);
   });
+
+  app.post('/api/checks/skipped', async ({ req }) => json(200, await v.skipped(await readJson(req, ctx.options.maxBodyBytes))));
 
   app.get('/v1/verifications/:id', ({ req, params }) => {
     const id = params.id ?? '';

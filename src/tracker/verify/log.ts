@@ -40,7 +40,7 @@ interface Span {
   end?: number;
   role: HopVerification['role'];
   planned: boolean;
-  result?: { outcome: 'clean' | 'wrong' | 'refused' | 'inconclusive'; detail?: string };
+  result?: { outcome: 'clean' | 'wrong' | 'refused' | 'inconclusive' | 'skipped'; detail?: string };
 }
 
 interface Attempt {
@@ -147,7 +147,7 @@ export class GenerationRecord {
           detail = 'a check is planned';
         } else {
           status = 'unchecked';
-          detail = s.result?.outcome === 'refused' ? `it would not be checked (${s.result.detail ?? 'no valid attestation'})` : s.result?.outcome === 'inconclusive' ? 'its check was inconclusive' : s.role === 'replacement' ? 'a replacement taken in mid-generation' : s.planned ? 'the check did not happen' : 'not sampled for a check';
+          detail = s.result?.outcome === 'refused' ? `it would not be checked (${s.result.detail ?? 'no valid attestation'})` : s.result?.outcome === 'inconclusive' ? 'its check was inconclusive' : s.result?.outcome === 'skipped' ? `its check could not run (${s.result.detail ?? 'no checker answered'})` : s.role === 'replacement' ? 'a replacement taken in mid-generation' : s.planned ? 'the check did not happen' : 'not sampled for a check';
         }
         hops.push({ peer_id: s.peer, ...(s.start !== undefined ? { start_layer: s.start, end_layer: s.end } : {}), role: s.role, status, ...(detail ? { detail } : {}) });
       }

@@ -16,8 +16,8 @@ import { MeshError } from '../../protocol/errors.ts';
 import { canonicalJson } from '../../protocol/tracker.ts';
 import type { Identity } from '../../node/identity.ts';
 import { verifyEd25519 } from '../../node/identity.ts';
-import { checkReportSchema, judgeReport, type Verdict } from '../../verify/evidence.ts';
-import { DISTRUST_PATH, distrustMessage, type CheckPlan, type Distrust } from '../../verify/plan.ts';
+import { checkReportSchema, judgeReport, skippedCheckSchema, type Verdict } from '../../verify/evidence.ts';
+import { checkPlanMessage, checkPlanSchema, DISTRUST_PATH, distrustMessage, sessionOfGeneration, type CheckPlan, type Distrust } from '../../verify/plan.ts';
 import type { WeightFormat } from '../../verify/thresholds.ts';
 import type { HeadTransport } from '../head-transport.ts';
 import type { NodeRegistry } from '../registry.ts';
@@ -139,6 +139,32 @@ export class VerificationService {
     return { outcome: v.outcome, ...(v.guilty ? { guilty: v.guilty } : {}), distance: v.distance, threshold: v.threshold, distrust: this.distrusted() };
   }
 
+  /** POST /api/checks/skipped: a planned check the head could not run. A refusing hop stays unverified (and is checked next time); nobody is punished. */
+  async skipped(raw: unknown): Promise<{ recorded: boolean }> {
+    if (typeof raw !== 'object' || raw === null) throw new MeshError('MESH_ERR_BAD_REQUEST', 'expected {body: SkippedCheck, signature}');
+    const { body, signature } = raw as { body?: unknown; signature?: unknown };
+    const p = skippedCheckSchema.safeParse(body);
+    if (!p.success || typeof signature !== 'string') throw new MeshError('MESH_ERR_BAD_REQUEST', `skipped check: ${p.success ? 'signature missing' : p.error.issues[0]!.message}`);
+    const s = p.data;
+    const head = this.d.registry.nodes.get(s.head);
+    if (!head) throw new MeshError('MESH_ERR_NOT_FOUND', `head ${s.head} is not registered here`);
+    const ok = await verifyEd25519(decodeBase64Url(head.publicKey), new TextEncoder().encode(canonicalJson(body)), bytes(signature)) && (await verifyEd25519(this.d.identity.publicKey, checkPlanMessage(s.head, s.plan), bytes(s.plan_signature)));
+    if (!ok) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'the skipped check is not signed by its head, or its plan not by this tracker');
+    let plan: CheckPlan;
+    try {
+      plan = checkPlanSchema.parse(JSON.parse(s.plan));
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'the plan is not a CheckPlan');
+    }
+    if (plan.head !== s.head || !sessionOfGeneration(s.session, plan.generation) || !plan.checks.some((c) => c.peer.peer_id === s.peer_id && c.start_layer === s.start_layer && c.end_layer === s.end_layer)) {
+      throw new MeshError('MESH_ERR_FORBIDDEN', 'the plan has no such check for this head and session');
+    }
+    if (s.reason === 'refused') this.trust.refused(s.peer_id);
+    this.log.ofGeneration(plan.generation)?.result(plan.generation, s.peer_id, s.start_layer, s.end_layer, s.reason === 'refused' ? 'refused' : 'skipped', s.why);
+    this.d.logger.info({ head: s.head, peer: s.peer_id, reason: s.reason, why: s.why }, 'a planned check did not run');
+    return { recorded: true };
+  }
+
   distrusted(): Distrust[] {
     return this.trust.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until }));
   }
@@ -233,6 +259,14 @@ export class VerificationService {
 
 export async function signNotice(identity: Identity, notice: Distrust): Promise<string> {
   return encodeBase64Url(await identity.sign(distrustMessage(notice)));
+}
+
+function bytes(text: string): Uint8Array {
+  try {
+    return decodeBase64Url(text);
+  } catch {
+    throw new MeshError('MESH_ERR_UNAUTHORIZED', 'a signature is not base64url');
+  }
 }
 
 function fmt(x: number): string {
