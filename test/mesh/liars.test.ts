@@ -15,7 +15,6 @@
  * verification is "wrong"); and afterwards greedy answers are the float64
  * reference's, token for token (f32 on the wire).
  */
-import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
