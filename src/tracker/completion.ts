@@ -25,6 +25,7 @@ import { runGeneration, type GenerationDeps, type GenerationEvent, type Generati
 import { HttpError, json, readJson, streamResponse } from './http.ts';
 import { MergedChoices } from './merged-choices.ts';
 import { combine } from './verify/log.ts';
+import { runStrict, type StrictStats } from './verify/strict.ts';
 import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai.ts';
 
 export interface ParsedCompletion {
@@ -103,12 +104,25 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
  * is refused, the others' leases are given back. Refusals come as the
  * client sees them (completionError).
  */
-export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'admission'> & { generation: Pick<GenerationDeps, 'sizer'> }, kind: ApiKind, c: Pick<ParsedCompletion, 'model' | 'inputs'>, signal: AbortSignal): Promise<Lease[]> {
+export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'admission'> & { generation: Pick<GenerationDeps, 'sizer'> }, kind: ApiKind, c: Pick<ParsedCompletion, 'model' | 'inputs'> & Partial<Pick<ParsedCompletion, 'verification'>>, signal: AbortSignal): Promise<Lease[]> {
   const context = ctx.registry.model(c.model).contextTokens;
-  const settled = await Promise.allSettled(c.inputs.map((input) => ctx.admission.acquire(c.model, ctx.generation.sizer.estimate(c.model, input, context), { signal })));
+  const acquire = async (input: GenerationInput): Promise<Lease[]> => {
+    const tokens = ctx.generation.sizer.estimate(c.model, input, context);
+    const first = await ctx.admission.acquire(c.model, tokens, { signal });
+    if (c.verification !== 'strict') return [first];
+    // Strict: a second route that shares no node with the first (docs/verification.md).
+    try {
+      return [first, await ctx.admission.acquire(c.model, tokens, { signal, exclude: new Set(first.plan.hops.map((h) => h.id)), front: true })];
+    } catch (e) {
+      first.release();
+      if (e instanceof MeshError && e.code === 'MESH_ERR_UNAVAILABLE') throw new MeshError('MESH_ERR_UNAVAILABLE', `strict verification needs two routes that share no node, and the mesh has one now (${e.message})`, e.details);
+      throw e;
+    }
+  };
+  const settled = await Promise.allSettled(c.inputs.map(acquire));
   const refused = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-  if (!refused) return settled.map((r) => (r as PromiseFulfilledResult<Lease>).value);
-  for (const r of settled) if (r.status === 'fulfilled') r.value.release();
+  if (!refused) return settled.flatMap((r) => (r as PromiseFulfilledResult<Lease[]>).value);
+  for (const r of settled) if (r.status === 'fulfilled') for (const l of r.value) l.release();
   throw completionError(ctx, kind, refused.reason);
 }
 
@@ -193,7 +207,16 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     metrics.firstToken.observe((performance.now() - t0) / 1000);
   };
   // Each choice is its own generation (own route, own failover), all running at once.
-  const choices = c.inputs.map((input, i) => completionParts(runGeneration(ctx.generation, c.model, input, abort.signal, leases[i], { verification: c.verification === 'checked' ? 'checked' : 'default' }), input.stop, onFirstToken));
+  // Strict: two leases per choice (disjoint routes), each token agreed by both (verify/strict.ts).
+  const strict = c.verification === 'strict';
+  const strictStats = c.inputs.map((): StrictStats => ({ agreed: 0, disputes: 0, records: [] }));
+  const choices = c.inputs.map((input, i) =>
+    completionParts(
+      strict ? runStrict(ctx.generation, c.model, input, abort.signal, [leases[2 * i]!, leases[2 * i + 1]!], strictStats[i]!) : runGeneration(ctx.generation, c.model, input, abort.signal, leases[i], { verification: c.verification === 'checked' ? 'checked' : 'default' }),
+      input.stop,
+      onFirstToken,
+    ),
+  );
   /** Stop every choice and release what its generation holds. */
   const endAll = (): void => {
     abort.abort(COMPLETION_OVER);
@@ -214,6 +237,11 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
   });
   /** What the answer says of its checks: per choice, each node's status (waiting for the verdicts when the caller asked for checks). */
   const verificationOf = async (finishes: ReadonlyArray<{ index: number; verification?: string }>): Promise<unknown> => {
+    if (strict) {
+      // Every token was agreed on by two routes that share no node (a third decided any disagreement).
+      const choicesOf = strictStats.map((st, index) => ({ index, status: 'clean' as const, tokens_agreed: st.agreed, disputes: st.disputes, routes: st.records.map((id) => ctx.verification.log.get(id)?.view(ctx.verification.trust, ctx.options.now(), '')).filter(Boolean) }));
+      return { status: 'clean', mode: 'strict', generations: choicesOf };
+    }
     if (!ctx.verification.enabled || finishes.every((f) => f.verification === undefined)) return undefined;
     const records = finishes.map((f) => ({ index: f.index, r: f.verification !== undefined ? ctx.verification.log.get(f.verification) : undefined }));
     if (c.verification === 'checked') await Promise.all(records.map(({ r }) => r?.waitSettled(VERIFY_WAIT_MS)));

@@ -83,6 +83,12 @@ export interface GenerationDeps {
 export interface GenerationOptions {
   /** 'checked': every node of the route is checked, whatever its odds (the caller asked to know). */
   verification?: 'default' | 'checked';
+  /** Nodes never to route this generation through (strict mode keeps its two routes disjoint). */
+  exclude?: ReadonlySet<string>;
+  /** Tokens already agreed on: the generation continues after them (heads get them as prefix_token_ids; they are not yielded again). */
+  prefix?: readonly number[];
+  /** Each attempt's route, as it starts (strict mode keeps its routes apart). */
+  onAttempt?(nodes: readonly string[]): void;
 }
 
 export type GenerationInput = Omit<GenerateRequest, 'prefix_token_ids' | 'session_id'>;
@@ -159,9 +165,9 @@ export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: bo
 export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, signal: AbortSignal, first?: Lease, opts: GenerationOptions = {}): AsyncGenerator<GenerationEvent> {
   let given = first;
   const requestId = randomHex(8);
-  const tokens: number[] = [];
+  const tokens: number[] = [...(opts.prefix ?? [])];
   let promptTokens = 0;
-  const failedHeads = new Set<string>();
+  const failedHeads = new Set<string>(opts.exclude ?? []);
   let lastError: MeshError | undefined;
   let failovers = 0;
   let reroutes = 0;
@@ -190,12 +196,13 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         if (!(e instanceof MeshError && e.code === 'MESH_ERR_UNAVAILABLE')) throw e;
         // Nothing else holds layer 0: the failed head itself may have recovered (or been reassigned).
         await sleep(250);
-        lease = await deps.admission.acquire(model, need, { signal, front: true });
+        lease = await deps.admission.acquire(model, need, { signal, front: true, ...(opts.exclude ? { exclude: opts.exclude } : {}) });
       }
       deps.metrics.failovers.inc();
-    } else lease = await deps.admission.acquire(model, need, { signal, front: why === 'rerouted' });
+    } else lease = await deps.admission.acquire(model, need, { signal, front: why === 'rerouted', ...(opts.exclude ? { exclude: opts.exclude } : {}) });
     const plan = lease.plan;
     deps.onRoute?.(why, model, plan);
+    opts.onAttempt?.(plan.hops.map((h) => h.id));
     const headId = plan.hops[0]!.id;
     const head = deps.registry.nodes.get(headId);
     const hops = routeHops(deps.registry, plan, true);

@@ -165,6 +165,11 @@ export class VerificationService {
     return { recorded: true };
   }
 
+  /** Check these nodes at their next session whatever their odds (strict mode saw their routes disagree). */
+  forceChecks(peers: readonly string[]): void {
+    for (const p of peers) this.trust.get(p).forceNext = true;
+  }
+
   distrusted(): Distrust[] {
     return this.trust.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until }));
   }
