@@ -22,6 +22,9 @@ import type { KvStats } from '../shard/kv-store.ts';
 import type { SamplingParams } from '../shard/sampling.ts';
 import { trace } from '../protocol/trace.ts';
 import { ATTEST_HEADER, tokenBytes } from '../verify/attest.ts';
+import { CHECK_FROM_HEADER, CHECK_RECORDS_HEADER, CHECK_TOKENS_HEADER, parseTokens, tokenCheckBytes } from '../verify/check-wire.ts';
+import { argmax, checkToken } from '../verify/token-check.ts';
+import { concatBytes } from '../protocol/bytes.ts';
 import type { Attestor } from '../verify/attestor.ts';
 
 /** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
@@ -141,6 +144,14 @@ function parseSamplingText(text: string): SamplingParams | undefined {
   return out;
 }
 
+/** The rows an audit judges (from `x-meshnet-check-from` to the last) and the token claimed after each. */
+function auditRows(h: HeaderMap, seq: number, vocab: number): { rows: number[]; claimed: number[] } {
+  const from = intHeader(h, CHECK_FROM_HEADER) ?? 0;
+  if (from >= seq) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_FROM_HEADER} ${from} is past the ${seq} rows`);
+  const claimed = parseTokens(h[CHECK_TOKENS_HEADER], seq - from, vocab);
+  return { rows: Array.from({ length: seq - from }, (_, i) => from + i), claimed };
+}
+
 function intHeader(headers: HeaderMap, name: string): number | undefined {
   const v = headers[name];
   if (v === undefined) return undefined;
@@ -189,6 +200,20 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
 
     const data = decodeTensor(req.body, dtype);
     const fr: ForwardRequest = { activation: { data, shape }, startLayer, endLayer };
+    // A head audit's last hop (docs/verification.md): judge the claimed token after each row from `from` on, in this one prefill.
+    const audit = session === undefined && h[CHECK_TOKENS_HEADER] !== undefined ? auditRows(h, shape[1]!, executor.config.vocabSize) : undefined;
+    if (audit) {
+      if (endLayer !== executor.config.numLayers || !executor.holdsHead) throw new MeshError('MESH_ERR_LAYER_RANGE', `${CHECK_TOKENS_HEADER} asks the last hop to judge tokens; this span does not end at the last layer`, held);
+      const result = await executor.forward({ ...fr, logitRows: audit.rows, ...(sampling ? { sampling } : {}) });
+      if (result.kind !== 'logits') throw new MeshError('MESH_ERR_INTERNAL', 'the span answered no logits for the audited rows');
+      const V = executor.config.vocabSize;
+      const records = audit.rows.map((row, i) => {
+        const logits = result.data.subarray(i * V, (i + 1) * V);
+        const t = checkToken(logits, audit.claimed[i]!, sampling ?? {}, row + 1);
+        return tokenCheckBytes({ claimed: audit.claimed[i]!, sampled: t.sampled, argmax: argmax(logits), deficit: t.deficit, gap: t.gap, logprob: t.logprob });
+      });
+      return { res: { status: 200, headers: { 'content-type': 'application/octet-stream', [CHECK_RECORDS_HEADER]: String(records.length) }, body: concatBytes(records) }, tokens: shape[1]! };
+    }
     if (session !== undefined) {
       fr.session = session;
       fr.position = position!;

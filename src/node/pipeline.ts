@@ -136,6 +136,11 @@ export class PipelineDriver {
     this.rowBytes = init.executor.config.hiddenSize * dtypeBytes(o.wireDtype);
   }
 
+  /** What a head audit (verify/audit.ts) runs on: this head's executor, tokenizer, transport and wire dtype. */
+  get parts(): { executor: HeadExecutor; tokenizer: HeadTokenizer; transport: HopTransport; wireDtype: Dtype } {
+    return { executor: this.init.executor, tokenizer: this.init.tokenizer, transport: this.init.transport, wireDtype: this.options.wireDtype };
+  }
+
   /**
    * The layers the head runs itself and the hops after it, checked to chain
    * without a gap up to the last layer. A leading hop naming the head itself

@@ -86,12 +86,14 @@ export function createTracker(deps: TrackerDeps): Tracker {
     if (recentRoutes.length > o.recentRoutes) recentRoutes.splice(0, recentRoutes.length - o.recentRoutes);
   }
 
+  const signer = new RouteSigner(identity, o.routeTtlMs, o.now);
   const verification = new VerificationService({
     registry,
     identity,
     transport: deps.transport,
+    signer,
     logger,
-    options: { enabled: o.checks, minRate: o.checkMinRate, quarantineMs: o.quarantineMs, now: o.now, random: o.random },
+    options: { enabled: o.checks, minRate: o.checkMinRate, quarantineMs: o.quarantineMs, auditWalkMs: o.auditWalkMs, now: o.now, random: o.random },
     onVerdict: (v) => metrics.checks.inc({ outcome: v.outcome }),
   });
   registry.excluded = (peer) => verification.excluded(peer);
@@ -112,7 +114,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
       for (const n of registry.nodes.values()) metrics.nodes.inc({ model: n.info.model, status: registry.status(n) });
     },
     admission,
-    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer: new RouteSigner(identity, o.routeTtlMs, o.now), options: o, logger, metrics, onRoute: recordRoute, verification },
+    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer, options: o, logger, metrics, onRoute: recordRoute, verification },
     verification,
   };
 

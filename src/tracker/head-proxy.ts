@@ -89,6 +89,8 @@ export interface GenerationOptions {
   prefix?: readonly number[];
   /** Each attempt's route, as it starts (strict mode keeps its routes apart). */
   onAttempt?(nodes: readonly string[]): void;
+  /** Offer the finished generation for a head audit (verify/audit.ts). @defaultValue true */
+  audit?: boolean;
 }
 
 export type GenerationInput = Omit<GenerateRequest, 'prefix_token_ids' | 'session_id'>;
@@ -166,6 +168,8 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   let given = first;
   const requestId = randomHex(8);
   const tokens: number[] = [...(opts.prefix ?? [])];
+  /** The log-probability the head reported for each token (a head audit compares them). */
+  const logprobs: number[] = [];
   let promptTokens = 0;
   const failedHeads = new Set<string>(opts.exclude ?? []);
   let lastError: MeshError | undefined;
@@ -265,6 +269,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           // A head restarted with a prefix numbers its first new token prefix.length; anything earlier we already have.
           if (ev.index < tokens.length) continue;
           tokens.push(ev.token_id);
+          logprobs.push(ev.logprob);
           deps.metrics.tokens.inc();
           yield { type: 'token', tokenId: ev.token_id, text: ev.text };
           if (tokens.length >= input.max_tokens) {
@@ -316,6 +321,10 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
     }
     if (finished) {
+      // One head, one route from start to end: a head audit can judge it (verify/audit.ts).
+      if (verify && failovers === 0 && opts.audit !== false && !opts.prefix?.length) {
+        verify.audit({ model, input, tokens: [...tokens], logprobs, head: headId, route: plan.hops.map((h) => h.id), generation, record });
+      }
       yield finished;
       return;
     }

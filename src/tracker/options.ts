@@ -85,6 +85,8 @@ export interface TrackerOptions {
   checkMinRate: number;
   /** First quarantine of a node found lying, ms; doubled for each further offence. @defaultValue 900000 (15 min) */
   quarantineMs: number;
+  /** After two head audits contradict a generation, how long the walk of its hops may take to name one before the head is convicted, ms. @defaultValue 60000 */
+  auditWalkMs: number;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
   /** Clock, ms since epoch (tests pin it). */
@@ -123,6 +125,7 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   checks: true,
   checkMinRate: 0.02,
   quarantineMs: 15 * 60_000,
+  auditWalkMs: 60_000,
   logLevel: 'info',
   now: () => Date.now(),
   random: () => Math.random(),

@@ -20,6 +20,10 @@ import { MeshError } from '../protocol/errors.ts';
 export const CHECK_PEER_HEADER = 'x-meshnet-check-peer';
 export const CHECK_STEPS_HEADER = 'x-meshnet-check-steps';
 export const CHECK_TOKENS_HEADER = 'x-meshnet-check-tokens';
+/** A head audit's last hop: the first row (0-based) whose next token is judged; the rest of the rows follow. */
+export const CHECK_FROM_HEADER = 'x-meshnet-check-from';
+/** On a last hop's audit answer: how many records the body holds. */
+export const CHECK_RECORDS_HEADER = 'x-meshnet-check-records';
 
 /** Rows one check may cover at most (a session's context). */
 export const MAX_CHECK_ROWS = 65_536;

@@ -75,4 +75,6 @@ export function distrustMessage(d: Distrust): Uint8Array {
 }
 
 export const DISTRUST_PATH = '/verify/distrust';
+/** A head audit found a generation wrong: the tracker asks its head to check every span of it (body {plan, signature}). */
+export const WALK_PATH = '/verify/walk';
 export const CHECK_PATH = '/check';

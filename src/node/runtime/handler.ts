@@ -22,6 +22,7 @@ import { rebuildingError } from './device-recovery.ts';
 import type { LoadedSpan } from './span.ts';
 import type { NodeActivity } from './stats.ts';
 import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
+import type { SignedPlan } from '../verify/verifier.ts';
 
 /** How a request reached the node. */
 export type Surface = 'relay' | 'link' | 'http';
@@ -43,6 +44,8 @@ export interface NodeHandlerInit {
   check?: MeshHandler;
   /** The tracker's verified notice that a node is quarantined. */
   onDistrust?: (notice: Distrust) => void;
+  /** The tracker's verified walk of a finished generation (head-verify.ts FinishedStore). */
+  onWalk?: (plan: SignedPlan) => boolean;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -70,6 +73,7 @@ export class NodeHandler {
       pipeline: (): PipelineDriver | undefined => init.span()?.pipeline,
       onLog: init.onLog,
       ...(init.onDistrust ? { onDistrust: init.onDistrust } : {}),
+      ...(init.onWalk ? { onWalk: init.onWalk } : {}),
       onEvent: (e, sessionId) => {
         // A head computes every token it streams (embedding, its layers) without a /forward: count them as served.
         if (e.type === 'token') init.activity.headToken();

@@ -36,7 +36,7 @@ import type { LoadProgress, RuntimeEvent } from './events.ts';
 import { Attestor } from '../../verify/attestor.ts';
 import { verifyEd25519 } from '../identity.ts';
 import { createCheckHandler } from '../verify/check-handler.ts';
-import { DistrustSet, HeadVerify } from '../verify/head-verify.ts';
+import { DistrustSet, FinishedStore, HeadVerify } from '../verify/head-verify.ts';
 import { Verifier } from '../verify/verifier.ts';
 
 export const RUNTIME_VERSION = '0.1.0';
@@ -94,6 +94,8 @@ export class NodeRuntime {
   readonly distrust = new DistrustSet();
   /** As a head: the checks the tracker's plans ask for, run after each generation. */
   readonly verifier: Verifier;
+  /** As a head: finished generations kept a few minutes, for the tracker's walks after an audit. */
+  readonly finished = new FinishedStore();
   private relay: RelayClient | undefined;
   private readonly links: LinkDialer | undefined;
   private tracker: TrackerClient | undefined;
@@ -188,6 +190,7 @@ export class NodeRuntime {
     this.handler = new NodeHandler({
       check: checks,
       onDistrust: (d) => this.distrust.add(d),
+      onWalk: (plan) => this.finished.walk(plan, this.verifier),
       peerId: identity.peerId,
       activity: this.activity,
       span: () => this.slot.current,
@@ -468,7 +471,7 @@ export class NodeRuntime {
       }),
       hopMode: this.config.hopMode ?? 'chain',
       attestor: this.attestor,
-      headVerify: (model) => new HeadVerify({ peerId: this.identity.peerId, model, attestor: this.attestor, verifier: this.verifier, distrust: this.distrust, transport: this.transport }),
+      headVerify: (model) => new HeadVerify({ peerId: this.identity.peerId, model, attestor: this.attestor, verifier: this.verifier, distrust: this.distrust, transport: this.transport, finished: this.finished }),
       replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.tracker!.replace(model, hop, signal, route) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };

@@ -15,7 +15,7 @@ import { dtypeBytes, type Dtype } from '../../protocol/tensor.ts';
 import { ATTEST_HEADER, parseAttestations, tokenBytes, tokenIdBytes, formatAttestation } from '../../verify/attest.ts';
 import type { Attestor } from '../../verify/attestor.ts';
 import type { Distrust } from '../../verify/plan.ts';
-import type { FinishedSpan, SignedPlan, Verifier } from './verifier.ts';
+import type { FinishedGeneration, FinishedSpan, SignedPlan, Verifier } from './verifier.ts';
 
 /** Nodes the tracker distrusts now (quarantined after a check), until when. */
 export class DistrustSet {
@@ -47,6 +47,8 @@ export class DistrustSet {
 
 export interface HeadVerifyInit {
   peerId: string;
+  /** Where finished generations are kept for walks; absent: not kept. */
+  finished?: FinishedStore;
   model: string;
   attestor: Attestor;
   verifier: Verifier;
@@ -75,6 +77,39 @@ export interface TraceHop {
   history: { view(): Uint8Array };
 }
 
+/** A finished generation as the checks need it, kept a while for a walk (a head audit contradicted it). */
+export type Finished = Omit<FinishedGeneration, 'plan'> & { generation: string; at: number; bytes: number };
+
+/** Finished generations kept for walks: at most this many bytes of rows, this long. */
+const KEEP_BYTES = 64 << 20;
+const KEEP_MS = 10 * 60_000;
+
+/** A node's finished generations (as a head), kept a few minutes for the tracker's walks. */
+export class FinishedStore {
+  private readonly kept = new Map<string, Finished>();
+  private keptBytes = 0;
+
+  keep(f: Finished): void {
+    const now = Date.now();
+    for (const [k, v] of this.kept) {
+      if (v.at > now - KEEP_MS && this.keptBytes + f.bytes <= KEEP_BYTES) break;
+      this.kept.delete(k);
+      this.keptBytes -= v.bytes;
+    }
+    if (f.bytes > KEEP_BYTES) return;
+    this.kept.set(f.generation, f);
+    this.keptBytes += f.bytes;
+  }
+
+  /** The tracker's walk (POST /verify/walk): check every span of a kept generation with its plan. False when it is not kept. */
+  walk(plan: SignedPlan, verifier: Verifier): boolean {
+    const f = this.kept.get(plan.plan.generation);
+    if (!f) return false;
+    verifier.finished({ ...f, plan });
+    return true;
+  }
+}
+
 export class HeadVerify {
   constructor(readonly init: HeadVerifyInit) {}
 
@@ -83,7 +118,7 @@ export class HeadVerify {
   }
 
   begin(s: TraceStart): GenerationTrace {
-    return new GenerationTrace(this.init, s);
+    return new GenerationTrace(this.init, s, (f) => this.init.finished?.keep(f));
   }
 }
 
@@ -96,6 +131,7 @@ export class GenerationTrace {
   constructor(
     private readonly init: HeadVerifyInit,
     private readonly s: TraceStart,
+    private readonly onFinished: (f: Finished) => void,
   ) {}
 
   private get scope() {
@@ -146,13 +182,11 @@ export class GenerationTrace {
     const own = this.init.attestor.finish(this.s.session).then((entry) => {
       if (entry) this.latest.set(this.init.peerId, entry);
     });
-    if (!plan) return;
     void Promise.all([...finals, own]).then(() => this.dispatch(hops, fed));
   }
 
   private dispatch(hops: readonly TraceHop[], fed: readonly number[]): void {
     const { plan } = this.s;
-    if (!plan) return;
     const rowBytes = this.s.hidden * dtypeBytes(this.s.dtype);
     const output = (k: number): FinishedSpan['output'] => {
       if (k >= hops.length) return { kind: 'tokens', tokens: this.tokens };
@@ -168,6 +202,10 @@ export class GenerationTrace {
       const input = h.history.view();
       spans.push({ peer: h.hop.peer_id, start: h.hop.start_layer, end: h.hop.end_layer, input, inputRowBytes: rowBytes, output: output(k + 1), ...att(h.hop.peer_id) });
     });
-    this.init.verifier.finished({ plan, session: this.s.session, steps: this.steps, spans, dtype: this.s.dtype, hidden: this.s.hidden, sampling: this.s.sampling });
+    const generation = this.s.session.slice(0, Math.max(0, this.s.session.lastIndexOf('.')));
+    const bytes = spans.reduce((n, sp) => n + sp.input.byteLength, 0);
+    const finished: Finished = { session: this.s.session, steps: this.steps, spans, dtype: this.s.dtype, hidden: this.s.hidden, sampling: this.s.sampling, generation, at: Date.now(), bytes };
+    this.onFinished(finished);
+    if (plan) this.init.verifier.finished({ ...finished, plan });
   }
 }

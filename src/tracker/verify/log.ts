@@ -30,6 +30,8 @@ export interface VerificationView {
   id: string;
   status: HopStatus;
   hops: HopVerification[];
+  /** A head audit's finding: a route sharing no node with this one re-ran it and confirmed (or contradicted) every token. */
+  audit?: { status: 'clean' | 'wrong'; detail: string };
   /** Where to ask again later (a pending check resolves; a later offence taints). */
   url: string;
 }
@@ -57,6 +59,7 @@ interface Attempt {
 export class GenerationRecord {
   readonly attempts: Attempt[] = [];
   private waiters: Array<() => void> = [];
+  private auditResult: { status: 'clean' | 'wrong'; detail: string } | undefined;
 
   constructor(
     readonly id: string,
@@ -82,6 +85,15 @@ export class GenerationRecord {
     for (const p of peers) if (a && !a.spans.some((s) => s.peer === p)) a.spans.push({ peer: p, role: 'replacement', planned: false });
   }
 
+  /** A check of `peer`'s span is now planned for attempt `generation` (a walk after a failed audit). */
+  expect(generation: string, peer: string, start: number, end: number, expires: number): void {
+    const a = this.attempts.find((x) => x.generation === generation);
+    const s = a?.spans.find((x) => x.peer === peer && x.start === start && x.end === end);
+    if (!a || !s) return;
+    s.planned = true;
+    a.planExpires = Math.max(a.planExpires, expires);
+  }
+
   /** A verdict on `peer`'s span in attempt `generation`. */
   result(generation: string, peer: string, start: number, end: number, outcome: NonNullable<Span['result']>['outcome'], detail?: string): void {
     const a = this.attempts.find((x) => x.generation === generation);
@@ -89,6 +101,12 @@ export class GenerationRecord {
     if (!s) return;
     // A later report never turns a proven lie back into something milder.
     if (s.result?.outcome !== 'wrong') s.result = { outcome, ...(detail ? { detail } : {}) };
+    this.wake();
+  }
+
+  /** A head audit's finding for the whole generation (verify/audit.ts). */
+  audited(status: 'clean' | 'wrong', detail: string): void {
+    this.auditResult = { status, detail };
     this.wake();
   }
 
@@ -152,7 +170,11 @@ export class GenerationRecord {
         hops.push({ peer_id: s.peer, ...(s.start !== undefined ? { start_layer: s.start, end_layer: s.end } : {}), role: s.role, status, ...(detail ? { detail } : {}) });
       }
     }
-    return { id: this.id, status: combine(hops.map((h) => h.status)), hops, url: `${urlBase}/v1/verifications/${encodeURIComponent(this.id)}` };
+    let status = combine(hops.map((h) => h.status));
+    // An audit re-ran the whole generation on a disjoint route: its word on the tokens outranks "not checked".
+    if (this.auditResult?.status === 'wrong') status = 'wrong';
+    else if (this.auditResult?.status === 'clean' && status !== 'wrong') status = 'clean';
+    return { id: this.id, status, hops, ...(this.auditResult ? { audit: this.auditResult } : {}), url: `${urlBase}/v1/verifications/${encodeURIComponent(this.id)}` };
   }
 }
 

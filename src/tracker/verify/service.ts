@@ -17,12 +17,14 @@ import { canonicalJson } from '../../protocol/tracker.ts';
 import type { Identity } from '../../node/identity.ts';
 import { verifyEd25519 } from '../../node/identity.ts';
 import { checkReportSchema, judgeReport, skippedCheckSchema, type Verdict } from '../../verify/evidence.ts';
-import { checkPlanMessage, checkPlanSchema, DISTRUST_PATH, distrustMessage, sessionOfGeneration, type CheckPlan, type Distrust } from '../../verify/plan.ts';
+import { checkPlanMessage, checkPlanSchema, DISTRUST_PATH, distrustMessage, sessionOfGeneration, WALK_PATH, type CheckPlan, type Distrust } from '../../verify/plan.ts';
 import type { WeightFormat } from '../../verify/thresholds.ts';
 import type { HeadTransport } from '../head-transport.ts';
 import type { NodeRegistry } from '../registry.ts';
 import { VerificationLog, type GenerationRecord } from './log.ts';
 import { planChecks, signPlan, type PlannerNode } from './planner.ts';
+import { HeadAuditor, type AuditResult, type AuditSubject } from './audit.ts';
+import type { RouteSigner } from '../route-signer.ts';
 import { TrustBook, type OffenceRecord } from './trust.ts';
 
 export interface VerificationOptions {
@@ -32,6 +34,8 @@ export interface VerificationOptions {
   minRate: number;
   /** First quarantine, ms (doubling per offence). @defaultValue 900000 */
   quarantineMs: number;
+  /** How long a walk after a contradicted head audit may take to name a hop before the head is convicted, ms. @defaultValue 60000 */
+  auditWalkMs?: number;
   now(): number;
   random(): number;
 }
@@ -40,6 +44,8 @@ export interface VerificationDeps {
   registry: NodeRegistry;
   identity: Identity;
   transport: HeadTransport;
+  /** Signs the routes of head audits. */
+  signer: RouteSigner;
   logger: Logger;
   options: VerificationOptions;
   /** Checks judged, by outcome (metrics). */
@@ -60,12 +66,72 @@ const SEEN_MAX = 50_000;
 export class VerificationService {
   readonly trust: TrustBook;
   readonly log: VerificationLog;
+  /** Head audits of finished generations (audit.ts). */
+  readonly audits: HeadAuditor;
   /** Reports already judged, by the claim's and checks' signatures (a replayed report is refused). */
   private readonly seen = new Set<string>();
 
   constructor(private readonly d: VerificationDeps) {
     this.trust = new TrustBook({ minRate: d.options.minRate, quarantineMs: d.options.quarantineMs, now: d.options.now, random: d.options.random });
     this.log = new VerificationLog({ now: d.options.now });
+    this.audits = new HeadAuditor({
+      registry: d.registry,
+      transport: d.transport,
+      signer: d.signer,
+      trust: this.trust,
+      logger: d.logger,
+      now: d.options.now,
+      walk: (s) => this.walk(s),
+      convict: (s, audits) => this.convictHead(s, audits),
+      force: (peers) => this.forceChecks(peers),
+      ...(d.options.auditWalkMs !== undefined ? { walkMs: d.options.auditWalkMs } : {}),
+    });
+  }
+
+  /** A finished generation, for a head audit at the head's odds (never delays the caller). */
+  audit(s: AuditSubject): void {
+    if (this.enabled) this.audits.maybe(s);
+  }
+
+  /** The walk of a contradicted generation: its head checks every span of it with a plan that names them all. */
+  private async walk(s: AuditSubject): Promise<void> {
+    const attempt = s.record?.attempts.find((a) => a.generation === s.generation);
+    const spans = attempt?.spans.filter((x) => x.start !== undefined).map((x) => ({ peer: x.peer, start: x.start!, end: x.end! })) ?? [];
+    const plan = await this.plan(this.d.registry.nodes.get(s.head)?.info.model ?? '', s.generation, s.head, spans, true);
+    const head = this.d.registry.nodes.get(s.head);
+    if (!plan || !head) return;
+    for (const c of plan.plan.checks) s.record?.expect(s.generation, c.peer.peer_id, c.start_layer, c.end_layer, plan.plan.expires_at);
+    const ctl = new AbortController();
+    const body = await this.d.transport.open(
+      { peerId: s.head, ...(head.endpoint ? { endpoint: head.endpoint } : {}), ...(head.relayAddr ? { relayAddr: head.relayAddr } : {}) },
+      { 'content-type': 'application/json' },
+      new TextEncoder().encode(JSON.stringify({ plan: plan.text, signature: plan.signature })),
+      { signal: ctl.signal, idleTimeoutMs: 10_000, path: WALK_PATH },
+    );
+    for await (const _ of body) void _;
+  }
+
+  private convictHead(s: AuditSubject, audits: AuditResult[]): void {
+    const [a, b] = audits as [AuditResult, AuditResult];
+    const off = this.trust.offence({
+      peer: s.head,
+      role: 'head',
+      model: s.model,
+      start_layer: 0,
+      end_layer: 0,
+      generation: s.generation,
+      session: s.generation,
+      kind: 'tokens',
+      rows: s.tokens.length,
+      steps: s.tokens.length,
+      threshold: 1,
+      claim: { peer: s.head, attestation: '' },
+      checker: { peer: a.auditHead, attestation: '', distance: a.worst },
+      arbiter: { peer: b.auditHead, attestation: '', distance: b.worst },
+      reported_by: 'tracker audit',
+    });
+    this.d.logger.warn({ head: s.head, generation: s.generation, until: new Date(off.until).toISOString() }, 'head audit: two disjoint routes contradict the tokens the head streamed and no hop was found lying; the head is quarantined');
+    this.quarantined(off);
   }
 
   get enabled(): boolean {

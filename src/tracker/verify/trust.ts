@@ -23,7 +23,8 @@ export interface OffenceRecord {
   until: number;
   /** The node found lying, and in what role. */
   peer: string;
-  role: 'hop' | 'checker';
+  /** hop: its output checked wrong; checker: its check of an honest hop; head: two disjoint audits contradict the tokens it streamed and no hop of its route lied. */
+  role: 'hop' | 'checker' | 'head';
   model: string;
   start_layer: number;
   end_layer: number;
