@@ -26,7 +26,7 @@ import { parseSteps, readTokenBytes, readTokenCheck, TOKEN_CHECK_BYTES } from '.
 import { rowDistances, worst } from './distance.ts';
 import { checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan, type PlanPeer } from './plan.ts';
 import { checkToken } from './token-check.ts';
-import { recordsDistance, thresholdsFor, tokenDistance, type NodeClass, type Thresholds } from './thresholds.ts';
+import { pairClass, recordsDistance, thresholdsFor, tokenDistance, type NodeClass, type PairClass, type Thresholds } from './thresholds.ts';
 
 const peerId = z.string().regex(/^[0-9a-f]{32}$/);
 const b64 = z.string().max(12_000_000);
@@ -102,8 +102,11 @@ export interface Verdict {
   /** Worst step distance of the claim from each check, and of the two checks from each other (rows: relative L2; tokens: in units of the pair's thresholds, thresholds.ts tokenDistance). */
   distance: { checker: number; arbiter?: number; between?: number };
   threshold: number;
-  /** Steps whose bytes the tracker compared. */
+  /** Steps whose bytes the tracker compared, and the rows (or tokens) in them. */
   compared: number;
+  comparedRows: number;
+  /** The pair of weight formats the checked node and its checker form (thresholds.ts). */
+  pair: PairClass;
   plan: CheckPlan;
 }
 
@@ -257,6 +260,8 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
     distance: { checker: dist.checker, ...(r.checks.length === 2 ? { arbiter: dist.arbiter, between: dist.between } : {}) },
     threshold: pick(th[0]!),
     compared: seen.size,
+    comparedRows: kind === 'rows' ? [...seen].reduce((n, i) => n + steps[i]!, 0) : seen.size,
+    pair: pairClass(checked, { format: checkers[0]!.format, backend: checkers[0]!.backend }),
     plan,
   };
 }

@@ -68,6 +68,8 @@ export class VerificationService {
   readonly log: VerificationLog;
   /** Head audits of finished generations (audit.ts). */
   readonly audits: HeadAuditor;
+  /** Rows (or last-hop tokens) the tracker compared in checks that passed, by pair of weight formats: the honest pairs' record. */
+  readonly comparedRows: Record<string, number> = {};
   /** Reports already judged, by the claim's and checks' signatures (a replayed report is refused). */
   private readonly seen = new Set<string>();
 
@@ -245,6 +247,8 @@ export class VerificationService {
     const mark = (outcome: 'clean' | 'wrong' | 'inconclusive', detail?: string) => record?.result(v.plan.generation, v.checked, v.startLayer, v.endLayer, outcome, detail);
     const log = this.d.logger.child({ checked: v.checked, layers: [v.startLayer, v.endLayer], session: v.session, distance: v.distance, threshold: v.threshold });
     if (v.outcome === 'pass') {
+      const key = `${v.pair}:${v.kind}`;
+      this.comparedRows[key] = (this.comparedRows[key] ?? 0) + v.comparedRows;
       this.trust.pass(v.checked);
       mark('clean');
       log.debug('check passed');
