@@ -55,7 +55,7 @@ export interface NodeHostOptions {
   testHooks?: NodeTestHooks;
   /**
    * Wrappers around the span's weights and executor: test code makes a lying node with them
-   * (test/helpers/lying-node.ts). Programmatic only: no command-line option or variable sets them.
+   * (docs/verification.md §8). Programmatic only: no command-line option or variable sets them.
    */
   spanHooks?: SpanHooks;
   /** `--graph-capture` (with `--backend webgpu`). */

@@ -140,6 +140,11 @@ export class VerificationService {
     return this.d.options.enabled;
   }
 
+  /** Turn spot-checks on or off while running (a bench compares both in one run); trust counters are kept. */
+  setEnabled(on: boolean): void {
+    this.d.options.enabled = on;
+  }
+
   /** Routing leaves these out. */
   excluded(peer: string): boolean {
     return this.trust.quarantined(peer);
