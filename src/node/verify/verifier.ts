@@ -214,14 +214,27 @@ export class Verifier {
     // Checker, then (on a mismatch) the arbiter: the first planned holders that answer.
     const answers: Array<{ peer: PlanPeer; outs: Uint8Array[]; outHashes: Uint8Array[]; attestation: string }> = [];
     const tried = new Set<string>();
+    /** Checkers that said they were busy with another check: asked again, a little later. */
+    const busy = new Set<string>();
     const ask = async (): Promise<boolean> => {
-      for (const c of entry.checkers) {
-        if (tried.has(c.peer_id)) continue;
-        tried.add(c.peer_id);
-        const got = await this.ask(c, headers, body, steps, scope, gen, peer, covered, inHashes, last).catch(() => undefined);
-        if (got) {
-          answers.push(got);
-          return true;
+      for (let round = 0; round < 4; round++) {
+        if (round > 0) {
+          if (busy.size === 0) return false;
+          await new Promise((r) => setTimeout(r, 400 * round));
+          for (const b of busy) tried.delete(b);
+          busy.clear();
+        }
+        for (const c of entry.checkers) {
+          if (tried.has(c.peer_id) || answers.some((a) => a.peer.peer_id === c.peer_id)) continue;
+          tried.add(c.peer_id);
+          const got = await this.ask(c, headers, body, steps, scope, gen, peer, covered, inHashes, last).catch((e: unknown) => {
+            if (e instanceof MeshError && e.code === 'MESH_ERR_BUSY') busy.add(c.peer_id);
+            return undefined;
+          });
+          if (got) {
+            answers.push(got);
+            return true;
+          }
         }
       }
       return false;
