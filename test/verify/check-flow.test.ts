@@ -35,7 +35,7 @@ const MODEL = 'fortunes-tiny';
 
 /** A checker's span executor (its forward answers the logits of chosen rows at the last layer). */
 function checkExecutor(start: number, end: number): Promise<CheckExecutor> {
-  return ShardExecutor.create({ config: cfg, backend: nodeBackend, weights: () => weights, startLayer: start, endLayer: end, maxContext: 256 });
+  return ShardExecutor.create({ config: cfg, backend: nodeBackend, weights: () => weights, startLayer: start, endLayer: end, maxContext: 512 });
 }
 
 let tracker: Identity;
@@ -77,13 +77,13 @@ interface Run {
  * A generation of `steps` (the prompt, then one row a step) through a hop on [start, end), checked
  * by `checkerIds` in order; `hopLie` alters the hop's answers, `checkerLie` the first checker's.
  */
-async function run(start: number, end: number, opts: { hopLie?: Lie; checkerLie?: Lie; secondBest?: boolean; temperature?: number } = {}): Promise<Run> {
+async function run(start: number, end: number, opts: { hopLie?: Lie; checkerLie?: Lie; secondBest?: boolean; temperature?: number; prompt?: string } = {}): Promise<Run> {
   const last = end === L;
   const session = `gen-1.${Math.random().toString(36).slice(2)}`;
   const sampling = JSON.stringify({ temperature: opts.temperature ?? 0, top_p: 1, top_k: 0, ...(opts.temperature ? { seed: 3 } : {}) });
-  const prompt = tok.encodeChat([{ role: 'user', content: 'Tell me a fortune about checks.' }]);
-  const upstream = await ShardExecutor.create({ config: cfg, backend: nodeBackend, weights: () => weights, startLayer: 0, endLayer: start, maxContext: 256 });
-  const span = await ShardExecutor.create({ config: cfg, backend: nodeBackend, weights: () => weights, startLayer: start, endLayer: end, maxContext: 256 });
+  const prompt = tok.encodeChat([{ role: 'user', content: opts.prompt ?? 'Tell me a fortune about checks.' }]);
+  const upstream = await ShardExecutor.create({ config: cfg, backend: nodeBackend, weights: () => weights, startLayer: 0, endLayer: start, maxContext: 512 });
+  const span = await ShardExecutor.create({ config: cfg, backend: nodeBackend, weights: () => weights, startLayer: start, endLayer: end, maxContext: 512 });
   const attestor = new Attestor({ peerId: hop.peerId, sign: (b) => hop.sign(b) });
   const scope = { model: MODEL, session, startLayer: start, endLayer: end, dtype: 'bf16', ...(last ? { sampling } : {}) };
   const steps: number[] = [];
@@ -94,7 +94,7 @@ async function run(start: number, end: number, opts: { hopLie?: Lie; checkerLie?
   let pos = 0;
   const follow = [17, 230, 9, 400, 55, 71, 8, 1000];
   for (let s = 0; s <= follow.length; s++) {
-    const up = await upstream.forward({ session, position: pos, tokenIds: ids, ...(pos === 0 ? { sessionTokens: 64 } : {}) });
+    const up = await upstream.forward({ session, position: pos, tokenIds: ids, ...(pos === 0 ? { sessionTokens: prompt.length + 16 } : {}) });
     if (up.kind !== 'activation') throw new Error('upstream answered a token');
     const input = encodeTensor(up.data, 'bf16');
     const r = await span.forward({ session, position: pos, activation: { data: decodeTensor(input, 'bf16'), shape: [1, ids.length, H] }, ...(last ? { sampling: JSON.parse(sampling.replace('top_p', 'topP').replace('top_k', 'topK')) } : {}) });
@@ -206,6 +206,16 @@ describe('a spot-check, end to end in one process', () => {
     expect((await run(3, L, { temperature: 0.8 })).verdicts[0]).toMatchObject({ outcome: 'pass', kind: 'tokens' });
     const lie = (await run(3, L, { secondBest: true })).verdicts[0]!;
     expect(lie).toMatchObject({ outcome: 'offence', guilty: hop.peerId });
+  }, 120_000);
+
+  it('a check longer than one run is computed in chunks on a temporary session, and still agrees to the rounding (rows and tokens)', async () => {
+    const long = Array.from({ length: 40 }, (_, i) => `Fortune number ${i} says the checks are long.`).join(' ');
+    const mid = await run(1, 3, { prompt: long });
+    expect(mid.verdicts[0]).toMatchObject({ outcome: 'pass' });
+    expect(mid.verdicts[0]!.rows).toBeGreaterThan(256);
+    expect(mid.verdicts[0]!.distance.checker).toBeLessThan(mid.verdicts[0]!.threshold / 3);
+    expect((await run(3, L, { prompt: long })).verdicts[0]).toMatchObject({ outcome: 'pass', kind: 'tokens' });
+    expect((await run(1, 3, { prompt: long, hopLie: noise })).verdicts[0]).toMatchObject({ outcome: 'offence' });
   }, 120_000);
 
   it('refuses evidence a head altered: a sample that is not what the hop signed, a hash list changed, a replayed plan for another head', async () => {

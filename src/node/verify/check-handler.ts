@@ -27,6 +27,8 @@ export interface CheckExecutor {
   readonly startLayer: number;
   readonly endLayer: number;
   forward(req: ForwardRequest): Promise<ForwardResult>;
+  /** Drops a session's KV cache (a long check's temporary one). */
+  dropSession?(id: string): boolean;
 }
 
 export interface CheckHandlerInit {
@@ -40,6 +42,51 @@ export interface CheckHandlerInit {
   /** Checks run at once at most; more are answered 503. @defaultValue 1 */
   maxConcurrent?: number;
   now?: () => number;
+}
+
+/**
+ * Rows a check computes in one run. A longer check runs in chunks of this many on a session of its
+ * own (dropped after): the node's own traffic, queued meanwhile, runs between the chunks instead of
+ * waiting behind one long prefill.
+ */
+const CHUNK_ROWS = 256;
+
+/** The same forward as `fr` (stateless, `rows` rows), in chunks of CHUNK_ROWS on a temporary session. */
+async function chunked(ex: CheckExecutor, fr: ForwardRequest, rows: number, ends: readonly number[]): Promise<ForwardResult> {
+  const session = `check.${Math.random().toString(36).slice(2)}`;
+  const hidden = ex.config.hiddenSize;
+  const parts: Float32Array[] = [];
+  const logitRows: number[] = [];
+  try {
+    for (let p = 0; p < rows; p += CHUNK_ROWS) {
+      const n = Math.min(CHUNK_ROWS, rows - p);
+      const req: ForwardRequest = { session, position: p, startLayer: fr.startLayer!, endLayer: fr.endLayer!, ...(p === 0 ? { sessionTokens: rows } : {}) };
+      if (fr.tokenIds) req.tokenIds = fr.tokenIds.slice(p, p + n);
+      else req.activation = { data: fr.activation!.data.subarray(p * hidden, (p + n) * hidden), shape: [1, n, hidden] };
+      const inChunk = fr.logitRows ? ends.filter((e) => e >= p && e < p + n).map((e) => e - p) : undefined;
+      if (fr.logitRows && inChunk!.length === 0) {
+        // No step ends in this chunk: its rows only fill the cache (the last layer's logits are not needed).
+        const r = await ex.forward({ ...req, logitRows: [n - 1] });
+        if (r.kind !== 'logits') throw new MeshError('MESH_ERR_INTERNAL', 'the span gave no logits');
+        continue;
+      }
+      const r = await ex.forward(inChunk ? { ...req, logitRows: inChunk } : req);
+      if (r.kind === 'logits') {
+        parts.push(r.data);
+        logitRows.push(...inChunk!.map((x) => x + p));
+      } else if (r.kind === 'activation') parts.push(r.data);
+      else throw new MeshError('MESH_ERR_INTERNAL', 'the span answered a token to a check');
+    }
+  } finally {
+    ex.dropSession?.(session);
+  }
+  const data = new Float32Array(parts.reduce((n, x) => n + x.length, 0));
+  let o = 0;
+  for (const x of parts) {
+    data.set(x, o);
+    o += x.length;
+  }
+  return fr.logitRows ? { kind: 'logits', rows: logitRows, data } : { kind: 'activation', data, shape: [1, rows, hidden] };
 }
 
 /** A check may ask for this many uses of one plan entry at this checker (a retry after a lost answer). */
@@ -153,7 +200,7 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
       let at = 0;
       for (const n of steps) ends.push((at += n) - 1);
       if (last) fr.logitRows = ends;
-      const result = await ex.forward(fr);
+      const result = rows <= CHUNK_ROWS ? await ex.forward(fr) : await chunked(ex, fr, rows, ends);
 
       // One output block per step: the rows the hop would have answered, or the last hop's check record.
       const outs: Uint8Array[] = [];
