@@ -38,6 +38,7 @@ interface Summary {
   nodes: Record<string, { checks: number; passes: number; offences: number; quarantined_until: number | null }>;
   offences: Array<{ peer: string; at: number; role: string; checker: { peer: string }; arbiter?: { peer: string } }>;
   compared_rows?: Record<string, number>;
+  pass_distance_max?: Record<string, number>;
 }
 
 test.beforeAll(async ({ browser }) => {
@@ -122,7 +123,9 @@ test('the page checks and arbitrates a lying Node.js node into quarantine, is ch
     expect(c.hops).not.toContain(liar.peerId);
     expect(c.ids).toEqual(refs.get(c.topic));
   }
-  const page0 = (await summary()).nodes[pagePeer]!;
+  const end = await summary();
+  console.log(`browser mesh: rows compared in passing checks ${JSON.stringify(end.compared_rows)}, largest passing distances ${JSON.stringify(end.pass_distance_max)}`);
+  const page0 = end.nodes[pagePeer]!;
   expect(page0.passes).toBeGreaterThan(0);
   expect(page0.offences).toBe(0);
 });

@@ -87,6 +87,8 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
 
   afterAll(async () => {
     console.log(`detection by lying mode: ${JSON.stringify(detections)}`);
+    const end = (await (await fetch(`${tracker.url}/api/verification`)).json()) as { compared_rows: unknown; pass_distance_max: unknown };
+    console.log(`${layout.title}: rows compared in passing checks ${JSON.stringify(end.compared_rows)}, largest passing distances ${JSON.stringify(end.pass_distance_max)}`);
     await Promise.all(liars.map((l) => l.stop()));
     await stopMesh({ nodes, tracker, relay, st });
   });

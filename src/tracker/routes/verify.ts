@@ -61,5 +61,5 @@ export function verificationSummary(ctx: TrackerContext): Record<string, unknown
       quarantined_until: r && r.quarantinedUntil > now ? r.quarantinedUntil : null,
     };
   }
-  return { enabled: v.enabled, nodes, distrusted: v.distrusted(), offences: [...v.offences()].reverse(), compared_rows: { ...v.comparedRows }, audits: { ...v.audits.counts } };
+  return { enabled: v.enabled, nodes, distrusted: v.distrusted(), offences: [...v.offences()].reverse(), compared_rows: { ...v.comparedRows }, pass_distance_max: { ...v.passDistanceMax }, audits: { ...v.audits.counts } };
 }

@@ -70,6 +70,8 @@ export class VerificationService {
   readonly audits: HeadAuditor;
   /** Rows (or last-hop tokens) the tracker compared in checks that passed, by pair of weight formats: the honest pairs' record. */
   readonly comparedRows: Record<string, number> = {};
+  /** The largest distance of a passing check, by the same key (how close honest pairs come to their thresholds). */
+  readonly passDistanceMax: Record<string, number> = {};
   /** Reports already judged, by the claim's and checks' signatures (a replayed report is refused). */
   private readonly seen = new Set<string>();
 
@@ -254,6 +256,7 @@ export class VerificationService {
     if (v.outcome === 'pass') {
       const key = `${v.pair}:${v.kind}`;
       this.comparedRows[key] = (this.comparedRows[key] ?? 0) + v.comparedRows;
+      this.passDistanceMax[key] = Math.max(this.passDistanceMax[key] ?? 0, v.distance.checker);
       this.trust.pass(v.checked);
       mark('clean');
       log.debug('check passed');
