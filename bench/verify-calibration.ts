@@ -43,8 +43,8 @@ import type { OnnxBackend, OnnxSession } from '../src/shard/backend.ts';
 import { ShardExecutor, type ForwardRequest, type ForwardResult } from '../src/shard/executor.ts';
 import { FusedShardExecutor } from '../src/shard/fused-executor.ts';
 import { sampleToken, type SamplingParams } from '../src/shard/sampling.ts';
-import { createNodeBackend } from '../src/cli/onnx-node.ts';
-import { createWasmBackend } from '../src/cli/onnx-wasm.ts';
+import { createNodeBackend } from '../src/host/node/onnx.ts';
+import { createWasmBackend } from '../src/host/node/onnx-wasm.ts';
 import { rowDistances } from '../src/verify/distance.ts';
 import { argmax, checkToken } from '../src/verify/token-check.ts';
 import { weightsFromFiles } from '../test/helpers/weights.ts';
@@ -64,7 +64,7 @@ const here = fileURLToPath(new URL('.', import.meta.url));
 
 // Dawn finds Vulkan through LD_LIBRARY_PATH, read only when a process starts: run again with it set.
 if (IMPLS.some((i) => i.startsWith('webgpu'))) {
-  const { vulkanEnv } = await import('../src/cli/webgpu-node.ts');
+  const { vulkanEnv } = await import('../src/host/node/webgpu.ts');
   const env = vulkanEnv();
   if (Object.keys(env).length > 0 && process.env.MESHNET_CALIBRATION_CHILD !== '1') {
     const { spawnSync } = await import('node:child_process');
@@ -110,9 +110,9 @@ async function backendOf(impl: ImplName): Promise<OnnxBackend> {
   if (impl.startsWith('cpu')) return cpuBackend;
   if (impl.startsWith('wasm')) return (wasmBackend ??= createWasmBackend({ numThreads: 1 }));
   if (!gpuBackend) {
-    const { installNodeWebGpu } = await import('../src/cli/webgpu-node.ts');
+    const { installNodeWebGpu } = await import('../src/host/node/webgpu.ts');
     await installNodeWebGpu();
-    const { createOrtWebBackend } = await import('../src/browser/ort-web.ts');
+    const { createOrtWebBackend } = await import('../src/host/browser/onnx.ts');
     gpuBackend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: pathToFileURL(join(here, '..', 'node_modules', 'onnxruntime-web', 'dist')).href + '/' });
   }
   return gpuBackend;

@@ -26,11 +26,11 @@ import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import { startTracker } from '../src/tracker/server.ts';
-import { Identity } from '../src/node/identity.ts';
+import { Identity } from '../src/net/identity.ts';
 import { Attestor } from '../src/verify/attestor.ts';
 import { FORTUNES_DIR } from '../test/helpers/fortunes-tiny.ts';
-import { startRelayProcess } from '../test/support/relay-process.ts';
-import { startNode, until, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { startRelayProcess } from '../test/helpers/relay-process.ts';
+import { startNode, until, type NodeProc } from '../test/helpers/mesh.ts';
 import { cpuMs } from './lib/proc-cpu.ts';
 import { median, printTable, writeResult } from './lib/stats.ts';
 

@@ -16,8 +16,8 @@ import { expect, test, type BrowserContext, type Page } from '@playwright/test';
 import { fileURLToPath } from 'node:url';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
-import type { NodeStatus } from '../src/browser/engine.ts';
-import { spawnMeshnet, startNode, startTrackerProc, until, type NodeProc, type Proc, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import type { NodeStatus } from '../src/host/browser/engine.ts';
+import { spawnMeshnet, startNode, startTrackerProc, until, type NodeProc, type Proc, type TrackerProc } from '../test/helpers/mesh.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../test/helpers/fortunes-tiny.ts';
 import { appUrl, startRelayProcess, status, type RelayProcess } from './support/mesh.ts';
 

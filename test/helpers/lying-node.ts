@@ -11,7 +11,7 @@
  * writes them (`listening`, `serving`, …), plus `{event: "lying", mode}`.
  */
 import { startNodeHost } from '../../src/host/node/index.ts';
-import { NODE_HOST_DEFAULTS } from '../../src/cli/node-options.ts';
+import { NODE_HOST_DEFAULTS } from '../../src/host/node/options.ts';
 import type { WeightLoader } from '../../src/shard/executor.ts';
 import { lyingForward, lyingWeights, type LyingMode } from './faults.ts';
 

@@ -20,8 +20,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../helpers/fortunes-tiny.ts';
 import type { LyingMode } from '../helpers/faults.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { spawnMeshnet, startNode, startTrackerProc, stopMesh, until, type NodeProc, type Proc, type TrackerProc } from './support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { spawnMeshnet, startNode, startTrackerProc, stopMesh, until, type NodeProc, type Proc, type TrackerProc } from '../helpers/mesh.ts';
 
 const LYING_NODE = fileURLToPath(new URL('../helpers/lying-node.ts', import.meta.url));
 const TOPICS = ['science', 'cats', 'the sea', 'money', 'love', 'work', 'music', 'time', 'rain', 'dogs', 'coffee', 'luck'];

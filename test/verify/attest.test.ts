@@ -5,7 +5,7 @@
  * (another session, other bytes, another span, a forged signature).
  */
 import { describe, expect, it } from 'vitest';
-import { Identity, verifyEd25519 } from '../../src/node/identity.ts';
+import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
 import { appendAttestation, attestMessage, chainDigest, formatAttestation, parseAttestations, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../src/verify/attest.ts';
 import { Attestor } from '../../src/verify/attestor.ts';
 

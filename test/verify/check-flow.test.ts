@@ -11,7 +11,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Identity, verifyEd25519 } from '../../src/node/identity.ts';
+import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import { collectBody, type MeshReply, type MeshRequest } from '../../src/protocol/envelopes.ts';
 import { decodeTensor, encodeTensor } from '../../src/protocol/tensor.ts';

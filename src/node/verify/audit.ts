@@ -16,7 +16,7 @@ import { chatTemplateKwargsSchema, type RouteHop } from '../../protocol/tracker.
 import { dtypeBytes, encodeTensor } from '../../protocol/tensor.ts';
 import { CHECK_FROM_HEADER, CHECK_TOKENS_HEADER, formatTokens, readTokenCheck, TOKEN_CHECK_BYTES, type TokenCheckRecord } from '../../verify/check-wire.ts';
 import { argmax, checkToken } from '../../verify/token-check.ts';
-import type { PipelineDriver } from '../pipeline.ts';
+import type { PipelineDriver } from '../head/pipeline.ts';
 
 export const AUDIT_PATH = '/audit';
 

@@ -7,7 +7,7 @@
  * 4-bit nodes agree to the rounding, a 4-bit and an f32 one only to the
  * quantization: docs/verification.md). Signed for the head.
  */
-import type { Identity } from '../../node/identity.ts';
+import type { Identity } from '../../net/identity.ts';
 import { encodeBase64Url } from '../../protocol/base64.ts';
 import { checkPlanMessage, type CheckPlan, type PlanCheck, type PlanPeer } from '../../verify/plan.ts';
 import type { WeightFormat } from '../../verify/thresholds.ts';

@@ -6,9 +6,9 @@
  * confirmed; a substituted token is not.
  */
 import { beforeAll, describe, expect, it } from 'vitest';
-import { createForwardHandler } from '../../../src/node/forward-handler.ts';
-import { HopTransport } from '../../../src/node/hop-transport.ts';
-import { PipelineDriver, type HeadTokenizer } from '../../../src/node/pipeline.ts';
+import { createForwardHandler } from '../../../src/node/hop/forward-handler.ts';
+import { HopTransport } from '../../../src/net/hop-transport.ts';
+import { PipelineDriver, type HeadTokenizer } from '../../../src/node/head/pipeline.ts';
 import { runAudit } from '../../../src/node/verify/audit.ts';
 import { ReferenceModel } from '../../../src/model/reference.ts';
 import { ModelTokenizer } from '../../../src/model/tokenizer.ts';

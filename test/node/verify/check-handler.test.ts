@@ -7,7 +7,7 @@
  * good check afterwards.
  */
 import { beforeAll, describe, expect, it } from 'vitest';
-import { Identity, verifyEd25519 } from '../../../src/node/identity.ts';
+import { Identity, verifyEd25519 } from '../../../src/net/identity.ts';
 import { createCheckHandler } from '../../../src/node/verify/check-handler.ts';
 import { collectBody, type MeshRequest } from '../../../src/protocol/envelopes.ts';
 import { encodeBase64Url } from '../../../src/protocol/base64.ts';

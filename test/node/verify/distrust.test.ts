@@ -6,10 +6,10 @@
  * then on the tokens are the honest continuation of what was streamed.
  */
 import { beforeAll, describe, expect, it } from 'vitest';
-import { createForwardHandler } from '../../../src/node/forward-handler.ts';
-import { HopTransport } from '../../../src/node/hop-transport.ts';
-import { PipelineDriver, type HeadTokenizer } from '../../../src/node/pipeline.ts';
-import { Identity, verifyEd25519 } from '../../../src/node/identity.ts';
+import { createForwardHandler } from '../../../src/node/hop/forward-handler.ts';
+import { HopTransport } from '../../../src/net/hop-transport.ts';
+import { PipelineDriver, type HeadTokenizer } from '../../../src/node/head/pipeline.ts';
+import { Identity, verifyEd25519 } from '../../../src/net/identity.ts';
 import { DistrustSet, HeadVerify } from '../../../src/node/verify/head-verify.ts';
 import { Verifier } from '../../../src/node/verify/verifier.ts';
 import { Attestor } from '../../../src/verify/attestor.ts';

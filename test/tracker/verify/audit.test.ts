@@ -7,7 +7,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { HeadTransport } from '../../../src/tracker/head-proxy.ts';
-import { FakeNode, makeTracker } from '../support.ts';
+import { FakeNode, makeTracker } from '../../helpers/tracker.ts';
 
 const TOKENS = [100, 101, 102, 103];
 

@@ -10,7 +10,7 @@ import { encodeBase64Url } from '../../../src/protocol/base64.ts';
 import { signBody } from '../../../src/tracker/signing.ts';
 import { signPlan } from '../../../src/tracker/verify/planner.ts';
 import type { CheckPlan } from '../../../src/verify/plan.ts';
-import { FakeNode, makeTracker } from '../support.ts';
+import { FakeNode, makeTracker } from '../../helpers/tracker.ts';
 
 const offence = (peer: string) => ({ peer, role: 'hop' as const, model: 'small', start_layer: 6, end_layer: 12, generation: 'g-0', session: 'g-0.x', kind: 'rows' as const, rows: 4, steps: 2, threshold: 0.003, claim: { peer, attestation: 'a' }, checker: { peer: 'c', attestation: 'b', distance: 0.1 }, reported_by: 'h' });
 

@@ -7,7 +7,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import type { GenerateEvent } from '../../../src/protocol/tracker.ts';
-import { FakeNode, makeTracker, scriptedTransport, type TestTracker } from '../support.ts';
+import { FakeNode, makeTracker, scriptedTransport, type TestTracker } from '../../helpers/tracker.ts';
 
 type Script = Parameters<typeof scriptedTransport>[0][string][number];
 const TRUTH = [100, 101, 102, 103, 104];
