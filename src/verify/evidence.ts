@@ -71,7 +71,11 @@ export const checkReportSchema = z.object({
 });
 export type CheckReport = z.infer<typeof checkReportSchema>;
 
-/** POST /api/checks/skipped: a planned check the head could not run (the hop gave no valid attestation, or no checker answered). */
+/**
+ * POST /api/checks/skipped: a planned check the head could not run: the hop gave no valid attestation
+ * (`refused`, held against it), no checker answered, or the head no longer holds the rows the hop signed
+ * (`uncheckable`: rows cut back after a speculative step; nobody's fault).
+ */
 export const skippedCheckSchema = z.object({
   head: peerId,
   timestamp: z.number().int(),
@@ -81,7 +85,7 @@ export const skippedCheckSchema = z.object({
   peer_id: peerId,
   start_layer: z.number().int().nonnegative(),
   end_layer: z.number().int().positive(),
-  reason: z.enum(['refused', 'no-checker']),
+  reason: z.enum(['refused', 'no-checker', 'uncheckable']),
   why: z.string().max(500),
 });
 export type SkippedCheck = z.infer<typeof skippedCheckSchema>;

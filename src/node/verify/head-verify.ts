@@ -127,6 +127,8 @@ export class GenerationTrace {
   private readonly latest = new Map<string, string>();
   private readonly steps: number[] = [];
   private readonly tokens: Array<{ tokenId: number; logprob: number }> = [];
+  /** Set when rows the hops signed were cut back (a rejected speculative draft): the history no longer holds them. */
+  private cut: string | undefined;
 
   constructor(
     private readonly init: HeadVerifyInit,
@@ -156,6 +158,15 @@ export class GenerationTrace {
   step(rows: number, token: { tokenId: number; logprob: number }): void {
     this.steps.push(rows);
     this.tokens.push(token);
+  }
+
+  /**
+   * Rows the hops computed and signed were cut back (rejected draft rows): the head's history keeps
+   * accepted rows only, so its checks could not rebuild what the hops signed. Its planned checks are
+   * then reported as skipped (`uncheckable`), never held against a hop.
+   */
+  uncheckable(why: string): void {
+    this.cut ??= why;
   }
 
   /**
@@ -204,7 +215,7 @@ export class GenerationTrace {
     });
     const generation = this.s.session.slice(0, Math.max(0, this.s.session.lastIndexOf('.')));
     const bytes = spans.reduce((n, sp) => n + sp.input.byteLength, 0);
-    const finished: Finished = { session: this.s.session, steps: this.steps, spans, dtype: this.s.dtype, hidden: this.s.hidden, sampling: this.s.sampling, generation, at: Date.now(), bytes };
+    const finished: Finished = { session: this.s.session, steps: this.steps, spans, dtype: this.s.dtype, hidden: this.s.hidden, sampling: this.s.sampling, generation, at: Date.now(), bytes, ...(this.cut !== undefined ? { uncheckable: this.cut } : {}) };
     this.onFinished(finished);
     if (plan) this.init.verifier.finished({ ...finished, plan });
   }

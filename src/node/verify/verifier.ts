@@ -61,11 +61,17 @@ export interface FinishedGeneration {
   hidden: number;
   /** The request's sampling, as X-Meshnet-Sampling carries it. */
   sampling: string;
+  /**
+   * Why the head cannot check this generation (rows the hops signed were cut back later, as after a
+   * rejected speculative draft, and are no longer held): its planned checks are reported skipped.
+   */
+  uncheckable?: string;
 }
 
 export type CheckEvent =
   | { type: 'refused'; peer: string; why: string }
   | { type: 'no-checker'; peer: string; why: string }
+  | { type: 'uncheckable'; peer: string; why: string }
   | { type: 'reported'; peer: string; local: number; threshold: number; answer: unknown }
   | { type: 'report-failed'; peer: string; why: string };
 
@@ -112,6 +118,10 @@ export class Verifier {
     for (const entry of gen.plan.plan.checks) {
       const span = gen.spans.find((s) => s.peer === entry.peer.peer_id && s.start === entry.start_layer && s.end === entry.end_layer);
       if (!span) continue; // the hop was replaced, or the route changed: not checked this time
+      if (gen.uncheckable !== undefined) {
+        void this.skip({ gen, span, entry }, 'uncheckable', gen.uncheckable);
+        continue;
+      }
       if (this.queue.length >= (this.init.maxQueued ?? 32)) {
         this.dropped++;
         continue;
@@ -177,7 +187,8 @@ export class Verifier {
       row += n;
     }
     if (inputs.some((b, s) => b.byteLength !== steps[s]! * span.inputRowBytes) || outputs.some((b) => b.byteLength === 0)) {
-      return this.skip(job, 'refused', 'the head does not hold every row the attestation covers');
+      // The head's own history falls short (not the hop's doing): no verdict either way.
+      return this.skip(job, 'uncheckable', 'the head does not hold every row the attestation covers');
     }
     const inHashes = await Promise.all(inputs.map(sha256));
     const outHashes = await Promise.all(outputs.map(sha256));
@@ -294,7 +305,7 @@ export class Verifier {
   }
 
   /** A planned check that could not run: said to the tracker (the generation's record shows it unchecked, a refusing hop stays unverified). */
-  private async skip(job: Job, kind: 'refused' | 'no-checker', why: string): Promise<void> {
+  private async skip(job: Job, kind: 'refused' | 'no-checker' | 'uncheckable', why: string): Promise<void> {
     const peer = job.entry.peer.peer_id;
     this.init.onEvent?.({ type: kind, peer, why });
     await this.init.skipped?.({ head: this.init.peerId, timestamp: (this.init.now ?? Date.now)(), plan: job.gen.plan.text, plan_signature: job.gen.plan.signature, session: job.gen.session, peer_id: peer, start_layer: job.entry.start_layer, end_layer: job.entry.end_layer, reason: kind, why: why.slice(0, 500) }).catch(() => undefined);

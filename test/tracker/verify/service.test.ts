@@ -73,4 +73,23 @@ describe('a planned check that could not run', () => {
     expect(t.verification.trust.checkProbability(x.peerId)).toBe(1);
     expect((await t.app.request('/v1/verifications/nope')).status).toBe(404);
   });
+
+  it('is held against nobody when the head no longer holds the rows the hop signed (uncheckable)', async () => {
+    const { t, nodes } = await mesh();
+    const [h, x, y] = nodes as [FakeNode, FakeNode, FakeNode];
+    const peer = (n: FakeNode) => ({ peer_id: n.peerId, public_key: encodeBase64Url(n.identity.publicKey), format: 'f32' as const, backend: 'onnxruntime-node' });
+    const plan: CheckPlan = { head: h.peerId, model: 'small', generation: 'req-0', expires_at: t.clock.now + 60_000, checks: [{ peer: peer(x), start_layer: 6, end_layer: 12, checkers: [peer(y)] }] };
+    const signed = await signPlan(t.identity, plan);
+    const record = t.verification.log.open('req', 'small');
+    record.attempt('req-0', h.peerId, [{ peer: h.peerId, start: 0, end: 6 }, { peer: x.peerId, start: 6, end: 12 }], new Set([`${x.peerId}:6:12`]), plan.expires_at);
+    t.verification.log.link('req-0', record);
+    record.ended('req-0');
+    const body = { head: h.peerId, timestamp: t.clock.now, plan: signed.text, plan_signature: signed.signature, session: 'req-0.abc', peer_id: x.peerId, start_layer: 6, end_layer: 12, reason: 'uncheckable' as const, why: 'draft rows were cut back' };
+    const res = await t.app.request('/api/checks/skipped', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(await signBody(h.identity, body)) });
+    expect(res.status).toBe(200);
+    const view = (await (await t.app.request('/v1/verifications/req')).json()) as { status: string; hops: Array<{ peer_id: string; status: string; detail?: string }> };
+    expect(view.status).toBe('unchecked');
+    expect(view.hops.find((x2) => x2.peer_id === x.peerId)).toMatchObject({ status: 'unchecked', detail: expect.stringContaining('draft rows were cut back') as unknown });
+    expect(t.verification.trust.peek(x.peerId)?.refusals ?? 0).toBe(0);
+  });
 });
