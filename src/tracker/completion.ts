@@ -26,7 +26,7 @@ import { HttpError, json, readJson, streamResponse } from './http.ts';
 import { MergedChoices } from './merged-choices.ts';
 import { combine } from './verify/log.ts';
 import { runStrict, type StrictStats } from './verify/strict.ts';
-import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai.ts';
+import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai-wire.ts';
 
 export interface ParsedCompletion {
   model: string;

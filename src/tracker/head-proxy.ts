@@ -22,7 +22,7 @@ import { MeshError, remoteError } from '../protocol/errors.ts';
 import type { HeadTransport } from './head-transport.ts';
 import { H } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
-import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
+import { generateEventSchema, type GenerateRequest } from '../protocol/tracker.ts';
 import type { Identity } from '../net/identity.ts';
 import type { Admission, Lease } from './admission.ts';
 import type { TrackerMetrics } from './metrics.ts';
@@ -30,6 +30,7 @@ import type { TrackerOptions } from './options.ts';
 import type { NodeRecord, NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 import { RouteSigner } from './route-signer.ts';
+import { routeHops, type GenerationInput } from './route-hops.ts';
 import type { VerificationService } from './verify/service.ts';
 import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER } from '../verify/plan.ts';
 
@@ -93,7 +94,8 @@ export interface GenerationOptions {
   audit?: boolean;
 }
 
-export type GenerationInput = Omit<GenerateRequest, 'prefix_token_ids' | 'session_id'>;
+export type { GenerationInput };
+export { routeHops };
 
 /**
  * Positions a chat may reach, as the tracker can tell before the head
@@ -140,15 +142,6 @@ const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 /** Errors a head gives for the request itself: another head would say the same. */
 const CLIENT_ERRORS = new Set<string>(['MESH_ERR_BAD_REQUEST', 'MESH_ERR_TOO_LARGE', 'MESH_ERR_BAD_SHAPE']);
 
-export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: boolean): RouteHop[] {
-  return plan.hops.slice(skipFirst ? 1 : 0).map((h) => {
-    const n = registry.nodes.get(h.id);
-    const hop: RouteHop = { peer_id: h.id, start_layer: h.start, end_layer: h.end };
-    if (n?.endpoint) hop.endpoint = n.endpoint;
-    if (n?.relayAddr) hop.relay_addr = n.relayAddr;
-    return hop;
-  });
-}
 
 /**
  * Run one generation: yields token events, then one done event. Throws

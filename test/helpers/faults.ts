@@ -16,7 +16,7 @@
 import type { WeightSource } from '../../src/model/graph.ts';
 import { dequantizeQ4, quantizeQ4 } from '../../src/model/quantize.ts';
 import { FUSED_Q4_SCHEME } from '../../src/model/fused-graph.ts';
-import type { ForwardRequest, ForwardResult } from '../../src/shard/executor.ts';
+import type { ForwardRequest, ForwardResult } from '../../src/shard/contract.ts';
 import { logSoftmaxAt, sampleToken } from '../../src/shard/sampling.ts';
 
 export const LYING_MODES = ['noise', 'zero', 'wrong-layers', 'tampered', 'q4-as-f32', 'one-in-20', 'honest-then-noise', 'second-best'] as const;

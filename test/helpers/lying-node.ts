@@ -12,7 +12,7 @@
  */
 import { startNodeHost } from '../../src/host/node/index.ts';
 import { NODE_HOST_DEFAULTS } from '../../src/host/node/options.ts';
-import type { WeightLoader } from '../../src/shard/executor.ts';
+import type { WeightLoader } from '../../src/shard/contract.ts';
 import { lyingForward, lyingWeights, type LyingMode } from './faults.ts';
 
 interface LyingNodeConfig {

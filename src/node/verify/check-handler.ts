@@ -14,7 +14,7 @@ import { MeshError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
 import { decodeBase64 as decodeBase64Url } from '../../protocol/base64.ts';
 import { decodeTensor, dtypeBytes, encodeTensor, isDtype, parseShape, type Dtype } from '../../protocol/tensor.ts';
-import type { ForwardRequest, ForwardResult } from '../../shard/executor.ts';
+import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { attestSeed, chainStep, checkMessage, CHECK_ATTEST_HEADER, formatAttestation, sha256, type AttestScope } from '../../verify/attest.ts';
 import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseSteps, parseTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
