@@ -269,8 +269,8 @@ export class PipelineDriver {
       while (index < req.max_tokens && run.position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         const { tokenId, logprob } = await this.step(run, next, () => history.slice(0, run.position + next.length));
-        // Where each step started: a replay resends the history in these same chunks.
         run.checks?.step(next.length, { tokenId, logprob });
+        // Where each step started: a replay resends the history in these same chunks.
         run.stepStarts.push(run.position);
         run.position += next.length;
         while (run.pending.length > 0) yield run.pending.shift()!;
