@@ -42,6 +42,12 @@ export interface ForwardRequest {
   rollbackFrom?: number;
   /** A verification step (the call must end at the last layer): the drafts its last rows propose (speculative.ts). */
   draft?: DraftProposal;
+  /**
+   * A call that ends at the last layer answers the logits of these rows (0-based within the call's
+   * rows, in order) instead of sampling a token: a spot-check of a last hop recomputes every step's
+   * logits in one prefill (docs/verification.md).
+   */
+  logitRows?: readonly number[];
 }
 
 export type ForwardResult =
@@ -54,7 +60,9 @@ export type ForwardResult =
       logits: Float32Array;
       /** A verification step's outcome: the drafts accepted and the tokens emitted (tokenId is the last of them). */
       spec?: Verified;
-    };
+    }
+  /** `logitRows` asked: the rows' logits one after another, [rows.length, vocab]. */
+  | { kind: 'logits'; rows: readonly number[]; data: Float32Array };
 
 /** The executor of one span of layers, as the node runtime serves it. */
 export interface SpanExecutor {

@@ -74,6 +74,8 @@ export const MAX_MEMBER_ROWS = 17;
  */
 export function packedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
   if (req.session === undefined) return undefined;
+  // Logits of chosen rows (a check) come from the lone path only.
+  if (req.logitRows) return undefined;
   const rows = req.tokenIds !== undefined ? req.tokenIds.length : req.activation?.shape[1];
   if (!(rows === 1 || (rows !== undefined && rows <= MAX_MEMBER_ROWS && (req.position ?? 0) > 0))) return undefined;
   const kind = req.tokenIds !== undefined ? 'tokens' : 'activation';

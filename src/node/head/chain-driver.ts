@@ -49,6 +49,8 @@ export interface ChainArrival {
   rows: Uint8Array;
   /** A hop on the way said its batches run full (X-Meshnet-Batch-Full). */
   batchFull?: boolean;
+  /** The hops' X-Meshnet-Attest entries, gathered down the chain (docs/protocol.md §11). */
+  attest?: string;
 }
 
 interface Waiter {
