@@ -289,7 +289,10 @@ export class PipelineDriver {
 
     let finish: 'stop' | 'length' = 'length';
     const history: number[] = [...promptIds, ...req.prefix_token_ids];
-    const speculator = this.speculatorFor(req, session, run.declared, promptIds.length);
+    // A generation the tracker planned to check runs without drafts: rejected draft rows are cut back, and a check
+    // cannot rebuild what the hops signed from the accepted rows the head keeps (docs/architecture.md, Trust).
+    const checked = (opts.plan?.plan.checks.length ?? 0) > 0;
+    const speculator = checked ? undefined : this.speculatorFor(req, session, run.declared, promptIds.length);
     let completed = false;
     try {
       let next: number[] = history.slice();
