@@ -508,6 +508,8 @@ export class Federation implements TableFederation {
       if (now - r.lastSeen < silentMs) continue;
       this.relays.delete(relayId);
       this.logger.info({ relay_id: relayId }, 'relay silent; forgetting its peers');
+      // What we sent its peers through NATS will not be answered: end it now rather than at the request timeout.
+      this.table.failRemoteStreams(this.natsOut, (peer) => this.peerRelay.get(peer) === relayId, `relay ${relayId} of the cluster went silent before the peer answered`);
       for (const [peer, at] of this.peerRelay) if (at === relayId) this.peerRelay.delete(peer);
       const conn = this.natsIn.get(relayId);
       if (conn !== undefined) {

@@ -503,6 +503,11 @@ export class StreamTable {
     }
   }
 
+  /** End the streams sent over `link` to peers `gone(peer)` says are lost (their relay went silent): 502 to each caller. */
+  failRemoteStreams(link: PeerConn, gone: (peerId: string) => boolean, message: string): void {
+    for (const s of [...link.incoming.values()]) if (s.remotePeer !== undefined && gone(s.remotePeer)) this.failStream(s, 'MESH_ERR_PEER_GONE', message, false);
+  }
+
   /** Answer every stream still in flight with `code` (the grace period is over). */
   failAll(code: MeshErrorCode, message: string): void {
     for (const s of [...this.streams]) this.failStream(s, code, message, true);

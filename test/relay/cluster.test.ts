@@ -210,6 +210,26 @@ describe('failures around the cluster', () => {
     }
   });
 
+  it('a relay killed while frames cross by NATS: streams to its peers end 502 once it is silent (6 s), not at the request timeout', async () => {
+    const a = await startRelayProcess(['--nats', nats.url, '--cluster', 'killnats', '--cluster-path', 'nats', '--request-timeout-ms', '30000']);
+    const b = await startRelayProcess(['--nats', nats.url, '--cluster', 'killnats', '--cluster-path', 'nats', '--request-timeout-ms', '30000']);
+    try {
+      const slow = await RawPeer.connect(b.url, () => new Promise(() => undefined));
+      const caller = await RawPeer.connect(a.url);
+      await until(async () => (await health(a)).cluster!.relays === 1, 10_000, 'relays to hear of each other');
+      const pending = caller.request(slow.peerId, { body: new Uint8Array(1) });
+      await new Promise((r) => setTimeout(r, 200));
+      const t0 = performance.now();
+      await b.stop('SIGKILL');
+      const r = await pending;
+      expect(r.status).toBe(502);
+      expect(performance.now() - t0).toBeLessThan(12_000);
+      await caller.close();
+    } finally {
+      await Promise.all([a.stop(), b.stop()]);
+    }
+  });
+
   it('NATS restarted: relays reconnect, new peers are found, and frames cross again', async () => {
     const a = await startRelayProcess(['--nats', nats.url, '--cluster', 'restart', '--cluster-path', 'nats']);
     const b = await startRelayProcess(['--nats', nats.url, '--cluster', 'restart', '--cluster-path', 'nats']);
