@@ -154,7 +154,16 @@ export class Federation implements TableFederation {
     this.logger = init.logger;
     const natsOutPipe: LinkPipe = {
       relayId: 'nats',
-      sendAddressed: (target, frame) => this.publish(this.s.peer(target), frame, this.s.relayStream(this.relayId, readFrameHead(frame).streamId)),
+      sendAddressed: (target, frame) => {
+        const streamId = readFrameHead(frame).streamId;
+        const max = this.nc.info?.max_payload ?? 1024 * 1024;
+        if (frame.byteLength > max) {
+          // NATS refuses it (a prompt's activations, before a trunk is up): the caller hears at once and takes another path.
+          this.table.onBinary(this.natsOut, encodeErrorFrame(streamId, new MeshError('MESH_ERR_TOO_LARGE', `a frame of ${frame.byteLength} bytes is over NATS's max_payload (${max}) and no trunk to the peer's relay is up yet; retry, or use the peer's relay_addr`)));
+          return;
+        }
+        this.publish(this.s.peer(target), frame, this.s.relayStream(this.relayId, streamId));
+      },
     };
     this.natsOut = new PeerConn(new NatsSocket(this, undefined), 'nats-out', ZERO_ID, {}, true, natsOutPipe);
   }
@@ -321,6 +330,8 @@ export class Federation implements TableFederation {
     if (!parsed.success) return this.dropped('hello');
     if (parsed.data.relay_id === this.relayId) return;
     this.noteRelay(parsed.data.relay_id, parsed.data.url);
+    // Trunks to every relay heard of, before a frame needs one (a prompt is often over NATS's max_payload).
+    if (this.o.path === 'link') this.ensureTrunk(parsed.data.relay_id);
   }
 
   private onTrunkAsk(msg: Msg): void {

@@ -85,6 +85,22 @@ describe.each(['link', 'nats'] as const)('two relays, frames crossing by %s', (p
     await Promise.all([target.close(), caller.close()]);
   });
 
+  it(path === 'link' ? 'a body over NATS\'s max_payload (2 MiB) crosses in the trunk' : 'a body over NATS\'s max_payload (2 MiB) is refused 413 at once, naming the limit', async () => {
+    const target = await RawPeer.connect(b.url, echo('b'));
+    const caller = await RawPeer.connect(a.url);
+    const body = new Uint8Array(2 * 1024 * 1024).map((_, i) => i & 0xff);
+    if (path === 'link') await until(async () => (await health(a)).cluster!.trunks >= 1, 10_000, 'a trunk');
+    const r = await caller.request(target.peerId, { body });
+    if (path === 'link') {
+      expect(r.status).toBe(200);
+      expect(Buffer.from(r.body).equals(Buffer.from(body))).toBe(true);
+    } else {
+      expect(r.status).toBe(413);
+      expect(JSON.parse(Buffer.from(r.body).toString())).toMatchObject({ error: { code: 'MESH_ERR_TOO_LARGE', message: expect.stringMatching(/max_payload/) } });
+    }
+    await Promise.all([target.close(), caller.close()]);
+  });
+
   it('an unknown peer is a 404 at once, naming the cluster', async () => {
     const caller = await RawPeer.connect(a.url);
     const t0 = performance.now();
