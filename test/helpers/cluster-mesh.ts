@@ -17,9 +17,9 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Identity } from '../../src/node/identity.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { startRelayProcess, type RelayProcess } from './relay-process.ts';
+import { startNode, startTrackerProc, type NodeProc, type TrackerProc } from './mesh.ts';
 import { startHaproxy, startNats, type Haproxy, type NatsServer } from './cluster.ts';
 
 export interface ClusterInit {

@@ -14,7 +14,7 @@ import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { fixture } from '../helpers/shard.ts';
 import { startCluster, type Cluster } from '../helpers/cluster-mesh.ts';
-import { until } from './support/mesh.ts';
+import { until } from '../helpers/mesh.ts';
 
 const f = fixture('tiny');
 const utf8d = new TextDecoder();

@@ -10,9 +10,9 @@ import { connect } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FLAG_END, FLAG_ONE_WAY, encodeRequestFrame, hexToBytes } from '../../src/protocol/index.ts';
 import { startNats, type NatsServer } from '../helpers/cluster.ts';
-import { makeKeys, RawPeer, RpcSocket } from '../support/raw-peer.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { spawnMeshnet } from '../mesh/support/mesh.ts';
+import { makeKeys, RawPeer, RpcSocket } from '../helpers/raw-peer.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { spawnMeshnet } from '../helpers/mesh.ts';
 
 let nats: NatsServer;
 beforeAll(async () => {
