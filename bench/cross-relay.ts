@@ -12,7 +12,11 @@
  *      endpoints, no links), decode tokens/s with every node on relay A
  *      against head and tail on A and the middle node on B (two of the
  *      three pushes of a step cross), alternating runs, medians;
- *      target: cross ≥ 0.9 × same, and the same tokens.
+ *      target: cross ≥ 0.9 × same, and the same tokens;
+ *   3. failover: relay B killed (SIGKILL) under the split mesh's middle
+ *      node (`--relay B,A`): time until it is registered at A under the
+ *      same peer id, and until a chat on the same route completes again
+ *      with the same tokens.
  *
  *   npx tsx bench/cross-relay.ts [--quick] [--hops-only]
  */
@@ -106,9 +110,19 @@ async function hops(natsUrl: string): Promise<Record<HopMode, ReturnType<typeof 
 interface MeshRun {
   decodeTps: number;
   ids: number[];
+  /** performance.now() at the first token. */
+  firstTokenAt: number;
 }
 
-async function mesh(natsUrl: string): Promise<{ same: MeshRun[]; cross: MeshRun[] }> {
+interface Failover {
+  reregistered_ms: number;
+  /** From the kill to the first token of the first chat that completed after it. */
+  first_token_ms: number;
+  same_tokens: boolean;
+  failed_attempts: number;
+}
+
+async function mesh(natsUrl: string): Promise<{ same: MeshRun[]; cross: MeshRun[]; failover: Failover }> {
   const dir = await ensureModel('small');
   const st = await startStaticServer({ root: dir });
   const A = await startRelayProcess(['--nats', natsUrl, '--cluster', 'mesh']);
@@ -128,7 +142,9 @@ async function mesh(natsUrl: string): Promise<{ same: MeshRun[]; cross: MeshRun[
       ['4-8', B],
       ['8-12', A],
     ];
-    for (let i = 0; i < spec.length; i += 2) nodes.push(...(await Promise.all(spec.slice(i, i + 2).map(([s, r]) => startNode([...common, '--relay', r.url, '--layers', s])))));
+    // Every node may fail over to the other relay (the middle node of the split mesh does, in part 3).
+    const relayList = (r: RelayProcess) => (r === A ? `${A.url},${B.url}` : `${B.url},${A.url}`);
+    for (let i = 0; i < spec.length; i += 2) nodes.push(...(await Promise.all(spec.slice(i, i + 2).map(([s, r]) => startNode([...common, '--relay', relayList(r), '--layers', s])))));
     const [h1, m1, t1, h2, m2, t2] = nodes as [NodeProc, NodeProc, NodeProc, NodeProc, NodeProc, NodeProc];
     let runId = 0;
     const run = async (head: NodeProc, hops: RouteHop[]): Promise<MeshRun> => {
@@ -143,7 +159,7 @@ async function mesh(natsUrl: string): Promise<{ same: MeshRun[]; cross: MeshRun[
           ids.push(ev.token_id);
         } else if (ev.type === 'error') throw new Error(`${ev.code}: ${ev.message}`);
       }
-      return { decodeTps: ((ids.length - 1) * 1000) / (tLast - tFirst), ids };
+      return { decodeTps: ((ids.length - 1) * 1000) / (tLast - tFirst), ids, firstTokenAt: tFirst };
     };
     const same = () => run(h1, [hopOf(m1, 4, 8, 'relay'), hopOf(t1, 8, 12, 'relay')]);
     const cross = () => run(h2, [hopOf(m2, 4, 8, 'relay'), hopOf(t2, 8, 12, 'relay')]);
@@ -159,7 +175,26 @@ async function mesh(natsUrl: string): Promise<{ same: MeshRun[]; cross: MeshRun[
         out.same.push(await same());
       }
     }
-    return out;
+    // Part 3: the middle node's relay dies under it.
+    const peersOnA = async () => ((await (await fetch(`${A.url.replace(/^ws/, 'http')}/peers`)).json()) as { peers: Array<{ peer_id: string }> }).peers.map((p) => p.peer_id);
+    const t0 = performance.now();
+    await B.stop('SIGKILL');
+    while (!(await peersOnA()).includes(m2.peerId)) {
+      if (performance.now() - t0 > 30_000) throw new Error('the middle node did not move to relay A within 30 s');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const reregistered = performance.now() - t0;
+    // Its relay_addr changed: the route names the new one (as the tracker's next route would, from its heartbeat).
+    const m2now = { ...m2, relayAddr: `${A.url}/rpc/${m2.peerId}` };
+    let again: MeshRun | undefined;
+    let failedAttempts = 0;
+    while (again === undefined) {
+      if (failedAttempts > 0) await new Promise((r) => setTimeout(r, 100));
+      again = await run(h2, [hopOf(m2now, 4, 8, 'relay'), hopOf(t2, 8, 12, 'relay')]).catch((e: unknown) => (process.env.MESHNET_BENCH_DEBUG && console.error(`retry after ${(performance.now() - t0).toFixed(0)} ms: ${(e as Error).message}`), failedAttempts++, undefined));
+      if (performance.now() - t0 > 60_000) throw new Error('no chat within 60 s of the relay kill');
+    }
+    const failover = { reregistered_ms: reregistered, first_token_ms: again.firstTokenAt - t0, same_tokens: firstDivergence(again.ids, out.cross[0]!.ids) === null, failed_attempts: failedAttempts };
+    return { ...out, failover };
   } finally {
     await Promise.all(nodes.map((n) => n.stop()));
     await Promise.all([A.stop(), B.stop()]);
@@ -185,7 +220,8 @@ async function main(): Promise<void> {
         ['all on relay A', sameTps, 1, '-'],
         ['middle node on relay B', crossTps, crossTps / sameTps, diverge === null ? 'none' : String(diverge)],
       ]);
-      meshResult = { same_decode_tps: m.same.map((r) => r.decodeTps), cross_decode_tps: m.cross.map((r) => r.decodeTps), same_median: sameTps, cross_median: crossTps, ratio: crossTps / sameTps, first_divergence: diverge, tokens: NEW_TOKENS };
+      printTable('failover: relay B killed under the middle node (ms from the kill)', ['re-registered at A', 'first token of a chat again', 'failed attempts', 'same tokens'], [[m.failover.reregistered_ms, m.failover.first_token_ms, m.failover.failed_attempts, String(m.failover.same_tokens)]]);
+      meshResult = { failover: m.failover, same_decode_tps: m.same.map((r) => r.decodeTps), cross_decode_tps: m.cross.map((r) => r.decodeTps), same_median: sameTps, cross_median: crossTps, ratio: crossTps / sameTps, first_divergence: diverge, tokens: NEW_TOKENS };
     }
     writeResult(join(root, 'bench/results/cross-relay.json'), {
       quick,
