@@ -1,6 +1,6 @@
 /**
  * Relays in a cluster, from outside: a real nats-server, real `meshnet relay
- * --nats` processes, raw WebSocket peers (test/support/raw-peer.ts, not the
+ * --nats` processes, raw WebSocket peers (test/helpers/raw-peer.ts, not the
  * node's client). A peer of relay A reaches a peer of relay B on the fast
  * path (two-way and one-way) and on /rpc, over a trunk and over NATS alone;
  * one key has one registration in the cluster; what is malformed is counted
