@@ -1,6 +1,6 @@
 /**
  * The relay dialer: this node's persistent connection to a relay
- * (PROTOCOL.md §1): connect, register, reconnect.
+ * (docs/protocol.md §1): connect, register, reconnect.
  *
  *   peer                                relay
  *    |  ---- open ws(s)://RELAY/ws ---->  |
@@ -390,7 +390,9 @@ export class RelayClient {
     const socket = dial.socket;
     socket.onmessage = null;
     socket.onclose = null;
-    socket.onerror = null;
+    // Not null: `ws` reports a close() before the handshake ended as an 'error' event, and one with
+    // no listener is an uncaught exception (a LinkPool closed while a link was still dialling).
+    socket.onerror = ignoreError;
     if (closeReason === undefined) return;
     try {
       if (socket.readyState <= WS_OPEN) socket.close(1000, closeReason.slice(0, 120));
@@ -455,3 +457,5 @@ export class RelayClient {
     }
   }
 }
+
+function ignoreError(): void {}

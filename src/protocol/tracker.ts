@@ -59,7 +59,7 @@ export const nodeStatsSchema = z.object({
   kv_block_tokens: z.number().int().positive().optional(),
   /** Positions one session may reach on this node (its context). */
   kv_max_tokens: z.number().int().positive().optional(),
-  /** Forward runs by batch size since the span loaded: batch_sizes[n] = runs of n sessions' steps (index 0 unused; issue 11). */
+  /** Forward runs by batch size since the span loaded: batch_sizes[n] = runs of n sessions' steps (index 0 unused). */
   batch_sizes: z.array(z.number().int().nonnegative()).max(1025).optional(),
 });
 export type NodeStats = z.infer<typeof nodeStatsSchema>;

@@ -130,7 +130,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     if (!v.ok) return refuse(v.close, v.reason);
     const peer = table.addPeer(socket, v.id, v.info);
     if (!('id' in peer)) return refuse(peer.close, peer.reason);
-    // `features`: what this relay forwards beyond PROTOCOL.md §4 (peers of older relays see none and never send one-way frames).
+    // `features`: what this relay forwards beyond docs/protocol.md §4 (peers of older relays see none and never send one-way frames).
     // `cluster`: peers on every relay of the cluster are reachable on this connection's fast path.
     const features = federation ? [ONE_WAY_FEATURE, CLUSTER_FEATURE] : [ONE_WAY_FEATURE];
     const registered = () => {

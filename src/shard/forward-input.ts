@@ -7,18 +7,8 @@
 import type { ModelConfig } from '../model/config.ts';
 import { firstNonFinite } from '../protocol/tensor.ts';
 import { badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
-import { validateSampling, type SamplingParams } from './sampling.ts';
-
-export interface ForwardRequestLike {
-  session?: string;
-  position?: number;
-  sessionTokens?: number;
-  startLayer?: number;
-  endLayer?: number;
-  activation?: { data: Float32Array; shape: readonly number[] };
-  tokenIds?: readonly number[];
-  sampling?: SamplingParams;
-}
+import { validateSampling } from './sampling.ts';
+import type { ForwardRequest } from './contract.ts';
 
 export interface HeldSpan {
   startLayer: number;
@@ -31,7 +21,7 @@ export type ForwardInput =
   | { kind: 'tokens'; ids: BigInt64Array; seq: number; start: number; end: number; position: number }
   | { kind: 'activation'; data: Float32Array; seq: number; start: number; end: number; position: number };
 
-export function checkForwardInput(cfg: ModelConfig, held: HeldSpan, req: ForwardRequestLike): ForwardInput {
+export function checkForwardInput(cfg: ModelConfig, held: HeldSpan, req: ForwardRequest): ForwardInput {
   const span = { startLayer: held.startLayer, endLayer: held.endLayer };
   const start = req.startLayer ?? held.startLayer;
   const end = req.endLayer ?? held.endLayer;

@@ -3,10 +3,10 @@
  * OpenAI-compatible API for clients, data for the dashboard. Routes are
  * grouped by concern, each group a module over one shared TrackerContext:
  *
- *   routes/nodes.ts    POST /api/nodes/register, /api/nodes/heartbeat
- *   routes/routes.ts   POST /api/route/replace, GET /api/route
- *   routes/status.ts   GET /api/tracker, /api/availability, /api/dashboard, /dashboard, /healthz, /metrics
- *   routes/openai.ts   GET /v1/models, POST /v1/chat/completions, /v1/completions (completion.ts)
+ *   routes/nodes.ts         POST /api/nodes/register, /api/nodes/heartbeat
+ *   routes/mesh-routes.ts   POST /api/route/replace, GET /api/route (signed routes on demand)
+ *   routes/status.ts        GET /api/tracker, /api/availability, /api/dashboard, /dashboard, /healthz, /metrics
+ *   routes/openai.ts        GET /v1/models, POST /v1/chat/completions, /v1/completions (completion.ts)
  */
 import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
@@ -24,7 +24,7 @@ import { NodeRegistry, NodeStatus } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 import { nodeRoutes } from './routes/nodes.ts';
 import { openAiRoutes } from './routes/openai.ts';
-import { routeRoutes } from './routes/routes.ts';
+import { routeRoutes } from './routes/mesh-routes.ts';
 import { statusRoutes } from './routes/status.ts';
 
 export type { RecentRoute } from './context.ts';

@@ -24,7 +24,7 @@ import { notLoadedYet, type TrackerContext } from './context.ts';
 import { runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput } from './head-proxy.ts';
 import { HttpError, json, readJson, streamResponse } from './http.ts';
 import { MergedChoices } from './merged-choices.ts';
-import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai.ts';
+import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai-wire.ts';
 
 export interface ParsedCompletion {
   model: string;

@@ -1,5 +1,5 @@
 /**
- * The node's HTTP surface (PROTOCOL.md §5) over a shard executor, as one
+ * The node's HTTP surface (docs/protocol.md §5) over a shard executor, as one
  * host-neutral handler `(MeshRequest) => Promise<MeshResponse>`: the relay
  * bridge, a Node.js HTTP server and the browser worker all serve through it.
  *
@@ -15,16 +15,16 @@ import { z } from 'zod';
 import { errorReply, jsonReply, type MeshRequest, type MeshResponse } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import { H, type HeaderMap } from '../../protocol/headers.ts';
+import { SESSION_ID_RE } from '../../protocol/ids.ts';
 import { decodeTensor, dtypeBytes, encodeTensor, formatShape, isDtype, parseShape, shapeElements, type Dtype } from '../../protocol/tensor.ts';
-import type { ForwardRequest, ForwardResult, ShardExecutor } from '../../shard/executor.ts';
+import type { ForwardRequest, SpanExecutor } from '../../shard/contract.ts';
 import type { BatchStats } from '../../shard/batch-queue.ts';
 import type { KvStats } from '../../shard/kv-store.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { trace } from '../../protocol/trace.ts';
 
-/** What the handler needs of a ShardExecutor (a structural subset, so tests and hosts may wrap one). */
-export type ForwardExecutor = Pick<ShardExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats'> & {
-  forward(req: ForwardRequest): Promise<ForwardResult>;
+/** What the handler needs of a SpanExecutor (a structural subset, so tests and hosts may wrap one). */
+export type ForwardExecutor = Pick<SpanExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward'> & {
   /** Batch sizes run so far (GET /info's `batch`); absent on an executor that does not batch. */
   batchStats?(): BatchStats;
 };
@@ -36,7 +36,7 @@ export interface ForwardHandlerInfo {
   backend: string;
   version?: string;
   /**
-   * Token text for the last hop's JSON answer (shared/PROTOCOL.md §5's `text`); absent: "".
+   * Token text for the last hop's JSON answer (docs/protocol.md §5's `text`); absent: "".
    * Hosts give it only to a node that holds the tokenizer anyway (a head): heads read `token_id` alone.
    */
   decode?(tokenId: number): string;
@@ -85,7 +85,7 @@ export function batchInfo(b: BatchStats): Record<string, unknown> {
   return { max_batch: b.maxBatch, runs: b.batches, requests: b.requests, sizes: b.sizes, joined: b.joined };
 }
 
-/** X-Meshnet-Sampling: the JSON names of PROTOCOL.md §5 (snake_case), bounded before use. */
+/** X-Meshnet-Sampling: the JSON names of docs/protocol.md §5 (snake_case), bounded before use. */
 const samplingSchema = z
   .object({
     temperature: z.number().min(0).max(100).optional(),
@@ -141,9 +141,6 @@ function intHeader(headers: HeaderMap, name: string): number | undefined {
   return Number(v.trim());
 }
 
-/** Session ids travel in headers and paths: keep them short and printable. */
-const SESSION_RE = /^[A-Za-z0-9._:-]{1,128}$/;
-
 export function createForwardHandler(executor: ForwardExecutor, info: ForwardHandlerInfo): (req: MeshRequest) => Promise<MeshResponse> {
   const held = { start_layer: executor.startLayer, end_layer: executor.endLayer };
 
@@ -174,7 +171,7 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     }
     const session = h[H.session]?.trim();
     const position = intHeader(h, H.position);
-    if (session !== undefined && !SESSION_RE.test(session)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.session} must be 1-128 characters of [A-Za-z0-9._:-]`);
+    if (session !== undefined && !SESSION_ID_RE.test(session)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.session} must be 1-128 characters of [A-Za-z0-9._:-]`);
     if (session !== undefined && position === undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} is required with ${H.session}`);
     if (session === undefined && position !== undefined && position !== 0) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} without ${H.session}: a stateless forward starts at 0`);
     const sessionTokens = intHeader(h, H.sessionTokens);

@@ -18,8 +18,7 @@ import { createHeadHandler } from '../head/head-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import type { PipelineDriver } from '../head/pipeline.ts';
-import { rebuildingError } from './device-recovery.ts';
-import type { LoadedSpan } from './span.ts';
+import { rebuildingError, type LoadedSpan } from './span.ts';
 import type { NodeActivity } from './stats.ts';
 
 /** How a request reached the node. */

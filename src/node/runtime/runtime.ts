@@ -54,7 +54,7 @@ export interface RuntimeConfig {
   maxContext?: number;
   /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
   kvIdleTtlMs?: number;
-  /** Most sessions' one-token steps run as one batch (issue 11); 1 turns batching off. @defaultValue 16 */
+  /** Most sessions' one-token steps run as one batch (docs/architecture.md, "Batching at a hop"); 1 turns batching off. @defaultValue 16 */
   maxBatch?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */

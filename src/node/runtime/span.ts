@@ -12,14 +12,14 @@
 import { parseModelConfig, type ModelConfig } from '../../model/config.ts';
 import type { ModelTokenizer } from '../../model/tokenizer.ts';
 import { MeshError } from '../../protocol/errors.ts';
-import { createSpanExecutor, type SpanExecutor } from '../../shard/span-executor.ts';
+import { createSpanExecutor } from '../../shard/span-executor.ts';
+import type { SpanExecutor } from '../../shard/contract.ts';
 import { createForwardHandler } from '../hop/forward-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../head/pipeline.ts';
 import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import { measureLayerMs } from './measure.ts';
-import { rebuildingError } from './device-recovery.ts';
 import type { NodeActivity } from './stats.ts';
 
 export interface LoadedSpan {
@@ -74,6 +74,16 @@ export interface SpanLoadContext {
   deviceLoss?(): DeviceLoss | undefined;
   /** Every /forward's status (a 507 asks for a smaller span). */
   onForwardStatus?(span: LoadedSpan, status: number): void;
+}
+
+/**
+ * The answer while `span`'s lost device is being replaced: 503 with a
+ * Retry-After of about one load of the span (what the rebuild takes; 1-15 s),
+ * so that the tracker does not spend its re-routes on a node still rebuilding.
+ */
+export function rebuildingError(span: LoadedSpan): MeshError {
+  const retry = Math.min(15_000, Math.max(1_000, Math.round(span.loadMs ?? 0)));
+  return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${span.deviceLostReason}); this span is being rebuilt`, { retry_after_ms: retry });
 }
 
 /** A model URL as a base that file names append to. */
