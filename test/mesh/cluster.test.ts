@@ -14,7 +14,7 @@ import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { fixture } from '../helpers/shard.ts';
 import { startCluster, type Cluster } from '../helpers/cluster-mesh.ts';
-import { until } from '../helpers/mesh.ts';
+import { until, type NodeProc } from '../helpers/mesh.ts';
 
 const f = fixture('tiny');
 const utf8d = new TextDecoder();
@@ -48,6 +48,7 @@ describe('a mesh split across two relays of a cluster', () => {
   let st: StaticServer;
   let c: Cluster;
   let client: OpenAI;
+  let middle: NodeProc;
   const want = referenceIds();
 
   beforeAll(async () => {
@@ -56,7 +57,8 @@ describe('a mesh split across two relays of a cluster', () => {
     // Relay paths only (no links; the route's hops go relay first): head and tail on relay 0, the middle on relay 1,
     // which it leaves for relay 0 when relay 1 dies.
     const common = ['--budget-mb', '64', '--no-links'];
-    await Promise.all([
+    // c.nodes is in the order the nodes came up; keep our own handle on the middle one.
+    [, middle] = await Promise.all([
       c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '0-1'] }),
       c.addNode({ relay: 1, alsoRelays: [0], args: [...common, '--layers', '1-3'] }),
       c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '3-4'] }),
@@ -80,7 +82,6 @@ describe('a mesh split across two relays of a cluster', () => {
   });
 
   it('a relay killed: its node moves to the other relay under the same peer id, and chats give the same tokens', async () => {
-    const middle = c.nodes[1]!;
     expect(await peersOn(c.relays[1]!.url)).toContain(middle.peerId);
     const t0 = Date.now();
     await c.killRelay(1);

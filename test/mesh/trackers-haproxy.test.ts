@@ -2,7 +2,7 @@
  * One address for clients: Debian's haproxy in front of three trackers,
  * health-checked on /healthz (test/helpers/cluster.ts, the configuration of
  * docs/cluster.md). Real processes: nats-server, a relay, three trackers,
- * a `meshnet node` per tracker, haproxy, and the official OpenAI client with
+ * two `meshnet node`s per tracker (head and a slowed tail), haproxy, and the official OpenAI client with
  * one base URL. A tracker killed mid-chat cuts only the chats it carried:
  * chats on the other trackers finish with the float64 reference's tokens,
  * the client's retry through haproxy succeeds, and new chats are served
@@ -60,8 +60,14 @@ describe('haproxy in front of three trackers', () => {
   beforeAll(async () => {
     st = await startStaticServer({ root: await ensureModel('tiny') });
     c = await startCluster({ relays: 1, trackers: 3, model: { name: 'tiny', url: st.url }, trackerArgs: ['--heartbeat-interval-ms', '1000'] });
-    // One whole-model node per tracker, slowed so that a chat lasts long enough to kill its tracker in the middle.
-    await Promise.all([0, 1, 2].map((t) => c.addNode({ relay: 0, tracker: t, args: ['--budget-mb', '64', '--layers', '0-4', '--inject-delay-ms', '100'] })));
+    // Two nodes per tracker, head and tail; the tail is slowed (--inject-delay-ms delays each /forward it
+    // answers, a head's own layers never) so that a chat lasts ~2.4 s, long enough to kill its tracker mid-chat.
+    await Promise.all(
+      [0, 1, 2].flatMap((t) => [
+        c.addNode({ relay: 0, tracker: t, args: ['--budget-mb', '64', '--layers', '0-2'] }),
+        c.addNode({ relay: 0, tracker: t, args: ['--budget-mb', '64', '--layers', '2-4', '--inject-delay-ms', '100'] }),
+      ]),
+    );
     await Promise.all(c.nodes.map((n) => n.waitFor((e) => e.event === 'registered')));
     for (const t of c.trackers) await until(async () => (await fetch(`${t.url}/api/route?model=tiny`)).ok, 30_000, 'a route at every tracker');
   }, 180_000);
