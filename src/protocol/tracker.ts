@@ -117,6 +117,11 @@ export const registerAnswerSchema = z.object({
   heartbeat_interval_ms: z.number().int().positive(),
   /** base64url raw Ed25519 key the tracker signs routes with. */
   tracker_public_key: z.string(),
+  /**
+   * Nodes under quarantine now (found lying by a check, docs/verification.md): a head stops using them
+   * at once (it replaces the hop by its usual replay). Optional: older trackers send none.
+   */
+  distrust: z.array(z.object({ peer_id: peerId, until: z.number().int() })).max(10_000).optional(),
 });
 export type RegisterAnswer = z.infer<typeof registerAnswerSchema>;
 

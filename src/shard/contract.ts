@@ -33,11 +33,19 @@ export interface ForwardRequest {
   /** Token ids, when this shard holds the embedding and starts at layer 0. */
   tokenIds?: readonly number[];
   sampling?: SamplingParams;
+  /**
+   * A call that ends at the last layer answers the logits of these rows (0-based within the call's
+   * rows, in order) instead of sampling a token: a spot-check of a last hop recomputes every step's
+   * logits in one prefill (docs/verification.md).
+   */
+  logitRows?: readonly number[];
 }
 
 export type ForwardResult =
   | { kind: 'activation'; data: Float32Array; shape: [1, number, number] }
-  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array };
+  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array }
+  /** `logitRows` asked: the rows' logits one after another, [rows.length, vocab]. */
+  | { kind: 'logits'; rows: readonly number[]; data: Float32Array };
 
 /** The executor of one span of layers, as the node runtime serves it. */
 export interface SpanExecutor {

@@ -22,7 +22,7 @@ import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts
 import { packedBatchKey, runPackedBatch, type BatchLayoutChoice } from './packed-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
 import type { ForwardRequest, ForwardResult, SpanExecutor, WeightLoader } from './contract.ts';
-import { checkForwardInput } from './forward-input.ts';
+import { checkForwardInput, gatherRows } from './forward-input.ts';
 import { CpuKvStorage, kvBytesPerToken, type KvSession, type KvStats } from './kv-store.ts';
 import { sampleToken } from './sampling.ts';
 import { checkSpan, segmentBounds, segmentSpan, type Segment } from './segments.ts';
@@ -245,6 +245,11 @@ export class ShardExecutor implements SpanExecutor {
     // Lengths move only once every layer of the call has written its rows.
     if (kv) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = position + seq;
 
+    if (end === cfg.numLayers && this.head && req.logitRows) {
+      const rows = req.logitRows;
+      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: gatherRows(hidden, seq, cfg.hiddenSize, rows), dims: [1, rows.length, cfg.hiddenSize] } });
+      return { kind: 'logits', rows, data: out[IO.logits]!.data as Float32Array };
+    }
     if (end === cfg.numLayers && this.head) {
       const h = cfg.hiddenSize;
       const lastRow = hidden.subarray((seq - 1) * h, seq * h);

@@ -50,6 +50,8 @@ export interface FusedBatchContext {
  */
 export function fusedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
   if (req.session === undefined || !((req.position ?? 0) > 0)) return undefined;
+  // Logits of chosen rows (a check) come from the lone path only.
+  if (req.logitRows) return undefined;
   const rows = req.tokenIds !== undefined ? req.tokenIds.length : req.activation?.shape[1];
   if (rows !== 1) return undefined;
   return `${req.startLayer ?? held.startLayer}-${req.endLayer ?? held.endLayer}-${req.tokenIds !== undefined ? 'tokens' : 'activation'}`;

@@ -32,7 +32,7 @@ import { hostData, isDeviceTensor, type BackendSessionOptions, type BackendTenso
 import { MeshError } from '../protocol/errors.ts';
 import { layerRangeError } from './errors.ts';
 import type { ForwardRequest, ForwardResult, SpanExecutor, WeightLoader } from './contract.ts';
-import { checkForwardInput } from './forward-input.ts';
+import { checkForwardInput, gatherRows } from './forward-input.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
@@ -390,6 +390,20 @@ export class FusedShardExecutor implements SpanExecutor {
       // Lengths move only once every layer of the call has written its rows.
       for (let l = start; l < end; l++) kv.session.lengths[l - this.startLayer] = position + seq;
 
+      if (end === cfg.numLayers && this.head && req.logitRows) {
+        // The head graph answers its input's last row: one run per asked row (a check's steps), on the host's copy of the rows.
+        const rows = req.logitRows;
+        const all = gatherRows((await hostData(hidden)) as Float32Array, seq, cfg.hiddenSize, rows);
+        const V = cfg.vocabSize;
+        const data = new Float32Array(rows.length * V);
+        for (let i = 0; i < rows.length; i++) {
+          const out = await this.head.runWith({ [HEAD_IO.hidden]: { type: 'float32', data: all.subarray(i * cfg.hiddenSize, (i + 1) * cfg.hiddenSize), dims: [1, 1, cfg.hiddenSize] } });
+          const logits = out[HEAD_IO.logits]!;
+          owned.push(logits);
+          data.set(((await hostData(logits)) as Float32Array).subarray(0, V), i * V);
+        }
+        return { kind: 'logits', rows, data };
+      }
       if (end === cfg.numLayers && this.head) {
         const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
         owned.push(out[HEAD_IO.logits]!);

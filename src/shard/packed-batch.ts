@@ -66,6 +66,8 @@ export type BatchLayoutChoice = 'auto' | 'padded' | 'packed';
 /** Requests that may share a packed batch: one row, a KV session, same layers and input kind. */
 export function packedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
   if (req.session === undefined) return undefined;
+  // Logits of chosen rows (a check) come from the lone path only.
+  if (req.logitRows) return undefined;
   const rows = req.tokenIds !== undefined ? req.tokenIds.length : req.activation?.shape[1];
   if (rows !== 1) return undefined;
   const kind = req.tokenIds !== undefined ? 'tokens' : 'activation';

@@ -40,6 +40,9 @@ import type { HopTransport } from '../../net/hop-transport.ts';
 import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor } from './pipeline-parts.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 import { trace } from '../../protocol/trace.ts';
+import type { GenerationTrace, HeadVerify } from '../verify/head-verify.ts';
+import { ATTEST_HEADER } from '../../verify/attest.ts';
+import type { SignedPlan } from '../verify/verifier.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -93,6 +96,8 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   transport: HopTransport;
   /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
   replace?: ReplaceSpan;
+  /** Spot-checks (docs/verification.md): attestations, the plan's checks, distrusted hops. Absent: none. */
+  verify?: HeadVerify;
   onLog?: (message: string) => void;
 }
 
@@ -135,12 +140,16 @@ interface Generation {
   /** Where each step started: a replay resends the history in these same chunks. */
   stepStarts: number[];
   signal: AbortSignal | undefined;
+  /** What the spot-checks need of this generation (attestations, steps, tokens); absent: no checks. */
+  checks: GenerationTrace | undefined;
 }
 
 export interface GenerateOptions {
   signal?: AbortSignal;
   /** The route as the tracker signed it: hops check it before they push (absent: no chain, the star). */
   signed?: SignedRouteText;
+  /** The tracker's check plan for this generation (docs/verification.md); absent: nothing is checked. */
+  plan?: SignedPlan;
 }
 
 export class PipelineDriver {
@@ -154,6 +163,11 @@ export class PipelineDriver {
     for (const k of Object.keys(PIPELINE_DEFAULTS) as Array<keyof PipelineOptions>) if (init[k] !== undefined) (o as Record<string, unknown>)[k] = init[k];
     this.options = o;
     this.rowBytes = init.executor.config.hiddenSize * dtypeBytes(o.wireDtype);
+  }
+
+  /** What a head audit (verify/audit.ts) runs on: this head's executor, tokenizer, transport and wire dtype. */
+  get parts(): { executor: HeadExecutor; tokenizer: HeadTokenizer; transport: HopTransport; wireDtype: Dtype } {
+    return { executor: this.init.executor, tokenizer: this.init.tokenizer, transport: this.init.transport, wireDtype: this.options.wireDtype };
   }
 
   /**
@@ -235,7 +249,9 @@ export class PipelineDriver {
       position: 0,
       stepStarts: [],
       signal,
+      checks: undefined,
     };
+    run.checks = this.init.verify?.begin({ session, plan: opts.plan, sampling: run.sampling, dtype: this.options.wireDtype, hidden: ex.config.hiddenSize, numLayers: ex.config.numLayers, localEnd: plan.localEnd });
     const detok = new StreamDecoder((ids) => tok.decode(ids, { skipSpecialTokens: true }));
     const stop = new StopMatcher(req.stop);
     let index = req.prefix_token_ids.length;
@@ -253,6 +269,7 @@ export class PipelineDriver {
       while (index < req.max_tokens && run.position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         const { tokenId, logprob } = await this.step(run, next, () => history.slice(0, run.position + next.length));
+        run.checks?.step(next.length, { tokenId, logprob });
         // Where each step started: a replay resends the history in these same chunks.
         run.stepStarts.push(run.position);
         run.position += next.length;
@@ -283,7 +300,9 @@ export class PipelineDriver {
       }
     } finally {
       ex.dropSession(session);
-      for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
+      // With checks, the planned hops' answers to DELETE carry their final attestation (head-verify.ts); the checks run after.
+      if (run.checks) run.checks.end(hops, history.slice(0, run.position));
+      else for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
     }
   }
 
@@ -294,12 +313,21 @@ export class PipelineDriver {
     trace?.('step', run.session, run.position);
     const local = await this.headSpan(run, tokens, allTokens);
     trace?.('head-span', run.session, run.position);
-    if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
+    // What the head's own span computed, for its attestation: this step's tokens, or every token when its cache was rebuilt.
+    const fed = local.kind === 'token' || local.data.length / this.init.executor.config.hiddenSize === seq ? { at: run.position, ids: tokens } : { at: 0, ids: allTokens() };
+    if (local.kind === 'token') {
+      run.checks?.local(fed.at, fed.ids, local);
+      return { tokenId: local.tokenId, logprob: local.logprob };
+    }
     // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
     const input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
-    if (run.chain.usable(run.hops)) {
+    run.checks?.local(fed.at, fed.ids, input);
+    // A hop the tracker now distrusts (a check proved it wrong) is replaced before this step, by the star's replay.
+    const verify = this.init.verify;
+    const distrusted = verify !== undefined && run.hops.some((h) => verify.distrusted(h.hop.peer_id));
+    if (!distrusted && run.chain.usable(run.hops)) {
       const { headPeerId, session, position, sampling, declared, signal } = run;
-      const got = await this.chainStepOrStar(run.chain, run.hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal });
+      const got = await this.chainStepOrStar(run.chain, run.hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal, onAttest: (h) => run.checks?.attest(h) });
       trace?.('step-done', run.session, run.position);
       if (got) return got;
     }
@@ -344,6 +372,13 @@ export class PipelineDriver {
 
     for (let i = 0; i < hops.length; ) {
       const hs = hops[i]!;
+      if (this.init.verify?.distrusted(hs.hop.peer_id)) {
+        // Its caches and everything after it hold rows derived from its lies: replace it, and replay every later hop.
+        this.init.onLog?.(`hop ${hs.hop.peer_id} is distrusted by the tracker (a check found it lying); replacing it`);
+        recovery = await this.recover(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), run.headPeerId, recovery, performance.now(), signal, () => run.recoveries++, run.chain);
+        for (let k = i + 1; k < hops.length; k++) hops[k]!.synced = false;
+        continue;
+      }
       hs.history.extendTo(total, input);
       const last = i === hops.length - 1;
       const t0 = performance.now();
@@ -373,6 +408,7 @@ export class PipelineDriver {
       }
       if (reply.status === 503) throw busyError(hs.hop, reply);
       hs.synced = true;
+      run.checks?.attest(reply.headers);
       if (recovery && i >= recovery.untilIndex) {
         run.pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
         recovery = undefined;
@@ -423,6 +459,7 @@ export class PipelineDriver {
         ...(s.signal ? { signal: s.signal } : {}),
       });
       chain.observe(s.seq, performance.now() - t0);
+      if (r.attest !== undefined) s.onAttest?.({ [ATTEST_HEADER]: r.attest });
       const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
       // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
       if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
@@ -531,6 +568,8 @@ export class PipelineDriver {
 }
 
 interface ChainStepArgs {
+  /** The hops' attestations that came with the token (head-verify.ts). */
+  onAttest?: (headers: Record<string, string>) => void;
   headPeerId: string;
   session: string;
   position: number;
