@@ -123,12 +123,10 @@ export class HopTransport {
   private readonly linkFailedAt = new Map<string, number>();
   /** Adaptive order: per peer, round-trip EWMA (ms) and sample count per path, and requests sent. */
   private readonly rtt = new Map<string, { ms: Partial<Record<TransportKind, number>>; n: Partial<Record<TransportKind, number>>; sent: number }>();
-  private readonly ourRelay: string | undefined;
 
   private readonly directRequest: DirectRequest | undefined;
 
   constructor(private readonly init: HopTransportInit) {
-    this.ourRelay = init.fast ? hostPort(init.fast.relayUrl) : undefined;
     this.directRequest = init.direct ?? (init.fetch ? fetchDirect(init.fetch) : undefined);
   }
 
@@ -136,8 +134,11 @@ export class HopTransport {
   plan(hop: RouteHop): TransportKind[] {
     const relay: TransportKind[] = [];
     if (hop.relay_addr !== undefined) {
-      const onOurs = this.init.fast !== undefined && this.ourRelay !== undefined && hostPort(hop.relay_addr) === this.ourRelay;
-      if (onOurs && this.init.fast!.isRegistered) relay.push('fast');
+      const fast = this.init.fast;
+      const ours = fast === undefined ? undefined : hostPort(fast.relayUrl);
+      // In a cluster, our relay reaches a hop on any of its relays (a hop elsewhere: its 404 sends us to /rpc next).
+      const onOurs = fast !== undefined && (fast.cluster === true || (ours !== undefined && hostPort(hop.relay_addr) === ours));
+      if (onOurs && fast.isRegistered) relay.push('fast');
       // /rpc works for any relay, ours included: the fallback when our own connection is down.
       if (this.init.rpc) relay.push('rpc');
     }

@@ -142,7 +142,9 @@ export class NodeRuntime {
     this.links = links;
     const relayFast = config.relayUrl
       ? {
-          relayUrl: config.relayUrl,
+          // The relay it is registered at now (a node given several fails over between them).
+          relayUrl: () => this.relay?.relayUrl ?? config.relayUrl!,
+          cluster: () => this.relay?.cluster === true,
           isRegistered: () => this.relay?.state === 'registered',
           request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
           push: (...a: Parameters<RelayClient['push']>) => this.relay?.push(...a),
@@ -152,7 +154,12 @@ export class NodeRuntime {
       ...(relayFast
         ? {
             fast: {
-              relayUrl: relayFast.relayUrl,
+              get relayUrl() {
+                return relayFast.relayUrl();
+              },
+              get cluster() {
+                return relayFast.cluster();
+              },
               get isRegistered() {
                 return relayFast.isRegistered();
               },
@@ -395,8 +402,13 @@ export class NodeRuntime {
         if (e.level === 'warn' || e.level === 'error') this.host.log(e.level, `relay: ${e.event}: ${e.message}`);
       },
     });
-    relay.on('state', () => {
-      if (relay === this.relay) this.changed();
+    let lastAddr: string | undefined;
+    relay.on('state', (e) => {
+      if (relay !== this.relay) return;
+      this.changed();
+      // Registered at another relay (failover): the tracker learns the new address now, not at the next beat.
+      if (e.state === 'registered' && e.relayAddr !== undefined && lastAddr !== undefined && e.relayAddr !== lastAddr) void this.session?.beatNow();
+      if (e.state === 'registered') lastAddr = e.relayAddr;
     });
     this.relay = relay;
     relay.start();
