@@ -28,6 +28,7 @@ import {
   encodeCancelFrame,
   encodeErrorFrame,
   encodeResponseFrame,
+  encodeStreamErrorFrame,
   envelopeBody,
   normalizeHeaders,
   readFrameHead,
@@ -79,6 +80,12 @@ interface Stream {
   path: StreamPath;
   /** A one-way request (FLAG_ONE_WAY): forgotten silently at its deadline. */
   oneWay?: boolean;
+  /**
+   * The target's RESPONSE head went on to the caller (a streamed answer is
+   * under way): a failure from now on ends the stream with a DATA|END|ERROR
+   * frame, never a second RESPONSE.
+   */
+  answered?: boolean;
 }
 
 /**
@@ -234,6 +241,11 @@ export class StreamTable {
         if (s === undefined) return; // late answer to a stream that timed out or was cancelled
         s.deadline = this.now() + this.o.requestTimeoutMs;
         if (s.relayRequestId !== null) return; // JSON-bound streams take JSON answers only
+        if (head.kind === FrameKind.Response) {
+          // One head per stream: a second one would break the caller's stream (it may only end it).
+          if (s.answered) return this.failStream(s, 'MESH_ERR_BAD_FRAME', `peer ${s.target.id} sent a second RESPONSE on one stream`, true);
+          s.answered = true;
+        }
         if ((head.flags & FLAG_END) !== 0) this.completeStream(s);
         writeStreamId(data, s.callerId as number);
         hot.bytesOut += data.byteLength;
@@ -432,7 +444,11 @@ export class StreamTable {
       s.target.socket.send(encodeCancelFrame(s.relayStreamId));
     }
     if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
-    else this.frameError(s.caller.socket, s.callerId as number, code, message);
+    else if (s.answered) {
+      // The caller already has this stream's RESPONSE head: the error ends the body instead.
+      this.metrics.errors.inc({ code });
+      this.sendTo(s.caller.socket, encodeStreamErrorFrame(s.callerId as number, new MeshError(code, message)));
+    } else this.frameError(s.caller.socket, s.callerId as number, code, message);
   }
 
   /** Forget a stream everywhere; false when it was already gone. */

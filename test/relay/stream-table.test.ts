@@ -10,6 +10,7 @@ import { RELAY_DEFAULTS } from '../../src/relay/options.ts';
 import { FAST_PATH_PROTOCOL, ONE_WAY_WINDOW_MS, RpcCaller, StreamTable, type PeerConn, type PeerSocket } from '../../src/relay/stream-table.ts';
 import {
   FLAG_END,
+  FLAG_ERROR,
   FLAG_ONE_WAY,
   FrameKind,
   decodeFrame,
@@ -18,6 +19,7 @@ import {
   encodeRequestFrame,
   encodeResponseFrame,
   hexToBytes,
+  type DataFrame,
   type Frame,
   type ResponseFrame,
 } from '../../src/protocol/index.ts';
@@ -66,8 +68,9 @@ function request(streamId: number, target: number, body = 'ping'): Uint8Array {
   return encodeRequestFrame({ streamId, peerId: hexToBytes(id(target)), method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': '1,1,2' }, body: utf8.encode(body) });
 }
 
+/** The error code in an error RESPONSE's body, or in a DATA|END|ERROR frame's. */
 function errorCode(f: Frame): string {
-  return (JSON.parse(utf8d.decode((f as ResponseFrame).body)) as { error: { code: string } }).error.code;
+  return (JSON.parse(utf8d.decode((f as ResponseFrame | DataFrame).body)) as { error: { code: string } }).error.code;
 }
 
 describe('StreamTable', () => {
@@ -158,6 +161,47 @@ describe('StreamTable', () => {
     expect(b.socket.frames()[1]).toMatchObject({ kind: FrameKind.Cancel, streamId: sid });
     table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, body: utf8.encode('late') }));
     expect(a.socket.sent).toHaveLength(1);
+  });
+
+  it('ends a streamed answer that already has its RESPONSE head with a DATA|END|ERROR frame, never a second RESPONSE (timeout, target gone)', () => {
+    const { table, peer, advance } = setup({ requestTimeoutMs: 1000 });
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(3, 2));
+    table.onBinary(a.conn, request(4, 2));
+    const [s3, s4] = b.socket.frames().map((f) => f.streamId);
+    for (const sid of [s3!, s4!]) {
+      table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, end: false }));
+      table.onBinary(b.conn, encodeDataFrame(sid, utf8.encode('{"type":"token"}\n'), false));
+    }
+    // Stream 3 goes silent past the timeout; stream 4's target leaves.
+    advance(600);
+    table.onBinary(b.conn, encodeDataFrame(s4!, utf8.encode('{"type":"token"}\n'), false));
+    advance(400);
+    table.sweep();
+    table.removePeer(b.conn);
+    const frames = a.socket.frames();
+    const of = (sid: number) => frames.filter((f) => f.streamId === sid).map((f) => [f.kind, f.flags]);
+    const ended = [FrameKind.Data, FLAG_END | FLAG_ERROR];
+    expect(of(3)).toEqual([[FrameKind.Response, 0], [FrameKind.Data, 0], ended]);
+    expect(of(4)).toEqual([[FrameKind.Response, 0], [FrameKind.Data, 0], [FrameKind.Data, 0], ended]);
+    const code = (sid: number) => errorCode(frames.filter((f) => f.streamId === sid).at(-1)!);
+    expect([code(3), code(4)]).toEqual(['MESH_ERR_TIMEOUT', 'MESH_ERR_PEER_GONE']);
+    expect(table.inFlight).toBe(0);
+  });
+
+  it('ends a stream whose target sends a second RESPONSE head (with an error the caller can read), and cancels it on the target', () => {
+    const { table, peer } = setup();
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(7, 2));
+    const sid = b.socket.frames()[0]!.streamId;
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, end: false }));
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, body: utf8.encode('again') }));
+    expect(a.socket.frames().map((f) => [f.kind, f.flags])).toEqual([
+      [FrameKind.Response, 0],
+      [FrameKind.Data, FLAG_END | FLAG_ERROR],
+    ]);
+    expect(b.socket.frames().at(-1)).toMatchObject({ kind: FrameKind.Cancel, streamId: sid });
+    expect(table.inFlight).toBe(0);
   });
 
   it('forwards a one-way REQUEST (FLAG_ONE_WAY) and forgets it silently after its window; a target leaving within it is reported to the caller', () => {
