@@ -13,6 +13,14 @@ export const H = {
   routeExpires: 'x-meshnet-route-expires',
   requestId: 'x-meshnet-request-id',
   /**
+   * On POST /generate: "1" when the tracker asks again for a generation it
+   * lost the stream of (a relay outage, docs/protocol.md): a head that holds
+   * this `session_id` parked goes on with it, sending every event from the
+   * start again (the tracker drops token indexes it has); otherwise the
+   * request starts like any other (with the prefix tokens of its body).
+   */
+  resume: 'x-meshnet-resume',
+  /**
    * Positions a session will reach at most (prompt + max_tokens), sent with
    * the request that opens it (position 0): the hop reserves that much KV
    * cache up front, or answers 503 MESH_ERR_BUSY at once.

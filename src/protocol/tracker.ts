@@ -251,5 +251,13 @@ export const replaceAnswerSchema = z.object({
       reply_signature: z.string().min(40).max(200).optional(),
     })
     .optional(),
+  /**
+   * No other node holds the layers, and the failed node answered the
+   * tracker just now: the route names it on purpose (it was away for a
+   * moment), and the head resumes on it, replaying where its cache is gone.
+   * Absent: a route naming the failed node means the tracker has not
+   * noticed the failure yet (the head asks again).
+   */
+  failed_reachable: z.boolean().optional(),
 });
 export type ReplaceAnswer = z.infer<typeof replaceAnswerSchema>;

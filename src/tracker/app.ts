@@ -81,7 +81,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     if (recentRoutes.length > o.recentRoutes) recentRoutes.splice(0, recentRoutes.length - o.recentRoutes);
   }
 
-  const admission = new Admission(registry, o, metrics);
+  const admission = new Admission(registry, { ...o, ...(o.startupWaitMs > 0 ? { waitForNodesUntil: o.now() + o.startupWaitMs } : {}) }, metrics);
   const ctx: TrackerContext = {
     options: o,
     registry,

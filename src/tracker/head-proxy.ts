@@ -67,7 +67,7 @@ export interface GenerationDeps {
   sizer: PromptSizer;
   transport: HeadTransport;
   identity: Identity;
-  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'>;
+  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'> & Partial<Pick<TrackerOptions, 'relayOutageBudgetMs'>>;
   logger: Logger;
   metrics: TrackerMetrics;
   /** Signs the routes handed to heads, one signature per route for a few seconds (route-signer.ts); one per call to runGeneration when absent. */
@@ -118,8 +118,33 @@ const ATTEMPT_OVER = new MeshError('MESH_ERR_CANCELLED', 'the generation attempt
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+/** Sleep `ms`, or less when `signal` aborts. */
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(t);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
 /** Errors a head gives for the request itself: another head would say the same. */
 const CLIENT_ERRORS = new Set<string>(['MESH_ERR_BAD_REQUEST', 'MESH_ERR_TOO_LARGE', 'MESH_ERR_BAD_SHAPE']);
+
+/**
+ * How a head reached over the relay is lost when the relay restarts or the
+ * head's own connection drops: the relay's "no such peer", a stream cut
+ * with the connection, or our relay client unreachable. Not a failure of the
+ * head: the chat waits for both to be back and resumes there (head-handler's
+ * parked generations), within relayOutageBudgetMs.
+ */
+const UNREACHABLE = new Set<string>(['MESH_ERR_PEER_GONE', 'MESH_ERR_NO_SUCH_PEER', 'MESH_ERR_UNAVAILABLE']);
+
+/** Default of TrackerOptions.relayOutageBudgetMs. */
+const RELAY_OUTAGE_BUDGET_MS = 10_000;
 
 export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: boolean): RouteHop[] {
   return plan.hops.slice(skipFirst ? 1 : 0).map((h) => {
@@ -159,12 +184,22 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   const context = deps.registry.model(model).contextTokens;
   const estimate = deps.sizer.estimate(model, input, context);
   const signer = deps.signer ?? new RouteSigner(deps.identity, deps.options.routeTtlMs, deps.options.now);
+  const outageBudgetMs = deps.options.relayOutageBudgetMs ?? RELAY_OUTAGE_BUDGET_MS;
+  /** Since when (performance.now) the head has been unreachable over the relay; undefined while it is not. */
+  let unreachableSince: number | undefined;
+  /** The next attempt asks the same head, on the same route and session, to go on with the generation. */
+  let resume = false;
+  /** The generation's id at its head: a new one per head restart, the same while it is resumed. */
+  let sessionId = `${requestId}-0`;
 
   for (let attempt = 0; ; attempt++) {
     if (signal.aborted) {
       given?.release();
       throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
     }
+    const resuming = resume;
+    resume = false;
+    if (!resuming) sessionId = `${requestId}-${attempt}`;
     const need = promptTokens > 0 ? Math.min(context, promptTokens + input.max_tokens) : estimate;
     let lease: Lease;
     if (given) {
@@ -182,7 +217,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       deps.metrics.failovers.inc();
     } else lease = await deps.admission.acquire(model, need, { signal, front: why === 'rerouted' });
     const plan = lease.plan;
-    deps.onRoute?.(why, model, plan);
+    if (!resuming) deps.onRoute?.(why, model, plan);
     const headId = plan.hops[0]!.id;
     const head = deps.registry.nodes.get(headId);
     const hops = routeHops(deps.registry, plan, true);
@@ -193,10 +228,12 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     signal.addEventListener('abort', onAbort, { once: true });
     // Set when the head finished; yielded after the finally below has released this attempt.
     let finished: GenerationEvent | undefined;
+    /** The head itself said what went wrong (an error event), as opposed to the way to it breaking. */
+    let headSaid = false;
     try {
       if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
       const { route: signed, reply } = await signer.sign(headId, hops, head);
-      const req: GenerateRequest = { ...input, prefix_token_ids: [...tokens], session_id: `${requestId}-${attempt}` };
+      const req: GenerateRequest = { ...input, prefix_token_ids: [...tokens], session_id: sessionId };
       const headers: Record<string, string> = {
         'content-type': 'application/json',
         accept: 'application/x-ndjson',
@@ -204,6 +241,8 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         [H.routeExpires]: String(signed.expiresAt),
         [H.routeSignature]: signed.signature,
         [H.requestId]: requestId,
+        // Every retry on the same head may find the generation parked there (or start it with the prefix).
+        ...(resuming ? { [H.resume]: '1' } : {}),
       };
       // The head's reply address, signed: chain hops hand the token only to an address the tracker vouches for.
       if (reply) {
@@ -211,6 +250,10 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         headers[H.chainReplySignature] = reply.signature;
       }
       const body = await deps.transport.open({ peerId: headId, endpoint: head.endpoint, relayAddr: head.relayAddr }, headers, utf8.encode(JSON.stringify(req)), { signal: ctl.signal, idleTimeoutMs: deps.options.generateIdleTimeoutMs });
+      if (unreachableSince !== undefined) {
+        log.info({ head: headId, waited_ms: Math.round(performance.now() - unreachableSince), tokens: tokens.length }, 'head reachable again; the chat goes on there');
+        unreachableSince = undefined;
+      }
       for await (const line of ndjsonLines(body)) {
         let parsed;
         try {
@@ -247,6 +290,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         } else {
           // The error names the node that refused (MESH_ERR_BUSY: which one to route around) and when to come back.
           const err = remoteError(undefined, { error: ev }, `head ${headId}`);
+          headSaid = true;
           throw ev.peer_id !== undefined ? new MeshError(err.code, err.message, { ...err.details, peer_id: ev.peer_id }) : err;
         }
       }
@@ -267,17 +311,37 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         why = 'rerouted';
         continue;
       }
+      const outage = !headSaid && head !== undefined && !head.endpoint && UNREACHABLE.has(err.code);
+      if (outage) {
+        // Over the relay, the head (or our way to it) went away: a relay restarting, the head reconnecting.
+        // Not its failure: wait for both (our relay client holds requests while it reconnects) and resume there.
+        const now = performance.now();
+        if (unreachableSince === undefined) {
+          unreachableSince = now;
+          log.warn({ head: headId, code: err.code, err: err.message, tokens: tokens.length, budget_ms: outageBudgetMs }, 'head unreachable over the relay; waiting to resume the chat there');
+        }
+        const waited = now - unreachableSince;
+        if (waited < outageBudgetMs) {
+          resume = true;
+          await pause(Math.min(500, 100 * 1.5 ** Math.min(10, attempt)), signal);
+          continue;
+        }
+        lastError = new MeshError('MESH_ERR_UNAVAILABLE', `head ${headId} unreachable over the relay for ${Math.round(waited)} ms (the relay or the head is down): ${err.message}`);
+        unreachableSince = undefined;
+      } else lastError = err;
       if (CLIENT_ERRORS.has(err.code) && tokens.length === 0) throw err;
-      lastError = err;
       failedHeads.add(headId);
-      if (head) head.failures++;
-      log.warn({ head: headId, attempt, code: err.code, err: err.message, tokens: tokens.length }, 'head failed; restarting on another head');
+      // Out of reach past the budget is not proof the head failed (our own relay may be the one down).
+      if (!outage) deps.registry.countFailure(headId);
+      log.warn({ head: headId, attempt, code: err.code, err: lastError.message, tokens: tokens.length }, 'head failed; restarting on another head');
       if (++failovers > deps.options.maxHeadFailovers) break;
       why = 'failover';
     } finally {
       signal.removeEventListener('abort', onAbort);
       ctl.abort(ATTEMPT_OVER);
-      lease.release();
+      // A resume keeps the route, and its lease of KV room, for the next attempt.
+      if (resume) given = lease;
+      else lease.release();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
     }
     if (finished) {

@@ -47,7 +47,11 @@ export interface NodeRecord {
   lastSeen: number;
   /** Generations this tracker currently runs through the node (head or hop). */
   inFlight: number;
-  /** Head failures seen by this tracker. */
+  /**
+   * Failures this tracker saw the node cause: as a head (its stream broke, not a relay outage) or as a
+   * hop a head reported failed. Kept by peer id beyond the record (registry.failuresOf): a node removed
+   * for missing heartbeats (a frozen page) finds its count again when it registers.
+   */
   failures: number;
   /**
    * KV bytes this tracker's generations held on the node when its last
@@ -60,6 +64,8 @@ export interface NodeRecord {
 }
 
 const HISTORY = 12;
+/** Peers whose failure counts are kept. */
+const FAILURE_LEDGER = 10_000;
 const EWMA_ALPHA = 0.3;
 
 export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'>;
@@ -74,6 +80,8 @@ export class NodeRegistry {
   readonly models: ReadonlyMap<string, ModelSpec>;
   /** KV bytes held on each node by this tracker's running generations (admission leases), by peer id. */
   private readonly kvHeld = new Map<string, number>();
+  /** Failures by peer id, registered or not (bounded: the oldest entries go first). */
+  private readonly failureCounts = new Map<string, number>();
 
   constructor(
     models: readonly ModelSpec[],
@@ -137,7 +145,7 @@ export class NodeRegistry {
       registeredAt: now,
       lastSeen: now,
       inFlight: prev?.inFlight ?? 0,
-      failures: prev?.failures ?? 0,
+      failures: this.failureCounts.get(msg.peer_id) ?? 0,
       kvHeldAtBeat: 0,
       busyUntil: prev?.busyUntil ?? 0,
     };
@@ -185,6 +193,20 @@ export class NodeRegistry {
     if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
     // A node that has not run a step yet reports 0: keep the estimate until it has.
     if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
+  }
+
+  /**
+   * Count a failure against `peerId` (the node that failed: a head whose stream broke, a hop a head
+   * reported), whether or not it is registered now; returns its count.
+   */
+  countFailure(peerId: string): number {
+    const n = (this.failureCounts.get(peerId) ?? 0) + 1;
+    this.failureCounts.delete(peerId);
+    if (this.failureCounts.size >= FAILURE_LEDGER) this.failureCounts.delete(this.failureCounts.keys().next().value!);
+    this.failureCounts.set(peerId, n);
+    const rec = this.nodes.get(peerId);
+    if (rec) rec.failures = n;
+    return n;
   }
 
   remove(peerId: string, reason: string): boolean {
