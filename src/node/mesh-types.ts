@@ -44,7 +44,7 @@ export type MeshPushFn = (peerId: string, req: OutgoingRequest, opts?: RequestOp
 /** `event` is stable for filtering; `ignored` entries are inputs that got no answer, `reason` says why. */
 export interface RelayLogEntry {
   level: 'debug' | 'info' | 'warn' | 'error';
-  event: 'ignored' | 'answered-error' | 'handler-error' | 'send-failed' | 'relay-error' | 'connection' | 'protocol';
+  event: 'ignored' | 'answered-error' | 'handler-error' | 'send-failed' | 'relay-error' | 'connection' | 'outage' | 'protocol';
   message: string;
   streamId?: number;
   requestId?: string;

@@ -70,7 +70,12 @@ export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal, route?: reado
 export interface PipelineOptions {
   /** Wire dtype of activations between hops. @defaultValue 'bf16' */
   wireDtype: Dtype;
-  /** Longest wait for one hop's answer to a one-token step, ms. @defaultValue 10000 */
+  /**
+   * Longest wait for one hop's answer to a one-token step, ms, over all its
+   * paths together. Once the head has timed a few steps, a silent hop is given
+   * up on sooner: after STEP_BUDGET_FACTOR × the recent one-token step (at
+   * least STEP_BUDGET_FLOOR_MS). @defaultValue 10000
+   */
   decodeTimeoutMs: number;
   /** Longest wait for a hop's answer to a prompt or replay, ms (long prompts on slow donors). @defaultValue 60000 */
   prefillTimeoutMs: number;
@@ -85,6 +90,11 @@ export interface PipelineOptions {
 }
 
 export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4, hopMode: 'chain' };
+
+/** A hop's one-token step is given up on after this many times the recent step (the step budget)… */
+export const STEP_BUDGET_FACTOR = 5;
+/** …but never sooner than this, ms (a slow donor's step, a busy machine's stall). */
+export const STEP_BUDGET_FLOOR_MS = 2_000;
 
 export interface PipelineInit extends Partial<PipelineOptions> {
   executor: HeadExecutor;
@@ -121,6 +131,8 @@ export class PipelineDriver {
   /** Where last hops hand back chained steps' tokens (POST /chain/token). */
   readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
+  /** Moving average of this head's one-token steps, ms, over its generations: sets the step budget. */
+  private recentStepMs: number | undefined;
 
   constructor(private readonly init: PipelineInit) {
     const o = { ...PIPELINE_DEFAULTS };
@@ -201,7 +213,7 @@ export class PipelineDriver {
     const detok = new StreamDecoder((ids) => tok.decode(ids, { skipSpecialTokens: true }));
     const stop = new StopMatcher(req.stop);
     const pending: GenerateEvent[] = [];
-    let recoveries = 0;
+    const recoveries = { recoveries: 0, sameNode: 0 };
     let position = 0;
     const chain = new ChainState(this.options.hopMode === 'chain', opts.signed, plan.hops);
     let index = req.prefix_token_ids.length;
@@ -268,7 +280,7 @@ export class PipelineDriver {
             replayed409.add(hs);
             continue;
           }
-          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, () => recoveries++, chain);
+          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, recoveries, chain);
           continue; // retry index i, now the first replacement hop
         }
         const rowsSent = seq;
@@ -315,7 +327,10 @@ export class PipelineDriver {
       let next: number[] = history.slice();
       while (index < req.max_tokens && position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+        const t0 = performance.now();
         const { tokenId, logprob } = await step(next, () => history.slice(0, position + next.length));
+        // A step that recovered a hop is no measure of the usual one.
+        if (next.length === 1 && pending.length === 0) this.observeStep(performance.now() - t0);
         stepStarts.push(position);
         position += next.length;
         while (pending.length > 0) yield pending.shift()!;
@@ -372,7 +387,7 @@ export class PipelineDriver {
         session: s.session,
         sampling: s.sampling,
         declared: s.declared,
-        timeoutMs: chain.timeout(s.seq, s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs),
+        timeoutMs: chain.timeout(s.seq, s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs, undefined, this.recentStepMs),
         ...(s.signal ? { signal: s.signal } : {}),
       });
       chain.observe(s.seq, performance.now() - t0);
@@ -411,8 +426,19 @@ export class PipelineDriver {
     if (last) headers[H.sampling] = sampling;
     // Opening the session: the hop reserves KV room for all of it now, or refuses before computing anything.
     if (pos === 0) headers[H.sessionTokens] = String(declared);
-    const timeout = rows > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
+    const timeout = rows > 1 ? this.options.prefillTimeoutMs : this.stepBudgetMs();
     return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
+  }
+
+  /** How long one hop may take to answer a one-token step (all its paths together) before it counts as failed. */
+  stepBudgetMs(): number {
+    const max = this.options.decodeTimeoutMs;
+    if (this.recentStepMs === undefined) return max;
+    return Math.min(max, Math.max(STEP_BUDGET_FLOOR_MS, Math.round(STEP_BUDGET_FACTOR * this.recentStepMs)));
+  }
+
+  private observeStep(ms: number): void {
+    this.recentStepMs = this.recentStepMs === undefined ? ms : this.recentStepMs + 0.2 * (ms - this.recentStepMs);
   }
 
   /**
@@ -450,16 +476,22 @@ export class PipelineDriver {
     current: PendingRecovery | undefined,
     t0: number,
     signal: AbortSignal | undefined,
-    count: () => number,
+    count: { recoveries: number; sameNode: number },
     chain: ChainState,
   ): Promise<PendingRecovery> {
     const failed = hops[i]!;
     const reason = cause instanceof Error ? cause.message : String(cause);
     if (!this.init.replace) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; no tracker to ask for a replacement`);
-    if (count() >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
+    if (count.recoveries >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
     this.init.onLog?.(`hop ${failed.hop.peer_id} [${failed.hop.start_layer}, ${failed.hop.end_layer}) failed (${reason}); asking the tracker for a replacement`);
     const answer = await this.init.replace(failed.hop, signal, hops.map((h) => h.hop));
     const got = Array.isArray(answer) ? answer : answer.hops;
+    // The failed node itself (the tracker found nobody else, and it answers again: back from a relay restart, a
+    // freeze): its cache most likely holds the session still, so it is sent the step as is; a 409 replays it.
+    const same = got.length === 1 && got[0]!.peer_id === failed.hop.peer_id && got[0]!.start_layer === failed.hop.start_layer && got[0]!.end_layer === failed.hop.end_layer;
+    if (same) {
+      if (++count.sameNode > MAX_SAME_NODE_RESUMES) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; hop ${failed.hop.peer_id} keeps failing after answering the tracker (${MAX_SAME_NODE_RESUMES} times)`);
+    } else count.recoveries++;
     let at = failed.hop.start_layer;
     for (const h of got) {
       if (h.start_layer !== at || h.end_layer <= at || h.peer_id === headPeerId) {
@@ -469,7 +501,7 @@ export class PipelineDriver {
     }
     if (got.length === 0 || at !== failed.hop.end_layer) throw new MeshError('MESH_ERR_UPSTREAM', `the tracker's replacement does not cover [${failed.hop.start_layer}, ${failed.hop.end_layer})`);
     // The first replacement inherits the failed hop's input history; the others get theirs from the replay's outputs.
-    const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: false }));
+    const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: same && failed.synced }));
     hops.splice(i, 1, ...fresh);
     // The tracker re-signed the route with the replacement in place: once every hop is in sync again, steps chain again.
     if (!Array.isArray(answer) && answer.chain) chain.renew(answer.chain.signed, answer.chain.hops);
@@ -493,6 +525,9 @@ interface ChainStepArgs {
   declared: number;
   signal: AbortSignal | undefined;
 }
+
+/** Times one generation resumes on a failed hop that the tracker finds answering again (no spare holds its layers). */
+const MAX_SAME_NODE_RESUMES = 8;
 
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
 class ReplayMismatch extends Error {}

@@ -51,6 +51,9 @@ const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
 
 export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number };
 
+/** Longest pause between two asks for a replacement while the tracker has none, ms. */
+const REPLACE_POLL_MAX_MS = 500;
+
 /** The tracker forgot this node (it restarted): register again. */
 export class NotRegisteredError extends MeshError {
   constructor() {
@@ -241,9 +244,11 @@ export class TrackerClient {
   }
 
   /**
-   * Ask for hops covering a failed hop's layers. Retries with backoff while
-   * the tracker answers 503 or names the failed peer again (it may not have
-   * noticed the failure yet), until the deadline.
+   * Ask for hops covering a failed hop's layers. Retries with backoff (100
+   * ms doubling to 500) while the tracker answers 503 or names the failed peer
+   * again without saying it is reachable (it may not have noticed the
+   * failure yet), until the deadline. An answer naming the failed peer with
+   * `failed_reachable` is taken: nobody else holds the layers, and it is back.
    */
   async replace(model: string, failed: RouteHop, signal?: AbortSignal, route?: readonly RouteHop[]): Promise<Replacement> {
     const deadline = Date.now() + this.replaceDeadlineMs;
@@ -264,7 +269,8 @@ export class TrackerClient {
         const p = replaceAnswerSchema.safeParse(json);
         if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker replace answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
         const hops = await verifySignedRoute(this.trackerKey, this.init.identity.peerId, p.data.route, p.data.expires_at, p.data.signature, Date.now());
-        if (!hops.some((h) => h.peer_id === failed.peer_id)) return { hops, ...(await this.replacedRoute(p.data.chain)) };
+        // The failed peer again: on purpose when it answered the tracker just now (nobody else holds its layers); else the tracker has not noticed yet.
+        if (p.data.failed_reachable === true || !hops.some((h) => h.peer_id === failed.peer_id)) return { hops, ...(await this.replacedRoute(p.data.chain)) };
         retryable = true;
       }
       if (!retryable || Date.now() + delay > deadline) {
@@ -278,7 +284,8 @@ export class TrackerClient {
           reject(new MeshError('MESH_ERR_CANCELLED', 'cancelled while waiting for a replacement'));
         }, { once: true });
       });
-      delay = Math.min(delay * 2, 2_000);
+      // Short steps: the failed node itself (or a spare) may be back any moment, and the chat waits for it.
+      delay = Math.min(delay * 2, REPLACE_POLL_MAX_MS);
       void attempt;
     }
   }

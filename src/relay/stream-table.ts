@@ -212,7 +212,8 @@ export class StreamTable {
       this.logger.info({ peer_id: peer.id }, 'peer left');
     }
     for (const s of [...peer.incoming.values()]) this.failStream(s, 'MESH_ERR_PEER_GONE', `peer ${peer.id} went away before answering`, false);
-    for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true);
+    // The targets learn the caller did not ask to stop (it may reconnect and ask again): FLAG_CALLER_GONE.
+    for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true, true);
   }
 
   /** An `/rpc` socket closed: forget its streams (late answers are dropped). */
@@ -438,10 +439,10 @@ export class StreamTable {
   }
 
   /** Finish a stream with an error produced by the relay (peer gone, timeout, shutdown). */
-  private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean): void {
+  private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean, callerGone = false): void {
     if (!this.dropStream(s)) return;
     if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) {
-      s.target.socket.send(encodeCancelFrame(s.relayStreamId));
+      s.target.socket.send(encodeCancelFrame(s.relayStreamId, callerGone));
     }
     if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
     else if (s.answered) {

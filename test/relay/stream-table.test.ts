@@ -9,6 +9,7 @@ import { createRelayMetrics } from '../../src/relay/metrics.ts';
 import { RELAY_DEFAULTS } from '../../src/relay/options.ts';
 import { FAST_PATH_PROTOCOL, ONE_WAY_WINDOW_MS, RpcCaller, StreamTable, type PeerConn, type PeerSocket } from '../../src/relay/stream-table.ts';
 import {
+  FLAG_CALLER_GONE,
   FLAG_END,
   FLAG_ERROR,
   FLAG_ONE_WAY,
@@ -247,9 +248,11 @@ describe('StreamTable', () => {
     table.onBinary(a.conn, encodeCancelFrame(1));
     expect(b.socket.frames()[3]).toMatchObject({ kind: FrameKind.Cancel, streamId: s1 });
     table.removePeer(a.conn);
-    expect(b.socket.frames().slice(4).map((f) => [f.kind, f.streamId])).toEqual([
-      [FrameKind.Cancel, s2],
-      [FrameKind.Cancel, b.socket.frames()[2]!.streamId],
+    // The caller's CANCEL was its own; the relay's, for a caller whose connection dropped, says so (FLAG_CALLER_GONE).
+    expect(b.socket.frames()[3]!.flags & FLAG_CALLER_GONE).toBe(0);
+    expect(b.socket.frames().slice(4).map((f) => [f.kind, f.streamId, f.flags & FLAG_CALLER_GONE])).toEqual([
+      [FrameKind.Cancel, s2, FLAG_CALLER_GONE],
+      [FrameKind.Cancel, b.socket.frames()[2]!.streamId, FLAG_CALLER_GONE],
     ]);
     const c = peer(3);
     table.onBinary(c.conn, request(8, 2));

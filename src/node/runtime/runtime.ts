@@ -125,9 +125,11 @@ export class NodeRuntime {
     const relayFast = config.relayUrl
       ? {
           relayUrl: config.relayUrl,
-          isRegistered: () => this.relay?.state === 'registered',
+          isRegistered: () => this.relay?.isRegistered === true,
           request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
           push: (...a: Parameters<RelayClient['push']>) => this.relay?.push(...a),
+          outageLeftMs: () => this.relay?.outageLeftMs() ?? 0,
+          outageWindowLeftMs: () => this.relay?.outageWindowLeftMs() ?? 0,
         }
       : undefined;
     this.transport = new HopTransport({
@@ -140,6 +142,8 @@ export class NodeRuntime {
               },
               request: relayFast.request,
               push: relayFast.push,
+              outageLeftMs: relayFast.outageLeftMs,
+              outageWindowLeftMs: relayFast.outageWindowLeftMs,
             },
             rpc: (addr: string) => new RpcConnection(addr, { WebSocket: host.WebSocket, ...(host.watchHandshake ? { watchHandshake: host.watchHandshake } : {}) }),
           }
@@ -346,11 +350,21 @@ export class NodeRuntime {
       handler: this.handler.for('relay'),
       info: { host: this.host.name, version: RUNTIME_VERSION, ...(this.model ? { model: this.model } : {}), ...(this.config.trackerUrl ? { tracker: this.config.trackerUrl } : {}) },
       onLog: (e) => {
+        // The connection's comings and goings are logged once each below (state events), not per attempt.
+        if (e.event === 'connection') return;
         if (e.level === 'warn' || e.level === 'error') this.host.log(e.level, `relay: ${e.event}: ${e.message}`);
       },
     });
-    relay.on('state', () => {
-      if (relay === this.relay) this.changed();
+    relay.on('state', (e) => {
+      if (relay !== this.relay) return;
+      // One line per event: the connection lost (not each failed attempt after it), and back.
+      if (e.state === 'disconnected' && e.lost) this.host.log('warn', `relay ${this.config.relayUrl} lost (${e.reason ?? 'connection closed'}); reconnecting, requests wait up to ${relay.options.outageBudgetMs} ms`);
+      if (e.state === 'registered' && e.outageMs !== undefined) {
+        this.host.log('info', `relay ${this.config.relayUrl} back after ${e.outageMs} ms`);
+        // Tell the tracker at once that the node is reachable again.
+        void this.session?.beatNow();
+      }
+      this.changed();
     });
     this.relay = relay;
     relay.start();
