@@ -13,7 +13,7 @@ import { Identity } from '../../src/node/identity.ts';
 import { PipelineDriver, type HeadExecutor, type HeadTokenizer } from '../../src/node/pipeline.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
-import { collectBody, type MeshRequest, type MeshResponse } from '../../src/protocol/envelopes.ts';
+import type { MeshRequest, MeshResponse } from '../../src/protocol/envelopes.ts';
 import { MeshError } from '../../src/protocol/errors.ts';
 import { routeSigningMessage, type GenerateEvent } from '../../src/protocol/tracker.ts';
 import { executor, fixture } from '../helpers/shard.ts';
@@ -56,7 +56,7 @@ describe('parked generations', () => {
   let tracker: Identity;
   let route: Record<string, string>;
   let forwards = 0;
-  let dropped: string[] = [];
+  const dropped: string[] = [];
   let head: (parkMs: number) => (r: MeshRequest) => Promise<MeshResponse>;
 
   beforeAll(async () => {
