@@ -21,7 +21,7 @@
  * Table on stdout, JSON in bench/results/restart.json.
  *
  *   npx tsx bench/restart.ts [--mesh pages|nodes|both] [--kill relay|tracker|both]
- *                            [--trials N] [--max-tokens N] [--down-ms N]
+ *                            [--trials N] [--max-tokens N] [--down-ms N] [--node-endpoints]
  */
 import { createServer } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -225,9 +225,15 @@ async function startMesh(kind: 'pages' | 'nodes', model: StaticServer, work: str
   return m;
 }
 
-/** Extra `meshnet node` flags (MESHNET_BENCH_NODE_ARGS, space-separated): e.g. a relay-only node once the flag exists. */
+/**
+ * `meshnet node` flags: relay-only nodes (no endpoint advertised, as behind
+ * NAT), so the relay carries the tracker's /generate and every hop as it does
+ * for pages — with endpoints a Node.js mesh never needs the relay
+ * (`--node-endpoints`). MESHNET_BENCH_NODE_ARGS adds more (space-separated).
+ */
 function nodeArgs(): string[] {
-  return process.env.MESHNET_BENCH_NODE_ARGS?.split(' ').filter(Boolean) ?? [];
+  const extra = process.env.MESHNET_BENCH_NODE_ARGS?.split(' ').filter(Boolean) ?? [];
+  return process.argv.includes('--node-endpoints') ? extra : ['--no-endpoint', ...extra];
 }
 
 async function meshPeers(m: Mesh): Promise<string[]> {

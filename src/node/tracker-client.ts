@@ -51,6 +51,13 @@ const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
 
 export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number };
 
+/** The tracker has no `GET /api/nodes/watch` (an older one). */
+export class WatchUnsupportedError extends MeshError {
+  constructor() {
+    super('MESH_ERR_NOT_FOUND', 'the tracker has no /api/nodes/watch');
+  }
+}
+
 /** Longest pause between two asks for a replacement while the tracker has none, ms. */
 const REPLACE_POLL_MAX_MS = 500;
 
@@ -229,6 +236,41 @@ export class TrackerClient {
     if (p.data.assignment !== undefined) out.assignment = p.data.assignment;
     if (p.data.heartbeat_interval_ms !== undefined) out.heartbeatIntervalMs = p.data.heartbeat_interval_ms;
     return out;
+  }
+
+  /**
+   * Hold `GET /api/nodes/watch` open: resolves when the stream ends (the
+   * tracker went away, or `signal` aborted), rejects when it cannot be
+   * opened (unreachable), and with WatchUnsupportedError when the tracker
+   * has no such route (an older one: heartbeats alone tell then).
+   */
+  async watch(signal: AbortSignal): Promise<void> {
+    let res: Response;
+    try {
+      res = await this.init.fetch(`${this.base}/api/nodes/watch`, { headers: { accept: 'text/event-stream' }, signal });
+    } catch (e) {
+      if (signal.aborted) return;
+      throw new MeshError('MESH_ERR_UNAVAILABLE', `tracker ${this.base} unreachable for its watch: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`);
+    }
+    if (res.status === 404 || res.status === 405) {
+      await res.body?.cancel().catch(() => undefined);
+      throw new WatchUnsupportedError();
+    }
+    if (!res.ok || !res.body) {
+      await res.body?.cancel().catch(() => undefined);
+      throw new MeshError('MESH_ERR_UNAVAILABLE', `tracker ${this.base} answered its watch with HTTP ${res.status}`);
+    }
+    const reader = res.body.getReader();
+    const onAbort = (): void => void reader.cancel().catch(() => undefined);
+    signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      for (;;) if ((await reader.read()).done) return;
+    } catch {
+      // cut: the tracker (or the network to it) went away
+    } finally {
+      signal.removeEventListener('abort', onAbort);
+      reader.releaseLock();
+    }
   }
 
   /** The re-signed whole route of a replace answer, verified like any route; nothing when absent or not valid (the head then stays a star). */

@@ -87,6 +87,13 @@ export const nodeMessageSchema = z.object({
   stats: nodeStatsSchema.optional(),
   /** The span the node currently holds and serves (may differ while it loads a new assignment). */
   serving: z.object({ start_layer: z.number().int().nonnegative(), end_layer: z.number().int().positive() }).nullable().optional(),
+  /**
+   * Whether the node's relay connection is registered now (false while it
+   * reconnects after losing it; it beats at once when it is back). Absent: a
+   * node without a relay, or an older one. The dashboard shows a node only the
+   * relay reaches as unreachable meanwhile.
+   */
+  relay_connected: z.boolean().optional(),
   /** ms since epoch; the tracker refuses messages more than 60 s off (replay guard). */
   timestamp: z.number().int(),
 });

@@ -250,6 +250,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         headers[H.chainReplySignature] = reply.signature;
       }
       const body = await deps.transport.open({ peerId: headId, endpoint: head.endpoint, relayAddr: head.relayAddr }, headers, utf8.encode(JSON.stringify(req)), { signal: ctl.signal, idleTimeoutMs: deps.options.generateIdleTimeoutMs });
+      deps.registry.markReachable(headId);
       if (unreachableSince !== undefined) {
         log.info({ head: headId, waited_ms: Math.round(performance.now() - unreachableSince), tokens: tokens.length }, 'head reachable again; the chat goes on there');
         unreachableSince = undefined;
@@ -316,6 +317,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         // Over the relay, the head (or our way to it) went away: a relay restarting, the head reconnecting.
         // Not its failure: wait for both (our relay client holds requests while it reconnects) and resume there.
         const now = performance.now();
+        deps.registry.markUnreachable(headId, err.message);
         if (unreachableSince === undefined) {
           unreachableSince = now;
           log.warn({ head: headId, code: err.code, err: err.message, tokens: tokens.length, budget_ms: outageBudgetMs }, 'head unreachable over the relay; waiting to resume the chat there');

@@ -35,6 +35,8 @@ export interface HeadTransport {
   open(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>>;
   /** True when the node answers `GET /health` with 200 within `timeoutMs` (over its endpoint, else the relay). Absent: the tracker cannot tell. */
   probe?(node: HeadTarget, timeoutMs: number): Promise<boolean>;
+  /** Whether the tracker's relay connection is registered now; undefined without a relay. */
+  relayUp?(): boolean | undefined;
 }
 
 async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promise<Uint8Array> {
@@ -199,6 +201,7 @@ export function createHeadTransport(deps: { relay?: RelayClient }): HeadTranspor
 
   return {
     probe,
+    relayUp: () => deps.relay?.isRegistered,
     async open(head, headers, body, o) {
       if (head.endpoint) {
         try {

@@ -61,6 +61,10 @@ export interface NodeRecord {
   kvHeldAtBeat: number;
   /** After a MESH_ERR_BUSY answer no new session is routed here before this time, ms since epoch. */
   busyUntil: number;
+  /** The node's relay connection as its last message said (undefined: it did not say). */
+  relayConnected?: boolean;
+  /** Since when (the tracker's clock) the tracker could not reach the node, and why; cleared when it reaches it again. */
+  unreachable?: { since: number; why: string };
 }
 
 const HISTORY = 12;
@@ -148,6 +152,7 @@ export class NodeRegistry {
       failures: this.failureCounts.get(msg.peer_id) ?? 0,
       kvHeldAtBeat: 0,
       busyUntil: prev?.busyUntil ?? 0,
+      ...(msg.relay_connected !== undefined ? { relayConnected: msg.relay_connected } : {}),
     };
     this.nodes.set(rec.peerId, rec);
     this.absorbStats(rec, msg.stats, now);
@@ -179,6 +184,9 @@ export class NodeRegistry {
     rec.publicKey = msg.public_key;
     rec.relayAddr = msg.relay_addr;
     rec.endpoint = msg.endpoint;
+    rec.relayConnected = msg.relay_connected;
+    // Back on its relay (it beats at once when it is): the tracker's way to it is there again.
+    if (msg.relay_connected === true) delete rec.unreachable;
     if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, this.model(rec.info.model));
     if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
     this.absorbStats(rec, msg.stats, now);
@@ -207,6 +215,33 @@ export class NodeRegistry {
     const rec = this.nodes.get(peerId);
     if (rec) rec.failures = n;
     return n;
+  }
+
+  /** The tracker failed to reach the node (a head over the relay, a probe): the dashboard says so until it reaches it again. */
+  markUnreachable(peerId: string, why: string): void {
+    const n = this.nodes.get(peerId);
+    if (n && !n.unreachable) n.unreachable = { since: this.o.now(), why };
+  }
+
+  /** The tracker reached the node (a head's stream opened, a probe answered). */
+  markReachable(peerId: string): void {
+    const n = this.nodes.get(peerId);
+    if (n) delete n.unreachable;
+  }
+
+  /**
+   * Can the tracker reach the node now, as far as it knows: a node reached
+   * only over the relay is unreachable while the tracker's relay connection
+   * is down (`trackerRelayUp` false), while the node says its own is, or
+   * after a failed reach until a good one. A string says why it is not.
+   */
+  unreachableWhy(n: NodeRecord, trackerRelayUp: boolean | undefined): string | undefined {
+    if (n.unreachable) return n.unreachable.why;
+    if (n.endpoint) return undefined;
+    if (n.relayAddr === undefined) return 'it has neither an endpoint nor a relay address';
+    if (trackerRelayUp === false) return "the tracker's relay connection is down";
+    if (n.relayConnected === false) return 'its relay connection is down (reconnecting)';
+    return undefined;
   }
 
   remove(peerId: string, reason: string): boolean {

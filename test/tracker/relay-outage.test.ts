@@ -78,6 +78,36 @@ describe('a head lost over the relay', () => {
     expect(metrics).toMatch(/meshnet_tracker_head_failovers_total 0/);
   });
 
+  it('the dashboard shows the head unreachable (and why) while the tracker cannot reach it, and reachable again once the chat resumed', async () => {
+    const { t, nodes, scripts } = await setup({}, [{}]);
+    const [a] = nodes as [FakeNode];
+    const reach = async () => ((await (await t.app.request('/api/dashboard')).json()) as { nodes: Array<{ peer_id: string; reachable: boolean; unreachable_reason?: string }> }).nodes.find((n) => n.peer_id === a.peerId)!;
+    expect((await reach()).reachable).toBe(true);
+    const first: Script = async function* () {
+      yield start;
+      yield* tokenEvents(['a']);
+      throw cut();
+    };
+    const notYet: Script = () => {
+      throw noSuchPeer(a.peerId);
+    };
+    scripts[a.peerId] = [first, notYet, notYet, notYet, notYet, () => [start, ...tokenEvents(['a', 'b']), done(2)]];
+    const answer = chat(t);
+    let seen: { reachable: boolean; unreachable_reason?: string } = await reach();
+    for (let i = 0; i < 100 && seen.reachable; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+      seen = await reach();
+    }
+    expect(seen).toMatchObject({ reachable: false, unreachable_reason: expect.stringMatching(/relay connection lost/) });
+    expect((await answer).text).toBe('ab');
+    expect((await reach()).reachable).toBe(true);
+    // A node that says its relay connection is down is unreachable until it says it is back.
+    await a.post(t, '/api/nodes/heartbeat', t.clock.now, { relay_connected: false });
+    expect(await reach()).toMatchObject({ reachable: false, unreachable_reason: expect.stringMatching(/its relay connection is down/) });
+    await a.post(t, '/api/nodes/heartbeat', t.clock.now, { relay_connected: true });
+    expect((await reach()).reachable).toBe(true);
+  });
+
   it('a head started fresh on the retry (it lost the parked generation) continues from the prefix: no token twice', async () => {
     const { t, nodes, scripts, calls } = await setup({}, [{}]);
     const [a] = nodes as [FakeNode];

@@ -321,6 +321,7 @@ export class NodeRuntime {
       peer_id: this.identity.peerId,
       public_key: encodeBase64Url(this.identity.publicKey),
       ...(relayAddr ? { relay_addr: relayAddr } : {}),
+      ...(this.relay ? { relay_connected: this.relay.isRegistered } : {}),
       ...(this.endpoint ? { endpoint: this.endpoint } : {}),
       info: {
         model: this.model ?? 'default',

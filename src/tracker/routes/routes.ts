@@ -23,7 +23,10 @@ const PROBE_TIMEOUT_MS = 1_000;
 async function reachable(ctx: TrackerContext, n: NodeRecord): Promise<boolean> {
   const probe = ctx.generation.transport.probe;
   if (!probe) return false;
-  return probe({ peerId: n.peerId, ...(n.endpoint ? { endpoint: n.endpoint } : {}), ...(n.relayAddr ? { relayAddr: n.relayAddr } : {}) }, PROBE_TIMEOUT_MS);
+  const ok = await probe({ peerId: n.peerId, ...(n.endpoint ? { endpoint: n.endpoint } : {}), ...(n.relayAddr ? { relayAddr: n.relayAddr } : {}) }, PROBE_TIMEOUT_MS);
+  if (ok) ctx.registry.markReachable(n.peerId);
+  else ctx.registry.markUnreachable(n.peerId, `a head reported it failed, and it did not answer GET /health within ${PROBE_TIMEOUT_MS} ms`);
+  return ok;
 }
 
 export function routeRoutes(app: App, ctx: TrackerContext): void {
