@@ -178,6 +178,7 @@ export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {
     [H.chainHead]: s.headPeerId,
     [H.chainIndex]: '0',
     [H.chainBudget]: String(s.timeoutMs),
+    [H.chainSentAt]: `${Date.now()};${s.timeoutMs}`,
     'content-type': 'application/octet-stream',
   };
   if (s.signed.reply) {

@@ -43,6 +43,14 @@ export const H = {
   chainReply: 'x-meshnet-chain-reply',
   chainReplySignature: 'x-meshnet-chain-reply-signature',
   chainBudget: 'x-meshnet-chain-budget-ms',
+  /**
+   * On a chained /forward: `<sent>;<budget>` — when the head sent the step
+   * (ms since epoch on the head's clock) and how long it waits for it (ms),
+   * passed on unchanged down the chain. A hop that gets a step later than
+   * its others from that head by more than that (a frozen page resumed, its
+   * socket's queue delivered at once) drops it: the head gave up on it.
+   */
+  chainSentAt: 'x-meshnet-chain-sent-at',
   /** On the last hop's POST /chain/token: the token answer JSON ({token_id, text, logprob}); the body is the rows the head files for replays. */
   chainToken: 'x-meshnet-chain-token',
   /** On a chain hop's error answer: "1" when the hop already told the head (POST /chain/failed), so its caller need not. */
