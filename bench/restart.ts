@@ -18,10 +18,17 @@
  *   - weight bytes served by the model server during the trial (a page or a
  *     node that downloads its span again shows here).
  *
+ * `--kill silent` (Node.js mesh, a fourth node so a span has two holders):
+ * a hop of the chat's route that has another holder is stopped (SIGSTOP: its
+ * sockets stay open, nothing answers, as a frozen page) mid-chat and let go
+ * (SIGCONT) after the chat. Recorded: whether the chat still gave the
+ * reference text, and its longest silence (the time to give up on the hop
+ * plus the replacement).
+ *
  * Table on stdout, JSON in bench/results/restart.json.
  *
- *   npx tsx bench/restart.ts [--mesh pages|nodes|both] [--kill relay|tracker|both]
- *                            [--trials N] [--max-tokens N] [--down-ms N] [--node-endpoints]
+ *   npx tsx bench/restart.ts [--mesh pages|nodes|both] [--kill relay|tracker|silent|both|all]
+ *                            [--trials N] [--max-tokens N] [--down-ms N] [--node-endpoints] [--logs]
  */
 import { createServer } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -42,8 +49,9 @@ function arg(name: string, fallback: string): string {
   return i > 0 ? process.argv[i + 1]! : fallback;
 }
 
+type Kill = 'relay' | 'tracker' | 'silent';
 const MESHES = arg('mesh', 'both') === 'both' ? (['pages', 'nodes'] as const) : ([arg('mesh', 'both')] as Array<'pages' | 'nodes'>);
-const KILLS = arg('kill', 'both') === 'both' ? (['relay', 'tracker'] as const) : ([arg('kill', 'both')] as Array<'relay' | 'tracker'>);
+const KILLS: readonly Kill[] = arg('kill', 'both') === 'both' ? ['relay', 'tracker'] : arg('kill', 'both') === 'all' ? ['relay', 'tracker', 'silent'] : [arg('kill', 'both') as Kill];
 const TRIALS = Number(arg('trials', '5'));
 const MAX_TOKENS = Number(arg('max-tokens', '40'));
 const DOWN_MS = Number(arg('down-ms', '1000'));
@@ -172,6 +180,8 @@ async function firstGoodChat(trackerUrl: string, limitMs: number): Promise<{ ms:
 
 interface Mesh {
   kind: 'pages' | 'nodes';
+  /** The Node.js mesh's node processes, with their peer ids. */
+  nodeProcs: NodeProc[];
   relay: RelayProcess;
   relayPort: number;
   tracker: TrackerProc;
@@ -197,8 +207,8 @@ async function startMesh(kind: 'pages' | 'nodes', model: StaticServer, work: str
     browser = await startBrowserMesh({ nodes: 3, trackerUrl: tracker.url, relayUrl: relay.url, appUrl: `${app.url}/`, model: MODEL, backend: 'wasm', budgetMb, threads: 1, pollMs: 500 });
     await browser.waitServing(180_000);
   } else {
-    // One after another: each assignment depends on the spans already given.
-    for (let i = 0; i < 3; i++) {
+    // One after another: each assignment depends on the spans already given. A fourth (for --kill silent) holds a span twice.
+    for (let i = 0; i < (KILLS.includes('silent') ? 4 : 3); i++) {
       const n = await startNode(['--relay', relay.url, '--tracker', tracker.url, '--budget-mb', String(budgetMb), '--max-context', '256', '--key-file', join(work, `node-${i}.key`), ...nodeArgs()]);
       await n.waitFor((e) => e.event === 'serving', 90_000);
       nodes.push(n);
@@ -206,6 +216,7 @@ async function startMesh(kind: 'pages' | 'nodes', model: StaticServer, work: str
   }
   const m: Mesh = {
     kind,
+    nodeProcs: nodes,
     relay,
     relayPort,
     tracker,
@@ -287,7 +298,7 @@ function tensorBytes(ranges: ReadonlyArray<{ path: string; range: string | null;
 
 interface Trial {
   mesh: 'pages' | 'nodes';
-  kill: 'relay' | 'tracker';
+  kill: Kill;
   trial: number;
   /** Tracker trials alternate: the same key file, or a new key. */
   key?: 'same' | 'new';
@@ -307,7 +318,20 @@ interface Trial {
   downMs: number;
 }
 
-async function trial(m: Mesh, model: StaticServer, kill: 'relay' | 'tracker', k: number, work: string): Promise<Trial> {
+/** A hop of the last chat's route (not the head) whose layers another node also serves, and its process. */
+async function silentCandidate(m: Mesh): Promise<NodeProc | undefined> {
+  const d = (await (await fetch(`${m.tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ peer_id: string; serving: { start_layer: number; end_layer: number } | null }>; recent_routes: Array<{ kind: string; hops: Array<{ peer_id: string; start_layer: number; end_layer: number }> }> };
+  const route = d.recent_routes[0];
+  if (!route) return undefined;
+  for (const h of route.hops.slice(1)) {
+    const spare = d.nodes.some((n) => n.peer_id !== h.peer_id && n.serving && n.serving.start_layer <= h.start_layer && n.serving.end_layer >= h.end_layer && !route.hops.slice(0, 1).some((x) => x.peer_id === n.peer_id));
+    const proc = m.nodeProcs.find((p) => p.peerId === h.peer_id);
+    if (spare && proc) return proc;
+  }
+  return undefined;
+}
+
+async function trial(m: Mesh, model: StaticServer, kill: Kill, k: number, work: string): Promise<Trial> {
   const prompt = PROMPTS[k % PROMPTS.length]!;
   const want = fortunesTiny().greedy(prompt, MAX_TOKENS);
   const ranges0 = model.stats.ranges.length;
@@ -317,7 +341,11 @@ async function trial(m: Mesh, model: StaticServer, kill: 'relay' | 'tracker', k:
   await Promise.race([killNow, inflight.then(() => undefined)]);
   const tKill = performance.now();
   let key: 'same' | 'new' | undefined;
-  if (kill === 'relay') {
+  let stopped: NodeProc | undefined;
+  if (kill === 'silent') {
+    stopped = await silentCandidate(m);
+    stopped?.child.kill('SIGSTOP');
+  } else if (kill === 'relay') {
     await m.relay.stop('SIGKILL');
     await sleep(DOWN_MS);
     m.relay = await startRelayProcess(['--port', String(m.relayPort)]);
@@ -329,7 +357,13 @@ async function trial(m: Mesh, model: StaticServer, kill: 'relay' | 'tracker', k:
     m.tracker = await startTrackerProc(['--port', String(m.trackerPort), '--model', `${MODEL}=${model.url}`, '--relay', m.relay.url, '--key-file', m.keyFile]);
   }
   const tBack = performance.now();
-  const [back, first, done] = await Promise.all([kill === 'relay' ? peersBack(m.relay.httpUrl, m.peers, tBack) : Promise.resolve([]), firstGoodChat(m.tracker.url, 30_000), inflight]);
+  const [back, first, done] = await Promise.all([
+    kill === 'relay' ? peersBack(m.relay.httpUrl, m.peers, tBack) : Promise.resolve([]),
+    kill === 'silent' ? Promise.resolve({ ms: NaN, attempts: [] }) : firstGoodChat(m.tracker.url, 30_000),
+    inflight,
+  ]);
+  stopped?.child.kill('SIGCONT');
+  if (kill === 'silent' && !stopped) console.log(`trial ${k}: no hop of the route has a second holder; nothing stopped`);
   const survived = done.ok && done.ids.length === want.ids.length && done.ids.every((id, i) => id === want.ids[i]) && done.text === want.text;
   const gaps = [done.maxGapMs, ...first.attempts.map((a) => a.maxGapMs)];
   const t: Trial = {
@@ -348,6 +382,10 @@ async function trial(m: Mesh, model: StaticServer, kill: 'relay' | 'tracker', k:
     downMs: tBack - tKill,
   };
   console.log(JSON.stringify(t));
+  if (!survived && kill !== 'tracker' && process.argv.includes('--logs')) {
+    for (const n of m.nodeProcs) console.log(`--- node ${n.peerId.slice(0, 8)} stderr (tail)\n${n.stderr().split('\n').slice(-15).join('\n')}`);
+    console.log(`--- tracker stderr (tail)\n${m.tracker.stderr().split('\n').slice(-15).join('\n')}`);
+  }
   // The next trial starts on a mesh that is whole again.
   await healthy(m).catch((e: Error) => console.log(`mesh not healthy after trial ${k}: ${e.message}`));
   m.peers = await meshPeers(m).catch(() => m.peers);
