@@ -65,8 +65,8 @@ interface Live {
   sent: GenerateEvent[];
   /** The stream that reads it now (a resume takes it over); undefined while parked. */
   owner: object | undefined;
-  /** Events an earlier reading pulled after a resume took over (it was waiting for them): the new one sends them first. */
-  handedOver: GenerateEvent[];
+  /** The pipeline's next event, while one is being made: a resume that takes over waits for the same one (one pull at a time). */
+  pulling: Promise<IteratorResult<GenerateEvent>> | undefined;
   parkTimer: ReturnType<typeof setTimeout> | undefined;
 }
 
@@ -93,6 +93,14 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
   /** Generations running or parked, by session id. */
   const live = new Map<string, Live>();
 
+  /** The generation's next event; one pull at a time, shared by whoever waits for it. */
+  const pull = (g: Live): Promise<IteratorResult<GenerateEvent>> => {
+    g.pulling ??= g.events.next().finally(() => {
+      g.pulling = undefined;
+    });
+    return g.pulling;
+  };
+
   /** End a generation for good: its pipeline's finally drops the sessions everywhere. */
   const end = (g: Live): void => {
     if (g.parkTimer !== undefined) clearTimeout(g.parkTimer);
@@ -117,17 +125,14 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
       if (replay) for (const ev of [...g.sent]) yield utf8.encode(JSON.stringify(ev) + '\n');
       for (;;) {
         if (g.owner !== me) return;
-        const r = g.handedOver.length > 0 ? { done: false as const, value: g.handedOver.shift()! } : await g.events.next();
+        const r = await pull(g);
+        // A resume took over while the event was being made: it has the same event, and sends it.
+        if (g.owner !== me) return;
         if (r.done) {
           over = true;
           return;
         }
         const ev = r.value;
-        if (g.owner !== me) {
-          // Pulled for a reading a resume replaced meanwhile: the new reading sends it.
-          g.handedOver.push(ev);
-          return;
-        }
         const last = ev.type === 'done' || ev.type === 'error';
         if (last) over = true;
         else g.sent.push(ev);
@@ -200,7 +205,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     if (prev) end(prev);
     const ctl = new AbortController();
     const events = driver.generate(init.peerId, p.data, route, { signal: ctl.signal, signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply } });
-    const g: Live = { sessionId, route: routeText, events, ctl, sent: [], owner: undefined, handedOver: [], parkTimer: undefined };
+    const g: Live = { sessionId, route: routeText, events, ctl, sent: [], owner: undefined, pulling: undefined, parkTimer: undefined };
     live.set(sessionId, g);
     return { status: 200, headers, body: ndjson(g, false, req.signal) };
   }

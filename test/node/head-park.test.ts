@@ -56,6 +56,8 @@ describe('parked generations', () => {
   let tracker: Identity;
   let route: Record<string, string>;
   let forwards = 0;
+  /** Steps wait for this (a test holds one step in flight). */
+  let hold: Promise<void> = Promise.resolve();
   const dropped: string[] = [];
   let head: (parkMs: number) => (r: MeshRequest) => Promise<MeshResponse>;
 
@@ -70,7 +72,11 @@ describe('parked generations', () => {
       startLayer: ex.startLayer,
       endLayer: ex.endLayer,
       maxContext: ex.maxContext,
-      forward: (r) => (forwards++, ex.forward(r)),
+      forward: async (r) => {
+        forwards++;
+        await hold;
+        return ex.forward(r);
+      },
       dropSession: (id) => (dropped.push(id), ex.dropSession(id)),
     };
     const driver = new PipelineDriver({ executor: counted, tokenizer: tok as HeadTokenizer, transport: new HopTransport({}) });
@@ -106,6 +112,33 @@ describe('parked generations', () => {
     expect(tokens.map((t) => t.index)).toEqual(want.map((_, i) => i));
     expect(ids(again)).toEqual(want);
     expect(droppedOf(dropped, 'cut')).toBe(1);
+  });
+
+  it('a resume that comes while the lost reading still waits for a step takes that very step over: every token once, in order', async () => {
+    const handle = head(5_000);
+    const want = ids(await reader(await handle(request('whole2'))).all());
+    const ctl = new AbortController();
+    const first = reader(await handle(request('mid', {}, ctl.signal)));
+    await first.next();
+    await first.next();
+    // The next step hangs (a hop held by a relay outage); the connection drops meanwhile: the old reading still waits.
+    let release!: () => void;
+    hold = new Promise<void>((r) => (release = r));
+    const pending = first.next();
+    await sleep(50);
+    ctl.abort(DISCONNECTED);
+    const resumed = reader(await handle(request('mid', { 'x-meshnet-resume': '1' })));
+    const all = resumed.all();
+    await sleep(50);
+    release();
+    hold = Promise.resolve();
+    const again = await all;
+    // The old reading got its event too, but sends nothing more: the resumed one owns the generation.
+    await pending;
+    expect(await first.next()).toBeUndefined();
+    const tokens = again.filter((e) => e.type === 'token') as Array<GenerateEvent & { index: number }>;
+    expect(tokens.map((t) => t.index)).toEqual(want.map((_, i) => i));
+    expect(ids(again)).toEqual(want);
   });
 
   it('ends a parked generation nobody asks for within parkMs, and drops its session; a plain CANCEL ends it at once', async () => {
