@@ -38,7 +38,7 @@ import { trace } from '../protocol/trace.ts';
 export interface ChainHopInit {
   peerId: string;
   trackerKey(): Uint8Array | undefined;
-  transport: Pick<HopTransport, 'send' | 'push'>;
+  transport: Pick<HopTransport, 'send' | 'push'> & Partial<Pick<HopTransport, 'inOutageWindow'>>;
   /** This node's own /forward (runs the span). */
   local: MeshHandler;
   now?: () => number;
@@ -201,6 +201,10 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
   const checks = new RouteChecks();
   const replies = new VerifiedReplies();
   const me = init.peerId;
+  /** A push that failed is news, except while our relay is lost or just back: the relay client says that once. */
+  const pushLog = (message: string): void => {
+    if (!init.transport.inOutageWindow?.()) init.onLog?.(message);
+  };
   /** Stale steps dropped since the last line about them (one line per spell, not per step). */
   let staleDropped = 0;
   let staleLoggedAt = 0;
@@ -214,7 +218,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
     const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainFailed]: String(err.details.peer_id ?? me), 'content-type': 'application/json' };
     const body = new TextEncoder().encode(JSON.stringify(err.toBody()));
     init.transport.push(to, { method: 'POST', path: '/chain/failed', headers, body }, Math.max(1, left), PUSH_WINDOW_MS).catch((e: unknown) => {
-      init.onLog?.(`chain: could not tell the head ${to.peer_id} that a step failed: ${(e as Error).message}`);
+      pushLog(`chain: could not tell the head ${to.peer_id} that a step failed: ${(e as Error).message}`);
     });
   };
 
@@ -307,9 +311,9 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
         const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainToken]: tokenText, [H.dtype]: h[H.dtype] ?? '', 'content-type': 'application/octet-stream' };
         init.transport.push(headTo, { method: 'POST', path: '/chain/token', headers, body: req.body }, left(), PUSH_WINDOW_MS, undefined, { accept: (r) => r.status === 204 || r.status === 404 }).then(
           (got) => {
-            if (got.status === 404) init.onLog?.(`chain: the head ${head} waits for no token at position ${h[H.position]} (late, or it gave up on the step)`);
+            if (got.status === 404) pushLog(`chain: the head ${head} waits for no token at position ${h[H.position]} (late, or it gave up on the step)`);
           },
-          (e: unknown) => init.onLog?.(`chain: hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`),
+          (e: unknown) => pushLog(`chain: hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`),
         );
         trace?.('hop-pushed', h[H.session], h[H.position]);
         return accepted();
@@ -341,7 +345,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
         },
         (e: unknown) => {
           const why = e instanceof MeshError ? e.message : String(e);
-          init.onLog?.(`chain: the next hop ${next.peer_id} is unreachable: ${why}`);
+          pushLog(`chain: the next hop ${next.peer_id} is unreachable: ${why}`);
           const code = e instanceof MeshError && e.code === 'MESH_ERR_TIMEOUT' ? 'MESH_ERR_TIMEOUT' : 'MESH_ERR_PEER_GONE';
           report(headTo, h, new MeshError(code, `hop ${me} could not reach the next hop ${next.peer_id}: ${why}`, { peer_id: next.peer_id }), left());
         },

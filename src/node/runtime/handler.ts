@@ -33,7 +33,7 @@ export interface NodeHandlerInit {
   loadingInfo(): Record<string, unknown>;
   trackerKey(): Uint8Array | undefined;
   /** How a chained /forward reaches the next hop (and the last one the head). */
-  transport: Pick<HopTransport, 'send' | 'push'>;
+  transport: Pick<HopTransport, 'send' | 'push' | 'inOutageWindow'>;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
   onLog(message: string): void;
