@@ -328,8 +328,8 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           await pause(Math.min(500, 100 * 1.5 ** Math.min(10, attempt)), signal);
           continue;
         }
+        // The budget is spent (for this chat, whichever head it tries next): fail over, or fail, now.
         lastError = new MeshError('MESH_ERR_UNAVAILABLE', `head ${headId} unreachable over the relay for ${Math.round(waited)} ms (the relay or the head is down): ${err.message}`);
-        unreachableSince = undefined;
       } else lastError = err;
       if (CLIENT_ERRORS.has(err.code) && tokens.length === 0) throw err;
       failedHeads.add(headId);
