@@ -52,7 +52,7 @@ function arg(name: string, fallback: string): string {
 type Kill = 'relay' | 'tracker' | 'silent';
 const MESHES = arg('mesh', 'both') === 'both' ? (['pages', 'nodes'] as const) : ([arg('mesh', 'both')] as Array<'pages' | 'nodes'>);
 const KILLS: readonly Kill[] = arg('kill', 'both') === 'both' ? ['relay', 'tracker'] : arg('kill', 'both') === 'all' ? ['relay', 'tracker', 'silent'] : [arg('kill', 'both') as Kill];
-const TRIALS = Number(arg('trials', '5'));
+const TRIALS = Number(arg('trials', process.argv.includes('--quick') ? '2' : '5'));
 const MAX_TOKENS = Number(arg('max-tokens', '40'));
 const DOWN_MS = Number(arg('down-ms', '1000'));
 /** Tokens the chat in flight has streamed when the process is killed. */
