@@ -40,8 +40,8 @@ import { startStaticServer, type StaticServer } from '../src/cli/static-server.t
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../test/helpers/fortunes-tiny.ts';
-import { startRelayProcess, type RelayProcess } from '../test/support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
+import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../test/helpers/mesh.ts';
 import { median, printTable, writeResult } from './lib/stats.ts';
 
 function arg(name: string, fallback: string): string {

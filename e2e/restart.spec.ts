@@ -23,7 +23,7 @@ import { startStaticServer, type StaticServer } from '../src/cli/static-server.t
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../test/helpers/fortunes-tiny.ts';
-import { startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { startTrackerProc, until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { appUrl, startRelayProcess, type RelayProcess } from './support/mesh.ts';
 
 const PROMPT = 'Tell me a short story about a fox who shares her GPU.';

@@ -25,7 +25,7 @@ import {
   type RouteHop,
   type Assignment,
 } from '../protocol/tracker.ts';
-import { verifyEd25519, type Identity } from './identity.ts';
+import { verifyEd25519, type Identity } from '../net/identity.ts';
 import { z } from 'zod';
 
 export interface TrackerClientInit {

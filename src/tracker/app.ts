@@ -11,7 +11,7 @@
 import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
-import type { Identity } from '../node/identity.ts';
+import type { Identity } from '../net/identity.ts';
 import { Admission } from './admission.ts';
 import type { RecentRoute, TrackerContext } from './context.ts';
 import { PromptSizer, type HeadTransport } from './head-proxy.ts';

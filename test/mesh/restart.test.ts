@@ -24,8 +24,8 @@ import { startStaticServer, type StaticServer } from '../../src/cli/static-serve
 import { loadModelSpec } from '../../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../helpers/fortunes-tiny.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../helpers/mesh.ts';
 
 const PROMPT = 'Tell me a fortune about science.';
 const MAX_TOKENS = 40;

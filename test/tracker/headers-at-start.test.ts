@@ -8,7 +8,7 @@
 import { describe, expect, it } from 'vitest';
 import type { GenerateEvent } from '../../src/protocol/tracker.ts';
 import { HEADERS_GRACE_MS } from '../../src/tracker/completion.ts';
-import { FakeNode, makeTracker, scriptedTransport, tokenEvents } from './support.ts';
+import { FakeNode, makeTracker, scriptedTransport, tokenEvents } from '../helpers/tracker.ts';
 
 type Script = Parameters<typeof scriptedTransport>[0][string][number];
 

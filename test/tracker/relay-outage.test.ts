@@ -11,7 +11,7 @@ import { describe, expect, it } from 'vitest';
 import { MeshError } from '../../src/protocol/errors.ts';
 import type { GenerateEvent } from '../../src/protocol/tracker.ts';
 import type { TrackerOptions } from '../../src/tracker/options.ts';
-import { FakeNode, makeTracker, scriptedTransport, tokenEvents } from './support.ts';
+import { FakeNode, makeTracker, scriptedTransport, tokenEvents } from '../helpers/tracker.ts';
 
 type Script = Parameters<typeof scriptedTransport>[0][string][number];
 
