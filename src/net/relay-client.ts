@@ -416,7 +416,8 @@ export class RelayClient {
     const socket = dial.socket;
     socket.onmessage = null;
     socket.onclose = null;
-    socket.onerror = null;
+    // Not null: closing a socket that is still connecting makes `ws` emit 'error', and an error nobody listens to ends a Node process.
+    socket.onerror = () => {};
     if (closeReason === undefined) return;
     try {
       if (socket.readyState <= WS_OPEN) socket.close(1000, closeReason.slice(0, 120));
