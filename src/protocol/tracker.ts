@@ -30,6 +30,11 @@ export const nodeInfoSchema = z.object({
    * and never moves it, since the node would not follow. Absent: false.
    */
   pinned: z.boolean().optional(),
+  /**
+   * The donor's cap on the device's busy time (0.05..1): the node rests between its steps, and its
+   * `stats.layer_ms` already counts the cap (measured step time ÷ duty_cycle). For the dashboard. Absent: 1.
+   */
+  duty_cycle: z.number().min(0.05).max(1).optional(),
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 
@@ -94,7 +99,19 @@ export const nodeMessageSchema = z.object({
    * relay reaches as unreachable meanwhile.
    */
   relay_connected: z.boolean().optional(),
-  /** ms since epoch; the tracker refuses messages more than 60 s off (replay guard). */
+  /**
+   * The node takes no new sessions (the donor paused it, the page is being frozen or closed): the
+   * tracker routes no new chat, replacement or failover through it from this message on, while the
+   * sessions in flight may finish. It keeps its assignment and `serving`. Absent: false.
+   */
+  draining: z.boolean().optional(),
+  /** The span whose weights the node keeps in its own storage (a page's IndexedDB): a fresh registration may get it back with no download. */
+  stored: z.object({ start_layer: z.number().int().nonnegative(), end_layer: z.number().int().positive() }).nullable().optional(),
+  /**
+   * ms since epoch; the tracker refuses messages more than 60 s off (replay guard). A node's messages
+   * are applied in timestamp order: an older one than the last applied is answered and ignored; at an
+   * equal timestamp `draining: true` holds (a drain beacon signed with its heartbeat's timestamp).
+   */
   timestamp: z.number().int(),
 });
 export type NodeMessage = z.infer<typeof nodeMessageSchema>;

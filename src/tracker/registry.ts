@@ -11,7 +11,7 @@
 import { MeshError } from '../protocol/errors.ts';
 import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
 import { chooseSpan, coverage, rebalance, type Holder, type Move, type Span } from './assignment.ts';
-import type { ModelSpec } from './model-registry.ts';
+import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
 import { findRoutes, formatLayers, missingLayers, pickRoute, type RoutePlan, type ServingNode } from './routing.ts';
 import type { TrackerOptions } from './options.ts';
 
@@ -22,6 +22,8 @@ export const NodeStatus = {
   Serving: 'serving',
   /** Its budget holds no layer of the model. */
   Idle: 'idle',
+  /** Serves, but takes no new sessions (paused, frozen, closing): routes leave it out. */
+  Draining: 'draining',
 } as const;
 export type NodeStatus = (typeof NodeStatus)[keyof typeof NodeStatus];
 
@@ -65,6 +67,12 @@ export interface NodeRecord {
   relayConnected?: boolean;
   /** Since when (the tracker's clock) the tracker could not reach the node, and why; cleared when it reaches it again. */
   unreachable?: { since: number; why: string };
+  /** The node takes no new sessions (its last message said `draining`): no route, replacement or failover picks it. */
+  draining: boolean;
+  /** When this tracker saw it start draining, ms since epoch (tracker clock). */
+  drainingSince: number | undefined;
+  /** The newest message timestamp applied (the node's clock): older messages are ignored. */
+  lastTimestamp: number;
 }
 
 const HISTORY = 12;
@@ -86,6 +94,11 @@ export class NodeRegistry {
   private readonly kvHeld = new Map<string, number>();
   /** Failures by peer id, registered or not (bounded: the oldest entries go first). */
   private readonly failureCounts = new Map<string, number>();
+  /**
+   * Nodes this tracker removed (silent, or left), by peer id: one that comes back was away, not
+   * re-registering after a tracker restart, so the span it still serves is not simply adopted.
+   */
+  private readonly dropped = new Set<string>();
 
   constructor(
     models: readonly ModelSpec[],
@@ -117,15 +130,30 @@ export class NodeRegistry {
   }
 
   status(n: NodeRecord): NodeStatus {
+    if (n.draining && n.serving) return NodeStatus.Draining;
     if (!n.assignment) return NodeStatus.Idle;
     if (n.serving && n.serving.start === n.assignment.start && n.serving.end === n.assignment.end) return NodeStatus.Serving;
     return NodeStatus.Loading;
   }
 
+  /** How long a draining node still counts as holding its layers for placement: as long as a silent one would stay registered. */
+  private drainCoverMs(): number {
+    return this.o.deadAfterMissedHeartbeats * this.o.heartbeatIntervalMs;
+  }
+
+  /**
+   * Whether a node counts as holding its assignment for placement (new nodes' spans, rebalancing):
+   * a draining node does for a while — a short freeze or pause moves nobody — and then does not, so
+   * joiners and spare nodes cover the layers of a node paused for long.
+   */
+  private holds(n: NodeRecord): boolean {
+    return !n.draining || n.drainingSince === undefined || this.o.now() - n.drainingSince < this.drainCoverMs();
+  }
+
   private holders(model: string, except?: string): Holder[] {
     const out: Holder[] = [];
     for (const n of this.nodes.values()) {
-      if (n.info.model !== model || n.peerId === except || !n.assignment) continue;
+      if (n.info.model !== model || n.peerId === except || !n.assignment || !this.holds(n)) continue;
       out.push({ id: n.peerId, start: n.assignment.start, end: n.assignment.end, throughput: this.throughput(n) });
     }
     return out;
@@ -136,6 +164,8 @@ export class NodeRegistry {
     const model = this.model(msg.info.model);
     const now = this.o.now();
     const prev = this.nodes.get(msg.peer_id);
+    const draining = msg.draining === true;
+    const wasDropped = !prev && this.dropped.has(msg.peer_id);
     const rec: NodeRecord = {
       peerId: msg.peer_id,
       publicKey: msg.public_key,
@@ -153,32 +183,56 @@ export class NodeRegistry {
       kvHeldAtBeat: 0,
       busyUntil: prev?.busyUntil ?? 0,
       ...(msg.relay_connected !== undefined ? { relayConnected: msg.relay_connected } : {}),
+      draining,
+      drainingSince: draining ? (prev?.draining ? prev.drainingSince : now) : undefined,
+      lastTimestamp: msg.timestamp,
     };
     this.nodes.set(rec.peerId, rec);
+    this.dropped.delete(rec.peerId);
     this.absorbStats(rec, msg.stats, now);
     const budget = budgetBytes(msg.info);
     if (prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb && prev.info.weight_format === msg.info.weight_format) {
       // Re-registration (reconnect): keep what it was asked to hold.
       rec.assignment = prev.assignment;
-    } else if (rec.serving) {
+    } else if (rec.serving && (msg.info.pinned || !wasDropped)) {
       // It already serves a span (a restarted tracker, or a pinned node): adopt it, no reload.
       rec.assignment = rec.serving;
     } else if (msg.info.pinned) {
       // Pinned but not serving yet: nothing to assign; it is adopted once its heartbeat says what it serves.
       rec.assignment = null;
     } else {
-      rec.assignment = chooseSpan(model, budget, this.holders(model.name, rec.peerId), msg.info.weight_format);
+      const others = this.holders(model.name, rec.peerId);
+      // A node back after this tracker dropped it (a page frozen or asleep for long) is placed as a fresh join, keeping
+      // what it serves (or, a reloaded page, what it keeps in storage) with no download unless others took those layers while some lie bare.
+      rec.assignment = this.restorable(model, budget, msg.serving ?? msg.stored, msg.info.weight_format, others) ?? chooseSpan(model, budget, others, msg.info.weight_format);
     }
     return rec;
+  }
+
+  private restorable(model: ModelSpec, budget: number, span: NodeMessage['stored'], format: NodeInfo['weight_format'], others: Holder[]): Span | null {
+    const stored = validSpan(span, model);
+    if (!stored || spanBytes(sizedFor(model, format), stored.start, stored.end) > budget) return null;
+    const cov = coverage(model.numLayers, others).count;
+    const heldElsewhere = cov.slice(stored.start, stored.end).every((c) => c > 0);
+    return heldElsewhere && cov.some((c) => c === 0) ? null : stored;
   }
 
   /** A verified heartbeat; 404 for a node this tracker does not know (it must register). */
   heartbeat(msg: NodeMessage): NodeRecord {
     const rec = this.nodes.get(msg.peer_id);
     if (!rec) throw new MeshError('MESH_ERR_NOT_FOUND', `peer ${msg.peer_id} is not registered here (tracker restarted or node expired); register again`);
+    // An older message than one applied (a drain beacon or a beat the browser released after the page resumed): it says nothing new.
+    if (msg.timestamp < rec.lastTimestamp) return rec;
     // A new budget or weight format changes how many layers fit: size the node again.
     if (rec.info.model !== msg.info.model || rec.info.memory_budget_mb !== msg.info.memory_budget_mb || rec.info.weight_format !== msg.info.weight_format) return this.register(msg);
     const now = this.o.now();
+    // At an equal timestamp a drain holds: the page's beacon and the heartbeat it was signed beside may arrive in either order.
+    const draining = msg.draining === true || (msg.timestamp === rec.lastTimestamp && rec.draining);
+    if (draining !== rec.draining) {
+      rec.draining = draining;
+      rec.drainingSince = draining ? now : undefined;
+    }
+    rec.lastTimestamp = msg.timestamp;
     rec.lastSeen = now;
     rec.info = msg.info;
     rec.publicKey = msg.public_key;
@@ -244,10 +298,17 @@ export class NodeRegistry {
     return undefined;
   }
 
+  private forget(peerId: string): void {
+    this.dropped.add(peerId);
+    // Bounded: the oldest go first (a Set iterates in insertion order).
+    if (this.dropped.size > 10_000) this.dropped.delete(this.dropped.values().next().value!);
+  }
+
   remove(peerId: string, reason: string): boolean {
     const rec = this.nodes.get(peerId);
     if (!rec) return false;
     this.nodes.delete(peerId);
+    this.forget(peerId);
     this.events.onRemoved?.(rec, reason);
     this.rebalance(rec.info.model);
     return true;
@@ -259,6 +320,7 @@ export class NodeRegistry {
     const dead = [...this.nodes.values()].filter((n) => n.lastSeen < cutoff);
     for (const n of dead) {
       this.nodes.delete(n.peerId);
+      this.forget(n.peerId);
       this.events.onRemoved?.(n, 'missed heartbeats');
     }
     for (const m of this.models.keys()) this.rebalance(m);
@@ -281,7 +343,8 @@ export class NodeRegistry {
     if (nodes.some((n) => n.serving && this.status(n) === NodeStatus.Loading)) return [];
     const moves = rebalance(
       model,
-      nodes.filter((n) => n.assignment).map((n) => ({
+      // A node draining for long no longer counts as covering its layers (holds()): spare nodes may move to cover them.
+      nodes.filter((n) => n.assignment && this.holds(n)).map((n) => ({
         id: n.peerId,
         start: n.assignment!.start,
         end: n.assignment!.end,
@@ -300,11 +363,16 @@ export class NodeRegistry {
     return moves;
   }
 
+  /** Whether new sessions may be routed through a node that serves (a draining one takes none). */
+  routable(n: NodeRecord): boolean {
+    return !n.draining;
+  }
+
   /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. */
   servingNodes(model: string, exclude: ReadonlySet<string> = new Set(), keep?: (n: NodeRecord) => boolean): ServingNode[] {
     const out: ServingNode[] = [];
     for (const n of this.nodes.values()) {
-      if (n.info.model !== model || !n.serving || exclude.has(n.peerId)) continue;
+      if (n.info.model !== model || !n.serving || exclude.has(n.peerId) || !this.routable(n)) continue;
       if (keep && !keep(n)) continue;
       out.push({ id: n.peerId, start: n.serving.start, end: n.serving.end, layerMs: this.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight });
     }
@@ -438,6 +506,9 @@ export class NodeRegistry {
         host: n.info.host,
         relay: n.relayAddr !== undefined,
         direct: n.endpoint !== undefined,
+        draining: n.draining,
+        draining_since: n.drainingSince ?? null,
+        duty_cycle: n.info.duty_cycle ?? 1,
       })),
     };
   }

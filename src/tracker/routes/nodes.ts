@@ -58,7 +58,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     }
     const n = registry.register(msg);
     metrics.registrations.inc({ kind: 'register', result: 'ok' });
-    logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving }, 'node registered');
+    logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving, ...(n.draining ? { draining: true } : {}) }, 'node registered');
     ctx.updateNodeGauge();
     ctx.admission.kick();
     return json(200, answerFor(n));
@@ -80,6 +80,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
   app.post('/api/nodes/heartbeat', async ({ req }) => {
     const msg = await signedNodeMessage(req, 'heartbeat');
     let n: NodeRecord;
+    const wasDraining = registry.nodes.get(msg.peer_id)?.draining;
     try {
       n = registry.heartbeat(msg);
     } catch (e) {
@@ -87,6 +88,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       throw e;
     }
     metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
+    // One line per change: a node that stops taking sessions (paused, frozen, closing) or takes them again.
+    if (wasDraining !== undefined && n.draining !== wasDraining) logger.info({ peer_id: n.peerId, serving: n.serving }, n.draining ? 'node draining: no new sessions routed to it' : 'node takes sessions again');
     ctx.updateNodeGauge();
     // Fresh KV figures: room may have freed up for waiting chats.
     ctx.admission.kick();
