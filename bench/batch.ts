@@ -1,5 +1,5 @@
 /**
- * Batching at one hop, in process (issue 11): what a batched decode step
+ * Batching at one hop, in process (docs/architecture.md, "Batching at a hop"): what a batched decode step
  * costs against the same sessions' steps one at a time, on the `small`
  * fixture's layers 0-4 (a third of the model: one node of the split mesh)
  * over onnxruntime-node with one intra-op thread, for
@@ -25,7 +25,7 @@
 import { fileURLToPath } from 'node:url';
 import { createNodeBackend } from '../src/host/node/onnx.ts';
 import { fixtureConfig, makeModel } from '../src/model/fixture.ts';
-import type { ForwardRequest, ForwardResult } from '../src/shard/executor.ts';
+import type { ForwardRequest, ForwardResult } from '../src/shard/contract.ts';
 import { ShardExecutor } from '../src/shard/executor.ts';
 import { FusedShardExecutor } from '../src/shard/fused-executor.ts';
 import { weightsFromFiles } from '../test/helpers/weights.ts';

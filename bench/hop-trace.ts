@@ -1,5 +1,5 @@
 /**
- * Where a hop's fixed cost goes (issue 11: 3 nodes with no delay reach
+ * Where a hop's fixed cost goes (docs/architecture.md: 3 nodes with no delay reach
  * ~0.6× one process; the mesh adds ~2.3 ms a hop while a bare relay round
  * trip is 0.19 ms). One chat, greedy, over a real relay and 3 real
  * `meshnet node` processes (head [0,4) in chain mode, middle [4,8), tail

@@ -20,7 +20,7 @@
  *     relay, tracker and node RSS after within 10 % of before;
  *   - the nodes' logs: no 409 replay.
  *
- * Batching at a hop (issue 11) should raise the aggregate figures: rerun with
+ * Batching at a hop (docs/architecture.md, "Batching at a hop") should raise the aggregate figures: rerun with
  * `--label <name>` on each branch and `--compare <a copy of an earlier
  * bench/results/load.json>` to print
  * the ratio per row (runs on different days differ; the lead reruns on a
@@ -40,9 +40,8 @@ import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
-import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../test/helpers/mesh.ts';
-import { fmt, printTable, quantile, writeResult } from './lib/stats.ts';
+import { SPLIT_QUEUE, TOPICS, chat, round, startMesh, type Mesh, type Round } from './lib/load-mesh.ts';
+import { fmt, printTable, writeResult } from './lib/stats.ts';
 
 const argv = process.argv.slice(2);
 if (argv.includes('--help') && /bench[\\/]load\.ts$/.test(process.argv[1] ?? '')) {
@@ -73,123 +72,7 @@ const SOAK_S = Number(opt('soak-s') ?? (quick ? 20 : 60));
 const MAX_TOKENS = quick ? 16 : 32;
 const MAX_BATCH = opt('max-batch');
 const CONCURRENCY = [1, 4, 16, 64];
-/** Split mesh: the tracker's queue, small on purpose so that 64 chats at once go past it. */
-const SPLIT_QUEUE = { length: 16, waitMs: 20_000 };
 const here = fileURLToPath(new URL('.', import.meta.url));
-
-const TOPICS = [
-  'a lighthouse keeper and a storm', 'a fox who shares her GPU', 'the last train of the night', 'a robot learning to paint',
-  'a city under the sea', 'two rival bakers', 'a map with a missing island', 'the moon asking for a holiday',
-  'a cat who runs a library', 'a violin found in an attic', 'snow in the desert', 'a detective who is afraid of the dark',
-  'an orchard on Mars', 'a letter delivered fifty years late', 'a clock that runs backwards', 'the quietest dragon',
-];
-const prompt = (i: number) => `Write a short story about ${TOPICS[i % TOPICS.length]}.`;
-
-interface Outcome {
-  status: number;
-  ms: number;
-  ttftMs: number | null;
-  tokens: number;
-  text: string;
-  /** 429: `error.reason` (queue_full, queue_timeout, busy). */
-  reason?: string;
-  retryAfter?: string | null;
-  /** Time between successive streamed tokens, ms. */
-  gaps?: number[];
-  /** A 200 stream that ended with an error event instead of [DONE]. */
-  streamError?: string;
-  error?: string;
-}
-
-/** One streamed chat, timed at the client. */
-async function chat(trackerUrl: string, i: number): Promise<Outcome> {
-  const t0 = performance.now();
-  let res: Response;
-  try {
-    res = await fetch(`${trackerUrl}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: prompt(i) }], max_tokens: MAX_TOKENS, temperature: 0, stream: true, stream_options: { include_usage: true } }),
-    });
-  } catch (e) {
-    return { status: 0, ms: performance.now() - t0, ttftMs: null, tokens: 0, text: '', error: (e as Error).message };
-  }
-  if (res.status !== 200 || !res.body) {
-    const body = (await res.json().catch(() => ({}))) as { error?: { message?: string; reason?: string } };
-    return { status: res.status, ms: performance.now() - t0, ttftMs: null, tokens: 0, text: '', retryAfter: res.headers.get('retry-after'), ...(body.error?.reason ? { reason: body.error.reason } : {}), error: body.error?.message ?? `HTTP ${res.status}` };
-  }
-  let text = '';
-  let tokens = 0;
-  let ttftMs: number | null = null;
-  const gaps: number[] = [];
-  let lastAt = 0;
-  let streamError: string | undefined;
-  let buf = '';
-  const dec = new TextDecoder();
-  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-    buf += dec.decode(chunk, { stream: true });
-    let k: number;
-    while ((k = buf.indexOf('\n\n')) >= 0) {
-      const line = buf.slice(0, k).trim();
-      buf = buf.slice(k + 2);
-      if (!line.startsWith('data:')) continue;
-      const data = line.slice(5).trim();
-      if (data === '[DONE]') continue;
-      const msg = JSON.parse(data) as { error?: { message: string }; usage?: { completion_tokens: number }; choices?: Array<{ delta?: { content?: string } }> };
-      if (msg.error) streamError = msg.error.message;
-      if (msg.usage) tokens = msg.usage.completion_tokens;
-      const d = msg.choices?.[0]?.delta?.content;
-      if (d) {
-        const now = performance.now();
-        ttftMs ??= now - t0;
-        if (lastAt > 0) gaps.push(now - lastAt);
-        lastAt = now;
-        text += d;
-      }
-    }
-  }
-  return { status: 200, ms: performance.now() - t0, ttftMs, tokens, text, gaps, ...(streamError ? { streamError } : {}) };
-}
-
-export interface Mesh {
-  kind: 'split' | 'replicas';
-  relay: RelayProcess;
-  tracker: TrackerProc;
-  nodes: NodeProc[];
-  stop(): Promise<void>;
-}
-
-export async function startMesh(kind: 'split' | 'replicas', modelUrl: string, maxBatch = MAX_BATCH): Promise<Mesh> {
-  const relay = await startRelayProcess();
-  let tracker: TrackerProc | undefined;
-  const nodes: NodeProc[] = [];
-  const stop = async () => {
-    await Promise.all(nodes.map((n) => n.stop()));
-    await tracker?.stop();
-    await relay.stop();
-  };
-  try {
-    const queue = kind === 'split' ? ['--queue-max-length', String(SPLIT_QUEUE.length), '--queue-max-wait-ms', String(SPLIT_QUEUE.waitMs)] : [];
-    const t = await startTrackerProc(['--model', `small=${modelUrl}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000', ...queue]);
-    tracker = t;
-    const budget = [...(kind === 'split' ? ['--budget-mb', '60'] : []), ...(maxBatch !== undefined ? ['--max-batch', String(maxBatch)] : [])];
-    // One at a time: each sees the previous ones' spans (split: 0-4, 4-8, 8-12). One ONNX thread each: three processes share the cores.
-    for (let i = 0; i < 3; i++) {
-      const n = await startNode(['--relay', relay.url, '--tracker', t.url, '--model', 'small', '--threads', '1', ...budget]);
-      nodes.push(n);
-      await n.waitFor((e) => e.event === 'serving', 120_000);
-    }
-    await until(async () => {
-      const d = (await (await fetch(`${t.url}/api/dashboard`)).json()) as { nodes: Array<{ status: string; kv: unknown }> };
-      return d.nodes.length === 3 && d.nodes.every((n) => n.status === 'serving' && n.kv !== null);
-    }, 30_000, 'three serving nodes reporting KV');
-    return { kind, relay, tracker: t, nodes, stop };
-  } catch (e) {
-    // Leave no process behind when the mesh does not come up.
-    await stop();
-    throw e;
-  }
-}
 
 function rssKiB(pid: number | undefined): number {
   if (pid === undefined) return NaN;
@@ -201,86 +84,6 @@ function rssOf(m: Mesh): Record<string, number> {
   const out: Record<string, number> = { relay: rssKiB(m.relay.child.pid), tracker: rssKiB(m.tracker.child.pid) };
   m.nodes.forEach((n, i) => (out[`node${i + 1}`] = rssKiB(n.child.pid)));
   return out;
-}
-
-export interface Round {
-  concurrency: number;
-  chats: number;
-  ok: number;
-  status_429: number;
-  status_5xx: number;
-  other_failures: number;
-  /** Successful chats whose text differs from the same prompt alone. */
-  text_mismatches: number;
-  /** 429s that broke the timing rule (queue_full after > 1 s, queue_timeout outside [limit, limit + 1 s]) or came without Retry-After. */
-  bad_429s: number;
-  /** Tokens streamed, over the time from the start to the last successful chat's end. */
-  tokens: number;
-  /** reason and client-side time of each 429: queue_full at once, queue_timeout at the wait limit. */
-  answers_429: Array<{ reason: string; ms: number; retry_after: string | null }>;
-  aggregate_tokens_per_s: number;
-  ttft_p50_ms: number;
-  ttft_p95_ms: number;
-  wall_s: number;
-  /** Time between tokens within a chat, over every successful chat's gaps. */
-  tbt_p50_ms: number;
-  tbt_p95_ms: number;
-}
-
-/** `c` chats at once, `rounds` times; prompts cycle through the topics (so every text has its alone twin). */
-/** What rounds run one at a time add up to (bench/lib/batching.ts interleaves two meshes' rounds). */
-export interface RoundSink {
-  gaps: number[];
-  busyMs: number;
-  tokens: number;
-}
-
-export async function round(m: Mesh, c: number, rounds: number, alone: Map<number, string>, waitLimitMs: number, sink?: RoundSink): Promise<Round> {
-  const all: Array<{ i: number; o: Outcome }> = [];
-  let wall = 0;
-  let busyWall = 0;
-  let tokens = 0;
-  for (let r = 0; r < rounds; r++) {
-    const t0 = performance.now();
-    const outs = await Promise.all(Array.from({ length: c }, (_, k) => chat(m.tracker.url, r * c + k).then((o) => ({ i: (r * c + k) % TOPICS.length, o }))));
-    wall += performance.now() - t0;
-    // Tokens per second while chats ran: up to the last success (a 429 at the wait limit generates nothing).
-    busyWall += Math.max(0, ...outs.filter((x) => x.o.status === 200).map((x) => x.o.ms));
-    tokens += outs.reduce((n, x) => n + x.o.tokens, 0);
-    all.push(...outs);
-  }
-  const ok = all.filter((x) => x.o.status === 200 && !x.o.streamError);
-  const t429 = all.filter((x) => x.o.status === 429);
-  const badTiming = (o: Outcome) => {
-    if (!o.retryAfter || !/^[1-9]\d*$/.test(o.retryAfter)) return true;
-    if (o.reason === 'queue_timeout') return o.ms < waitLimitMs - 50 || o.ms > waitLimitMs + 1000;
-    return o.reason === 'queue_full' ? o.ms > 1000 : false;
-  };
-  const ttfts = ok.map((x) => x.o.ttftMs ?? NaN).filter(Number.isFinite).sort((a, b) => a - b);
-  const gaps = ok.flatMap((x) => x.o.gaps ?? []).sort((a, b) => a - b);
-  if (sink) {
-    sink.gaps.push(...gaps);
-    sink.busyMs += busyWall;
-    sink.tokens += tokens;
-  }
-  return {
-    concurrency: c,
-    chats: all.length,
-    ok: ok.length,
-    tokens,
-    status_429: t429.length,
-    status_5xx: all.filter((x) => x.o.status >= 500 || (x.o.status === 200 && x.o.streamError)).length,
-    other_failures: all.filter((x) => x.o.status !== 200 && x.o.status !== 429 && x.o.status < 500).length,
-    text_mismatches: ok.filter((x) => alone.has(x.i) && x.o.text !== alone.get(x.i)).length,
-    bad_429s: t429.filter((x) => badTiming(x.o)).length,
-    answers_429: t429.map((x) => ({ reason: x.o.reason ?? '?', ms: Math.round(x.o.ms), retry_after: x.o.retryAfter ?? null })),
-    aggregate_tokens_per_s: +(tokens / (busyWall / 1000)).toFixed(2),
-    ttft_p50_ms: +quantile(ttfts, 0.5).toFixed(1),
-    ttft_p95_ms: +quantile(ttfts, 0.95).toFixed(1),
-    wall_s: +(wall / 1000).toFixed(2),
-    tbt_p50_ms: +quantile(gaps, 0.5).toFixed(1),
-    tbt_p95_ms: +quantile(gaps, 0.95).toFixed(1),
-  };
 }
 
 interface Soak {
@@ -304,7 +107,7 @@ async function soak(m: Mesh, seconds: number, clients: number): Promise<Soak> {
   await Promise.all(
     Array.from({ length: clients }, async (_, c) => {
       for (let k = 0; performance.now() < end; k++) {
-        const o = await chat(m.tracker.url, c * 7 + k);
+        const o = await chat(m.tracker.url, c * 7 + k, m.maxTokens);
         chats++;
         if (o.status !== 200 || o.streamError) errors.push(`${o.status} ${o.streamError ?? o.error ?? ''}`.slice(0, 200));
       }
@@ -342,16 +145,16 @@ interface MeshResult {
 
 async function runMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<MeshResult> {
   process.stderr.write(`\n[${kind}] starting relay, tracker and 3 nodes...\n`);
-  const m = await startMesh(kind, modelUrl);
+  const m = await startMesh(kind, modelUrl, { ...(MAX_BATCH !== undefined ? { maxBatch: MAX_BATCH } : {}), maxTokens: MAX_TOKENS });
   try {
     const dash = (await (await fetch(`${m.tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ serving: { start_layer: number; end_layer: number }; kv?: { budget_bytes: number } | null }> };
     const queue = kind === 'split' ? { length: SPLIT_QUEUE.length, wait_ms: SPLIT_QUEUE.waitMs } : { length: 128, wait_ms: 30_000 };
     // Warm every node (graph first runs, sockets), then each prompt alone: the texts every later chat must match.
     process.stderr.write(`[${kind}] warm-up and ${TOPICS.length} chats alone...\n`);
-    await chat(m.tracker.url, 0);
+    await chat(m.tracker.url, 0, m.maxTokens);
     const alone = new Map<number, string>();
     for (let i = 0; i < TOPICS.length; i++) {
-      const o = await chat(m.tracker.url, i);
+      const o = await chat(m.tracker.url, i, m.maxTokens);
       if (o.status !== 200 || o.streamError) throw new Error(`[${kind}] chat ${i} alone failed: ${o.status} ${o.error ?? o.streamError}`);
       alone.set(i, o.text);
     }
@@ -384,17 +187,6 @@ async function runMesh(kind: 'split' | 'replicas', modelUrl: string): Promise<Me
   } finally {
     await m.stop();
   }
-}
-
-export async function aloneTexts(m: Mesh): Promise<Map<number, string>> {
-  await chat(m.tracker.url, 0);
-  const alone = new Map<number, string>();
-  for (let i = 0; i < TOPICS.length; i++) {
-    const o = await chat(m.tracker.url, i);
-    if (o.status !== 200 || o.streamError) throw new Error(`[${m.kind}] chat ${i} alone failed: ${o.status} ${o.error ?? o.streamError}`);
-    alone.set(i, o.text);
-  }
-  return alone;
 }
 
 async function main(): Promise<void> {
@@ -437,11 +229,7 @@ async function main(): Promise<void> {
   writeResult(`${here}results/load.json`, { bench: 'load', label, quick, max_tokens: MAX_TOKENS, load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) }, meshes: results });
 }
 
-// Only as a script: bench/lib/batching.ts imports the mesh helpers from here.
-// Not a top-level await: --batching imports this module back, which must finish evaluating first.
-if (/bench[\\/]load\.ts$/.test(process.argv[1] ?? '')) {
-  main().catch((e: unknown) => {
-    console.error(e);
-    process.exitCode = 1;
-  });
-}
+main().catch((e: unknown) => {
+  console.error(e);
+  process.exitCode = 1;
+});

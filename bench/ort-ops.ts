@@ -1,6 +1,6 @@
 /**
  * Where onnxruntime-node's time goes in one packed batched decode step
- * (issue 11): a plain layer graph of `small` run at B sessions of P past
+ * (docs/architecture.md, "Batching at a hop"): a plain layer graph of `small` run at B sessions of P past
  * rows each, packed as packed-batch.ts does, with ORT's profiler on; per-op
  * kernel time summed by op type, per session.
  *

@@ -1,5 +1,5 @@
 /**
- * Where CPU time per token goes in a batched 3-node mesh (issue 11): one
+ * Where CPU time per token goes in a batched 3-node mesh (docs/architecture.md, "Batching at a hop"): one
  * split mesh (relay, tracker, 3 `meshnet node`, layers 0-4 / 4-8 / 8-12 of
  * `small`, --max-batch 16), N chats at once for a few rounds; per process
  * CPU ms per generated token from /proc/<pid>/stat (user + kernel) over the
@@ -26,7 +26,7 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
-import { aloneTexts, round, startMesh, type RoundSink } from './load.ts';
+import { aloneTexts, round, startMesh, type RoundSink } from './lib/load-mesh.ts';
 import { quantile, writeResult } from './lib/stats.ts';
 import { meshPids, sampleMesh } from './lib/proc-cpu.ts';
 
@@ -98,7 +98,7 @@ async function ortCpu(pids: Array<number | undefined>): Promise<OrtCpu[]> {
 
 async function main(): Promise<void> {
   const st = await startStaticServer({ root: await ensureModel('small') });
-  const m = await startMesh('split', `${st.url}/`, '16');
+  const m = await startMesh('split', `${st.url}/`, { maxBatch: '16', maxTokens: 32 });
   try {
     const alone = await aloneTexts(m);
     await round(m, CHATS, 1, alone, 20_000);

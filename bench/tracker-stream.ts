@@ -1,5 +1,5 @@
 /**
- * The tracker's CPU per streamed token, alone (issue 11: every ms of CPU per
+ * The tracker's CPU per streamed token, alone (every ms of CPU per
  * token outside onnxruntime is throughput on a CPU-bound mesh). A real
  * `meshnet tracker` process; in this process, heads that answer /generate
  * over HTTP at once with scripted tokens (no model, so the tracker is the

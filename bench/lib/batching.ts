@@ -1,5 +1,5 @@
 /**
- * The batching comparison of bench/load.ts (`--batching`, issue 11): two
+ * The batching comparison of bench/load.ts (`--batching`; docs/architecture.md, "Batching at a hop"): two
  * split meshes (3 nodes each, layers 0-4 / 4-8 / 8-12 of `small`, every chat
  * crosses all three) up at once — batching off (`--max-batch 1`) and on —
  * and 1, 2, 4, 8, 16 chats at once, the two meshes' rounds interleaved
@@ -12,7 +12,7 @@
  */
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer } from '../../src/cli/static-server.ts';
-import { aloneTexts, round, startMesh, type Mesh, type RoundSink } from '../load.ts';
+import { aloneTexts, round, startMesh, type Mesh, type RoundSink } from './load-mesh.ts';
 import { fmt, printTable, quantile, writeResult } from './stats.ts';
 import { cpuSpent, meshPids, sampleMesh } from './proc-cpu.ts';
 
@@ -61,7 +61,7 @@ export async function runBatching(o: BatchingOptions): Promise<void> {
     const batches = [1, o.maxBatch];
     for (const mb of batches) {
       process.stderr.write(`\n[batching] --max-batch ${mb}: starting relay, tracker and 3 nodes...\n`);
-      meshes.push(await startMesh('split', `${st.url}/`, String(mb)));
+      meshes.push(await startMesh('split', `${st.url}/`, { maxBatch: String(mb), maxTokens: o.maxTokens }));
     }
     process.stderr.write('[batching] warm-up and every prompt alone, on each mesh...\n');
     const alone = [await aloneTexts(meshes[0]!), await aloneTexts(meshes[1]!)];

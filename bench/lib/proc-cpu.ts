@@ -1,11 +1,11 @@
 /**
  * CPU time of the mesh's processes from /proc/<pid>/stat (Linux): user +
  * kernel ms, and kernel alone. CPU per token is the figure that holds still
- * on a shared machine where wall time moves with the load (issue 11: where
- * the time of a token goes outside onnxruntime).
+ * on a shared machine where wall time moves with the load (where the
+ * time of a token goes outside onnxruntime).
  */
 import { readFileSync } from 'node:fs';
-import type { Mesh } from '../load.ts';
+import type { Mesh } from './load-mesh.ts';
 
 /** USER_HZ: /proc counts CPU time in ticks of 10 ms. */
 const TICK_MS = 10;

@@ -1,7 +1,7 @@
 /**
  * The sampler graph: what a device must send back for the CPU to draw a
  * token at temperature > 0 without the vocabulary's logits (a 152k vocab is
- * 594 KiB of f32 a step; issue 9 allows 64 KiB). It runs on the head's
+ * 594 KiB of f32 a step; the GPU path allows 64 KiB: docs/architecture.md). It runs on the head's
  * logits where they already are (a GPU buffer) and gives, per row:
  *
  *   top_values  f32   [batch, K]  the K = candidates + 1 largest logits, largest first

@@ -21,10 +21,6 @@ type WireFormat = NonNullable<NodeInfo['weight_format']>;
 const _sameFormats: [WeightFormat, WireFormat] extends [WireFormat, WeightFormat] ? true : never = true;
 void _sameFormats;
 
-export function isWeightFormat(v: unknown): v is WeightFormat {
-  return typeof v === 'string' && (WEIGHT_FORMATS as readonly string[]).includes(v);
-}
-
 /** Whether `name` is a matrix the q4 format quantizes: the layers' projections and an untied LM head. */
 export function isQuantizedTensor(name: string, shape: readonly number[]): boolean {
   return shape.length === 2 && (/_proj\.weight$/.test(name) || name === LM_HEAD_TENSOR);

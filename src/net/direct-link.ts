@@ -1,5 +1,5 @@
 /**
- * Direct links: the relay fast path's frames (PROTOCOL.md §4) over one
+ * Direct links: the relay fast path's frames (docs/protocol.md §4) over one
  * WebSocket straight to a node that accepts connections (`GET /link` on a
  * Node.js node's endpoint), with no relay process in between.
  *

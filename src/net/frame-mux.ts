@@ -1,5 +1,5 @@
 /**
- * A frame multiplexer over one open WebSocket (PROTOCOL.md §2, §4): many
+ * A frame multiplexer over one open WebSocket (docs/protocol.md §2, §4): many
  * requests in both directions at once, each on its own stream.
  *
  *   socket ──▶ REQUEST, CANCEL, relay-http-request ──▶ MuxBridge ──▶ handler
@@ -22,22 +22,9 @@ import type { MeshReply } from '../protocol/envelopes.ts';
 import type { MeshHandler, MeshStreamReply, OutgoingRequest, RelayLogEntry, RequestOptions } from './contract.ts';
 import { MuxBridge } from './mux-bridge.ts';
 import { MuxCaller } from './mux-caller.ts';
+import type { MuxPort } from './mux-port.ts';
 import type { MuxOptions } from './relay-options.ts';
 import { SendGate, WS_OPEN, messageBytes, type SocketMessageEvent, type WebSocketLike } from './socket.ts';
-
-/** What the bridge and the caller share of their mux. */
-export interface MuxPort {
-  readonly options: MuxOptions;
-  readonly gate: SendGate;
-  readonly closed: boolean;
-  /** Send on the socket; never throws: a lost answer is logged (the far side answers its caller 502). */
-  send(data: string | Uint8Array, streamId?: number, requestId?: string): Promise<void> | void;
-  log(entry: RelayLogEntry): void;
-  /** Make sure a sweep runs by `deadline` (give or take SWEEP_SLACK_MS). */
-  armSweep(deadline: number): void;
-  /** Nothing pending: drop the timer, so an idle connection holds none (and keeps no process alive). */
-  maybeDisarmSweep(): void;
-}
 
 export interface FrameMuxInit {
   options: MuxOptions;

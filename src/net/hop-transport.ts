@@ -1,5 +1,5 @@
 /**
- * How the head reaches one downstream hop (PROTOCOL.md §5): the relay fast
+ * How the head reaches one downstream hop (docs/protocol.md §5): the relay fast
  * path over its own persistent `/ws` connection when the hop sits on the same
  * relay, a kept-open `/rpc/<peer_id>` socket (ADR-0014's path, for a hop on an
  * ADR-era or other relay), or direct HTTP to the hop's `endpoint`. When one

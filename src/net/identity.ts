@@ -107,7 +107,7 @@ export class Identity {
     return new Uint8Array(await crypto.subtle.sign(ED25519, this.privateKey, asBuffer(bytes)));
   }
 
-  /** The `register` answer to a relay's challenge (PROTOCOL.md §1). */
+  /** The `register` answer to a relay's challenge (docs/protocol.md §1). */
   async registerMessage(nonce: string, info: Record<string, unknown>): Promise<{ type: 'register'; public_key: string; signature: string; info: Record<string, unknown> }> {
     const signature = await this.sign(registrationMessage(nonce));
     return { type: 'register', public_key: encodeBase64Url(this.publicKey), signature: encodeBase64Url(signature), info };

@@ -10,7 +10,7 @@ import { MeshError } from '../protocol/errors.ts';
 import { FLAG_CALLER_GONE, FLAG_END, FLAG_ONE_WAY, FrameError, FrameKind, decodeFrame, encodeDataFrame, encodeErrorFrame, encodeResponseFrame, encodeStreamErrorFrame, type RequestFrame } from '../protocol/frames.ts';
 import { normalizeHeaders, type HeaderMap } from '../protocol/headers.ts';
 import type { MeshHandler } from './contract.ts';
-import type { MuxPort } from './frame-mux.ts';
+import type { MuxPort } from './mux-port.ts';
 import { trace } from '../protocol/trace.ts';
 
 const EMPTY = new Uint8Array(0);

@@ -13,7 +13,7 @@ import type { HeaderMap } from '../protocol/headers.ts';
 import { hexToBytes, isPeerId } from '../protocol/ids.ts';
 import { concatBytes } from '../protocol/bytes.ts';
 import type { MeshStreamReply, OutgoingRequest, RequestOptions } from './contract.ts';
-import type { MuxPort } from './frame-mux.ts';
+import type { MuxPort } from './mux-port.ts';
 
 const EMPTY = new Uint8Array(0);
 const NOOP = (): void => {};

@@ -1,6 +1,6 @@
 /**
  * The relay dialer: this node's persistent connection to a relay
- * (PROTOCOL.md §1): connect, register, reconnect.
+ * (docs/protocol.md §1): connect, register, reconnect.
  *
  *   peer                                relay
  *    |  ---- open ws(s)://RELAY/ws ---->  |
@@ -416,8 +416,9 @@ export class RelayClient {
     const socket = dial.socket;
     socket.onmessage = null;
     socket.onclose = null;
-    // Not null: closing a socket that is still connecting makes `ws` emit 'error', and an error nobody listens to ends a Node process.
-    socket.onerror = () => {};
+    // Not null: `ws` reports a close() before the handshake ended as an 'error' event, and one with
+    // no listener is an uncaught exception (a LinkPool closed while a link was still dialling).
+    socket.onerror = ignoreError;
     if (closeReason === undefined) return;
     try {
       if (socket.readyState <= WS_OPEN) socket.close(1000, closeReason.slice(0, 120));
@@ -489,3 +490,5 @@ export class RelayClient {
     }
   }
 }
+
+function ignoreError(): void {}

@@ -1,5 +1,5 @@
 /**
- * The ADR-0014 path (PROTOCOL.md §3): a caller opens `ws(s)://RELAY/rpc/<peer_id>`
+ * The ADR-0014 path (docs/protocol.md §3): a caller opens `ws(s)://RELAY/rpc/<peer_id>`
  * and exchanges JSON `{request_id, method, path, headers, body_base64|body}`
  * messages. It works with any ADR-era relay; the fast path of RelayClient is
  * preferred when both ends speak it.

@@ -5,10 +5,8 @@
  */
 import { MeshError } from '../protocol/errors.ts';
 
-export const WS_CONNECTING = 0;
+/** WebSocket.OPEN (the other readyStates are never compared with). */
 export const WS_OPEN = 1;
-export const WS_CLOSING = 2;
-export const WS_CLOSED = 3;
 
 /** Only `data` is read: browser and `ws` events differ in everything else. */
 export interface SocketMessageEvent {

@@ -37,6 +37,8 @@ export interface TrackerClientInit {
   requestTimeoutMs?: number;
   /** How long a head keeps asking for a replacement span while the tracker answers 503 (no node covers it yet). @defaultValue 30000 */
   replaceDeadlineMs?: number;
+  /** The tracker's list of quarantined nodes, with each register and heartbeat answer that carries one (docs/verification.md). */
+  onDistrust?: (list: ReadonlyArray<{ peer_id: string; until: number }>) => void;
 }
 
 /** Answer to a heartbeat: a new assignment when the tracker moved the node, else nothing new. Unknown fields are ignored. */
@@ -45,6 +47,7 @@ const heartbeatAnswerSchema = z
     assignment: assignmentSchema.nullable().optional(),
     heartbeat_interval_ms: z.number().int().positive().optional(),
     tracker_public_key: z.string().optional(),
+    distrust: z.array(z.object({ peer_id: z.string(), until: z.number() })).max(10_000).optional(),
   })
   .loose();
 const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
@@ -221,7 +224,24 @@ export class TrackerClient {
     const p = registerAnswerSchema.safeParse(json);
     if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker register answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
     this.trackerKey = decodeBase64Url(p.data.tracker_public_key);
+    if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     return p.data;
+  }
+
+  /** A planned check this head could not run (src/verify/evidence.ts SkippedCheck), signed. */
+  async reportSkipped(skipped: unknown): Promise<unknown> {
+    const { status, json } = await this.post('/api/checks/skipped', await signBody(this.init.identity, skipped));
+    if (status !== 200) this.fail('/api/checks/skipped', status, json);
+    return json;
+  }
+
+  /** A check's evidence (src/verify/evidence.ts), signed by this head: the tracker's verdict, and who is distrusted now. */
+  async reportCheck(report: unknown): Promise<unknown> {
+    const { status, json } = await this.post('/api/checks/report', await signBody(this.init.identity, report));
+    if (status !== 200) this.fail('/api/checks/report', status, json);
+    const distrust = (json as { distrust?: Array<{ peer_id: string; until: number }> } | undefined)?.distrust;
+    if (Array.isArray(distrust)) this.init.onDistrust?.(distrust);
+    return json;
   }
 
   /** Throws NotRegisteredError on 404 (the tracker restarted and forgot us). */
@@ -232,6 +252,7 @@ export class TrackerClient {
     const p = heartbeatAnswerSchema.safeParse(json ?? {});
     if (!p.success) return {};
     if (p.data.tracker_public_key) this.trackerKey = decodeBase64Url(p.data.tracker_public_key);
+    if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     const out: HeartbeatAnswer = {};
     if (p.data.assignment !== undefined) out.assignment = p.data.assignment;
     if (p.data.heartbeat_interval_ms !== undefined) out.heartbeatIntervalMs = p.data.heartbeat_interval_ms;

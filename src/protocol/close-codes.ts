@@ -1,6 +1,6 @@
 /**
  * WebSocket close codes of the relay's `/ws` and a node's `/link`
- * (PROTOCOL.md §8; 4000–4999 is the application range).
+ * (docs/protocol.md §8; 4000–4999 is the application range).
  */
 export const CLOSE = {
   normal: 1000,

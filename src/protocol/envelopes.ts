@@ -1,5 +1,5 @@
 /**
- * JSON messages of PROTOCOL.md §1–3, as zod schemas and the types inferred
+ * JSON messages of docs/protocol.md §1–3, as zod schemas and the types inferred
  * from them. Everything a socket receives is parsed through these before use.
  */
 import { z } from 'zod';

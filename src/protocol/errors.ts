@@ -60,10 +60,6 @@ export class MeshError extends Error {
   }
 }
 
-export function isMeshError(e: unknown): e is MeshError {
-  return e instanceof MeshError;
-}
-
 export function isMeshErrorCode(code: unknown): code is MeshErrorCode {
   return typeof code === 'string' && Object.prototype.hasOwnProperty.call(ERROR_STATUS, code);
 }

@@ -1,5 +1,5 @@
 /**
- * The fast path's binary frames (PROTOCOL.md §4, docs/protocol.md "Frames").
+ * The fast path's binary frames (docs/protocol.md §4).
  *
  *   0        1        2        3        4                8
  *   +--------+--------+--------+--------+----------------+

@@ -1,4 +1,4 @@
-/** Header names of the node HTTP surface (PROTOCOL.md §5), lowercase. */
+/** Header names of the node HTTP surface (docs/protocol.md §5), lowercase. */
 export const H = {
   shape: 'x-meshnet-shape',
   dtype: 'x-meshnet-dtype',

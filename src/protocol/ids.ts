@@ -30,7 +30,10 @@ export function randomHex(bytes = 8): string {
   return bytesToHex(crypto.getRandomValues(new Uint8Array(bytes)));
 }
 
-/** The exact bytes a peer signs to register (PROTOCOL.md §1). */
+/** The exact bytes a peer signs to register (docs/protocol.md §1). */
 export function registrationMessage(nonce: string): Uint8Array {
   return new TextEncoder().encode(`meshnet-register:${nonce}`);
 }
+
+/** A KV session id (`x-meshnet-session`, `DELETE /sessions/<id>`): ids travel in headers and paths, so they are short and printable. */
+export const SESSION_ID_RE = /^[A-Za-z0-9._:-]{1,128}$/;

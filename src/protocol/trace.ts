@@ -1,6 +1,6 @@
 /**
- * A per-step timeline across processes (issue 11: where a hop's fixed cost
- * goes). Off unless a host installs a sink (`MESHNET_TRACE=path` in the
+ * A per-step timeline across processes (where a hop's fixed cost goes:
+ * docs/architecture.md). Off unless a host installs a sink (`MESHNET_TRACE=path` in the
  * Node.js CLI: src/cli/trace-file.ts); then the data path stamps each stage
  * of a step — frame received, handler start, span start/end, push sent,
  * token received, NDJSON written — with the time and the step's session and

@@ -59,7 +59,7 @@ export const nodeStatsSchema = z.object({
   kv_block_tokens: z.number().int().positive().optional(),
   /** Positions one session may reach on this node (its context). */
   kv_max_tokens: z.number().int().positive().optional(),
-  /** Forward runs by batch size since the span loaded: batch_sizes[n] = runs of n sessions' steps (index 0 unused; issue 11). */
+  /** Forward runs by batch size since the span loaded: batch_sizes[n] = runs of n sessions' steps (index 0 unused). */
   batch_sizes: z.array(z.number().int().nonnegative()).max(1025).optional(),
 });
 export type NodeStats = z.infer<typeof nodeStatsSchema>;
@@ -124,6 +124,11 @@ export const registerAnswerSchema = z.object({
   heartbeat_interval_ms: z.number().int().positive(),
   /** base64url raw Ed25519 key the tracker signs routes with. */
   tracker_public_key: z.string(),
+  /**
+   * Nodes under quarantine now (found lying by a check, docs/verification.md): a head stops using them
+   * at once (it replaces the hop by its usual replay). Optional: older trackers send none.
+   */
+  distrust: z.array(z.object({ peer_id: peerId, until: z.number().int() })).max(10_000).optional(),
 });
 export type RegisterAnswer = z.infer<typeof registerAnswerSchema>;
 

@@ -168,7 +168,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     if (!v.ok) return refuse(v.close, v.reason);
     const peer = table.addPeer(socket, v.id, v.info);
     if (!('id' in peer)) return refuse(peer.close, peer.reason);
-    // `features`: what this relay forwards beyond PROTOCOL.md §4 (peers of older relays see none and never send one-way frames).
+    // `features`: what this relay forwards beyond docs/protocol.md §4 (peers of older relays see none and never send one-way frames).
     socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}`, features: [ONE_WAY_FEATURE] }));
     return peer;
   }

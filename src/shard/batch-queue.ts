@@ -1,5 +1,5 @@
 /**
- * Batching at a hop (issue 11): an executor's forward queue that runs the
+ * Batching at a hop (docs/architecture.md): an executor's forward queue that runs the
  * queued decode steps of different sessions together, as one batch.
  *
  *   forward(a) ─┐                 ┌─ runOne(a)            (the executor was free)

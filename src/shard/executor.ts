@@ -15,19 +15,18 @@
  */
 import type { ModelConfig } from '../model/config.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
-import { IO, buildEmbedGraph, buildHeadGraph, buildLayersGraph, maskValue, type GraphDtype, type WeightSource } from '../model/graph.ts';
+import { IO, buildEmbedGraph, buildHeadGraph, buildLayersGraph, maskValue, type GraphDtype } from '../model/graph.ts';
 import { ropeInvFreq, ropeTables } from '../model/rope.ts';
-import { firstNonFinite } from '../protocol/tensor.ts';
 import type { BackendSessionOptions, BackendTensor, OnnxBackend, OnnxSession } from './backend.ts';
-import { PositionMismatchError, badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { packedBatchKey, runPackedBatch, type BatchLayoutChoice } from './packed-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
-import { CpuKvStorage, executorKvStore, kvBudgetFor, kvBytesPerToken, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
-import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
-
-/** Supplies the tensors one graph needs, by HF name; called once per graph, so a host can fetch just those bytes. */
-export type WeightLoader = (names: readonly string[]) => WeightSource | Promise<WeightSource>;
+import type { ForwardRequest, ForwardResult, SpanExecutor, WeightLoader } from './contract.ts';
+import { checkForwardInput, gatherRows } from './forward-input.ts';
+import { CpuKvStorage, kvBytesPerToken, type KvSession, type KvStats } from './kv-store.ts';
+import { sampleToken } from './sampling.ts';
+import { checkSpan, segmentBounds, segmentSpan, type Segment } from './segments.ts';
+import { SessionKv, type ExecutorKvOptions } from './session-kv.ts';
 
 export interface ShardExecutorOptions extends ExecutorKvOptions {
   config: ModelConfig;
@@ -45,7 +44,7 @@ export interface ShardExecutorOptions extends ExecutorKvOptions {
   segmentBoundaries?: number[];
   sessionOptions?: BackendSessionOptions;
   /**
-   * Most one-token steps of different sessions run as one batch (issue 11);
+   * Most one-token steps of different sessions run as one batch (docs/architecture.md, "Batching at a hop");
    * 1 runs every request alone. @defaultValue 16 (DEFAULT_MAX_BATCH)
    */
   maxBatch?: number;
@@ -58,37 +57,7 @@ export interface ShardExecutorOptions extends ExecutorKvOptions {
   batchJoin?: boolean;
 }
 
-export interface ForwardRequest {
-  /** KV session id; absent: a stateless forward over the whole sequence (position 0, nothing kept). */
-  session?: string;
-  /** Tokens the session's cache holds before this call. 0 restarts the session. */
-  position?: number;
-  /**
-   * Positions the session will reach at most (prompt + max_tokens), given
-   * when it opens (position 0): its KV room is reserved up front, or the
-   * call fails at once with 503 MESH_ERR_BUSY. Absent: room grows by blocks.
-   */
-  sessionTokens?: number;
-  startLayer?: number;
-  endLayer?: number;
-  /** Input activation [1, seq, hidden], row-major. */
-  activation?: { data: Float32Array; shape: readonly number[] };
-  /** Token ids, when this shard holds the embedding and starts at layer 0. */
-  tokenIds?: readonly number[];
-  sampling?: SamplingParams;
-}
-
-export type ForwardResult =
-  | { kind: 'activation'; data: Float32Array; shape: [1, number, number] }
-  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array };
-
-interface Segment {
-  start: number;
-  end: number;
-  session: OnnxSession;
-}
-
-export class ShardExecutor {
+export class ShardExecutor implements SpanExecutor {
   readonly config: ModelConfig;
   readonly startLayer: number;
   readonly endLayer: number;
@@ -96,7 +65,7 @@ export class ShardExecutor {
   readonly maxContext: number;
   /** Bytes of weights held by this shard's graphs. */
   readonly weightBytes: number;
-  private readonly kv: KvStore;
+  private readonly kv: SessionKv;
   private readonly invFreq: Float64Array;
   /** Forwards run one batch at a time: KV positions advance in request order. */
   private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
@@ -117,7 +86,7 @@ export class ShardExecutor {
     this.weightBytes = weightBytes;
     this.invFreq = ropeInvFreq(o.config);
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, elem: this.dtype };
-    this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: kvBytesPerToken(shape), maxContext, weightBytes }, new CpuKvStorage(shape));
+    this.kv = new SessionKv(o, { startLayer: o.startLayer, endLayer: o.endLayer, maxContext, bytesPerToken: kvBytesPerToken(shape), heldBytes: weightBytes }, new CpuKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
     const scratch = new BatchScratch();
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
@@ -140,13 +109,9 @@ export class ShardExecutor {
   static async create(o: ShardExecutorOptions): Promise<ShardExecutor> {
     const cfg = o.config;
     const { startLayer: a, endLayer: b } = o;
-    if (!(Number.isInteger(a) && Number.isInteger(b) && 0 <= a && a < b && b <= cfg.numLayers)) {
-      throw new RangeError(`layer range [${a}, ${b}) is not inside 0..${cfg.numLayers}`);
-    }
+    checkSpan(cfg.numLayers, a, b);
     const maxContext = o.maxContext ?? Math.min(cfg.maxPositionEmbeddings, 2048);
-    const cuts = o.segmentBoundaries ?? Array.from({ length: b - a - 1 }, (_, i) => a + i + 1);
-    const bounds = [a, ...[...new Set(cuts)].sort((x, y) => x - y), b];
-    if (bounds.some((v, i) => i > 0 && v <= bounds[i - 1]!)) throw new RangeError(`segment boundaries ${cuts.join(',')} must lie strictly inside (${a}, ${b})`);
+    const bounds = segmentBounds(a, b, o.segmentBoundaries ?? Array.from({ length: b - a - 1 }, (_, i) => a + i + 1));
     const graphOpts = { dtype: o.dtype ?? 'f32' } as const;
 
     const opened: OnnxSession[] = [];
@@ -200,18 +165,16 @@ export class ShardExecutor {
 
   /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
   setMemoryBudget(bytes: number): void {
-    this.kv.setBudget(kvBudgetFor(bytes, this.weightBytes));
+    this.kv.setMemoryBudget(bytes);
   }
-
 
   /** Tokens a session's cache holds at `layer` (default: the first held layer); 0 when unknown. */
   sessionLength(id: string, layer = this.startLayer): number {
-    const s = this.kv.get(id);
-    return s ? s.lengths[layer - this.startLayer]! : 0;
+    return this.kv.length(id, layer);
   }
 
   dropSession(id: string): boolean {
-    return this.kv.delete(id);
+    return this.kv.drop(id);
   }
 
   /** Queues the request; one-token session steps queued together run as one batch (packed-batch.ts). */
@@ -233,65 +196,19 @@ export class ShardExecutor {
   private async forwardNow(req: ForwardRequest): Promise<ForwardResult> {
     const cfg = this.config;
     const held = { startLayer: this.startLayer, endLayer: this.endLayer };
-    const start = req.startLayer ?? this.startLayer;
-    const end = req.endLayer ?? this.endLayer;
-    if (!(Number.isInteger(start) && Number.isInteger(end) && this.startLayer <= start && start < end && end <= this.endLayer)) {
-      throw layerRangeError(`layers [${start}, ${end}) are not within the held range [${this.startLayer}, ${this.endLayer})`, held);
-    }
-    const first = this.segments.findIndex((s) => s.start === start);
-    const last = this.segments.findIndex((s) => s.end === end);
-    if (first < 0 || last < 0) throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
-    if (req.sampling) validateSampling(req.sampling);
+    const input = checkForwardInput(cfg, { ...held, holdsEmbedding: this.embed !== null, maxContext: this.maxContext }, req);
+    const { start, end, seq, position } = input;
+    const { first, last } = segmentSpan(this.segments, start, end, held);
 
     // Input: token ids (embedding) or an activation.
     let hidden: Float32Array;
-    let seq: number;
-    if (req.tokenIds !== undefined) {
-      if (req.activation) throw badRequestError('give token ids or an activation, not both');
-      if (!this.embed || start !== 0) throw layerRangeError('token ids need the embedding, held only by the shard of layer 0 starting there', held);
-      seq = req.tokenIds.length;
-      if (seq === 0) throw badShapeError('no token ids');
-      const ids = new BigInt64Array(seq);
-      req.tokenIds.forEach((t, i) => {
-        if (!(Number.isInteger(t) && t >= 0 && t < cfg.vocabSize)) throw badRequestError(`token id ${t} is outside 0..${cfg.vocabSize - 1}`);
-        ids[i] = BigInt(t);
-      });
-      const out = await this.embed.run({ [IO.inputIds]: { type: 'int64', data: ids, dims: [1, seq] } });
+    if (input.kind === 'tokens') {
+      const out = await this.embed!.run({ [IO.inputIds]: { type: 'int64', data: input.ids, dims: [1, seq] } });
       hidden = out[IO.hiddenOut]!.data as Float32Array;
-    } else if (req.activation) {
-      const { data, shape } = req.activation;
-      if (shape.length !== 3 || shape[0] !== 1 || shape[2] !== cfg.hiddenSize || !Number.isInteger(shape[1]) || shape[1]! < 1) {
-        throw badShapeError(`activation shape [${shape.join(',')}] is not [1, seq, ${cfg.hiddenSize}]`);
-      }
-      seq = shape[1]!;
-      if (data.length !== seq * cfg.hiddenSize) throw badShapeError(`activation has ${data.length} values, shape [${shape.join(',')}] needs ${seq * cfg.hiddenSize}`);
-      const bad = firstNonFinite(data);
-      if (bad >= 0) throw nonFiniteError(bad, data[bad]!);
-      hidden = data;
-    } else throw badRequestError('no input: give token ids or an activation');
+    } else hidden = input.data;
 
     // Cache: the session's buffers (room reserved by the KV ledger), or an empty past for a stateless call.
-    const position = req.position ?? 0;
-    if (!(Number.isInteger(position) && position >= 0)) throw badRequestError(`position ${position} is not a non-negative integer`);
-    const declared = req.sessionTokens;
-    if (declared !== undefined && !(Number.isInteger(declared) && declared >= 0)) throw badRequestError(`session tokens ${declared} is not a non-negative integer`);
-    let kv: KvSession | null = null;
-    if (req.session !== undefined) {
-      if (position + seq > this.maxContext) throw tooLargeError(`positions up to ${position + seq} exceed the context of ${this.maxContext}`);
-      // Admission happens here, before any compute: a refusal costs the caller one round trip.
-      kv = position === 0 ? await this.kv.open(req.session, Math.min(this.maxContext, Math.max(seq, declared ?? 0))) : (this.kv.get(req.session) ?? null);
-      if (!kv) throw new PositionMismatchError(req.session, position, 0);
-      if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = 0;
-      let actual = Infinity;
-      for (let l = start; l < end; l++) actual = Math.min(actual, kv.lengths[l - this.startLayer]!);
-      for (let l = start; l < end; l++) if (kv.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(req.session, position, actual);
-      // Past its room (an undeclared session, or one outgrowing its declaration): whole blocks more, or 503.
-      let held = 0;
-      for (const n of kv.lengths) held = Math.max(held, n);
-      await this.kv.ensure(kv, position + seq, held);
-    } else if (position !== 0) {
-      throw badRequestError('a stateless forward (no session) starts at position 0');
-    } else if (seq > this.maxContext) throw tooLargeError(`${seq} tokens exceed the context of ${this.maxContext}`);
+    const kv: KvSession | null = req.session !== undefined ? await this.kv.reserve(req.session, start, end, position, seq, req.sessionTokens) : null;
 
     const { numKvHeads: KV, headDim: D } = cfg;
     const rowElems = KV * D;
@@ -328,6 +245,11 @@ export class ShardExecutor {
     // Lengths move only once every layer of the call has written its rows.
     if (kv) for (let l = start; l < end; l++) kv.lengths[l - this.startLayer] = position + seq;
 
+    if (end === cfg.numLayers && this.head && req.logitRows) {
+      const rows = req.logitRows;
+      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: gatherRows(hidden, seq, cfg.hiddenSize, rows), dims: [1, rows.length, cfg.hiddenSize] } });
+      return { kind: 'logits', rows, data: out[IO.logits]!.data as Float32Array };
+    }
     if (end === cfg.numLayers && this.head) {
       const h = cfg.hiddenSize;
       const lastRow = hidden.subarray((seq - 1) * h, seq * h);

@@ -7,18 +7,8 @@
 import type { ModelConfig } from '../model/config.ts';
 import { firstNonFinite } from '../protocol/tensor.ts';
 import { badRequestError, badShapeError, layerRangeError, nonFiniteError, tooLargeError } from './errors.ts';
-import { validateSampling, type SamplingParams } from './sampling.ts';
-
-export interface ForwardRequestLike {
-  session?: string;
-  position?: number;
-  sessionTokens?: number;
-  startLayer?: number;
-  endLayer?: number;
-  activation?: { data: Float32Array; shape: readonly number[] };
-  tokenIds?: readonly number[];
-  sampling?: SamplingParams;
-}
+import { validateSampling } from './sampling.ts';
+import type { ForwardRequest } from './contract.ts';
 
 export interface HeldSpan {
   startLayer: number;
@@ -31,7 +21,7 @@ export type ForwardInput =
   | { kind: 'tokens'; ids: BigInt64Array; seq: number; start: number; end: number; position: number }
   | { kind: 'activation'; data: Float32Array; seq: number; start: number; end: number; position: number };
 
-export function checkForwardInput(cfg: ModelConfig, held: HeldSpan, req: ForwardRequestLike): ForwardInput {
+export function checkForwardInput(cfg: ModelConfig, held: HeldSpan, req: ForwardRequest): ForwardInput {
   const span = { startLayer: held.startLayer, endLayer: held.endLayer };
   const start = req.startLayer ?? held.startLayer;
   const end = req.endLayer ?? held.endLayer;
@@ -73,4 +63,14 @@ export function checkForwardInput(cfg: ModelConfig, held: HeldSpan, req: Forward
     throw tooLargeError(req.session === undefined ? `${input.seq} tokens exceed the context of ${held.maxContext}` : `positions up to ${position + input.seq} exceed the context of ${held.maxContext}`);
   }
   return input;
+}
+
+/** The hidden rows `rows` of [seq, hidden] gathered into one [rows.length, hidden] buffer; a bad index is the caller's error. */
+export function gatherRows(hidden: Float32Array, seq: number, width: number, rows: readonly number[]): Float32Array {
+  const out = new Float32Array(rows.length * width);
+  rows.forEach((r, i) => {
+    if (!(Number.isInteger(r) && r >= 0 && r < seq)) throw badRequestError(`logit row ${r} is outside the call's ${seq} rows`);
+    out.set(hidden.subarray(r * width, (r + 1) * width), i * width);
+  });
+  return out;
 }

@@ -21,21 +21,20 @@ import { IO } from '../model/graph.ts';
 import { FUSED_IO, HEAD_IO } from '../model/fused-graph.ts';
 import type { ModelConfig } from '../model/config.ts';
 import { hostData, isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxSession, type RunValue } from './backend.ts';
-import type { ForwardRequest, ForwardResult } from './executor.ts';
+import type { ForwardRequest, ForwardResult } from './contract.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession } from './kv-store.ts';
 import type { KvBuffer, LayerKv } from './layer-kv.ts';
-import { runMembers } from './batch-members.ts';
+import { batchActivations, batchTokens, runMembers } from './batch-members.ts';
 import type { BatchScratch } from './batch-scratch.ts';
-import { sampleToken } from './sampling.ts';
-import { layerRangeError } from './errors.ts';
+import { segmentSpan, type Segment } from './segments.ts';
 
 export interface FusedBatchContext {
   config: ModelConfig;
   startLayer: number;
   endLayer: number;
   maxContext: number;
-  segments: ReadonlyArray<{ start: number; end: number; session: OnnxSession }>;
+  segments: readonly Segment[];
   embed: OnnxSession | null;
   head: OnnxSession | null;
   device: DeviceMemory | undefined;
@@ -51,6 +50,8 @@ export interface FusedBatchContext {
  */
 export function fusedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
   if (req.session === undefined || !((req.position ?? 0) > 0)) return undefined;
+  // Logits of chosen rows (a check) come from the lone path only.
+  if (req.logitRows) return undefined;
   const rows = req.tokenIds !== undefined ? req.tokenIds.length : req.activation?.shape[1];
   if (rows !== 1) return undefined;
   return `${req.startLayer ?? held.startLayer}-${req.endLayer ?? held.endLayer}-${req.tokenIds !== undefined ? 'tokens' : 'activation'}`;
@@ -69,9 +70,7 @@ export function runFusedBatch(ctx: FusedBatchContext, reqs: readonly ForwardRequ
     const req = reqs[index]!;
     const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
     if (input.seq !== 1 || req.session === undefined) throw new RangeError('a fused batch takes one-row session steps only');
-    if (ctx.segments.findIndex((s) => s.start === input.start) < 0 || ctx.segments.findIndex((s) => s.end === input.end) < 0) {
-      throw layerRangeError(`layers [${input.start}, ${input.end}) do not start and end on this shard's graph boundaries`, held);
-    }
+    segmentSpan(ctx.segments, input.start, input.end, held);
     const kv = await ctx.reserve(req.session, input.start, input.end, input.position, 1, req.sessionTokens);
     return { index, req, input, kv };
   };
@@ -144,16 +143,9 @@ async function runItems(ctx: FusedBatchContext, items: Item[]): Promise<ForwardR
     if (end === cfg.numLayers && ctx.head) {
       const out = await ctx.head.runWith({ [HEAD_IO.hidden]: hidden });
       owned.push(out[HEAD_IO.logits]!); // on the device (the head keeps them there): freed below
-      const all = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
-      const V = cfg.vocabSize;
-      return items.map((it, i) => {
-        const logits = all.slice(i * V, (i + 1) * V);
-        const { tokenId, logprob } = sampleToken(logits, it.req.sampling ?? {}, it.input.position + 1);
-        return { kind: 'token', tokenId, logprob, logits };
-      });
+      return batchTokens((await hostData(out[HEAD_IO.logits]!)) as Float32Array, cfg.vocabSize, items);
     }
-    const data = (await hostData(hidden)) as Float32Array;
-    return items.map((_, i) => ({ kind: 'activation', data: data.slice(i * h, (i + 1) * h), shape: [1, 1, h] }));
+    return batchActivations((await hostData(hidden)) as Float32Array, h, items.length);
   } finally {
     for (const t of owned) if (isDeviceTensor(t)) t.dispose();
     for (const b of gathered) if (!(b instanceof Float32Array)) b.dispose();

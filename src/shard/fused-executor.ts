@@ -30,13 +30,15 @@ import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes
 import type { Q4Matrix } from '../model/quantize.ts';
 import { hostData, isDeviceTensor, type BackendSessionOptions, type BackendTensor, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
 import { MeshError } from '../protocol/errors.ts';
-import { PositionMismatchError, layerRangeError } from './errors.ts';
-import type { ForwardRequest, ForwardResult, WeightLoader } from './executor.ts';
-import { checkForwardInput } from './forward-input.ts';
+import { layerRangeError } from './errors.ts';
+import type { ForwardRequest, ForwardResult, SpanExecutor, WeightLoader } from './contract.ts';
+import { checkForwardInput, gatherRows } from './forward-input.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
-import { executorKvStore, kvBudgetFor, type ExecutorKvOptions, type KvSession, type KvStats, type KvStore } from './kv-store.ts';
+import type { KvSession, KvStats } from './kv-store.ts';
+import { checkSpan, segmentBounds, segmentSpan, type Segment } from './segments.ts';
+import { SessionKv, type ExecutorKvOptions } from './session-kv.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
 import { CaptureLane, uploadWeights, withWeights, type CaptureStats, type LaneSegment } from './capture-lane.ts';
 import type { DeviceSamplingStats } from './device-sampler.ts';
@@ -96,15 +98,9 @@ export interface FusedExecutorOptions extends ExecutorKvOptions {
   samplerChoice?: SamplerChoice;
 }
 
-interface Segment {
-  start: number;
-  end: number;
-  session: OnnxSession;
-}
-
 const STATELESS = '\u0000stateless';
 
-export class FusedShardExecutor {
+export class FusedShardExecutor implements SpanExecutor {
   readonly config: ModelConfig;
   readonly startLayer: number;
   readonly endLayer: number;
@@ -117,7 +113,7 @@ export class FusedShardExecutor {
   readonly onDevice: boolean;
   /** See FusedExecutorOptions.returnLogits; may be changed between calls. */
   returnLogits: boolean;
-  private readonly kv: KvStore<LayerKv>;
+  private readonly kv: SessionKv<LayerKv>;
   /** Forwards run one batch at a time: KV positions advance in request order. */
   private readonly batches: BatchQueue<ForwardRequest, ForwardResult>;
   private lostReason: string | null = null;
@@ -155,7 +151,7 @@ export class FusedShardExecutor {
     });
     this.lost.catch(() => undefined); // rejected for callers racing it; unobserved otherwise
     const shape = { layers: o.endLayer - o.startLayer, kvHeads: o.config.numKvHeads, headDim: o.config.headDim, ...(o.backend.device ? { device: o.backend.device } : {}) };
-    this.kv = executorKvStore(o, { layers: shape.layers, bytesPerToken: layerKvBytesPerToken(shape), maxContext, weightBytes: weightBytes + laneBytes }, new LayerKvStorage(shape));
+    this.kv = new SessionKv(o, { startLayer: o.startLayer, endLayer: o.endLayer, maxContext, bytesPerToken: layerKvBytesPerToken(shape), heldBytes: weightBytes + laneBytes }, new LayerKvStorage(shape));
     const held = { startLayer: o.startLayer, endLayer: o.endLayer };
     const scratch = new BatchScratch();
     this.batches = new BatchQueue<ForwardRequest, ForwardResult>(
@@ -188,11 +184,9 @@ export class FusedShardExecutor {
   static async create(o: FusedExecutorOptions): Promise<FusedShardExecutor> {
     const cfg = o.config;
     const { startLayer: a, endLayer: b } = o;
-    if (!(Number.isInteger(a) && Number.isInteger(b) && 0 <= a && a < b && b <= cfg.numLayers)) {
-      throw new RangeError(`layer range [${a}, ${b}) is not inside 0..${cfg.numLayers}`);
-    }
+    checkSpan(cfg.numLayers, a, b);
     const maxContext = o.maxContext ?? Math.min(cfg.maxPositionEmbeddings, 2048);
-    const bounds = segmentBounds(cfg, a, b, o);
+    const bounds = fusedSegmentBounds(cfg, a, b, o);
     const device = o.backend.device !== undefined;
     const sessionOptions = (deviceOutputs: string[]): BackendSessionOptions => ({ ...o.sessionOptions, ...(device ? { deviceOutputs } : {}) });
 
@@ -255,7 +249,7 @@ export class FusedShardExecutor {
       if (capture) {
         const shape = { startLayer: a, hiddenSize: cfg.hiddenSize, kvHeads: cfg.numKvHeads, headDim: cfg.headDim, maxContext };
         // A session the lane holds may end meanwhile: its rows are then not copied back.
-        lane = await CaptureLane.create(o.backend, shape, laneSegments, (s) => exec?.kv.peek(s.id) === s);
+        lane = await CaptureLane.create(o.backend, shape, laneSegments, (s) => exec?.kv.store.peek(s.id) === s);
         laneBytes = CaptureLane.bytes(shape, b - a, laneSegments.length);
       }
       exec = new FusedShardExecutor(o, maxContext, segments, embed, head, weightBytes, laneBytes);
@@ -290,7 +284,7 @@ export class FusedShardExecutor {
 
   /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
   setMemoryBudget(bytes: number): void {
-    this.kv.setBudget(kvBudgetFor(bytes, this.weightBytes + this.laneBytes));
+    this.kv.setMemoryBudget(bytes);
   }
 
   /** Decode steps replayed from a captured graph so far; null when graph capture is off. */
@@ -299,13 +293,13 @@ export class FusedShardExecutor {
   }
 
 
+  /** Tokens a session's cache holds at `layer` (default: the first held layer); 0 when unknown. */
   sessionLength(id: string, layer = this.startLayer): number {
-    const r = this.kv.get(id);
-    return r ? r.lengths[layer - this.startLayer]! : 0;
+    return this.kv.length(id, layer);
   }
 
   dropSession(id: string): boolean {
-    return this.kv.delete(id);
+    return this.kv.drop(id);
   }
 
   /** Queues the request; one-token session steps queued together run as one batch (fused-batch.ts). */
@@ -336,7 +330,7 @@ export class FusedShardExecutor {
 
   async release(): Promise<void> {
     await this.batches.idle();
-    this.kv.clear();
+    this.kv.store.clear();
     const all = [...this.segments.map((s) => s.session), this.embed, this.head].filter((s): s is OnnxSession => s !== null);
     await Promise.all([...all.map((s) => s.release()), this.picker?.release()]);
     await this.lane?.dispose();
@@ -348,9 +342,7 @@ export class FusedShardExecutor {
     const held = { startLayer: this.startLayer, endLayer: this.endLayer };
     const input = checkForwardInput(cfg, { ...held, holdsEmbedding: this.embed !== null, maxContext: this.maxContext }, req);
     const { start, end, seq, position } = input;
-    const first = this.segments.findIndex((s) => s.start === start);
-    const last = this.segments.findIndex((s) => s.end === end);
-    if (first < 0 || last < 0) throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
+    const { first, last } = segmentSpan(this.segments, start, end, held);
 
     const kv = await this.reservation(req.session, start, end, position, seq, req.sessionTokens);
     // A one-token step of a session over the whole span replays the captured graph (capture-lane.ts).
@@ -398,6 +390,20 @@ export class FusedShardExecutor {
       // Lengths move only once every layer of the call has written its rows.
       for (let l = start; l < end; l++) kv.session.lengths[l - this.startLayer] = position + seq;
 
+      if (end === cfg.numLayers && this.head && req.logitRows) {
+        // The head graph answers its input's last row: one run per asked row (a check's steps), on the host's copy of the rows.
+        const rows = req.logitRows;
+        const all = gatherRows((await hostData(hidden)) as Float32Array, seq, cfg.hiddenSize, rows);
+        const V = cfg.vocabSize;
+        const data = new Float32Array(rows.length * V);
+        for (let i = 0; i < rows.length; i++) {
+          const out = await this.head.runWith({ [HEAD_IO.hidden]: { type: 'float32', data: all.subarray(i * cfg.hiddenSize, (i + 1) * cfg.hiddenSize), dims: [1, 1, cfg.hiddenSize] } });
+          const logits = out[HEAD_IO.logits]!;
+          owned.push(logits);
+          data.set(((await hostData(logits)) as Float32Array).subarray(0, V), i * V);
+        }
+        return { kind: 'logits', rows, data };
+      }
       if (end === cfg.numLayers && this.head) {
         const out = await this.head.runWith({ [HEAD_IO.hidden]: hidden });
         owned.push(out[HEAD_IO.logits]!);
@@ -407,7 +413,7 @@ export class FusedShardExecutor {
       return { kind: 'activation', data, shape: [1, seq, cfg.hiddenSize] };
     } finally {
       for (const t of owned) if (isDeviceTensor(t)) t.dispose();
-      if (kv.stateless) this.kv.delete(STATELESS);
+      if (kv.stateless) this.kv.drop(STATELESS);
     }
   }
 
@@ -418,35 +424,20 @@ export class FusedShardExecutor {
   }
 
   /**
-   * The session's cache, admitted by the ledger when it opens (room for what
-   * it declares, or what this call needs), checked against `position` and
-   * grown by whole blocks to hold the call. A stateless call borrows room
-   * for its own rows and gives it back after.
+   * The session's cache (SessionKv.reserve: admitted, checked against
+   * `position`, grown to hold the call). A stateless call borrows room for
+   * its own rows and gives it back after.
    */
   private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<{ session: KvSession<LayerKv>; stateless: boolean }> {
-    if (session === undefined) return { session: await this.kv.open(STATELESS, seq), stateless: true };
+    if (session === undefined) return { session: await this.kv.store.open(STATELESS, seq), stateless: true };
     if (session === STATELESS) throw layerRangeError('reserved session id', { startLayer: this.startLayer, endLayer: this.endLayer });
-    let s: KvSession<LayerKv> | undefined;
-    if (position === 0) {
-      // Admission happens here, before any compute: a refusal costs the caller one round trip.
-      s = await this.kv.open(session, Math.min(this.maxContext, Math.max(seq, declared ?? 0)));
-      for (let l = start; l < end; l++) s.lengths[l - this.startLayer] = 0;
-    } else {
-      s = this.kv.get(session);
-      if (!s) throw new PositionMismatchError(session, position, 0);
-    }
-    let actual = Infinity;
-    for (let l = start; l < end; l++) actual = Math.min(actual, s.lengths[l - this.startLayer]!);
-    for (let l = start; l < end; l++) if (s.lengths[l - this.startLayer] !== position) throw new PositionMismatchError(session, position, actual);
-    // Past its room (an undeclared session, or one outgrowing its declaration): whole blocks more, or 503.
-    await this.kv.ensure(s, position + seq, Math.max(0, ...s.lengths));
-    return { session: s, stateless: false };
+    return { session: await this.kv.reserve(session, start, end, position, seq, declared), stateless: false };
   }
 }
 
 
 /** Layer cuts: the caller's, else greedy groups of at most maxSegmentBytes. */
-function segmentBounds(cfg: ModelConfig, a: number, b: number, o: FusedExecutorOptions): number[] {
+function fusedSegmentBounds(cfg: ModelConfig, a: number, b: number, o: FusedExecutorOptions): number[] {
   let cuts = o.segmentBoundaries;
   if (!cuts) {
     const limit = o.maxSegmentBytes ?? 2 ** 30;
@@ -455,9 +446,7 @@ function segmentBounds(cfg: ModelConfig, a: number, b: number, o: FusedExecutorO
     cuts = [];
     for (let l = a + perSegment; l < b; l += perSegment) cuts.push(l);
   }
-  const bounds = [a, ...[...new Set(cuts)].sort((x, y) => x - y), b];
-  if (bounds.some((v, i) => i > 0 && v <= bounds[i - 1]!)) throw new RangeError(`segment boundaries ${cuts.join(',')} must lie strictly inside (${a}, ${b})`);
-  return bounds;
+  return segmentBounds(a, b, cuts);
 }
 
 /** Quantized matrices for `names`, from the cache or quantized now (and stored for the next load). */

@@ -8,7 +8,7 @@
 import { HEAD_IO } from '../model/fused-graph.ts';
 import { hostData, type BackendSessionOptions, type BackendTensor, type OnnxBackend, type RunValue } from './backend.ts';
 import { DeviceSampler, type DeviceSamplingStats } from './device-sampler.ts';
-import type { ForwardResult } from './executor.ts';
+import type { ForwardResult } from './contract.ts';
 import { SamplerPathChooser, type SamplerChoice, type SamplerPathStats } from './sampler-choice.ts';
 import { sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
 

@@ -11,7 +11,7 @@
  * growths.
  */
 import { MeshError } from '../protocol/errors.ts';
-import { KV_DEFAULTS, KvLedger, type KvLedgerOptions, type KvLedgerStats } from './kv-ledger.ts';
+import { KvLedger, type KvLedgerOptions, type KvLedgerStats } from './kv-ledger.ts';
 
 export type KvElem = 'f32' | 'f16';
 
@@ -204,45 +204,4 @@ export class KvStore<C = CpuKv> {
     this.storage.free(s.cache);
     return true;
   }
-}
-
-/** How an executor's caller sizes its KV store (the same options for every executor). */
-export interface ExecutorKvOptions {
-  /**
-   * The donor's whole memory budget, bytes: the KV caches get what this
-   * shard's weights leave (the meaning the tracker sizes spans by). Wins
-   * over `kvBudgetBytes`.
-   */
-  memoryBudgetBytes?: number;
-  /** Bytes for KV caches when no `memoryBudgetBytes` is given. @defaultValue 512 MiB */
-  kvBudgetBytes?: number;
-  /** A session idle this long may be dropped when room is needed, ms. @defaultValue 120000 (KV_DEFAULTS) */
-  kvTtlMs?: number;
-  /** KV room is granted in blocks of this many positions. @defaultValue 64 */
-  kvBlockTokens?: number;
-  /** What a MESH_ERR_BUSY refusal tells the caller to wait, ms. @defaultValue 1000 */
-  kvRetryAfterMs?: number;
-  now?: () => number;
-}
-
-/** What a memory budget leaves the KV caches once the shard's weights are held. */
-export function kvBudgetFor(memoryBudgetBytes: number, weightBytes: number): number {
-  return Math.max(0, Math.floor(memoryBudgetBytes - weightBytes));
-}
-
-/** An executor's KV store: `layers` held layers at `bytesPerToken`, sized by the caller's options. */
-export function executorKvStore<C>(o: ExecutorKvOptions, span: { layers: number; bytesPerToken: number; maxContext: number; weightBytes: number }, storage: KvStorage<C>): KvStore<C> {
-  return new KvStore<C>(
-    {
-      layers: span.layers,
-      budgetBytes: o.memoryBudgetBytes !== undefined ? kvBudgetFor(o.memoryBudgetBytes, span.weightBytes) : (o.kvBudgetBytes ?? 512 * 2 ** 20),
-      bytesPerToken: span.bytesPerToken,
-      blockTokens: o.kvBlockTokens ?? KV_DEFAULTS.blockTokens,
-      maxTokens: span.maxContext,
-      idleTtlMs: o.kvTtlMs ?? KV_DEFAULTS.idleTtlMs,
-      retryAfterMs: o.kvRetryAfterMs ?? KV_DEFAULTS.retryAfterMs,
-      ...(o.now ? { now: o.now } : {}),
-    },
-    storage,
-  );
 }

@@ -34,20 +34,14 @@ import type { ModelConfig } from '../model/config.ts';
 import { IO, maskValue, type GraphDtype } from '../model/graph.ts';
 import { ropeTables } from '../model/rope.ts';
 import type { BackendTensor, OnnxSession } from './backend.ts';
-import { PositionMismatchError, layerRangeError } from './errors.ts';
-import type { ForwardRequest, ForwardResult } from './executor.ts';
+import type { ForwardRequest, ForwardResult } from './contract.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
-import type { KvSession, KvStore } from './kv-store.ts';
-import { runMembers } from './batch-members.ts';
+import type { KvSession } from './kv-store.ts';
+import { batchActivations, batchTokens, runMembers } from './batch-members.ts';
 import type { BatchScratch } from './batch-scratch.ts';
 import type { JoinQueued, Joiner } from './batch-queue.ts';
-import { sampleToken } from './sampling.ts';
-
-export interface PackedSegment {
-  start: number;
-  end: number;
-  session: OnnxSession;
-}
+import { segmentSpan, type Segment } from './segments.ts';
+import type { SessionKv } from './session-kv.ts';
 
 /** What a packed batch needs of the plain executor. */
 export interface PackedContext {
@@ -57,10 +51,10 @@ export interface PackedContext {
   endLayer: number;
   maxContext: number;
   invFreq: Float64Array;
-  segments: readonly PackedSegment[];
+  segments: readonly Segment[];
   embed: OnnxSession | null;
   head: OnnxSession | null;
-  kv: KvStore;
+  kv: SessionKv;
   /** Reused input buffers (absent: fresh arrays every step). */
   scratch?: BatchScratch;
   /** 'auto' (absent): batchLayout() per batch; benchmarks and tests force one. */
@@ -72,6 +66,8 @@ export type BatchLayoutChoice = 'auto' | 'padded' | 'packed';
 /** Requests that may share a packed batch: one row, a KV session, same layers and input kind. */
 export function packedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
   if (req.session === undefined) return undefined;
+  // Logits of chosen rows (a check) come from the lone path only.
+  if (req.logitRows) return undefined;
   const rows = req.tokenIds !== undefined ? req.tokenIds.length : req.activation?.shape[1];
   if (rows !== 1) return undefined;
   const kind = req.tokenIds !== undefined ? 'tokens' : 'activation';
@@ -102,16 +98,8 @@ async function admit(ctx: PackedContext, index: number, req: ForwardRequest): Pr
   const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
   const { start, end, seq, position } = input;
   if (seq !== 1 || req.session === undefined) throw new RangeError('a packed batch takes one-row session steps only');
-  if (ctx.segments.findIndex((s) => s.start === start) < 0 || ctx.segments.findIndex((s) => s.end === end) < 0) {
-    throw layerRangeError(`layers [${start}, ${end}) do not start and end on this shard's graph boundaries`, held);
-  }
-  const kv = position === 0 ? await ctx.kv.open(req.session, Math.min(ctx.maxContext, Math.max(seq, req.sessionTokens ?? 0))) : ctx.kv.get(req.session);
-  if (!kv) throw new PositionMismatchError(req.session, position, 0);
-  if (position === 0) for (let l = start; l < end; l++) kv.lengths[l - ctx.startLayer] = 0;
-  let actual = Infinity;
-  for (let l = start; l < end; l++) actual = Math.min(actual, kv.lengths[l - ctx.startLayer]!);
-  for (let l = start; l < end; l++) if (kv.lengths[l - ctx.startLayer] !== position) throw new PositionMismatchError(req.session, position, actual);
-  await ctx.kv.ensure(kv, position + seq, Math.max(0, ...kv.lengths));
+  segmentSpan(ctx.segments, start, end, held);
+  const kv = await ctx.kv.reserve(req.session, start, end, position, seq, req.sessionTokens);
   return { index, req, input, kv };
 }
 
@@ -317,15 +305,9 @@ async function finish(ctx: PackedContext, items: Item[], hidden: Float32Array): 
   const B = items.length;
   if (items[0]!.input.end === cfg.numLayers && ctx.head) {
     const out = await ctx.head.run({ [IO.hidden]: { type: 'float32', data: hidden, dims: [1, B, h] } });
-    const all = out[IO.logits]!.data as Float32Array;
-    const V = cfg.vocabSize;
-    return items.map((it, i) => {
-      const logits = all.slice(i * V, (i + 1) * V);
-      const { tokenId, logprob } = sampleToken(logits, it.req.sampling ?? {}, it.input.position + 1);
-      return { kind: 'token', tokenId, logprob, logits };
-    });
+    return batchTokens(out[IO.logits]!.data as Float32Array, cfg.vocabSize, items);
   }
-  return items.map((_, i) => ({ kind: 'activation', data: hidden.slice(i * h, (i + 1) * h), shape: [1, 1, h] }));
+  return batchActivations(hidden, h, B);
 }
 
 /**

@@ -1,21 +1,18 @@
 /**
- * The executor a node serves its span with, whichever graphs it runs: the
- * plain-operator ShardExecutor (executor.ts: onnxruntime-node's CPU, f16 on
- * WebGPU) or the fused-operator FusedShardExecutor (fused-executor.ts: the
- * GPU path, and 4-bit weights on WASM). Hosts say which in their
- * ChosenBackend; the runtime builds it here and sees only this interface.
+ * Builds the executor a node serves its span with, whichever graphs it
+ * runs: the plain-operator ShardExecutor (executor.ts: onnxruntime-node's
+ * CPU, f16 on WebGPU) or the fused-operator FusedShardExecutor
+ * (fused-executor.ts: the GPU path, and 4-bit weights on WASM). Hosts say
+ * which in their ChosenBackend; the runtime sees only the SpanExecutor
+ * interface (contract.ts).
  */
 import type { ModelConfig } from '../model/config.ts';
 import type { FusedWeights } from '../model/fused-graph.ts';
 import type { GraphDtype } from '../model/graph.ts';
 import type { OnnxBackend } from './backend.ts';
-import { ShardExecutor, type WeightLoader } from './executor.ts';
+import { ShardExecutor } from './executor.ts';
+import type { SpanExecutor, WeightLoader } from './contract.ts';
 import { FusedShardExecutor, type Q4Cache } from './fused-executor.ts';
-
-export type SpanExecutor = Pick<
-  ShardExecutor,
-  'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward' | 'release' | 'setMemoryBudget' | 'batchStats'
->;
 
 /** Which graphs run a span: plain operators in a dtype, or fused operators with f32 or 4-bit projections. */
 export type SpanGraphs =

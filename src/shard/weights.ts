@@ -5,7 +5,7 @@
  */
 import type { SafetensorsReader } from '../model/safetensors.ts';
 import type { WeightSource } from '../model/graph.ts';
-import type { WeightLoader } from './executor.ts';
+import type { WeightLoader } from './contract.ts';
 
 export function readerWeightLoader(reader: SafetensorsReader): WeightLoader {
   return async (names) => {

@@ -64,6 +64,7 @@ export const DASHBOARD_HTML = /* html */ `<!doctype html>
   <section><h2>Admission queue</h2><div id="queue"></div></section>
   <section><h2>Nodes</h2><div id="nodes"></div></section>
   <section><h2>Recent routes</h2><div id="routes"></div></section>
+  <section><h2>Spot-checks and offences</h2><div id="trust"></div></section>
 </main>
 <script>
 "use strict";
@@ -173,6 +174,33 @@ function renderRoutes(d) {
   root.replaceChildren(t);
 }
 
+function renderTrust(d) {
+  const root = $("trust");
+  const v = d.verification;
+  if (!v || !v.enabled) { root.replaceChildren(el("div", { class: "empty" }, "Spot-checks are off (meshnet tracker --no-checks).")); return; }
+  const now = Date.now();
+  const t = el("table", {}, el("tr", {}, ...["peer", "checks", "passed", "in a row", "P(check)", "offences", "inconclusive", "refused", "quarantine"].map((h) => el("th", {}, h))));
+  for (const [peer, n] of Object.entries(v.nodes)) {
+    t.append(el("tr", {}, el("td", { class: "mono" }, short(peer)), el("td", {}, n.checks), el("td", {}, n.passes), el("td", {}, n.consecutive),
+      el("td", {}, (n.check_probability * 100).toFixed(1) + " %"), el("td", {}, n.offences), el("td", {}, n.inconclusive), el("td", {}, n.refusals),
+      el("td", { class: n.quarantined_until ? "status-idle" : "dim" }, n.quarantined_until ? "until " + new Date(n.quarantined_until).toLocaleTimeString() : "—")));
+  }
+  const kids = [t];
+  if (v.offences.length === 0) kids.push(el("div", { class: "empty" }, "No offence: every check so far agreed, or was inconclusive."));
+  else {
+    const o = el("table", {}, el("tr", {}, ...["when", "node", "role", "layers", "what", "distance (checker / arbiter)", "threshold", "checker", "arbiter", "signed claim"].map((h) => el("th", {}, h))));
+    for (const f of v.offences.slice(0, 20)) {
+      o.append(el("tr", {}, el("td", { class: "dim" }, ago(now - f.at)), el("td", { class: "mono" }, short(f.peer)), el("td", {}, f.role),
+        el("td", {}, f.start_layer + "–" + (f.end_layer - 1)), el("td", {}, f.kind + " · " + f.rows + " rows"),
+        el("td", {}, f.checker.distance.toPrecision(3) + (f.arbiter ? " / " + f.arbiter.distance.toPrecision(3) : "")), el("td", {}, f.threshold),
+        el("td", { class: "mono" }, short(f.checker.peer)), el("td", { class: "mono" }, f.arbiter ? short(f.arbiter.peer) : "—"),
+        el("td", { class: "mono", title: f.claim.attestation }, f.claim.attestation.slice(0, 16) + "…")));
+    }
+    kids.push(o);
+  }
+  root.replaceChildren(...kids);
+}
+
 async function refresh() {
   try {
     const res = await fetch("api/dashboard", { cache: "no-store" });
@@ -180,7 +208,7 @@ async function refresh() {
     const d = await res.json();
     $("meta").textContent = "tracker " + short(d.tracker.peer_id) + " · up " + d.tracker.uptime_s + " s · " + d.nodes.length + " node(s) · " + d.models.map((m) => m.name).join(", ") + " · queue " + d.queue.length;
     $("err").textContent = "";
-    renderMaps(d); renderQueue(d); renderNodes(d); renderRoutes(d);
+    renderMaps(d); renderQueue(d); renderNodes(d); renderRoutes(d); renderTrust(d);
   } catch (e) {
     $("err").textContent = "tracker unreachable: " + e.message;
   }

@@ -28,6 +28,8 @@ export interface OpenOptions {
   signal: AbortSignal;
   /** Longest wait for the answer's head and for each later chunk, ms. */
   idleTimeoutMs: number;
+  /** The head's path to POST to. @defaultValue '/generate' */
+  path?: string;
 }
 
 /** Opens `POST /generate` on a head and yields the raw NDJSON bytes; a non-200 answer throws its MeshError. */
@@ -95,7 +97,7 @@ function idleWatch(ms: number, onIdle: () => void): { waiting(): void; got(): vo
  * sees its client gone and cancels the generation.
  */
 function directOpen(agents: { http: HttpAgent; https: HttpsAgent }, endpoint: string, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
-  const url = new URL(endpoint.replace(/\/+$/, '') + '/generate');
+  const url = new URL(endpoint.replace(/\/+$/, '') + (o.path ?? '/generate'));
   const tls = url.protocol === 'https:';
   return new Promise((resolve, reject) => {
     if (o.signal.aborted) {
@@ -176,7 +178,7 @@ export function createHeadTransport(deps: { relay?: RelayClient }): HeadTranspor
 
   async function viaRelay(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
     if (!deps.relay) throw new MeshError('MESH_ERR_UNAVAILABLE', `head ${head.peerId} has no endpoint and the tracker has no relay`);
-    const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
+    const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: o.path ?? '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
     if (reply.status !== 200) throw remoteError(reply.status, await collect(reply.body));
     return reply.body;
   }

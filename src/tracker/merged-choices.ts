@@ -1,11 +1,11 @@
 /**
  * Several choices' parts as one stream, each part as soon as it comes: a
- * streamed /v1/completions request with several prompts (completion.ts).
+ * streamed /v1/completions request with several prompts (completion.ts's
+ * CompletionPart). A part with `text` is never a choice's last.
  */
 import { MeshError } from '../protocol/errors.ts';
-import type { CompletionPart } from './completion.ts';
 
-export class MergedChoices {
+export class MergedChoices<CompletionPart extends object> {
   private readonly queue: Array<{ index: number; part: CompletionPart }> = [];
   private readonly waiting = new Map<number, Promise<{ index: number; r: IteratorResult<CompletionPart> }>>();
 

@@ -92,6 +92,18 @@ export interface TrackerOptions {
   maxBodyBytes: number;
   /** Routes kept for the dashboard. @defaultValue 50 */
   recentRoutes: number;
+  /**
+   * Spot-checks (docs/verification.md): heads check a sample of their hops by
+   * re-execution on other holders, and nodes found lying are quarantined.
+   * @defaultValue true
+   */
+  checks: boolean;
+  /** Smallest share of a proven node's sessions that is still checked (BOINC's adaptive replication). @defaultValue 0.02 */
+  checkMinRate: number;
+  /** First quarantine of a node found lying, ms; doubled for each further offence. @defaultValue 900000 (15 min) */
+  quarantineMs: number;
+  /** After two head audits contradict a generation, how long the walk of its hops may take to name one before the head is convicted, ms. @defaultValue 60000 */
+  auditWalkMs: number;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
   /** Clock, ms since epoch (tests pin it). */
@@ -129,6 +141,10 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   balanceQuality: 0.75,
   maxBodyBytes: 1 << 20,
   recentRoutes: 50,
+  checks: true,
+  checkMinRate: 0.02,
+  quarantineMs: 15 * 60_000,
+  auditWalkMs: 60_000,
   logLevel: 'info',
   now: () => Date.now(),
   random: () => Math.random(),
@@ -150,6 +166,8 @@ export function resolveTrackerOptions(partial: Partial<TrackerOptions>): Tracker
   for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes', 'relayOutageBudgetMs', 'startupWaitMs'] as const) {
     if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`tracker option ${k} must be a non-negative number, got ${o[k]}`);
   }
+  if (!(o.checkMinRate > 0 && o.checkMinRate <= 1)) throw new TypeError(`tracker option checkMinRate must be in (0, 1], got ${o.checkMinRate}`);
+  if (!(Number.isFinite(o.quarantineMs) && o.quarantineMs >= 0)) throw new TypeError(`tracker option quarantineMs must be a non-negative number, got ${o.quarantineMs}`);
   if (!(o.balanceQuality > 0 && o.balanceQuality <= 1)) throw new TypeError(`tracker option balanceQuality must be in (0, 1], got ${o.balanceQuality}`);
   if (!isDtype(o.wireDtype)) throw new TypeError(`tracker option wireDtype must be one of ${DTYPES.join(', ')}, got ${String(o.wireDtype)}`);
   const names = new Set<string>();

@@ -95,6 +95,11 @@ export class NodeRegistry {
   /** Failures by peer id, registered or not (bounded: the oldest entries go first). */
   private readonly failureCounts = new Map<string, number>();
   /**
+   * Nodes routing and coverage leave out while it says so (a quarantined node: docs/verification.md).
+   * It stays registered and keeps its assignment; others are assigned around it.
+   */
+  excluded: (peerId: string) => boolean = () => false;
+  /**
    * Nodes this tracker removed (silent, or left), by peer id: one that comes back was away, not
    * re-registering after a tracker restart, so the span it still serves is not simply adopted.
    */
@@ -153,7 +158,7 @@ export class NodeRegistry {
   private holders(model: string, except?: string): Holder[] {
     const out: Holder[] = [];
     for (const n of this.nodes.values()) {
-      if (n.info.model !== model || n.peerId === except || !n.assignment || !this.holds(n)) continue;
+      if (n.info.model !== model || n.peerId === except || !n.assignment || !this.holds(n) || this.excluded(n.peerId)) continue;
       out.push({ id: n.peerId, start: n.assignment.start, end: n.assignment.end, throughput: this.throughput(n) });
     }
     return out;
@@ -363,9 +368,9 @@ export class NodeRegistry {
     return moves;
   }
 
-  /** Whether new sessions may be routed through a node that serves (a draining one takes none). */
+  /** Whether new sessions may be routed through a node that serves (a draining or quarantined one takes none). */
   routable(n: NodeRecord): boolean {
-    return !n.draining;
+    return !n.draining && !this.excluded(n.peerId);
   }
 
   /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. */

@@ -1,5 +1,5 @@
 /**
- * GPU failures in a real mesh (issue 9, "Bad input and failure"): a relay, a
+ * GPU failures in a real mesh (docs/architecture.md, "The GPU path"): a relay, a
  * tracker and `meshnet node` processes serving the `tiny` fixture, one of
  * them on WebGPU through Dawn (`--backend webgpu`, SwiftShader here).
  *

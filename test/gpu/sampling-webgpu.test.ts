@@ -1,6 +1,6 @@
 /**
  * Temperature > 0 on WebGPU (Dawn in Node, SwiftShader) without bringing the
- * logits back (issue 9 item 3: ≤ 64 KiB across CPU↔GPU per decode step):
+ * logits back (≤ 64 KiB across CPU↔GPU per decode step: docs/architecture.md):
  * the sampler graph (src/model/sampler-graph.ts) runs on the head's logits
  * on the GPU, its TopK included; the candidates it sends back decide the
  * token sampling.ts draws over the full logits, bit for bit, for seeds ×

@@ -6,7 +6,7 @@
 import { expect } from 'vitest';
 import type { WeightSource } from '../../src/model/graph.ts';
 import { ReferenceModel, newRefCache, type RefKvCache } from '../../src/model/reference.ts';
-import type { ForwardResult } from '../../src/shard/executor.ts';
+import type { ForwardResult } from '../../src/shard/contract.ts';
 import type { Runner } from './fused.ts';
 import { maxAbsDiff, prompts, type Fixture } from './shard.ts';
 

@@ -8,7 +8,7 @@ import type { WeightSource } from '../../src/model/graph.ts';
 import { dequantizeQ4, quantizeQ4 } from '../../src/model/quantize.ts';
 import { FUSED_Q4_SCHEME } from '../../src/model/fused-graph.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
-import type { ForwardResult } from '../../src/shard/executor.ts';
+import type { ForwardResult } from '../../src/shard/contract.ts';
 import { maxAbsDiff, type Fixture } from './shard.ts';
 
 /** Weights as the 4-bit kernel sees them: every projection (and the LM head) quantized then dequantized. */

@@ -1,5 +1,5 @@
 /**
- * Batching at each hop in real processes (issue 11): a relay, a tracker and
+ * Batching at each hop in real processes (docs/architecture.md, "Batching at a hop"): a relay, a tracker and
  * three `meshnet node` processes ([0,1) [1,3) [3,4) of the `tiny` fixture),
  * eight chats at once through the tracker's OpenAI API. Every chat streams
  * the float64 reference's greedy text, and the nodes show that they ran

@@ -1,4 +1,5 @@
-import { getEventListeners } from 'node:events';
+import { getEventListeners, once } from 'node:events';
+import { createServer, type AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
   FLAG_END,
@@ -23,6 +24,7 @@ import {
 import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
 import { RelayClient, RelayClientState, relayWsUrl, type RelayStateEvent } from '../../src/net/relay-client.ts';
 import { reconnectDelay } from '../../src/net/relay-options.ts';
+import { NodeWebSocket } from '../helpers/ws-host.ts';
 import { FakeSocket, NONCE, flush, registeredClient, until, type Harness } from '../helpers/fake-socket.ts';
 
 const utf8 = new TextEncoder();
@@ -799,3 +801,26 @@ describe('one-way pushes', () => {
   });
 });
 
+
+describe('closing while the socket still connects', () => {
+  it('raises nothing: `ws` reports a close() before the handshake as an error event, which the client still listens to', async () => {
+    // A TCP server that accepts and never answers the WebSocket handshake: the dial stays CONNECTING.
+    const server = createServer(() => undefined).listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    const uncaught: unknown[] = [];
+    const onUncaught = (e: unknown) => uncaught.push(e);
+    process.on('uncaughtException', onUncaught);
+    try {
+      const c = new RelayClient({ relayUrl: `ws://127.0.0.1:${(server.address() as AddressInfo).port}`, WebSocket: NodeWebSocket, identity: await Identity.generate() });
+      c.start();
+      await new Promise((r) => setTimeout(r, 50));
+      expect(c.state).toBe(RelayClientState.Connecting);
+      c.close();
+      await new Promise((r) => setTimeout(r, 200));
+      expect(uncaught).toEqual([]);
+    } finally {
+      process.off('uncaughtException', onUncaught);
+      server.close();
+    }
+  });
+});

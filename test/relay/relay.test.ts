@@ -1,6 +1,6 @@
 /**
  * The relay, checked from outside: a real `meshnet relay` process on
- * loopback, real WebSocket peers, the wire contract of PROTOCOL.md §1–4.
+ * loopback, real WebSocket peers, the wire contract of docs/protocol.md §1–4.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
@@ -191,7 +191,7 @@ describe('many callers, many peers', () => {
   });
 });
 
-describe('errors of PROTOCOL.md §3 arrive with their status and a JSON body', () => {
+describe('errors of docs/protocol.md §3 arrive with their status and a JSON body', () => {
   it('404: /rpc handshake to a peer that is not connected', async () => {
     const err = await RpcSocket.open(`${relay.url}/rpc/${'0'.repeat(32)}`).catch((e: { status: number; body: string }) => e);
     expect((err as { status: number }).status).toBe(404);

@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { fusedUnsupportedReason } from '../../src/model/fused-graph.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
-import type { ForwardResult } from '../../src/shard/executor.ts';
+import type { ForwardResult } from '../../src/shard/contract.ts';
 import { createWasmBackend } from '../../src/host/node/onnx-wasm.ts';
 import { MeshError } from '../../src/protocol/errors.ts';
 import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
@@ -136,7 +136,7 @@ describe('longrope context', () => {
 });
 
 describe('concurrent sessions', () => {
-  // Decode steps of several sessions may be batched by the executor (issue 11): whatever packs them must
+  // Decode steps of several sessions may be batched by the executor: whatever packs them must
   // keep each session's sliding window, rotary factor and partial rotary. Interleaved steps, each checked.
   it.each([
     ['tiny-mistral', 'plain'],

@@ -1,5 +1,5 @@
 /**
- * Batching at a hop (issue 11): one-token steps of sessions at different
+ * Batching at a hop (docs/architecture.md, "Batching at a hop"): one-token steps of sessions at different
  * positions, queued together, run as one batch, and each session gets what
  * it gets alone — the same greedy tokens, logits within f32 tolerance of the
  * float64 reference — on onnxruntime-node and onnxruntime-web's WASM backend,
@@ -11,7 +11,8 @@ import { createWasmBackend } from '../../src/host/node/onnx-wasm.ts';
 import { ReferenceModel, newRefCache, type RefKvCache } from '../../src/model/reference.ts';
 import type { MeshError } from '../../src/protocol/errors.ts';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
-import type { ForwardResult, ShardExecutor } from '../../src/shard/executor.ts';
+import type { ShardExecutor } from '../../src/shard/executor.ts';
+import type { ForwardResult } from '../../src/shard/contract.ts';
 import { batchLayout } from '../../src/shard/packed-batch.ts';
 import { executor, fixture, maxAbsDiff, nodeBackend, prompts } from '../helpers/shard.ts';
 

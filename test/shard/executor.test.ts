@@ -153,7 +153,7 @@ describe('409 position check', () => {
   it('writes the cache in place: buffers keep their identity across steps', async () => {
     const ex = await executor(f, 0, 2);
     await ex.forward({ session: 's', position: 0, tokenIds: [5, 6] });
-    const kv = (ex as unknown as { kv: { get(id: string): { cache: { keys: unknown[] } } } }).kv;
+    const kv = (ex as unknown as { kv: { store: { get(id: string): { cache: { keys: unknown[] } } } } }).kv.store;
     const before = kv.get('s')!.cache.keys[0];
     for (let p = 2; p < 6; p++) await ex.forward({ session: 's', position: p, tokenIds: [7] });
     expect(kv.get('s')!.cache.keys[0]).toBe(before);

@@ -41,6 +41,7 @@ describe('parseCompletion', () => {
       model: 'small',
       stream: true,
       includeUsage: true,
+      verification: 'default',
       inputs: [{ max_tokens: 33, temperature: 0, top_p: 1, top_k: 0, stop: ['###'], messages: [{ role: 'user', content: 'Say hello' }] }],
     });
     expect(parseCompletion(ctx, 'completion', { model: 'small', prompt: ['once'], seed: 4 }).inputs).toEqual([expect.objectContaining({ prompt: 'once', seed: 4, temperature: 1 })]);

@@ -26,7 +26,7 @@ import { MeshError } from '../../protocol/errors.ts';
 import type { BackendFactory, ChosenBackend, RuntimeHost, SpanSpec, WeightStore } from '../../node/runtime/host.ts';
 import type { WebSocketConstructor } from '../../net/socket.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
-import type { WeightLoader } from '../../shard/executor.ts';
+import type { WeightLoader } from '../../shard/contract.ts';
 import { calibrate, decide, probeWebGpu, type GpuLike } from './backends.ts';
 import type { BackendChoice, BackendInfo as PageBackendInfo, BackendKind } from './engine.ts';
 import { createOrtWebBackend } from './onnx.ts';

@@ -5,7 +5,7 @@
  */
 import type { ModelConfig } from '../../model/config.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
-import type { WeightLoader } from '../../shard/executor.ts';
+import type { WeightLoader } from '../../shard/contract.ts';
 import { createSpanExecutor, type SpanGraphs } from '../../shard/span-executor.ts';
 import type { BackendKind } from './engine.ts';
 

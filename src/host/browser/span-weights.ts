@@ -9,7 +9,7 @@ import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, expectedTensorShape, l
 import type { WeightSource } from '../../model/graph.ts';
 import { SafetensorsReader } from '../../model/safetensors.ts';
 import { decodeTensorBytes, dtypeSize, type RawTensor } from '../../model/safetensors-format.ts';
-import type { WeightLoader } from '../../shard/executor.ts';
+import type { WeightLoader } from '../../shard/contract.ts';
 import { QuotaError, sha256Hex, type NodeStorage, type StoredTensor } from './storage.ts';
 
 /** Every tensor a shard of [start, end) needs, embedding and head included when it holds them. */

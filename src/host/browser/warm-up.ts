@@ -28,7 +28,7 @@
 import { H } from '../../protocol/headers.ts';
 import { encodeTensor } from '../../protocol/tensor.ts';
 import { createForwardHandler } from '../../node/hop/forward-handler.ts';
-import type { SpanExecutor } from '../../shard/span-executor.ts';
+import type { SpanExecutor } from '../../shard/contract.ts';
 
 export interface WarmUpOptions {
   /** Stop once the span's layers have run this many times in all (a step over n layers counts n). */

@@ -11,7 +11,7 @@
  */
 import { MeshError } from '../../protocol/errors.ts';
 import { decodeBase64 } from '../../protocol/base64.ts';
-import type { LogLevel } from '../../node/runtime/host.ts';
+import type { LogLevel, SpanHooks } from '../../node/runtime/host.ts';
 import { NodeRuntime, type RuntimeEvent } from '../../node/runtime/runtime.ts';
 import type { Dtype } from '../../protocol/tensor.ts';
 import { nodeAdapter } from './adapter.ts';
@@ -53,6 +53,11 @@ export interface NodeHostOptions {
   backend?: NodeBackendChoice;
   /** Failures a software GPU never has (backends.ts, from MESHNET_TEST_* variables). */
   testHooks?: NodeTestHooks;
+  /**
+   * Wrappers around the span's weights and executor: test code makes a lying node with them
+   * (docs/verification.md §8). Programmatic only: no command-line option or variable sets them.
+   */
+  spanHooks?: SpanHooks;
   /** `--graph-capture` (with `--backend webgpu`). */
   graphCapture?: boolean;
   /** Test hook: every /forward waits this long first (a slow donor). */
@@ -105,7 +110,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     log('info', `${modelUrl} is commit ${r.sha}: loading from ${r.url}`);
     modelUrl = r.url;
   }
-  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log, ...(o.backend ? { backend: o.backend } : {}), ...(o.testHooks ? { testHooks: o.testHooks } : {}), ...(o.graphCapture ? { graphCapture: true } : {}) });
+  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log, ...(o.backend ? { backend: o.backend } : {}), ...(o.testHooks ? { testHooks: o.testHooks } : {}), ...(o.graphCapture ? { graphCapture: true } : {}), ...(o.spanHooks ? { spanHooks: o.spanHooks } : {}) });
   const runtime = await NodeRuntime.create(adapter, {
     ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
     ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),

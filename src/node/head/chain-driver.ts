@@ -47,6 +47,8 @@ export class ChainStepError extends Error {
 export interface ChainArrival {
   token: string;
   rows: Uint8Array;
+  /** The hops' X-Meshnet-Attest entries, gathered down the chain (docs/protocol.md §11). */
+  attest?: string;
 }
 
 interface Waiter {

@@ -22,14 +22,20 @@
  * recomputed. Not asked for within `parkMs`: it ends, its sessions dropped.
  */
 import { z } from 'zod';
-import { errorReply, type MeshRequest, type MeshResponse } from '../../protocol/envelopes.ts';
+import { errorReply, jsonReply, type MeshRequest, type MeshResponse } from '../../protocol/envelopes.ts';
 import { MeshError, remoteError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
-import { generateRequestSchema, type GenerateEvent } from '../../protocol/tracker.ts';
+import { generateRequestSchema, type GenerateEvent, type RouteHop } from '../../protocol/tracker.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import type { PipelineDriver } from './pipeline.ts';
 import { VerifiedRoutes } from '../tracker-client.ts';
 import { trace } from '../../protocol/trace.ts';
+import { decodeBase64 as decodeBase64Url } from '../../protocol/base64.ts';
+import { ATTEST_HEADER } from '../../verify/attest.ts';
+import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, checkPlanMessage, checkPlanSchema, DISTRUST_PATH, distrustMessage, distrustSchema, WALK_PATH, type Distrust } from '../../verify/plan.ts';
+import { verifyEd25519 } from '../../net/identity.ts';
+import type { SignedPlan } from '../verify/verifier.ts';
+import { AUDIT_PATH, auditRequestSchema, recordsJson, runAudit } from '../verify/audit.ts';
 
 export interface HeadHandlerInit {
   /** Everything but /generate. */
@@ -46,6 +52,10 @@ export interface HeadHandlerInit {
   onLog?: (message: string) => void;
   /** Every event of every generation, as it is sent (the host logs recoveries and finishes). */
   onEvent?: (event: GenerateEvent, sessionId: string) => void;
+  /** The tracker's verified notice that a node is quarantined (POST /verify/distrust). */
+  onDistrust?: (notice: Distrust) => void;
+  /** The tracker's verified walk: check every span of a finished generation with this plan; false when it is not kept. */
+  onWalk?: (plan: SignedPlan) => boolean;
   /** How long a generation whose stream was lost with the connection waits to be asked for again, ms. @defaultValue 15000 */
   parkMs?: number;
 }
@@ -75,6 +85,19 @@ function lostWithConnection(signal: AbortSignal | undefined): boolean {
   if (!signal?.aborted) return false;
   const r = signal.reason as { details?: { reason?: unknown } } | undefined;
   return r instanceof MeshError && r.details.reason === 'disconnected';
+}
+
+/** The tracker's check plan that came with /generate (the head passes it on to checkers, who verify it). */
+function checkPlanOf(h: Record<string, string>): SignedPlan | undefined {
+  const text = h[CHECK_PLAN_HEADER];
+  const signature = h[CHECK_PLAN_SIGNATURE_HEADER]?.trim();
+  if (text === undefined || !signature) return undefined;
+  try {
+    return { text, signature, plan: checkPlanSchema.parse(JSON.parse(text)) };
+  } catch {
+    // A plan this head cannot read: the generation runs unchecked (its hops stay "not checked").
+    return undefined;
+  }
 }
 
 const utf8 = new TextEncoder();
@@ -158,8 +181,8 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     }
   }
 
-  async function generate(req: MeshRequest): Promise<MeshResponse> {
-    const h = req.headers;
+  /** The route of a /generate or /audit, as the tracker signed it for this head (403 otherwise). */
+  async function signedRoute(h: Record<string, string>): Promise<{ route: RouteHop[]; routeText: string; expires: string; signature: string }> {
     const routeText = h[H.route];
     const expires = h[H.routeExpires];
     const signature = h[H.routeSignature];
@@ -169,7 +192,30 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     if (!/^\d{1,16}$/.test(expires.trim())) throw new MeshError('MESH_ERR_FORBIDDEN', `${H.routeExpires} must be ms since epoch`);
     const known = routes.get(init.trackerKey(), init.peerId, routeText, Number(expires.trim()), signature.trim(), now());
     // Copies: the pipeline may change its hops (replacements), the cached route stays as signed.
-    const route = (known instanceof Promise ? await known : known).hops.map((hop) => ({ ...hop }));
+    return { route: (known instanceof Promise ? await known : known).hops.map((hop) => ({ ...hop })), routeText, expires, signature };
+  }
+
+  /** A head audit (verify/audit.ts): the tracker's signed route, one prefill, one record per audited token. */
+  async function audit(req: MeshRequest): Promise<MeshResponse> {
+    const { route } = await signedRoute(req.headers);
+    const driver = init.pipeline();
+    if (!driver) return notAHead();
+    if (req.body.byteLength > maxBody) throw new MeshError('MESH_ERR_TOO_LARGE', `the /audit body is ${req.body.byteLength} bytes, over ${maxBody}`);
+    let raw: unknown;
+    try {
+      raw = JSON.parse(utf8d.decode(req.body));
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'the /audit body is not JSON');
+    }
+    const p = auditRequestSchema.safeParse(raw);
+    if (!p.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `/audit body: ${p.error.issues[0]!.path.join('.') || 'value'}: ${p.error.issues[0]!.message}`);
+    const records = await runAudit(driver, init.peerId, p.data, route);
+    return jsonReply(200, { records: recordsJson(records) });
+  }
+
+  async function generate(req: MeshRequest): Promise<MeshResponse> {
+    const h = req.headers;
+    const { route, routeText, expires, signature } = await signedRoute(h);
     const driver = init.pipeline();
     if (!driver) return notAHead();
     if (req.body.byteLength > maxBody) throw new MeshError('MESH_ERR_TOO_LARGE', `the /generate body is ${req.body.byteLength} bytes, over ${maxBody}`);
@@ -204,7 +250,8 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     // The same id again without a resume (a tracker that restarted numbering): the old one is over.
     if (prev) end(prev);
     const ctl = new AbortController();
-    const events = driver.generate(init.peerId, p.data, route, { signal: ctl.signal, signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply } });
+    const plan = checkPlanOf(h);
+    const events = driver.generate(init.peerId, p.data, route, { signal: ctl.signal, signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply }, ...(plan ? { plan } : {}) });
     const g: Live = { sessionId, route: routeText, events, ctl, sent: [], owner: undefined, pulling: undefined, parkTimer: undefined };
     live.set(sessionId, g);
     return { status: 200, headers, body: ndjson(g, false, req.signal) };
@@ -218,7 +265,8 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     if (token === undefined || token.length > 4096) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainToken} must hold the token's JSON`));
     // Only a step waiting for exactly this session and position takes it; the token and rows are checked by that step.
     trace?.('token-in', at.session, at.position);
-    if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
+    const attest = req.headers[ATTEST_HEADER];
+    if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body, ...(attest !== undefined ? { attest } : {}) })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
     return { status: 204, headers: {}, body: new Uint8Array(0) };
   }
 
@@ -241,14 +289,62 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     return { session, position: Number(position) };
   }
 
+  /** The tracker's signed notice that a node is quarantined: this head stops using it before its next step. */
+  async function distrustNotice(req: MeshRequest): Promise<MeshResponse> {
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', `use POST ${DISTRUST_PATH}`), { allow: 'POST' });
+    let raw: unknown;
+    try {
+      raw = JSON.parse(utf8d.decode(req.body.subarray(0, 4096)));
+    } catch {
+      return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'a distrust notice is JSON {notice, signature}'));
+    }
+    const p = z.object({ notice: distrustSchema, signature: z.string().max(200) }).safeParse(raw);
+    if (!p.success) return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'a distrust notice is JSON {notice: {peer_id, until, offence?}, signature}'));
+    const key = init.trackerKey();
+    let sig: Uint8Array;
+    try {
+      sig = decodeBase64Url(p.data.signature);
+    } catch {
+      return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the notice signature is not base64url'));
+    }
+    if (!key || !(await verifyEd25519(key, distrustMessage(p.data.notice), sig))) return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the notice is not signed by this node\'s tracker'));
+    init.onDistrust?.(p.data.notice);
+    return { status: 204, headers: {}, body: new Uint8Array(0) };
+  }
+
+  /** The tracker's walk after a head audit contradicted a generation: a plan (signed by the tracker) checking every span of it. */
+  async function walk(req: MeshRequest): Promise<MeshResponse> {
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', `use POST ${WALK_PATH}`), { allow: 'POST' });
+    let raw: { plan?: unknown; signature?: unknown };
+    try {
+      raw = JSON.parse(utf8d.decode(req.body.subarray(0, 70_000))) as typeof raw;
+    } catch {
+      return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'a walk is JSON {plan, signature}'));
+    }
+    if (typeof raw.plan !== 'string' || typeof raw.signature !== 'string') return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'a walk is JSON {plan, signature}'));
+    const plan = checkPlanOf({ [CHECK_PLAN_HEADER]: raw.plan, [CHECK_PLAN_SIGNATURE_HEADER]: raw.signature });
+    const key = init.trackerKey();
+    let sig: Uint8Array;
+    try {
+      sig = decodeBase64Url(raw.signature);
+    } catch {
+      return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the walk\'s plan signature is not base64url'));
+    }
+    if (!plan || plan.plan.head !== init.peerId || !key || !(await verifyEd25519(key, checkPlanMessage(init.peerId, raw.plan), sig))) return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the walk\'s plan is not signed by this node\'s tracker for this head'));
+    if (!init.onWalk?.(plan)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', `generation ${plan.plan.generation} is not kept here any more`));
+    return { status: 202, headers: {}, body: new Uint8Array(0) };
+  }
+
   return async function handle(req: MeshRequest): Promise<MeshResponse> {
     const path = req.path.split('?')[0]!;
+    if (path === DISTRUST_PATH) return distrustNotice(req);
+    if (path === WALK_PATH) return walk(req);
     if (path === '/chain/token') return chainToken(req);
     if (path === '/chain/failed') return chainFailed(req);
-    if (path !== '/generate') return init.forward(req);
-    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /generate'), { allow: 'POST' });
+    if (path !== '/generate' && path !== AUDIT_PATH) return init.forward(req);
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', `use POST ${path}`), { allow: 'POST' });
     try {
-      return await generate(req);
+      return await (path === AUDIT_PATH ? audit(req) : generate(req));
     } catch (e) {
       if (e instanceof MeshError) {
         if (e.status === 403) init.onLog?.(`refused /generate: ${e.message}`);

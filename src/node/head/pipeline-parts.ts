@@ -5,6 +5,7 @@
 import type { MeshReply } from '../../protocol/envelopes.ts';
 import { MeshError, remoteError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
+import { SESSION_ID_RE } from '../../protocol/ids.ts';
 import type { GenerateEvent, RouteHop } from '../../protocol/tracker.ts';
 import { z } from 'zod';
 
@@ -84,11 +85,10 @@ export function errorEvent(e: unknown): GenerateEvent {
   return { type: 'error', code: 'MESH_ERR_INTERNAL', message: e instanceof Error ? e.message : String(e) };
 }
 
-const SESSION_RE = /^[A-Za-z0-9._:-]{1,128}$/;
 let sessionCounter = 0;
 
 /** The KV session id on every hop: the tracker's id when it is header-safe, plus a per-run suffix so two runs never share caches. */
 export function sessionIdFor(sessionId: string): string {
-  const base = SESSION_RE.test(sessionId) ? sessionId.slice(0, 100) : 'gen';
+  const base = SESSION_ID_RE.test(sessionId) ? sessionId.slice(0, 100) : 'gen';
   return `${base}.${(++sessionCounter).toString(36)}${Math.floor(Math.random() * 1e9).toString(36)}`;
 }

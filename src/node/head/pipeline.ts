@@ -32,13 +32,17 @@ import { H } from '../../protocol/headers.ts';
 import { encodeTensor, type Dtype, dtypeBytes } from '../../protocol/tensor.ts';
 import type { GenerateEvent, GenerateRequest, RouteHop } from '../../protocol/tracker.ts';
 import { concatBytes } from '../../protocol/bytes.ts';
-import type { ForwardRequest, ForwardResult } from '../../shard/executor.ts';
+import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
 import { PositionMismatchError } from '../../shard/errors.ts';
+import type { SamplingParams } from '../../shard/sampling.ts';
 import { StopMatcher, StreamDecoder } from '../../model/text-stream.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor } from './pipeline-parts.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 import { trace } from '../../protocol/trace.ts';
+import type { GenerationTrace, HeadVerify } from '../verify/head-verify.ts';
+import { ATTEST_HEADER } from '../../verify/attest.ts';
+import type { SignedPlan } from '../verify/verifier.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
 export interface HeadExecutor {
@@ -102,6 +106,8 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   transport: HopTransport;
   /** Absent: a failed hop ends the generation with an error event (no tracker to ask). */
   replace?: ReplaceSpan;
+  /** Spot-checks (docs/verification.md): attestations, the plan's checks, distrusted hops. Absent: none. */
+  verify?: HeadVerify;
   onLog?: (message: string) => void;
 }
 
@@ -120,10 +126,43 @@ interface PendingRecovery {
   untilIndex: number;
 }
 
+/** One generation's state, shared by its steps. */
+interface Generation {
+  headPeerId: string;
+  /** The KV session id on every hop. */
+  session: string;
+  /** Positions the session reaches at most (sessionTokens, X-Meshnet-Session-Tokens). */
+  declared: number;
+  /** The head runs layers [0, localEnd) itself. */
+  localEnd: number;
+  /** The downstream hops, replacements spliced in. */
+  hops: HopState[];
+  /** X-Meshnet-Sampling for the last hop. */
+  sampling: string;
+  /** The same, for a head that runs the last layer itself. */
+  localSampling: SamplingParams;
+  chain: ChainState;
+  /** Events to yield after the current step (recoveries). */
+  pending: GenerateEvent[];
+  /** Replacements so far (up to maxRecoveries). */
+  recoveries: number;
+  /** Resumes on a failed hop the tracker found answering again (up to MAX_SAME_NODE_RESUMES). */
+  sameNode: number;
+  /** Tokens every hop's cache holds before the current step. */
+  position: number;
+  /** Where each step started: a replay resends the history in these same chunks. */
+  stepStarts: number[];
+  signal: AbortSignal | undefined;
+  /** What the spot-checks need of this generation (attestations, steps, tokens); absent: no checks. */
+  checks: GenerationTrace | undefined;
+}
+
 export interface GenerateOptions {
   signal?: AbortSignal;
   /** The route as the tracker signed it: hops check it before they push (absent: no chain, the star). */
   signed?: SignedRouteText;
+  /** The tracker's check plan for this generation (docs/verification.md); absent: nothing is checked. */
+  plan?: SignedPlan;
 }
 
 export class PipelineDriver {
@@ -139,6 +178,11 @@ export class PipelineDriver {
     for (const k of Object.keys(PIPELINE_DEFAULTS) as Array<keyof PipelineOptions>) if (init[k] !== undefined) (o as Record<string, unknown>)[k] = init[k];
     this.options = o;
     this.rowBytes = init.executor.config.hiddenSize * dtypeBytes(o.wireDtype);
+  }
+
+  /** What a head audit (verify/audit.ts) runs on: this head's executor, tokenizer, transport and wire dtype. */
+  get parts(): { executor: HeadExecutor; tokenizer: HeadTokenizer; transport: HopTransport; wireDtype: Dtype } {
+    return { executor: this.init.executor, tokenizer: this.init.tokenizer, transport: this.init.transport, wireDtype: this.options.wireDtype };
   }
 
   /**
@@ -203,19 +247,29 @@ export class PipelineDriver {
       yield errorEvent(e);
       return;
     }
-    const L = ex.config.numLayers;
     const session = sessionIdFor(req.session_id);
-    // Positions this session reaches at most: max_tokens counts the prefix, and the last token is never fed back.
-    const declared = Math.min(ex.maxContext, promptIds.length + req.max_tokens);
     const hops: HopState[] = plan.hops.map((hop) => ({ hop, history: new History(this.rowBytes, 64), synced: true }));
-    const sampling = JSON.stringify({ temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) });
-    const localSampling = { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) };
+    const run: Generation = {
+      headPeerId,
+      session,
+      // Positions this session reaches at most: max_tokens counts the prefix, and the last token is never fed back.
+      declared: Math.min(ex.maxContext, promptIds.length + req.max_tokens),
+      localEnd: plan.localEnd,
+      hops,
+      sampling: JSON.stringify({ temperature: req.temperature, top_p: req.top_p, top_k: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) }),
+      localSampling: { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) },
+      chain: new ChainState(this.options.hopMode === 'chain', opts.signed, plan.hops),
+      pending: [],
+      recoveries: 0,
+      sameNode: 0,
+      position: 0,
+      stepStarts: [],
+      signal,
+      checks: undefined,
+    };
+    run.checks = this.init.verify?.begin({ session, plan: opts.plan, sampling: run.sampling, dtype: this.options.wireDtype, hidden: ex.config.hiddenSize, numLayers: ex.config.numLayers, localEnd: plan.localEnd });
     const detok = new StreamDecoder((ids) => tok.decode(ids, { skipSpecialTokens: true }));
     const stop = new StopMatcher(req.stop);
-    const pending: GenerateEvent[] = [];
-    const recoveries = { recoveries: 0, sameNode: 0 };
-    let position = 0;
-    const chain = new ChainState(this.options.hopMode === 'chain', opts.signed, plan.hops);
     let index = req.prefix_token_ids.length;
 
     yield { type: 'start', prompt_tokens: promptIds.length, route: hops.map((h) => h.hop.peer_id) };
@@ -223,117 +277,22 @@ export class PipelineDriver {
     // matcher holds back exactly what it held (and never sent), and releases or drops it as it would have.
     for (const id of req.prefix_token_ids) stop.push(detok.push(id));
 
-    /** One step: `tokens` enter at `position`; returns the sampled token. */
-    const step = async (tokens: number[], allTokens: () => number[]): Promise<{ tokenId: number; logprob: number }> => {
-      const seq = tokens.length;
-      const total = position + seq;
-      trace?.('step', session, position);
-      let local: ForwardResult;
-      const localReq = (ids: readonly number[], pos: number): ForwardRequest => ({
-        session,
-        position: pos,
-        ...(pos === 0 ? { sessionTokens: declared } : {}),
-        tokenIds: ids,
-        startLayer: 0,
-        endLayer: plan.localEnd,
-        ...(plan.localEnd === L ? { sampling: localSampling } : {}),
-      });
-      try {
-        try {
-          local = await ex.forward(localReq(tokens, position));
-        } catch (e) {
-          // Our own cache was dropped after idling past its TTL: rebuild it from the token history.
-          if (!(e instanceof PositionMismatchError)) throw e;
-          local = await ex.forward(localReq(allTokens(), 0));
-        }
-      } catch (e) {
-        if (e instanceof MeshError && (e.code === 'MESH_ERR_BUSY' || isRebuilding(e))) throw new MeshError('MESH_ERR_BUSY', `head ${headPeerId}: ${e.message}`, { ...e.details, peer_id: headPeerId });
-        throw e;
-      }
-      trace?.('head-span', session, position);
-      if (local.kind === 'token') return { tokenId: local.tokenId, logprob: local.logprob };
-      // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
-      let input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
-      if (chain.usable(hops)) {
-        const got = await this.chainStepOrStar(chain, hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal });
-        trace?.('step-done', session, position);
-        if (got) return got;
-      }
-      let recovery: PendingRecovery | undefined;
-      /** Hops replayed after a 409 in this step: each gets one replay. */
-      const replayed409 = new Set<HopState>();
-
-      for (let i = 0; i < hops.length; ) {
-        const hs = hops[i]!;
-        hs.history.extendTo(total, input);
-        const last = i === hops.length - 1;
-        const t0 = performance.now();
-        let replayed: Uint8Array[] | null = null;
-        let reply;
-        try {
-          if (!hs.synced) replayed = await this.replayHop(hs, bounds(), session, last, sampling, declared, signal);
-          reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal);
-        } catch (e) {
-          if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
-          if (e instanceof ReplayMismatch) {
-            if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again while being replayed`);
-            replayed409.add(hs);
-            continue;
-          }
-          recovery = await this.recover(hops, i, e, headPeerId, recovery, t0, signal, recoveries, chain);
-          continue; // retry index i, now the first replacement hop
-        }
-        const rowsSent = seq;
-        if (reply.status === 409) {
-          // The hop lost the session's cache (it restarted, the session idled past its TTL, or the step ran twice): replay it, once.
-          if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again after a replay`);
-          replayed409.add(hs);
-          this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${position} rows`);
-          hs.synced = false;
-          continue;
-        }
-        if (reply.status === 503) throw busyError(hs.hop, reply);
-        hs.synced = true;
-        if (recovery && i >= recovery.untilIndex) {
-          pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
-          recovery = undefined;
-        }
-        if (last) {
-          const ans = parseTokenAnswer(reply.body, hs.hop);
-          return { tokenId: ans.token_id, logprob: ans.logprob };
-        }
-        const answered = reply.headers[H.dtype];
-        if (answered !== undefined && answered !== this.options.wireDtype) {
-          throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${H.dtype} ${answered.slice(0, 16)} to a ${this.options.wireDtype} request`);
-        }
-        if (reply.body.byteLength !== rowsSent * this.rowBytes) {
-          throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes for ${rowsSent} rows of ${this.rowBytes}`);
-        }
-        // Zero-copy: the hop's answer (same dtype) is the next hop's body. After a replay the next
-        // hop may need every row (when it is a fresh replacement too): hand it the replay's outputs as well.
-        input = replayed && !hops[i + 1]!.synced ? concatBytes([...replayed, reply.body]) : reply.body;
-        i++;
-      }
-      throw new MeshError('MESH_ERR_INTERNAL', 'the route has no last hop');
-    };
-
     let finish: 'stop' | 'length' = 'length';
     const history: number[] = [...promptIds, ...req.prefix_token_ids];
-    // Where each step started: a replay resends the history in these same chunks.
-    const stepStarts: number[] = [];
-    const bounds = (): number[] => [...stepStarts, position];
     let completed = false;
     try {
       let next: number[] = history.slice();
-      while (index < req.max_tokens && position + next.length <= ex.maxContext) {
+      while (index < req.max_tokens && run.position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         const t0 = performance.now();
-        const { tokenId, logprob } = await step(next, () => history.slice(0, position + next.length));
+        const { tokenId, logprob } = await this.step(run, next, () => history.slice(0, run.position + next.length));
         // A step that recovered a hop is no measure of the usual one.
-        if (next.length === 1 && pending.length === 0) this.observeStep(performance.now() - t0);
-        stepStarts.push(position);
-        position += next.length;
-        while (pending.length > 0) yield pending.shift()!;
+        if (next.length === 1 && run.pending.length === 0) this.observeStep(performance.now() - t0);
+        run.checks?.step(next.length, { tokenId, logprob });
+        // Where each step started: a replay resends the history in these same chunks.
+        run.stepStarts.push(run.position);
+        run.position += next.length;
+        while (run.pending.length > 0) yield run.pending.shift()!;
         if (tok.isEos(tokenId)) {
           finish = 'stop';
           break;
@@ -342,7 +301,7 @@ export class PipelineDriver {
         const pushed = stop.push(detok.push(tokenId));
         let text = pushed.text;
         // The last token of a length-limited run lets go of text held for a stop string that can no longer complete.
-        if (!pushed.stopped && (index + 1 >= req.max_tokens || position + 1 > ex.maxContext)) text += stop.flush();
+        if (!pushed.stopped && (index + 1 >= req.max_tokens || run.position + 1 > ex.maxContext)) text += stop.flush();
         yield { type: 'token', index, token_id: tokenId, text, logprob };
         index++;
         if (pushed.stopped) {
@@ -355,13 +314,141 @@ export class PipelineDriver {
       yield { type: 'done', finish_reason: finish, completion_tokens: index, prompt_tokens: promptIds.length };
     } catch (e) {
       if (!completed) {
-        while (pending.length > 0) yield pending.shift()!;
+        while (run.pending.length > 0) yield run.pending.shift()!;
         yield errorEvent(e);
       }
     } finally {
       ex.dropSession(session);
-      for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
+      // With checks, the planned hops' answers to DELETE carry their final attestation (head-verify.ts); the checks run after.
+      if (run.checks) run.checks.end(hops, history.slice(0, run.position));
+      else for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
     }
+  }
+
+  /** One step: `tokens` enter at `run.position`; returns the sampled token. */
+  private async step(run: Generation, tokens: number[], allTokens: () => number[]): Promise<{ tokenId: number; logprob: number }> {
+    const seq = tokens.length;
+    const total = run.position + seq;
+    trace?.('step', run.session, run.position);
+    const local = await this.headSpan(run, tokens, allTokens);
+    trace?.('head-span', run.session, run.position);
+    // What the head's own span computed, for its attestation: this step's tokens, or every token when its cache was rebuilt.
+    const fed = local.kind === 'token' || local.data.length / this.init.executor.config.hiddenSize === seq ? { at: run.position, ids: tokens } : { at: 0, ids: allTokens() };
+    if (local.kind === 'token') {
+      run.checks?.local(fed.at, fed.ids, local);
+      return { tokenId: local.tokenId, logprob: local.logprob };
+    }
+    // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
+    const input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
+    run.checks?.local(fed.at, fed.ids, input);
+    // A hop the tracker now distrusts (a check proved it wrong) is replaced before this step, by the star's replay.
+    const verify = this.init.verify;
+    const distrusted = verify !== undefined && run.hops.some((h) => verify.distrusted(h.hop.peer_id));
+    if (!distrusted && run.chain.usable(run.hops)) {
+      const { headPeerId, session, position, sampling, declared, signal } = run;
+      const got = await this.chainStepOrStar(run.chain, run.hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal, onAttest: (h) => run.checks?.attest(h) });
+      trace?.('step-done', run.session, run.position);
+      if (got) return got;
+    }
+    return this.starStep(run, input, seq, total);
+  }
+
+  /** The head's own layers for a step (its cache rebuilt from the token history when it was dropped); a busy head is MESH_ERR_BUSY naming it. */
+  private async headSpan(run: Generation, tokens: number[], allTokens: () => number[]): Promise<ForwardResult> {
+    const ex = this.init.executor;
+    const localReq = (ids: readonly number[], pos: number): ForwardRequest => ({
+      session: run.session,
+      position: pos,
+      ...(pos === 0 ? { sessionTokens: run.declared } : {}),
+      tokenIds: ids,
+      startLayer: 0,
+      endLayer: run.localEnd,
+      ...(run.localEnd === ex.config.numLayers ? { sampling: run.localSampling } : {}),
+    });
+    try {
+      try {
+        return await ex.forward(localReq(tokens, run.position));
+      } catch (e) {
+        // Our own cache was dropped after idling past its TTL: rebuild it from the token history.
+        if (!(e instanceof PositionMismatchError)) throw e;
+        return await ex.forward(localReq(allTokens(), 0));
+      }
+    } catch (e) {
+      if (e instanceof MeshError && (e.code === 'MESH_ERR_BUSY' || isRebuilding(e))) throw new MeshError('MESH_ERR_BUSY', `head ${run.headPeerId}: ${e.message}`, { ...e.details, peer_id: run.headPeerId });
+      throw e;
+    }
+  }
+
+  /**
+   * The step as a star: the head sends `input` to each hop in turn and each
+   * answers it; a failed hop is replaced and replayed, a 409 replayed once.
+   */
+  private async starStep(run: Generation, input: Uint8Array, seq: number, total: number): Promise<{ tokenId: number; logprob: number }> {
+    const { hops, session, position, sampling, declared, signal } = run;
+    let recovery: PendingRecovery | undefined;
+    /** Hops replayed after a 409 in this step: each gets one replay. */
+    const replayed409 = new Set<HopState>();
+
+    for (let i = 0; i < hops.length; ) {
+      const hs = hops[i]!;
+      if (this.init.verify?.distrusted(hs.hop.peer_id)) {
+        // Its caches and everything after it hold rows derived from its lies: replace it, and replay every later hop.
+        this.init.onLog?.(`hop ${hs.hop.peer_id} is distrusted by the tracker (a check found it lying); replacing it`);
+        recovery = await this.recover(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), run.headPeerId, recovery, performance.now(), signal, run, run.chain);
+        for (let k = i + 1; k < hops.length; k++) hops[k]!.synced = false;
+        continue;
+      }
+      hs.history.extendTo(total, input);
+      const last = i === hops.length - 1;
+      const t0 = performance.now();
+      let replayed: Uint8Array[] | null = null;
+      let reply;
+      try {
+        if (!hs.synced) replayed = await this.replayHop(hs, [...run.stepStarts, position], session, last, sampling, declared, signal);
+        reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal);
+      } catch (e) {
+        if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
+        if (e instanceof ReplayMismatch) {
+          if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again while being replayed`);
+          replayed409.add(hs);
+          continue;
+        }
+        recovery = await this.recover(hops, i, e, run.headPeerId, recovery, t0, signal, run, run.chain);
+        continue; // retry index i, now the first replacement hop
+      }
+      const rowsSent = seq;
+      if (reply.status === 409) {
+        // The hop lost the session's cache (it restarted, the session idled past its TTL, or the step ran twice): replay it, once.
+        if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again after a replay`);
+        replayed409.add(hs);
+        this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${position} rows`);
+        hs.synced = false;
+        continue;
+      }
+      if (reply.status === 503) throw busyError(hs.hop, reply);
+      hs.synced = true;
+      run.checks?.attest(reply.headers);
+      if (recovery && i >= recovery.untilIndex) {
+        run.pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
+        recovery = undefined;
+      }
+      if (last) {
+        const ans = parseTokenAnswer(reply.body, hs.hop);
+        return { tokenId: ans.token_id, logprob: ans.logprob };
+      }
+      const answered = reply.headers[H.dtype];
+      if (answered !== undefined && answered !== this.options.wireDtype) {
+        throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${H.dtype} ${answered.slice(0, 16)} to a ${this.options.wireDtype} request`);
+      }
+      if (reply.body.byteLength !== rowsSent * this.rowBytes) {
+        throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes for ${rowsSent} rows of ${this.rowBytes}`);
+      }
+      // Zero-copy: the hop's answer (same dtype) is the next hop's body. After a replay the next
+      // hop may need every row (when it is a fresh replacement too): hand it the replay's outputs as well.
+      input = replayed && !hops[i + 1]!.synced ? concatBytes([...replayed, reply.body]) : reply.body;
+      i++;
+    }
+    throw new MeshError('MESH_ERR_INTERNAL', 'the route has no last hop');
   }
 
   /**
@@ -391,6 +478,7 @@ export class PipelineDriver {
         ...(s.signal ? { signal: s.signal } : {}),
       });
       chain.observe(s.seq, performance.now() - t0);
+      if (r.attest !== undefined) s.onAttest?.({ [ATTEST_HEADER]: r.attest });
       const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
       // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
       if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
@@ -430,17 +518,6 @@ export class PipelineDriver {
     return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
   }
 
-  /** How long one hop may take to answer a one-token step (all its paths together) before it counts as failed. */
-  stepBudgetMs(): number {
-    const max = this.options.decodeTimeoutMs;
-    if (this.recentStepMs === undefined) return max;
-    return Math.min(max, Math.max(STEP_BUDGET_FLOOR_MS, Math.round(STEP_BUDGET_FACTOR * this.recentStepMs)));
-  }
-
-  private observeStep(ms: number): void {
-    this.recentStepMs = this.recentStepMs === undefined ? ms : this.recentStepMs + 0.2 * (ms - this.recentStepMs);
-  }
-
   /**
    * Rebuild a hop's cache from its input history, in the chunks the rows were
    * first computed in (the prompt, then one row per step): a kernel run on
@@ -465,6 +542,17 @@ export class PipelineDriver {
     }
     hs.synced = true;
     return last ? null : outs;
+  }
+
+  /** How long one hop may take to answer a one-token step (all its paths together) before it counts as failed. */
+  stepBudgetMs(): number {
+    const max = this.options.decodeTimeoutMs;
+    if (this.recentStepMs === undefined) return max;
+    return Math.min(max, Math.max(STEP_BUDGET_FLOOR_MS, Math.round(STEP_BUDGET_FACTOR * this.recentStepMs)));
+  }
+
+  private observeStep(ms: number): void {
+    this.recentStepMs = this.recentStepMs === undefined ? ms : this.recentStepMs + 0.2 * (ms - this.recentStepMs);
   }
 
   /** Replace hops[i] by the tracker's answer; returns the recovery to report once the replacement answers. */
@@ -516,6 +604,8 @@ export class PipelineDriver {
 }
 
 interface ChainStepArgs {
+  /** The hops' attestations that came with the token (head-verify.ts). */
+  onAttest?: (headers: Record<string, string>) => void;
   headPeerId: string;
   session: string;
   position: number;

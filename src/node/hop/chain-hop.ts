@@ -34,6 +34,7 @@ import { VerifiedRoutes, verifyChainReply, type VerifiedRoute } from '../tracker
 import { dtypeBytes, isDtype } from '../../protocol/tensor.ts';
 import { z } from 'zod';
 import { trace } from '../../protocol/trace.ts';
+import { appendAttestation, ATTEST_HEADER } from '../../verify/attest.ts';
 
 export interface ChainHopInit {
   peerId: string;
@@ -305,10 +306,13 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       trace?.('hop-span', h[H.session], h[H.position]);
       if (res.status !== 200) return fail(headTo, h, remoteError(res.status, out), left());
 
+      // The hops' attestations travel with the step: each adds its latest to what it received (docs/protocol.md §11).
+      const attest = res.headers[ATTEST_HEADER] !== undefined ? appendAttestation(h[ATTEST_HEADER], res.headers[ATTEST_HEADER]) : h[ATTEST_HEADER];
       if (last) {
         // The token in a header, and the carried rows (X_1 … X_n−1, all but hop 1's input) as the body.
         const tokenText = new TextDecoder().decode(out);
         const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainToken]: tokenText, [H.dtype]: h[H.dtype] ?? '', 'content-type': 'application/octet-stream' };
+        if (attest !== undefined) headers[ATTEST_HEADER] = attest;
         init.transport.push(headTo, { method: 'POST', path: '/chain/token', headers, body: req.body }, left(), PUSH_WINDOW_MS, undefined, { accept: (r) => r.status === 204 || r.status === 404 }).then(
           (got) => {
             if (got.status === 404) pushLog(`chain: the head ${head} waits for no token at position ${h[H.position]} (late, or it gave up on the step)`);
@@ -331,6 +335,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       fwd[H.chainIndex] = String(index + 1);
       fwd[H.chainBudget] = String(Math.max(1, left() - HOP_MARGIN_MS));
       fwd['content-type'] = 'application/octet-stream';
+      if (attest !== undefined) fwd[ATTEST_HEADER] = attest;
       if (out.byteLength !== block) return fail(headTo, h, new MeshError('MESH_ERR_INTERNAL', `the span answered ${out.byteLength} bytes for a ${block}-byte block`), left());
       // Hop 1's output is X_1, the first row block the head needs back; every later hop adds its own.
       const body = index === 0 ? out : concatBytes([req.body, out]);

@@ -1,5 +1,5 @@
 /**
- * What a node does when its GPU fails it (issue 9, "Bad input and failure"),
+ * What a node does when its GPU fails it (docs/architecture.md, "The GPU path"),
  * the same on every host:
  *
  *   device lost     the span is built again on the same layers (SpanSlot
@@ -148,16 +148,6 @@ export class DeviceRecovery {
     this.o.log('warn', `the device could not allocate ${what}${why}; announcing ${mib(after)} instead of ${mib(before)} so that the tracker assigns a smaller span`);
     this.o.setBudget(after);
   }
-}
-
-/**
- * The answer while `span`'s lost device is being replaced: 503 with a
- * Retry-After of about one load of the span (what the rebuild takes; 1-15 s),
- * so that the tracker does not spend its re-routes on a node still rebuilding.
- */
-export function rebuildingError(span: LoadedSpan): MeshError {
-  const retry = Math.min(15_000, Math.max(1_000, Math.round(span.loadMs ?? 0)));
-  return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${span.deviceLostReason}); this span is being rebuilt`, { retry_after_ms: retry });
 }
 
 function isDeviceMemory(e: unknown): boolean {

@@ -18,9 +18,10 @@ import { createHeadHandler } from '../head/head-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import type { PipelineDriver } from '../head/pipeline.ts';
-import { rebuildingError } from './device-recovery.ts';
-import type { LoadedSpan } from './span.ts';
+import { rebuildingError, type LoadedSpan } from './span.ts';
 import type { NodeActivity } from './stats.ts';
+import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
+import type { SignedPlan } from '../verify/verifier.ts';
 
 /** How a request reached the node. */
 export type Surface = 'relay' | 'link' | 'http';
@@ -38,6 +39,12 @@ export interface NodeHandlerInit {
   injectDelayMs: number;
   onLog(message: string): void;
   onGenerateEvent(event: GenerateEvent, sessionId: string): void;
+  /** POST /check: recompute another hop's span for a head the tracker sent (docs/protocol.md §11). */
+  check?: MeshHandler;
+  /** The tracker's verified notice that a node is quarantined. */
+  onDistrust?: (notice: Distrust) => void;
+  /** The tracker's verified walk of a finished generation (head-verify.ts FinishedStore). */
+  onWalk?: (plan: SignedPlan) => boolean;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -76,6 +83,8 @@ export class NodeHandler {
       trackerKey: init.trackerKey,
       pipeline: (): PipelineDriver | undefined => init.span()?.pipeline,
       onLog: init.onLog,
+      ...(init.onDistrust ? { onDistrust: init.onDistrust } : {}),
+      ...(init.onWalk ? { onWalk: init.onWalk } : {}),
       onEvent: (e, sessionId) => {
         // A head computes every token it streams (embedding, its layers) without a /forward: count them as served.
         if (e.type === 'token') init.activity.headToken();
@@ -93,6 +102,7 @@ export class NodeHandler {
   private counted(surface: Surface): MeshHandler {
     return (req) => {
       if (req.path === '/forward' || req.path.startsWith('/forward?')) this.served[surface]++;
+      else if (this.init.check && req.path.split('?')[0] === CHECK_PATH) return this.init.check(req);
       return this.head(req);
     };
   }

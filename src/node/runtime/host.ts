@@ -17,9 +17,10 @@ import type { ModelTokenizer } from '../../model/tokenizer.ts';
 import type { Dtype } from '../../protocol/tensor.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
 import type { WeightFormat } from '../../model/weight-format.ts';
-import type { WeightLoader } from '../../shard/executor.ts';
+import type { WeightLoader } from '../../shard/contract.ts';
 import type { Q4Cache } from '../../shard/fused-executor.ts';
-import type { SpanExecutor, SpanGraphs } from '../../shard/span-executor.ts';
+import type { SpanGraphs } from '../../shard/span-executor.ts';
+import type { SpanExecutor } from '../../shard/contract.ts';
 import type { Identity, KeyStore } from '../../net/identity.ts';
 import type { DirectRequest, LinkDialer } from '../../net/contract.ts';
 import type { HandshakeWatcher } from '../../net/relay-hop.ts';
@@ -123,4 +124,14 @@ export interface RuntimeHost {
   links?(identity: Identity): LinkDialer;
   /** Sees a refused `/rpc` handshake's status (`ws` can, a browser cannot). */
   readonly watchHandshake?: HandshakeWatcher;
+  /**
+   * Wrappers around what a span is built from and runs on. No host sets them: only test code does,
+   * through startNodeHost's programmatic options, to make a node that lies (docs/verification.md).
+   */
+  readonly spanHooks?: SpanHooks;
+}
+
+export interface SpanHooks {
+  weights?(loader: WeightLoader, spec: SpanSpec): WeightLoader;
+  executor?(executor: SpanExecutor, spec: SpanSpec): SpanExecutor;
 }

@@ -1,5 +1,5 @@
 /** A freshly built span's step time (device-recovery.ts: the layer_ms the tracker gets after a rebuild). */
-import type { SpanExecutor } from '../../shard/span-executor.ts';
+import type { SpanExecutor } from '../../shard/contract.ts';
 
 /**
  * Per-layer time of one-token steps on a freshly built executor, ms: the

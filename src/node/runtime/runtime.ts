@@ -34,6 +34,11 @@ import { DeviceRecovery } from './device-recovery.ts';
 import { NodeState, deriveState } from './state.ts';
 import { NodeActivity } from './stats.ts';
 import type { LoadProgress, RuntimeEvent } from './events.ts';
+import { Attestor } from '../../verify/attestor.ts';
+import { verifyEd25519 } from '../../net/identity.ts';
+import { createCheckHandler } from '../verify/check-handler.ts';
+import { DistrustSet, FinishedStore, HeadVerify } from '../verify/head-verify.ts';
+import { Verifier } from '../verify/verifier.ts';
 
 export const RUNTIME_VERSION = '0.1.0';
 
@@ -54,7 +59,7 @@ export interface RuntimeConfig {
   maxContext?: number;
   /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
   kvIdleTtlMs?: number;
-  /** Most sessions' one-token steps run as one batch (issue 11); 1 turns batching off. @defaultValue 16 */
+  /** Most sessions' one-token steps run as one batch (docs/architecture.md, "Batching at a hop"); 1 turns batching off. @defaultValue 16 */
   maxBatch?: number;
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
@@ -84,6 +89,14 @@ export class NodeRuntime {
   readonly transport: HopTransport;
   private readonly handler: NodeHandler;
   private readonly recovery: DeviceRecovery;
+  /** Signs what this node answers, per session (docs/protocol.md §11). */
+  readonly attestor: Attestor;
+  /** Nodes the tracker quarantined: a head replaces them before its next step. */
+  readonly distrust = new DistrustSet();
+  /** As a head: the checks the tracker's plans ask for, run after each generation. */
+  readonly verifier: Verifier;
+  /** As a head: finished generations kept a few minutes, for the tracker's walks after an audit. */
+  readonly finished = new FinishedStore();
   private relay: RelayClient | undefined;
   private readonly links: LinkDialer | undefined;
   private tracker: TrackerClient | undefined;
@@ -154,7 +167,35 @@ export class NodeRuntime {
       ...(config.hopOrder ? { order: config.hopOrder } : {}),
       onLog: (m) => host.log('warn', m),
     });
+    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
+    this.verifier = new Verifier({
+      peerId: identity.peerId,
+      transport: this.transport,
+      verify: verifyEd25519,
+      report: (r) => {
+        if (!this.tracker) return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no tracker to report a check to'));
+        return this.tracker.reportCheck(r);
+      },
+      skipped: (s) => (this.tracker ? this.tracker.reportSkipped(s) : Promise.resolve(undefined)),
+      onEvent: (e) => {
+        if (e.type === 'reported') {
+          const a = e.answer as { outcome?: string; guilty?: string } | undefined;
+          if (a?.outcome && a.outcome !== 'pass') host.log('warn', `check of ${e.peer}: ${a.outcome}${a.guilty ? ` (${a.guilty} found lying)` : ''}`);
+        } else host.log('info', `check of ${e.peer}: ${e.type} (${e.why})`);
+      },
+    });
+    const checks = createCheckHandler({
+      peerId: identity.peerId,
+      model: () => this.slot.current?.spec.model ?? this.model ?? '',
+      executor: () => this.slot.current?.executor,
+      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      sign: (b) => identity.sign(b),
+      verify: verifyEd25519,
+    });
     this.handler = new NodeHandler({
+      check: checks,
+      onDistrust: (d) => this.distrust.add(d),
+      onWalk: (plan) => this.finished.walk(plan, this.verifier),
       peerId: identity.peerId,
       activity: this.activity,
       span: () => this.slot.current,
@@ -381,7 +422,7 @@ export class NodeRuntime {
       return;
     }
     const trackerUrl = this.config.trackerUrl!;
-    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity });
+    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, onDistrust: (list) => this.distrust.replace(list) });
     if (this.model === undefined) {
       const models = await client.models();
       if (models.length === 0) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} names no model`);
@@ -445,6 +486,8 @@ export class NodeRuntime {
         ...span.backend.details,
       }),
       hopMode: this.config.hopMode ?? 'chain',
+      attestor: this.attestor,
+      headVerify: (model) => new HeadVerify({ peerId: this.identity.peerId, model, attestor: this.attestor, verifier: this.verifier, distrust: this.distrust, transport: this.transport, finished: this.finished }),
       replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.tracker!.replace(model, hop, signal, route) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };

@@ -12,14 +12,16 @@
 import { parseModelConfig, type ModelConfig } from '../../model/config.ts';
 import type { ModelTokenizer } from '../../model/tokenizer.ts';
 import { MeshError } from '../../protocol/errors.ts';
-import { createSpanExecutor, type SpanExecutor } from '../../shard/span-executor.ts';
+import { createSpanExecutor } from '../../shard/span-executor.ts';
+import type { SpanExecutor } from '../../shard/contract.ts';
 import { createForwardHandler } from '../hop/forward-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../head/pipeline.ts';
 import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import { measureLayerMs } from './measure.ts';
-import { rebuildingError } from './device-recovery.ts';
+import type { Attestor } from '../../verify/attestor.ts';
+import type { HeadVerify } from '../verify/head-verify.ts';
 import type { NodeActivity } from './stats.ts';
 
 export interface LoadedSpan {
@@ -66,6 +68,10 @@ export interface SpanLoadContext {
   replace: ((model: string) => ReplaceSpan) | undefined;
   /** The pipeline's hop mode (PipelineOptions.hopMode). */
   hopMode?: 'chain' | 'star';
+  /** Signs what this node's span answers (docs/protocol.md §11). */
+  attestor?: Attestor;
+  /** A head's spot-checks for a model (docs/verification.md). */
+  headVerify?(model: string): HeadVerify;
   /** The load of `spec` moved on (state and progress for the page). */
   onPhase(phase: 'downloading' | 'loading', spec: SpanSpec, config: ModelConfig, progress?: DownloadProgress): void;
   /** Throws MESH_ERR_CANCELLED when the load was superseded (the node stopped or restarted). */
@@ -74,6 +80,16 @@ export interface SpanLoadContext {
   deviceLoss?(): DeviceLoss | undefined;
   /** Every /forward's status (a 507 asks for a smaller span). */
   onForwardStatus?(span: LoadedSpan, status: number): void;
+}
+
+/**
+ * The answer while `span`'s lost device is being replaced: 503 with a
+ * Retry-After of about one load of the span (what the rebuild takes; 1-15 s),
+ * so that the tracker does not spend its re-routes on a node still rebuilding.
+ */
+export function rebuildingError(span: LoadedSpan): MeshError {
+  const retry = Math.min(15_000, Math.max(1_000, Math.round(span.loadMs ?? 0)));
+  return new MeshError('MESH_ERR_UNAVAILABLE', `the GPU device was lost (${span.deviceLostReason}); this span is being rebuilt`, { retry_after_ms: retry });
 }
 
 /** A model URL as a base that file names append to. */
@@ -102,10 +118,11 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   const lost = ctx.deviceLoss?.();
   const chosen = await host.backends.choose(spec, config, weights.loader, lost);
   ctx.checkCurrent();
-  const executor = await createSpanExecutor({
+  const loader = host.spanHooks?.weights ? host.spanHooks.weights(weights.loader, spec) : weights.loader;
+  const built = await createSpanExecutor({
     config,
     backend: chosen.backend,
-    weights: weights.loader,
+    weights: loader,
     startLayer: spec.startLayer,
     endLayer: spec.endLayer,
     graphs: chosen.graphs ?? { kind: 'plain', dtype: chosen.info.dtype },
@@ -116,6 +133,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     ...(ctx.kvIdleTtlMs !== undefined ? { kvTtlMs: ctx.kvIdleTtlMs } : {}),
     ...(ctx.maxBatch !== undefined ? { maxBatch: ctx.maxBatch } : {}),
   });
+  const executor = host.spanHooks?.executor ? host.spanHooks.executor(built, spec) : built;
   warnIfKvStarved(executor, spec, ctx);
   try {
     await host.backends.prepare?.(executor, chosen);
@@ -181,6 +199,7 @@ function forwardHandlerFor(span: LoadedSpan, ctx: SpanLoadContext): MeshHandler 
       else ctx.onForwardStatus?.(span, ev.status);
     },
     onError: (e) => ctx.host.log('error', `forward: ${(e as Error).stack ?? String(e)}`),
+    ...(ctx.attestor ? { attestor: ctx.attestor } : {}),
   });
 }
 
@@ -206,7 +225,9 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     },
   };
   const replace = ctx.replace?.(span.spec.model);
+  const verify = ctx.headVerify?.(span.spec.model);
   return new PipelineDriver({
+    ...(verify ? { verify } : {}),
     executor: timed,
     tokenizer: span.tokenizer,
     transport: ctx.transport,

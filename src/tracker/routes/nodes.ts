@@ -28,6 +28,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url, wire_dtype: wireDtypeOf(o, model.name) },
       heartbeat_interval_ms: o.heartbeatIntervalMs,
       tracker_public_key: ctx.publicKey,
+      ...(ctx.verification.enabled ? { distrust: ctx.verification.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until })) } : {}),
     };
   }
 

@@ -7,7 +7,7 @@
 import type { TrackerContext } from '../context.ts';
 import { complete } from '../completion.ts';
 import { json, type App } from '../http.ts';
-import { openAiError } from '../openai.ts';
+import { openAiError } from '../openai-wire.ts';
 
 export function openAiRoutes(app: App, ctx: TrackerContext): void {
   const { registry } = ctx;

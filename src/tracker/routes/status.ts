@@ -8,6 +8,7 @@
  *   GET /healthz, GET /metrics
  */
 import type { TrackerContext } from '../context.ts';
+import { verificationSummary } from './verify.ts';
 import { wireDtypeOf } from '../options.ts';
 import { DASHBOARD_HTML } from '../dashboard.ts';
 import { json, type App } from '../http.ts';
@@ -86,6 +87,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
       })),
       queue: queueView(),
       recent_routes: [...ctx.recentRoutes].reverse(),
+      verification: verificationSummary(ctx),
     });
   });
 

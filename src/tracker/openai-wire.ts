@@ -46,6 +46,12 @@ const common = {
   stream: z.boolean().nullish(),
   stream_options: z.object({ include_usage: z.boolean().optional() }).nullish(),
   n: z.number().int().positive().nullish(),
+  /**
+   * How sure the caller wants to be of the mesh's honesty (docs/verification.md): 'default' (sampled
+   * spot-checks; the answer says what was checked), 'checked' (every node of the generation is checked,
+   * and the final usage and SSE field wait for the verdicts), 'strict' (every step on two disjoint routes).
+   */
+  verification: z.enum(['default', 'checked', 'strict']).nullish(),
   user: z.string().optional(),
 };
 
@@ -100,6 +106,8 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** Whether the nodes that computed the answer were checked (docs/verification.md); absent when the tracker runs no checks. */
+  verification?: unknown;
 }
 
 export function usage(prompt: number, completion: number): Usage {
@@ -153,7 +161,11 @@ export function completionObject(kind: ApiKind, ids: CompletionIds, choices: rea
  * extension): text that could still start a stop string is held back, so ids
  * can arrive a chunk before their text.
  */
-export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: number; text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null; tokenIds?: number[] }) {
+export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: number; text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null; tokenIds?: number[]; verification?: unknown }) {
+  if (part.verification !== undefined && part.usage === undefined) {
+    // The final verification chunk: no choice, the verification alone (OpenAI clients skip a chunk without choices).
+    return { id: ids.id, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created: ids.created, model: ids.model, system_fingerprint: null, choices: [], verification: part.verification };
+  }
   const finish_reason = part.finish ?? null;
   const index = part.index ?? 0;
   const tokens = part.tokenIds !== undefined ? { token_ids: part.tokenIds } : {};
@@ -169,6 +181,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: n
       system_fingerprint: null,
       choices: part.usage ? [] : [{ index, delta, logprobs: null, finish_reason, ...tokens }],
       ...(part.usage !== undefined ? { usage: part.usage } : {}),
+      ...(part.verification !== undefined ? { verification: part.verification } : {}),
     };
   }
   return {
@@ -179,6 +192,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: n
     system_fingerprint: null,
     choices: part.usage ? [] : [{ index, text: part.text ?? '', logprobs: null, finish_reason, ...tokens }],
     ...(part.usage !== undefined ? { usage: part.usage } : {}),
+    ...(part.verification !== undefined ? { verification: part.verification } : {}),
   };
 }
 
