@@ -65,8 +65,10 @@ export type PeerRequester = MeshRequestFn & { push?: MeshPushFn };
 
 /** What the transports need of RelayClient (structural, so tests may fake it). */
 export interface FastPathClient {
-  /** Our relay's base URL (any of ws/wss/http/https); a hop whose relay_addr has the same host:port is on our relay. */
+  /** Our relay's base URL (any of ws/wss/http/https); a hop whose relay_addr has the same host:port is on our relay. Read per hop: a node that failed over has another. */
   readonly relayUrl: string;
+  /** Our relay is in a cluster: a hop on any relay (of the cluster) is reached on our fast path (a 404 from it: /rpc next). */
+  readonly cluster?: boolean;
   /** True while registered: the fast path is usable. */
   readonly isRegistered: boolean;
   /**

@@ -125,12 +125,10 @@ export class HopTransport {
   private readonly linkFailedAt = new Map<string, number>();
   /** Adaptive order: per peer, round-trip EWMA (ms) and sample count per path, and requests sent. */
   private readonly rtt = new Map<string, { ms: Partial<Record<TransportKind, number>>; n: Partial<Record<TransportKind, number>>; sent: number }>();
-  private readonly ourRelay: string | undefined;
 
   private readonly directRequest: DirectRequest | undefined;
 
   constructor(private readonly init: HopTransportInit) {
-    this.ourRelay = init.fast ? hostPort(init.fast.relayUrl) : undefined;
     this.directRequest = init.direct ?? (init.fetch ? fetchDirect(init.fetch) : undefined);
   }
 
@@ -141,7 +139,9 @@ export class HopTransport {
     let waiting = false;
     if (hop.relay_addr !== undefined) {
       const fast = this.init.fast;
-      const onOurs = fast !== undefined && this.ourRelay !== undefined && hostPort(hop.relay_addr) === this.ourRelay;
+      const ours = fast === undefined ? undefined : hostPort(fast.relayUrl);
+      // In a cluster, our relay reaches a hop on any of its relays (a hop elsewhere: its 404 sends us to /rpc next).
+      const onOurs = fast !== undefined && (fast.cluster === true || (ours !== undefined && hostPort(hop.relay_addr) === ours));
       if (onOurs && fast.isRegistered) relay.push('fast');
       else if (onOurs && (fast.outageLeftMs?.() ?? 0) > 0) waiting = true;
       // /rpc works for any relay, ours included: the fallback when our own connection is down (not while it is being waited out: the relay is the one down).

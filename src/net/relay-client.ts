@@ -17,7 +17,7 @@
  * the same peer id. An outage shorter than `outageBudgetMs` is waited out:
  * requests made meanwhile wait for the new registration instead of failing.
  */
-import { ONE_WAY_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
+import { CLUSTER_FEATURE, ONE_WAY_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FrameMux } from './frame-mux.ts';
 import type { Identity } from './identity.ts';
@@ -53,8 +53,13 @@ export interface RelayStateEvent {
 }
 
 export interface RelayClientInit extends Partial<RelayClientOptions> {
-  /** `ws(s)://host:port` or the full `/ws` URL; `http(s)` is accepted and mapped. */
-  relayUrl: string;
+  /**
+   * `ws(s)://host:port` or the full `/ws` URL; `http(s)` is accepted and
+   * mapped. Several (a list, or comma-separated): relays to fail over
+   * between, each attempt after a failure or a lost connection dialling the
+   * next; the identity, and so the peer id, stay the same.
+   */
+  relayUrl: string | readonly string[];
   WebSocket: WebSocketConstructor;
   identity: Identity;
   handler?: MeshHandler;
@@ -70,6 +75,15 @@ export interface Registration {
   relayAddr: string;
   /** The far side forwards one-way requests (announced `one-way`). */
   oneWay?: boolean;
+  /** The relay is in a cluster (announced `cluster`): peers of every relay of it are reachable on this connection. */
+  cluster?: boolean;
+}
+
+/** `relayUrl` as a list of `/ws` URLs (split on commas, duplicates dropped). */
+export function relayWsUrls(relayUrl: string | readonly string[]): string[] {
+  const list = (typeof relayUrl === 'string' ? [relayUrl] : [...relayUrl]).flatMap((u) => u.split(',')).map((u) => u.trim()).filter((u) => u !== '');
+  if (list.length === 0) throw new TypeError('no relay URL given');
+  return [...new Set(list.map(relayWsUrl))];
 }
 
 /** The `/ws` endpoint for a relay base URL. */
@@ -91,7 +105,12 @@ interface Dial {
 
 export class RelayClient {
   readonly options: RelayClientOptions;
-  private readonly wsUrl: string;
+  /** The relays this client may dial: the ones it was given, then the ones a relay of a cluster named. */
+  private readonly wsUrls: string[];
+  /** How many of `wsUrls` were given (the rest were learned). */
+  private readonly givenUrls: number;
+  /** Which of `wsUrls` the current (or next) attempt dials. */
+  private urlIndex = 0;
   private readonly WebSocketCtor: WebSocketConstructor;
   private readonly identity: Identity;
   private readonly info: Record<string, unknown>;
@@ -122,13 +141,30 @@ export class RelayClient {
 
   constructor(init: RelayClientInit) {
     this.options = resolveRelayClientOptions(init);
-    this.wsUrl = relayWsUrl(init.relayUrl);
+    this.wsUrls = relayWsUrls(init.relayUrl);
+    this.givenUrls = this.wsUrls.length;
     this.WebSocketCtor = init.WebSocket;
     this.identity = init.identity;
     this.handler = init.handler;
     this.info = { ...(init.info ?? {}), protocols: [...RELAY_CLIENT_PROTOCOLS] };
     this.onLog = init.onLog ?? (() => {});
     this.random = init.random ?? Math.random;
+  }
+
+  /** The `/ws` URL of the relay this client is registered at (or dials next). */
+  get wsUrl(): string {
+    return this.wsUrls[this.urlIndex]!;
+  }
+
+  /** Base URL (`ws(s)://host:port`) of that relay. */
+  get relayUrl(): string {
+    const u = new URL(this.wsUrl);
+    return `${u.protocol}//${u.host}`;
+  }
+
+  /** Registered at a relay of a cluster: every peer of the cluster is reachable on the fast path. */
+  get cluster(): boolean {
+    return this.stateValue === RelayClientState.Registered && this.registration?.cluster === true;
   }
 
   get state(): RelayClientState {
@@ -399,12 +435,43 @@ export class RelayClient {
     this.mux = mux;
     this.attempt = 0;
     this.pastBudget = 0;
-    this.registration = { peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr, oneWay: parsed.data.features?.includes(ONE_WAY_FEATURE) === true };
+    this.registration = {
+      peerId: parsed.data.peer_id,
+      relayAddr: parsed.data.relay_addr,
+      oneWay: parsed.data.features?.includes(ONE_WAY_FEATURE) === true,
+      cluster: parsed.data.features?.includes(CLUSTER_FEATURE) === true,
+    };
+    this.learnRelays(parsed.data.relays);
     const outageMs = this.inOutage && this.lostAt !== undefined ? Math.round(performance.now() - this.lostAt) : undefined;
     this.inOutage = false;
     this.setState({ state: RelayClientState.Registered, attempt: 0, peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr, ...(outageMs !== undefined ? { outageMs } : {}) });
     for (const w of this.readyWaiters.splice(0)) w.resolve(this.registration);
     this.endOutage();
+  }
+
+  /**
+   * A relay of a cluster names its relays at registration: they join the
+   * list after the given ones, so a node given one URL can fail over too
+   * (at most 16 learned; a URL that is not ws(s) is ignored).
+   */
+  private learnRelays(relays: readonly string[] | undefined): void {
+    if (!relays) return;
+    for (const r of relays) {
+      let ws: string;
+      try {
+        ws = relayWsUrl(r);
+      } catch {
+        continue;
+      }
+      if (this.wsUrls.includes(ws)) continue;
+      if (this.wsUrls.length - this.givenUrls >= 16) break;
+      this.wsUrls.push(ws);
+    }
+  }
+
+  /** The next attempt dials the next relay of the list (with one relay: the same one). */
+  private nextRelay(): void {
+    this.urlIndex = (this.urlIndex + 1) % this.wsUrls.length;
   }
 
   /** The dial is over (registered, failed or closed): stop its timer and let go of its socket. */
@@ -432,6 +499,7 @@ export class RelayClient {
     this.endDial(dial, reason);
     if (this.stateValue === RelayClientState.Closed) return;
     this.log({ level: 'info', event: 'connection', message: `disconnected from ${this.wsUrl}: ${reason}` });
+    this.nextRelay();
     this.scheduleReconnect(reason);
   }
 
@@ -445,11 +513,13 @@ export class RelayClient {
     if (this.options.outageBudgetMs > 0) {
       this.outageTimer = setTimeout(() => {
         this.outageTimer = undefined;
-        this.log({ level: 'warn', event: 'outage', message: `relay ${this.wsUrl} unreachable for ${this.options.outageBudgetMs} ms; requests over it fail until it is back (still reconnecting)` });
+        this.log({ level: 'warn', event: 'outage', message: `no relay reachable for ${this.options.outageBudgetMs} ms (now trying ${this.wsUrl}); requests over it fail until one is back (still reconnecting)` });
         this.endOutage(this.notRegistered());
       }, this.options.outageBudgetMs);
     }
     this.log({ level: 'warn', event: 'connection', message: `disconnected from ${this.wsUrl}: ${reason}` });
+    // Another relay of the list first: the one that dropped us may be gone (with one relay, the same one again).
+    this.nextRelay();
     this.scheduleReconnect(reason, true);
   }
 

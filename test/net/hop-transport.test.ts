@@ -70,6 +70,35 @@ describe('HopTransport', () => {
     expect(t.plan({ peer_id: PEER, start_layer: 1, end_layer: 2, endpoint: 'http://x' })).toEqual(['direct']);
   });
 
+  it('in a cluster, takes the fast path for a hop on another relay (then /rpc at its relay), and reads our relay anew for every hop (a node that failed over)', async () => {
+    const p = paths(0, 0, { fastFails: true });
+    let cluster = false;
+    let relayUrl = 'ws://127.0.0.1:9000';
+    const fast: FastPathClient = {
+      get relayUrl() {
+        return relayUrl;
+      },
+      get cluster() {
+        return cluster;
+      },
+      isRegistered: true,
+      request: p.fast.request,
+    };
+    const rpcCalls: string[] = [];
+    const t = new HopTransport({ fast, direct: p.direct, rpc: (addr) => ({ request: async () => (rpcCalls.push(addr), ok), close() {} }) });
+    const elsewhere = { ...HOP, relay_addr: 'ws://relay-b.example:8787/rpc/' + PEER };
+    expect(t.plan(elsewhere)).toEqual(['rpc', 'direct']);
+    cluster = true;
+    expect(t.plan(elsewhere)).toEqual(['fast', 'rpc', 'direct']);
+    // Our relay said 404 (the peer is not in the cluster): /rpc at the hop's own relay answers.
+    expect((await t.send(elsewhere, req, 1_000)).status).toBe(200);
+    expect(p.used).toEqual(['fast']);
+    expect(rpcCalls).toEqual([elsewhere.relay_addr]);
+    cluster = false;
+    relayUrl = 'ws://relay-b.example:8787';
+    expect(new HopTransport({ fast, direct: p.direct, rpc: () => ({ request: async () => ok, close() {} }) }).plan(elsewhere)).toEqual(['fast', 'rpc', 'direct']);
+  });
+
   it('puts a link that is up first in the relay and direct orders, and measures it as a direct path in adaptive order', async () => {
     const p = paths(0, 0);
     let up = false;

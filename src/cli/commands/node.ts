@@ -43,7 +43,7 @@ function positive(value: string): number {
 
 export function configure(cmd: Command): void {
   cmd
-    .option('--relay <url>', 'relay base URL (ws[s]:// or http[s]://)')
+    .option('--relay <urls>', 'relay base URL (ws[s]:// or http[s]://); several, comma-separated, to fail over between relays (a relay of a cluster also names its others)')
     .option('--tracker <url>', 'tracker base URL (assignment, heartbeats, replacement spans)')
     .option('--port <n>', 'direct HTTP port (0 picks a free one)', int, NODE_HOST_DEFAULTS.port)
     .option('--host <addr>', 'interface the direct HTTP surface binds', NODE_HOST_DEFAULTS.host)

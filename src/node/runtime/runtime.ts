@@ -138,8 +138,10 @@ export class NodeRuntime {
     this.links = links;
     const relayFast = config.relayUrl
       ? {
-          relayUrl: config.relayUrl,
-          isRegistered: () => this.relay?.isRegistered === true,
+          // The relay it is registered at now (a node given several fails over between them).
+          relayUrl: () => this.relay?.relayUrl ?? config.relayUrl!,
+          cluster: () => this.relay?.cluster === true,
+          isRegistered: () => this.relay?.state === 'registered',
           request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
           push: (...a: Parameters<RelayClient['push']>) => this.relay?.push(...a),
           outageLeftMs: () => this.relay?.outageLeftMs() ?? 0,
@@ -150,7 +152,12 @@ export class NodeRuntime {
       ...(relayFast
         ? {
             fast: {
-              relayUrl: relayFast.relayUrl,
+              get relayUrl() {
+                return relayFast.relayUrl();
+              },
+              get cluster() {
+                return relayFast.cluster();
+              },
               get isRegistered() {
                 return relayFast.isRegistered();
               },
@@ -398,16 +405,21 @@ export class NodeRuntime {
         if (e.level === 'warn' || e.level === 'error') this.host.log(e.level, `relay: ${e.event}: ${e.message}`);
       },
     });
+    let lastAddr: string | undefined;
     relay.on('state', (e) => {
       if (relay !== this.relay) return;
       // One line per event: the connection lost (not each failed attempt after it), and back.
-      if (e.state === 'disconnected' && e.lost) this.host.log('warn', `relay ${this.config.relayUrl} lost (${e.reason ?? 'connection closed'}); reconnecting, requests wait up to ${relay.options.outageBudgetMs} ms`);
+      if (e.state === 'disconnected' && e.lost) this.host.log('warn', `relay connection lost (${e.reason ?? 'connection closed'}); reconnecting to ${relay.relayUrl}, requests wait up to ${relay.options.outageBudgetMs} ms`);
+      // Back after an outage, or registered at another relay (failover): the tracker learns it now, not at the next beat.
+      let beat = false;
       if (e.state === 'registered' && e.outageMs !== undefined) {
-        this.host.log('info', `relay ${this.config.relayUrl} back after ${e.outageMs} ms`);
-        // Tell the tracker at once that the node is reachable again.
-        void this.session?.beatNow();
+        this.host.log('info', `relay ${relay.relayUrl} back after ${e.outageMs} ms`);
+        beat = true;
       }
       this.changed();
+      if (e.state === 'registered' && e.relayAddr !== undefined && lastAddr !== undefined && e.relayAddr !== lastAddr) beat = true;
+      if (e.state === 'registered') lastAddr = e.relayAddr;
+      if (beat) void this.session?.beatNow();
     });
     this.relay = relay;
     relay.start();
