@@ -178,10 +178,12 @@ export class HopTransport {
       try {
         return await this.sendOnce(hop, req, timeoutMs, signal, opts);
       } catch (e) {
-        // Our relay was lost a moment ago, and the hop is not on it yet: it may be reconnecting from the same
-        // outage. Wait for it within the outage's window rather than call it gone (a replacement would be asked for).
+        // Our relay was lost a moment ago: the request went down with our connection, or the hop is not on the
+        // relay yet (it may be reconnecting from the same outage). Send it again within the outage's window rather
+        // than call the hop gone (a replacement would be asked for, and the failure counted against the hop).
+        // A step that did run before the cut answers 409 the second time; the pipeline replays it.
         const left = this.init.fast?.outageWindowLeftMs?.() ?? 0;
-        if (!(e instanceof HopUnreachableError) || left <= 0 || !e.errors.some((x) => x.kind === 'fast' && x.error.code === 'MESH_ERR_NO_SUCH_PEER')) throw e;
+        if (!(e instanceof HopUnreachableError) || left <= 0 || !e.errors.some((x) => x.kind === 'fast' && lostWithOurRelay(x.error))) throw e;
         await pause(Math.min(left, PEER_BACK_POLL_MS[1], PEER_BACK_POLL_MS[0] * 1.5 ** tries), signal);
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
       }
@@ -328,6 +330,11 @@ export class HopTransport {
     for (const c of this.rpcConns.values()) c.close();
     this.rpcConns.clear();
   }
+}
+
+/** A fast-path failure that says our relay lost the hop or us, not that the hop failed: it is not on the relay (yet), or our connection dropped under the request. */
+function lostWithOurRelay(e: MeshError): boolean {
+  return e.code === 'MESH_ERR_NO_SUCH_PEER' || (e.code === 'MESH_ERR_PEER_GONE' && e.details.reason === 'disconnected');
 }
 
 /** Sleep `ms`, or less when `signal` aborts. */

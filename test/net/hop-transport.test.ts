@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { DirectRequest, FastPathClient } from '../../src/net/contract.ts';
 import { HopTransport, HopUnreachableError } from '../../src/net/hop-transport.ts';
 import type { MeshReply } from '../../src/protocol/envelopes.ts';
-import type { MeshError } from '../../src/protocol/errors.ts';
+import { MeshError } from '../../src/protocol/errors.ts';
 import type { RouteHop } from '../../src/protocol/tracker.ts';
 
 const PEER = 'b'.repeat(32);
@@ -217,6 +217,37 @@ describe('HopTransport', () => {
     const slow = new HopTransport({ fast: { ...fast, outageWindowLeftMs: () => Math.max(0, 300 - (performance.now() - t0)) } });
     await expect(slow.send(hop, req, 1000)).rejects.toBeInstanceOf(HopUnreachableError);
     expect(performance.now() - t0).toBeLessThan(1_500);
+  });
+
+  it('sends a request cut by the drop of our relay connection again once it is back, within the outage window; a hop that failed otherwise is not retried', async () => {
+    let window = 2_000;
+    const used: string[] = [];
+    let cut = 1;
+    const fast: FastPathClient = {
+      relayUrl: 'ws://127.0.0.1:9000',
+      isRegistered: true,
+      outageWindowLeftMs: () => window,
+      request: async () => {
+        used.push('fast');
+        if (cut-- > 0) throw new MeshError('MESH_ERR_PEER_GONE', 'relay connection lost (socket closed); the request may or may not have run', { reason: 'disconnected' });
+        return ok;
+      },
+    };
+    const hop = { ...HOP, endpoint: undefined };
+    expect((await new HopTransport({ fast }).send(hop, req, 1000)).status).toBe(200);
+    expect(used).toEqual(['fast', 'fast']);
+    // The same cut with no outage window (the drop was not ours, or long ago): the hop counts as unreachable at once.
+    window = 0;
+    used.length = 0;
+    cut = 1;
+    await expect(new HopTransport({ fast }).send(hop, req, 1000)).rejects.toBeInstanceOf(HopUnreachableError);
+    expect(used).toEqual(['fast']);
+    // Within the window, a hop that failed for its own reasons (it went away from the relay mid-request) is not retried.
+    window = 2_000;
+    used.length = 0;
+    const gone: FastPathClient = { ...fast, request: async () => (used.push('fast'), Promise.reject(new MeshError('MESH_ERR_PEER_GONE', 'peer went away before answering'))) };
+    await expect(new HopTransport({ fast: gone }).send(hop, req, 1000)).rejects.toBeInstanceOf(HopUnreachableError);
+    expect(used).toEqual(['fast']);
   });
 
   it('hands a 503 MESH_ERR_BUSY (the hop has no KV room) to the caller without trying another path, but tries on after a relay\'s 503', async () => {
