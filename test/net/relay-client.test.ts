@@ -210,7 +210,7 @@ describe('waiting out a lost connection', () => {
     expect(performance.now() - t0).toBeGreaterThanOrEqual(140);
     await expect(h.client.request(TARGET, { method: 'POST', path: '/forward' })).rejects.toMatchObject({ code: 'MESH_ERR_UNAVAILABLE' });
     expect(h.client.push(TARGET, { method: 'POST', path: '/forward' })).toBeUndefined();
-    expect(h.logs.filter((l) => l.level === 'warn').map((l) => l.message)).toEqual([expect.stringMatching(/^disconnected from/), expect.stringMatching(/unreachable for 150 ms/)]);
+    expect(h.logs.filter((l) => l.level === 'warn').map((l) => l.message)).toEqual([expect.stringMatching(/^disconnected from/), expect.stringMatching(/no relay reachable for 150 ms/)]);
   });
 
   it('a request waiting for the connection is cancelled by its signal, and close() fails what waits', async () => {
