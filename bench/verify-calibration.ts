@@ -48,6 +48,7 @@ import { createNodeBackend } from '../src/host/node/onnx.ts';
 import { createWasmBackend } from '../src/host/node/onnx-wasm.ts';
 import { rowDistances } from '../src/verify/distance.ts';
 import { argmax, checkToken } from '../src/verify/token-check.ts';
+import { thresholdsFor, type NodeClass } from '../src/verify/thresholds.ts';
 import { weightsFromFiles } from '../test/helpers/weights.ts';
 import { dequantizedWeights } from '../test/helpers/fused.ts';
 import { printTable, quantile, writeResult } from './lib/stats.ts';
@@ -267,21 +268,32 @@ interface Dist {
   pair: string;
   dtype: Dtype;
   rows: number;
+  /** The pair's threshold (src/verify/thresholds.ts) and the rows above it: false accusations for an honest pair, rows caught for a lie. */
+  threshold: number;
+  over: number;
   rel: { min: number; p01: number; p50: number; p99: number; p999: number; max: number };
   peak: { min: number; p01: number; p50: number; p99: number; p999: number; max: number };
 }
 
-function dist(pair: string, dtype: Dtype, rel: number[], peak: number[]): Dist {
+function dist(pair: string, dtype: Dtype, rel: number[], peak: number[], threshold: number): Dist {
   const r = [...rel].sort((a, b) => a - b);
   const p = [...peak].sort((a, b) => a - b);
   const q = (s: number[]) => ({ min: s[0] ?? NaN, p01: quantile(s, 0.01), p50: quantile(s, 0.5), p99: quantile(s, 0.99), p999: quantile(s, 0.999), max: s[s.length - 1] ?? NaN });
-  return { pair, dtype, rows: r.length, rel: q(r), peak: q(p) };
+  return { pair, dtype, rows: r.length, threshold, over: rel.filter((x) => !(x <= threshold)).length, rel: q(r), peak: q(p) };
+}
+
+/** What the tracker would know of an implementation from its heartbeats; a lying node announces f32. */
+function classOf(name: string): NodeClass {
+  const impl = name.startsWith('lie:') ? 'cpu-f32' : name;
+  return { format: impl.endsWith('q4') ? 'q4' : 'f32', backend: impl.split('-')[0]! };
 }
 
 interface TokenStats {
   pair: string;
   dtype: Dtype;
   steps: number;
+  /** Steps over the pair's thresholds: false accusations for an honest last hop, steps caught for a lie. */
+  over: { greedy: number; sampled: number };
   /** Greedy: claimed token's deficit under the checker's logits. */
   deficit: { min: number; p01: number; p50: number; p99: number; max: number; nonzero: number };
   /** Temperature 0.8 / top-p 0.95 / seeded: the draw's gap from the claimed token's interval. */
@@ -318,6 +330,7 @@ for (const dtype of DTYPES) {
   checkedMid.push(['lie:tampered-5%-one-matrix', 'cpu-f32', tampered(weights, 0.05, MID[0], MID[0] + 1, /down_proj/)]);
   checkedMid.push(['lie:4-bit-as-f32', 'cpu-f32', dequantizedWeights(weights)]);
   for (const [name, impl, src] of checkedMid) {
+    console.log(`  ${dtype}: checked hop ${name} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     const ex = await makeExec(impl, MID[0], MID[1], src);
     claimsMid.set(name, (await stepwise(ex, headOut, seqs, MID[0], MID[1])).map((r) => wire(rowsOf(r), dtype)));
     await ex.release();
@@ -338,6 +351,7 @@ for (const dtype of DTYPES) {
 
   // Checkers: one stateless prefill over all of a sequence's rows.
   for (const checker of IMPLS) {
+    console.log(`  ${dtype}: checker ${checker} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     const ex = await makeExec(checker, MID[0], MID[1], weights);
     const checks: Float32Array[] = [];
     for (let i = 0; i < seqs.length; i++) {
@@ -356,7 +370,7 @@ for (const dtype of DTYPES) {
         rel.push(...d.rel);
         peak.push(...d.peak);
       }
-      (lying ? lies : dists).push(dist(`${name} / ${checker}`, dtype, rel, peak));
+      (lying ? lies : dists).push(dist(`${name} / ${checker}`, dtype, rel, peak, thresholdsFor(classOf(name), classOf(checker)).rowRel));
     }
   }
 
@@ -435,6 +449,10 @@ for (const dtype of DTYPES) {
         const deficits: number[] = [];
         const gaps: number[] = [];
         const dlp: number[] = [];
+        const t = thresholdsFor(classOf(label), classOf(checker));
+        /** Steps a check would find wrong: greedy (deficit or log-probability) and sampled (the draw's gap). */
+        let overGreedy = 0;
+        let overSampled = 0;
         for (let i = 0; i < seqs.length; i++) {
           let pos = 0;
           seqs[i]!.steps.forEach((n, k) => {
@@ -443,9 +461,16 @@ for (const dtype of DTYPES) {
             if (picks[i]![k] === undefined) return;
             const tc = checkToken(lg, picks[i]![k]!, {}, pos);
             deficits.push(tc.deficit);
-            if (lps[i]![k] !== undefined) dlp.push(Math.abs(lps[i]![k]! - tc.logprob));
-            if (!lying) gaps.push(checkToken(lg, claim.sampled[i]![k]!, { ...SAMPLING, seed: i }, pos).gap);
-            else if (label === 'lie:second-best') gaps.push(checkToken(lg, picks[i]![k]!, { ...SAMPLING, seed: i }, pos).gap);
+            const dl = lps[i]![k] !== undefined ? Math.abs(lps[i]![k]! - tc.logprob) : 0;
+            if (lps[i]![k] !== undefined) dlp.push(dl);
+            if (!(tc.deficit <= t.tokenDeficit && dl <= t.tokenLogprob)) overGreedy++;
+            let gap: number | undefined;
+            if (!lying) gap = checkToken(lg, claim.sampled[i]![k]!, { ...SAMPLING, seed: i }, pos).gap;
+            else if (label === 'lie:second-best') gap = checkToken(lg, picks[i]![k]!, { ...SAMPLING, seed: i }, pos).gap;
+            if (gap !== undefined) {
+              gaps.push(gap);
+              if (!(gap <= t.tokenGap)) overSampled++;
+            }
           });
         }
         const d = [...deficits].sort((a, b) => a - b);
@@ -455,6 +480,7 @@ for (const dtype of DTYPES) {
           pair: `${label} / ${checker}`,
           dtype,
           steps: d.length,
+          over: { greedy: overGreedy, sampled: overSampled },
           deficit: { min: d[0] ?? NaN, p01: quantile(d, 0.01), p50: quantile(d, 0.5), p99: quantile(d, 0.99), max: d[d.length - 1] ?? NaN, nonzero: d.filter((x) => x > 0).length },
           gap: { p99: quantile(g, 0.99), max: g[g.length - 1] ?? NaN, nonzero: g.filter((x) => x > 0).length },
           logprob: { min: l[0] ?? NaN, p01: quantile(l, 0.01), p50: quantile(l, 0.5), p99: quantile(l, 0.99), max: l[l.length - 1] ?? NaN },
@@ -463,15 +489,27 @@ for (const dtype of DTYPES) {
     }
   }
   console.log(`wire ${dtype} done (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+  // What is measured so far, in case a later wire dtype runs out of time (WebGPU on SwiftShader is slow).
+  writeResult(outFile, { model: 'fortunes-tiny', prompts: PROMPTS, tokens: TOKENS, rows: totalRows, mid: MID, last: LAST, impls: IMPLS, dtypes: DTYPES, partial: true, done: DTYPES.slice(0, DTYPES.indexOf(dtype) + 1), honest: dists, lying: lies, last_hop: tokens, last_hop_lying: lyingTokens });
 }
 
-const drow = (d: Dist) => [d.pair, d.dtype, d.rows, d.rel.p50, d.rel.p99, d.rel.p999, d.rel.max, d.peak.p99, d.peak.max];
-const dhead = ['checked / checker', 'wire', 'rows', 'rel p50', 'rel p99', 'rel p99.9', 'rel max', 'peak p99', 'peak max'];
+const drow = (d: Dist) => [d.pair, d.dtype, d.rows, d.rel.p50, d.rel.p99, d.rel.p999, d.rel.max, d.peak.p99, d.peak.max, d.threshold, d.over];
+const dhead = ['checked / checker', 'wire', 'rows', 'rel p50', 'rel p99', 'rel p99.9', 'rel max', 'peak p99', 'peak max', 'threshold', 'over'];
 printTable(`honest pairs: hop [${MID[0]}, ${MID[1]}) stepwise vs one prefill`, dhead, dists.map(drow));
-printTable('lying modes against honest checkers', ['checked / checker', 'wire', 'rows', 'rel min', 'rel p1', 'rel p50', 'rel max', 'peak min'], lies.map((d) => [d.pair, d.dtype, d.rows, d.rel.min, d.rel.p01, d.rel.p50, d.rel.max, d.peak.min]));
-const trow = (t: TokenStats) => [t.pair, t.dtype, t.steps, t.deficit.p99, t.deficit.max, t.deficit.nonzero, t.gap.p99, t.gap.max, t.gap.nonzero, t.logprob.p50, t.logprob.p99, t.logprob.max];
-const thead = ['last hop / checker', 'wire', 'steps', 'deficit p99', 'deficit max', 'deficit>0', 'gap p99', 'gap max', 'gap>0', '|Δlogprob| p50', 'p99', 'max'];
+printTable('lying modes against honest checkers', ['checked / checker', 'wire', 'rows', 'rel min', 'rel p1', 'rel p50', 'rel max', 'peak min', 'threshold', 'rows caught'], lies.map((d) => [d.pair, d.dtype, d.rows, d.rel.min, d.rel.p01, d.rel.p50, d.rel.max, d.peak.min, d.threshold, d.over]));
+const trow = (t: TokenStats) => [t.pair, t.dtype, t.steps, t.deficit.p99, t.deficit.max, t.deficit.nonzero, t.gap.p99, t.gap.max, t.gap.nonzero, t.logprob.p50, t.logprob.p99, t.logprob.max, t.over.greedy, t.over.sampled];
+const thead = ['last hop / checker', 'wire', 'steps', 'deficit p99', 'deficit max', 'deficit>0', 'gap p99', 'gap max', 'gap>0', '|Δlogprob| p50', 'p99', 'max', 'over (greedy)', 'over (T 0.8)'];
 printTable(`last hop [${LAST[0]}, ${LAST[1]}): the claimed token under the checker's logits`, thead, tokens.map(trow));
-printTable('lying last hops', ['last hop / checker', 'wire', 'steps', 'deficit min', 'p1', 'p50', 'gap>0', '|Δlogprob| min', 'p1', 'p50'], lyingTokens.map((t) => [t.pair, t.dtype, t.steps, t.deficit.min, t.deficit.p01, t.deficit.p50, t.gap.nonzero, t.logprob.min, t.logprob.p01, t.logprob.p50]));
-writeResult(outFile, { model: 'fortunes-tiny', prompts: PROMPTS, tokens: TOKENS, rows: totalRows, mid: MID, last: LAST, honest: dists, lying: lies, last_hop: tokens, last_hop_lying: lyingTokens });
+printTable('lying last hops', ['last hop / checker', 'wire', 'steps', 'deficit min', 'p1', 'p50', 'gap>0', '|Δlogprob| min', 'p1', 'p50', 'caught (greedy)', 'caught (T 0.8)'], lyingTokens.map((t) => [t.pair, t.dtype, t.steps, t.deficit.min, t.deficit.p01, t.deficit.p50, t.gap.nonzero, t.logprob.min, t.logprob.p01, t.logprob.p50, t.over.greedy, t.over.sampled]));
+// The claim the issue makes: honest pairs of different implementations, rows compared and rows a check would call wrong.
+const hetero = dists.filter((d) => d.pair.split(' / ')[0] !== d.pair.split(' / ')[1]);
+const summary = {
+  honest_rows: dists.reduce((n, d) => n + d.rows, 0),
+  honest_hetero_rows: hetero.reduce((n, d) => n + d.rows, 0),
+  false_accusations_rows: dists.reduce((n, d) => n + d.over, 0),
+  honest_last_hop_steps: tokens.reduce((n, t) => n + t.steps, 0),
+  false_accusations_last_hop: tokens.reduce((n, t) => n + t.over.greedy + t.over.sampled, 0),
+};
+console.log(`\nhonest rows compared: ${summary.honest_rows} (${summary.honest_hetero_rows} between different implementations), over their pair's threshold: ${summary.false_accusations_rows}; honest last-hop steps: ${summary.honest_last_hop_steps}, over: ${summary.false_accusations_last_hop}`);
+writeResult(outFile, { model: 'fortunes-tiny', prompts: PROMPTS, tokens: TOKENS, rows: totalRows, mid: MID, last: LAST, impls: IMPLS, dtypes: DTYPES, summary, honest: dists, lying: lies, last_hop: tokens, last_hop_lying: lyingTokens });
 process.exit(0);
