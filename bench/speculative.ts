@@ -11,8 +11,10 @@
  *   - the target itself as the draft model (`--draft` = the same
  *     checkpoint: α = 1, each draft costs a whole-model step on the head) at
  *     k = 4 and adaptive;
- *   - prompt lookup (adaptive; this random-weight model's greedy text
- *     repeats itself, which is what it finds);
+ *   - prompt lookup (adaptive; over this random-weight model's own text,
+ *     which rarely repeats within the run);
+ *   - a prediction with every 4th token wrong at k = 4 (a middling α, to
+ *     hold tokens per trip against theory);
  *   - a useless drafter (a prediction of wrong tokens: α ≈ 0) at adaptive k,
  *     and at k = 4 to show what the adaptation saves.
  *
@@ -112,12 +114,15 @@ async function main(): Promise<void> {
     const offRun = await viaMesh({ speculative: false });
     const reference = offRun.ids;
     const wrong = reference.map((t) => (t + 1) % 2048);
+    const partly = reference.map((t, i) => (i % 4 === 3 ? (t + 1) % 2048 : t));
     const configs: Array<{ name: string; k: string; req: () => Partial<GenerateRequest> }> = [
       { name: 'off', k: '-', req: () => ({ speculative: false }) },
       { name: 'oracle (prediction = reference)', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: reference, speculative_k: 4 }) },
       { name: 'draft model = the target', k: '4', req: () => ({ speculative_k: 4 }) },
       { name: 'draft model = the target', k: 'adaptive', req: () => ({}) },
       { name: 'prompt lookup (text so far)', k: 'adaptive', req: () => ({ draft_model: 'prompt-lookup' }) },
+      // A middling α, for tokens per trip against theory: the output leaves the prediction at every 4th token and is found again in it.
+      { name: 'prediction, every 4th token wrong', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: partly, speculative_k: 4 }) },
       { name: 'useless drafter (α ≈ 0)', k: 'adaptive', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: wrong }) },
       { name: 'useless drafter (α ≈ 0)', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: wrong, speculative_k: 4 }) },
     ];
