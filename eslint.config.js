@@ -4,7 +4,7 @@
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';
 
-const hostFree = ['src/protocol/**', 'src/model/**', 'src/shard/**', 'src/net/**', 'src/node/**'];
+const hostFree = ['src/protocol/**', 'src/model/**', 'src/shard/**', 'src/net/**', 'src/node/**', 'src/verify/**'];
 
 export default tseslint.config(
   { ignores: ['.scratch/**', 'gpu-pack/**', 'node_modules/**', 'dist/**', 'bench/results/**', 'test-results/**', 'playwright-report/**', '.models/**'] },

@@ -4,7 +4,7 @@
 // `N passed, N failed`, which CI reads.
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
-import { ensureChromium } from './setup.mjs';
+import { ensureChromium, ensureClusterTools } from './setup.mjs';
 
 const only = process.argv.slice(2); // e.g. `npm test -- unit e2e`
 const want = (name) => only.length === 0 || only.includes(name);
@@ -32,6 +32,8 @@ if (want('typecheck')) check('typecheck', 'npx', ['tsc', '-p', 'tsconfig.json', 
 if (want('lint')) check('lint', 'npx', ['eslint', '.']);
 
 if (want('unit')) {
+  // The cluster suites start real nats-server and haproxy processes.
+  ensureClusterTools();
   rmSync('test-results/vitest.json', { force: true });
   const r = run('unit', 'npx', ['vitest', 'run', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest.json']);
   if (existsSync('test-results/vitest.json')) {

@@ -50,16 +50,24 @@ export async function reachTracker(url: string, option = '--tracker'): Promise<T
 /**
  * Can we connect to the relay? GET /healthz beside its /ws path. Only a
  * connection failure stops the command: a relay behind a proxy that forwards
- * /ws alone still answers something.
+ * /ws alone still answers something. `url` may list several relays (comma
+ * separated; a node fails over between them): one that answers is enough.
  */
 export async function reachRelay(url: string, option = '--relay'): Promise<void> {
-  const u = httpUrl(url, option, ['ws:', 'wss:', 'http:', 'https:']);
-  const path = u.pathname === '' || u.pathname === '/' ? '/healthz' : u.pathname.replace(/\/[^/]*$/, '/healthz');
-  const at = new URL(path, `${u.protocol === 'wss:' || u.protocol === 'https:' ? 'https:' : 'http:'}//${u.host}`);
-  try {
-    const res = await fetch(at, { signal: AbortSignal.timeout(TIMEOUT_MS) });
-    await res.body?.cancel();
-  } catch (e) {
-    throw new CliError(`cannot reach the relay at ${url} (${reason(e)}): start \`meshnet relay\` there, or fix ${option}`);
+  const urls = url.split(',').map((s) => s.trim()).filter((s) => s !== '');
+  if (urls.length === 0) throw new CliError(`${option} is empty: give ws://host:port (several, comma-separated, to fail over)`);
+  const failures: string[] = [];
+  for (const one of urls) {
+    const u = httpUrl(one, option, ['ws:', 'wss:', 'http:', 'https:']);
+    const path = u.pathname === '' || u.pathname === '/' ? '/healthz' : u.pathname.replace(/\/[^/]*$/, '/healthz');
+    const at = new URL(path, `${u.protocol === 'wss:' || u.protocol === 'https:' ? 'https:' : 'http:'}//${u.host}`);
+    try {
+      const res = await fetch(at, { signal: AbortSignal.timeout(TIMEOUT_MS) });
+      await res.body?.cancel();
+      return;
+    } catch (e) {
+      failures.push(`${one} (${reason(e)})`);
+    }
   }
+  throw new CliError(`cannot reach the relay at ${failures.join(', ')}: start \`meshnet relay\` there, or fix ${option}`);
 }

@@ -50,7 +50,7 @@ export type MeshPushFn = (peerId: string, req: OutgoingRequest, opts?: RequestOp
 /** `event` is stable for filtering; `ignored` entries are inputs that got no answer, `reason` says why. */
 export interface RelayLogEntry {
   level: 'debug' | 'info' | 'warn' | 'error';
-  event: 'ignored' | 'answered-error' | 'handler-error' | 'send-failed' | 'relay-error' | 'connection' | 'protocol';
+  event: 'ignored' | 'answered-error' | 'handler-error' | 'send-failed' | 'relay-error' | 'connection' | 'outage' | 'protocol';
   message: string;
   streamId?: number;
   requestId?: string;
@@ -65,10 +65,24 @@ export type PeerRequester = MeshRequestFn & { push?: MeshPushFn };
 
 /** What the transports need of RelayClient (structural, so tests may fake it). */
 export interface FastPathClient {
-  /** Our relay's base URL (any of ws/wss/http/https); a hop whose relay_addr has the same host:port is on our relay. */
+  /** Our relay's base URL (any of ws/wss/http/https); a hop whose relay_addr has the same host:port is on our relay. Read per hop: a node that failed over has another. */
   readonly relayUrl: string;
+  /** Our relay is in a cluster: a hop on any relay (of the cluster) is reached on our fast path (a 404 from it: /rpc next). */
+  readonly cluster?: boolean;
   /** True while registered: the fast path is usable. */
   readonly isRegistered: boolean;
+  /**
+   * While a lost relay connection is waited out, ms left of its budget (the
+   * client holds requests until it registered again); 0 otherwise. Absent:
+   * the client does not wait (the fast path is usable only while registered).
+   */
+  outageLeftMs?(): number;
+  /**
+   * Ms left of the last outage's window (from the loss, the budget long),
+   * back or not: a hop the relay does not know yet may still be reconnecting
+   * from the same outage, so its "no such peer" is waited out. 0: no outage.
+   */
+  outageWindowLeftMs?(): number;
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
   /** A one-way request, where the relay forwards them (see MeshPushFn); absent or undefined: it cannot. */
   push?: MeshPushFn;

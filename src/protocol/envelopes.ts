@@ -18,10 +18,20 @@ export const registerSchema = z.object({
   signature: z.string().min(1).max(256),
   info: z.record(z.string(), z.unknown()).default({}),
 });
-export const registeredSchema = z.object({ type: z.literal('registered'), peer_id: z.string(), relay_addr: z.string(), features: z.array(z.string().max(64)).max(32).optional() });
+export const registeredSchema = z.object({
+  type: z.literal('registered'),
+  peer_id: z.string(),
+  relay_addr: z.string(),
+  features: z.array(z.string().max(64)).max(32).optional(),
+  /** A relay in a cluster: the base URLs of its relays (itself first), where the peer may register when this one goes. */
+  relays: z.array(z.string().max(500)).max(64).optional(),
+});
 
 /** The `registered` feature of a relay (or a direct link's node) that forwards one-way REQUEST frames (FLAG_ONE_WAY). */
 export const ONE_WAY_FEATURE = 'one-way';
+
+/** The `registered` feature of a relay in a cluster: peers attached to any relay of the cluster are reachable on this connection's fast path. */
+export const CLUSTER_FEATURE = 'cluster';
 
 /** A register message's key and signature, decoded; or why the sender must be refused, and with which close code of §8. */
 export type RegisterCredentials =

@@ -16,12 +16,14 @@ export interface HotCounters {
   messages: number;
   /** Requests in flight now; the server installs the real getter. */
   inFlight: () => number;
+  /** Requests that crossed to (out) or came from (in) another relay of the cluster. */
+  cluster: { in: number; out: number };
 }
 
 export function createRelayMetrics() {
   const registry = new Registry();
-  const hot: HotCounters = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0, inFlight: () => 0 };
-  const reported = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0 };
+  const hot: HotCounters = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0, inFlight: () => 0, cluster: { in: 0, out: 0 } };
+  const reported = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0, cluster: { in: 0, out: 0 } };
   const peers = new Gauge({ name: 'meshnet_relay_peers', help: 'Registered peers', registers: [registry] });
   const inFlight = new Gauge({
     name: 'meshnet_relay_in_flight',
@@ -67,6 +69,20 @@ export function createRelayMetrics() {
       reported.oneWay = hot.oneWay;
     },
   });
+  const cluster = new Counter({
+    name: 'meshnet_relay_cluster_requests_total',
+    help: 'Requests that crossed to another relay of the cluster (out) or came from one (in)',
+    labelNames: ['direction'] as const,
+    registers: [registry],
+    collect() {
+      for (const d of ['in', 'out'] as const) {
+        this.inc({ direction: d }, hot.cluster[d] - reported.cluster[d]);
+        reported.cluster[d] = hot.cluster[d];
+      }
+    },
+  });
+  const clusterDropped = new Counter({ name: 'meshnet_relay_cluster_dropped_total', help: 'Malformed messages from the cluster (other relays, NATS) dropped, by kind', labelNames: ['kind'] as const, registers: [registry] });
+  const clusterLinks = new Gauge({ name: 'meshnet_relay_cluster_links', help: 'Open links to other relays of the cluster', registers: [registry] });
   const errors = new Counter({ name: 'meshnet_relay_errors_total', help: 'Error answers the relay itself produced, by code', labelNames: ['code'] as const, registers: [registry] });
   const latency = new Histogram({
     name: 'meshnet_relay_hop_seconds',
@@ -75,6 +91,6 @@ export function createRelayMetrics() {
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
     registers: [registry],
   });
-  return { registry, hot, peers, inFlight, hops, messages, bytes, errors, latency };
+  return { registry, hot, peers, inFlight, hops, messages, bytes, errors, latency, cluster, clusterDropped, clusterLinks };
 }
 export type RelayMetrics = ReturnType<typeof createRelayMetrics>;

@@ -29,6 +29,12 @@ export interface RelayOptions {
   shutdownGraceMs: number;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
+  /** NATS servers of the cluster (`nats://host:port`); absent: a relay on its own, exactly as before. */
+  nats?: string[];
+  /** The cluster's name: relays (and trackers) of one cluster share it; subjects live under `meshnet.<cluster>.`. @defaultValue 'meshnet' */
+  cluster: string;
+  /** How frames cross to another relay: 'link' (a direct relay-to-relay WebSocket found through NATS; NATS until it is up) or 'nats'. @defaultValue 'link' */
+  clusterPath: 'link' | 'nats';
 }
 
 export const RELAY_DEFAULTS: RelayOptions = {
@@ -44,6 +50,8 @@ export const RELAY_DEFAULTS: RelayOptions = {
   maxBufferedBytes: 64 * 1024 * 1024,
   shutdownGraceMs: 5_000,
   logLevel: 'info',
+  cluster: 'meshnet',
+  clusterPath: 'link',
 };
 
 export function resolveRelayOptions(partial: Partial<RelayOptions>): RelayOptions {
@@ -53,5 +61,6 @@ export function resolveRelayOptions(partial: Partial<RelayOptions>): RelayOption
     if (!Number.isFinite(o[k]) || o[k] <= 0) throw new TypeError(`relay option ${k} must be a positive number, got ${o[k]}`);
   }
   if (o.highWaterBytes > o.maxBufferedBytes) throw new TypeError('highWaterBytes must not exceed maxBufferedBytes');
+  if (o.clusterPath !== 'link' && o.clusterPath !== 'nats') throw new TypeError(`relay option clusterPath must be 'link' or 'nats', got ${String(o.clusterPath)}`);
   return o;
 }

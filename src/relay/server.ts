@@ -15,64 +15,18 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { Duplex } from 'node:stream';
 import pino, { type Logger } from 'pino';
 import { WebSocket, WebSocketServer, type RawData } from 'ws';
-import { MeshError, ONE_WAY_FEATURE, PEER_ID_BYTES, parseRegister, registrationMessage } from '../protocol/index.ts';
+import { connectNats, type NatsHandle, type NatsStatus } from '../cluster/nats.ts';
+import { Federation } from './federation.ts';
+import { CLUSTER_FEATURE, MeshError, ONE_WAY_FEATURE, PEER_ID_BYTES, parseRegister, registrationMessage } from '../protocol/index.ts';
 import { createRelayMetrics, type RelayMetrics } from './metrics.ts';
 import { resolveRelayOptions, type RelayOptions } from './options.ts';
 import { CLOSE } from '../protocol/close-codes.ts';
 import { trace } from '../protocol/trace.ts';
-import { StreamTable, type PeerConn, RpcCaller, type PeerSocket } from './stream-table.ts';
+import { StreamTable, type PeerConn, RpcCaller } from './stream-table.ts';
+import { Corker, WsPeerSocket } from './ws-socket.ts';
 
 export { CLOSE } from '../protocol/close-codes.ts';
 export { FAST_PATH_PROTOCOL } from './stream-table.ts';
-
-/**
- * One tick's sends to a socket leave in one writev: the first send in a tick
- * corks the socket, the tick's end uncorks it. One read from a peer often
- * carries many frames (64 requests in flight arrive in a few reads); each
- * ws.send() would be its own write(2). Nothing waits longer than the tick.
- */
-class Corker {
-  private corked: Duplex[] = [];
-  private readonly flush = (): void => {
-    const sockets = this.corked;
-    this.corked = [];
-    for (const socket of sockets) socket.uncork();
-    trace?.('relay-out');
-  };
-  cork(socket: Duplex): void {
-    if (socket.writableCorked !== 0) return;
-    socket.cork();
-    if (this.corked.push(socket) === 1) process.nextTick(this.flush);
-  }
-}
-
-/** A `ws` socket as the stream table sees it; `raw` is the TCP socket of its upgrade (ws writes to that one). */
-class WsPeerSocket implements PeerSocket {
-  /** Answered the last ping (or has not been pinged yet). */
-  alive = true;
-  constructor(
-    readonly ws: WebSocket,
-    private readonly raw: Duplex,
-    private readonly corker: Corker,
-  ) {
-    ws.on('pong', () => {
-      this.alive = true;
-    });
-  }
-  get isOpen(): boolean {
-    return this.ws.readyState === WebSocket.OPEN;
-  }
-  get bufferedAmount(): number {
-    return this.ws.bufferedAmount;
-  }
-  send(data: Uint8Array | string): void {
-    this.corker.cork(this.raw);
-    this.ws.send(data);
-  }
-  close(code: number, reason: string): void {
-    this.ws.close(code, reason);
-  }
-}
 
 /** A register message checked against this connection's nonce: the peer id its key gives, or why it is refused (close code of §8). */
 function verifyRegistration(text: string, nonce: string): { ok: true; id: string; info: Record<string, unknown> } | { ok: false; close: number; reason: string } {
@@ -97,6 +51,8 @@ export interface Relay {
   readonly logger: Logger;
   /** Registered peer ids with their `info`. */
   peers(): Array<{ peer_id: string; info: Record<string, unknown>; fast_path: boolean }>;
+  /** This relay's place in its cluster (absent without `nats`). */
+  readonly cluster?: { relayId: string; status(): ReturnType<Federation['status']>; relayUrls(): string[] };
   /** Answer what is in flight (within the grace period), then close every socket. */
   close(): Promise<void>;
 }
@@ -104,6 +60,10 @@ export interface Relay {
 export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<Relay> {
   const opts = resolveRelayOptions(partial);
   const logger = pino({ name: 'relay', level: opts.logLevel });
+  // In a cluster, NATS first: a relay that cannot reach it never takes a peer (NatsUnreachableError: one line naming the URL).
+  const relayId = randomBytes(8).toString('hex');
+  let natsStatus: NatsStatus = 'connected';
+  const nats: NatsHandle | undefined = opts.nats ? await connectNats({ servers: opts.nats, name: `relay-${relayId}`, logger, onStatus: (st) => (natsStatus = st) }) : undefined;
   const metrics = createRelayMetrics();
   const table = new StreamTable({ options: opts, metrics, logger });
   const corker = new Corker();
@@ -116,6 +76,8 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   const maxJsonBytes = Math.ceil((opts.maxBodyBytes * 4) / 3) + 128 * 1024;
   const wssPeers = new WebSocketServer({ noServer: true, maxPayload: maxFrameBytes * 2, perMessageDeflate: false });
   const wssRpc = new WebSocketServer({ noServer: true, maxPayload: maxJsonBytes * 2, perMessageDeflate: false });
+  const wssTrunk = new WebSocketServer({ noServer: true, maxPayload: maxFrameBytes * 2, perMessageDeflate: false });
+  let federation: Federation | undefined;
 
   // ------------------------------------------------------------ sockets
 
@@ -169,7 +131,14 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     const peer = table.addPeer(socket, v.id, v.info);
     if (!('id' in peer)) return refuse(peer.close, peer.reason);
     // `features`: what this relay forwards beyond docs/protocol.md §4 (peers of older relays see none and never send one-way frames).
-    socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}`, features: [ONE_WAY_FEATURE] }));
+    // `cluster`: peers on every relay of the cluster are reachable on this connection's fast path.
+    const features = federation ? [ONE_WAY_FEATURE, CLUSTER_FEATURE] : [ONE_WAY_FEATURE];
+    const registered = () => {
+      if (socket.isOpen) socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}`, features, ...(federation ? { relays: federation.relayUrls().slice(0, 64) } : {}) }));
+    };
+    // In a cluster, `registered` once NATS has the peer's subscription: from then on every relay finds it.
+    if (federation) void federation.announced().then(registered);
+    else registered();
     return peer;
   }
 
@@ -192,6 +161,53 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     ws.on('error', (err) => logger.debug({ err }, 'rpc socket error'));
   }
 
+  /**
+   * An `/rpc` caller of a peer attached to another relay: its messages go to
+   * that relay's `/rpc/<id>` and back unchanged. Requests sent before (or
+   * when) that socket cannot open are answered 502 with their own ids.
+   */
+  function proxyRpc(ws: WebSocket, url: string): void {
+    const upstream = new WebSocket(url, { perMessageDeflate: false, maxPayload: maxJsonBytes * 2 });
+    let queued: string[] | undefined = [];
+    const fail = (text: string) => {
+      let id: unknown;
+      try {
+        id = (JSON.parse(text) as { request_id?: unknown }).request_id;
+      } catch {
+        id = undefined;
+      }
+      const e = new MeshError('MESH_ERR_PEER_GONE', `cannot reach the relay that holds this peer (${url})`);
+      if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ request_id: typeof id === 'string' ? id : null, status: e.status, headers: { 'content-type': 'application/json' }, body: JSON.stringify(e.toBody()) }));
+    };
+    ws.on('message', (data: RawData, isBinary: boolean) => {
+      const text = isBinary ? null : data.toString();
+      if (text === null) {
+        const e = new MeshError('MESH_ERR_BAD_REQUEST', 'request is not a JSON text message');
+        ws.send(JSON.stringify({ request_id: null, status: e.status, headers: { 'content-type': 'application/json' }, body: JSON.stringify(e.toBody()) }));
+        return;
+      }
+      if (queued !== undefined) queued.push(text);
+      else if (upstream.readyState === WebSocket.OPEN) upstream.send(text);
+      else fail(text);
+    });
+    upstream.once('open', () => {
+      for (const text of queued ?? []) upstream.send(text);
+      queued = undefined;
+    });
+    upstream.on('message', (data: RawData, isBinary: boolean) => {
+      if (!isBinary && ws.readyState === WebSocket.OPEN) ws.send(data.toString());
+    });
+    const end = () => {
+      for (const text of queued ?? []) fail(text);
+      queued = undefined;
+      if (ws.readyState === WebSocket.OPEN) ws.close(CLOSE.goingAway, 'the relay that holds this peer closed the connection');
+    };
+    upstream.on('close', end);
+    upstream.on('error', (err) => logger.debug({ err }, 'rpc proxy upstream error'));
+    ws.on('close', () => upstream.readyState === WebSocket.CONNECTING ? upstream.terminate() : upstream.close());
+    ws.on('error', (err) => logger.debug({ err }, 'rpc proxy socket error'));
+  }
+
   // ------------------------------------------------------------ HTTP
 
   function onHttp(req: IncomingMessage, res: ServerResponse): void {
@@ -201,7 +217,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
       res.end(JSON.stringify(value));
     };
     const jsonError = (err: MeshError) => json(err.status, err.toBody());
-    if (path === '/healthz') return json(table.closing ? 503 : 200, { status: table.closing ? 'shutting-down' : 'ok', peers: table.peers.size, in_flight: table.inFlight });
+    if (path === '/healthz') return json(table.closing ? 503 : 200, { status: table.closing ? 'shutting-down' : 'ok', peers: table.peers.size, in_flight: table.inFlight, ...(federation ? { cluster: federation.status() } : {}) });
     if (path === '/peers') return json(200, { peers: relay.peers() });
     if (path === '/metrics') {
       metrics.registry
@@ -231,11 +247,29 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
       wssPeers.handleUpgrade(req, socket, head, (ws) => onPeerSocket(ws, socket));
       return;
     }
+    if (path === '/cluster' && federation) {
+      federation.acceptTrunk(wssTrunk, req, socket, head);
+      return;
+    }
     const m = /^\/rpc\/([^/]+)$/.exec(path);
     if (m) {
-      const id = decodeURIComponent(m[1]!).toLowerCase();
-      if (!table.peers.has(id)) return rejectUpgrade(socket, new MeshError('MESH_ERR_NO_SUCH_PEER', `peer ${id} is not connected to this relay`));
-      wssRpc.handleUpgrade(req, socket, head, (ws) => onRpcSocket(ws, socket, id));
+      let id: string;
+      try {
+        id = decodeURIComponent(m[1]!).toLowerCase();
+      } catch {
+        return rejectUpgrade(socket, new MeshError('MESH_ERR_BAD_REQUEST', 'peer id is not valid percent-encoding'));
+      }
+      if (table.peers.has(id)) {
+        wssRpc.handleUpgrade(req, socket, head, (ws) => onRpcSocket(ws, socket, id));
+        return;
+      }
+      if (!federation || !/^[0-9a-f]{32}$/.test(id)) return rejectUpgrade(socket, new MeshError('MESH_ERR_NO_SUCH_PEER', `peer ${id} is not connected to this relay`));
+      // Attached to another relay of the cluster: this socket is passed through to that relay's /rpc (JSON unchanged).
+      void federation.rpcUrlOf(id).then((url) => {
+        if (socket.destroyed) return;
+        if (url === undefined) return rejectUpgrade(socket, new MeshError('MESH_ERR_NO_SUCH_PEER', `peer ${id} is not connected to this relay or any relay of its cluster`));
+        wssRpc.handleUpgrade(req, socket, head, (ws) => proxyRpc(ws, url));
+      });
       return;
     }
     rejectUpgrade(socket, new MeshError('MESH_ERR_NOT_FOUND', `no WebSocket route ${path}; use /ws or /rpc/<peer_id>`));
@@ -272,7 +306,25 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   const hostForUrl = opts.host.includes(':') ? `[${opts.host}]` : opts.host === '0.0.0.0' ? '127.0.0.1' : opts.host;
   const url = `ws://${hostForUrl}:${port}`;
   if (!publicUrl) publicUrl = url;
-  logger.info({ url, maxBodyBytes: opts.maxBodyBytes }, 'relay listening');
+  if (nats) {
+    federation = new Federation({
+      nc: nats.nc,
+      natsStatus: () => natsStatus,
+      cluster: opts.cluster,
+      relayId,
+      publicUrl,
+      path: opts.clusterPath,
+      table,
+      metrics,
+      logger,
+      corker,
+      maxPayload: maxFrameBytes * 2,
+      pingIntervalMs: Math.min(opts.pingIntervalMs, 5_000),
+    });
+    table.federation = federation;
+    await federation.start();
+  }
+  logger.info({ url, maxBodyBytes: opts.maxBodyBytes, ...(federation ? { cluster: opts.cluster, relay_id: relayId, cluster_path: opts.clusterPath } : {}) }, 'relay listening');
 
   const relay: Relay = {
     url,
@@ -280,6 +332,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     metrics,
     logger,
     peers: () => [...table.peers.values()].map((p) => ({ peer_id: p.id, info: p.info, fast_path: p.fastPath })),
+    ...(federation ? { cluster: { relayId, status: () => federation!.status(), relayUrls: () => federation!.relayUrls() } } : {}),
     async close() {
       if (table.closing) return;
       table.closing = true;
@@ -290,6 +343,8 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
         });
       }
       table.failAll('MESH_ERR_SHUTTING_DOWN', 'relay shut down before the peer answered');
+      federation?.close();
+      await nats?.close();
       clearInterval(sweepTimer);
       clearInterval(pingTimer);
       for (const socket of allSockets) socket.ws.close(CLOSE.goingAway, 'relay shutting down');

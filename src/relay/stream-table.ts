@@ -28,6 +28,7 @@ import {
   encodeCancelFrame,
   encodeErrorFrame,
   encodeResponseFrame,
+  encodeStreamErrorFrame,
   envelopeBody,
   normalizeHeaders,
   readFrameHead,
@@ -79,6 +80,14 @@ interface Stream {
   path: StreamPath;
   /** A one-way request (FLAG_ONE_WAY): forgotten silently at its deadline. */
   oneWay?: boolean;
+  /**
+   * The target's RESPONSE head went on to the caller (a streamed answer is
+   * under way): a failure from now on ends the stream with a DATA|END|ERROR
+   * frame, never a second RESPONSE.
+   */
+  answered?: boolean;
+  /** `target` is a link: the peer over there. */
+  remotePeer?: string;
 }
 
 /**
@@ -88,7 +97,35 @@ interface Stream {
  */
 export const ONE_WAY_WINDOW_MS = 2_000;
 
-/** A registered peer's connection. */
+/**
+ * How frames reach another relay of the cluster (a trunk WebSocket, or
+ * NATS): a REQUEST or CANCEL is addressed to a peer over there; answers
+ * travel as plain frames on the link's PeerSocket.
+ */
+export interface LinkPipe {
+  /** Which relay (for logs and errors). */
+  readonly relayId: string;
+  sendAddressed(targetId: string, frame: Uint8Array): void;
+}
+
+/** First byte of a trunk message that carries a frame addressed to a peer: `0xF1 | peer id (16 B) | frame`. Never a frame version. */
+export const ADDRESSED_FRAME = 0xf1;
+
+/**
+ * What the relay needs of its cluster (src/relay/federation.ts): where a
+ * peer that is not attached here lives, and to hear of local peers coming
+ * and going. Absent: a relay on its own, exactly as before.
+ */
+export interface TableFederation {
+  /** A link towards the relay that holds `peerId`, or undefined when no relay of the cluster has it (as far as is known now). */
+  linkFor(peerId: string): PeerConn | undefined;
+  /** A link's answer to one of our requests was 404: what we knew of `peerId` is stale. */
+  forget(peerId: string): void;
+  peerAdded(peer: PeerConn): void;
+  peerRemoved(peer: PeerConn): void;
+}
+
+/** A registered peer's connection, or (with `link`) a link to another relay of the cluster. */
 export class PeerConn {
   readonly kind = 'peer' as const;
   /** Streams this peer called, by its own stream id. */
@@ -98,12 +135,16 @@ export class PeerConn {
   /** Of `incoming`, the one-way requests still in their window (not counted against maxInFlightPerPeer). */
   oneWayIn = 0;
   nextStreamId = 1;
+  /** When the peer registered (ms since epoch): of two registrations of one key in a cluster, the newer wins. */
+  readonly registeredAt = Date.now();
   constructor(
     readonly socket: PeerSocket,
     readonly id: string,
     readonly idBytes: Uint8Array,
     readonly info: Record<string, unknown>,
     readonly fastPath: boolean,
+    /** Set for a link to another relay: requests to it are addressed, requests from it carry their source already. */
+    readonly link?: LinkPipe,
   ) {}
 
   allocStreamId(): number {
@@ -149,6 +190,8 @@ export class StreamTable {
   closing = false;
   /** Called when the last stream finishes while closing. */
   onDrained: (() => void) | undefined;
+  /** The cluster, when this relay is in one. */
+  federation: TableFederation | undefined;
   private readonly o: StreamTableInit['options'];
   private readonly metrics: RelayMetrics;
   private readonly logger: TableLogger;
@@ -194,18 +237,21 @@ export class StreamTable {
     this.peers.set(id, peer);
     this.metrics.peers.set(this.peers.size);
     this.logger.info({ peer_id: id, fast_path: peer.fastPath }, 'peer registered');
+    this.federation?.peerAdded(peer);
     return peer;
   }
 
-  /** The peer's socket closed: its streams end (502 to its callers, CANCEL to its targets). */
+  /** The peer's socket closed (or a link to another relay): its streams end (502 to its callers, CANCEL to its targets). */
   removePeer(peer: PeerConn): void {
     if (this.peers.get(peer.id) === peer) {
       this.peers.delete(peer.id);
       this.metrics.peers.set(this.peers.size);
       this.logger.info({ peer_id: peer.id }, 'peer left');
+      this.federation?.peerRemoved(peer);
     }
-    for (const s of [...peer.incoming.values()]) this.failStream(s, 'MESH_ERR_PEER_GONE', `peer ${peer.id} went away before answering`, false);
-    for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true);
+    for (const s of [...peer.incoming.values()]) this.failStream(s, 'MESH_ERR_PEER_GONE', peer.link ? `the link to relay ${peer.link.relayId} (peer ${s.remotePeer}) was lost before the answer` : `peer ${peer.id} went away before answering`, false);
+    // The targets learn the caller did not ask to stop (it may reconnect and ask again): FLAG_CALLER_GONE.
+    for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true, true);
   }
 
   /** An `/rpc` socket closed: forget its streams (late answers are dropped). */
@@ -219,7 +265,12 @@ export class StreamTable {
   onBinary(peer: PeerConn, data: Uint8Array): void {
     const hot = this.metrics.hot;
     hot.bytesIn += data.byteLength;
+    if (peer.link !== undefined && data[0] === ADDRESSED_FRAME) {
+      if (data.byteLength < 1 + PEER_ID_BYTES + 8) return this.dropLinkMessage(peer, 'addressed frame too short');
+      return this.onLinkFrame(peer, hexAt(data, 1, PEER_ID_BYTES), data.subarray(1 + PEER_ID_BYTES));
+    }
     if (data.byteLength < 8) {
+      if (peer.link !== undefined) return this.dropLinkMessage(peer, 'frame shorter than its 8-byte head');
       peer.socket.close(CLOSE.protocolError, 'frame shorter than its 8-byte head');
       return;
     }
@@ -234,6 +285,13 @@ export class StreamTable {
         if (s === undefined) return; // late answer to a stream that timed out or was cancelled
         s.deadline = this.now() + this.o.requestTimeoutMs;
         if (s.relayRequestId !== null) return; // JSON-bound streams take JSON answers only
+        if (head.kind === FrameKind.Response) {
+          // One head per stream: a second one would break the caller's stream (it may only end it).
+          if (s.answered) return this.failStream(s, 'MESH_ERR_BAD_FRAME', `peer ${s.target.id} sent a second RESPONSE on one stream`, true);
+          s.answered = true;
+        }
+        // The relay over there does not have the peer (any more): what we knew of where it lives is stale.
+        if (s.remotePeer !== undefined && head.kind === FrameKind.Response && data.byteLength >= 10 && (data[8]! | (data[9]! << 8)) === 404) this.federation?.forget(s.remotePeer);
         if ((head.flags & FLAG_END) !== 0) this.completeStream(s);
         writeStreamId(data, s.callerId as number);
         hot.bytesOut += data.byteLength;
@@ -244,7 +302,7 @@ export class StreamTable {
         const s = peer.outgoing.get(head.streamId);
         if (s === undefined) return;
         this.dropStream(s);
-        if (s.relayRequestId === null) this.sendTo(s.target.socket, encodeCancelFrame(s.relayStreamId));
+        if (s.relayRequestId === null) this.sendCancel(s);
         return;
       }
       default:
@@ -252,14 +310,23 @@ export class StreamTable {
     }
   }
 
-  private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number, flags: number): void {
+  /**
+   * A REQUEST from a peer (target in the frame's peer id field), or from a
+   * link (`linkTarget`: the frame's peer id field already holds the source,
+   * written by the relay the caller is attached to).
+   */
+  private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number, flags: number, linkTarget?: string): void {
     if (data.byteLength < 26) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request frame shorter than its 26-byte head');
     const metaLen = data[24]! | (data[25]! << 8);
     if (26 + metaLen > data.byteLength) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request meta runs past the frame');
     if (peer.outgoing.has(streamId)) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', `stream ${streamId} is already in flight on this connection`);
-    const targetId = hexAt(data, 8, PEER_ID_BYTES);
+    const targetId = linkTarget ?? hexAt(data, 8, PEER_ID_BYTES);
     const target = this.peers.get(targetId);
-    if (target === undefined) return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay`);
+    if (target === undefined) {
+      // Not attached here: another relay of the cluster may hold it (never passed on twice: a link's requests are for our own peers).
+      if (linkTarget === undefined && this.federation !== undefined) return this.forwardToLink(peer, data, streamId, flags, targetId);
+      return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay${this.federation ? ' or any relay of its cluster' : ''}`);
+    }
     if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
     const oneWay = (flags & FLAG_ONE_WAY) !== 0 && target.fastPath;
     const refused = this.admission(target, oneWay);
@@ -267,7 +334,7 @@ export class StreamTable {
     if (!target.fastPath) return this.forwardFrameAsEnvelope(peer, data, streamId, target);
     if (oneWay && target.oneWayIn >= this.o.maxInFlightPerPeer) {
       // So many one-way requests in their window: this one goes on without one (no report if the target leaves now).
-      writeRequestPeerId(data, peer.idBytes);
+      if (linkTarget === undefined) writeRequestPeerId(data, peer.idBytes);
       writeStreamId(data, target.allocStreamId());
       this.metrics.hot.hops.fast++;
       this.metrics.hot.oneWay++;
@@ -286,11 +353,63 @@ export class StreamTable {
       s.deadline = s.startedAt + ONE_WAY_WINDOW_MS;
       this.metrics.hot.oneWay++;
     }
-    writeRequestPeerId(data, peer.idBytes);
+    if (linkTarget === undefined) writeRequestPeerId(data, peer.idBytes);
     writeStreamId(data, s.relayStreamId);
     this.metrics.hot.bytesOut += data.byteLength;
     this.metrics.hot.messages++;
     target.socket.send(data);
+  }
+
+  /** A request for a peer attached to another relay of the cluster: over the link towards it, stream ids renamed as for a local target. */
+  private forwardToLink(peer: PeerConn, data: Uint8Array, streamId: number, flags: number, targetId: string): void {
+    const link = this.federation!.linkFor(targetId);
+    if (link === undefined) return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay or any relay of its cluster`);
+    if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
+    if (this.closing) return this.frameError(peer.socket, streamId, 'MESH_ERR_SHUTTING_DOWN', 'relay is shutting down; retry on another relay');
+    // The far relay admits per peer; here only the link itself can be full.
+    if (link.socket.bufferedAmount > this.o.highWaterBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_BACKPRESSURE', `the link to relay ${link.link!.relayId} is not keeping up (${link.socket.bufferedAmount} bytes queued)`);
+    const s = this.openStream(peer, streamId, link, 'fast', false);
+    s.remotePeer = targetId;
+    if ((flags & FLAG_ONE_WAY) !== 0) {
+      // The far relay keeps its own window and reports the target leaving within it; ours only has to outlast it.
+      s.oneWay = true;
+      link.oneWayIn++;
+      s.deadline = s.startedAt + ONE_WAY_WINDOW_MS + 1_000;
+      this.metrics.hot.oneWay++;
+    }
+    writeRequestPeerId(data, peer.idBytes);
+    writeStreamId(data, s.relayStreamId);
+    this.metrics.hot.bytesOut += data.byteLength;
+    this.metrics.hot.messages++;
+    this.metrics.hot.cluster.out++;
+    link.link!.sendAddressed(targetId, data);
+  }
+
+  /** A REQUEST or CANCEL that came over a link, for `targetId` (one of ours). */
+  onLinkFrame(link: PeerConn, targetId: string, frame: Uint8Array): void {
+    if (frame.byteLength < 8) return this.dropLinkMessage(link, 'frame shorter than its 8-byte head');
+    const head = readFrameHead(frame);
+    if (head.version !== 1) return this.frameError(link.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
+    if (head.kind === FrameKind.Request) {
+      this.metrics.hot.cluster.in++;
+      return this.onRequestFrame(link, frame, head.streamId, head.flags, targetId);
+    }
+    if (head.kind === FrameKind.Cancel) return this.onBinary(link, frame);
+    this.dropLinkMessage(link, `addressed frame of kind ${head.kind}`);
+  }
+
+  /** A link sent something that is no frame we can route: counted and dropped (the link stays). */
+  private dropLinkMessage(link: PeerConn, why: string): void {
+    this.metrics.clusterDropped.inc({ kind: 'frame' });
+    this.logger.warn({ relay_id: link.link?.relayId, why }, 'malformed message from another relay dropped');
+  }
+
+  /** CANCEL towards a stream's target (addressed when the target is a link). */
+  private sendCancel(s: Stream, callerGone = false): void {
+    const frame = encodeCancelFrame(s.relayStreamId, callerGone);
+    if (s.target.link !== undefined) {
+      if (s.target.socket.isOpen) s.target.link.sendAddressed(s.remotePeer!, frame);
+    } else this.sendTo(s.target.socket, frame);
   }
 
   /** An ADR-era target only reads JSON envelopes: translate this one request. */
@@ -397,6 +516,11 @@ export class StreamTable {
     }
   }
 
+  /** End the streams sent over `link` to peers `gone(peer)` says are lost (their relay went silent): 502 to each caller. */
+  failRemoteStreams(link: PeerConn, gone: (peerId: string) => boolean, message: string): void {
+    for (const s of [...link.incoming.values()]) if (s.remotePeer !== undefined && gone(s.remotePeer)) this.failStream(s, 'MESH_ERR_PEER_GONE', message, false);
+  }
+
   /** Answer every stream still in flight with `code` (the grace period is over). */
   failAll(code: MeshErrorCode, message: string): void {
     for (const s of [...this.streams]) this.failStream(s, code, message, true);
@@ -426,13 +550,15 @@ export class StreamTable {
   }
 
   /** Finish a stream with an error produced by the relay (peer gone, timeout, shutdown). */
-  private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean): void {
+  private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean, callerGone = false): void {
     if (!this.dropStream(s)) return;
-    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) {
-      s.target.socket.send(encodeCancelFrame(s.relayStreamId));
-    }
+    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) this.sendCancel(s, callerGone);
     if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
-    else this.frameError(s.caller.socket, s.callerId as number, code, message);
+    else if (s.answered) {
+      // The caller already has this stream's RESPONSE head: the error ends the body instead.
+      this.metrics.errors.inc({ code });
+      this.sendTo(s.caller.socket, encodeStreamErrorFrame(s.callerId as number, new MeshError(code, message)));
+    } else this.frameError(s.caller.socket, s.callerId as number, code, message);
   }
 
   /** Forget a stream everywhere; false when it was already gone. */

@@ -64,3 +64,13 @@ export function checkForwardInput(cfg: ModelConfig, held: HeldSpan, req: Forward
   }
   return input;
 }
+
+/** The hidden rows `rows` of [seq, hidden] gathered into one [rows.length, hidden] buffer; a bad index is the caller's error. */
+export function gatherRows(hidden: Float32Array, seq: number, width: number, rows: readonly number[]): Float32Array {
+  const out = new Float32Array(rows.length * width);
+  rows.forEach((r, i) => {
+    if (!(Number.isInteger(r) && r >= 0 && r < seq)) throw badRequestError(`logit row ${r} is outside the call's ${seq} rows`);
+    out.set(hidden.subarray(r * width, (r + 1) * width), i * width);
+  });
+  return out;
+}

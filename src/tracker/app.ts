@@ -7,6 +7,7 @@
  *   routes/mesh-routes.ts   POST /api/route/replace, GET /api/route (signed routes on demand)
  *   routes/status.ts        GET /api/tracker, /api/availability, /api/dashboard, /dashboard, /healthz, /metrics
  *   routes/openai.ts        GET /v1/models, POST /v1/chat/completions, /v1/completions (completion.ts)
+ *   routes/verify.ts        POST /api/checks/report, /api/checks/skipped, GET /v1/verifications/:id (verify/service.ts)
  */
 import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
@@ -26,6 +27,8 @@ import { nodeRoutes } from './routes/nodes.ts';
 import { openAiRoutes } from './routes/openai.ts';
 import { routeRoutes } from './routes/mesh-routes.ts';
 import { statusRoutes } from './routes/status.ts';
+import { verifyRoutes } from './routes/verify.ts';
+import { VerificationService } from './verify/service.ts';
 
 export type { RecentRoute } from './context.ts';
 
@@ -48,6 +51,8 @@ export interface Tracker {
   identity: Identity;
   publicKey: string;
   recentRoutes: RecentRoute[];
+  /** Spot-checks: trust counters, quarantines, verification records (docs/verification.md). */
+  verification: VerificationService;
   /** Expire silent nodes and rebalance; the server calls it every heartbeat interval. */
   sweep(): string[];
 }
@@ -81,7 +86,18 @@ export function createTracker(deps: TrackerDeps): Tracker {
     if (recentRoutes.length > o.recentRoutes) recentRoutes.splice(0, recentRoutes.length - o.recentRoutes);
   }
 
-  const admission = new Admission(registry, o, metrics);
+  const signer = new RouteSigner(identity, o.routeTtlMs, o.now);
+  const verification = new VerificationService({
+    registry,
+    identity,
+    transport: deps.transport,
+    signer,
+    logger,
+    options: { enabled: o.checks, minRate: o.checkMinRate, quarantineMs: o.quarantineMs, auditWalkMs: o.auditWalkMs, now: o.now, random: o.random },
+    onVerdict: (v) => metrics.checks.inc({ outcome: v.outcome }),
+  });
+  registry.excluded = (peer) => verification.excluded(peer);
+  const admission = new Admission(registry, { ...o, ...(o.startupWaitMs > 0 ? { waitForNodesUntil: o.now() + o.startupWaitMs } : {}) }, metrics);
   const ctx: TrackerContext = {
     options: o,
     registry,
@@ -98,7 +114,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
       for (const n of registry.nodes.values()) metrics.nodes.inc({ model: n.info.model, status: registry.status(n) });
     },
     admission,
-    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer: new RouteSigner(identity, o.routeTtlMs, o.now), options: o, logger, metrics, onRoute: recordRoute },
+    generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer, options: o, logger, metrics, onRoute: recordRoute, verification },
+    verification,
   };
 
   const app = new App();
@@ -112,6 +129,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
   routeRoutes(app, ctx);
   statusRoutes(app, ctx);
   openAiRoutes(app, ctx);
+  verifyRoutes(app, ctx);
 
   return {
     app,
@@ -120,6 +138,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     identity,
     publicKey: ctx.publicKey,
     recentRoutes,
+    verification,
     sweep() {
       const removed = registry.sweep();
       ctx.updateNodeGauge();

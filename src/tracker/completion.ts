@@ -24,6 +24,8 @@ import { notLoadedYet, type TrackerContext } from './context.ts';
 import { runGeneration, type GenerationDeps, type GenerationEvent, type GenerationInput } from './head-proxy.ts';
 import { HttpError, json, readJson, streamResponse } from './http.ts';
 import { MergedChoices } from './merged-choices.ts';
+import { combine } from './verify/log.ts';
+import { runStrict, type StrictStats } from './verify/strict.ts';
 import { chatRequestSchema, chunkObject, completionObject, completionRequestSchema, messageText, openAiError, parseOpenAi, promptsOf, sseData, SSE_DONE, tooManyRequests, usage, type ApiKind, type ChatRequest, type CompletionIds, type CompletionRequest, type FinishReason } from './openai-wire.ts';
 
 export interface ParsedCompletion {
@@ -32,6 +34,8 @@ export interface ParsedCompletion {
   inputs: GenerationInput[];
   stream: boolean;
   includeUsage: boolean;
+  /** The caller's verification level (docs/verification.md). */
+  verification: 'default' | 'checked' | 'strict';
 }
 
 /**
@@ -40,11 +44,26 @@ export interface ParsedCompletion {
  * extension): text that could still start a stop string is held back, so ids
  * can arrive a part before their text.
  */
-export type CompletionPart = { text: string; tokenIds: number[] } | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[] };
+export type CompletionPart =
+  | { text: string; tokenIds: number[] }
+  | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[]; drafted: number; accepted: number; /** The generation's verification record, when checks are on. */ verification?: string }
+  /** The head accepted the generation (its `start` event): once per choice, before any text. */
+  | { started: true };
+
+/**
+ * How long after a head accepted a chat (its `start` event) the SSE headers
+ * wait for the first token, ms. A refusal comes before `start`, and a busy hop
+ * answers within this, so both still get a plain HTTP status; a chat that is
+ * slow to its first token (a long prompt, a hop being replaced or waited
+ * for) has its headers by then, never tens of seconds later.
+ */
+export const HEADERS_GRACE_MS = 1_000;
 
 const utf8 = new TextEncoder();
 /** Why a completion's controller is aborted when it ends: one object, not a fresh DOMException (and its stack) per request. */
 const COMPLETION_OVER = new MeshError('MESH_ERR_CANCELLED', 'the completion is over');
+/** Longest a `verification: "checked"` answer waits for its checks' verdicts, ms (tokens never wait). */
+const VERIFY_WAIT_MS = 30_000;
 
 /** Step 1: the request body as one generation per choice, or the OpenAI error the client gets. */
 export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'> & Partial<Pick<TrackerContext, 'pendingModels'>>, kind: ApiKind, body: unknown): ParsedCompletion {
@@ -73,6 +92,9 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
     top_k: 0,
     stop,
     ...(parsed.seed != null ? { seed: parsed.seed } : {}),
+    ...(parsed.speculative === false ? { speculative: false } : {}),
+    ...(parsed.draft_model != null ? { draft_model: parsed.draft_model } : {}),
+    ...(parsed.prediction != null ? { prediction: typeof parsed.prediction.content === 'string' ? parsed.prediction.content : parsed.prediction.content.map((p) => p.text).join('') } : {}),
   };
   let inputs: GenerationInput[];
   if (kind === 'chat') {
@@ -88,7 +110,7 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
     }
     inputs = prompts.map((p) => ({ ...common, ...p }));
   }
-  return { model: modelName, inputs, stream: parsed.stream === true, includeUsage: parsed.stream_options?.include_usage === true };
+  return { model: modelName, inputs, stream: parsed.stream === true, includeUsage: parsed.stream_options?.include_usage === true, verification: parsed.verification ?? 'default' };
 }
 
 /**
@@ -98,12 +120,25 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
  * is refused, the others' leases are given back. Refusals come as the
  * client sees them (completionError).
  */
-export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'admission'> & { generation: Pick<GenerationDeps, 'sizer'> }, kind: ApiKind, c: Pick<ParsedCompletion, 'model' | 'inputs'>, signal: AbortSignal): Promise<Lease[]> {
+export async function planCompletion(ctx: Pick<TrackerContext, 'registry' | 'admission'> & { generation: Pick<GenerationDeps, 'sizer'> }, kind: ApiKind, c: Pick<ParsedCompletion, 'model' | 'inputs'> & Partial<Pick<ParsedCompletion, 'verification'>>, signal: AbortSignal): Promise<Lease[]> {
   const context = ctx.registry.model(c.model).contextTokens;
-  const settled = await Promise.allSettled(c.inputs.map((input) => ctx.admission.acquire(c.model, ctx.generation.sizer.estimate(c.model, input, context), { signal })));
+  const acquire = async (input: GenerationInput): Promise<Lease[]> => {
+    const tokens = ctx.generation.sizer.estimate(c.model, input, context);
+    const first = await ctx.admission.acquire(c.model, tokens, { signal });
+    if (c.verification !== 'strict') return [first];
+    // Strict: a second route that shares no node with the first (docs/verification.md).
+    try {
+      return [first, await ctx.admission.acquire(c.model, tokens, { signal, exclude: new Set(first.plan.hops.map((h) => h.id)), front: true })];
+    } catch (e) {
+      first.release();
+      if (e instanceof MeshError && e.code === 'MESH_ERR_UNAVAILABLE') throw new MeshError('MESH_ERR_UNAVAILABLE', `strict verification needs two routes that share no node, and the mesh has one now (${e.message})`, e.details);
+      throw e;
+    }
+  };
+  const settled = await Promise.allSettled(c.inputs.map(acquire));
   const refused = settled.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-  if (!refused) return settled.map((r) => (r as PromiseFulfilledResult<Lease>).value);
-  for (const r of settled) if (r.status === 'fulfilled') r.value.release();
+  if (!refused) return settled.flatMap((r) => (r as PromiseFulfilledResult<Lease[]>).value);
+  for (const r of settled) if (r.status === 'fulfilled') for (const l of r.value) l.release();
   throw completionError(ctx, kind, refused.reason);
 }
 
@@ -140,34 +175,62 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
   };
   let completionTokens = 0;
   let promptTokens = 0;
+  let drafted = 0;
+  let accepted = 0;
+  let verification: string | undefined;
+  const verified = () => (verification !== undefined ? { verification } : {});
   try {
     for (;;) {
       const r = await events.next();
       if (r.done) throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
       const ev = r.value;
       if (ev.type === 'start') {
+        // Failovers and resumes start again: only the first start is news to the client.
+        if (promptTokens === 0) yield { started: true };
         promptTokens = ev.promptTokens;
+        verification = ev.verification;
         continue;
       }
       if (ev.type === 'token') {
         if (completionTokens++ === 0) onFirstToken();
         ids.push(ev.tokenId);
+        drafted += ev.drafted ?? 0;
+        accepted += ev.accepted ?? 0;
         const { text, stopped } = stops.push(ev.text);
         if (stopped) await events.return(undefined);
         if (text) yield { text, tokenIds: take() };
         if (stopped) {
-          yield { finish: 'stop', promptTokens, completionTokens, tokenIds: take() };
+          yield { finish: 'stop', promptTokens, completionTokens, tokenIds: take(), drafted, accepted, ...verified() };
           return;
         }
         continue;
       }
       const tail = stops.flush();
       if (tail) yield { text: tail, tokenIds: take() };
-      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take() };
+      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take(), drafted, accepted, ...(ev.verification ?? verification ? { verification: ev.verification ?? verification } : {}) };
       return;
     }
   } finally {
     await events.return(undefined);
+  }
+}
+
+/** A choice's first output: its first part, or (accepted by its head, but no part within the grace) the pending next part. */
+type FirstOutput = { r: IteratorResult<CompletionPart> } | { pending: Promise<IteratorResult<CompletionPart>> };
+
+async function firstOutput(choice: AsyncGenerator<CompletionPart>, graceMs: number): Promise<FirstOutput> {
+  const r = await choice.next();
+  if (r.done || !('started' in r.value)) return { r };
+  const pending = choice.next();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const grace = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), graceMs);
+  });
+  try {
+    const got = await Promise.race([pending, grace]);
+    return got === undefined ? { pending } : { r: got };
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -185,7 +248,16 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     metrics.firstToken.observe((performance.now() - t0) / 1000);
   };
   // Each choice is its own generation (own route, own failover), all running at once.
-  const choices = c.inputs.map((input, i) => completionParts(runGeneration(ctx.generation, c.model, input, abort.signal, leases[i]), input.stop, onFirstToken));
+  // Strict: two leases per choice (disjoint routes), each token agreed by both (verify/strict.ts).
+  const strict = c.verification === 'strict';
+  const strictStats = c.inputs.map((): StrictStats => ({ agreed: 0, disputes: 0, records: [] }));
+  const choices = c.inputs.map((input, i) =>
+    completionParts(
+      strict ? runStrict(ctx.generation, c.model, input, abort.signal, [leases[2 * i]!, leases[2 * i + 1]!], strictStats[i]!) : runGeneration(ctx.generation, c.model, input, abort.signal, leases[i], { verification: c.verification === 'checked' ? 'checked' : 'default' }),
+      input.stop,
+      onFirstToken,
+    ),
+  );
   /** Stop every choice and release what its generation holds. */
   const endAll = (): void => {
     abort.abort(COMPLETION_OVER);
@@ -197,11 +269,27 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     metrics.requests.inc({ endpoint, status: String(err.status) });
     return err;
   };
-  const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number }>) =>
-    usage(
+  const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number; drafted: number; accepted: number }>, verification?: unknown) => ({
+    ...usage(
       finishes.reduce((n, f) => n + f.promptTokens, 0),
       finishes.reduce((n, f) => n + f.completionTokens, 0),
-    );
+      { drafted: finishes.reduce((n, f) => n + f.drafted, 0), accepted: finishes.reduce((n, f) => n + f.accepted, 0) },
+    ),
+    ...(verification !== undefined ? { verification } : {}),
+  });
+  /** What the answer says of its checks: per choice, each node's status (waiting for the verdicts when the caller asked for checks). */
+  const verificationOf = async (finishes: ReadonlyArray<{ index: number; verification?: string }>): Promise<unknown> => {
+    if (strict) {
+      // Every token was agreed on by two routes that share no node (a third decided any disagreement).
+      const choicesOf = strictStats.map((st, index) => ({ index, status: 'clean' as const, tokens_agreed: st.agreed, disputes: st.disputes, routes: st.records.map((id) => ctx.verification.log.get(id)?.view(ctx.verification.trust, ctx.options.now(), '')).filter(Boolean) }));
+      return { status: 'clean', mode: 'strict', generations: choicesOf };
+    }
+    if (!ctx.verification.enabled || finishes.every((f) => f.verification === undefined)) return undefined;
+    const records = finishes.map((f) => ({ index: f.index, r: f.verification !== undefined ? ctx.verification.log.get(f.verification) : undefined }));
+    if (c.verification === 'checked') await Promise.all(records.map(({ r }) => r?.waitSettled(VERIFY_WAIT_MS)));
+    const generations = records.map(({ index, r }) => ({ index, ...(r ? r.view(ctx.verification.trust, ctx.options.now(), '') : { status: 'unchecked' as const, hops: [] }) }));
+    return { status: combine(generations.map((g) => g.status)), generations };
+  };
 
   if (!c.stream) {
     try {
@@ -210,16 +298,18 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
           let text = '';
           const tokenIds: number[] = [];
           for await (const part of choice) {
+            if ('started' in part) continue;
             tokenIds.push(...part.tokenIds);
             if ('text' in part) text += part.text;
-            else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens };
+            else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens, drafted: part.drafted, accepted: part.accepted, ...(part.verification !== undefined ? { verification: part.verification } : {}) };
           }
           throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
         }),
       );
       metrics.generation.observe((performance.now() - t0) / 1000);
       metrics.requests.inc({ endpoint, status: '200' });
-      return json(200, completionObject(kind, ids, results, usageOf(results)));
+      const verification = await verificationOf(results.map((r, index) => ({ index, ...(r.verification !== undefined ? { verification: r.verification } : {}) })));
+      return json(200, completionObject(kind, ids, results, usageOf(results, verification)));
     } catch (e) {
       throw clientError(e);
     } finally {
@@ -227,33 +317,37 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     }
   }
 
-  // Wait for every choice's first output before committing to a 200 stream.
-  let firsts: Array<IteratorResult<CompletionPart>>;
+  // Wait for every choice's first output (or its head's acceptance and a short grace) before committing to a 200 stream.
+  let firsts: FirstOutput[];
   try {
-    firsts = await Promise.all(choices.map((choice) => choice.next()));
+    firsts = await Promise.all(choices.map((choice) => firstOutput(choice, HEADERS_GRACE_MS)));
   } catch (e) {
     endAll();
     throw clientError(e);
   }
-  const finishes: Array<{ promptTokens: number; completionTokens: number }> = [];
+  const finishes: Array<{ index: number; promptTokens: number; completionTokens: number; drafted: number; accepted: number; verification?: string }> = [];
   const merged = new MergedChoices(choices);
   const sse = (obj: unknown): Uint8Array => utf8.encode(sseData(obj));
   // Pull-driven like the generations under it: a chunk is made when the client's socket takes the last one.
   async function* events(): AsyncGenerator<Uint8Array> {
     try {
-      firsts.forEach((r, index) => merged.add(index, r));
+      firsts.forEach((f, index) => ('pending' in f ? merged.await(index, f.pending) : merged.add(index, f.r)));
       for (let index = 0; index < choices.length; index++) yield sse(chunkObject(kind, ids, kind === 'chat' ? { index, role: true, text: '' } : { index, text: '' }));
       for (;;) {
         const next = await merged.next();
         if (!next) break;
         const { index, part } = next;
+        if ('started' in part) continue;
         if ('text' in part) yield sse(chunkObject(kind, ids, { index, text: part.text, tokenIds: part.tokenIds }));
         else {
-          finishes.push(part);
+          finishes.push({ index, ...part });
           yield sse(chunkObject(kind, ids, kind === 'chat' ? { index, finish: part.finish, tokenIds: part.tokenIds } : { index, text: '', finish: part.finish, tokenIds: part.tokenIds }));
         }
       }
-      if (c.includeUsage) yield sse(chunkObject(kind, ids, { usage: usageOf(finishes) }));
+      // The final SSE field: what was checked of the nodes that computed this answer (on the usage chunk, or a chunk of its own).
+      const verification = await verificationOf(finishes);
+      if (c.includeUsage) yield sse(chunkObject(kind, ids, { usage: usageOf(finishes, verification), ...(verification !== undefined ? { verification } : {}) }));
+      else if (verification !== undefined) yield sse(chunkObject(kind, ids, { verification }));
       metrics.generation.observe((performance.now() - t0) / 1000);
       metrics.requests.inc({ endpoint, status: '200' });
       yield utf8.encode(SSE_DONE);

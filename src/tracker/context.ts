@@ -13,6 +13,7 @@ import type { PendingModel } from './model-registry.ts';
 import type { TrackerOptions } from './options.ts';
 import type { NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
+import type { VerificationService } from './verify/service.ts';
 
 export interface RecentRoute {
   at: number;
@@ -42,6 +43,8 @@ export interface TrackerContext {
   /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */
   admission: Admission;
   generation: GenerationDeps;
+  /** Spot-checks, trust counters, quarantines and each generation's verification record. */
+  verification: VerificationService;
 }
 
 /** 503 for a model whose checkpoint is still being retried; undefined for a model the tracker never had. */

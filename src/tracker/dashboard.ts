@@ -45,7 +45,7 @@ export const DASHBOARD_HTML = /* html */ `<!doctype html>
   .cov { display:block; margin:1px; border-radius:3px; font-size:11px; height:18px; line-height:18px; color:#0f1419; font-weight:600; }
   .mono { font-family:ui-monospace, monospace; font-size:12px; }
   .dim { color:var(--dim); }
-  .status-serving { color:var(--ok); } .status-loading { color:#d29922; } .status-idle { color:var(--dim); } .status-draining { color:#d29922; font-style:italic; }
+  .status-serving { color:var(--ok); } .status-loading { color:#d29922; } .status-idle { color:var(--dim); } .status-draining { color:#d29922; font-style:italic; } .status-unreachable { color:#f85149; }
   svg.spark { vertical-align:middle; }
   .route { font-family:ui-monospace, monospace; font-size:12px; }
   .empty { color:var(--dim); font-style:italic; }
@@ -64,6 +64,7 @@ export const DASHBOARD_HTML = /* html */ `<!doctype html>
   <section><h2>Admission queue</h2><div id="queue"></div></section>
   <section><h2>Nodes</h2><div id="nodes"></div></section>
   <section><h2>Recent routes</h2><div id="routes"></div></section>
+  <section><h2>Spot-checks and offences</h2><div id="trust"></div></section>
 </main>
 <script>
 "use strict";
@@ -135,6 +136,12 @@ function kvCell(kv) {
   return el("span", {}, bar, mib(kv.used_bytes) + " / " + mib(kv.budget_bytes) + " MiB" + (kv.sessions != null ? " · " + kv.sessions + (kv.sessions === 1 ? " session" : " sessions") : "") + (kv.busy ? " · busy" : ""));
 }
 
+function specCell(s) {
+  if (!s || s.drafted === 0) return el("span", { class: "dim" }, "–");
+  const title = "speculative decoding: " + s.accepted + " of " + s.drafted + " drafted tokens accepted; " + s.tokens + " tokens in " + s.trips + " trips";
+  return el("span", { title }, Math.round((100 * s.accepted) / s.drafted) + "% · " + (s.tokens / Math.max(1, s.trips)).toFixed(2) + "/trip");
+}
+
 function renderQueue(d) {
   const q = d.queue;
   const stat = (n, label) => el("div", {}, el("b", {}, n), el("span", { class: "dim" }, label));
@@ -146,13 +153,16 @@ function renderQueue(d) {
 function renderNodes(d) {
   const root = $("nodes");
   if (d.nodes.length === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
-  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
+  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "drafts", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
   for (const n of d.nodes) {
     t.append(el("tr", {},
       el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend), el("td", { class: "mono" }, n.weight_format),
-      el("td", { class: "status-" + n.status }, n.status), el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
+      n.reachable === false
+        ? el("td", { class: "status-unreachable", title: n.unreachable_reason }, n.status + ", unreachable")
+        : el("td", { class: "status-" + n.status }, n.status),
+      el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
       el("td", {}, n.throughput.toFixed(0) + (n.duty_cycle < 1 ? " (" + Math.round(n.duty_cycle * 100) + " % cap)" : "")), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
-      el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, n.queue_depth + n.in_flight),
+      el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, specCell(n.speculation)), el("td", {}, n.queue_depth + n.in_flight),
       el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
   }
   root.replaceChildren(t);
@@ -170,6 +180,33 @@ function renderRoutes(d) {
   root.replaceChildren(t);
 }
 
+function renderTrust(d) {
+  const root = $("trust");
+  const v = d.verification;
+  if (!v || !v.enabled) { root.replaceChildren(el("div", { class: "empty" }, "Spot-checks are off (meshnet tracker --no-checks).")); return; }
+  const now = Date.now();
+  const t = el("table", {}, el("tr", {}, ...["peer", "checks", "passed", "in a row", "P(check)", "offences", "inconclusive", "refused", "quarantine"].map((h) => el("th", {}, h))));
+  for (const [peer, n] of Object.entries(v.nodes)) {
+    t.append(el("tr", {}, el("td", { class: "mono" }, short(peer)), el("td", {}, n.checks), el("td", {}, n.passes), el("td", {}, n.consecutive),
+      el("td", {}, (n.check_probability * 100).toFixed(1) + " %"), el("td", {}, n.offences), el("td", {}, n.inconclusive), el("td", {}, n.refusals),
+      el("td", { class: n.quarantined_until ? "status-idle" : "dim" }, n.quarantined_until ? "until " + new Date(n.quarantined_until).toLocaleTimeString() : "—")));
+  }
+  const kids = [t];
+  if (v.offences.length === 0) kids.push(el("div", { class: "empty" }, "No offence: every check so far agreed, or was inconclusive."));
+  else {
+    const o = el("table", {}, el("tr", {}, ...["when", "node", "role", "layers", "what", "distance (checker / arbiter)", "threshold", "checker", "arbiter", "signed claim"].map((h) => el("th", {}, h))));
+    for (const f of v.offences.slice(0, 20)) {
+      o.append(el("tr", {}, el("td", { class: "dim" }, ago(now - f.at)), el("td", { class: "mono" }, short(f.peer)), el("td", {}, f.role),
+        el("td", {}, f.start_layer + "–" + (f.end_layer - 1)), el("td", {}, f.kind + " · " + f.rows + " rows"),
+        el("td", {}, f.checker.distance.toPrecision(3) + (f.arbiter ? " / " + f.arbiter.distance.toPrecision(3) : "")), el("td", {}, f.threshold),
+        el("td", { class: "mono" }, short(f.checker.peer)), el("td", { class: "mono" }, f.arbiter ? short(f.arbiter.peer) : "—"),
+        el("td", { class: "mono", title: f.claim.attestation }, f.claim.attestation.slice(0, 16) + "…")));
+    }
+    kids.push(o);
+  }
+  root.replaceChildren(...kids);
+}
+
 async function refresh() {
   try {
     const res = await fetch("api/dashboard", { cache: "no-store" });
@@ -177,7 +214,7 @@ async function refresh() {
     const d = await res.json();
     $("meta").textContent = "tracker " + short(d.tracker.peer_id) + " · up " + d.tracker.uptime_s + " s · " + d.nodes.length + " node(s) · " + d.models.map((m) => m.name).join(", ") + " · queue " + d.queue.length;
     $("err").textContent = "";
-    renderMaps(d); renderQueue(d); renderNodes(d); renderRoutes(d);
+    renderMaps(d); renderQueue(d); renderNodes(d); renderRoutes(d); renderTrust(d);
   } catch (e) {
     $("err").textContent = "tracker unreachable: " + e.message;
   }

@@ -22,7 +22,7 @@ import { MeshError, remoteError } from '../protocol/errors.ts';
 import type { HeadTransport } from './head-transport.ts';
 import { H } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
-import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
+import { generateEventSchema, type GenerateRequest } from '../protocol/tracker.ts';
 import type { Identity } from '../net/identity.ts';
 import type { Admission, Lease } from './admission.ts';
 import type { TrackerMetrics } from './metrics.ts';
@@ -30,6 +30,9 @@ import type { TrackerOptions } from './options.ts';
 import type { NodeRecord, NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 import { RouteSigner } from './route-signer.ts';
+import { routeHops, type GenerationInput } from './route-hops.ts';
+import type { VerificationService } from './verify/service.ts';
+import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER } from '../verify/plan.ts';
 
 const utf8 = new TextEncoder();
 
@@ -56,9 +59,9 @@ export async function* ndjsonLines(chunks: AsyncIterable<Uint8Array>): AsyncGene
 // ---------------------------------------------------------------- generation with failover
 
 export type GenerationEvent =
-  | { type: 'start'; promptTokens: number }
-  | { type: 'token'; tokenId: number; text: string }
-  | { type: 'done'; finish: 'stop' | 'length'; promptTokens: number; completionTokens: number };
+  | { type: 'start'; promptTokens: number; /** The generation's verification record (verify/log.ts), when checks are on. */ verification?: string }
+  | { type: 'token'; tokenId: number; text: string; /** On a speculative trip's first token: what it drafted and accepted. */ drafted?: number; accepted?: number }
+  | { type: 'done'; finish: 'stop' | 'length'; promptTokens: number; completionTokens: number; /** The generation's verification record (verify/log.ts), when checks are on. */ verification?: string };
 
 export interface GenerationDeps {
   registry: NodeRegistry;
@@ -67,16 +70,32 @@ export interface GenerationDeps {
   sizer: PromptSizer;
   transport: HeadTransport;
   identity: Identity;
-  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'>;
+  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'> & Partial<Pick<TrackerOptions, 'relayOutageBudgetMs'>>;
   logger: Logger;
   metrics: TrackerMetrics;
   /** Signs the routes handed to heads, one signature per route for a few seconds (route-signer.ts); one per call to runGeneration when absent. */
   signer?: RouteSigner;
   /** Called for each route handed to a head (dashboard): the first, after a failed head, after a MESH_ERR_BUSY answer. */
   onRoute?(kind: 'generate' | 'failover' | 'rerouted', model: string, plan: RoutePlan): void;
+  /** Spot-checks: a check plan with each route, a verification record per generation (verify/service.ts). */
+  verification?: VerificationService;
 }
 
-export type GenerationInput = Omit<GenerateRequest, 'prefix_token_ids' | 'session_id'>;
+export interface GenerationOptions {
+  /** 'checked': every node of the route is checked, whatever its odds (the caller asked to know). */
+  verification?: 'default' | 'checked';
+  /** Nodes never to route this generation through (strict mode keeps its two routes disjoint). */
+  exclude?: ReadonlySet<string>;
+  /** Tokens already agreed on: the generation continues after them (heads get them as prefix_token_ids; they are not yielded again). */
+  prefix?: readonly number[];
+  /** Each attempt's route, as it starts (strict mode keeps its routes apart). */
+  onAttempt?(nodes: readonly string[]): void;
+  /** Offer the finished generation for a head audit (verify/audit.ts). @defaultValue true */
+  audit?: boolean;
+}
+
+export type { GenerationInput };
+export { routeHops };
 
 /**
  * Positions a chat may reach, as the tracker can tell before the head
@@ -115,21 +134,38 @@ export class PromptSizer {
 
 /** Why an attempt's controller is aborted when the attempt is over: one object, not a fresh DOMException (and its stack) per chat. */
 const ATTEMPT_OVER = new MeshError('MESH_ERR_CANCELLED', 'the generation attempt is over');
+/** Why an attempt is ended when its head was found lying: the generation fails over to another head. */
+const HEAD_QUARANTINED = new MeshError('MESH_ERR_UPSTREAM', 'the head was found lying by a check and is quarantined');
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Sleep `ms`, or less when `signal` aborts. */
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(t);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
 
 /** Errors a head gives for the request itself: another head would say the same. */
 const CLIENT_ERRORS = new Set<string>(['MESH_ERR_BAD_REQUEST', 'MESH_ERR_TOO_LARGE', 'MESH_ERR_BAD_SHAPE']);
 
-export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: boolean): RouteHop[] {
-  return plan.hops.slice(skipFirst ? 1 : 0).map((h) => {
-    const n = registry.nodes.get(h.id);
-    const hop: RouteHop = { peer_id: h.id, start_layer: h.start, end_layer: h.end };
-    if (n?.endpoint) hop.endpoint = n.endpoint;
-    if (n?.relayAddr) hop.relay_addr = n.relayAddr;
-    return hop;
-  });
-}
+/**
+ * How a head reached over the relay is lost when the relay restarts or the
+ * head's own connection drops: the relay's "no such peer", a stream cut
+ * with the connection, or our relay client unreachable. Not a failure of the
+ * head: the chat waits for both to be back and resumes there (head-handler's
+ * parked generations), within relayOutageBudgetMs.
+ */
+const UNREACHABLE = new Set<string>(['MESH_ERR_PEER_GONE', 'MESH_ERR_NO_SUCH_PEER', 'MESH_ERR_UNAVAILABLE']);
+
+/** Default of TrackerOptions.relayOutageBudgetMs. */
+const RELAY_OUTAGE_BUDGET_MS = 10_000;
 
 /**
  * Run one generation: yields token events, then one done event. Throws
@@ -145,12 +181,14 @@ export function routeHops(registry: NodeRegistry, plan: RoutePlan, skipFirst: bo
  * (completion.ts admits before streaming), used for the first attempt; the
  * generator owns it from then on, so the caller must start iterating it.
  */
-export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, signal: AbortSignal, first?: Lease): AsyncGenerator<GenerationEvent> {
+export async function* runGeneration(deps: GenerationDeps, model: string, input: GenerationInput, signal: AbortSignal, first?: Lease, opts: GenerationOptions = {}): AsyncGenerator<GenerationEvent> {
   let given = first;
   const requestId = randomHex(8);
-  const tokens: number[] = [];
+  const tokens: number[] = [...(opts.prefix ?? [])];
+  /** The log-probability the head reported for each token (a head audit compares them). */
+  const logprobs: number[] = [];
   let promptTokens = 0;
-  const failedHeads = new Set<string>();
+  const failedHeads = new Set<string>(opts.exclude ?? []);
   let lastError: MeshError | undefined;
   let failovers = 0;
   let reroutes = 0;
@@ -159,12 +197,26 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   const context = deps.registry.model(model).contextTokens;
   const estimate = deps.sizer.estimate(model, input, context);
   const signer = deps.signer ?? new RouteSigner(deps.identity, deps.options.routeTtlMs, deps.options.now);
+  const outageBudgetMs = deps.options.relayOutageBudgetMs ?? RELAY_OUTAGE_BUDGET_MS;
+  /** Since when (performance.now) the head has been unreachable over the relay; undefined while it is not. */
+  let unreachableSince: number | undefined;
+  /** The next attempt asks the same head, on the same route and session, to go on with the generation. */
+  let resume = false;
+  /** The generation's id at its head: a new one per head restart, the same while it is resumed. */
+  let sessionId = `${requestId}-0`;
+  /** Ends the running attempt because its head was found lying (a check's verdict); a resume moves it to the new attempt. */
+  let quarantine: (() => void) | undefined;
+  const verify = deps.verification?.enabled ? deps.verification : undefined;
+  const record = verify?.log.open(requestId, model);
 
   for (let attempt = 0; ; attempt++) {
     if (signal.aborted) {
       given?.release();
       throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
     }
+    const resuming = resume;
+    resume = false;
+    if (!resuming) sessionId = `${requestId}-${attempt}`;
     const need = promptTokens > 0 ? Math.min(context, promptTokens + input.max_tokens) : estimate;
     let lease: Lease;
     if (given) {
@@ -177,12 +229,15 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         if (!(e instanceof MeshError && e.code === 'MESH_ERR_UNAVAILABLE')) throw e;
         // Nothing else holds layer 0: the failed head itself may have recovered (or been reassigned).
         await sleep(250);
-        lease = await deps.admission.acquire(model, need, { signal, front: true });
+        lease = await deps.admission.acquire(model, need, { signal, front: true, ...(opts.exclude ? { exclude: opts.exclude } : {}) });
       }
       deps.metrics.failovers.inc();
-    } else lease = await deps.admission.acquire(model, need, { signal, front: why === 'rerouted' });
+    } else lease = await deps.admission.acquire(model, need, { signal, front: why === 'rerouted', ...(opts.exclude ? { exclude: opts.exclude } : {}) });
     const plan = lease.plan;
-    deps.onRoute?.(why, model, plan);
+    if (!resuming) {
+      deps.onRoute?.(why, model, plan);
+      opts.onAttempt?.(plan.hops.map((h) => h.id));
+    }
     const headId = plan.hops[0]!.id;
     const head = deps.registry.nodes.get(headId);
     const hops = routeHops(deps.registry, plan, true);
@@ -193,10 +248,13 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     signal.addEventListener('abort', onAbort, { once: true });
     // Set when the head finished; yielded after the finally below has released this attempt.
     let finished: GenerationEvent | undefined;
+    /** The head itself said what went wrong (an error event), as opposed to the way to it breaking. */
+    let headSaid = false;
+    const generation = sessionId;
     try {
       if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
       const { route: signed, reply } = await signer.sign(headId, hops, head);
-      const req: GenerateRequest = { ...input, prefix_token_ids: [...tokens], session_id: `${requestId}-${attempt}` };
+      const req: GenerateRequest = { ...input, prefix_token_ids: [...tokens], session_id: generation };
       const headers: Record<string, string> = {
         'content-type': 'application/json',
         accept: 'application/x-ndjson',
@@ -204,13 +262,33 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         [H.routeExpires]: String(signed.expiresAt),
         [H.routeSignature]: signed.signature,
         [H.requestId]: requestId,
+        // Every retry on the same head may find the generation parked there (or start it with the prefix).
+        ...(resuming ? { [H.resume]: '1' } : {}),
       };
       // The head's reply address, signed: chain hops hand the token only to an address the tracker vouches for.
       if (reply) {
         headers[H.chainReply] = reply.text;
         headers[H.chainReplySignature] = reply.signature;
       }
+      quarantine = () => ctl.abort(HEAD_QUARANTINED);
+      if (verify && record && !resuming) {
+        // The check plan: which of this route's spans the head has checked once the generation is over (docs/verification.md).
+        const spans = plan.hops.map((h) => ({ peer: h.id, start: h.start, end: h.end }));
+        const checks = await verify.plan(model, generation, headId, spans, opts.verification === 'checked');
+        if (checks) {
+          headers[CHECK_PLAN_HEADER] = checks.text;
+          headers[CHECK_PLAN_SIGNATURE_HEADER] = checks.signature;
+        }
+        const planned = new Set((checks?.plan.checks ?? []).map((c) => `${c.peer.peer_id}:${c.start_layer}:${c.end_layer}`));
+        record.attempt(generation, headId, spans, planned, checks?.plan.expires_at ?? 0, () => quarantine?.());
+        verify.log.link(generation, record);
+      }
       const body = await deps.transport.open({ peerId: headId, endpoint: head.endpoint, relayAddr: head.relayAddr }, headers, utf8.encode(JSON.stringify(req)), { signal: ctl.signal, idleTimeoutMs: deps.options.generateIdleTimeoutMs });
+      deps.registry.markReachable(headId);
+      if (unreachableSince !== undefined) {
+        log.info({ head: headId, waited_ms: Math.round(performance.now() - unreachableSince), tokens: tokens.length }, 'head reachable again; the chat goes on there');
+        unreachableSince = undefined;
+      }
       for await (const line of ndjsonLines(body)) {
         let parsed;
         try {
@@ -224,7 +302,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           if (promptTokens === 0) {
             promptTokens = ev.prompt_tokens;
             deps.sizer.learn(model, input, promptTokens);
-            yield { type: 'start', promptTokens };
+            yield { type: 'start', promptTokens, ...(record ? { verification: record.id } : {}) };
           }
           // The exact length now: hold what the head declares to its hops, no more.
           lease.resize(Math.min(context, ev.prompt_tokens + input.max_tokens));
@@ -232,21 +310,24 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           // A head restarted with a prefix numbers its first new token prefix.length; anything earlier we already have.
           if (ev.index < tokens.length) continue;
           tokens.push(ev.token_id);
+          logprobs.push(ev.logprob);
           deps.metrics.tokens.inc();
-          yield { type: 'token', tokenId: ev.token_id, text: ev.text };
+          yield { type: 'token', tokenId: ev.token_id, text: ev.text, ...(ev.drafted !== undefined ? { drafted: ev.drafted, accepted: ev.accepted ?? 0 } : {}) };
           if (tokens.length >= input.max_tokens) {
-            finished = { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length };
+            finished = { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length, ...(record ? { verification: record.id } : {}) };
             break;
           }
         } else if (ev.type === 'recovered') {
+          record?.replacement(generation, ev.replacement_peer_id.split(','));
           log.info({ failed: ev.failed_peer_id, replacement: ev.replacement_peer_id, recovery_ms: ev.recovery_ms }, 'head recovered a hop');
           deps.metrics.hopRecoveries.inc();
         } else if (ev.type === 'done') {
-          finished = { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length };
+          finished = { type: 'done', finish: ev.finish_reason, promptTokens: promptTokens || ev.prompt_tokens, completionTokens: tokens.length, ...(record ? { verification: record.id } : {}) };
           break;
         } else {
           // The error names the node that refused (MESH_ERR_BUSY: which one to route around) and when to come back.
           const err = remoteError(undefined, { error: ev }, `head ${headId}`);
+          headSaid = true;
           throw ev.peer_id !== undefined ? new MeshError(err.code, err.message, { ...err.details, peer_id: ev.peer_id }) : err;
         }
       }
@@ -267,20 +348,47 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         why = 'rerouted';
         continue;
       }
+      const outage = !headSaid && head !== undefined && !head.endpoint && UNREACHABLE.has(err.code);
+      if (outage) {
+        // Over the relay, the head (or our way to it) went away: a relay restarting, the head reconnecting.
+        // Not its failure: wait for both (our relay client holds requests while it reconnects) and resume there.
+        const now = performance.now();
+        deps.registry.markUnreachable(headId, err.message);
+        if (unreachableSince === undefined) {
+          unreachableSince = now;
+          log.warn({ head: headId, code: err.code, err: err.message, tokens: tokens.length, budget_ms: outageBudgetMs }, 'head unreachable over the relay; waiting to resume the chat there');
+        }
+        const waited = now - unreachableSince;
+        if (waited < outageBudgetMs) {
+          resume = true;
+          await pause(Math.min(500, 100 * 1.5 ** Math.min(10, attempt)), signal);
+          continue;
+        }
+        // The budget is spent (for this chat, whichever head it tries next): fail over, or fail, now.
+        lastError = new MeshError('MESH_ERR_UNAVAILABLE', `head ${headId} unreachable over the relay for ${Math.round(waited)} ms (the relay or the head is down): ${err.message}`);
+      } else lastError = err;
       if (CLIENT_ERRORS.has(err.code) && tokens.length === 0) throw err;
-      lastError = err;
       failedHeads.add(headId);
-      if (head) head.failures++;
-      log.warn({ head: headId, attempt, code: err.code, err: err.message, tokens: tokens.length }, 'head failed; restarting on another head');
+      // Out of reach past the budget is not proof the head failed (our own relay may be the one down).
+      if (!outage) deps.registry.countFailure(headId);
+      log.warn({ head: headId, attempt, code: err.code, err: lastError.message, tokens: tokens.length }, 'head failed; restarting on another head');
       if (++failovers > deps.options.maxHeadFailovers) break;
       why = 'failover';
     } finally {
+      // A resumed attempt is the same generation at the same head: its record stays open.
+      if (!resume) record?.ended(generation);
       signal.removeEventListener('abort', onAbort);
       ctl.abort(ATTEMPT_OVER);
-      lease.release();
+      // A resume keeps the route, and its lease of KV room, for the next attempt.
+      if (resume) given = lease;
+      else lease.release();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
     }
     if (finished) {
+      // One head, one route from start to end: a head audit can judge it (verify/audit.ts).
+      if (verify && failovers === 0 && opts.audit !== false && !opts.prefix?.length) {
+        verify.audit({ model, input, tokens: [...tokens], logprobs, head: headId, route: plan.hops.map((h) => h.id), generation, record });
+      }
       yield finished;
       return;
     }

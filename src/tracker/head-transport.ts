@@ -28,11 +28,17 @@ export interface OpenOptions {
   signal: AbortSignal;
   /** Longest wait for the answer's head and for each later chunk, ms. */
   idleTimeoutMs: number;
+  /** The head's path to POST to. @defaultValue '/generate' */
+  path?: string;
 }
 
 /** Opens `POST /generate` on a head and yields the raw NDJSON bytes; a non-200 answer throws its MeshError. */
 export interface HeadTransport {
   open(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>>;
+  /** True when the node answers `GET /health` with 200 within `timeoutMs` (over its endpoint, else the relay). Absent: the tracker cannot tell. */
+  probe?(node: HeadTarget, timeoutMs: number): Promise<boolean>;
+  /** Whether the tracker's relay connection is registered now; undefined without a relay. */
+  relayUp?(): boolean | undefined;
 }
 
 async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promise<Uint8Array> {
@@ -91,7 +97,7 @@ function idleWatch(ms: number, onIdle: () => void): { waiting(): void; got(): vo
  * sees its client gone and cancels the generation.
  */
 function directOpen(agents: { http: HttpAgent; https: HttpsAgent }, endpoint: string, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
-  const url = new URL(endpoint.replace(/\/+$/, '') + '/generate');
+  const url = new URL(endpoint.replace(/\/+$/, '') + (o.path ?? '/generate'));
   const tls = url.protocol === 'https:';
   return new Promise((resolve, reject) => {
     if (o.signal.aborted) {
@@ -172,12 +178,32 @@ export function createHeadTransport(deps: { relay?: RelayClient }): HeadTranspor
 
   async function viaRelay(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>> {
     if (!deps.relay) throw new MeshError('MESH_ERR_UNAVAILABLE', `head ${head.peerId} has no endpoint and the tracker has no relay`);
-    const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
+    const reply = await deps.relay.requestStream(head.peerId, { method: 'POST', path: o.path ?? '/generate', headers, body }, { timeoutMs: o.idleTimeoutMs, signal: o.signal });
     if (reply.status !== 200) throw remoteError(reply.status, await collect(reply.body));
     return reply.body;
   }
 
+  async function probe(node: HeadTarget, timeoutMs: number): Promise<boolean> {
+    if (node.endpoint) {
+      try {
+        const res = await fetch(`${node.endpoint.replace(/\/+$/, '')}/health`, { signal: AbortSignal.timeout(timeoutMs) });
+        await res.arrayBuffer();
+        if (res.status === 200) return true;
+      } catch {
+        // not over HTTP: maybe over the relay
+      }
+    }
+    if (!deps.relay || !node.relayAddr) return false;
+    try {
+      return (await deps.relay.request(node.peerId, { method: 'GET', path: '/health' }, { timeoutMs })).status === 200;
+    } catch {
+      return false;
+    }
+  }
+
   return {
+    probe,
+    relayUp: () => deps.relay?.isRegistered,
     async open(head, headers, body, o) {
       if (head.endpoint) {
         try {

@@ -46,6 +46,8 @@ export function createTrackerMetrics() {
     labelNames: ['peer_id', 'model', 'size'] as const,
     registers: [registry],
   });
-  return { registry, nodeBatches, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
+  const checks = new Counter({ name: 'meshnet_tracker_checks_total', help: 'Spot-checks judged from heads\' reports, by outcome (pass, offence, checker-offence, inconclusive)', labelNames: ['outcome'] as const, registers: [registry] });
+  const quarantined = new Gauge({ name: 'meshnet_tracker_quarantined_nodes', help: 'Nodes under quarantine now (found lying by a check)', registers: [registry] });
+  return { registry, checks, quarantined, nodeBatches, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
 }
 export type TrackerMetrics = ReturnType<typeof createTrackerMetrics>;

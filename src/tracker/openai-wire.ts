@@ -46,7 +46,19 @@ const common = {
   stream: z.boolean().nullish(),
   stream_options: z.object({ include_usage: z.boolean().optional() }).nullish(),
   n: z.number().int().positive().nullish(),
+  /**
+   * How sure the caller wants to be of the mesh's honesty (docs/verification.md): 'default' (sampled
+   * spot-checks; the answer says what was checked), 'checked' (every node of the generation is checked,
+   * and the final usage and SSE field wait for the verdicts), 'strict' (every step on two disjoint routes).
+   */
+  verification: z.enum(['default', 'checked', 'strict']).nullish(),
   user: z.string().optional(),
+  /** Speculative decoding: false turns it off for this request (the head drafts where it pays otherwise). An extension. */
+  speculative: z.boolean().nullish(),
+  /** Draft with this draft model (one its head loaded with `meshnet node --draft`). An extension. */
+  draft_model: z.string().min(1).max(200).nullish(),
+  /** OpenAI's Predicted Outputs: text the answer is expected to resemble, drafted from first. */
+  prediction: z.object({ type: z.literal('content'), content: z.union([z.string().max(1 << 20), z.array(textPart)]) }).nullish(),
 };
 
 export const chatRequestSchema = z.object({
@@ -100,10 +112,17 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** With speculative decoding: drafted tokens accepted and rejected (OpenAI's Predicted Outputs names). */
+  completion_tokens_details?: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
+  /** Whether the nodes that computed the answer were checked (docs/verification.md); absent when the tracker runs no checks. */
+  verification?: unknown;
 }
 
-export function usage(prompt: number, completion: number): Usage {
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+/** Usage; `spec` (tokens drafted and accepted) adds completion_tokens_details when anything was drafted. */
+export function usage(prompt: number, completion: number, spec?: { drafted: number; accepted: number }): Usage {
+  const u: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  if (spec && spec.drafted > 0) u.completion_tokens_details = { accepted_prediction_tokens: spec.accepted, rejected_prediction_tokens: spec.drafted - spec.accepted };
+  return u;
 }
 
 export type FinishReason = 'stop' | 'length';
@@ -153,7 +172,11 @@ export function completionObject(kind: ApiKind, ids: CompletionIds, choices: rea
  * extension): text that could still start a stop string is held back, so ids
  * can arrive a chunk before their text.
  */
-export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: number; text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null; tokenIds?: number[] }) {
+export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: number; text?: string; role?: boolean; finish?: FinishReason; usage?: Usage | null; tokenIds?: number[]; verification?: unknown }) {
+  if (part.verification !== undefined && part.usage === undefined) {
+    // The final verification chunk: no choice, the verification alone (OpenAI clients skip a chunk without choices).
+    return { id: ids.id, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created: ids.created, model: ids.model, system_fingerprint: null, choices: [], verification: part.verification };
+  }
   const finish_reason = part.finish ?? null;
   const index = part.index ?? 0;
   const tokens = part.tokenIds !== undefined ? { token_ids: part.tokenIds } : {};
@@ -169,6 +192,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: n
       system_fingerprint: null,
       choices: part.usage ? [] : [{ index, delta, logprobs: null, finish_reason, ...tokens }],
       ...(part.usage !== undefined ? { usage: part.usage } : {}),
+      ...(part.verification !== undefined ? { verification: part.verification } : {}),
     };
   }
   return {
@@ -179,6 +203,7 @@ export function chunkObject(kind: ApiKind, ids: CompletionIds, part: { index?: n
     system_fingerprint: null,
     choices: part.usage ? [] : [{ index, text: part.text ?? '', logprobs: null, finish_reason, ...tokens }],
     ...(part.usage !== undefined ? { usage: part.usage } : {}),
+    ...(part.verification !== undefined ? { verification: part.verification } : {}),
   };
 }
 

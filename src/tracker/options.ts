@@ -60,6 +60,15 @@ export interface TrackerOptions {
   /** Head restarts per request after the first head fails. @defaultValue 3 */
   maxHeadFailovers: number;
   /**
+   * How long a chat waits for a head it can no longer reach over the relay
+   * (the relay restarting, the head reconnecting) before that counts as the
+   * head failing, ms. Meanwhile the chat resumes on the same head as soon as
+   * both are back (the head keeps the generation parked that long too), so
+   * a short relay outage costs the client a pause, not its chat.
+   * @defaultValue 10000
+   */
+  relayOutageBudgetMs: number;
+  /**
    * Chats waiting for KV room (no route has room for them now) in the FIFO
    * queue; one more is answered 429 with Retry-After at once. 0: no queue.
    * @defaultValue 128
@@ -67,6 +76,14 @@ export interface TrackerOptions {
   queueMaxLength: number;
   /** Longest a chat waits in the queue before it is answered 429 with Retry-After, ms. @defaultValue 30000 */
   queueMaxWaitMs: number;
+  /**
+   * For this long after the tracker starts, a chat for which no route exists
+   * waits (in the queue) for nodes to register instead of getting 503 "layers
+   * not served": a restarted tracker knows no node until they register again,
+   * which they do within about a second of its return. 0: answer 503 at once.
+   * `meshnet tracker` uses 5000. @defaultValue 0
+   */
+  startupWaitMs: number;
   /** Times one chat is routed again after nodes answer MESH_ERR_BUSY (no KV room), before it gets 429. @defaultValue 16 */
   maxBusyReroutes: number;
   /** A rebalance moves a node only when the worst layer's throughput improves below this ratio (Petals' balance_quality). @defaultValue 0.75 */
@@ -75,6 +92,18 @@ export interface TrackerOptions {
   maxBodyBytes: number;
   /** Routes kept for the dashboard. @defaultValue 50 */
   recentRoutes: number;
+  /**
+   * Spot-checks (docs/verification.md): heads check a sample of their hops by
+   * re-execution on other holders, and nodes found lying are quarantined.
+   * @defaultValue true
+   */
+  checks: boolean;
+  /** Smallest share of a proven node's sessions that is still checked (BOINC's adaptive replication). @defaultValue 0.02 */
+  checkMinRate: number;
+  /** First quarantine of a node found lying, ms; doubled for each further offence. @defaultValue 900000 (15 min) */
+  quarantineMs: number;
+  /** After two head audits contradict a generation, how long the walk of its hops may take to name one before the head is convicted, ms. @defaultValue 60000 */
+  auditWalkMs: number;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
   /** Clock, ms since epoch (tests pin it). */
@@ -104,12 +133,18 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   routeTtlMs: 300_000,
   generateIdleTimeoutMs: 60_000,
   maxHeadFailovers: 3,
+  relayOutageBudgetMs: 10_000,
   queueMaxLength: 128,
   queueMaxWaitMs: 30_000,
+  startupWaitMs: 0,
   maxBusyReroutes: 16,
   balanceQuality: 0.75,
   maxBodyBytes: 1 << 20,
   recentRoutes: 50,
+  checks: true,
+  checkMinRate: 0.02,
+  quarantineMs: 15 * 60_000,
+  auditWalkMs: 60_000,
   logLevel: 'info',
   now: () => Date.now(),
   random: () => Math.random(),
@@ -128,9 +163,11 @@ export function resolveTrackerOptions(partial: Partial<TrackerOptions>): Tracker
     const v = o[k];
     if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new TypeError(`tracker option ${k} must be a positive number, got ${String(v)}`);
   }
-  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes'] as const) {
+  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes', 'relayOutageBudgetMs', 'startupWaitMs'] as const) {
     if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`tracker option ${k} must be a non-negative number, got ${o[k]}`);
   }
+  if (!(o.checkMinRate > 0 && o.checkMinRate <= 1)) throw new TypeError(`tracker option checkMinRate must be in (0, 1], got ${o.checkMinRate}`);
+  if (!(Number.isFinite(o.quarantineMs) && o.quarantineMs >= 0)) throw new TypeError(`tracker option quarantineMs must be a non-negative number, got ${o.quarantineMs}`);
   if (!(o.balanceQuality > 0 && o.balanceQuality <= 1)) throw new TypeError(`tracker option balanceQuality must be in (0, 1], got ${o.balanceQuality}`);
   if (!isDtype(o.wireDtype)) throw new TypeError(`tracker option wireDtype must be one of ${DTYPES.join(', ')}, got ${String(o.wireDtype)}`);
   const names = new Set<string>();

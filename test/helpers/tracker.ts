@@ -151,8 +151,14 @@ export class FakeNode {
 /** A HeadTransport that answers from a script per head: each call takes the next script for that head. */
 export function scriptedTransport(scripts: Record<string, Array<(req: { headers: Record<string, string>; body: unknown }) => AsyncIterable<GenerateEvent | 'break'> | Iterable<GenerateEvent | 'break'>>>) {
   const calls: Array<{ head: string; headers: Record<string, string>; body: Record<string, unknown> }> = [];
+  /** Requests to heads other than /generate (head audits, quarantine notices): answered as refused, not scripted. */
+  const others: Array<{ head: string; path: string }> = [];
   const transport: HeadTransport = {
-    async open(head, headers, body) {
+    async open(head, headers, body, o) {
+      if (o.path !== undefined && o.path !== '/generate') {
+        others.push({ head: head.peerId, path: o.path });
+        throw new Error(`no script for ${o.path}`);
+      }
       const parsed = JSON.parse(new TextDecoder().decode(body)) as Record<string, unknown>;
       calls.push({ head: head.peerId, headers, body: parsed });
       const list = scripts[head.peerId];
@@ -167,7 +173,7 @@ export function scriptedTransport(scripts: Record<string, Array<(req: { headers:
       })();
     },
   };
-  return { transport, calls };
+  return { transport, calls, others };
 }
 
 export function tokenEvents(texts: string[], from = 0): GenerateEvent[] {

@@ -18,16 +18,20 @@ const MAY_IMPORT: Record<string, readonly string[]> = {
   'src/protocol': [],
   'src/model': ['src/protocol'],
   'src/net': ['src/protocol'],
-  'src/relay': ['src/protocol'],
+  // What relays and trackers of a cluster share (the NATS connection, subject names): nothing of ours below it.
+  'src/cluster': [],
+  'src/relay': ['src/protocol', 'src/cluster'],
   'src/shard': ['src/protocol', 'src/model'],
-  'src/node': ['src/protocol', 'src/model', 'src/shard', 'src/net'],
+  // What a check is (attestations, distances, verdicts), shared by nodes and the tracker; sampling's draw from the shard.
+  'src/verify': ['src/protocol', 'src/shard'],
+  'src/node': ['src/protocol', 'src/model', 'src/shard', 'src/net', 'src/verify'],
   'src/host/browser': ['src/protocol', 'src/model', 'src/shard', 'src/net', 'src/node'],
   // The Node.js host's WebGPU path runs the browser host's onnxruntime-web backend on Dawn.
   'src/host/node': ['src/protocol', 'src/model', 'src/shard', 'src/net', 'src/node', 'src/host/browser'],
   // The tracker keeps its key in the Node.js host's key file.
-  'src/tracker': ['src/protocol', 'src/model', 'src/net', 'src/host/node'],
+  'src/tracker': ['src/protocol', 'src/model', 'src/net', 'src/host/node', 'src/verify'],
   'src/app': ['src/protocol', 'src/model', 'src/host/browser'],
-  'src/cli': ['src/protocol', 'src/model', 'src/shard', 'src/net', 'src/node', 'src/host/browser', 'src/host/node', 'src/relay', 'src/tracker'],
+  'src/cli': ['src/protocol', 'src/model', 'src/shard', 'src/net', 'src/node', 'src/host/browser', 'src/host/node', 'src/cluster', 'src/relay', 'src/tracker', 'src/verify'],
 };
 
 function sourceFiles(dir: string): string[] {

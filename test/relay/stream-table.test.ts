@@ -7,9 +7,11 @@ import { describe, expect, it } from 'vitest';
 import pino from 'pino';
 import { createRelayMetrics } from '../../src/relay/metrics.ts';
 import { RELAY_DEFAULTS } from '../../src/relay/options.ts';
-import { FAST_PATH_PROTOCOL, ONE_WAY_WINDOW_MS, RpcCaller, StreamTable, type PeerConn, type PeerSocket } from '../../src/relay/stream-table.ts';
+import { ADDRESSED_FRAME, FAST_PATH_PROTOCOL, ONE_WAY_WINDOW_MS, PeerConn, RpcCaller, StreamTable, type LinkPipe, type PeerSocket, type TableFederation } from '../../src/relay/stream-table.ts';
 import {
+  FLAG_CALLER_GONE,
   FLAG_END,
+  FLAG_ERROR,
   FLAG_ONE_WAY,
   FrameKind,
   decodeFrame,
@@ -18,6 +20,7 @@ import {
   encodeRequestFrame,
   encodeResponseFrame,
   hexToBytes,
+  type DataFrame,
   type Frame,
   type ResponseFrame,
 } from '../../src/protocol/index.ts';
@@ -52,22 +55,41 @@ function id(n: number): string {
 
 function setup(options: Partial<typeof RELAY_DEFAULTS> = {}) {
   let now = 1000;
-  const table = new StreamTable({ options: { ...RELAY_DEFAULTS, ...options }, metrics: createRelayMetrics(), logger: pino({ level: 'silent' }), now: () => now });
+  const metrics = createRelayMetrics();
+  const table = new StreamTable({ options: { ...RELAY_DEFAULTS, ...options }, metrics, logger: pino({ level: 'silent' }), now: () => now });
   const peer = (n: number, fast = true): { conn: PeerConn; socket: MemorySocket } => {
     const socket = new MemorySocket();
     const conn = table.addPeer(socket, id(n), fast ? { protocols: [FAST_PATH_PROTOCOL] } : {});
     if (!('id' in conn)) throw new Error(conn.reason);
     return { conn, socket };
   };
-  return { table, peer, advance: (ms: number) => (now += ms) };
+  return { table, peer, metrics, advance: (ms: number) => (now += ms) };
+}
+
+/** A link to another relay of a cluster, in memory: addressed sends are recorded with their target. */
+function memoryLink(relayId = 'r2'): { conn: PeerConn; socket: MemorySocket; addressed: Array<{ target: string; frame: Uint8Array }> } {
+  const socket = new MemorySocket();
+  const addressed: Array<{ target: string; frame: Uint8Array }> = [];
+  const pipe: LinkPipe = { relayId, sendAddressed: (target, frame) => addressed.push({ target, frame: new Uint8Array(frame) }) };
+  return { conn: new PeerConn(socket, `relay:${relayId}`, new Uint8Array(16), {}, true, pipe), socket, addressed };
+}
+
+/** What a trunk carries for a peer over there: 0xF1 · peer id · frame. */
+function addressedFrame(target: number, frame: Uint8Array): Uint8Array {
+  const out = new Uint8Array(17 + frame.byteLength);
+  out[0] = ADDRESSED_FRAME;
+  out.set(hexToBytes(id(target)), 1);
+  out.set(frame, 17);
+  return out;
 }
 
 function request(streamId: number, target: number, body = 'ping'): Uint8Array {
   return encodeRequestFrame({ streamId, peerId: hexToBytes(id(target)), method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': '1,1,2' }, body: utf8.encode(body) });
 }
 
+/** The error code in an error RESPONSE's body, or in a DATA|END|ERROR frame's. */
 function errorCode(f: Frame): string {
-  return (JSON.parse(utf8d.decode((f as ResponseFrame).body)) as { error: { code: string } }).error.code;
+  return (JSON.parse(utf8d.decode((f as ResponseFrame | DataFrame).body)) as { error: { code: string } }).error.code;
 }
 
 describe('StreamTable', () => {
@@ -160,6 +182,47 @@ describe('StreamTable', () => {
     expect(a.socket.sent).toHaveLength(1);
   });
 
+  it('ends a streamed answer that already has its RESPONSE head with a DATA|END|ERROR frame, never a second RESPONSE (timeout, target gone)', () => {
+    const { table, peer, advance } = setup({ requestTimeoutMs: 1000 });
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(3, 2));
+    table.onBinary(a.conn, request(4, 2));
+    const [s3, s4] = b.socket.frames().map((f) => f.streamId);
+    for (const sid of [s3!, s4!]) {
+      table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, end: false }));
+      table.onBinary(b.conn, encodeDataFrame(sid, utf8.encode('{"type":"token"}\n'), false));
+    }
+    // Stream 3 goes silent past the timeout; stream 4's target leaves.
+    advance(600);
+    table.onBinary(b.conn, encodeDataFrame(s4!, utf8.encode('{"type":"token"}\n'), false));
+    advance(400);
+    table.sweep();
+    table.removePeer(b.conn);
+    const frames = a.socket.frames();
+    const of = (sid: number) => frames.filter((f) => f.streamId === sid).map((f) => [f.kind, f.flags]);
+    const ended = [FrameKind.Data, FLAG_END | FLAG_ERROR];
+    expect(of(3)).toEqual([[FrameKind.Response, 0], [FrameKind.Data, 0], ended]);
+    expect(of(4)).toEqual([[FrameKind.Response, 0], [FrameKind.Data, 0], [FrameKind.Data, 0], ended]);
+    const code = (sid: number) => errorCode(frames.filter((f) => f.streamId === sid).at(-1)!);
+    expect([code(3), code(4)]).toEqual(['MESH_ERR_TIMEOUT', 'MESH_ERR_PEER_GONE']);
+    expect(table.inFlight).toBe(0);
+  });
+
+  it('ends a stream whose target sends a second RESPONSE head (with an error the caller can read), and cancels it on the target', () => {
+    const { table, peer } = setup();
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(7, 2));
+    const sid = b.socket.frames()[0]!.streamId;
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, end: false }));
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, body: utf8.encode('again') }));
+    expect(a.socket.frames().map((f) => [f.kind, f.flags])).toEqual([
+      [FrameKind.Response, 0],
+      [FrameKind.Data, FLAG_END | FLAG_ERROR],
+    ]);
+    expect(b.socket.frames().at(-1)).toMatchObject({ kind: FrameKind.Cancel, streamId: sid });
+    expect(table.inFlight).toBe(0);
+  });
+
   it('forwards a one-way REQUEST (FLAG_ONE_WAY) and forgets it silently after its window; a target leaving within it is reported to the caller', () => {
     const { table, peer, advance } = setup({ requestTimeoutMs: 30_000 });
     const [a, b] = [peer(1), peer(2)];
@@ -203,9 +266,11 @@ describe('StreamTable', () => {
     table.onBinary(a.conn, encodeCancelFrame(1));
     expect(b.socket.frames()[3]).toMatchObject({ kind: FrameKind.Cancel, streamId: s1 });
     table.removePeer(a.conn);
-    expect(b.socket.frames().slice(4).map((f) => [f.kind, f.streamId])).toEqual([
-      [FrameKind.Cancel, s2],
-      [FrameKind.Cancel, b.socket.frames()[2]!.streamId],
+    // The caller's CANCEL was its own; the relay's, for a caller whose connection dropped, says so (FLAG_CALLER_GONE).
+    expect(b.socket.frames()[3]!.flags & FLAG_CALLER_GONE).toBe(0);
+    expect(b.socket.frames().slice(4).map((f) => [f.kind, f.streamId, f.flags & FLAG_CALLER_GONE])).toEqual([
+      [FrameKind.Cancel, s2, FLAG_CALLER_GONE],
+      [FrameKind.Cancel, b.socket.frames()[2]!.streamId, FLAG_CALLER_GONE],
     ]);
     const c = peer(3);
     table.onBinary(c.conn, request(8, 2));
@@ -297,5 +362,131 @@ describe('StreamTable', () => {
     ]);
     table.onBinary(a.conn, new Uint8Array(5));
     expect(a.socket.closedWith?.code).toBe(1002);
+  });
+
+  describe('links to other relays of a cluster', () => {
+    function federated(link: ReturnType<typeof memoryLink> | undefined) {
+      const t = setup({ requestTimeoutMs: 5_000 });
+      const seen = { added: [] as string[], removed: [] as string[], forgotten: [] as string[] };
+      const fed: TableFederation = {
+        linkFor: () => link?.conn,
+        forget: (p) => seen.forgotten.push(p),
+        peerAdded: (p) => seen.added.push(p.id),
+        peerRemoved: (p) => seen.removed.push(p.id),
+      };
+      t.table.federation = fed;
+      return { ...t, seen };
+    }
+
+    it('sends a request for a peer it does not hold over the link, addressed, source stamped, stream renamed; the answer comes back under the caller\'s id', () => {
+      const link = memoryLink();
+      const { table, peer } = federated(link);
+      const a = peer(1);
+      table.onBinary(a.conn, request(77, 9, 'over there'));
+      expect(link.addressed).toHaveLength(1);
+      expect(link.addressed[0]!.target).toBe(id(9));
+      const sent = decodeFrame(link.addressed[0]!.frame);
+      expect(sent.kind).toBe(FrameKind.Request);
+      expect(Buffer.from((sent as { peerId: Uint8Array }).peerId).toString('hex')).toBe(id(1));
+      const linkStream = sent.streamId;
+      expect(linkStream).not.toBe(77);
+      table.onBinary(link.conn, encodeResponseFrame({ streamId: linkStream, status: 200, headers: {}, body: utf8.encode('pong') }));
+      const back = a.socket.frames()[0]!;
+      expect(back).toMatchObject({ kind: FrameKind.Response, streamId: 77, status: 200 });
+      expect(table.inFlight).toBe(0);
+    });
+
+    it('delivers an addressed request from a link to its local target with the source the other relay stamped, and answers on the link', () => {
+      const { table, peer } = federated(undefined);
+      const b = peer(2);
+      const link = memoryLink();
+      // The far relay wrote the caller's id (5) in the peer id field.
+      table.onBinary(link.conn, addressedFrame(2, request(31, 5, 'hi')));
+      const got = b.socket.frames()[0]!;
+      expect(got.kind).toBe(FrameKind.Request);
+      expect(Buffer.from((got as { peerId: Uint8Array }).peerId).toString('hex')).toBe(id(5));
+      table.onBinary(b.conn, encodeResponseFrame({ streamId: got.streamId, status: 200, headers: {}, body: utf8.encode('ok') }));
+      expect(link.socket.frames()[0]).toMatchObject({ kind: FrameKind.Response, streamId: 31, status: 200 });
+    });
+
+    it('never passes a link\'s request on to another link: an unknown target is 404 back on the link', () => {
+      const other = memoryLink('r3');
+      const { table } = federated(other);
+      const link = memoryLink();
+      table.onBinary(link.conn, addressedFrame(8, request(4, 1)));
+      expect(other.addressed).toHaveLength(0);
+      const err = link.socket.frames()[0]!;
+      expect(err).toMatchObject({ kind: FrameKind.Response, streamId: 4, status: 404 });
+      expect(errorCode(err)).toBe('MESH_ERR_NO_SUCH_PEER');
+    });
+
+    it('answers 404 naming the cluster when no relay holds the peer, and forgets a location a link answered 404 for', () => {
+      const none = federated(undefined);
+      const a = none.peer(1);
+      none.table.onBinary(a.conn, request(5, 9));
+      const err = a.socket.frames()[0]!;
+      expect(err).toMatchObject({ status: 404 });
+      expect((JSON.parse(utf8d.decode((err as ResponseFrame).body)) as { error: { message: string } }).error.message).toMatch(/any relay of its cluster/);
+      const link = memoryLink();
+      const some = federated(link);
+      const c = some.peer(1);
+      some.table.onBinary(c.conn, request(6, 9));
+      const linkStream = decodeFrame(link.addressed[0]!.frame).streamId;
+      some.table.onBinary(link.conn, encodeResponseFrame({ streamId: linkStream, status: 404, headers: { 'content-type': 'application/json' }, body: utf8.encode('{"error":{"code":"MESH_ERR_NO_SUCH_PEER","message":"gone"}}') }));
+      expect(some.seen.forgotten).toEqual([id(9)]);
+      expect(c.socket.frames()[0]).toMatchObject({ streamId: 6, status: 404 });
+    });
+
+    it('a lost link ends the streams through it (502 to callers) and cancels the targets of the streams it called', () => {
+      const link = memoryLink();
+      const { table, peer } = federated(link);
+      const a = peer(1);
+      const b = peer(2);
+      table.onBinary(a.conn, request(10, 9));
+      table.onBinary(link.conn, addressedFrame(2, request(20, 7)));
+      const toB = b.socket.frames()[0]!;
+      table.removePeer(link.conn);
+      expect(a.socket.frames()[0]).toMatchObject({ streamId: 10, status: 502 });
+      expect(b.socket.frames()[1]).toMatchObject({ kind: FrameKind.Cancel, streamId: toB.streamId });
+      expect(table.inFlight).toBe(0);
+    });
+
+    it('a caller\'s CANCEL reaches the link addressed to the target; a one-way request crosses and is forgotten silently', () => {
+      const link = memoryLink();
+      const { table, peer, advance } = federated(link);
+      const a = peer(1);
+      table.onBinary(a.conn, request(11, 9));
+      table.onBinary(a.conn, encodeCancelFrame(11));
+      expect(link.addressed).toHaveLength(2);
+      expect(link.addressed[1]!.target).toBe(id(9));
+      expect(decodeFrame(link.addressed[1]!.frame)).toMatchObject({ kind: FrameKind.Cancel, streamId: decodeFrame(link.addressed[0]!.frame).streamId });
+      const push = encodeRequestFrame({ streamId: 12, peerId: hexToBytes(id(9)), method: 'POST', path: '/forward', headers: {}, body: utf8.encode('x'), flags: FLAG_END | FLAG_ONE_WAY });
+      table.onBinary(a.conn, push);
+      expect(decodeFrame(link.addressed[2]!.frame).flags & FLAG_ONE_WAY).toBe(FLAG_ONE_WAY);
+      advance(ONE_WAY_WINDOW_MS + 2_000);
+      table.sweep();
+      expect(a.socket.frames()).toHaveLength(0);
+      expect(table.inFlight).toBe(0);
+    });
+
+    it('drops and counts what a link sends that is no frame, and keeps the link', async () => {
+      const { table, metrics } = federated(undefined);
+      const link = memoryLink();
+      table.onBinary(link.conn, new Uint8Array([ADDRESSED_FRAME, 1, 2]));
+      table.onBinary(link.conn, new Uint8Array([1, 2, 3]));
+      table.onBinary(link.conn, addressedFrame(2, encodeDataFrame(3, utf8.encode('stray'), true)));
+      expect(link.socket.closedWith).toBeUndefined();
+      const dropped = (await metrics.clusterDropped.get()).values.reduce((n, v) => n + v.value, 0);
+      expect(dropped).toBe(3);
+    });
+
+    it('tells the federation of local peers coming and going, not of links', () => {
+      const { table, peer, seen } = federated(undefined);
+      const a = peer(1);
+      table.removePeer(a.conn);
+      table.removePeer(memoryLink().conn);
+      expect(seen.added).toEqual([id(1)]);
+      expect(seen.removed).toEqual([id(1)]);
+    });
   });
 });

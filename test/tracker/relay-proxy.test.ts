@@ -78,7 +78,7 @@ describe('chat proxy over a real relay', () => {
     expect(b.requests.length).toBe(1);
     expect(b.requests[0]!.prefix_token_ids).toEqual([1000, 1001, 1002]);
     expect(b.requests[0]!.max_tokens).toBe(50);
-    expect(chunks).toBe(1 + 10 + 1); // role, one chunk per token, finish: nothing repeated
+    expect(chunks).toBe(1 + 10 + 1 + 1); // role, one chunk per token, finish, the verification chunk: nothing repeated
     expect(tracker.recentRoutes.some((r) => r.kind === 'failover' && r.head === b.peerId)).toBe(true);
   });
 

@@ -49,7 +49,7 @@ function positive(value: string): number {
 
 export function configure(cmd: Command): void {
   cmd
-    .option('--relay <url>', 'relay base URL (ws[s]:// or http[s]://)')
+    .option('--relay <urls>', 'relay base URL (ws[s]:// or http[s]://); several, comma-separated, to fail over between relays (a relay of a cluster also names its others)')
     .option('--tracker <url>', 'tracker base URL (assignment, heartbeats, replacement spans)')
     .option('--port <n>', 'direct HTTP port (0 picks a free one)', int, NODE_HOST_DEFAULTS.port)
     .option('--host <addr>', 'interface the direct HTTP surface binds', NODE_HOST_DEFAULTS.host)
@@ -74,6 +74,9 @@ export function configure(cmd: Command): void {
     .option('--max-batch <n>', 'most sessions\' one-token steps run together as one batch at this node (1: batching off)', int, DEFAULT_MAX_BATCH)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
+    .option('--draft <model-url>', 'as a head: draft with this model (a smaller checkpoint with the target\'s tokenizer, run whole on this node\'s backend; refused when its vocabulary differs). Without it: prompt lookup')
+    .option('--no-speculation', 'as a head: never draft (speculative decoding off; requests may also turn it off with "speculative": false)')
+    .option('--no-endpoint', 'advertise no HTTP endpoint (a node behind NAT): the tracker and other nodes reach it over the relay only (needs --relay); its HTTP port still answers locally')
     .action(async (o: Record<string, unknown>) => {
       if (!o.tracker && !o.layers) cmd.error('give --tracker, or --layers with --model-url: a tracker (--tracker URL) assigns this node its layers; --layers a-b serves a fixed span');
       if (!((o.maxBatch as number) >= 1)) cmd.error('--max-batch must be at least 1 (1 turns batching off)');
@@ -86,6 +89,7 @@ export function configure(cmd: Command): void {
           cmd.error(`--model-url: ${(e as Error).message}`);
         }
       }
+      if (o.endpoint === false && !o.relay) cmd.error('--no-endpoint needs --relay: without an endpoint the relay is the only way to reach this node');
       if (o.graphCapture && o.backend !== 'webgpu') cmd.error('--graph-capture needs --backend webgpu: graph capture replays GPU work');
       if (o.wireDtype && !o.layers) cmd.error('--wire-dtype is for a static span (--layers): a tracker gives its nodes the model\'s wire dtype');
       const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
@@ -121,6 +125,9 @@ export function configure(cmd: Command): void {
         hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
         hopMode: o.hopMode as 'chain' | 'star',
         links: o.links !== false,
+        ...(o.draft ? { draftModelUrl: o.draft as string } : {}),
+        ...(o.speculation === false ? { speculation: false } : {}),
+        advertiseEndpoint: o.endpoint !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),
         log,

@@ -12,7 +12,7 @@ import { ModelTokenizer } from '../../model/tokenizer.ts';
 import { LinkPool } from '../../net/direct-link.ts';
 import { MemoryKeyStore, type KeyStore } from '../../net/identity.ts';
 import { watchWsHandshake } from '../../net/relay-hop.ts';
-import type { LogLevel, RuntimeHost, WeightStore } from '../../node/runtime/host.ts';
+import type { LogLevel, RuntimeHost, SpanHooks, WeightStore } from '../../node/runtime/host.ts';
 import { readerWeightLoader } from '../../shard/weights.ts';
 import { FileKeyStore } from './key-file.ts';
 import { createHttpDirect, type HttpDirect } from './http-direct.ts';
@@ -34,6 +34,8 @@ export interface NodeAdapterOptions {
   links: boolean;
   /** Hub files: endpoint (HF_ENDPOINT), HF_TOKEN for the hub origin, and the disk cache of pinned files. */
   hub: { endpoint: string; token?: string; cacheDir: string };
+  /** Test code's wrappers around the span (RuntimeHost.spanHooks); the CLI never sets them. */
+  spanHooks?: SpanHooks;
   log(level: LogLevel, message: string): void;
 }
 
@@ -84,6 +86,7 @@ export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
     watchHandshake: watchWsHandshake,
     // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
     ...(o.links ? { links: (identity) => new LinkPool({ identity, WebSocket: NodeWebSocketConstructor, onLog: (m) => o.log('warn', m) }) } : {}),
+    ...(o.spanHooks ? { spanHooks: o.spanHooks } : {}),
     close: () => {
       httpDirect.close();
       backends.close();

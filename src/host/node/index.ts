@@ -11,7 +11,7 @@
  */
 import { MeshError } from '../../protocol/errors.ts';
 import { decodeBase64 } from '../../protocol/base64.ts';
-import type { LogLevel } from '../../node/runtime/host.ts';
+import type { LogLevel, SpanHooks } from '../../node/runtime/host.ts';
 import { NodeRuntime, type RuntimeEvent } from '../../node/runtime/runtime.ts';
 import type { Dtype } from '../../protocol/tensor.ts';
 import { nodeAdapter } from './adapter.ts';
@@ -53,6 +53,11 @@ export interface NodeHostOptions {
   backend?: NodeBackendChoice;
   /** Failures a software GPU never has (backends.ts, from MESHNET_TEST_* variables). */
   testHooks?: NodeTestHooks;
+  /**
+   * Wrappers around the span's weights and executor: test code makes a lying node with them
+   * (docs/verification.md §8). Programmatic only: no command-line option or variable sets them.
+   */
+  spanHooks?: SpanHooks;
   /** `--graph-capture` (with `--backend webgpu`). */
   graphCapture?: boolean;
   /** Test hook: every /forward waits this long first (a slow donor). */
@@ -73,8 +78,14 @@ export interface NodeHostOptions {
   hopOrder: 'relay' | 'direct' | 'adaptive';
   /** How this node drives a pipeline as a head (PipelineOptions.hopMode). @defaultValue 'chain' */
   hopMode?: 'chain' | 'star';
+  /** As a head: the draft model's checkpoint (speculative decoding; NodeRuntimeConfig.draftModelUrl). */
+  draftModelUrl?: string;
+  /** As a head: false never drafts. @defaultValue true */
+  speculation?: boolean;
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/net/direct-link.ts). @defaultValue true */
   links?: boolean;
+  /** Tell the tracker (and so other nodes) the HTTP endpoint; false: a node behind NAT, reached over the relay only. @defaultValue true */
+  advertiseEndpoint?: boolean;
   /** Machine-readable events (stdout). */
   emit: (event: Record<string, unknown>) => void;
   /** Log lines (stderr). */
@@ -105,7 +116,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     log('info', `${modelUrl} is commit ${r.sha}: loading from ${r.url}`);
     modelUrl = r.url;
   }
-  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log, ...(o.backend ? { backend: o.backend } : {}), ...(o.testHooks ? { testHooks: o.testHooks } : {}), ...(o.graphCapture ? { graphCapture: true } : {}) });
+  const adapter = nodeAdapter({ keyFile: o.keyFile, threads: o.threads, links, hub, log, ...(o.backend ? { backend: o.backend } : {}), ...(o.testHooks ? { testHooks: o.testHooks } : {}), ...(o.graphCapture ? { graphCapture: true } : {}), ...(o.spanHooks ? { spanHooks: o.spanHooks } : {}) });
   const runtime = await NodeRuntime.create(adapter, {
     ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}),
     ...(o.trackerUrl ? { trackerUrl: o.trackerUrl } : {}),
@@ -118,6 +129,8 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     hopOrder: o.hopOrder,
     ...(o.hopMode ? { hopMode: o.hopMode } : {}),
+    ...(o.draftModelUrl ? { draftModelUrl: o.draftModelUrl } : {}),
+    ...(o.speculation === false ? { speculation: false } : {}),
     backendKind: o.backend === 'webgpu' ? 'webgpu' : 'onnxruntime-node',
     // A daemon keeps serving what it has and asks again at the next heartbeat.
     retryFailedLoads: true,
@@ -146,7 +159,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     onLinkOpen: (caller) => o.emit({ event: 'link-open', caller_peer_id: caller }),
     log,
   });
-  runtime.endpoint = surface.endpoint;
+  if (o.advertiseEndpoint !== false) runtime.endpoint = surface.endpoint;
   const close = async (): Promise<void> => {
     await runtime.close();
     adapter.close();

@@ -47,6 +47,10 @@ export class ChainStepError extends Error {
 export interface ChainArrival {
   token: string;
   rows: Uint8Array;
+  /** A hop on the way said its batches run full (X-Meshnet-Batch-Full). */
+  batchFull?: boolean;
+  /** The hops' X-Meshnet-Attest entries, gathered down the chain (docs/protocol.md §11). */
+  attest?: string;
 }
 
 interface Waiter {
@@ -156,6 +160,8 @@ export interface ChainStepInit {
   /** Sent with position 0: the hops reserve KV room for the whole session. */
   declared: number;
   timeoutMs: number;
+  /** More headers every hop gets (speculative decoding's X-Meshnet-Draft and -Rollback). */
+  extra?: HeaderMap;
   signal?: AbortSignal;
 }
 
@@ -178,6 +184,7 @@ export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {
     [H.chainHead]: s.headPeerId,
     [H.chainIndex]: '0',
     [H.chainBudget]: String(s.timeoutMs),
+    [H.chainSentAt]: `${Date.now()};${s.timeoutMs}`,
     'content-type': 'application/octet-stream',
   };
   if (s.signed.reply) {
@@ -185,6 +192,7 @@ export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {
     headers[H.chainReplySignature] = s.signed.reply.signature;
   }
   if (s.position === 0) headers[H.sessionTokens] = String(s.declared);
+  if (s.extra) Object.assign(headers, s.extra);
   const token = s.inbox.wait(s.session, s.position, s.timeoutMs, s.signal);
   const first = s.hops[0]!;
   // One-way where the relay allows it: then only a relay error comes back; two-way (ADR-era relay, HTTP): hop 1 answers 202 once it handed the step on.
@@ -287,10 +295,14 @@ export class ChainState {
    * a hop that died as it arrived is reported by nobody, so a decode step
    * waits a few times its usual length (at least `floorMs`), not the whole
    * `maxMs`; the star then finds the failed hop. Prompts get `maxMs`.
+   * `headStepMs`: the head's recent one-token step over its generations,
+   * used until this one has timed its own.
    */
-  timeout(seq: number, maxMs: number, floorMs = 2_000): number {
-    if (seq > 1 || this.stepMs === undefined) return maxMs;
-    return Math.min(maxMs, Math.max(floorMs, Math.round(this.stepMs * 10)));
+  timeout(seq: number, maxMs: number, floorMs = 2_000, headStepMs?: number): number {
+    // Before this generation has timed a chained step: the head's recent steps (any generation's) stand in.
+    const step = this.stepMs ?? headStepMs;
+    if (seq > 1 || step === undefined) return maxMs;
+    return Math.min(maxMs, Math.max(floorMs, Math.round(step * 10)));
   }
 
   observe(seq: number, ms: number): void {

@@ -22,11 +22,19 @@ import type { BatchStats } from '../../shard/batch-queue.ts';
 import type { KvStats } from '../../shard/kv-store.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { trace } from '../../protocol/trace.ts';
+import { parseDraft } from '../../protocol/draft.ts';
+import { ATTEST_HEADER, tokenBytes } from '../../verify/attest.ts';
+import { CHECK_FROM_HEADER, CHECK_RECORDS_HEADER, CHECK_TOKENS_HEADER, parseTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
+import { argmax, checkToken } from '../../verify/token-check.ts';
+import { concatBytes } from '../../protocol/bytes.ts';
+import type { Attestor } from '../../verify/attestor.ts';
 
 /** What the handler needs of a SpanExecutor (a structural subset, so tests and hosts may wrap one). */
 export type ForwardExecutor = Pick<SpanExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward'> & {
   /** Batch sizes run so far (GET /info's `batch`); absent on an executor that does not batch. */
   batchStats?(): BatchStats;
+  /** The last batch ran full: answers say so (X-Meshnet-Batch-Full) and heads stop drafting for a while. */
+  batchFull?(): boolean;
 };
 
 export interface ForwardHandlerInfo {
@@ -54,6 +62,11 @@ export interface ForwardHandlerInfo {
   onForward?(event: ForwardEvent): void;
   /** Unexpected (5xx) errors, for the host's log; the caller only sees a generic message. */
   onError?(err: unknown, req: MeshRequest): void;
+  /**
+   * Signs what this hop answers, per session (docs/protocol.md §11): every answer carries the latest
+   * finished attestation (X-Meshnet-Attest), DELETE /sessions/<id> the final one. Absent: none.
+   */
+  attestor?: Attestor;
 }
 
 export interface ForwardEvent {
@@ -134,6 +147,14 @@ function parseSamplingText(text: string): SamplingParams | undefined {
   return out;
 }
 
+/** The rows an audit judges (from `x-meshnet-check-from` to the last) and the token claimed after each. */
+function auditRows(h: HeaderMap, seq: number, vocab: number): { rows: number[]; claimed: number[] } {
+  const from = intHeader(h, CHECK_FROM_HEADER) ?? 0;
+  if (from >= seq) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_FROM_HEADER} ${from} is past the ${seq} rows`);
+  const claimed = parseTokens(h[CHECK_TOKENS_HEADER], seq - from, vocab);
+  return { rows: Array.from({ length: seq - from }, (_, i) => from + i), claimed };
+}
+
 function intHeader(headers: HeaderMap, name: string): number | undefined {
   const v = headers[name];
   if (v === undefined) return undefined;
@@ -173,29 +194,63 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     if (session === undefined && position !== undefined && position !== 0) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} without ${H.session}: a stateless forward starts at 0`);
     const sessionTokens = intHeader(h, H.sessionTokens);
     const sampling = parseSampling(h[H.sampling]);
+    const rollbackFrom = intHeader(h, H.rollback);
+    // The drafts are read where the LM head runs; other hops pass them on (chain) unread.
+    const draftText = endLayer === executor.config.numLayers && executor.holdsHead ? h[H.draft] : undefined;
+    const draft = draftText !== undefined ? parseDraft(draftText) : undefined;
 
     const data = decodeTensor(req.body, dtype);
     const fr: ForwardRequest = { activation: { data, shape }, startLayer, endLayer };
+    // A head audit's last hop (docs/verification.md): judge the claimed token after each row from `from` on, in this one prefill.
+    const audit = session === undefined && h[CHECK_TOKENS_HEADER] !== undefined ? auditRows(h, shape[1]!, executor.config.vocabSize) : undefined;
+    if (audit) {
+      if (endLayer !== executor.config.numLayers || !executor.holdsHead) throw new MeshError('MESH_ERR_LAYER_RANGE', `${CHECK_TOKENS_HEADER} asks the last hop to judge tokens; this span does not end at the last layer`, held);
+      const result = await executor.forward({ ...fr, logitRows: audit.rows, ...(sampling ? { sampling } : {}) });
+      if (result.kind !== 'logits') throw new MeshError('MESH_ERR_INTERNAL', 'the span answered no logits for the audited rows');
+      const V = executor.config.vocabSize;
+      const records = audit.rows.map((row, i) => {
+        const logits = result.data.subarray(i * V, (i + 1) * V);
+        const t = checkToken(logits, audit.claimed[i]!, sampling ?? {}, row + 1);
+        return tokenCheckBytes({ claimed: audit.claimed[i]!, sampled: t.sampled, argmax: argmax(logits), deficit: t.deficit, gap: t.gap, logprob: t.logprob });
+      });
+      return { res: { status: 200, headers: { 'content-type': 'application/octet-stream', [CHECK_RECORDS_HEADER]: String(records.length) }, body: concatBytes(records) }, tokens: shape[1]! };
+    }
     if (session !== undefined) {
       fr.session = session;
       fr.position = position!;
       if (sessionTokens !== undefined) fr.sessionTokens = sessionTokens;
+      if (rollbackFrom !== undefined) fr.rollbackFrom = rollbackFrom;
     }
     if (sampling) fr.sampling = sampling;
+    if (draft) fr.draft = draft;
     trace?.('exec', session, position);
     const result = await executor.forward(fr);
     trace?.('exec-done', session, position);
     const tokens = shape[1]!;
+    const full = executor.batchFull?.() === true;
+    let res: MeshResponse;
+    let out: Uint8Array;
+    if (result.kind === 'logits') throw new MeshError('MESH_ERR_INTERNAL', 'the span answered logits to a forward that asked for none');
     if (result.kind === 'token') {
       const text = info.decode ? info.decode(result.tokenId) : '';
-      return { res: jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob }), tokens };
+      // A verification: the drafts it accepted precede token_id (only ids go back).
+      const spec = result.spec ? { accepted: result.spec.accepted, logprobs: result.spec.logprobs } : {};
+      res = jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob, ...spec });
+      out = tokenBytes(result.tokenId, result.logprob);
+    } else {
+      // Answer in the caller's dtype: the next hop expects what this one received.
+      out = encodeTensor(result.data, dtype);
+      res = { status: 200, headers: { 'content-type': 'application/octet-stream', [H.shape]: formatShape(result.shape), [H.dtype]: dtype }, body: out };
     }
-    // Answer in the caller's dtype: the next hop expects what this one received.
-    const body = encodeTensor(result.data, dtype);
-    return {
-      res: { status: 200, headers: { 'content-type': 'application/octet-stream', [H.shape]: formatShape(result.shape), [H.dtype]: dtype }, body },
-      tokens,
-    };
+    if (full) res.headers[H.batchFull] = '1';
+    const attestor = info.attestor;
+    if (attestor && session !== undefined) {
+      const scope = { model: info.model, session, startLayer, endLayer, dtype, ...(result.kind === 'token' ? { sampling: h[H.sampling] ?? '' } : {}) };
+      attestor.record(scope, position!, tokens, req.body, out);
+      const latest = attestor.latest(session);
+      if (latest !== undefined) res.headers[ATTEST_HEADER] = latest;
+    }
+    return { res, tokens };
   }
 
   function infoBody(): Record<string, unknown> {
@@ -257,8 +312,11 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
         } catch {
           return errorReply(new MeshError('MESH_ERR_BAD_REQUEST', 'session id is not valid percent-encoding'));
         }
-        if (!executor.dropSession(id)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', `no session ${id.slice(0, 128)} on this node`));
-        return { status: 204, headers: {}, body: new Uint8Array(0) };
+        // The session's final attestation rides on the answer (the head's checks need every step signed).
+        const final = info.attestor ? await info.attestor.finish(id) : undefined;
+        const attest: HeaderMap = final !== undefined ? { [ATTEST_HEADER]: final } : {};
+        if (!executor.dropSession(id)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', `no session ${id.slice(0, 128)} on this node`), attest);
+        return { status: 204, headers: attest, body: new Uint8Array(0) };
       }
       return errorReply(new MeshError('MESH_ERR_NOT_FOUND', `no route ${method} ${path.slice(0, 256)}; this node serves POST /forward, GET /health, GET /info, DELETE /sessions/<id>`));
     } catch (e) {

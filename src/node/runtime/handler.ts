@@ -16,7 +16,7 @@ import { errorReply, jsonReply, type MeshRequest, type MeshResponse } from '../.
 import { MeshError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
 import type { GenerateEvent } from '../../protocol/tracker.ts';
-import { createChainHop, isChainRequest } from '../hop/chain-hop.ts';
+import { StaleSteps, createChainHop, isChainRequest } from '../hop/chain-hop.ts';
 import { createHeadHandler } from '../head/head-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
@@ -25,6 +25,8 @@ import { rebuildingError, type LoadedSpan } from './span.ts';
 import type { DrainGate } from './drain.ts';
 import type { DutyCycle } from './duty-cycle.ts';
 import type { NodeActivity } from './stats.ts';
+import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
+import type { SignedPlan } from '../verify/verifier.ts';
 
 /** How a request reached the node. */
 export type Surface = 'relay' | 'link' | 'http';
@@ -37,7 +39,7 @@ export interface NodeHandlerInit {
   loadingInfo(): Record<string, unknown>;
   trackerKey(): Uint8Array | undefined;
   /** How a chained /forward reaches the next hop (and the last one the head). */
-  transport: Pick<HopTransport, 'send' | 'push'>;
+  transport: Pick<HopTransport, 'send' | 'push' | 'inOutageWindow'>;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
   /** Whether new sessions are taken (paused, frozen, closing: held ones finish). */
@@ -46,9 +48,23 @@ export interface NodeHandlerInit {
   duty: DutyCycle;
   onLog(message: string): void;
   onGenerateEvent(event: GenerateEvent, sessionId: string): void;
+  /** POST /check: recompute another hop's span for a head the tracker sent (docs/protocol.md §11). */
+  check?: MeshHandler;
+  /** The tracker's verified notice that a node is quarantined. */
+  onDistrust?: (notice: Distrust) => void;
+  /** The tracker's verified walk of a finished generation (head-verify.ts FinishedStore). */
+  onWalk?: (plan: SignedPlan) => boolean;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+function safeDecode(s: string): string {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    return s;
+  }
+}
 
 export class NodeHandler {
   /** /forward requests served per surface, in /info: which paths hops really take. */
@@ -60,11 +76,15 @@ export class NodeHandler {
 
   constructor(private readonly init: NodeHandlerInit) {
     const gate: MeshHandler = (req) => this.gate(req);
+    const stale = new StaleSteps();
     // A chained /forward runs the span through the gate (counted, delayed like any), then pushes on.
-    const chain = createChainHop({ peerId: init.peerId, trackerKey: init.trackerKey, transport: init.transport, local: gate, onLog: init.onLog });
+    const chain = createChainHop({ peerId: init.peerId, trackerKey: init.trackerKey, transport: init.transport, local: gate, onLog: init.onLog, stale });
     this.head = createHeadHandler({
       forward: (req) => {
-        if (!isChainRequest(req) || req.method.toUpperCase() !== 'POST' || req.path.split('?')[0] !== '/forward') return gate(req);
+        const path = req.path.split('?')[0]!;
+        // A session the head dropped: chained steps of it still queued (a page frozen meanwhile) are not run.
+        if (req.method.toUpperCase() === 'DELETE' && path.startsWith('/sessions/')) stale.end(safeDecode(path.slice('/sessions/'.length)));
+        if (!isChainRequest(req) || req.method.toUpperCase() !== 'POST' || path !== '/forward') return gate(req);
         this.chained++;
         return chain(req);
       },
@@ -72,6 +92,8 @@ export class NodeHandler {
       trackerKey: init.trackerKey,
       pipeline: (): PipelineDriver | undefined => init.span()?.pipeline,
       onLog: init.onLog,
+      ...(init.onDistrust ? { onDistrust: init.onDistrust } : {}),
+      ...(init.onWalk ? { onWalk: init.onWalk } : {}),
       onEvent: (e, sessionId) => {
         // A head computes every token it streams (embedding, its layers) without a /forward: count them as served.
         if (e.type === 'token') init.activity.headToken();
@@ -89,7 +111,9 @@ export class NodeHandler {
   private counted(surface: Surface): MeshHandler {
     return (req) => {
       if (req.path === '/forward' || req.path.startsWith('/forward?')) this.served[surface]++;
-      if (req.path.split('?')[0] === '/generate' && req.method.toUpperCase() === 'POST') return this.generate(req);
+      const path = req.path.split('?')[0];
+      if (path === '/generate' && req.method.toUpperCase() === 'POST') return this.generate(req);
+      if (this.init.check && path === CHECK_PATH) return this.init.check(req);
       return this.head(req);
     };
   }

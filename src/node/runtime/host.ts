@@ -124,4 +124,14 @@ export interface RuntimeHost {
   links?(identity: Identity): LinkDialer;
   /** Sees a refused `/rpc` handshake's status (`ws` can, a browser cannot). */
   readonly watchHandshake?: HandshakeWatcher;
+  /**
+   * Wrappers around what a span is built from and runs on. No host sets them: only test code does,
+   * through startNodeHost's programmatic options, to make a node that lies (docs/verification.md).
+   */
+  readonly spanHooks?: SpanHooks;
+}
+
+export interface SpanHooks {
+  weights?(loader: WeightLoader, spec: SpanSpec): WeightLoader;
+  executor?(executor: SpanExecutor, spec: SpanSpec): SpanExecutor;
 }

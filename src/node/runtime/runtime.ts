@@ -42,6 +42,11 @@ import { DutyCycle } from './duty-cycle.ts';
 import { NodeState, deriveState } from './state.ts';
 import { NodeActivity } from './stats.ts';
 import type { LoadProgress, RuntimeEvent } from './events.ts';
+import { Attestor } from '../../verify/attestor.ts';
+import { verifyEd25519 } from '../../net/identity.ts';
+import { createCheckHandler } from '../verify/check-handler.ts';
+import { DistrustSet, FinishedStore, HeadVerify } from '../verify/head-verify.ts';
+import { Verifier } from '../verify/verifier.ts';
 
 export const RUNTIME_VERSION = '0.1.0';
 
@@ -67,6 +72,10 @@ export interface RuntimeConfig {
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
   hopMode?: 'chain' | 'star';
+  /** As a head: draft with this checkpoint (whole, on the span's backend; refused when its vocabulary is not the target's). */
+  draftModelUrl?: string;
+  /** As a head: false never drafts (speculative decoding off). @defaultValue true */
+  speculation?: boolean;
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
   /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
@@ -103,6 +112,14 @@ export class NodeRuntime {
   readonly transport: HopTransport;
   private readonly handler: NodeHandler;
   private readonly recovery: DeviceRecovery;
+  /** Signs what this node answers, per session (docs/protocol.md §11). */
+  readonly attestor: Attestor;
+  /** Nodes the tracker quarantined: a head replaces them before its next step. */
+  readonly distrust = new DistrustSet();
+  /** As a head: the checks the tracker's plans ask for, run after each generation. */
+  readonly verifier: Verifier;
+  /** As a head: finished generations kept a few minutes, for the tracker's walks after an audit. */
+  readonly finished = new FinishedStore();
   private relay: RelayClient | undefined;
   private readonly links: LinkDialer | undefined;
   private tracker: TrackerClient | undefined;
@@ -157,22 +174,33 @@ export class NodeRuntime {
     this.links = links;
     const relayFast = config.relayUrl
       ? {
-          relayUrl: config.relayUrl,
+          // The relay it is registered at now (a node given several fails over between them).
+          relayUrl: () => this.relay?.relayUrl ?? config.relayUrl!,
+          cluster: () => this.relay?.cluster === true,
           isRegistered: () => this.relay?.state === 'registered',
           request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
           push: (...a: Parameters<RelayClient['push']>) => this.relay?.push(...a),
+          outageLeftMs: () => this.relay?.outageLeftMs() ?? 0,
+          outageWindowLeftMs: () => this.relay?.outageWindowLeftMs() ?? 0,
         }
       : undefined;
     this.transport = new HopTransport({
       ...(relayFast
         ? {
             fast: {
-              relayUrl: relayFast.relayUrl,
+              get relayUrl() {
+                return relayFast.relayUrl();
+              },
+              get cluster() {
+                return relayFast.cluster();
+              },
               get isRegistered() {
                 return relayFast.isRegistered();
               },
               request: relayFast.request,
               push: relayFast.push,
+              outageLeftMs: relayFast.outageLeftMs,
+              outageWindowLeftMs: relayFast.outageWindowLeftMs,
             },
             rpc: (addr: string) => new RpcConnection(addr, { WebSocket: host.WebSocket, ...(host.watchHandshake ? { watchHandshake: host.watchHandshake } : {}) }),
           }
@@ -182,7 +210,35 @@ export class NodeRuntime {
       ...(config.hopOrder ? { order: config.hopOrder } : {}),
       onLog: (m) => host.log('warn', m),
     });
+    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
+    this.verifier = new Verifier({
+      peerId: identity.peerId,
+      transport: this.transport,
+      verify: verifyEd25519,
+      report: (r) => {
+        if (!this.tracker) return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no tracker to report a check to'));
+        return this.tracker.reportCheck(r);
+      },
+      skipped: (s) => (this.tracker ? this.tracker.reportSkipped(s) : Promise.resolve(undefined)),
+      onEvent: (e) => {
+        if (e.type === 'reported') {
+          const a = e.answer as { outcome?: string; guilty?: string } | undefined;
+          if (a?.outcome && a.outcome !== 'pass') host.log('warn', `check of ${e.peer}: ${a.outcome}${a.guilty ? ` (${a.guilty} found lying)` : ''}`);
+        } else host.log('info', `check of ${e.peer}: ${e.type} (${e.why})`);
+      },
+    });
+    const checks = createCheckHandler({
+      peerId: identity.peerId,
+      model: () => this.slot.current?.spec.model ?? this.model ?? '',
+      executor: () => this.slot.current?.executor,
+      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      sign: (b) => identity.sign(b),
+      verify: verifyEd25519,
+    });
     this.handler = new NodeHandler({
+      check: checks,
+      onDistrust: (d) => this.distrust.add(d),
+      onWalk: (plan) => this.finished.walk(plan, this.verifier),
       peerId: identity.peerId,
       activity: this.activity,
       span: () => this.slot.current,
@@ -396,6 +452,7 @@ export class NodeRuntime {
       peer_id: this.identity.peerId,
       public_key: encodeBase64Url(this.identity.publicKey),
       ...(relayAddr ? { relay_addr: relayAddr } : {}),
+      ...(this.relay ? { relay_connected: this.relay.isRegistered } : {}),
       ...(this.endpoint ? { endpoint: this.endpoint } : {}),
       info: {
         model: this.model ?? 'default',
@@ -407,7 +464,7 @@ export class NodeRuntime {
         ...(this.config.span ? { pinned: true } : {}),
         ...(duty < 1 ? { duty_cycle: duty } : {}),
       },
-      stats: { ...stats, ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}) },
+      stats: { ...stats, ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}), ...(s?.pipeline ? { speculation: s.pipeline.speculationStats() } : {}) },
       // With a lost device it gave up rebuilding, the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.recovery.gaveUp(s) ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       // Paused, frozen or closing: the span stays announced (and assigned), but no new session comes.
@@ -429,11 +486,26 @@ export class NodeRuntime {
       handler: this.handler.for('relay'),
       info: { host: this.host.name, version: RUNTIME_VERSION, ...(this.model ? { model: this.model } : {}), ...(this.config.trackerUrl ? { tracker: this.config.trackerUrl } : {}) },
       onLog: (e) => {
+        // The connection's comings and goings are logged once each below (state events), not per attempt.
+        if (e.event === 'connection') return;
         if (e.level === 'warn' || e.level === 'error') this.host.log(e.level, `relay: ${e.event}: ${e.message}`);
       },
     });
-    relay.on('state', () => {
-      if (relay === this.relay) this.changed();
+    let lastAddr: string | undefined;
+    relay.on('state', (e) => {
+      if (relay !== this.relay) return;
+      // One line per event: the connection lost (not each failed attempt after it), and back.
+      if (e.state === 'disconnected' && e.lost) this.host.log('warn', `relay connection lost (${e.reason ?? 'connection closed'}); reconnecting to ${relay.relayUrl}, requests wait up to ${relay.options.outageBudgetMs} ms`);
+      // Back after an outage, or registered at another relay (failover): the tracker learns it now, not at the next beat.
+      let beat = false;
+      if (e.state === 'registered' && e.outageMs !== undefined) {
+        this.host.log('info', `relay ${relay.relayUrl} back after ${e.outageMs} ms`);
+        beat = true;
+      }
+      this.changed();
+      if (e.state === 'registered' && e.relayAddr !== undefined && lastAddr !== undefined && e.relayAddr !== lastAddr) beat = true;
+      if (e.state === 'registered') lastAddr = e.relayAddr;
+      if (beat) void this.session?.beatNow();
     });
     this.relay = relay;
     relay.start();
@@ -448,7 +520,7 @@ export class NodeRuntime {
       return;
     }
     const trackerUrl = this.config.trackerUrl!;
-    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity });
+    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, onDistrust: (list) => this.distrust.replace(list) });
     if (this.model === undefined) {
       const models = await client.models();
       if (models.length === 0) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} names no model`);
@@ -513,9 +585,15 @@ export class NodeRuntime {
         chain_forwards: this.handler.chained,
         draining: this.drain.draining,
         duty_cycle: this.duty.fraction,
+        // A head's speculative decoding: drafted and accepted tokens, trips and the tokens they gave.
+        ...(span.pipeline ? { speculation: span.pipeline.speculationStats() } : {}),
         ...span.backend.details,
       }),
       hopMode: this.config.hopMode ?? 'chain',
+      ...(this.config.draftModelUrl ? { draftModelUrl: this.config.draftModelUrl } : {}),
+      ...(this.config.speculation === false ? { speculation: false } : {}),
+      attestor: this.attestor,
+      headVerify: (model) => new HeadVerify({ peerId: this.identity.peerId, model, attestor: this.attestor, verifier: this.verifier, distrust: this.distrust, transport: this.transport, finished: this.finished }),
       replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.tracker!.replace(model, hop, signal, route) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };

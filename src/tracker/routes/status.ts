@@ -8,6 +8,7 @@
  *   GET /healthz, GET /metrics
  */
 import type { TrackerContext } from '../context.ts';
+import { verificationSummary } from './verify.ts';
 import { wireDtypeOf } from '../options.ts';
 import { DASHBOARD_HTML } from '../dashboard.ts';
 import { json, type App } from '../http.ts';
@@ -45,6 +46,11 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
 
   app.get('/api/dashboard', () => {
     const now = o.now();
+    const relayUp = ctx.generation.transport.relayUp?.();
+    const reach = (n: NodeRecord) => {
+      const why = registry.unreachableWhy(n, relayUp);
+      return why === undefined ? { reachable: true } : { reachable: false, unreachable_reason: why, ...(n.unreachable ? { unreachable_ms: now - n.unreachable.since } : {}) };
+    };
     return json(200, {
       tracker: { public_key: publicKey, peer_id: identity.peerId, uptime_s: Math.round((now - ctx.startedAt) / 1000) },
       models: [...registry.models.values()].map((m) => {
@@ -72,15 +78,18 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         kv_free_bytes: n.stats?.kv_free_bytes ?? null,
         kv: kvView(n),
         tokens_served: n.stats?.tokens_served ?? 0,
+        speculation: n.stats?.speculation ?? null,
         rpm_history: n.history.map((h) => ({ at: h.at, rpm: h.stats.rpm, layer_ms: h.stats.layer_ms })),
         in_flight: n.inFlight,
         failures: n.failures,
         last_seen_ms_ago: now - n.lastSeen,
         endpoint: n.endpoint ?? null,
         relay_addr: n.relayAddr ?? null,
+        ...reach(n),
       })),
       queue: queueView(),
       recent_routes: [...ctx.recentRoutes].reverse(),
+      verification: verificationSummary(ctx),
     });
   });
 

@@ -169,7 +169,7 @@ describe('NodeRuntime', () => {
         method: 'POST',
         path: '/generate',
         headers: { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': signature },
-        body: utf8.encode(JSON.stringify({ session_id: `s${max}`, prompt: 'The quick brown fox', max_tokens: max, temperature: 0 })),
+        body: utf8.encode(JSON.stringify({ session_id: `s${max}`, prompt: 'The quick brown fox', max_tokens: max, temperature: 0, speculative: false })),
       });
     const short = await generate(4);
     rt.pause();

@@ -1,0 +1,272 @@
+/**
+ * `POST /check` (docs/protocol.md §11): this node recomputes another hop's
+ * outputs for a head that the tracker sent to it, in one stateless prefill
+ * over the hop's input rows, and signs what it got. It keeps no session
+ * state: the rows are in the request, nothing stays after the answer.
+ *
+ * Refusals keep the node serving: 403 without a plan the tracker signed for
+ * this checker, these layers and this session; 416 for layers it does not
+ * hold; 400 for rows that do not match their shape, steps or dtype; 503 when
+ * it already runs its share of checks (the head asks the next checker).
+ */
+import { errorReply, type MeshRequest, type MeshResponse } from '../../protocol/envelopes.ts';
+import { MeshError } from '../../protocol/errors.ts';
+import { H } from '../../protocol/headers.ts';
+import { decodeBase64 as decodeBase64Url } from '../../protocol/base64.ts';
+import { decodeTensor, dtypeBytes, encodeTensor, isDtype, parseShape, type Dtype } from '../../protocol/tensor.ts';
+import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
+import type { SamplingParams } from '../../shard/sampling.ts';
+import { attestSeed, chainStep, checkMessage, CHECK_ATTEST_HEADER, formatAttestation, sha256, type AttestScope } from '../../verify/attest.ts';
+import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseSteps, parseTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
+import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan } from '../../verify/plan.ts';
+import { checkToken } from '../../verify/token-check.ts';
+
+/** What a check needs of the span's executor: a stateless forward, and the logits of chosen rows at the last layer (ForwardRequest.logitRows). */
+export interface CheckExecutor {
+  readonly config: { readonly numLayers: number; readonly hiddenSize: number; readonly vocabSize: number };
+  readonly startLayer: number;
+  readonly endLayer: number;
+  forward(req: ForwardRequest): Promise<ForwardResult>;
+  /** Drops a session's KV cache (a long check's temporary one). */
+  dropSession?(id: string): boolean;
+}
+
+export interface CheckHandlerInit {
+  peerId: string;
+  /** The model this node serves now, as the tracker names it. */
+  model: string | (() => string);
+  executor(): CheckExecutor | undefined;
+  trackerKey(): Uint8Array | undefined;
+  sign(bytes: Uint8Array): Promise<Uint8Array>;
+  verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): Promise<boolean>;
+  /** Checks run at once at most; more are answered 503. @defaultValue 1 */
+  maxConcurrent?: number;
+  now?: () => number;
+}
+
+/**
+ * Rows a check computes in one run. A longer check runs in chunks of this many on a session of its
+ * own (dropped after): the node's own traffic, queued meanwhile, runs between the chunks instead of
+ * waiting behind one long prefill.
+ */
+const CHUNK_ROWS = 256;
+
+/** The same forward as `fr` (stateless, `rows` rows), in chunks of CHUNK_ROWS on a temporary session. */
+async function chunked(ex: CheckExecutor, fr: ForwardRequest, rows: number, ends: readonly number[]): Promise<ForwardResult> {
+  const session = `check.${Math.random().toString(36).slice(2)}`;
+  const hidden = ex.config.hiddenSize;
+  const parts: Float32Array[] = [];
+  const logitRows: number[] = [];
+  try {
+    for (let p = 0; p < rows; p += CHUNK_ROWS) {
+      const n = Math.min(CHUNK_ROWS, rows - p);
+      const req: ForwardRequest = { session, position: p, startLayer: fr.startLayer!, endLayer: fr.endLayer!, ...(p === 0 ? { sessionTokens: rows } : {}) };
+      if (fr.tokenIds) req.tokenIds = fr.tokenIds.slice(p, p + n);
+      else req.activation = { data: fr.activation!.data.subarray(p * hidden, (p + n) * hidden), shape: [1, n, hidden] };
+      const inChunk = fr.logitRows ? ends.filter((e) => e >= p && e < p + n).map((e) => e - p) : undefined;
+      if (fr.logitRows && inChunk!.length === 0) {
+        // No step ends in this chunk: its rows only fill the cache (the last layer's logits are not needed).
+        const r = await ex.forward({ ...req, logitRows: [n - 1] });
+        if (r.kind !== 'logits') throw new MeshError('MESH_ERR_INTERNAL', 'the span gave no logits');
+        continue;
+      }
+      const r = await ex.forward(inChunk ? { ...req, logitRows: inChunk } : req);
+      if (r.kind === 'logits') {
+        parts.push(r.data);
+        logitRows.push(...inChunk!.map((x) => x + p));
+      } else if (r.kind === 'activation') parts.push(r.data);
+      else throw new MeshError('MESH_ERR_INTERNAL', 'the span answered a token to a check');
+    }
+  } finally {
+    ex.dropSession?.(session);
+  }
+  const data = new Float32Array(parts.reduce((n, x) => n + x.length, 0));
+  let o = 0;
+  for (const x of parts) {
+    data.set(x, o);
+    o += x.length;
+  }
+  return fr.logitRows ? { kind: 'logits', rows: logitRows, data } : { kind: 'activation', data, shape: [1, rows, hidden] };
+}
+
+/** A check may ask for this many uses of one plan entry at this checker (a retry after a lost answer). */
+const USES_PER_ENTRY = 2;
+
+const SAMPLING_KEYS = new Set(['temperature', 'top_p', 'top_k', 'seed']);
+
+function sampling(text: string | undefined): SamplingParams {
+  if (!text) return {};
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch {
+    throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.sampling} is not JSON`);
+  }
+  if (typeof raw !== 'object' || raw === null || Object.keys(raw).some((k) => !SAMPLING_KEYS.has(k))) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.sampling} must be {temperature, top_p, top_k, seed}`);
+  const r = raw as Record<string, unknown>;
+  const num = (k: string) => (typeof r[k] === 'number' ? (r[k] as number) : undefined);
+  const out: SamplingParams = {};
+  if (num('temperature') !== undefined) out.temperature = num('temperature')!;
+  if (num('top_p') !== undefined) out.topP = num('top_p')!;
+  if (num('top_k') !== undefined) out.topK = num('top_k')!;
+  if (num('seed') !== undefined) out.seed = num('seed')!;
+  return out;
+}
+
+export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) => Promise<MeshResponse> {
+  const now = init.now ?? Date.now;
+  const max = init.maxConcurrent ?? 1;
+  let running = 0;
+  /** Plans verified, by signature. */
+  const plans = new Map<string, { head: string; plan: CheckPlan }>();
+  /** Uses per plan signature and checked peer. */
+  const uses = new Map<string, number>();
+
+  async function planOf(h: Record<string, string>): Promise<CheckPlan> {
+    const text = h[CHECK_PLAN_HEADER];
+    const sig = h[CHECK_PLAN_SIGNATURE_HEADER]?.trim();
+    if (text === undefined || !sig) throw new MeshError('MESH_ERR_FORBIDDEN', `a check needs the tracker's plan (${CHECK_PLAN_HEADER}, ${CHECK_PLAN_SIGNATURE_HEADER})`);
+    const hit = plans.get(sig);
+    if (hit && JSON.stringify(hit.plan) === text) return hit.plan;
+    let plan: CheckPlan;
+    try {
+      plan = checkPlanSchema.parse(JSON.parse(text));
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_PLAN_HEADER} is not a check plan`);
+    }
+    const key = init.trackerKey();
+    let sigBytes: Uint8Array;
+    try {
+      sigBytes = decodeBase64Url(sig);
+    } catch {
+      throw new MeshError('MESH_ERR_FORBIDDEN', 'the plan signature is not base64url');
+    }
+    if (!key || !(await init.verify(key, checkPlanMessage(plan.head, text), sigBytes))) throw new MeshError('MESH_ERR_FORBIDDEN', 'the check plan is not signed by this node\'s tracker');
+    if (plans.size >= 256) plans.clear();
+    plans.set(sig, { head: plan.head, plan });
+    return plan;
+  }
+
+  async function check(req: MeshRequest): Promise<MeshResponse> {
+    const h = req.headers;
+    const plan = await planOf(h);
+    if (plan.expires_at < now()) throw new MeshError('MESH_ERR_FORBIDDEN', 'the check plan expired');
+    const model = typeof init.model === 'string' ? init.model : init.model();
+    if (plan.model !== model) throw new MeshError('MESH_ERR_FORBIDDEN', `the plan is for model ${plan.model}; this node serves ${model}`);
+    const checked = h[CHECK_PEER_HEADER]?.trim() ?? '';
+    const session = h[H.session]?.trim() ?? '';
+    const start = Number(h[H.startLayer]);
+    const end = Number(h[H.endLayer]);
+    if (!sessionOfGeneration(session, plan.generation)) throw new MeshError('MESH_ERR_FORBIDDEN', `session ${session.slice(0, 128)} is not of the plan's generation`);
+    const entry = plan.checks.find((e) => e.peer.peer_id === checked && e.start_layer === start && e.end_layer === end && e.checkers.some((c) => c.peer_id === init.peerId));
+    if (!entry) throw new MeshError('MESH_ERR_FORBIDDEN', `the plan does not name this node to check ${checked.slice(0, 32)} on [${start}, ${end})`);
+    const useKey = `${h[CHECK_PLAN_SIGNATURE_HEADER]}:${checked}:${session}`;
+    const used = uses.get(useKey) ?? 0;
+    if (used >= USES_PER_ENTRY) throw new MeshError('MESH_ERR_FORBIDDEN', 'this plan entry was used up at this checker');
+
+    const ex = init.executor();
+    if (!ex) throw new MeshError('MESH_ERR_UNAVAILABLE', 'this node has no span loaded');
+    if (!(Number.isInteger(start) && Number.isInteger(end) && ex.startLayer <= start && start < end && end <= ex.endLayer)) {
+      throw new MeshError('MESH_ERR_LAYER_RANGE', `layers [${h[H.startLayer]}, ${h[H.endLayer]}) are not within the held range [${ex.startLayer}, ${ex.endLayer})`, { start_layer: ex.startLayer, end_layer: ex.endLayer });
+    }
+    const steps = parseSteps(h[CHECK_STEPS_HEADER]);
+    const rows = steps.reduce((a, b) => a + b, 0);
+    const dtypeText = (h[H.dtype] ?? 'bf16').trim();
+    if (!isDtype(dtypeText)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.dtype} must be bf16, f16 or f32`);
+    const dtype: Dtype = dtypeText;
+    const hidden = ex.config.hiddenSize;
+    const tokensIn = start === 0;
+    const rowBytes = tokensIn ? 4 : hidden * dtypeBytes(dtype);
+    if (!tokensIn) {
+      const shape = parseShape(h[H.shape]);
+      if (!shape || shape[0] !== 1 || shape[1] !== rows || shape[2] !== hidden) throw new MeshError('MESH_ERR_BAD_SHAPE', `${H.shape} must be 1,${rows},${hidden} (the steps' rows)`);
+    }
+    if (req.body.byteLength !== rows * rowBytes) throw new MeshError('MESH_ERR_BAD_SHAPE', `body is ${req.body.byteLength} bytes; ${rows} rows need ${rows * rowBytes}`);
+    const last = end === ex.config.numLayers;
+    const claimed = last ? parseTokens(h[CHECK_TOKENS_HEADER], steps.length, ex.config.vocabSize) : [];
+    const params = last ? sampling(h[H.sampling]) : {};
+
+    if (running >= max) throw new MeshError('MESH_ERR_BUSY', 'this node runs as many checks as it takes; ask another checker or retry later', { retry_after_ms: 1000 });
+    running++;
+    uses.set(useKey, used + 1);
+    if (uses.size > 4096) uses.clear();
+    try {
+      const fr: ForwardRequest = { startLayer: start, endLayer: end };
+      if (tokensIn) {
+        const dv = new DataView(req.body.buffer, req.body.byteOffset, req.body.byteLength);
+        fr.tokenIds = Array.from({ length: rows }, (_, i) => dv.getUint32(i * 4, true));
+      } else fr.activation = { data: decodeTensor(req.body, dtype), shape: [1, rows, hidden] };
+      const ends: number[] = [];
+      let at = 0;
+      for (const n of steps) ends.push((at += n) - 1);
+      if (last) fr.logitRows = ends;
+      const result = rows <= CHUNK_ROWS ? await ex.forward(fr) : await chunked(ex, fr, rows, ends);
+
+      // One output block per step: the rows the hop would have answered, or the last hop's check record.
+      const outs: Uint8Array[] = [];
+      if (last) {
+        if (result.kind !== 'logits' || result.rows.length !== steps.length) throw new MeshError('MESH_ERR_INTERNAL', 'the span gave no logits for the steps');
+        const V = ex.config.vocabSize;
+        for (let s = 0; s < steps.length; s++) {
+          const logits = result.data.subarray(s * V, (s + 1) * V);
+          const t = checkToken(logits, claimed[s]!, params, ends[s]! + 1);
+          outs.push(tokenCheckBytes({ claimed: claimed[s]!, sampled: t.sampled, argmax: argmaxOf(logits), deficit: t.deficit, gap: t.gap, logprob: t.logprob }));
+        }
+      } else {
+        if (result.kind !== 'activation') throw new MeshError('MESH_ERR_INTERNAL', 'the span answered no activation');
+        const all = encodeTensor(result.data, dtype);
+        const ob = hidden * dtypeBytes(dtype);
+        let o = 0;
+        for (const n of steps) {
+          outs.push(all.subarray(o * ob, (o + n) * ob));
+          o += n;
+        }
+      }
+      // The chain: the same input hashes as the checked hop's, this node's outputs.
+      const scope: AttestScope = { model: plan.model, session, startLayer: start, endLayer: end, dtype, ...(last ? { sampling: h[H.sampling] ?? '' } : {}) };
+      let acc = await attestSeed(scope);
+      let pos = 0;
+      for (const [s, n] of steps.entries()) {
+        const input = await sha256(req.body.subarray(pos * rowBytes, (pos + n) * rowBytes));
+        acc = await chainStep(acc, { position: pos, rows: n, input, output: await sha256(outs[s]!) });
+        pos += n;
+      }
+      const sig = await init.sign(checkMessage(checked, session, rows, acc));
+      const body = concat(outs);
+      return {
+        status: 200,
+        headers: { 'content-type': 'application/octet-stream', [CHECK_ATTEST_HEADER]: formatAttestation({ peer: init.peerId, rows, signature: sig }), ...(last ? {} : { [H.dtype]: dtype, [H.shape]: `1,${rows},${hidden}` }) },
+        body,
+      };
+    } finally {
+      running--;
+    }
+  }
+
+  return async (req) => {
+    if (req.method.toUpperCase() !== 'POST') return errorReply(new MeshError('MESH_ERR_METHOD_NOT_ALLOWED', 'use POST /check'), { allow: 'POST' });
+    try {
+      return await check(req);
+    } catch (e) {
+      if (e instanceof MeshError) return errorReply(e);
+      if (e instanceof RangeError) return errorReply(new MeshError('MESH_ERR_BAD_SHAPE', e.message));
+      return errorReply(new MeshError('MESH_ERR_INTERNAL', `the check failed: ${(e as Error).message}`));
+    }
+  };
+}
+
+function argmaxOf(xs: Float32Array): number {
+  let b = 0;
+  for (let i = 1; i < xs.length; i++) if (xs[i]! > xs[b]!) b = i;
+  return b;
+}
+
+function concat(parts: readonly Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.byteLength;
+  }
+  return out;
+}

@@ -1,0 +1,148 @@
+/**
+ * Attestations: what a hop signs about what it computed (docs/protocol.md
+ * §11). Per session a hop keeps a running digest over every step it ran:
+ *
+ *   seed  = SHA-256("meshnet-attest-v1\0" model \0 session \0 start ":" end ":" dtype [\0 sampling])
+ *   acc_s = SHA-256(acc_{s-1} ‖ u32 position ‖ u32 rows ‖ SHA-256(input bytes) ‖ SHA-256(output bytes))
+ *
+ * and signs `attest-v1:<session>:<rows covered>:<hex acc>` with its node key.
+ * One signature covers the whole history, so whoever checks it (the head,
+ * the tracker) verifies one signature and needs only the per-step hashes
+ * plus the few rows it compares. A checker's answer is chained the same way
+ * (same seed and input hashes, its own output hashes) and signed as
+ * `check-v1:<checked peer>:<session>:<rows>:<hex acc>`.
+ *
+ * Bytes are the wire bytes: input and output rows in the wire dtype as
+ * sent; a head's own span takes token ids (u32 LE each); a last hop's output
+ * is `u32 token id ‖ f64 logprob` (LE); a last-hop checker's is its
+ * per-step record (tokenCheckBytes).
+ *
+ * Host-free: SHA-256 and Ed25519 through WebCrypto (Node 20, browsers).
+ */
+import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
+
+const utf8 = new TextEncoder();
+export const ATTEST_HEADER = 'x-meshnet-attest';
+/** A checker's signature over its answer (POST /check). */
+export const CHECK_ATTEST_HEADER = 'x-meshnet-check-attest';
+
+export async function sha256(bytes: Uint8Array): Promise<Uint8Array> {
+  return new Uint8Array(await crypto.subtle.digest('SHA-256', bytes as Uint8Array<ArrayBuffer>));
+}
+
+export function hex(bytes: Uint8Array): string {
+  let s = '';
+  for (const b of bytes) s += b.toString(16).padStart(2, '0');
+  return s;
+}
+
+export function fromHex(text: string): Uint8Array {
+  if (!/^(?:[0-9a-f]{2})*$/.test(text)) throw new RangeError('not lowercase hex');
+  const out = new Uint8Array(text.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = parseInt(text.slice(2 * i, 2 * i + 2), 16);
+  return out;
+}
+
+/** What a chain of step digests is bound to: nothing of another session, span, model or dtype verifies against it. */
+export interface AttestScope {
+  model: string;
+  session: string;
+  startLayer: number;
+  endLayer: number;
+  dtype: string;
+  /** A last hop's X-Meshnet-Sampling text as it received it: the token it signs was drawn with these. */
+  sampling?: string;
+}
+
+export function attestSeed(s: AttestScope): Promise<Uint8Array> {
+  const tail = s.sampling !== undefined ? `\0${s.sampling}` : '';
+  return sha256(utf8.encode(`meshnet-attest-v1\0${s.model}\0${s.session}\0${s.startLayer}:${s.endLayer}:${s.dtype}${tail}`));
+}
+
+/** One step as the chain sees it: where it starts, how many rows, and the hashes of its input and output bytes. */
+export interface StepDigest {
+  position: number;
+  rows: number;
+  input: Uint8Array;
+  output: Uint8Array;
+}
+
+export async function chainStep(acc: Uint8Array, step: StepDigest): Promise<Uint8Array> {
+  const buf = new Uint8Array(32 + 8 + 32 + 32);
+  buf.set(acc, 0);
+  const dv = new DataView(buf.buffer);
+  dv.setUint32(32, step.position, true);
+  dv.setUint32(36, step.rows, true);
+  buf.set(step.input, 40);
+  buf.set(step.output, 72);
+  return sha256(buf);
+}
+
+/** The accumulated digest over `steps` from the scope's seed. */
+export async function chainDigest(scope: AttestScope, steps: readonly StepDigest[]): Promise<Uint8Array> {
+  let acc = await attestSeed(scope);
+  for (const s of steps) acc = await chainStep(acc, s);
+  return acc;
+}
+
+export function attestMessage(session: string, rows: number, acc: Uint8Array): Uint8Array {
+  return utf8.encode(`attest-v1:${session}:${rows}:${hex(acc)}`);
+}
+
+export function checkMessage(checkedPeer: string, session: string, rows: number, acc: Uint8Array): Uint8Array {
+  return utf8.encode(`check-v1:${checkedPeer}:${session}:${rows}:${hex(acc)}`);
+}
+
+/** A last hop's output bytes: the token id and the log-probability it answered. */
+export function tokenBytes(tokenId: number, logprob: number): Uint8Array {
+  const b = new Uint8Array(12);
+  const dv = new DataView(b.buffer);
+  dv.setUint32(0, tokenId >>> 0, true);
+  dv.setFloat64(4, logprob, true);
+  return b;
+}
+
+/** A head span's input bytes: its token ids. */
+export function tokenIdBytes(ids: readonly number[]): Uint8Array {
+  const b = new Uint8Array(ids.length * 4);
+  const dv = new DataView(b.buffer);
+  ids.forEach((id, i) => dv.setUint32(i * 4, id >>> 0, true));
+  return b;
+}
+
+/** One entry of X-Meshnet-Attest: who signed, how many rows of the session it covers, the signature. */
+export interface Attestation {
+  peer: string;
+  rows: number;
+  signature: Uint8Array;
+}
+
+const ENTRY_RE = /^([0-9a-f]{32})\.(\d{1,9})\.([A-Za-z0-9_-]{86})$/;
+/** Entries a header may list (a chain's hops each add one). */
+const MAX_ENTRIES = 64;
+
+export function formatAttestation(a: Attestation): string {
+  return `${a.peer}.${a.rows}.${encodeBase64Url(a.signature)}`;
+}
+
+/** The entries of an X-Meshnet-Attest value; malformed entries are skipped (a hop that sends garbage attests nothing). */
+export function parseAttestations(value: string | undefined): Attestation[] {
+  if (!value) return [];
+  const out: Attestation[] = [];
+  for (const part of value.split(';').slice(0, MAX_ENTRIES)) {
+    const m = ENTRY_RE.exec(part.trim());
+    if (!m) continue;
+    try {
+      const signature = decodeBase64Url(m[3]!);
+      if (signature.byteLength === 64) out.push({ peer: m[1]!, rows: Number(m[2]), signature });
+    } catch {
+      // not base64url: skipped
+    }
+  }
+  return out;
+}
+
+/** Append one entry to a header value (a chain hop adds its own to what it received). */
+export function appendAttestation(value: string | undefined, entry: string): string {
+  return value ? `${value};${entry}` : entry;
+}

@@ -1,0 +1,89 @@
+/**
+ * Attestations (src/verify/attest.ts, attestor.ts): a hop's signature over
+ * the hash chain of every step it ran verifies against an independent
+ * recomputation of that chain from the bytes, and against nothing else
+ * (another session, other bytes, another span, a forged signature).
+ */
+import { describe, expect, it } from 'vitest';
+import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
+import { appendAttestation, attestMessage, chainDigest, formatAttestation, parseAttestations, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../src/verify/attest.ts';
+import { Attestor } from '../../src/verify/attestor.ts';
+
+const scope: AttestScope = { model: 'm', session: 'sess.1', startLayer: 2, endLayer: 4, dtype: 'bf16' };
+const bytes = (n: number, seed: number) => Uint8Array.from({ length: n }, (_, i) => (i * 31 + seed) & 0xff);
+
+async function digests(steps: Array<[number, number, Uint8Array, Uint8Array]>): Promise<StepDigest[]> {
+  return Promise.all(steps.map(async ([position, rows, i, o]) => ({ position, rows, input: await sha256(i), output: await sha256(o) })));
+}
+
+describe('a hop attests every step it ran', () => {
+  it('signs the chain of its steps; the signature verifies against the chain recomputed from the bytes, and nothing else', async () => {
+    const id = await Identity.generate();
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) });
+    const steps: Array<[number, number, Uint8Array, Uint8Array]> = [
+      [0, 5, bytes(5 * 8, 1), bytes(5 * 8, 2)],
+      [5, 1, bytes(8, 3), bytes(8, 4)],
+      [6, 1, bytes(8, 5), tokenBytes(17, -0.25)],
+    ];
+    for (const [p, n, i, o] of steps) att.record(scope, p, n, i, o);
+    const entry = await att.finish(scope.session);
+    const [a] = parseAttestations(entry);
+    expect(a).toMatchObject({ peer: id.peerId, rows: 7 });
+    const acc = await chainDigest(scope, await digests(steps));
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 7, acc), a!.signature)).toBe(true);
+    // Another session, another output byte, another span: no.
+    expect(await verifyEd25519(id.publicKey, attestMessage('sess.2', 7, acc), a!.signature)).toBe(false);
+    const tampered = steps.map((s) => [...s] as typeof s);
+    tampered[1]![3] = bytes(8, 99);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 7, await chainDigest(scope, await digests(tampered))), a!.signature)).toBe(false);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 7, await chainDigest({ ...scope, endLayer: 5 }, await digests(steps))), a!.signature)).toBe(false);
+    // The session is forgotten once finished.
+    expect(att.sessions).toBe(0);
+  });
+
+  it('hands out the latest finished attestation while the session runs, and restarts the chain on a replay from 0', async () => {
+    const id = await Identity.generate();
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) });
+    att.record(scope, 0, 3, bytes(24, 1), bytes(24, 2));
+    expect(att.latest(scope.session)).toBeUndefined(); // signing runs behind the answer
+    await new Promise((r) => setTimeout(r, 50));
+    expect(parseAttestations(att.latest(scope.session))[0]!.rows).toBe(3);
+    // A replay from position 0 (after a 409): the chain starts over, covering only what was replayed.
+    att.record(scope, 0, 2, bytes(16, 7), bytes(16, 8));
+    const [a] = parseAttestations(await att.finish(scope.session));
+    expect(a!.rows).toBe(2);
+    const acc = await chainDigest(scope, await digests([[0, 2, bytes(16, 7), bytes(16, 8)]]));
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 2, acc), a!.signature)).toBe(true);
+  });
+
+  it('signs nothing for a step that does not follow the chain (it could not be verified)', async () => {
+    const id = await Identity.generate();
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) });
+    att.record(scope, 4, 1, bytes(8, 1), bytes(8, 2));
+    expect(await att.finish(scope.session)).toBeUndefined();
+    att.record(scope, 0, 2, bytes(16, 1), bytes(16, 2));
+    att.record(scope, 5, 1, bytes(8, 1), bytes(8, 2)); // a gap: the chain is dropped
+    expect(await att.finish(scope.session)).toBeUndefined();
+  });
+
+  it('keeps at most maxSessions chains, the least recently used dropped first', async () => {
+    const id = await Identity.generate();
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), maxSessions: 2 });
+    for (const s of ['a', 'b', 'c']) att.record({ ...scope, session: s }, 0, 1, bytes(8, 1), bytes(8, 2));
+    expect(att.sessions).toBe(2);
+    expect(await att.finish('a')).toBeUndefined();
+    expect(await att.finish('c')).toBeDefined();
+  });
+});
+
+describe('the X-Meshnet-Attest header', () => {
+  it('lists one entry per hop and skips malformed ones', () => {
+    const sig = new Uint8Array(64).fill(7);
+    const e1 = formatAttestation({ peer: 'a'.repeat(32), rows: 12, signature: sig });
+    const e2 = formatAttestation({ peer: 'b'.repeat(32), rows: 3, signature: sig });
+    const v = appendAttestation(appendAttestation(undefined, e1), e2);
+    expect(parseAttestations(v).map((a) => [a.peer[0], a.rows])).toEqual([['a', 12], ['b', 3]]);
+    expect(parseAttestations(`${e1};garbage;${'c'.repeat(32)}.1.short;${e2}`)).toHaveLength(2);
+    expect(parseAttestations(undefined)).toEqual([]);
+  });
+});
