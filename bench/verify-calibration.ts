@@ -52,6 +52,7 @@ import { thresholdsFor, type NodeClass } from '../src/verify/thresholds.ts';
 import { weightsFromFiles } from '../test/helpers/weights.ts';
 import { dequantizedWeights } from '../test/helpers/fused.ts';
 import { printTable, quantile, writeResult } from './lib/stats.ts';
+import { mulberry32 } from '../src/model/fixture.ts';
 
 const argv = process.argv.slice(2);
 const arg = (name: string) => (argv.includes(name) ? argv[argv.indexOf(name) + 1] : undefined);
@@ -155,16 +156,6 @@ function gaussian(rand: () => number): number {
   return Math.sqrt(-2 * Math.log(1 - rand())) * Math.cos(2 * Math.PI * rand());
 }
 
-function mulberry(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Every layer weight of [lo, hi) (or only names matching `only`) with relative Gaussian noise `rel`. */
 function tampered(src: WeightSource, rel: number, lo: number, hi: number, only?: RegExp): WeightSource {
@@ -175,7 +166,7 @@ function tampered(src: WeightSource, rel: number, lo: number, hi: number, only?:
     let t = cache.get(name);
     if (!t) {
       const w = src(name);
-      const rand = mulberry(name.length * 7919 + 17);
+      const rand = mulberry32(name.length * 7919 + 17);
       const data = Float32Array.from(w.data, (x) => x * (1 + rel * gaussian(rand)));
       t = { shape: w.shape, data };
       cache.set(name, t);
@@ -336,7 +327,7 @@ for (const dtype of DTYPES) {
     await ex.release();
   }
   const honestCpu = claimsMid.get('cpu-f32') ?? claimsMid.values().next().value!;
-  const rand = mulberry(7);
+  const rand = mulberry32(7);
   claimsMid.set('lie:noise-1%', honestCpu.map((rows) => {
     const out = new Float32Array(rows.length);
     for (let r = 0; r < rows.length / H; r++) {

@@ -199,7 +199,8 @@ export function fixtureConfig(preset: FixturePreset): ModelConfig {
   return parseModelConfig(presetSpec(preset).config, `${preset}/config.json`);
 }
 
-function mulberry32(seed: number): () => number {
+/** A seeded uniform in [0, 1) (mulberry32): fixtures, fault injection and benches draw the same numbers for a seed. */
+export function mulberry32(seed: number): () => number {
   let a = seed >>> 0;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;

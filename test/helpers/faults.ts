@@ -18,6 +18,7 @@ import { dequantizeQ4, quantizeQ4 } from '../../src/model/quantize.ts';
 import { FUSED_Q4_SCHEME } from '../../src/model/fused-graph.ts';
 import type { ForwardRequest, ForwardResult } from '../../src/shard/contract.ts';
 import { logSoftmaxAt, sampleToken } from '../../src/shard/sampling.ts';
+import { mulberry32 } from '../../src/model/fixture.ts';
 
 export const LYING_MODES = ['noise', 'zero', 'wrong-layers', 'tampered', 'q4-as-f32', 'one-in-20', 'honest-then-noise', 'second-best'] as const;
 export type LyingMode = (typeof LYING_MODES)[number];
@@ -33,16 +34,6 @@ export interface FaultOptions {
   onFirstLie?: () => void;
 }
 
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function gaussian(r: () => number): number {
   return Math.sqrt(-2 * Math.log(1 - r())) * Math.cos(2 * Math.PI * r());
@@ -80,7 +71,7 @@ export function lyingWeights(src: WeightSource, o: FaultOptions): WeightSource {
           if (!/_proj\.weight$/.test(name)) return w;
           t = { shape: w.shape, data: dequantizeQ4(quantizeQ4(w.data, w.shape[0]!, w.shape[1]!, FUSED_Q4_SCHEME)) };
         } else {
-          const r = rng(name.length * 7919 + (o.seed ?? 1));
+          const r = mulberry32(name.length * 7919 + (o.seed ?? 1));
           t = { shape: w.shape, data: Float32Array.from(w.data, (x) => x * (1 + 0.01 * gaussian(r))) };
         }
         cache.set(name, t);
@@ -93,7 +84,7 @@ export function lyingWeights(src: WeightSource, o: FaultOptions): WeightSource {
 
 /** The span executor's forward wrapped to lie on its answers (output modes). */
 export function lyingForward<E extends { forward(req: ForwardRequest): Promise<ForwardResult>; config: { hiddenSize: number } }>(ex: E, o: FaultOptions): (req: ForwardRequest) => Promise<ForwardResult> {
-  const r = rng(o.seed ?? 7);
+  const r = mulberry32(o.seed ?? 7);
   const hidden = ex.config.hiddenSize;
   const sessions = new Set<string>();
   let steps = 0;

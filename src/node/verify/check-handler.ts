@@ -13,6 +13,7 @@ import { errorReply, type MeshRequest, type MeshResponse } from '../../protocol/
 import { MeshError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
 import { decodeBase64 as decodeBase64Url } from '../../protocol/base64.ts';
+import { concatBytes } from '../../protocol/bytes.ts';
 import { decodeTensor, dtypeBytes, encodeTensor, isDtype, parseShape, type Dtype } from '../../protocol/tensor.ts';
 import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
@@ -232,7 +233,7 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
         pos += n;
       }
       const sig = await init.sign(checkMessage(checked, session, rows, acc));
-      const body = concat(outs);
+      const body = concatBytes(outs);
       return {
         status: 200,
         headers: { 'content-type': 'application/octet-stream', [CHECK_ATTEST_HEADER]: formatAttestation({ peer: init.peerId, rows, signature: sig }), ...(last ? {} : { [H.dtype]: dtype, [H.shape]: `1,${rows},${hidden}` }) },
@@ -261,12 +262,3 @@ function argmaxOf(xs: Float32Array): number {
   return b;
 }
 
-function concat(parts: readonly Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.byteLength;
-  }
-  return out;
-}

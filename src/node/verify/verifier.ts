@@ -18,6 +18,7 @@
  * queue drops the newest generation's checks (they stay "not checked").
  */
 import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../../protocol/base64.ts';
+import { concatBytes } from '../../protocol/bytes.ts';
 import type { MeshReply } from '../../protocol/envelopes.ts';
 import { MeshError, remoteError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
@@ -204,7 +205,7 @@ export class Verifier {
       return this.skip(job, 'refused', 'its attestation does not verify over what it answered');
     }
 
-    const body = concatAll(inputs);
+    const body = concatBytes(inputs);
     const headers: Record<string, string> = {
       [CHECK_PLAN_HEADER]: gen.plan.text,
       [CHECK_PLAN_SIGNATURE_HEADER]: gen.plan.signature,
@@ -346,12 +347,3 @@ function nanInf(x: number): number {
   return Number.isNaN(x) ? Infinity : x;
 }
 
-function concatAll(parts: readonly Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.byteLength;
-  }
-  return out;
-}

@@ -20,6 +20,7 @@
  */
 import type { Logger } from 'pino';
 import { MeshError, remoteError } from '../../protocol/errors.ts';
+import { concatBytes } from '../../protocol/bytes.ts';
 import { H } from '../../protocol/headers.ts';
 import { tokenDistance, thresholdsFor, type NodeClass, type WeightFormat } from '../../verify/thresholds.ts';
 import type { HeadTransport } from '../head-transport.ts';
@@ -180,7 +181,7 @@ export class HeadAuditor {
     }
     let records: Array<{ claimed: number; sampled: number; deficit: number; gap: number; logprob: number }>;
     try {
-      records = (JSON.parse(new TextDecoder().decode(concat(chunks))) as { records: typeof records }).records;
+      records = (JSON.parse(new TextDecoder().decode(concatBytes(chunks))) as { records: typeof records }).records;
     } catch {
       throw remoteError(502, undefined, `audit head ${headId} answered no records`);
     }
@@ -198,12 +199,3 @@ export class HeadAuditor {
   }
 }
 
-function concat(parts: readonly Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.byteLength, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.byteLength;
-  }
-  return out;
-}

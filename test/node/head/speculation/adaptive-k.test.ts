@@ -1,17 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { AdaptiveK, expectedTokens } from '../../../../src/node/head/speculation/adaptive-k.ts';
+import { mulberry32 } from '../../../../src/model/fixture.ts';
 
-/** A seeded uniform (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface World {
   alpha: (trip: number) => number;
@@ -22,7 +12,7 @@ interface World {
 
 /** Tokens per ms the policy reaches in `world` over `trips` trips (times jittered ±10%). */
 function simulate(world: World, trips: number, seed = 1, policy = new AdaptiveK()): { rate: number; ks: number[] } {
-  const r = rng(seed);
+  const r = mulberry32(seed);
   policy.setDraftCost(world.draftMs ?? 0);
   let tokens = 0;
   let ms = 0;
