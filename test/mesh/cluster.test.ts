@@ -21,6 +21,17 @@ async function chatIds(client: OpenAI): Promise<number[]> {
   return (r.choices[0] as unknown as { token_ids: number[] }).token_ids;
 }
 
+/** A streamed chat's token ids; `onToken` sees the count so far after each chunk. */
+async function streamIds(client: OpenAI, onToken: (n: number) => void): Promise<number[]> {
+  const ids: number[] = [];
+  const stream = await client.chat.completions.create({ model: 'tiny', messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0, stream: true });
+  for await (const ch of stream) {
+    ids.push(...((ch.choices[0] as unknown as { token_ids?: number[] } | undefined)?.token_ids ?? []));
+    onToken(ids.length);
+  }
+  return ids;
+}
+
 async function clusterRequests(url: string, direction: 'in' | 'out'): Promise<number> {
   const text = await (await fetch(`${url.replace(/^ws/, 'http')}/metrics`)).text();
   const line = text.split('\n').find((l) => l.startsWith(`meshnet_relay_cluster_requests_total{direction="${direction}"}`));
@@ -49,7 +60,8 @@ describe('a mesh split across two relays of a cluster', () => {
     [, middle] = await Promise.all([
       c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '0-1'] }),
       c.addNode({ relay: 1, alsoRelays: [0], args: [...common, '--layers', '1-3'] }),
-      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '3-4'] }),
+      // The tail is slowed (each /forward 40 ms) so that a chat is still running when a relay is killed under it.
+      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '3-4', '--inject-delay-ms', '40'] }),
     ]);
     await Promise.all(c.nodes.map((n) => n.waitFor((e) => e.event === 'registered')));
     await until(async () => (await fetch(`${c.baseUrl}/api/route?model=tiny`)).ok, 30_000, 'a complete route');
@@ -69,10 +81,20 @@ describe('a mesh split across two relays of a cluster', () => {
     expect(await clusterRequests(c.relays[1]!.url, 'out')).toBeGreaterThanOrEqual(want.length);
   });
 
-  it('a relay killed: its node moves to the other relay under the same peer id, and chats give the same tokens', async () => {
+  it('a relay killed mid-chat: its node moves to the other relay under the same peer id, the chat goes on with the same tokens, and new chats too', async () => {
     expect(await peersOn(c.relays[1]!.url)).toContain(middle.peerId);
-    const t0 = Date.now();
-    await c.killRelay(1);
+    expect(want.length).toBeGreaterThan(6);
+    let killed: Promise<void> | undefined;
+    let t0 = 0;
+    const streamed = streamIds(client, (n) => {
+      if (n >= 6 && killed === undefined) {
+        t0 = Date.now();
+        killed = c.killRelay(1);
+      }
+    });
+    expect(await streamed).toEqual(want);
+    expect(killed).toBeDefined();
+    await killed;
     await until(async () => (await peersOn(c.relays[0]!.url)).includes(middle.peerId), 15_000, 'the middle node on relay 0');
     const moved = Date.now() - t0;
     expect(moved).toBeLessThan(5_000);
