@@ -3,8 +3,8 @@
  * nats-server, relays, tracker, `meshnet node` processes; test/helpers/
  * cluster-mesh.ts): chats give the float64 reference's tokens with the
  * pushes crossing between relays on the fast path, and when a relay is
- * killed its nodes move to the other one and chats go on with the same
- * tokens.
+ * killed under a chat its nodes move to the other one and that chat, and
+ * the next, end with the same tokens.
  */
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
