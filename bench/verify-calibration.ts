@@ -330,6 +330,7 @@ for (const dtype of DTYPES) {
   checkedMid.push(['lie:tampered-5%-one-matrix', 'cpu-f32', tampered(weights, 0.05, MID[0], MID[0] + 1, /down_proj/)]);
   checkedMid.push(['lie:4-bit-as-f32', 'cpu-f32', dequantizedWeights(weights)]);
   for (const [name, impl, src] of checkedMid) {
+    console.log(`  ${dtype}: checked hop ${name} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     const ex = await makeExec(impl, MID[0], MID[1], src);
     claimsMid.set(name, (await stepwise(ex, headOut, seqs, MID[0], MID[1])).map((r) => wire(rowsOf(r), dtype)));
     await ex.release();
@@ -350,6 +351,7 @@ for (const dtype of DTYPES) {
 
   // Checkers: one stateless prefill over all of a sequence's rows.
   for (const checker of IMPLS) {
+    console.log(`  ${dtype}: checker ${checker} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     const ex = await makeExec(checker, MID[0], MID[1], weights);
     const checks: Float32Array[] = [];
     for (let i = 0; i < seqs.length; i++) {
@@ -487,6 +489,8 @@ for (const dtype of DTYPES) {
     }
   }
   console.log(`wire ${dtype} done (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+  // What is measured so far, in case a later wire dtype runs out of time (WebGPU on SwiftShader is slow).
+  writeResult(outFile, { model: 'fortunes-tiny', prompts: PROMPTS, tokens: TOKENS, rows: totalRows, mid: MID, last: LAST, impls: IMPLS, dtypes: DTYPES, partial: true, done: DTYPES.slice(0, DTYPES.indexOf(dtype) + 1), honest: dists, lying: lies, last_hop: tokens, last_hop_lying: lyingTokens });
 }
 
 const drow = (d: Dist) => [d.pair, d.dtype, d.rows, d.rel.p50, d.rel.p99, d.rel.p999, d.rel.max, d.peak.p99, d.peak.max, d.threshold, d.over];

@@ -7,7 +7,8 @@
  * on learned weights the logits are peaked, so a wrong kernel or a bad hop
  * shows as a different quote, not as a near-tie. The pages chain by default
  * (the pages after the head count chained steps); pages opened with
- * `?hop=star` drive every hop from the head (they count none).
+ * `?hop=star` drive every hop from the head (they count none). Speculative
+ * decoding on the pages (a prediction drafts) gives the same answer.
  */
 import { expect, test } from '@playwright/test';
 import OpenAI from 'openai';
@@ -70,8 +71,18 @@ test('three browser pages serve fortunes-tiny and stream the float64 reference\'
     expect(ids).toEqual(wants[k]!.ids);
     expect(text).toBe(wants[k]!.text);
   }
-  const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { recent_routes: Array<{ kind: string; hops: unknown[] }> };
+  // Speculative decoding on the pages (the head page drafts, the last page verifies): OpenAI's Predicted
+  // Outputs with the reference answer drafts it; the answer is the same, the drafts accepted are counted.
+  const predicted = await client.chat.completions.create({ model: 'fortunes-tiny', messages: [{ role: 'user', content: PROMPTS[0]! }], max_tokens: MAX_TOKENS, temperature: 0, prediction: { type: 'content', content: wants[0]!.text } });
+  expect((predicted.choices[0] as unknown as { token_ids: number[] }).token_ids).toEqual(wants[0]!.ids);
+  expect(predicted.usage?.completion_tokens_details?.accepted_prediction_tokens).toBeGreaterThan(0);
+  const off = await client.chat.completions.create({ model: 'fortunes-tiny', messages: [{ role: 'user', content: PROMPTS[0]! }], max_tokens: MAX_TOKENS, temperature: 0, speculative: false } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+  expect((off.choices[0] as unknown as { token_ids: number[] }).token_ids).toEqual(wants[0]!.ids);
+  expect(off.usage?.completion_tokens_details).toBeUndefined();
+  const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { recent_routes: Array<{ kind: string; hops: unknown[] }>; nodes: Array<{ speculation: { drafted: number; accepted: number } | null }> };
   expect(d.recent_routes.find((r) => r.kind === 'generate')?.hops).toHaveLength(3);
+  // The head page reports its drafts with its heartbeats.
+  await until(async () => ((await (await fetch(`${tracker.url}/api/dashboard`)).json()) as typeof d).nodes.some((n) => (n.speculation?.accepted ?? 0) > 0), 10_000, 'the head\'s drafts on the dashboard');
   // The pages chain by default: both pages after the head took chained steps.
   const chained = await chainForwardsAfterHead(tracker.url);
   expect(chained).toHaveLength(2);

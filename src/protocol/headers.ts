@@ -42,6 +42,16 @@ export const H = {
   /** On a chain hop's answer: "1" (it took part in the chain), and on a failure the peer id of the hop that failed or refused. */
   chain: 'x-meshnet-chain',
   chainFailed: 'x-meshnet-chain-failed',
+  /**
+   * Speculative decoding (docs/protocol.md §5): the drafts a verification
+   * step's last rows propose, JSON {ids, next?, q?} (read by the hop that
+   * runs the LM head; chained hops pass it on).
+   */
+  draft: 'x-meshnet-draft',
+  /** Cut the session's cache back to X-Meshnet-Position first, if it holds up to this many positions (a verification's rejected rows). */
+  rollback: 'x-meshnet-rollback',
+  /** "1" on an answer (or a chain push) from a hop whose batches run full: the head stops drafting for a while. */
+  batchFull: 'x-meshnet-batch-full',
   contentType: 'content-type',
 } as const;
 

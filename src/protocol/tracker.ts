@@ -61,6 +61,10 @@ export const nodeStatsSchema = z.object({
   kv_max_tokens: z.number().int().positive().optional(),
   /** Forward runs by batch size since the span loaded: batch_sizes[n] = runs of n sessions' steps (index 0 unused). */
   batch_sizes: z.array(z.number().int().nonnegative()).max(1025).optional(),
+  /** A head's speculative decoding since its span loaded: tokens drafted and accepted, trips through the mesh, tokens those trips gave. */
+  speculation: z
+    .object({ drafted: z.number().int().nonnegative(), accepted: z.number().int().nonnegative(), trips: z.number().int().nonnegative(), tokens: z.number().int().nonnegative() })
+    .optional(),
 });
 export type NodeStats = z.infer<typeof nodeStatsSchema>;
 
@@ -208,14 +212,45 @@ export const generateRequestSchema = z.object({
   seed: z.number().int().optional(),
   stop: z.array(z.string()).default([]),
   session_id: z.string().min(1).max(100),
+  /**
+   * Speculative decoding (docs/architecture.md): false turns it off for this
+   * generation; absent or true leaves it to the head (drafts where they pay).
+   */
+  speculative: z.boolean().optional(),
+  /** Drafted tokens per trip, fixed (0: none); absent: adapted to the measured acceptance. */
+  speculative_k: z.number().int().min(0).max(16).optional(),
+  /** The draft model to draft with, by the name the head loaded it under (`meshnet node --draft`); absent: the head's choice. */
+  draft_model: z.string().min(1).max(200).optional(),
+  /** Text the answer is expected to resemble (OpenAI's Predicted Outputs): drafted from first. */
+  prediction: z.string().max(1 << 20).optional(),
+  /** The same as token ids (fed as they are). */
+  prediction_token_ids: z.array(z.number().int().nonnegative()).max(1 << 17).optional(),
 });
 export type GenerateRequest = z.infer<typeof generateRequestSchema>;
 
 export const generateEventSchema = z.discriminatedUnion('type', [
   z.object({ type: z.literal('start'), prompt_tokens: z.number().int(), route: z.array(z.string()) }),
-  z.object({ type: z.literal('token'), index: z.number().int(), token_id: z.number().int(), text: z.string(), logprob: z.number() }),
+  z.object({
+    type: z.literal('token'),
+    index: z.number().int(),
+    token_id: z.number().int(),
+    text: z.string(),
+    logprob: z.number(),
+    /** On the first token of a speculative trip: tokens the trip drafted, and how many of them were accepted. */
+    drafted: z.number().int().nonnegative().optional(),
+    accepted: z.number().int().nonnegative().optional(),
+  }),
   z.object({ type: z.literal('recovered'), failed_peer_id: z.string(), replacement_peer_id: z.string(), recovery_ms: z.number() }),
-  z.object({ type: z.literal('done'), finish_reason: z.enum(['stop', 'length']), completion_tokens: z.number().int(), prompt_tokens: z.number().int() }),
+  z.object({
+    type: z.literal('done'),
+    finish_reason: z.enum(['stop', 'length']),
+    completion_tokens: z.number().int(),
+    prompt_tokens: z.number().int(),
+    /** Speculative decoding over the whole generation (this head's part of it): tokens drafted, accepted, and trips through the mesh. */
+    drafted: z.number().int().nonnegative().optional(),
+    accepted: z.number().int().nonnegative().optional(),
+    trips: z.number().int().nonnegative().optional(),
+  }),
   z.object({
     type: z.literal('error'),
     code: z.string(),

@@ -2,10 +2,11 @@
  * The shape every batched path shares (packed-batch.ts, fused-batch.ts):
  * each member passes its own checks and KV admission (a member that fails
  * answers with its error alone), then the admitted ones run as one batch,
- * and the answers go back in request order, one row each.
+ * and the answers go back in request order, one row each (a
+ * verification's judged rows at the last hop).
  */
 import type { ForwardRequest, ForwardResult } from './contract.ts';
-import { sampleToken } from './sampling.ts';
+import { judgedRows, tokenFromRows } from './speculative.ts';
 
 export async function runMembers<I extends { index: number }>(
   count: number,
@@ -28,12 +29,18 @@ export async function runMembers<I extends { index: number }>(
   return answers;
 }
 
-/** Each member's token, sampled from its row of the batch's logits [B, vocab] at its next position. */
-export function batchTokens(all: Float32Array, vocab: number, items: ReadonlyArray<{ req: ForwardRequest; input: { position: number } }>): ForwardResult[] {
-  return items.map((it, i) => {
-    const logits = all.slice(i * vocab, (i + 1) * vocab);
-    const { tokenId, logprob } = sampleToken(logits, it.req.sampling ?? {}, it.input.position + 1);
-    return { kind: 'token', tokenId, logprob, logits };
+/**
+ * Each member's token from its rows of the batch's logits [rows, vocab]:
+ * judgedRows(its draft) rows per member in order (its last row, or a
+ * verification's last k + 1), sampled or verified at their positions.
+ */
+export function batchTokens(all: Float32Array, vocab: number, items: ReadonlyArray<{ req: ForwardRequest; input: { position: number; seq: number } }>): ForwardResult[] {
+  let at = 0;
+  return items.map((it) => {
+    const rows = judgedRows(it.req.draft);
+    const logits = all.slice(at * vocab, (at + rows) * vocab);
+    at += rows;
+    return { kind: 'token', ...tokenFromRows(logits, vocab, it.req.draft, it.req.sampling ?? {}, it.input.position + it.input.seq - rows + 1) };
   });
 }
 

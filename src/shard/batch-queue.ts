@@ -86,6 +86,7 @@ export class BatchQueue<Req, Res> {
   private batches = 0;
   private requests = 0;
   private joined = 0;
+  private lastFull = false;
 
   constructor(
     private readonly runner: BatchRunner<Req, Res>,
@@ -110,6 +111,11 @@ export class BatchQueue<Req, Res> {
     while (this.running) await this.running;
   }
 
+  /** Whether the last run started with as many requests as a batch takes (speculative decoding stops drafting then: the batch amortizes the trip already). */
+  get full(): boolean {
+    return this.lastFull;
+  }
+
   stats(): BatchStats {
     return { maxBatch: this.maxBatch, batches: this.batches, requests: this.requests, sizes: this.sizes.slice(), joined: this.joined };
   }
@@ -118,6 +124,7 @@ export class BatchQueue<Req, Res> {
     try {
       while (this.pending.length > 0) {
         const batch = this.take();
+        this.lastFull = this.maxBatch > 1 && batch.length >= this.maxBatch;
         this.batches++;
         this.requests += batch.length;
         this.sizes[batch.length]!++;

@@ -11,6 +11,7 @@ import type { GraphDtype, WeightSource } from '../model/graph.ts';
 import type { BatchStats } from './batch-queue.ts';
 import type { KvStats } from './kv-store.ts';
 import type { SamplingParams } from './sampling.ts';
+import type { DraftProposal, Verified } from './speculative.ts';
 
 /** Supplies the tensors one graph needs, by HF name; called once per graph, so a host can fetch just those bytes. */
 export type WeightLoader = (names: readonly string[]) => WeightSource | Promise<WeightSource>;
@@ -34,6 +35,14 @@ export interface ForwardRequest {
   tokenIds?: readonly number[];
   sampling?: SamplingParams;
   /**
+   * Speculative decoding: the session's cache may hold positions up to this
+   * one from an earlier verification step; those past `position` are cut
+   * before this call (SessionKv.reserve). Outside [position, rollbackFrom]: 409 as usual.
+   */
+  rollbackFrom?: number;
+  /** A verification step (the call must end at the last layer): the drafts its last rows propose (speculative.ts). */
+  draft?: DraftProposal;
+  /**
    * A call that ends at the last layer answers the logits of these rows (0-based within the call's
    * rows, in order) instead of sampling a token: a spot-check of a last hop recomputes every step's
    * logits in one prefill (docs/verification.md).
@@ -43,7 +52,15 @@ export interface ForwardRequest {
 
 export type ForwardResult =
   | { kind: 'activation'; data: Float32Array; shape: [1, number, number] }
-  | { kind: 'token'; tokenId: number; logprob: number; /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */ logits: Float32Array }
+  | {
+      kind: 'token';
+      tokenId: number;
+      logprob: number;
+      /** Last position's logits [vocab]; empty when a GPU picked the token and kept them there. */
+      logits: Float32Array;
+      /** A verification step's outcome: the drafts accepted and the tokens emitted (tokenId is the last of them). */
+      spec?: Verified;
+    }
   /** `logitRows` asked: the rows' logits one after another, [rows.length, vocab]. */
   | { kind: 'logits'; rows: readonly number[]; data: Float32Array };
 
@@ -68,11 +85,20 @@ export interface SpanExecutor {
   /** Tokens a session's cache holds at `layer` (default: the first held layer); 0 when unknown. */
   sessionLength(id: string, layer?: number): number;
   dropSession(id: string): boolean;
+  /**
+   * Cuts a session's cache back to `length` positions on every held layer
+   * (speculative decoding's rollback; a forward's `rollbackFrom` does the
+   * same in order with its queue). Call it between that session's forwards.
+   * False when the session is unknown or the length is not a non-negative integer.
+   */
+  truncateSession(id: string, length: number): boolean;
   kvStats(): KvStats;
   /** The donor's budget changed: the KV caches get what the weights leave of it. Live sessions keep their room. */
   setMemoryBudget(bytes: number): void;
   /** Batch sizes run so far (the node's stats and /info). */
   batchStats(): BatchStats;
+  /** The last batch this executor ran was full (speculative decoding backs off: X-Meshnet-Batch-Full). */
+  batchFull(): boolean;
   /** Waits for the queued requests, then frees the graphs and caches. */
   release(): Promise<void>;
 }

@@ -24,9 +24,9 @@ import { BatchScratch } from './batch-scratch.ts';
 import type { ForwardRequest, ForwardResult, SpanExecutor, WeightLoader } from './contract.ts';
 import { checkForwardInput, gatherRows } from './forward-input.ts';
 import { CpuKvStorage, kvBytesPerToken, type KvSession, type KvStats } from './kv-store.ts';
-import { sampleToken } from './sampling.ts';
 import { checkSpan, segmentBounds, segmentSpan, type Segment } from './segments.ts';
 import { SessionKv, type ExecutorKvOptions } from './session-kv.ts';
+import { checkDraft, judgedRows, tokenFromRows } from './speculative.ts';
 
 export interface ShardExecutorOptions extends ExecutorKvOptions {
   config: ModelConfig;
@@ -177,6 +177,11 @@ export class ShardExecutor implements SpanExecutor {
     return this.kv.drop(id);
   }
 
+  /** SpanExecutor.truncateSession: every held layer cut to at most `length` (SessionKv.truncate). */
+  truncateSession(id: string, length: number): boolean {
+    return this.kv.truncate(id, length);
+  }
+
   /** Queues the request; one-token session steps queued together run as one batch (packed-batch.ts). */
   forward(req: ForwardRequest): Promise<ForwardResult> {
     return this.batches.submit(req);
@@ -185,6 +190,11 @@ export class ShardExecutor implements SpanExecutor {
   /** Batch sizes run so far (the node's stats and /info). */
   batchStats(): BatchStats {
     return this.batches.stats();
+  }
+
+  /** The last batch this executor ran was full (speculative decoding backs off: X-Meshnet-Batch-Full). */
+  batchFull(): boolean {
+    return this.batches.full;
   }
 
   async release(): Promise<void> {
@@ -207,8 +217,12 @@ export class ShardExecutor implements SpanExecutor {
       hidden = out[IO.hiddenOut]!.data as Float32Array;
     } else hidden = input.data;
 
+    // A verification step's drafts are judged where the LM head runs (other hops pass them on unread).
+    const draft = end === cfg.numLayers && this.head ? req.draft : undefined;
+    if (draft) checkDraft(draft, seq, cfg.vocabSize);
+
     // Cache: the session's buffers (room reserved by the KV ledger), or an empty past for a stateless call.
-    const kv: KvSession | null = req.session !== undefined ? await this.kv.reserve(req.session, start, end, position, seq, req.sessionTokens) : null;
+    const kv: KvSession | null = req.session !== undefined ? await this.kv.reserve(req.session, start, end, position, seq, req.sessionTokens, req.rollbackFrom) : null;
 
     const { numKvHeads: KV, headDim: D } = cfg;
     const rowElems = KV * D;
@@ -252,11 +266,12 @@ export class ShardExecutor implements SpanExecutor {
     }
     if (end === cfg.numLayers && this.head) {
       const h = cfg.hiddenSize;
-      const lastRow = hidden.subarray((seq - 1) * h, seq * h);
-      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: lastRow, dims: [1, 1, h] } });
+      // The last row, or a verification's judged rows.
+      const rows = judgedRows(draft);
+      const judged = hidden.subarray((seq - rows) * h, seq * h);
+      const out = await this.head.run({ [IO.hidden]: { type: 'float32', data: judged, dims: [1, rows, h] } });
       const logits = out[IO.logits]!.data as Float32Array;
-      const { tokenId, logprob } = sampleToken(logits, req.sampling ?? {}, position + seq);
-      return { kind: 'token', tokenId, logprob, logits };
+      return { kind: 'token', ...tokenFromRows(logits, cfg.vocabSize, draft, req.sampling ?? {}, position + seq - rows + 1) };
     }
     return { kind: 'activation', data: hidden, shape: [1, seq, cfg.hiddenSize] };
   }

@@ -27,6 +27,7 @@ import type { KvSession } from './kv-store.ts';
 import type { KvBuffer, LayerKv } from './layer-kv.ts';
 import { batchActivations, batchTokens, runMembers } from './batch-members.ts';
 import type { BatchScratch } from './batch-scratch.ts';
+import { checkDraft } from './speculative.ts';
 import { segmentSpan, type Segment } from './segments.ts';
 
 export interface FusedBatchContext {
@@ -41,7 +42,7 @@ export interface FusedBatchContext {
   /** Reused gather buffers on a CPU backend (absent: fresh arrays every step). */
   scratch?: BatchScratch;
   /** The executor's admission and position checks for one session step (FusedShardExecutor.reservation). */
-  reserve(session: string, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<KvSession<LayerKv>>;
+  reserve(session: string, start: number, end: number, position: number, seq: number, declared: number | undefined, rollbackFrom?: number): Promise<KvSession<LayerKv>>;
 }
 
 /**
@@ -71,7 +72,8 @@ export function runFusedBatch(ctx: FusedBatchContext, reqs: readonly ForwardRequ
     const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
     if (input.seq !== 1 || req.session === undefined) throw new RangeError('a fused batch takes one-row session steps only');
     segmentSpan(ctx.segments, input.start, input.end, held);
-    const kv = await ctx.reserve(req.session, input.start, input.end, input.position, 1, req.sessionTokens);
+    if (req.draft && input.end === ctx.config.numLayers && ctx.head) checkDraft(req.draft, 1, ctx.config.vocabSize);
+    const kv = await ctx.reserve(req.session, input.start, input.end, input.position, 1, req.sessionTokens, req.rollbackFrom);
     return { index, req, input, kv };
   };
   return runMembers(reqs.length, admit, (items) => runItems(ctx, items));
@@ -143,6 +145,7 @@ async function runItems(ctx: FusedBatchContext, items: Item[]): Promise<ForwardR
     if (end === cfg.numLayers && ctx.head) {
       const out = await ctx.head.runWith({ [HEAD_IO.hidden]: hidden });
       owned.push(out[HEAD_IO.logits]!); // on the device (the head keeps them there): freed below
+      // One row per member: a draft here proposes only its last row's token (`next`).
       return batchTokens((await hostData(out[HEAD_IO.logits]!)) as Float32Array, cfg.vocabSize, items);
     }
     return batchActivations((await hostData(hidden)) as Float32Array, h, items.length);

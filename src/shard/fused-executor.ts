@@ -43,6 +43,8 @@ import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } fro
 import { CaptureLane, uploadWeights, withWeights, type CaptureStats, type LaneSegment } from './capture-lane.ts';
 import type { DeviceSamplingStats } from './device-sampler.ts';
 import { HeadTokenPicker } from './head-token.ts';
+import { validateSampling, type SamplingParams } from './sampling.ts';
+import { checkDraft, judgedRows, tokenFromRows, verifyGreedyPicks, type DraftProposal } from './speculative.ts';
 import type { SamplerChoice, SamplerPathStats } from './sampler-choice.ts';
 
 /** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
@@ -170,7 +172,7 @@ export class FusedShardExecutor implements SpanExecutor {
               head: this.head,
               device: o.backend.device,
               scratch,
-              reserve: async (session, start, end, position, seq, declared) => this.uncaptured((await this.reservation(session, start, end, position, seq, declared)).session),
+              reserve: async (session, start, end, position, seq, declared, rollbackFrom) => this.uncaptured((await this.reservation(session, start, end, position, seq, declared, rollbackFrom)).session),
             },
             reqs,
           ),
@@ -328,6 +330,11 @@ export class FusedShardExecutor implements SpanExecutor {
     return this.batches.stats();
   }
 
+  /** The last batch this executor ran was full (speculative decoding backs off: X-Meshnet-Batch-Full). */
+  batchFull(): boolean {
+    return this.batches.full;
+  }
+
   async release(): Promise<void> {
     await this.batches.idle();
     this.kv.store.clear();
@@ -344,7 +351,10 @@ export class FusedShardExecutor implements SpanExecutor {
     const { start, end, seq, position } = input;
     const { first, last } = segmentSpan(this.segments, start, end, held);
 
-    const kv = await this.reservation(req.session, start, end, position, seq, req.sessionTokens);
+    // A verification step's drafts are judged where the LM head runs (other hops pass them on unread).
+    const draft = end === cfg.numLayers && this.head ? req.draft : undefined;
+    if (draft) checkDraft(draft, seq, cfg.vocabSize);
+    const kv = await this.reservation(req.session, start, end, position, seq, req.sessionTokens, req.rollbackFrom);
     // A one-token step of a session over the whole span replays the captured graph (capture-lane.ts).
     const lane = this.lane !== null && !kv.stateless && seq === 1 && first === 0 && last === this.segments.length - 1 ? this.lane : null;
     if (!lane) this.uncaptured(kv.session);
@@ -390,6 +400,7 @@ export class FusedShardExecutor implements SpanExecutor {
       // Lengths move only once every layer of the call has written its rows.
       for (let l = start; l < end; l++) kv.session.lengths[l - this.startLayer] = position + seq;
 
+      if (end === cfg.numLayers && this.head && draft) return await this.verify(hidden, seq, position, draft, req.sampling ?? {}, owned);
       if (end === cfg.numLayers && this.head && req.logitRows) {
         // The head graph answers its input's last row: one run per asked row (a check's steps), on the host's copy of the rows.
         const rows = req.logitRows;
@@ -424,17 +435,56 @@ export class FusedShardExecutor implements SpanExecutor {
   }
 
   /**
+   * A verification step's last rows through the LM head as a batch of
+   * one-row entries ([rows, 1, hidden], the head graph's last row of each):
+   * greedy from the graph's ArgMax per row ((rows) ids and log-probabilities
+   * down, the logits stay), otherwise over the downloaded rows of logits.
+   */
+  private async verify(hidden: RunValue, seq: number, position: number, draft: DraftProposal, sampling: SamplingParams, owned: RunValue[]): Promise<ForwardResult> {
+    const h = this.config.hiddenSize;
+    const V = this.config.vocabSize;
+    const rows = judgedRows(draft);
+    let judged: RunValue;
+    if (isDeviceTensor(hidden)) {
+      const t = await this.o.backend.device!.alloc('float32', [rows, 1, h]);
+      owned.push(t);
+      this.o.backend.device!.copy([{ src: hidden, srcByte: (seq - rows) * h * 4, dst: t, dstByte: 0, bytes: rows * h * 4 }]);
+      judged = t;
+    } else judged = { type: 'float32', data: (hidden.data as Float32Array).subarray((seq - rows) * h, seq * h), dims: [rows, 1, h] };
+    const out = await this.head!.runWith({ [HEAD_IO.hidden]: judged });
+    owned.push(out[HEAD_IO.logits]!);
+    if (!((sampling.temperature ?? 0) > 0) && !this.returnLogits) {
+      validateSampling(sampling);
+      const spec = verifyGreedyPicks((out[HEAD_IO.greedyToken] as BackendTensor).data as BigInt64Array, (out[HEAD_IO.greedyLogprob] as BackendTensor).data as Float32Array, draft, V);
+      const last = spec.tokenIds.length - 1;
+      return { kind: 'token', tokenId: spec.tokenIds[last]!, logprob: spec.logprobs[last]!, logits: new Float32Array(0), spec };
+    }
+    const logits = (await hostData(out[HEAD_IO.logits]!)) as Float32Array;
+    return { kind: 'token', ...tokenFromRows(logits, V, draft, sampling, position + seq - rows + 1) };
+  }
+
+  /**
+   * Cuts a session's cache back to `length` positions on every held layer
+   * (speculative decoding's rollback; a forward's `rollbackFrom` does the
+   * same in order with its queue). The capture lane needs nothing: while it
+   * holds the session it reads and hands back only `length` rows. Call it
+   * between that session's forwards. False when the session is unknown.
+   */
+  truncateSession(id: string, length: number): boolean {
+    return this.kv.truncate(id, length);
+  }
+
+  /**
    * The session's cache (SessionKv.reserve: admitted, checked against
-   * `position`, grown to hold the call). A stateless call borrows room for
+   * `position` after a rollback, grown to hold the call). A stateless call borrows room for
    * its own rows and gives it back after.
    */
-  private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<{ session: KvSession<LayerKv>; stateless: boolean }> {
+  private async reservation(session: string | undefined, start: number, end: number, position: number, seq: number, declared: number | undefined, rollbackFrom?: number): Promise<{ session: KvSession<LayerKv>; stateless: boolean }> {
     if (session === undefined) return { session: await this.kv.store.open(STATELESS, seq), stateless: true };
     if (session === STATELESS) throw layerRangeError('reserved session id', { startLayer: this.startLayer, endLayer: this.endLayer });
-    return { session: await this.kv.reserve(session, start, end, position, seq, declared), stateless: false };
+    return { session: await this.kv.reserve(session, start, end, position, seq, declared, rollbackFrom), stateless: false };
   }
 }
-
 
 /** Layer cuts: the caller's, else greedy groups of at most maxSegmentBytes. */
 function fusedSegmentBounds(cfg: ModelConfig, a: number, b: number, o: FusedExecutorOptions): number[] {

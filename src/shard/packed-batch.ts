@@ -37,9 +37,10 @@ import type { BackendTensor, OnnxSession } from './backend.ts';
 import type { ForwardRequest, ForwardResult } from './contract.ts';
 import { checkForwardInput, type ForwardInput } from './forward-input.ts';
 import type { KvSession } from './kv-store.ts';
-import { batchActivations, batchTokens, runMembers } from './batch-members.ts';
+import { batchTokens, runMembers } from './batch-members.ts';
 import type { BatchScratch } from './batch-scratch.ts';
 import type { JoinQueued, Joiner } from './batch-queue.ts';
+import { checkDraft, judgedRows } from './speculative.ts';
 import { segmentSpan, type Segment } from './segments.ts';
 import type { SessionKv } from './session-kv.ts';
 
@@ -63,13 +64,20 @@ export interface PackedContext {
 
 export type BatchLayoutChoice = 'auto' | 'padded' | 'packed';
 
-/** Requests that may share a packed batch: one row, a KV session, same layers and input kind. */
+/** Most rows one member of a batch may bring: a verification step (speculative.ts: 16 drafts + 1). */
+export const MAX_MEMBER_ROWS = 17;
+
+/**
+ * Requests that may share a packed batch: a KV session's step of one row, or
+ * of a few rows past its prompt (a speculative verification), same layers
+ * and input kind. Sessions with different numbers of rows batch together.
+ */
 export function packedBatchKey(req: ForwardRequest, held: { startLayer: number; endLayer: number }): string | undefined {
   if (req.session === undefined) return undefined;
   // Logits of chosen rows (a check) come from the lone path only.
   if (req.logitRows) return undefined;
   const rows = req.tokenIds !== undefined ? req.tokenIds.length : req.activation?.shape[1];
-  if (rows !== 1) return undefined;
+  if (!(rows === 1 || (rows !== undefined && rows <= MAX_MEMBER_ROWS && (req.position ?? 0) > 0))) return undefined;
   const kind = req.tokenIds !== undefined ? 'tokens' : 'activation';
   return `${req.startLayer ?? held.startLayer}-${req.endLayer ?? held.endLayer}-${kind}`;
 }
@@ -97,9 +105,10 @@ async function admit(ctx: PackedContext, index: number, req: ForwardRequest): Pr
   const held = { startLayer: ctx.startLayer, endLayer: ctx.endLayer };
   const input = checkForwardInput(ctx.config, { ...held, holdsEmbedding: ctx.embed !== null, maxContext: ctx.maxContext }, req);
   const { start, end, seq, position } = input;
-  if (seq !== 1 || req.session === undefined) throw new RangeError('a packed batch takes one-row session steps only');
+  if (seq > MAX_MEMBER_ROWS || req.session === undefined) throw new RangeError(`a packed batch takes session steps of at most ${MAX_MEMBER_ROWS} rows`);
+  if (req.draft && end === ctx.config.numLayers && ctx.head) checkDraft(req.draft, seq, ctx.config.vocabSize);
   segmentSpan(ctx.segments, start, end, held);
-  const kv = await ctx.kv.reserve(req.session, start, end, position, seq, req.sessionTokens);
+  const kv = await ctx.kv.reserve(req.session, start, end, position, seq, req.sessionTokens, req.rollbackFrom);
   return { index, req, input, kv };
 }
 
@@ -131,9 +140,13 @@ interface Layout {
   lead: number[];
   pastDims: number[];
   shared: Record<string, BackendTensor>;
+  /** Where item i's rows start among the batch's rows, and the rows in all. */
+  rowStarts: number[];
+  rows: number;
 }
 
 function layoutFor(ctx: PackedContext, items: Item[]): Layout {
+  if (items.some((it) => it.input.seq > 1)) return rowsLayout(ctx, items);
   const cfg = ctx.config;
   const { numKvHeads: KV, headDim: D } = cfg;
   const B = items.length;
@@ -166,21 +179,81 @@ function layoutFor(ctx: PackedContext, items: Item[]): Layout {
     [IO.ropeSin]: { type: 'float32', data: sin, dims: [...lead, 1, D] },
     [IO.mask]: { type: 'float32', data: mask, dims: padded ? [B, 1, groups, total / B + 1] : [1, 1, groups * B, total + B] },
   };
-  return { positions, padded, offsets, total, lead, pastDims: padded ? [B, total / B, KV, D] : [1, total, KV, D], shared };
+  return { positions, padded, offsets, total, lead, pastDims: padded ? [B, total / B, KV, D] : [1, total, KV, D], shared, rowStarts: items.map((_, i) => i), rows: B };
+}
+
+/**
+ * The packed layout for members of several rows (speculative verifications
+ * beside one-row steps): rows one after another along the sequence axis
+ * (member i's s_i rows from rowStarts[i]), the pasts one after another, and
+ * a block mask in which member i's row j sees its own past and its own new
+ * rows up to j (causal).
+ */
+function rowsLayout(ctx: PackedContext, items: Item[]): Layout {
+  const cfg = ctx.config;
+  const { numKvHeads: KV, headDim: D } = cfg;
+  const positions = items.map((it) => it.input.position);
+  const offsets: number[] = [];
+  const rowStarts: number[] = [];
+  let total = 0;
+  let S = 0;
+  items.forEach((it) => {
+    offsets.push(total);
+    total += it.input.position;
+    rowStarts.push(S);
+    S += it.input.seq;
+  });
+  const cos = new Float32Array(S * D);
+  const sin = new Float32Array(S * D);
+  items.forEach((it, i) => {
+    const t = ropeTables(ctx.invFreq, it.input.position, it.input.seq);
+    cos.set(t.cos, rowStarts[i]! * D);
+    sin.set(t.sin, rowStarts[i]! * D);
+  });
+  const groups = cfg.numHeads / KV;
+  const cols = total + S;
+  const elems = groups * S * cols;
+  const mask = (ctx.scratch ? (ctx.scratch.take('mask', elems, false) as Float32Array) : new Float32Array(elems)).fill(maskValue(ctx.dtype));
+  items.forEach((it, i) => {
+    const P = it.input.position;
+    for (let j = 0; j < it.input.seq; j++) {
+      const row = mask.subarray((rowStarts[i]! + j) * cols, (rowStarts[i]! + j + 1) * cols);
+      // Sliding window (Mistral, Phi-3): the query at position P + j sees keys t > P + j − window.
+      const first = cfg.slidingWindow === null ? 0 : Math.max(0, P + j + 1 - cfg.slidingWindow);
+      row.fill(0, offsets[i]! + Math.min(first, P), offsets[i]! + P);
+      const firstNew = cfg.slidingWindow === null ? 0 : Math.max(0, first - P);
+      row.fill(0, total + rowStarts[i]! + firstNew, total + rowStarts[i]! + j + 1);
+    }
+  });
+  for (let g = 1; g < groups; g++) mask.copyWithin(g * S * cols, 0, S * cols);
+  const shared: Record<string, BackendTensor> = {
+    [IO.ropeCos]: { type: 'float32', data: cos, dims: [1, S, 1, D] },
+    [IO.ropeSin]: { type: 'float32', data: sin, dims: [1, S, 1, D] },
+    [IO.mask]: { type: 'float32', data: mask, dims: [1, 1, groups * S, cols] },
+  };
+  return { positions, padded: false, offsets, total, lead: [1, S], pastDims: [1, total, KV, D], shared, rowStarts, rows: S };
 }
 
 /** The items' input rows [B·hidden]: their token ids through the embedding, or their activations. */
 async function inputRows(ctx: PackedContext, items: Item[]): Promise<Float32Array> {
-  const B = items.length;
   const h = ctx.config.hiddenSize;
+  const S = items.reduce((n, it) => n + it.input.seq, 0);
   if (items[0]!.input.kind === 'tokens') {
-    const ids = new BigInt64Array(B);
-    items.forEach((it, i) => (ids[i] = (it.input as Extract<ForwardInput, { kind: 'tokens' }>).ids[0]!));
-    const out = await ctx.embed!.run({ [IO.inputIds]: { type: 'int64', data: ids, dims: [1, B] } });
+    const ids = new BigInt64Array(S);
+    let at = 0;
+    for (const it of items) {
+      ids.set((it.input as Extract<ForwardInput, { kind: 'tokens' }>).ids, at);
+      at += it.input.seq;
+    }
+    const out = await ctx.embed!.run({ [IO.inputIds]: { type: 'int64', data: ids, dims: [1, S] } });
     return out[IO.hiddenOut]!.data as Float32Array;
   }
-  const hidden = new Float32Array(B * h);
-  items.forEach((it, i) => hidden.set((it.input as Extract<ForwardInput, { kind: 'activation' }>).data, i * h));
+  const hidden = new Float32Array(S * h);
+  let at = 0;
+  for (const it of items) {
+    hidden.set((it.input as Extract<ForwardInput, { kind: 'activation' }>).data, at * h);
+    at += it.input.seq;
+  }
   return hidden;
 }
 
@@ -211,14 +284,16 @@ async function runSegment(ctx: PackedContext, items: Item[], lay: Layout, hidden
     feeds[IO.pastValue(l)] = { type: kvType, data: pastTensor(`v${l - seg.start}`, items.map((it) => it.kv.cache.values[li]!)), dims: lay.pastDims };
   }
   const out = await seg.session.run(feeds);
-  // Present [B,1,kvh,hd] or [1,B,kvh,hd]: row i is item i's either way, as are the hidden rows.
+  // Present [B,1,kvh,hd] or [1,S,kvh,hd]: item i's new rows from rowStarts[i], as are the hidden rows.
   for (let l = seg.start; l < seg.end; l++) {
     const li = l - ctx.startLayer;
     const k = out[IO.presentKey(l)]!.data as Float32Array;
     const v = out[IO.presentValue(l)]!.data as Float32Array;
     items.forEach((it, i) => {
-      (it.kv.cache.keys[li] as Float32Array).set(k.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
-      (it.kv.cache.values[li] as Float32Array).set(v.subarray(i * rowElems, (i + 1) * rowElems), positions[i]! * rowElems);
+      const r0 = lay.rowStarts[i]!;
+      const n = it.input.seq;
+      (it.kv.cache.keys[li] as Float32Array).set(k.subarray(r0 * rowElems, (r0 + n) * rowElems), positions[i]! * rowElems);
+      (it.kv.cache.values[li] as Float32Array).set(v.subarray(r0 * rowElems, (r0 + n) * rowElems), positions[i]! * rowElems);
     });
   }
   return out[IO.hiddenOut]!.data as Float32Array;
@@ -254,8 +329,6 @@ async function catchUp(ctx: PackedContext, join: Join, items: Item[], first: num
 }
 
 async function runItems(ctx: PackedContext, members: Item[], join?: Join): Promise<ForwardResult[]> {
-  const cfg = ctx.config;
-  const h = cfg.hiddenSize;
   const { start, end } = members[0]!.input;
   const first = ctx.segments.findIndex((s) => s.start === start);
   const last = ctx.segments.findIndex((s) => s.end === end);
@@ -271,7 +344,7 @@ async function runItems(ctx: PackedContext, members: Item[], join?: Join): Promi
         if (c) {
           items = [...items, ...c.items];
           joiners.push(...c.joiners);
-          const merged = new Float32Array(items.length * h);
+          const merged = new Float32Array(hidden.length + c.hidden.length);
           merged.set(hidden);
           merged.set(c.hidden, hidden.length);
           hidden = merged;
@@ -285,7 +358,7 @@ async function runItems(ctx: PackedContext, members: Item[], join?: Join): Promi
     for (const j of joiners) j.reject(e);
     throw e;
   }
-  for (const it of items) for (let l = start; l < end; l++) it.kv.lengths[l - ctx.startLayer] = it.input.position + 1;
+  for (const it of items) for (let l = start; l < end; l++) it.kv.lengths[l - ctx.startLayer] = it.input.position + it.input.seq;
 
   let results: ForwardResult[];
   try {
@@ -302,12 +375,27 @@ async function runItems(ctx: PackedContext, members: Item[], join?: Join): Promi
 async function finish(ctx: PackedContext, items: Item[], hidden: Float32Array): Promise<ForwardResult[]> {
   const cfg = ctx.config;
   const h = cfg.hiddenSize;
-  const B = items.length;
+  const starts: number[] = [];
+  let at = 0;
+  for (const it of items) {
+    starts.push(at);
+    at += it.input.seq;
+  }
   if (items[0]!.input.end === cfg.numLayers && ctx.head) {
-    const out = await ctx.head.run({ [IO.hidden]: { type: 'float32', data: hidden, dims: [1, B, h] } });
+    // Each member's judged rows (its last one; a verification's last k + 1) through the head at once.
+    const judged = items.map((it) => judgedRows(it.req.draft));
+    const J = judged.reduce((a, b) => a + b, 0);
+    const rows = new Float32Array(J * h);
+    let j = 0;
+    items.forEach((it, i) => {
+      const end = starts[i]! + it.input.seq;
+      rows.set(hidden.subarray((end - judged[i]!) * h, end * h), j * h);
+      j += judged[i]!;
+    });
+    const out = await ctx.head.run({ [IO.hidden]: { type: 'float32', data: rows, dims: [1, J, h] } });
     return batchTokens(out[IO.logits]!.data as Float32Array, cfg.vocabSize, items);
   }
-  return batchActivations(hidden, h, B);
+  return items.map((it, i) => ({ kind: 'activation', data: hidden.slice(starts[i]! * h, (starts[i]! + it.input.seq) * h), shape: [1, it.input.seq, h] }));
 }
 
 /**

@@ -6,6 +6,13 @@
  * checked against its position before anything runs, and what an executor
  * answers about its sessions. One place, so both executors admit, refuse
  * and count sessions alike.
+ *
+ * Cutting a session back (speculative decoding): a verification step
+ * writes k + 1 positions and only the accepted ones stay. Caches are written
+ * in place and read only up to a session's length (CPU arrays by their
+ * filled prefix, GroupQueryAttention up to seqlens_k, the capture lane by
+ * the owner's lengths), so cutting is setting the lengths: rows past them
+ * are dead and the next step overwrites them.
  */
 import { PositionMismatchError } from './errors.ts';
 import { KV_DEFAULTS } from './kv-ledger.ts';
@@ -75,11 +82,13 @@ export class SessionKv<C = CpuKv> {
   /**
    * The session's cache for a call of `seq` rows at `position` over layers
    * [start, end): admitted by the ledger when it opens (room for what it
-   * declares, or what this call needs; 503 MESH_ERR_BUSY when none),
-   * checked to hold exactly `position` rows at every layer of the call (409
-   * otherwise), and grown by whole blocks to hold the call.
+   * declares, or what this call needs; 503 MESH_ERR_BUSY when none), cut
+   * back to `position` where it holds rows of an earlier verification up to
+   * `rollbackFrom` (rollBack), checked to hold exactly `position` rows at
+   * every layer of the call (409 otherwise), and grown by whole blocks to
+   * hold the call.
    */
-  async reserve(session: string, start: number, end: number, position: number, seq: number, declared: number | undefined): Promise<KvSession<C>> {
+  async reserve(session: string, start: number, end: number, position: number, seq: number, declared: number | undefined, rollbackFrom?: number): Promise<KvSession<C>> {
     let s: KvSession<C> | undefined;
     if (position === 0) {
       // Admission happens here, before any compute: a refusal costs the caller one round trip.
@@ -88,6 +97,7 @@ export class SessionKv<C = CpuKv> {
     } else {
       s = this.store.get(session);
       if (!s) throw new PositionMismatchError(session, position, 0);
+      rollBack(s.lengths, start - this.startLayer, end - this.startLayer, position, rollbackFrom);
     }
     let actual = Infinity;
     for (let l = start; l < end; l++) actual = Math.min(actual, s.lengths[l - this.startLayer]!);
@@ -103,6 +113,12 @@ export class SessionKv<C = CpuKv> {
     return s ? s.lengths[layer - this.startLayer]! : 0;
   }
 
+  /** Every held layer of a session cut to at most `length` (an executor's truncateSession); false for an unknown session or a bad length. */
+  truncate(id: string, length: number): boolean {
+    const s = this.store.get(id);
+    return s !== undefined && truncateLengths(s.lengths, length);
+  }
+
   drop(id: string): boolean {
     return this.store.delete(id);
   }
@@ -115,4 +131,25 @@ export class SessionKv<C = CpuKv> {
   setMemoryBudget(bytes: number): void {
     this.store.setBudget(kvBudgetFor(bytes, this.heldBytes));
   }
+}
+
+/**
+ * Layers [from, to) of `lengths` that hold more than `position` but at most
+ * `rollbackFrom` are cut back to `position`. Any other length is left for
+ * the caller's position check: one short of `position` (a lost step), or
+ * past `rollbackFrom` (a stale or duplicated step), is still a 409.
+ */
+export function rollBack(lengths: Int32Array, from: number, to: number, position: number, rollbackFrom: number | undefined): void {
+  if (rollbackFrom === undefined || !(rollbackFrom > position)) return;
+  for (let i = from; i < to; i++) {
+    const n = lengths[i]!;
+    if (n > position && n <= rollbackFrom) lengths[i] = position;
+  }
+}
+
+/** Every layer of a session cut to at most `length`; false for a negative or non-integer length. */
+export function truncateLengths(lengths: Int32Array, length: number): boolean {
+  if (!(Number.isInteger(length) && length >= 0)) return false;
+  for (let i = 0; i < lengths.length; i++) if (lengths[i]! > length) lengths[i] = length;
+  return true;
 }

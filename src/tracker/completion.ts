@@ -44,7 +44,9 @@ export interface ParsedCompletion {
  * extension): text that could still start a stop string is held back, so ids
  * can arrive a part before their text.
  */
-export type CompletionPart = { text: string; tokenIds: number[] } | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[]; /** The generation's verification record, when checks are on. */ verification?: string };
+export type CompletionPart =
+  | { text: string; tokenIds: number[] }
+  | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[]; drafted: number; accepted: number; /** The generation's verification record, when checks are on. */ verification?: string };
 
 const utf8 = new TextEncoder();
 /** Why a completion's controller is aborted when it ends: one object, not a fresh DOMException (and its stack) per request. */
@@ -79,6 +81,9 @@ export function parseCompletion(ctx: Pick<TrackerContext, 'registry' | 'options'
     top_k: 0,
     stop,
     ...(parsed.seed != null ? { seed: parsed.seed } : {}),
+    ...(parsed.speculative === false ? { speculative: false } : {}),
+    ...(parsed.draft_model != null ? { draft_model: parsed.draft_model } : {}),
+    ...(parsed.prediction != null ? { prediction: typeof parsed.prediction.content === 'string' ? parsed.prediction.content : parsed.prediction.content.map((p) => p.text).join('') } : {}),
   };
   let inputs: GenerationInput[];
   if (kind === 'chat') {
@@ -159,6 +164,8 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
   };
   let completionTokens = 0;
   let promptTokens = 0;
+  let drafted = 0;
+  let accepted = 0;
   let verification: string | undefined;
   const verified = () => (verification !== undefined ? { verification } : {});
   try {
@@ -174,18 +181,20 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
       if (ev.type === 'token') {
         if (completionTokens++ === 0) onFirstToken();
         ids.push(ev.tokenId);
+        drafted += ev.drafted ?? 0;
+        accepted += ev.accepted ?? 0;
         const { text, stopped } = stops.push(ev.text);
         if (stopped) await events.return(undefined);
         if (text) yield { text, tokenIds: take() };
         if (stopped) {
-          yield { finish: 'stop', promptTokens, completionTokens, tokenIds: take(), ...verified() };
+          yield { finish: 'stop', promptTokens, completionTokens, tokenIds: take(), drafted, accepted, ...verified() };
           return;
         }
         continue;
       }
       const tail = stops.flush();
       if (tail) yield { text: tail, tokenIds: take() };
-      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take(), ...(ev.verification ?? verification ? { verification: ev.verification ?? verification } : {}) };
+      yield { finish: ev.finish, promptTokens: ev.promptTokens, completionTokens: ev.completionTokens, tokenIds: take(), drafted, accepted, ...(ev.verification ?? verification ? { verification: ev.verification ?? verification } : {}) };
       return;
     }
   } finally {
@@ -228,10 +237,11 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     metrics.requests.inc({ endpoint, status: String(err.status) });
     return err;
   };
-  const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number }>, verification?: unknown) => ({
+  const usageOf = (finishes: ReadonlyArray<{ promptTokens: number; completionTokens: number; drafted: number; accepted: number }>, verification?: unknown) => ({
     ...usage(
       finishes.reduce((n, f) => n + f.promptTokens, 0),
       finishes.reduce((n, f) => n + f.completionTokens, 0),
+      { drafted: finishes.reduce((n, f) => n + f.drafted, 0), accepted: finishes.reduce((n, f) => n + f.accepted, 0) },
     ),
     ...(verification !== undefined ? { verification } : {}),
   });
@@ -258,7 +268,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
           for await (const part of choice) {
             tokenIds.push(...part.tokenIds);
             if ('text' in part) text += part.text;
-            else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens, ...(part.verification !== undefined ? { verification: part.verification } : {}) };
+            else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens, drafted: part.drafted, accepted: part.accepted, ...(part.verification !== undefined ? { verification: part.verification } : {}) };
           }
           throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
         }),
@@ -282,7 +292,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     endAll();
     throw clientError(e);
   }
-  const finishes: Array<{ index: number; promptTokens: number; completionTokens: number; verification?: string }> = [];
+  const finishes: Array<{ index: number; promptTokens: number; completionTokens: number; drafted: number; accepted: number; verification?: string }> = [];
   const merged = new MergedChoices(choices);
   const sse = (obj: unknown): Uint8Array => utf8.encode(sseData(obj));
   // Pull-driven like the generations under it: a chunk is made when the client's socket takes the last one.

@@ -136,6 +136,12 @@ function kvCell(kv) {
   return el("span", {}, bar, mib(kv.used_bytes) + " / " + mib(kv.budget_bytes) + " MiB" + (kv.sessions != null ? " · " + kv.sessions + (kv.sessions === 1 ? " session" : " sessions") : "") + (kv.busy ? " · busy" : ""));
 }
 
+function specCell(s) {
+  if (!s || s.drafted === 0) return el("span", { class: "dim" }, "–");
+  const title = "speculative decoding: " + s.accepted + " of " + s.drafted + " drafted tokens accepted; " + s.tokens + " tokens in " + s.trips + " trips";
+  return el("span", { title }, Math.round((100 * s.accepted) / s.drafted) + "% · " + (s.tokens / Math.max(1, s.trips)).toFixed(2) + "/trip");
+}
+
 function renderQueue(d) {
   const q = d.queue;
   const stat = (n, label) => el("div", {}, el("b", {}, n), el("span", { class: "dim" }, label));
@@ -147,13 +153,13 @@ function renderQueue(d) {
 function renderNodes(d) {
   const root = $("nodes");
   if (d.nodes.length === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
-  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
+  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "drafts", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
   for (const n of d.nodes) {
     t.append(el("tr", {},
       el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend), el("td", { class: "mono" }, n.weight_format),
       el("td", { class: "status-" + n.status }, n.status), el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
       el("td", {}, n.throughput.toFixed(0) + (n.duty_cycle < 1 ? " (" + Math.round(n.duty_cycle * 100) + " % cap)" : "")), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
-      el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, n.queue_depth + n.in_flight),
+      el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, specCell(n.speculation)), el("td", {}, n.queue_depth + n.in_flight),
       el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
   }
   root.replaceChildren(t);

@@ -60,7 +60,7 @@ export async function* ndjsonLines(chunks: AsyncIterable<Uint8Array>): AsyncGene
 
 export type GenerationEvent =
   | { type: 'start'; promptTokens: number; /** The generation's verification record (verify/log.ts), when checks are on. */ verification?: string }
-  | { type: 'token'; tokenId: number; text: string }
+  | { type: 'token'; tokenId: number; text: string; /** On a speculative trip's first token: what it drafted and accepted. */ drafted?: number; accepted?: number }
   | { type: 'done'; finish: 'stop' | 'length'; promptTokens: number; completionTokens: number; /** The generation's verification record (verify/log.ts), when checks are on. */ verification?: string };
 
 export interface GenerationDeps {
@@ -264,7 +264,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           tokens.push(ev.token_id);
           logprobs.push(ev.logprob);
           deps.metrics.tokens.inc();
-          yield { type: 'token', tokenId: ev.token_id, text: ev.text };
+          yield { type: 'token', tokenId: ev.token_id, text: ev.text, ...(ev.drafted !== undefined ? { drafted: ev.drafted, accepted: ev.accepted ?? 0 } : {}) };
           if (tokens.length >= input.max_tokens) {
             finished = { type: 'done', finish: 'length', promptTokens, completionTokens: tokens.length, ...(record ? { verification: record.id } : {}) };
             break;

@@ -53,6 +53,12 @@ const common = {
    */
   verification: z.enum(['default', 'checked', 'strict']).nullish(),
   user: z.string().optional(),
+  /** Speculative decoding: false turns it off for this request (the head drafts where it pays otherwise). An extension. */
+  speculative: z.boolean().nullish(),
+  /** Draft with this draft model (one its head loaded with `meshnet node --draft`). An extension. */
+  draft_model: z.string().min(1).max(200).nullish(),
+  /** OpenAI's Predicted Outputs: text the answer is expected to resemble, drafted from first. */
+  prediction: z.object({ type: z.literal('content'), content: z.union([z.string().max(1 << 20), z.array(textPart)]) }).nullish(),
 };
 
 export const chatRequestSchema = z.object({
@@ -106,12 +112,17 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** With speculative decoding: drafted tokens accepted and rejected (OpenAI's Predicted Outputs names). */
+  completion_tokens_details?: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
   /** Whether the nodes that computed the answer were checked (docs/verification.md); absent when the tracker runs no checks. */
   verification?: unknown;
 }
 
-export function usage(prompt: number, completion: number): Usage {
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+/** Usage; `spec` (tokens drafted and accepted) adds completion_tokens_details when anything was drafted. */
+export function usage(prompt: number, completion: number, spec?: { drafted: number; accepted: number }): Usage {
+  const u: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  if (spec && spec.drafted > 0) u.completion_tokens_details = { accepted_prediction_tokens: spec.accepted, rejected_prediction_tokens: spec.drafted - spec.accepted };
+  return u;
 }
 
 export type FinishReason = 'stop' | 'length';

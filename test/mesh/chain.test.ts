@@ -60,7 +60,8 @@ describe('chained hops between meshnet node processes', () => {
     const read = (kind: string) => Number(new RegExp(`^meshnet_relay_messages_total\\{kind="${kind}"\\} (\\d+)`, 'm').exec(text)?.[1] ?? NaN);
     return { all: read('all'), oneWay: read('one_way') };
   };
-  const body = { prompt: PROMPT, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'chain-test' };
+  // One row per step: the counts below are per token (speculative steps: test/mesh/speculative.test.ts).
+  const body = { prompt: PROMPT, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'chain-test', speculative: false };
 
   beforeAll(async () => {
     st = await startStaticServer({ root: await ensureModel('tiny') });

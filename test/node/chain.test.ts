@@ -79,7 +79,8 @@ async function signed(key: Identity, head: string, hops: RouteHop[], expires = D
 }
 
 async function generate(handler: Handler, headers: Record<string, string>, maxTokens = 10): Promise<GenerateEvent[]> {
-  const body = new TextEncoder().encode(JSON.stringify({ prompt: PROMPT, max_tokens: maxTokens, temperature: 0, session_id: 's' }));
+  // One row per step: these count the chain's messages per token (speculative steps: test/node/head/speculation).
+  const body = new TextEncoder().encode(JSON.stringify({ prompt: PROMPT, max_tokens: maxTokens, temperature: 0, session_id: 's', speculative: false }));
   const res = await handler({ method: 'POST', path: '/generate', headers, body });
   if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${utf8d.decode(await collectBody(res.body))}`);
   return utf8d

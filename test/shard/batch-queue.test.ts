@@ -164,3 +164,18 @@ describe('BatchQueue', () => {
     expect(q.stats().requests).toBe(q.stats().sizes.reduce((n, runs, size) => n + runs * size, 0));
   });
 });
+
+describe('BatchQueue.full (speculative decoding backs off while batches run full)', () => {
+  it('is true after a run of maxBatch requests, false after a smaller one, and never with batching off', async () => {
+    const { runner } = recorder();
+    const q = new BatchQueue(runner, 3);
+    expect(q.full).toBe(false);
+    await Promise.all(['a', 'b', 'c'].map((s) => q.submit({ id: s, session: s, key: 'k' })));
+    expect(q.full).toBe(true);
+    await Promise.all(['a', 'b'].map((s) => q.submit({ id: s, session: s, key: 'k' })));
+    expect(q.full).toBe(false);
+    const off = new BatchQueue(recorder().runner, 1);
+    await off.submit({ id: 'x', session: 'x', key: 'k' });
+    expect(off.full).toBe(false);
+  });
+});

@@ -8,6 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { completionParts, parseCompletion, planCompletion, type CompletionPart } from '../../src/tracker/completion.ts';
 import { PromptSizer, type GenerationEvent } from '../../src/tracker/head-proxy.ts';
 import { HttpError } from '../../src/tracker/http.ts';
+import { usage } from '../../src/tracker/openai-wire.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
 import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
@@ -45,6 +46,17 @@ describe('parseCompletion', () => {
       inputs: [{ max_tokens: 33, temperature: 0, top_p: 1, top_k: 0, stop: ['###'], messages: [{ role: 'user', content: 'Say hello' }] }],
     });
     expect(parseCompletion(ctx, 'completion', { model: 'small', prompt: ['once'], seed: 4 }).inputs).toEqual([expect.objectContaining({ prompt: 'once', seed: 4, temperature: 1 })]);
+  });
+
+  it('passes the speculative-decoding fields on: off, a draft model, a prediction (text parts joined)', async () => {
+    const t = await makeTracker();
+    const ctx = { registry: t.registry, options: resolveTrackerOptions({}) };
+    const [input] = parseCompletion(ctx, 'chat', chat({ speculative: false, draft_model: 'tiny', prediction: { type: 'content', content: [{ type: 'text', text: 'ab' }, { type: 'text', text: 'c' }] } })).inputs;
+    expect(input).toEqual(expect.objectContaining({ speculative: false, draft_model: 'tiny', prediction: 'abc' }));
+    // true (the default) and absent send nothing: the head decides.
+    expect(parseCompletion(ctx, 'chat', chat({ speculative: true })).inputs[0]).not.toHaveProperty('speculative');
+    expect(() => parseCompletion(ctx, 'chat', chat({ speculative: 'no' }))).toThrow();
+    expect(() => parseCompletion(ctx, 'chat', chat({ prediction: { type: 'image', content: 'x' } }))).toThrow();
   });
 
   it('makes one input per prompt of a completions request: text as prompt, token ids as prompt_token_ids', async () => {
@@ -117,7 +129,7 @@ describe('completionParts', () => {
     expect(parts).toEqual([
       { text: 'He', tokenIds: [10] },
       { text: 'llo ', tokenIds: [11] },
-      { finish: 'stop', promptTokens: 7, completionTokens: 3, tokenIds: [12] },
+      { finish: 'stop', promptTokens: 7, completionTokens: 3, tokenIds: [12], drafted: 0, accepted: 0 },
     ]);
     expect(firsts).toBe(1);
     // A stop string ends the head's generation too.
@@ -126,7 +138,30 @@ describe('completionParts', () => {
     expect(all).toEqual([
       { text: 'a ', tokenIds: [10] },
       { text: '</b', tokenIds: [11] },
-      { finish: 'length', promptTokens: 7, completionTokens: 2, tokenIds: [] },
+      { finish: 'length', promptTokens: 7, completionTokens: 2, tokenIds: [], drafted: 0, accepted: 0 },
     ]);
+  });
+
+  it('sums what speculative trips drafted and accepted (on each trip\'s first token) into the finish, a stop string included', async () => {
+    async function* spec(): AsyncGenerator<GenerationEvent> {
+      yield { type: 'start', promptTokens: 7 };
+      yield { type: 'token', tokenId: 1, text: 'a', drafted: 4, accepted: 2 };
+      yield { type: 'token', tokenId: 2, text: 'b' };
+      yield { type: 'token', tokenId: 3, text: 'c' };
+      yield { type: 'token', tokenId: 4, text: 'd', drafted: 4, accepted: 4 };
+      yield { type: 'token', tokenId: 5, text: 'STOP' };
+      yield { type: 'token', tokenId: 6, text: 'never seen' };
+      yield { type: 'done', finish: 'length', promptTokens: 7, completionTokens: 6 };
+    }
+    const parts = await collect(completionParts(spec(), ['STOP'], () => {}));
+    expect(parts.at(-1)).toEqual({ finish: 'stop', promptTokens: 7, completionTokens: 5, tokenIds: [5], drafted: 8, accepted: 6 });
+  });
+});
+
+describe('usage', () => {
+  it('adds OpenAI\'s prediction details only when something was drafted', () => {
+    expect(usage(3, 5)).toEqual({ prompt_tokens: 3, completion_tokens: 5, total_tokens: 8 });
+    expect(usage(3, 5, { drafted: 0, accepted: 0 })).toEqual({ prompt_tokens: 3, completion_tokens: 5, total_tokens: 8 });
+    expect(usage(3, 5, { drafted: 8, accepted: 6 })).toEqual({ prompt_tokens: 3, completion_tokens: 5, total_tokens: 8, completion_tokens_details: { accepted_prediction_tokens: 6, rejected_prediction_tokens: 2 } });
   });
 });

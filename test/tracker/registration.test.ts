@@ -167,6 +167,21 @@ describe('POST /api/nodes/heartbeat', () => {
     expect(n.backend).toBe('onnxruntime-node');
     expect(n.status).toBe('serving');
   });
+
+  it('shows a head\'s speculative decoding on the dashboard (drafted, accepted, trips, tokens)', async () => {
+    const t = await makeTracker();
+    const node = await FakeNode.create();
+    await node.register(t, { load: true });
+    node.withStats(4, 1);
+    const spec = { drafted: 40, accepted: 30, trips: 10, tokens: 40 };
+    node.stats!.speculation = spec;
+    await node.heartbeat(t);
+    const dash = (await (await t.app.request('/api/dashboard')).json()) as { nodes: Array<{ peer_id: string; speculation: unknown }> };
+    expect(dash.nodes.find((x) => x.peer_id === node.peerId)!.speculation).toEqual(spec);
+    // A malformed one is refused with the heartbeat (validated like every stat).
+    node.stats!.speculation = { drafted: -1 } as never;
+    expect((await node.post(t, '/api/nodes/heartbeat', t.clock.now)).status).toBe(400);
+  });
 });
 
 describe('tracker restart', () => {

@@ -67,6 +67,8 @@ export function configure(cmd: Command): void {
     .option('--max-batch <n>', 'most sessions\' one-token steps run together as one batch at this node (1: batching off)', int, DEFAULT_MAX_BATCH)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
+    .option('--draft <model-url>', 'as a head: draft with this model (a smaller checkpoint with the target\'s tokenizer, run whole on this node\'s backend; refused when its vocabulary differs). Without it: prompt lookup')
+    .option('--no-speculation', 'as a head: never draft (speculative decoding off; requests may also turn it off with "speculative": false)')
     .action(async (o: Record<string, unknown>) => {
       if (!o.tracker && !o.layers) cmd.error('give --tracker, or --layers with --model-url: a tracker (--tracker URL) assigns this node its layers; --layers a-b serves a fixed span');
       if (!((o.maxBatch as number) >= 1)) cmd.error('--max-batch must be at least 1 (1 turns batching off)');
@@ -113,6 +115,8 @@ export function configure(cmd: Command): void {
         hopOrder: o.hopOrder as 'relay' | 'direct' | 'adaptive',
         hopMode: o.hopMode as 'chain' | 'star',
         links: o.links !== false,
+        ...(o.draft ? { draftModelUrl: o.draft as string } : {}),
+        ...(o.speculation === false ? { speculation: false } : {}),
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),
         log,

@@ -76,6 +76,10 @@ export interface NodeHostOptions {
   hopOrder: 'relay' | 'direct' | 'adaptive';
   /** How this node drives a pipeline as a head (PipelineOptions.hopMode). @defaultValue 'chain' */
   hopMode?: 'chain' | 'star';
+  /** As a head: the draft model's checkpoint (speculative decoding; NodeRuntimeConfig.draftModelUrl). */
+  draftModelUrl?: string;
+  /** As a head: false never drafts. @defaultValue true */
+  speculation?: boolean;
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/net/direct-link.ts). @defaultValue true */
   links?: boolean;
   /** Machine-readable events (stdout). */
@@ -121,6 +125,8 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     ...(o.maxBatch !== undefined ? { maxBatch: o.maxBatch } : {}),
     hopOrder: o.hopOrder,
     ...(o.hopMode ? { hopMode: o.hopMode } : {}),
+    ...(o.draftModelUrl ? { draftModelUrl: o.draftModelUrl } : {}),
+    ...(o.speculation === false ? { speculation: false } : {}),
     backendKind: o.backend === 'webgpu' ? 'webgpu' : 'onnxruntime-node',
     // A daemon keeps serving what it has and asks again at the next heartbeat.
     retryFailedLoads: true,

@@ -47,6 +47,8 @@ export class ChainStepError extends Error {
 export interface ChainArrival {
   token: string;
   rows: Uint8Array;
+  /** A hop on the way said its batches run full (X-Meshnet-Batch-Full). */
+  batchFull?: boolean;
   /** The hops' X-Meshnet-Attest entries, gathered down the chain (docs/protocol.md §11). */
   attest?: string;
 }
@@ -158,6 +160,8 @@ export interface ChainStepInit {
   /** Sent with position 0: the hops reserve KV room for the whole session. */
   declared: number;
   timeoutMs: number;
+  /** More headers every hop gets (speculative decoding's X-Meshnet-Draft and -Rollback). */
+  extra?: HeaderMap;
   signal?: AbortSignal;
 }
 
@@ -187,6 +191,7 @@ export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {
     headers[H.chainReplySignature] = s.signed.reply.signature;
   }
   if (s.position === 0) headers[H.sessionTokens] = String(s.declared);
+  if (s.extra) Object.assign(headers, s.extra);
   const token = s.inbox.wait(s.session, s.position, s.timeoutMs, s.signal);
   const first = s.hops[0]!;
   // One-way where the relay allows it: then only a relay error comes back; two-way (ADR-era relay, HTTP): hop 1 answers 202 once it handed the step on.

@@ -164,7 +164,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     // Only a step waiting for exactly this session and position takes it; the token and rows are checked by that step.
     trace?.('token-in', at.session, at.position);
     const attest = req.headers[ATTEST_HEADER];
-    if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body, ...(attest !== undefined ? { attest } : {}) })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
+    if (!init.pipeline()?.chainInbox.deliver(at.session, at.position, { token, rows: req.body, ...(req.headers[H.batchFull] === '1' ? { batchFull: true } : {}), ...(attest !== undefined ? { attest } : {}) })) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'no chained step waits for this token'));
     return { status: 204, headers: {}, body: new Uint8Array(0) };
   }
 

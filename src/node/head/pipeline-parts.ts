@@ -9,7 +9,15 @@ import { SESSION_ID_RE } from '../../protocol/ids.ts';
 import type { GenerateEvent, RouteHop } from '../../protocol/tracker.ts';
 import { z } from 'zod';
 
-const tokenAnswerSchema = z.object({ token_id: z.number().int().nonnegative(), text: z.string().optional(), logprob: z.number() });
+const tokenAnswerSchema = z.object({
+  token_id: z.number().int().nonnegative(),
+  text: z.string().optional(),
+  logprob: z.number(),
+  /** A verification step's answer: drafts accepted (they precede token_id), and every emitted token's log-probability. */
+  accepted: z.number().int().nonnegative().max(64).optional(),
+  logprobs: z.array(z.number()).max(65).optional(),
+});
+export type TokenAnswer = z.infer<typeof tokenAnswerSchema>;
 const utf8d = new TextDecoder();
 
 /** Input activations a hop has been sent so far, rows of `rowBytes`, in one buffer grown by doubling. */
@@ -42,10 +50,14 @@ export class History {
   view(): Uint8Array {
     return this.buf.subarray(0, this.rows * this.rowBytes);
   }
+  /** Keep the first `rows` rows (a verification's rejected rows go). */
+  truncate(rows: number): void {
+    this.rows = Math.min(this.rows, Math.max(0, rows));
+  }
 }
 
 /** The last hop's token JSON: a star step's answer body, or the text a chained step's token came in. */
-export function parseTokenAnswer(body: Uint8Array | string, hop: RouteHop): z.infer<typeof tokenAnswerSchema> {
+export function parseTokenAnswer(body: Uint8Array | string, hop: RouteHop): TokenAnswer {
   let v: unknown;
   try {
     v = JSON.parse(typeof body === 'string' ? body : utf8d.decode(body));

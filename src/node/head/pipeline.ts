@@ -37,7 +37,13 @@ import { PositionMismatchError } from '../../shard/errors.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { StopMatcher, StreamDecoder } from '../../model/text-stream.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
-import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor } from './pipeline-parts.ts';
+import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor, type TokenAnswer } from './pipeline-parts.ts';
+import { MAX_DRAFT, type DraftProposal } from '../../shard/speculative.ts';
+import { encodeDraft } from '../../protocol/draft.ts';
+import { AdaptiveK } from './speculation/adaptive-k.ts';
+import type { Drafter } from './speculation/drafter.ts';
+import { promptLookupFor } from './speculation/prompt-lookup.ts';
+import { Speculator, addCounters, emptyCounters, type SpeculationCounters, type StepOutcome, type StepPlan } from './speculation/speculator.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
 import { trace } from '../../protocol/trace.ts';
 import type { GenerationTrace, HeadVerify } from '../verify/head-verify.ts';
@@ -86,9 +92,24 @@ export interface PipelineOptions {
    * again as a star; the next step chains again while the hops are the signed ones (ChainState). @defaultValue 'chain'
    */
   hopMode: 'chain' | 'star';
+  /**
+   * Speculative decoding (head/speculation/): steps carry drafts where the drafter has them and the
+   * k policy finds they pay; a request may still turn it off. @defaultValue true
+   */
+  speculation: boolean;
 }
 
-export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4, hopMode: 'chain' };
+export const PIPELINE_DEFAULTS: PipelineOptions = { wireDtype: 'bf16', decodeTimeoutMs: 10_000, prefillTimeoutMs: 60_000, maxRecoveries: 4, hopMode: 'chain', speculation: true };
+
+/** What a drafter is made from: the generation's KV session id (a draft model's own session derives from it), its declared length, its prompt's length. */
+export interface DraftContext {
+  session: string;
+  declared: number;
+  promptTokens: number;
+}
+
+/** A generation's drafter (undefined: none for this request, e.g. a draft model it names that is not here). */
+export type DrafterFactory = (req: GenerateRequest, ctx: DraftContext) => Drafter | undefined;
 
 export interface PipelineInit extends Partial<PipelineOptions> {
   executor: HeadExecutor;
@@ -99,6 +120,8 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   /** Spot-checks (docs/verification.md): attestations, the plan's checks, distrusted hops. Absent: none. */
   verify?: HeadVerify;
   onLog?: (message: string) => void;
+  /** The drafter of each generation (absent: prompt lookup, with the request's prediction). */
+  drafter?: DrafterFactory;
 }
 
 interface HopState {
@@ -137,8 +160,8 @@ interface Generation {
   recoveries: number;
   /** Tokens every hop's cache holds before the current step. */
   position: number;
-  /** Where each step started: a replay resends the history in these same chunks. */
-  stepStarts: number[];
+  /** How each step was computed (start, rows fed): a replay resends the history in these same chunks. */
+  steps: Chunk[];
   signal: AbortSignal | undefined;
   /** What the spot-checks need of this generation (attestations, steps, tokens); absent: no checks. */
   checks: GenerationTrace | undefined;
@@ -157,6 +180,7 @@ export class PipelineDriver {
   /** Where last hops hand back chained steps' tokens (POST /chain/token). */
   readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
+  private readonly specTotals = emptyCounters();
 
   constructor(private readonly init: PipelineInit) {
     const o = { ...PIPELINE_DEFAULTS };
@@ -225,6 +249,8 @@ export class PipelineDriver {
       } else if (req.prompt !== undefined) promptIds = tok.encode(req.prompt);
       else throw new MeshError('MESH_ERR_BAD_REQUEST', 'give messages, prompt or prompt_token_ids');
       if (promptIds.length === 0) throw new MeshError('MESH_ERR_BAD_REQUEST', 'the prompt encodes to no tokens');
+      const predicted = req.prediction_token_ids?.find((id) => id >= ex.config.vocabSize);
+      if (predicted !== undefined) throw new MeshError('MESH_ERR_BAD_REQUEST', `prediction token id ${predicted} is outside the vocabulary (0..${ex.config.vocabSize - 1})`);
       if (promptIds.length + req.prefix_token_ids.length >= ex.maxContext) {
         throw new MeshError('MESH_ERR_TOO_LARGE', `prompt of ${promptIds.length} tokens (+${req.prefix_token_ids.length} already generated) does not fit the context of ${ex.maxContext}`);
       }
@@ -247,7 +273,7 @@ export class PipelineDriver {
       pending: [],
       recoveries: 0,
       position: 0,
-      stepStarts: [],
+      steps: [],
       signal,
       checks: undefined,
     };
@@ -263,36 +289,58 @@ export class PipelineDriver {
 
     let finish: 'stop' | 'length' = 'length';
     const history: number[] = [...promptIds, ...req.prefix_token_ids];
+    // A generation the tracker planned to check runs without drafts: rejected draft rows are cut back, and a check
+    // cannot rebuild what the hops signed from the accepted rows the head keeps (docs/architecture.md, Trust).
+    const checked = (opts.plan?.plan.checks.length ?? 0) > 0;
+    const speculator = checked ? undefined : this.speculatorFor(req, session, run.declared, promptIds.length);
     let completed = false;
     try {
       let next: number[] = history.slice();
-      while (index < req.max_tokens && run.position + next.length <= ex.maxContext) {
+      gen: while (index < req.max_tokens && run.position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
-        const { tokenId, logprob } = await this.step(run, next, () => history.slice(0, run.position + next.length));
-        run.checks?.step(next.length, { tokenId, logprob });
-        // Where each step started: a replay resends the history in these same chunks.
-        run.stepStarts.push(run.position);
-        run.position += next.length;
+        const sp: StepPlan = speculator ? await speculator.plan(history, next, run.position, index) : { tokens: next, draftMs: 0 };
+        const answer = await this.step(run, sp, () => [...history.slice(0, run.position), ...sp.tokens]);
+        speculator?.settle(sp, answer, { batchFull: answer.batchFull });
+        // The checks judge a step's token from its last row: what a verification answers when every draft was accepted.
+        run.checks?.step(sp.tokens.length, { tokenId: answer.tokens.at(-1)!, logprob: answer.logprobs.at(-1) ?? 0 });
+        // A stochastic draft's tokens come from the acceptance rule's own draws, not the sampler a check replays.
+        if (sp.draft?.q !== undefined) run.checks?.uncheckable('a draft model sampled the drafts (the acceptance rule drew the tokens)');
+        // How each step was computed: a replay resends the history in these same chunks (a verification's
+        // kept rows padded back to its width, so the rebuilt cache is bit for bit the same).
+        run.steps.push({ start: run.position, width: sp.tokens.length });
+        // The rows that stay: the unfed tokens and the accepted drafts; the hops cut the rest at the next step.
+        run.position += next.length + answer.accepted;
+        if (answer.accepted < sp.tokens.length - next.length) {
+          for (const hs of run.hops) hs.history.truncate(run.position);
+          run.checks?.uncheckable('rejected draft rows were cut back');
+        }
         while (run.pending.length > 0) yield run.pending.shift()!;
-        if (tok.isEos(tokenId)) {
-          finish = 'stop';
-          break;
+        const drafted = sp.draft?.ids.length ?? 0;
+        for (let t = 0; t < answer.tokens.length; t++) {
+          const tokenId = answer.tokens[t]!;
+          if (tok.isEos(tokenId)) {
+            finish = 'stop';
+            break gen;
+          }
+          history.push(tokenId);
+          const pushed = stop.push(detok.push(tokenId));
+          let text = pushed.text;
+          // The last token of a length-limited run lets go of text held for a stop string that can no longer complete.
+          if (!pushed.stopped && (index + 1 >= req.max_tokens || history.length > ex.maxContext)) text += stop.flush();
+          const counts = t === 0 && drafted > 0 ? { drafted, accepted: answer.accepted } : {};
+          yield { type: 'token', index, token_id: tokenId, text, logprob: answer.logprobs[t] ?? 0, ...counts };
+          index++;
+          if (pushed.stopped) {
+            finish = 'stop';
+            break gen;
+          }
+          if (index >= req.max_tokens) break gen;
         }
-        history.push(tokenId);
-        const pushed = stop.push(detok.push(tokenId));
-        let text = pushed.text;
-        // The last token of a length-limited run lets go of text held for a stop string that can no longer complete.
-        if (!pushed.stopped && (index + 1 >= req.max_tokens || run.position + 1 > ex.maxContext)) text += stop.flush();
-        yield { type: 'token', index, token_id: tokenId, text, logprob };
-        index++;
-        if (pushed.stopped) {
-          finish = 'stop';
-          break;
-        }
-        next = [tokenId];
+        next = [answer.tokens.at(-1)!];
       }
       completed = true;
-      yield { type: 'done', finish_reason: finish, completion_tokens: index, prompt_tokens: promptIds.length };
+      const c = speculator?.counters;
+      yield { type: 'done', finish_reason: finish, completion_tokens: index, prompt_tokens: promptIds.length, ...(c && c.drafted > 0 ? { drafted: c.drafted, accepted: c.accepted, trips: c.trips } : {}) };
     } catch (e) {
       if (!completed) {
         while (run.pending.length > 0) yield run.pending.shift()!;
@@ -303,21 +351,41 @@ export class PipelineDriver {
       // With checks, the planned hops' answers to DELETE carry their final attestation (head-verify.ts); the checks run after.
       if (run.checks) run.checks.end(hops, history.slice(0, run.position));
       else for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
+      if (speculator) {
+        addCounters(this.specTotals, speculator.counters);
+        await speculator.release();
+      }
     }
   }
 
-  /** One step: `tokens` enter at `run.position`; returns the sampled token. */
-  private async step(run: Generation, tokens: number[], allTokens: () => number[]): Promise<{ tokenId: number; logprob: number }> {
-    const seq = tokens.length;
+  /** Speculative decoding over every generation this driver ran (GET /info, heartbeats). */
+  speculationStats(): SpeculationCounters {
+    return { ...this.specTotals };
+  }
+
+  /** The generation's speculator, or none: turned off (by the request or the node), or nothing to draft with. */
+  private speculatorFor(req: GenerateRequest, session: string, declared: number, promptTokens: number): Speculator | undefined {
+    if (!this.options.speculation || req.speculative === false || req.speculative_k === 0) return undefined;
+    const drafter = (this.init.drafter ?? promptLookupFor(this.init.tokenizer))(req, { session, declared, promptTokens });
+    if (!drafter) return undefined;
+    const policy = new AdaptiveK(req.speculative_k !== undefined ? { fixedK: req.speculative_k } : {});
+    return new Speculator({ drafter, policy, maxTokens: req.max_tokens, declared });
+  }
+
+  /** One step: `sp.tokens` enter at `run.position` (with drafts, a verification); returns the token(s) it emits. */
+  private async step(run: Generation, sp: StepPlan, allTokens: () => number[]): Promise<StepAnswer> {
+    const seq = sp.tokens.length;
     const total = run.position + seq;
+    const spec = specHeaders(sp);
     trace?.('step', run.session, run.position);
-    const local = await this.headSpan(run, tokens, allTokens);
+    const local = await this.headSpan(run, sp, allTokens);
     trace?.('head-span', run.session, run.position);
     // What the head's own span computed, for its attestation: this step's tokens, or every token when its cache was rebuilt.
-    const fed = local.kind === 'token' || local.data.length / this.init.executor.config.hiddenSize === seq ? { at: run.position, ids: tokens } : { at: 0, ids: allTokens() };
+    const fed = local.kind === 'token' || local.data.length / this.init.executor.config.hiddenSize === seq ? { at: run.position, ids: sp.tokens } : { at: 0, ids: allTokens() };
     if (local.kind === 'token') {
       run.checks?.local(fed.at, fed.ids, local);
-      return { tokenId: local.tokenId, logprob: local.logprob };
+      const v = local.spec;
+      return v ? { tokens: v.tokenIds, logprobs: v.logprobs, accepted: v.accepted, batchFull: false } : { tokens: [local.tokenId], logprobs: [local.logprob], accepted: 0, batchFull: false };
     }
     // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
     const input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
@@ -327,28 +395,30 @@ export class PipelineDriver {
     const distrusted = verify !== undefined && run.hops.some((h) => verify.distrusted(h.hop.peer_id));
     if (!distrusted && run.chain.usable(run.hops)) {
       const { headPeerId, session, position, sampling, declared, signal } = run;
-      const got = await this.chainStepOrStar(run.chain, run.hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal, onAttest: (h) => run.checks?.attest(h) });
+      const got = await this.chainStepOrStar(run.chain, run.hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal, spec, decode: isDecodeStep(position, seq), onAttest: (h) => run.checks?.attest(h) });
       trace?.('step-done', run.session, run.position);
       if (got) return got;
     }
-    return this.starStep(run, input, seq, total);
+    return this.starStep(run, input, seq, total, spec);
   }
 
   /** The head's own layers for a step (its cache rebuilt from the token history when it was dropped); a busy head is MESH_ERR_BUSY naming it. */
-  private async headSpan(run: Generation, tokens: number[], allTokens: () => number[]): Promise<ForwardResult> {
+  private async headSpan(run: Generation, sp: StepPlan, allTokens: () => number[]): Promise<ForwardResult> {
     const ex = this.init.executor;
+    const last = run.localEnd === ex.config.numLayers;
     const localReq = (ids: readonly number[], pos: number): ForwardRequest => ({
       session: run.session,
       position: pos,
       ...(pos === 0 ? { sessionTokens: run.declared } : {}),
+      ...(pos > 0 && sp.rollbackFrom !== undefined ? { rollbackFrom: sp.rollbackFrom } : {}),
       tokenIds: ids,
       startLayer: 0,
       endLayer: run.localEnd,
-      ...(run.localEnd === ex.config.numLayers ? { sampling: run.localSampling } : {}),
+      ...(last ? { sampling: run.localSampling, ...(sp.draft ? { draft: sp.draft } : {}) } : {}),
     });
     try {
       try {
-        return await ex.forward(localReq(tokens, run.position));
+        return await ex.forward(localReq(sp.tokens, run.position));
       } catch (e) {
         // Our own cache was dropped after idling past its TTL: rebuild it from the token history.
         if (!(e instanceof PositionMismatchError)) throw e;
@@ -364,7 +434,7 @@ export class PipelineDriver {
    * The step as a star: the head sends `input` to each hop in turn and each
    * answers it; a failed hop is replaced and replayed, a 409 replayed once.
    */
-  private async starStep(run: Generation, input: Uint8Array, seq: number, total: number): Promise<{ tokenId: number; logprob: number }> {
+  private async starStep(run: Generation, input: Uint8Array, seq: number, total: number, spec: SpecHeaders): Promise<StepAnswer> {
     const { hops, session, position, sampling, declared, signal } = run;
     let recovery: PendingRecovery | undefined;
     /** Hops replayed after a 409 in this step: each gets one replay. */
@@ -385,8 +455,8 @@ export class PipelineDriver {
       let replayed: Uint8Array[] | null = null;
       let reply;
       try {
-        if (!hs.synced) replayed = await this.replayHop(hs, [...run.stepStarts, position], session, last, sampling, declared, signal);
-        reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal);
+        if (!hs.synced) replayed = await this.replayHop(hs, [...run.steps, { start: position, width: 0 }], session, last, sampling, declared, signal);
+        reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal, { ...spec, draft: last ? spec.draft : undefined, decode: isDecodeStep(position, seq) });
       } catch (e) {
         if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
         if (e instanceof ReplayMismatch) {
@@ -413,10 +483,7 @@ export class PipelineDriver {
         run.pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
         recovery = undefined;
       }
-      if (last) {
-        const ans = parseTokenAnswer(reply.body, hs.hop);
-        return { tokenId: ans.token_id, logprob: ans.logprob };
-      }
+      if (last) return stepAnswer(parseTokenAnswer(reply.body, hs.hop), spec, reply.headers[H.batchFull] === '1');
       const answered = reply.headers[H.dtype];
       if (answered !== undefined && answered !== this.options.wireDtype) {
         throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${H.dtype} ${answered.slice(0, 16)} to a ${this.options.wireDtype} request`);
@@ -437,7 +504,7 @@ export class PipelineDriver {
    * (hops may hold the step already: the star's 409 replay puts them right,
    * and leaves every hop in sync for the next chained step).
    */
-  private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<{ tokenId: number; logprob: number } | undefined> {
+  private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<StepAnswer | undefined> {
     hops[0]!.history.extendTo(s.total, input);
     const t0 = performance.now();
     try {
@@ -455,10 +522,12 @@ export class PipelineDriver {
         session: s.session,
         sampling: s.sampling,
         declared: s.declared,
-        timeoutMs: chain.timeout(s.seq, s.seq > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs),
+        // A verification (a few rows after the prompt) is timed as a decode step.
+        timeoutMs: chain.timeout(s.decode ? 1 : s.seq, s.decode ? this.options.decodeTimeoutMs : this.options.prefillTimeoutMs),
+        extra: specHeaderMap(s.spec),
         ...(s.signal ? { signal: s.signal } : {}),
       });
-      chain.observe(s.seq, performance.now() - t0);
+      chain.observe(s.decode ? 1 : s.seq, performance.now() - t0);
       if (r.attest !== undefined) s.onAttest?.({ [ATTEST_HEADER]: r.attest });
       const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
       // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
@@ -467,7 +536,7 @@ export class PipelineDriver {
         chain.off = true;
         for (const h of hops) h.synced = false;
       }
-      return { tokenId: ans.token_id, logprob: ans.logprob };
+      return stepAnswer(ans, s.spec, r.batchFull === true);
     } catch (e) {
       if (s.signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
       if (!(e instanceof ChainStepError)) throw e;
@@ -482,7 +551,7 @@ export class PipelineDriver {
   }
 
   /** One /forward of `rows` rows at `pos`; a 409 or a 503 MESH_ERR_BUSY comes back as the reply (the caller replays, or gives up). */
-  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined) {
+  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined, spec: SpecHeaders & { decode?: boolean } = {}) {
     const headers: Record<string, string> = {
       [H.shape]: `1,${rows},${this.init.executor.config.hiddenSize}`,
       [H.dtype]: this.options.wireDtype,
@@ -495,7 +564,8 @@ export class PipelineDriver {
     if (last) headers[H.sampling] = sampling;
     // Opening the session: the hop reserves KV room for all of it now, or refuses before computing anything.
     if (pos === 0) headers[H.sessionTokens] = String(declared);
-    const timeout = rows > 1 ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
+    Object.assign(headers, specHeaderMap(spec));
+    const timeout = rows > 1 && !spec.decode ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
     return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
   }
 
@@ -507,18 +577,32 @@ export class PipelineDriver {
    * bit what it would have been. Returns the outputs (null for the last hop,
    * whose answers are tokens).
    */
-  private async replayHop(hs: HopState, starts: number[], session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
+  private async replayHop(hs: HopState, chunks: Chunk[], session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
     const outs: Uint8Array[] = [];
     const hist = hs.history.view();
-    for (let k = 0; k + 1 < starts.length; k++) {
-      const a = starts[k]!;
-      const b = starts[k + 1]!;
-      const reply = await this.sendRows(hs, hist.subarray(a * this.rowBytes, b * this.rowBytes), a, b - a, session, last, sampling, declared, signal);
+    const rb = this.rowBytes;
+    let written = 0;
+    for (let k = 0; k + 1 < chunks.length; k++) {
+      const a = chunks[k]!.start;
+      const b = chunks[k + 1]!.start;
+      // A verification kept b − a of its rows: the kept ones, padded back to its width with copies of
+      // the last (a row never changes an earlier one: causal attention, row-wise projections).
+      const width = Math.max(b - a, chunks[k]!.width);
+      let rows = hist.subarray(a * rb, b * rb);
+      if (width > b - a) {
+        const padded = new Uint8Array(width * rb);
+        padded.set(rows);
+        for (let r = b - a; r < width; r++) padded.set(hist.subarray((b - 1) * rb, b * rb), r * rb);
+        rows = padded;
+      }
+      const spec: SpecHeaders = written > a ? { rollbackFrom: written } : {};
+      const reply = await this.sendRows(hs, rows, a, width, session, last, sampling, declared, signal, spec);
+      written = Math.max(written, a + width);
       if (reply.status === 409) throw new ReplayMismatch();
       if (reply.status === 503) throw busyError(hs.hop, reply);
       if (!last) {
-        if (reply.body.byteLength !== (b - a) * this.rowBytes) throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes replaying ${b - a} rows`);
-        outs.push(reply.body);
+        if (reply.body.byteLength !== width * rb) throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes replaying ${width} rows`);
+        outs.push(reply.body.subarray(0, (b - a) * rb));
       }
     }
     hs.synced = true;
@@ -578,6 +662,53 @@ interface ChainStepArgs {
   sampling: string;
   declared: number;
   signal: AbortSignal | undefined;
+  spec: SpecHeaders;
+  /** A decode step (a verification's few rows included): timed as one. */
+  decode: boolean;
+}
+
+/** How a step was first computed: where it started and how many rows it fed (a verification's drafts included). */
+interface Chunk {
+  start: number;
+  width: number;
+}
+
+/** What a step emits. */
+interface StepAnswer extends StepOutcome {
+  /** A hop said its batches run full. */
+  batchFull: boolean;
+}
+
+/** A step's speculative-decoding headers: the drafts (to the hop with the LM head) and the rollback bound (to every hop). */
+interface SpecHeaders {
+  draft?: DraftProposal | undefined;
+  rollbackFrom?: number | undefined;
+}
+
+function specHeaders(sp: StepPlan): SpecHeaders {
+  return { ...(sp.draft ? { draft: sp.draft } : {}), ...(sp.rollbackFrom !== undefined ? { rollbackFrom: sp.rollbackFrom } : {}) };
+}
+
+function specHeaderMap(s: SpecHeaders): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (s.draft) out[H.draft] = encodeDraft(s.draft);
+  if (s.rollbackFrom !== undefined) out[H.rollback] = String(s.rollbackFrom);
+  return out;
+}
+
+/** Steps after the prompt with at most a verification's rows are timed as decode steps. */
+function isDecodeStep(position: number, seq: number): boolean {
+  return seq === 1 || (position > 0 && seq <= MAX_DRAFT + 1);
+}
+
+/** The last hop's token JSON as what the step emits: its accepted drafts, then its token. */
+function stepAnswer(ans: TokenAnswer, spec: SpecHeaders, batchFull: boolean): StepAnswer {
+  const accepted = ans.accepted ?? 0;
+  const ids = spec.draft?.ids ?? [];
+  if (accepted > ids.length) throw new MeshError('MESH_ERR_UPSTREAM', `the last hop accepted ${accepted} drafted tokens of ${ids.length}`);
+  const tokens = [...ids.slice(0, accepted), ans.token_id];
+  const logprobs = ans.logprobs && ans.logprobs.length === tokens.length ? ans.logprobs : [...new Array<number>(accepted).fill(0), ans.logprob];
+  return { tokens, logprobs, accepted, batchFull };
 }
 
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */

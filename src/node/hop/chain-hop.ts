@@ -239,12 +239,15 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       trace?.('hop-span', h[H.session], h[H.position]);
       if (res.status !== 200) return fail(headTo, h, remoteError(res.status, out), left());
 
+      // Full batches anywhere on the way reach the head with the token (it stops drafting for a while).
+      const batchFull = h[H.batchFull] === '1' || res.headers[H.batchFull] === '1';
       // The hops' attestations travel with the step: each adds its latest to what it received (docs/protocol.md §11).
       const attest = res.headers[ATTEST_HEADER] !== undefined ? appendAttestation(h[ATTEST_HEADER], res.headers[ATTEST_HEADER]) : h[ATTEST_HEADER];
       if (last) {
         // The token in a header, and the carried rows (X_1 … X_n−1, all but hop 1's input) as the body.
         const tokenText = new TextDecoder().decode(out);
         const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainToken]: tokenText, [H.dtype]: h[H.dtype] ?? '', 'content-type': 'application/octet-stream' };
+        if (batchFull) headers[H.batchFull] = '1';
         if (attest !== undefined) headers[ATTEST_HEADER] = attest;
         init.transport.push(headTo, { method: 'POST', path: '/chain/token', headers, body: req.body }, left(), PUSH_WINDOW_MS, undefined, { accept: (r) => r.status === 204 || r.status === 404 }).then(
           (got) => {
@@ -258,10 +261,11 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
 
       const next = hops[index + 1]!;
       const fwd: HeaderMap = {};
-      for (const k of [H.dtype, H.session, H.position, H.sessionTokens, H.sampling, H.route, H.routeExpires, H.routeSignature, H.chainHead, H.chainReply, H.chainReplySignature]) {
+      for (const k of [H.dtype, H.session, H.position, H.sessionTokens, H.sampling, H.route, H.routeExpires, H.routeSignature, H.chainHead, H.chainReply, H.chainReplySignature, H.draft, H.rollback]) {
         const v = h[k];
         if (v !== undefined) fwd[k] = v;
       }
+      if (batchFull) fwd[H.batchFull] = '1';
       fwd[H.shape] = res.headers[H.shape] ?? h[H.shape] ?? '';
       fwd[H.startLayer] = String(next.start_layer);
       fwd[H.endLayer] = String(next.end_layer);

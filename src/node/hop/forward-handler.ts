@@ -22,6 +22,7 @@ import type { BatchStats } from '../../shard/batch-queue.ts';
 import type { KvStats } from '../../shard/kv-store.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { trace } from '../../protocol/trace.ts';
+import { parseDraft } from '../../protocol/draft.ts';
 import { ATTEST_HEADER, tokenBytes } from '../../verify/attest.ts';
 import { CHECK_FROM_HEADER, CHECK_RECORDS_HEADER, CHECK_TOKENS_HEADER, parseTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
 import { argmax, checkToken } from '../../verify/token-check.ts';
@@ -32,6 +33,8 @@ import type { Attestor } from '../../verify/attestor.ts';
 export type ForwardExecutor = Pick<SpanExecutor, 'config' | 'startLayer' | 'endLayer' | 'holdsEmbedding' | 'holdsHead' | 'maxContext' | 'dtype' | 'weightBytes' | 'sessionLength' | 'dropSession' | 'kvStats' | 'forward'> & {
   /** Batch sizes run so far (GET /info's `batch`); absent on an executor that does not batch. */
   batchStats?(): BatchStats;
+  /** The last batch ran full: answers say so (X-Meshnet-Batch-Full) and heads stop drafting for a while. */
+  batchFull?(): boolean;
 };
 
 export interface ForwardHandlerInfo {
@@ -194,6 +197,10 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
     if (session === undefined && position !== undefined && position !== 0) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.position} without ${H.session}: a stateless forward starts at 0`);
     const sessionTokens = intHeader(h, H.sessionTokens);
     const sampling = parseSampling(h[H.sampling]);
+    const rollbackFrom = intHeader(h, H.rollback);
+    // The drafts are read where the LM head runs; other hops pass them on (chain) unread.
+    const draftText = endLayer === executor.config.numLayers && executor.holdsHead ? h[H.draft] : undefined;
+    const draft = draftText !== undefined ? parseDraft(draftText) : undefined;
 
     const data = decodeTensor(req.body, dtype);
     const fr: ForwardRequest = { activation: { data, shape }, startLayer, endLayer };
@@ -215,24 +222,30 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       fr.session = session;
       fr.position = position!;
       if (sessionTokens !== undefined) fr.sessionTokens = sessionTokens;
+      if (rollbackFrom !== undefined) fr.rollbackFrom = rollbackFrom;
     }
     if (sampling) fr.sampling = sampling;
+    if (draft) fr.draft = draft;
     trace?.('exec', session, position);
     const result = await executor.forward(fr);
     trace?.('exec-done', session, position);
     const tokens = shape[1]!;
+    const full = executor.batchFull?.() === true;
     let res: MeshResponse;
     let out: Uint8Array;
     if (result.kind === 'logits') throw new MeshError('MESH_ERR_INTERNAL', 'the span answered logits to a forward that asked for none');
     if (result.kind === 'token') {
       const text = info.decode ? info.decode(result.tokenId) : '';
-      res = jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob });
+      // A verification: the drafts it accepted precede token_id (only ids go back).
+      const spec = result.spec ? { accepted: result.spec.accepted, logprobs: result.spec.logprobs } : {};
+      res = jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob, ...spec });
       out = tokenBytes(result.tokenId, result.logprob);
     } else {
       // Answer in the caller's dtype: the next hop expects what this one received.
       out = encodeTensor(result.data, dtype);
       res = { status: 200, headers: { 'content-type': 'application/octet-stream', [H.shape]: formatShape(result.shape), [H.dtype]: dtype }, body: out };
     }
+    if (full) res.headers[H.batchFull] = '1';
     const attestor = info.attestor;
     if (attestor && session !== undefined) {
       const scope = { model: info.model, session, startLayer, endLayer, dtype, ...(result.kind === 'token' ? { sampling: h[H.sampling] ?? '' } : {}) };

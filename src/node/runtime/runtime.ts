@@ -64,6 +64,10 @@ export interface RuntimeConfig {
   hopOrder?: 'relay' | 'direct' | 'adaptive';
   /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
   hopMode?: 'chain' | 'star';
+  /** As a head: draft with this checkpoint (whole, on the span's backend; refused when its vocabulary is not the target's). */
+  draftModelUrl?: string;
+  /** As a head: false never drafts (speculative decoding off). @defaultValue true */
+  speculation?: boolean;
   /** Registration info's backend before a span has chosen one. */
   backendKind: string;
   /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
@@ -376,7 +380,7 @@ export class NodeRuntime {
         weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
         ...(this.config.span ? { pinned: true } : {}),
       },
-      stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}) },
+      stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}), ...(s?.pipeline ? { speculation: s.pipeline.speculationStats() } : {}) },
       // While paused, or with a lost device it gave up rebuilding, the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.paused && !this.recovery.gaveUp(s) ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       timestamp: Date.now(),
@@ -480,9 +484,13 @@ export class NodeRuntime {
         relay_addr: this.relay?.relayAddr ?? null,
         forwards_served: { ...this.handler.served },
         chain_forwards: this.handler.chained,
+        // A head's speculative decoding: drafted and accepted tokens, trips and the tokens they gave.
+        ...(span.pipeline ? { speculation: span.pipeline.speculationStats() } : {}),
         ...span.backend.details,
       }),
       hopMode: this.config.hopMode ?? 'chain',
+      ...(this.config.draftModelUrl ? { draftModelUrl: this.config.draftModelUrl } : {}),
+      ...(this.config.speculation === false ? { speculation: false } : {}),
       attestor: this.attestor,
       headVerify: (model) => new HeadVerify({ peerId: this.identity.peerId, model, attestor: this.attestor, verifier: this.verifier, distrust: this.distrust, transport: this.transport, finished: this.finished }),
       replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.tracker!.replace(model, hop, signal, route) : undefined,

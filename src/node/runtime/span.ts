@@ -17,7 +17,9 @@ import type { SpanExecutor } from '../../shard/contract.ts';
 import { createForwardHandler } from '../hop/forward-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
-import { PipelineDriver, type HeadExecutor, type ReplaceSpan } from '../head/pipeline.ts';
+import { PipelineDriver, type DrafterFactory, type HeadExecutor, type ReplaceSpan } from '../head/pipeline.ts';
+import { DraftModelDrafter, checkDraftVocabulary } from '../head/speculation/draft-model.ts';
+import { promptLookupFor } from '../head/speculation/prompt-lookup.ts';
 import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import { measureLayerMs } from './measure.ts';
 import type { Attestor } from '../../verify/attestor.ts';
@@ -34,6 +36,8 @@ export interface LoadedSpan {
   forward: MeshHandler;
   /** Present when the span starts at layer 0 and the tokenizer loaded: this node heads pipelines. */
   pipeline: PipelineDriver | undefined;
+  /** A head's draft model (--draft): a whole model on the span's backend, released with the span. */
+  draft?: { name: string; executor: SpanExecutor };
   /** Weight bytes fetched and kept by the host for this span. */
   fetchedBytes: number;
   storedBytes: number;
@@ -68,6 +72,10 @@ export interface SpanLoadContext {
   replace: ((model: string) => ReplaceSpan) | undefined;
   /** The pipeline's hop mode (PipelineOptions.hopMode). */
   hopMode?: 'chain' | 'star';
+  /** A head's draft model checkpoint (loaded whole beside a span that starts at layer 0). */
+  draftModelUrl?: string;
+  /** False: a head never drafts. */
+  speculation?: boolean;
   /** Signs what this node's span answers (docs/protocol.md §11). */
   attestor?: Attestor;
   /** A head's spot-checks for a model (docs/verification.md). */
@@ -100,6 +108,20 @@ export function baseUrl(url: string): string {
 export function sameSpec(a: SpanSpec, b: SpanSpec): boolean {
   // A new wire dtype reloads the span too: its handler and pipeline are built for one (a rare change: a tracker restarted with another).
   return a.startLayer === b.startLayer && a.endLayer === b.endLayer && baseUrl(a.modelUrl) === baseUrl(b.modelUrl) && a.wireDtype === b.wireDtype;
+}
+
+/**
+ * A head's drafter per generation: its draft model (by default, or when the
+ * request names it), else prompt lookup (a request naming "prompt-lookup",
+ * or a draft model this head does not hold).
+ */
+function drafterFor(span: LoadedSpan): DrafterFactory {
+  const lookup = promptLookupFor(span.tokenizer!);
+  return (req, c) => {
+    const d = span.draft;
+    if (!d || (req.draft_model !== undefined && req.draft_model !== d.name)) return lookup(req);
+    return new DraftModelDrafter(d.executor, { session: `${c.session}.draft`, sampling: { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) }, declared: c.declared });
+  };
 }
 
 /** Download (only what is missing), choose the backend, build the executor; the span does not serve until the caller switches to it. */
@@ -166,10 +188,63 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
     await executor.release().catch(() => undefined);
     throw e;
   }
-  const span: LoadedSpan = { spec: { ...spec, modelUrl }, config, executor, backend: chosen.info, tokenizer, forward: undefined!, pipeline: undefined, fetchedBytes: weights.fetchedBytes, storedBytes: weights.storedBytes, ...(chosen.backend.device ? { deviceLost: chosen.backend.device.lost } : {}), ...(rebuilt ? { rebuilt } : {}) };
+  let draft: LoadedSpan['draft'];
+  if (tokenizer && ctx.draftModelUrl && ctx.speculation !== false) {
+    try {
+      draft = await loadDraftModel(ctx.draftModelUrl, config, tokenizer, ctx, lost);
+    } catch (e) {
+      // Refused (another vocabulary) or unloadable: the head serves without it, drafting by prompt lookup.
+      host.log('error', `draft model ${ctx.draftModelUrl} refused: ${(e as Error).message}`);
+    }
+  }
+  const span: LoadedSpan = { spec: { ...spec, modelUrl }, config, executor, backend: chosen.info, tokenizer, forward: undefined!, pipeline: undefined, fetchedBytes: weights.fetchedBytes, storedBytes: weights.storedBytes, ...(chosen.backend.device ? { deviceLost: chosen.backend.device.lost } : {}), ...(rebuilt ? { rebuilt } : {}), ...(draft ? { draft } : {}) };
   span.forward = forwardHandlerFor(span, ctx);
   span.pipeline = pipelineFor(span, ctx);
   return span;
+}
+
+/**
+ * A head's draft model: the whole checkpoint on a backend the host chooses
+ * as for a span (the head's engine, so the numerics agree as far as the
+ * models do), with KV room of its own; refused when its vocabulary is not
+ * the target's. Its memory is outside the announced budget.
+ */
+async function loadDraftModel(url: string, target: ModelConfig, tokenizer: ModelTokenizer, ctx: SpanLoadContext, lost: DeviceLoss | undefined): Promise<NonNullable<LoadedSpan['draft']>> {
+  const { host } = ctx;
+  const modelUrl = baseUrl(url);
+  const config = parseModelConfig(await host.weights.config(modelUrl), `${modelUrl}config.json`);
+  const draftTok = await host.weights.tokenizer(modelUrl, config);
+  checkDraftVocabulary(url, { vocabSize: config.vocabSize, ...(draftTok ? { idToToken: (id: number) => draftTok.idToToken(id) } : {}) }, { vocabSize: target.vocabSize, idToToken: (id) => tokenizer.idToToken(id) });
+  const spec: SpanSpec = { model: `draft:${url}`, modelUrl, startLayer: 0, endLayer: config.numLayers };
+  const weights = await host.weights.open(spec, config, () => undefined);
+  const chosen = await host.backends.choose(spec, config, weights.loader, lost);
+  const executor = await createSpanExecutor({
+    config,
+    backend: chosen.backend,
+    weights: weights.loader,
+    startLayer: 0,
+    endLayer: config.numLayers,
+    graphs: chosen.graphs ?? { kind: 'plain', dtype: chosen.info.dtype },
+    maxContext: Math.min(ctx.maxContext, config.maxPositionEmbeddings),
+    // Its weights plus 256 MiB of KV: a few drafting sessions at full context on small drafts.
+    memoryBudgetBytes: weightBytesOf(config) + 256 * 2 ** 20,
+  });
+  // Sampled drafts need the draft's logits on the host (a device keeps them otherwise).
+  if ('returnLogits' in executor) (executor as { returnLogits: boolean }).returnLogits = true;
+  host.log('info', `draft model ${url}: ${config.numLayers} layers on ${chosen.info.name}`);
+  return { name: url, executor };
+}
+
+/** A span's executors (its draft model's too), after their queues. */
+async function releaseSpan(span: LoadedSpan): Promise<void> {
+  await Promise.all([span.executor.release().catch(() => undefined), span.draft?.executor.release().catch(() => undefined)]);
+}
+
+/** f32 bytes of a whole model's weights (what the plain and fused f32 graphs hold), for the draft's budget. */
+function weightBytesOf(cfg: ModelConfig): number {
+  const { hiddenSize: h, numHeads: nh, numKvHeads: kv, headDim: hd, intermediateSize: m, vocabSize: v, numLayers: l } = cfg;
+  const layer = h * nh * hd * 2 + 2 * h * kv * hd + 3 * h * m + 2 * h;
+  return 4 * (l * layer + v * h * (cfg.tieWordEmbeddings ? 1 : 2) + h);
 }
 
 /** A span whose weights leave too little of the budget for even one short session: say so, or every session is refused with no hint why. */
@@ -234,6 +309,8 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     ...(span.spec.wireDtype ? { wireDtype: span.spec.wireDtype } : {}),
     ...(replace ? { replace } : {}),
     ...(ctx.hopMode ? { hopMode: ctx.hopMode } : {}),
+    ...(ctx.speculation === false ? { speculation: false } : {}),
+    drafter: drafterFor(span),
     onLog: (m) => ctx.host.log('warn', `pipeline: ${m}`),
   });
 }
@@ -282,14 +359,14 @@ export class SpanSlot {
       try {
         const next = await this.load(spec);
         if (this.closed) {
-          await next.executor.release().catch(() => undefined);
+          await releaseSpan(next);
           return;
         }
         const old = this.current;
         this.current = next;
         this.events.onSwap(next, old, Date.now() - t0);
         // release() waits for the old executor's queue, so a forward already running finishes first.
-        if (old) void old.executor.release().catch(() => undefined);
+        if (old) void releaseSpan(old);
       } catch (e) {
         if (!this.closed) this.events.onFailure(e, spec);
       } finally {
@@ -310,6 +387,6 @@ export class SpanSlot {
     this.wanted = undefined;
     const s = this.current;
     this.current = undefined;
-    if (s) await s.executor.release().catch(() => undefined);
+    if (s) await releaseSpan(s);
   }
 }

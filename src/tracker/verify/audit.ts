@@ -64,13 +64,18 @@ export interface AuditorDeps {
   convict(subject: AuditSubject, audits: AuditResult[]): void;
   /** Force checks of these nodes at their next session. */
   force(peers: readonly string[]): void;
+  /**
+   * Whether the head reported the generation's checks as uncheckable (rows its hops signed were cut back by
+   * speculative decoding): the walk cannot name a hop then, so silence convicts nobody.
+   */
+  uncheckable?(generation: string): boolean;
   /** How long the walk may take to name a hop, ms. @defaultValue 60000 */
   walkMs?: number;
 }
 
 export class HeadAuditor {
   /** Audits run, and by outcome (tests, /api/verification). */
-  readonly counts = { audits: 0, confirmed: 0, contradicted: 0, convicted: 0, skipped: 0 };
+  readonly counts = { audits: 0, confirmed: 0, contradicted: 0, convicted: 0, unwalkable: 0, skipped: 0 };
   private running = 0;
 
   constructor(private readonly d: AuditorDeps) {}
@@ -93,7 +98,7 @@ export class HeadAuditor {
       .finally(() => this.running--);
   }
 
-  async audit(s: AuditSubject): Promise<'confirmed' | 'contradicted' | 'convicted' | 'inconclusive' | 'skipped'> {
+  async audit(s: AuditSubject): Promise<'confirmed' | 'contradicted' | 'convicted' | 'unwalkable' | 'inconclusive' | 'skipped'> {
     const first = await this.runOn(s, new Set(s.route));
     if (!first) {
       this.counts.skipped++;
@@ -123,6 +128,14 @@ export class HeadAuditor {
     const deadline = performance.now() + (this.d.walkMs ?? 60_000);
     while (performance.now() < deadline) {
       if (this.d.trust.offenceLog.slice(offencesBefore).some((o) => s.route.includes(o.peer) && o.generation === s.generation)) return 'contradicted';
+      if (this.d.uncheckable?.(s.generation)) {
+        // The hops' signed rows are gone (cut back after speculative steps): head and hops cannot be told apart.
+        // The generation stays "wrong"; nobody is punished; every node of the route is checked next.
+        this.counts.unwalkable++;
+        this.d.logger.warn({ head: s.head, generation: s.generation }, 'head audit: the walk cannot check this generation (speculative rows cut back); nobody is convicted');
+        this.d.force(s.route);
+        return 'unwalkable';
+      }
       await new Promise((r) => setTimeout(r, 250));
     }
     this.counts.convicted++;

@@ -68,6 +68,8 @@ export class VerificationService {
   readonly log: VerificationLog;
   /** Head audits of finished generations (audit.ts). */
   readonly audits: HeadAuditor;
+  /** Generations whose head reported their checks uncheckable (speculative rows cut back), for head audits' walks. */
+  private readonly uncheckable = new Set<string>();
   /** Rows (or last-hop tokens) the tracker compared in checks that passed, by pair of weight formats: the honest pairs' record. */
   readonly comparedRows: Record<string, number> = {};
   /** The largest distance of a passing check, by the same key (how close honest pairs come to their thresholds). */
@@ -88,6 +90,7 @@ export class VerificationService {
       walk: (s) => this.walk(s),
       convict: (s, audits) => this.convictHead(s, audits),
       force: (peers) => this.forceChecks(peers),
+      uncheckable: (generation) => this.uncheckable.has(generation),
       ...(d.options.auditWalkMs !== undefined ? { walkMs: d.options.auditWalkMs } : {}),
     });
   }
@@ -235,6 +238,11 @@ export class VerificationService {
       throw new MeshError('MESH_ERR_FORBIDDEN', 'the plan has no such check for this head and session');
     }
     if (s.reason === 'refused') this.trust.refused(s.peer_id);
+    if (s.reason === 'uncheckable') {
+      // Remembered a while for a head audit's walk of this generation (audit.ts); oldest first out.
+      this.uncheckable.add(plan.generation);
+      if (this.uncheckable.size > 4096) this.uncheckable.delete(this.uncheckable.values().next().value!);
+    }
     this.log.ofGeneration(plan.generation)?.result(plan.generation, s.peer_id, s.start_layer, s.end_layer, s.reason === 'refused' ? 'refused' : 'skipped', s.why);
     this.d.logger.info({ head: s.head, peer: s.peer_id, reason: s.reason, why: s.why }, 'a planned check did not run');
     return { recorded: true };

@@ -48,7 +48,8 @@ function hop(c: string, start: number, end: number): RouteHop {
 }
 
 async function run(driver: PipelineDriver, route: RouteHop[], body: Record<string, unknown>): Promise<GenerateEvent[]> {
-  const req = generateRequestSchema.parse({ session_id: 'sess', temperature: 0, ...body });
+  // One row per step (these check each step's shapes and replays); speculative steps: test/node/head/speculation.
+  const req = generateRequestSchema.parse({ session_id: 'sess', temperature: 0, speculative: false, ...body });
   const out: GenerateEvent[] = [];
   for await (const e of driver.generate(HEAD, req, route)) out.push(e);
   return out;

@@ -91,6 +91,44 @@ describe('createForwardHandler', () => {
     for (const bad of ['-1', 'many', '1e3']) expect((await open('c', bad)).status).toBe(400);
   });
 
+  it('verifies drafts where the LM head runs (X-Meshnet-Draft) and answers the accepted ones by count; cuts back by X-Meshnet-Rollback', async () => {
+    const x = activation(3, 11);
+    const h = { 'x-meshnet-shape': `1,3,${H}`, 'x-meshnet-dtype': 'f32', 'x-meshnet-session': 'spec', 'x-meshnet-position': '0', 'x-meshnet-sampling': '{"temperature":0}' };
+    // The plain answer first, to know the greedy tokens of the last two rows.
+    const plain = await handleLast(post({ ...h, 'x-meshnet-session': 'spec0' }, encodeTensor(x, 'f32')));
+    const t2 = jsonOf(plain).token_id as number;
+    // Two drafts judged by the last three rows: whatever they are, the answer names how many were accepted and one log-probability per token.
+    const res = await handleLast(post({ ...h, 'x-meshnet-draft': JSON.stringify({ ids: [7, 9] }) }, encodeTensor(x, 'f32')));
+    expect(res.status).toBe(200);
+    const ans = jsonOf(res) as { token_id: number; accepted: number; logprobs: number[]; text: string };
+    expect(ans.accepted).toBeGreaterThanOrEqual(0);
+    expect(ans.logprobs).toHaveLength(ans.accepted + 1);
+    expect(ans.text).toBe(`<${ans.token_id}>`);
+    if (ans.accepted === 2) expect(ans.token_id).toBe(t2);
+    // A hop that does not run the LM head passes the header by, unread (even a malformed one).
+    const midRes = await handle(post({ ...h, 'x-meshnet-session': 'mid-spec', 'x-meshnet-draft': 'not json' }, encodeTensor(x, 'f32')));
+    expect(midRes.status).toBe(200);
+    // The next step cuts the session back from 3 to 1 position; a rollback bound below what it holds is a 409.
+    const one = encodeTensor(activation(1, 5), 'f32');
+    const stale = await handleLast(post({ ...h, 'x-meshnet-shape': `1,1,${H}`, 'x-meshnet-position': '1', 'x-meshnet-rollback': '2' }, one));
+    expect(stale.status).toBe(409);
+    const cut = await handleLast(post({ ...h, 'x-meshnet-shape': `1,1,${H}`, 'x-meshnet-position': '1', 'x-meshnet-rollback': '3' }, one));
+    expect(cut.status).toBe(200);
+    expect(last.sessionLength('spec', 2)).toBe(2);
+  });
+
+  it('answers 400 for a malformed draft (not JSON, too many ids, ids outside the vocabulary, more drafts than rows)', async () => {
+    const x = activation(2, 4);
+    const h = { 'x-meshnet-shape': `1,2,${H}`, 'x-meshnet-dtype': 'f32', 'x-meshnet-sampling': '{"temperature":0}' };
+    for (const draft of ['not json', JSON.stringify({ ids: new Array(17).fill(3) }), JSON.stringify({ ids: [f.cfg.vocabSize] }), JSON.stringify({ ids: [3, 4] }), JSON.stringify({ ids: [3], extra: 1 }), 'x'.repeat(50_000)]) {
+      const res = await handleLast(post({ ...h, 'x-meshnet-draft': draft }, encodeTensor(x, 'f32')));
+      expect(res.status, draft.slice(0, 40)).toBe(400);
+      expect(jsonOf(res).error?.code).toBe('MESH_ERR_BAD_REQUEST');
+    }
+    // And keeps serving.
+    expect((await handleLast(post(h, encodeTensor(x, 'f32')))).status).toBe(200);
+  });
+
   it('answers 409 with the actual length when the position does not match the session', async () => {
     const res = await handle(post({ 'x-meshnet-shape': `1,1,${H}`, 'x-meshnet-dtype': 'f32', 'x-meshnet-session': 's1', 'x-meshnet-position': '7' }, encodeTensor(activation(1), 'f32')));
     expect(res.status).toBe(409);

@@ -8,6 +8,8 @@
 import { describe, expect, it } from 'vitest';
 import type { HeadTransport } from '../../../src/tracker/head-proxy.ts';
 import { FakeNode, makeTracker } from '../../helpers/tracker.ts';
+import { signBody } from '../../../src/tracker/signing.ts';
+import type { CheckPlan } from '../../../src/verify/plan.ts';
 
 const TOKENS = [100, 101, 102, 103];
 
@@ -15,6 +17,8 @@ const TOKENS = [100, 101, 102, 103];
 function auditTransport(liars: Set<string>) {
   const audits: string[] = [];
   const walks: string[] = [];
+  /** What the walked head does with the walk's plan (nothing by default: a walk that names nobody). */
+  const onWalk: { fn?: (head: string, body: { plan: string; signature: string }) => Promise<void> } = {};
   const transport: HeadTransport = {
     async open(head, _headers, body, o) {
       const enc = new TextEncoder();
@@ -28,12 +32,13 @@ function auditTransport(liars: Set<string>) {
       }
       if (o.path === '/verify/walk') {
         walks.push(head.peerId);
+        await onWalk.fn?.(head.peerId, JSON.parse(new TextDecoder().decode(body)) as { plan: string; signature: string });
         return (async function* () {})();
       }
       throw new Error(`unexpected ${o.path}`);
     },
   };
-  return { transport, audits, walks };
+  return { transport, audits, walks, onWalk };
 }
 
 async function mesh(liars: (ids: string[]) => string[]) {
@@ -80,6 +85,25 @@ describe('head audits', () => {
     expect(walks).toEqual([heads[0]!.peerId]);
     expect(t.verification.trust.quarantined(heads[0]!.peerId)).toBe(true);
     expect(t.verification.offences().at(-1)).toMatchObject({ peer: heads[0]!.peerId, role: 'head' });
+    expect(s.record.view(t.verification.trust, t.clock.now, '').status).toBe('wrong');
+  });
+
+  it('a contradicted generation whose head reports its checks uncheckable (speculative rows cut back) convicts nobody', async () => {
+    const { t, heads, walks, onWalk } = await mesh((ids) => [ids[1]!, ids[2]!]);
+    const s = subject(t, heads[0]!.peerId);
+    // The head answers the walk as a speculating head does: every planned check skipped as uncheckable, signed.
+    onWalk.fn = async (head, walk) => {
+      const plan = JSON.parse(walk.plan) as CheckPlan;
+      for (const c of plan.checks) {
+        const body = { head, timestamp: t.clock.now, plan: walk.plan, plan_signature: walk.signature, session: `${plan.generation}.x`, peer_id: c.peer.peer_id, start_layer: c.start_layer, end_layer: c.end_layer, reason: 'uncheckable' as const, why: 'rejected draft rows were cut back' };
+        await t.verification.skipped(await signBody(heads[0]!.identity, body));
+      }
+    };
+    expect(await t.verification.audits.audit(s)).toBe('unwalkable');
+    expect(walks).toEqual([heads[0]!.peerId]);
+    expect(t.verification.trust.quarantined(heads[0]!.peerId)).toBe(false);
+    expect(t.verification.trust.checkProbability(heads[0]!.peerId)).toBe(1);
+    // The answer was still wrong: its record says so.
     expect(s.record.view(t.verification.trust, t.clock.now, '').status).toBe('wrong');
   });
 

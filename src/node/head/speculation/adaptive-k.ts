@@ -1,0 +1,186 @@
+/**
+ * How many tokens a generation drafts per trip, from what it measures.
+ *
+ * A trip with k drafted tokens yields E(α, k) = (1 − α^(k+1)) / (1 − α)
+ * tokens on average (α: the chance a draft is accepted given its
+ * predecessors were) and costs t(k) = base + k·perRow + k·draftCost: the
+ * plain step's trip, each extra row through every hop, and drafting. The
+ * policy picks the k in 0..maxK with the most tokens per ms, 0 being a plain
+ * step (E = 1, t = base); it speculates only when that beats the plain step
+ * by `margin` (so a poor drafter costs little), and while it does not it
+ * drafts one token every `probeEvery` trips to keep α current (each probe
+ * that changes nothing doubles that wait, up to 8×).
+ *
+ * Estimates, discounted so they follow the text as it changes:
+ * - α: accepted drafts / (accepted + rejections) — the maximum likelihood
+ *   estimate for geometric acceptance (each trip's drafts are looked at
+ *   until the first rejection), with a prior of one of each.
+ * - base and perRow: a ridge regression of trip time on drafted rows, the
+ *   slope pulled towards `perRowPrior` × base until the rows vary enough to
+ *   tell; every 4th speculating trip drafts one token fewer or more so they
+ *   always do (near the best k the rate is flat: this costs little).
+ * - draftCost: the drafter's own measured ms per proposed token.
+ *
+ * A hop that reports full batches turns speculation off for `fullHoldTrips`
+ * trips: batching already amortises the trip, and drafts would only add rows.
+ */
+
+export interface AdaptiveKOptions {
+  /** Largest k. @defaultValue 16 */
+  maxK?: number;
+  /** Always this k (benchmarks: the efficiency against theory at a chosen k). */
+  fixedK?: number;
+  /** Trips between one-token probes while speculation does not pay. @defaultValue 16 */
+  probeEvery?: number;
+  /** Plain trips after a hop reported full batches. @defaultValue 8 */
+  fullHoldTrips?: number;
+  /** Speculate only when the best k is expected to beat a plain step by this fraction. @defaultValue 0.03 */
+  margin?: number;
+  /** Cost of one more row per trip as a fraction of the plain trip, until measured. @defaultValue 0.05 */
+  perRowPrior?: number;
+  /** Weight of each trip's evidence against the newest (per trip). @defaultValue 0.95 */
+  decay?: number;
+}
+
+export interface TripRecord {
+  /** Tokens drafted and sent (0: a plain step). */
+  drafted: number;
+  /** Of those, accepted. */
+  accepted: number;
+  /** From the step's start at the head to its tokens, ms. */
+  tripMs: number;
+}
+
+export interface AdaptiveKStats {
+  alpha: number;
+  baseMs: number;
+  perRowMs: number;
+  draftMsPerToken: number;
+  k: number;
+}
+
+/** Expected tokens per trip with k drafts at acceptance α. */
+export function expectedTokens(alpha: number, k: number): number {
+  if (k <= 0) return 1;
+  if (alpha >= 1) return k + 1;
+  return (1 - alpha ** (k + 1)) / (1 - alpha);
+}
+
+export class AdaptiveK {
+  private readonly maxK: number;
+  private readonly fixedK: number | undefined;
+  private readonly probeEvery: number;
+  private readonly fullHoldTrips: number;
+  private readonly margin: number;
+  private readonly perRowPrior: number;
+  private readonly decay: number;
+  private accepted = 1;
+  private rejected = 1;
+  // Discounted regression sums of trip ms on drafted rows.
+  private s0 = 0;
+  private sx = 0;
+  private sy = 0;
+  private sxx = 0;
+  private sxy = 0;
+  private trips = 0;
+  private sinceSpeculated = 0;
+  private heldUntil = 0;
+  private draftMs = 0;
+  private lastK = 0;
+  private probeWait: number;
+
+  constructor(o: AdaptiveKOptions = {}) {
+    this.maxK = o.maxK ?? 16;
+    if (!(Number.isInteger(this.maxK) && this.maxK >= 1 && this.maxK <= 16)) throw new RangeError(`max k ${this.maxK} is not in 1..16`);
+    if (o.fixedK !== undefined && !(Number.isInteger(o.fixedK) && o.fixedK >= 0 && o.fixedK <= 16)) throw new RangeError(`k ${o.fixedK} is not in 0..16`);
+    this.fixedK = o.fixedK;
+    this.probeEvery = o.probeEvery ?? 16;
+    this.probeWait = this.probeEvery;
+    this.fullHoldTrips = o.fullHoldTrips ?? 8;
+    this.margin = o.margin ?? 0.03;
+    this.perRowPrior = o.perRowPrior ?? 0.05;
+    this.decay = o.decay ?? 0.95;
+  }
+
+  get alpha(): number {
+    return this.accepted / (this.accepted + this.rejected);
+  }
+
+  /** The drafter's measured cost per proposed token, ms. */
+  setDraftCost(ms: number): void {
+    if (Number.isFinite(ms) && ms >= 0) this.draftMs = ms;
+  }
+
+  /** A hop's batches are full: plain steps for a while. */
+  batchFull(): void {
+    this.heldUntil = this.trips + this.fullHoldTrips;
+  }
+
+  /** The plain step's time and the cost of one more row, as estimated now. */
+  costs(): { baseMs: number; perRowMs: number } {
+    if (this.s0 === 0) return { baseMs: 0, perRowMs: 0 };
+    const mx = this.sx / this.s0;
+    const my = this.sy / this.s0;
+    const cxx = this.sxx - this.s0 * mx * mx;
+    const cxy = this.sxy - this.s0 * mx * my;
+    // Ridge towards the prior slope: λ pseudo-trips' worth of spread (one row apart) at that slope.
+    const lambda = 1;
+    const prior = (this.perRowPrior * my) / (1 + this.perRowPrior * mx);
+    const slope = Math.max(0, (cxy + lambda * prior) / (Math.max(0, cxx) + lambda));
+    return { baseMs: Math.max(1e-3, my - slope * mx), perRowMs: slope };
+  }
+
+  /** k for the next trip (0: a plain step). */
+  next(): number {
+    if (this.fixedK !== undefined) return (this.lastK = this.fixedK);
+    if (this.trips < this.heldUntil) return (this.lastK = 0);
+    if (this.s0 === 0) return (this.lastK = Math.min(4, this.maxK)); // nothing measured yet: a moderate start
+    const a = this.alpha;
+    const { baseMs, perRowMs } = this.costs();
+    let best = 0;
+    let bestRate = 1 / baseMs;
+    for (let k = 1; k <= this.maxK; k++) {
+      const rate = expectedTokens(a, k) / (baseMs + k * (perRowMs + this.draftMs));
+      if (rate > bestRate) {
+        best = k;
+        bestRate = rate;
+      }
+    }
+    if (best > 0 && bestRate < (1 + this.margin) / baseMs) best = 0;
+    if (best === 0) {
+      // Probe: each one that still finds speculation not paying doubles the wait for the next (to 8×).
+      if (this.sinceSpeculated < this.probeWait) return (this.lastK = 0);
+      this.probeWait = Math.min(8 * this.probeEvery, this.probeWait * 2);
+      return (this.lastK = 1);
+    }
+    this.probeWait = this.probeEvery;
+    // Every 4th trip one row fewer or more (alternately): the rows must vary for the per-row cost
+    // to be measured at all, and near the best k the rate is flat, so this costs little.
+    if (this.trips % 4 === 3) best = Math.max(0, Math.min(this.maxK, best + ((this.trips >> 2) % 2 === 0 ? -1 : 1)));
+    return (this.lastK = best);
+  }
+
+  record(t: TripRecord): void {
+    this.trips++;
+    const g = this.decay;
+    if (t.drafted > 0) {
+      this.sinceSpeculated = 0;
+      this.accepted = this.accepted * g + t.accepted;
+      this.rejected = this.rejected * g + (t.accepted < t.drafted ? 1 : 0);
+    } else this.sinceSpeculated++;
+    if (Number.isFinite(t.tripMs) && t.tripMs >= 0) {
+      const x = t.drafted;
+      const y = t.tripMs;
+      this.s0 = this.s0 * g + 1;
+      this.sx = this.sx * g + x;
+      this.sy = this.sy * g + y;
+      this.sxx = this.sxx * g + x * x;
+      this.sxy = this.sxy * g + x * y;
+    }
+  }
+
+  stats(): AdaptiveKStats {
+    const { baseMs, perRowMs } = this.costs();
+    return { alpha: this.alpha, baseMs, perRowMs, draftMsPerToken: this.draftMs, k: this.lastK };
+  }
+}
