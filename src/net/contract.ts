@@ -50,7 +50,7 @@ export type MeshPushFn = (peerId: string, req: OutgoingRequest, opts?: RequestOp
 /** `event` is stable for filtering; `ignored` entries are inputs that got no answer, `reason` says why. */
 export interface RelayLogEntry {
   level: 'debug' | 'info' | 'warn' | 'error';
-  event: 'ignored' | 'answered-error' | 'handler-error' | 'send-failed' | 'relay-error' | 'connection' | 'protocol';
+  event: 'ignored' | 'answered-error' | 'handler-error' | 'send-failed' | 'relay-error' | 'connection' | 'outage' | 'protocol';
   message: string;
   streamId?: number;
   requestId?: string;
@@ -71,6 +71,18 @@ export interface FastPathClient {
   readonly cluster?: boolean;
   /** True while registered: the fast path is usable. */
   readonly isRegistered: boolean;
+  /**
+   * While a lost relay connection is waited out, ms left of its budget (the
+   * client holds requests until it registered again); 0 otherwise. Absent:
+   * the client does not wait (the fast path is usable only while registered).
+   */
+  outageLeftMs?(): number;
+  /**
+   * Ms left of the last outage's window (from the loss, the budget long),
+   * back or not: a hop the relay does not know yet may still be reconnecting
+   * from the same outage, so its "no such peer" is waited out. 0: no outage.
+   */
+  outageWindowLeftMs?(): number;
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
   /** A one-way request, where the relay forwards them (see MeshPushFn); absent or undefined: it cannot. */
   push?: MeshPushFn;

@@ -257,7 +257,7 @@ export class FrameMux implements MuxPort {
       return;
     }
     if (kind === FrameKind.Cancel && bytes[0] === FRAME_VERSION) {
-      this.bridge.onCancel(streamId);
+      this.bridge.onCancel(streamId, bytes[2]!);
       return;
     }
     // A REQUEST, or something unknown that still names a stream: it gets a 400 unless that stream is busy.

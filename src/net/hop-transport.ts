@@ -66,6 +66,8 @@ export class HopUnreachableError extends MeshError {
 
 /** After a request over a peer's link failed, this long before a link that is up leads that peer's order again, ms. */
 const LINK_RETRY_MS = 10_000;
+/** Between tries of a hop the relay does not know yet, after an outage of our relay: the first, and the most, ms. */
+const PEER_BACK_POLL_MS = [100, 500] as const;
 
 /** Parsed once per address: plan() runs for every hop of every token, and a URL parse there showed up cold. */
 const hostPortCache = new Map<string, string | undefined>();
@@ -133,19 +135,24 @@ export class HopTransport {
   /** The transports to try for a hop, best first. */
   plan(hop: RouteHop): TransportKind[] {
     const relay: TransportKind[] = [];
+    /** Our relay connection is down and being waited out: the fast path holds the request until it is back. */
+    let waiting = false;
     if (hop.relay_addr !== undefined) {
       const fast = this.init.fast;
       const ours = fast === undefined ? undefined : hostPort(fast.relayUrl);
       // In a cluster, our relay reaches a hop on any of its relays (a hop elsewhere: its 404 sends us to /rpc next).
       const onOurs = fast !== undefined && (fast.cluster === true || (ours !== undefined && hostPort(hop.relay_addr) === ours));
       if (onOurs && fast.isRegistered) relay.push('fast');
-      // /rpc works for any relay, ours included: the fallback when our own connection is down.
-      if (this.init.rpc) relay.push('rpc');
+      else if (onOurs && (fast.outageLeftMs?.() ?? 0) > 0) waiting = true;
+      // /rpc works for any relay, ours included: the fallback when our own connection is down (not while it is being waited out: the relay is the one down).
+      if (this.init.rpc && !waiting) relay.push('rpc');
     }
     const linkUp = hop.endpoint !== undefined && this.init.link?.(hop.endpoint, hop.peer_id) !== undefined;
     const direct: TransportKind[] = hop.endpoint !== undefined && this.directRequest ? ['direct'] : [];
     const mode = this.init.order ?? 'relay';
     if (mode === 'adaptive' && linkUp) direct.unshift('link');
+    // While our relay is down, a path that does not need it goes first, and the fast path waits last.
+    if (waiting) return [...(linkUp && mode !== 'adaptive' ? (['link'] as TransportKind[]) : []), ...direct, 'fast'];
     const order = mode === 'direct' ? [...direct, ...relay] : [...relay, ...direct];
     // A link that is up has already proved the endpoint reachable (ADR-0014's reason to try the relay first), and skips the relay's two wakes: it leads.
     if (mode !== 'adaptive' && linkUp) {
@@ -167,13 +174,39 @@ export class HopTransport {
    * HopUnreachableError.
    */
   async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal, opts: { sample?: boolean; accept?: (reply: MeshReply) => boolean } = {}): Promise<MeshReply> {
+    for (let tries = 0; ; tries++) {
+      try {
+        return await this.sendOnce(hop, req, timeoutMs, signal, opts);
+      } catch (e) {
+        // Our relay was lost a moment ago: the request went down with our connection, or the hop is not on the
+        // relay yet (it may be reconnecting from the same outage). Send it again within the outage's window rather
+        // than call the hop gone (a replacement would be asked for, and the failure counted against the hop).
+        // A step that did run before the cut answers 409 the second time; the pipeline replays it.
+        const left = this.init.fast?.outageWindowLeftMs?.() ?? 0;
+        if (!(e instanceof HopUnreachableError) || left <= 0 || !e.errors.some((x) => x.kind === 'fast' && lostWithOurRelay(x.error))) throw e;
+        await pause(Math.min(left, PEER_BACK_POLL_MS[1], PEER_BACK_POLL_MS[0] * 1.5 ** tries), signal);
+        if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+      }
+    }
+  }
+
+  /**
+   * One try over every path in plan order. `timeoutMs` is the budget of the
+   * whole try, not of each path: a hop that is silent on one path (a frozen
+   * page, a stopped process) is given up on within it, not once per path.
+   */
+  private async sendOnce(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal: AbortSignal | undefined, opts: { sample?: boolean; accept?: (reply: MeshReply) => boolean }): Promise<MeshReply> {
     const errors: Array<{ kind: TransportKind; error: MeshError }> = [];
+    const deadline = performance.now() + timeoutMs;
     for (const kind of this.plan(hop)) {
       if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
+      // A path that timed out used the budget: the hop is silent, not the path.
+      const left = Math.round(deadline - performance.now());
+      if (errors.length > 0 && (left <= 0 || errors.some((x) => x.error.code === 'MESH_ERR_TIMEOUT'))) break;
       let reply: MeshReply;
       const t0 = performance.now();
       try {
-        reply = await this.sendOn(kind, hop, req, timeoutMs, signal);
+        reply = await this.sendOn(kind, hop, req, errors.length === 0 ? timeoutMs : Math.max(1, left), signal);
       } catch (e) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         errors.push({ kind, error: asMesh(e, kind) });
@@ -186,7 +219,7 @@ export class HopTransport {
         if (kind === 'link') this.linkFailed(hop.peer_id);
         continue;
       }
-      if (errors.length > 0) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);
+      if (errors.length > 0 && !this.inOutageWindow()) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);
       // Only like requests are compared (the pipeline samples one-token steps, not prompts or replays).
       if (opts.sample) this.observe(hop.peer_id, kind, performance.now() - t0);
       this.preferred.set(hop.peer_id, kind);
@@ -218,15 +251,21 @@ export class HopTransport {
         const r = await oneWay;
         // 202: no news; a 2xx or the hop's own answer: a far side that answered anyway (it does not know one-way requests).
         if (r.status < 300 || opts.accept?.(r)) return r;
-        this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request refused (${remoteError(r.status, r.body).message}); trying every path`);
+        if (!this.inOutageWindow()) this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request refused (${remoteError(r.status, r.body).message}); trying every path`);
       } catch (e) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
-        this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request failed (${(e as Error).message}); trying every path`);
+        // During a relay outage the relay client logs the outage once; each push it cut is not news.
+        if (!this.inOutageWindow()) this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request failed (${(e as Error).message}); trying every path`);
       }
       if (first === 'link') this.linkFailed(hop.peer_id);
       this.preferred.delete(hop.peer_id);
     }
     return this.send(hop, req, timeoutMs, signal, opts);
+  }
+
+  /** Within the window of an outage of our relay (see FastPathClient.outageWindowLeftMs). */
+  inOutageWindow(): boolean {
+    return (this.init.fast?.outageWindowLeftMs?.() ?? 0) > 0;
   }
 
   private linkFailed(peer: string): void {
@@ -291,6 +330,24 @@ export class HopTransport {
     for (const c of this.rpcConns.values()) c.close();
     this.rpcConns.clear();
   }
+}
+
+/** A fast-path failure that says our relay lost the hop or us, not that the hop failed: it is not on the relay (yet), or our connection dropped under the request. */
+function lostWithOurRelay(e: MeshError): boolean {
+  return e.code === 'MESH_ERR_NO_SUCH_PEER' || (e.code === 'MESH_ERR_PEER_GONE' && e.details.reason === 'disconnected');
+}
+
+/** Sleep `ms`, or less when `signal` aborts. */
+function pause(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(t);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal?.addEventListener('abort', done, { once: true });
+  });
 }
 
 /** DirectRequest over fetch (browsers, and any host without something leaner). */

@@ -7,7 +7,7 @@
  */
 import { bodyFieldsFor, collectBody, meshRequestFromEnvelope, relayHttpRequestSchema, type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
-import { FLAG_END, FLAG_ONE_WAY, FrameError, FrameKind, decodeFrame, encodeDataFrame, encodeErrorFrame, encodeResponseFrame, encodeStreamErrorFrame, type RequestFrame } from '../protocol/frames.ts';
+import { FLAG_CALLER_GONE, FLAG_END, FLAG_ONE_WAY, FrameError, FrameKind, decodeFrame, encodeDataFrame, encodeErrorFrame, encodeResponseFrame, encodeStreamErrorFrame, type RequestFrame } from '../protocol/frames.ts';
 import { normalizeHeaders, type HeaderMap } from '../protocol/headers.ts';
 import type { MeshHandler } from './contract.ts';
 import type { MuxPort } from './mux-port.ts';
@@ -187,7 +187,7 @@ export class MuxBridge {
     this.run(call, new InboundRequest(frame.method, frame.path, frame.headers, frame.body, call));
   }
 
-  onCancel(streamId: number): void {
+  onCancel(streamId: number, flags = 0): void {
     const call = this.frames.get(streamId);
     if (call === undefined) {
       this.port.log({ level: 'warn', event: 'ignored', message: `CANCEL for stream ${streamId}, which is not running (already answered?)`, streamId });
@@ -195,7 +195,9 @@ export class MuxBridge {
     }
     // The far side has forgotten the stream: no answer may follow, or it could land on a reused id.
     this.frames.delete(streamId);
-    this.abandon(call, new MeshError('MESH_ERR_CANCELLED', 'the caller cancelled the request'));
+    // A relay's CANCEL for a caller whose connection dropped reads like our own connection dropping: the caller may come back.
+    const gone = (flags & FLAG_CALLER_GONE) !== 0;
+    this.abandon(call, gone ? new MeshError('MESH_ERR_CANCELLED', "the caller's connection to the relay dropped", { reason: 'disconnected' }) : new MeshError('MESH_ERR_CANCELLED', 'the caller cancelled the request'));
   }
 
   /** Abort every running handler; their answers are dropped (the connection is gone). */

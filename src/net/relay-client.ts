@@ -12,15 +12,17 @@
  * Once registered, the socket belongs to a FrameMux: the node's handler
  * answers what arrives, and request()/requestStream() call other peers over
  * it. When the socket drops, the mux rejects every pending request and
- * aborts every running handler, and the dialer reconnects with exponential
- * backoff and full jitter, registering again under the same peer id.
+ * aborts every running handler, and the dialer reconnects (at once, then
+ * with backoff: reconnectDelay in relay-options.ts), registering again under
+ * the same peer id. An outage shorter than `outageBudgetMs` is waited out:
+ * requests made meanwhile wait for the new registration instead of failing.
  */
 import { CLUSTER_FEATURE, ONE_WAY_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FrameMux } from './frame-mux.ts';
 import type { Identity } from './identity.ts';
 import type { MeshHandler, MeshStreamReply, OutgoingRequest, RelayLogEntry, RequestOptions } from './contract.ts';
-import { resolveRelayClientOptions, type RelayClientOptions } from './relay-options.ts';
+import { reconnectDelay, resolveRelayClientOptions, type RelayClientOptions } from './relay-options.ts';
 import { WS_OPEN, type SocketMessageEvent, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
 
 /** The protocols this client speaks, announced in `info.protocols`. */
@@ -44,6 +46,10 @@ export interface RelayStateEvent {
   /** Set with Disconnected when a reconnect is scheduled. */
   retryInMs?: number;
   reason?: string;
+  /** Set with Registered after a lost connection: how long it was away, ms. */
+  outageMs?: number;
+  /** Set with Disconnected when it follows a registration: the connection was just lost (not another failed attempt). */
+  lost?: boolean;
 }
 
 export interface RelayClientInit extends Partial<RelayClientOptions> {
@@ -122,6 +128,16 @@ export class RelayClient {
   private registration: Registration | undefined;
   private readonly stateListeners = new Set<(e: RelayStateEvent) => void>();
   private readyWaiters: Array<{ resolve: (r: Registration) => void; reject: (e: unknown) => void }> = [];
+  /** When (performance.now) the registered connection was last lost; kept after it is back (the outage's window). */
+  private lostAt: number | undefined;
+  /** True from a lost registration until the next one. */
+  private inOutage = false;
+  /** Reconnect attempts since the outage outlived its budget. */
+  private pastBudget = 0;
+  /** Fires when the outage outlives its budget: waiting requests fail then. */
+  private outageTimer: ReturnType<typeof setTimeout> | undefined;
+  /** Requests waiting for the registration while the connection is down (within the budget). */
+  private readonly outageWaiters = new Set<{ resolve: () => void; reject: (e: unknown) => void }>();
 
   constructor(init: RelayClientInit) {
     this.options = resolveRelayClientOptions(init);
@@ -162,6 +178,53 @@ export class RelayClient {
   get relayAddr(): string | undefined {
     return this.registration?.relayAddr;
   }
+  /** True while registered: requests go out at once. */
+  get isRegistered(): boolean {
+    return this.mux !== undefined;
+  }
+
+  /** While a lost connection is being waited out: ms until its budget runs out (0: registered, or not waiting any more). */
+  outageLeftMs(): number {
+    if (!this.inOutage || this.lostAt === undefined) return 0;
+    return Math.max(0, this.lostAt + this.options.outageBudgetMs - performance.now());
+  }
+
+  /**
+   * Ms left of the last outage's window (from the moment the connection was
+   * lost, outageBudgetMs long), whether or not it is back: peers that lost the
+   * same relay may still be reconnecting, so a "no such peer" within it is
+   * worth waiting out. 0 when there was no outage or it is over.
+   */
+  outageWindowLeftMs(): number {
+    if (this.lostAt === undefined) return 0;
+    return Math.max(0, this.lostAt + this.options.outageBudgetMs - performance.now());
+  }
+
+  /** Resolves once registered: at once when it is, after the reconnect while an outage is waited out; rejects once the outage outlives its budget, on close(), or when `signal` aborts. */
+  whenRegistered(signal?: AbortSignal): Promise<void> {
+    if (this.mux !== undefined) return Promise.resolve();
+    if (this.outageLeftMs() <= 0) return Promise.reject(this.notRegistered());
+    if (signal?.aborted) return Promise.reject(new MeshError('MESH_ERR_CANCELLED', 'cancelled while the relay was reconnecting'));
+    return new Promise<void>((resolve, reject) => {
+      const onAbort = (): void => {
+        this.outageWaiters.delete(w);
+        reject(new MeshError('MESH_ERR_CANCELLED', 'cancelled while the relay was reconnecting'));
+      };
+      const w = {
+        resolve: () => {
+          signal?.removeEventListener('abort', onAbort);
+          resolve();
+        },
+        reject: (e: unknown) => {
+          signal?.removeEventListener('abort', onAbort);
+          reject(e);
+        },
+      };
+      this.outageWaiters.add(w);
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
   /** Incoming requests whose handler has not finished. */
   get pendingIncoming(): number {
     return this.mux?.pendingIncoming ?? 0;
@@ -217,6 +280,7 @@ export class RelayClient {
     if (this.stateValue === RelayClientState.Closed) return;
     if (this.reconnectTimer !== undefined) clearTimeout(this.reconnectTimer);
     this.reconnectTimer = undefined;
+    this.endOutage(new MeshError('MESH_ERR_SHUTTING_DOWN', 'relay client closed while it was reconnecting'));
     this.stateValue = RelayClientState.Closed;
     if (this.dial) this.endDial(this.dial, 'closed by this node');
     this.mux?.close('closed by this node', { pendingError: new MeshError('MESH_ERR_SHUTTING_DOWN', 'relay client closed while the request was in flight') });
@@ -224,10 +288,15 @@ export class RelayClient {
     for (const w of this.readyWaiters.splice(0)) w.reject(new MeshError('MESH_ERR_SHUTTING_DOWN', 'relay client closed before it registered'));
   }
 
-  /** Send a request to another peer over the fast path and collect its whole answer. Relay errors (404, 502, 504 …) are replies, not throws. */
+  /**
+   * Send a request to another peer over the fast path and collect its whole
+   * answer. Relay errors (404, 502, 504 …) are replies, not throws. While a
+   * lost connection is waited out, it is sent once the client registered
+   * again (opts.timeoutMs counts from then).
+   */
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply> {
     const mux = this.mux;
-    if (mux === undefined) return Promise.reject(this.notRegistered());
+    if (mux === undefined) return this.whenRegistered(opts?.signal).then(() => this.request(peerId, req, opts));
     return mux.request(peerId, req, opts);
   }
 
@@ -239,19 +308,39 @@ export class RelayClient {
    */
   push(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply> | undefined {
     const mux = this.mux;
-    if (mux === undefined || this.registration?.oneWay !== true) return undefined;
+    if (mux === undefined) {
+      if (this.outageLeftMs() <= 0) return undefined;
+      // Held until the connection is back: then one-way if the relay still allows it, else an ordinary request.
+      return this.whenRegistered(opts?.signal).then(() => this.push(peerId, req, opts) ?? this.request(peerId, req, opts));
+    }
+    if (this.registration?.oneWay !== true) return undefined;
     return mux.push(peerId, req, opts);
   }
 
   /** Like request(), but resolves at the answer's head and yields the body as it arrives. */
   requestStream(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshStreamReply> {
     const mux = this.mux;
-    if (mux === undefined) return Promise.reject(this.notRegistered());
+    if (mux === undefined) return this.whenRegistered(opts?.signal).then(() => this.requestStream(peerId, req, opts));
     return mux.requestStream(peerId, req, opts);
   }
 
   private notRegistered(): MeshError {
+    if (this.lostAt !== undefined && this.inOutage) {
+      return new MeshError('MESH_ERR_UNAVAILABLE', `relay ${this.wsUrl} unreachable for ${Math.round(performance.now() - this.lostAt)} ms (still reconnecting); use another path`, { reason: 'relay-unreachable' });
+    }
     return new MeshError('MESH_ERR_UNAVAILABLE', `not registered with the relay (state ${this.stateValue}); await ready() or use another path`);
+  }
+
+  /** The connection is back, closed, or the outage outlived its budget: settle the requests waiting for it. */
+  private endOutage(err?: unknown): void {
+    if (this.outageTimer !== undefined) clearTimeout(this.outageTimer);
+    this.outageTimer = undefined;
+    const waiters = [...this.outageWaiters];
+    this.outageWaiters.clear();
+    for (const w of waiters) {
+      if (err === undefined) w.resolve();
+      else w.reject(err);
+    }
   }
 
   // ------------------------------------------------------------ connecting
@@ -345,6 +434,7 @@ export class RelayClient {
     });
     this.mux = mux;
     this.attempt = 0;
+    this.pastBudget = 0;
     this.registration = {
       peerId: parsed.data.peer_id,
       relayAddr: parsed.data.relay_addr,
@@ -352,8 +442,11 @@ export class RelayClient {
       cluster: parsed.data.features?.includes(CLUSTER_FEATURE) === true,
     };
     this.learnRelays(parsed.data.relays);
-    this.setState({ state: RelayClientState.Registered, attempt: 0, peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr });
+    const outageMs = this.inOutage && this.lostAt !== undefined ? Math.round(performance.now() - this.lostAt) : undefined;
+    this.inOutage = false;
+    this.setState({ state: RelayClientState.Registered, attempt: 0, peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr, ...(outageMs !== undefined ? { outageMs } : {}) });
     for (const w of this.readyWaiters.splice(0)) w.resolve(this.registration);
+    this.endOutage();
   }
 
   /**
@@ -415,18 +508,28 @@ export class RelayClient {
     this.mux = undefined;
     if (this.stateValue === RelayClientState.Closed) return;
     this.attempt = 0;
+    this.lostAt = performance.now();
+    this.inOutage = true;
+    if (this.options.outageBudgetMs > 0) {
+      this.outageTimer = setTimeout(() => {
+        this.outageTimer = undefined;
+        this.log({ level: 'warn', event: 'outage', message: `no relay reachable for ${this.options.outageBudgetMs} ms (now trying ${this.wsUrl}); requests over it fail until one is back (still reconnecting)` });
+        this.endOutage(this.notRegistered());
+      }, this.options.outageBudgetMs);
+    }
     this.log({ level: 'warn', event: 'connection', message: `disconnected from ${this.wsUrl}: ${reason}` });
     // Another relay of the list first: the one that dropped us may be gone (with one relay, the same one again).
     this.nextRelay();
-    this.scheduleReconnect(reason);
+    this.scheduleReconnect(reason, true);
   }
 
-  private scheduleReconnect(reason: string): void {
+  private scheduleReconnect(reason: string, lost = false): void {
     if (this.stateValue === RelayClientState.Closed) return;
-    const ceiling = Math.min(this.options.maxBackoffMs, this.options.minBackoffMs * 2 ** Math.min(this.attempt, 30));
-    const delay = Math.floor(this.random() * ceiling);
+    const since = this.inOutage && this.lostAt !== undefined ? performance.now() - this.lostAt : 0;
+    const delay = reconnectDelay(this.options, this.attempt, since, this.pastBudget, this.random());
+    if (this.inOutage && since >= this.options.outageBudgetMs) this.pastBudget++;
     this.attempt++;
-    this.setState({ state: RelayClientState.Disconnected, attempt: this.attempt, peerId: this.peerId, retryInMs: delay, reason });
+    this.setState({ state: RelayClientState.Disconnected, attempt: this.attempt, peerId: this.peerId, retryInMs: delay, reason, ...(lost ? { lost } : {}) });
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
   }
 

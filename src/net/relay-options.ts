@@ -18,19 +18,45 @@ export interface MuxOptions {
   maxSendWaitMs: number;
 }
 
-/** The relay dialer's options: the multiplexer's limits plus connect and reconnect. */
+/**
+ * The relay dialer's options: the multiplexer's limits plus connect and
+ * reconnect. The schedule (reconnectDelay): the first attempt after a lost
+ * connection at once, within `firstJitterMs`; then exponential backoff from
+ * `minBackoffMs` with equal jitter (a delay in [ceiling/2, ceiling]), the
+ * ceiling held at `outageCeilingMs` while the outage is younger than
+ * `outageBudgetMs` (a short outage is caught within that of its end), and
+ * doubling from there up to `maxBackoffMs` once it is older.
+ */
 export interface RelayClientOptions extends MuxOptions {
-  /** First reconnect delay's ceiling; each failure doubles it (full jitter: the delay is uniform in [0, ceiling]). @defaultValue 250 */
+  /** The first reconnect after a lost connection comes within this, ms (uniform jitter: thousands of peers do not all come at once). @defaultValue 250 */
+  firstJitterMs: number;
+  /** The backoff's first ceiling; each failure doubles it. @defaultValue 250 */
   minBackoffMs: number;
-  /** Largest reconnect delay ceiling. @defaultValue 15000 */
+  /** Largest backoff ceiling. @defaultValue 15000 */
   maxBackoffMs: number;
+  /** Largest ceiling while the outage is younger than outageBudgetMs. @defaultValue 800 */
+  outageCeilingMs: number;
+  /**
+   * How long a lost connection is waited out: requests made meanwhile wait
+   * for the registration instead of failing (and fail with
+   * MESH_ERR_UNAVAILABLE "relay … unreachable" once it is over), and the
+   * reconnect attempts stay at most outageCeilingMs apart. 0: no waiting.
+   * @defaultValue 10000
+   */
+  outageBudgetMs: number;
   /** Time from opening the socket to `registered`; then the attempt counts as failed. @defaultValue 10000 */
   registerTimeoutMs: number;
 }
 
+/** Default of RelayClientOptions.outageBudgetMs: what nodes and the tracker wait out of a relay outage (docs/architecture.md, "Restarts"). */
+export const RELAY_OUTAGE_BUDGET_MS = 10_000;
+
 export const RELAY_CLIENT_DEFAULTS: RelayClientOptions = {
+  firstJitterMs: 250,
   minBackoffMs: 250,
   maxBackoffMs: 15_000,
+  outageCeilingMs: 800,
+  outageBudgetMs: RELAY_OUTAGE_BUDGET_MS,
   registerTimeoutMs: 10_000,
   requestTimeoutMs: 30_000,
   handlerTimeoutMs: 120_000,
@@ -46,14 +72,28 @@ export function resolveRelayClientOptions(partial: Partial<RelayClientOptions>):
     const v = partial[k];
     if (v !== undefined) o[k] = v;
   }
-  for (const k of ['minBackoffMs', 'maxBackoffMs', 'registerTimeoutMs', 'maxConcurrentRequests', 'maxMessageBytes', 'highWaterBytes', 'maxSendWaitMs'] as const) {
+  for (const k of ['minBackoffMs', 'maxBackoffMs', 'outageCeilingMs', 'registerTimeoutMs', 'maxConcurrentRequests', 'maxMessageBytes', 'highWaterBytes', 'maxSendWaitMs'] as const) {
     if (!Number.isFinite(o[k]) || o[k] <= 0) throw new TypeError(`relay client option ${k} must be a positive number, got ${o[k]}`);
   }
-  for (const k of ['requestTimeoutMs', 'handlerTimeoutMs'] as const) {
+  for (const k of ['requestTimeoutMs', 'handlerTimeoutMs', 'firstJitterMs', 'outageBudgetMs'] as const) {
     if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`relay client option ${k} must be 0 (disabled) or a positive number, got ${o[k]}`);
   }
   if (o.minBackoffMs > o.maxBackoffMs) throw new TypeError('minBackoffMs must not exceed maxBackoffMs');
   return o;
+}
+
+/**
+ * The delay before reconnect attempt `attempt` (0 = the first after the
+ * connection was lost), when the outage is `outageMs` old and
+ * `pastBudget` attempts were made since it outlived outageBudgetMs;
+ * `random` in [0, 1). See RelayClientOptions.
+ */
+export function reconnectDelay(o: Pick<RelayClientOptions, 'firstJitterMs' | 'minBackoffMs' | 'maxBackoffMs' | 'outageCeilingMs' | 'outageBudgetMs'>, attempt: number, outageMs: number, pastBudget: number, random: number): number {
+  if (attempt === 0) return Math.floor(random * o.firstJitterMs);
+  let ceiling = Math.min(o.maxBackoffMs, o.minBackoffMs * 2 ** Math.min(attempt - 1, 30));
+  if (outageMs < o.outageBudgetMs) ceiling = Math.min(ceiling, o.outageCeilingMs);
+  else ceiling = Math.min(ceiling, Math.max(o.outageCeilingMs, Math.min(o.maxBackoffMs, o.outageCeilingMs * 2 ** Math.min(pastBudget, 30))));
+  return Math.floor(ceiling / 2 + (random * ceiling) / 2);
 }
 
 /** Options of an `/rpc` hop (ADR-0014 path). */

@@ -54,6 +54,16 @@ const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
 
 export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number };
 
+/** The tracker has no `GET /api/nodes/watch` (an older one). */
+export class WatchUnsupportedError extends MeshError {
+  constructor() {
+    super('MESH_ERR_NOT_FOUND', 'the tracker has no /api/nodes/watch');
+  }
+}
+
+/** Longest pause between two asks for a replacement while the tracker has none, ms. */
+const REPLACE_POLL_MAX_MS = 500;
+
 /** The tracker forgot this node (it restarted): register again. */
 export class NotRegisteredError extends MeshError {
   constructor() {
@@ -249,6 +259,41 @@ export class TrackerClient {
     return out;
   }
 
+  /**
+   * Hold `GET /api/nodes/watch` open: resolves when the stream ends (the
+   * tracker went away, or `signal` aborted), rejects when it cannot be
+   * opened (unreachable), and with WatchUnsupportedError when the tracker
+   * has no such route (an older one: heartbeats alone tell then).
+   */
+  async watch(signal: AbortSignal): Promise<void> {
+    let res: Response;
+    try {
+      res = await this.init.fetch(`${this.base}/api/nodes/watch`, { headers: { accept: 'text/event-stream' }, signal });
+    } catch (e) {
+      if (signal.aborted) return;
+      throw new MeshError('MESH_ERR_UNAVAILABLE', `tracker ${this.base} unreachable for its watch: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`);
+    }
+    if (res.status === 404 || res.status === 405) {
+      await res.body?.cancel().catch(() => undefined);
+      throw new WatchUnsupportedError();
+    }
+    if (!res.ok || !res.body) {
+      await res.body?.cancel().catch(() => undefined);
+      throw new MeshError('MESH_ERR_UNAVAILABLE', `tracker ${this.base} answered its watch with HTTP ${res.status}`);
+    }
+    const reader = res.body.getReader();
+    const onAbort = (): void => void reader.cancel().catch(() => undefined);
+    signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      for (;;) if ((await reader.read()).done) return;
+    } catch {
+      // cut: the tracker (or the network to it) went away
+    } finally {
+      signal.removeEventListener('abort', onAbort);
+      reader.releaseLock();
+    }
+  }
+
   /** The re-signed whole route of a replace answer, verified like any route; nothing when absent or not valid (the head then stays a star). */
   private async replacedRoute(chain: ReplaceAnswer['chain']): Promise<Pick<Replacement, 'chain'>> {
     if (!chain) return {};
@@ -262,9 +307,11 @@ export class TrackerClient {
   }
 
   /**
-   * Ask for hops covering a failed hop's layers. Retries with backoff while
-   * the tracker answers 503 or names the failed peer again (it may not have
-   * noticed the failure yet), until the deadline.
+   * Ask for hops covering a failed hop's layers. Retries with backoff (100
+   * ms doubling to 500) while the tracker answers 503 or names the failed peer
+   * again without saying it is reachable (it may not have noticed the
+   * failure yet), until the deadline. An answer naming the failed peer with
+   * `failed_reachable` is taken: nobody else holds the layers, and it is back.
    */
   async replace(model: string, failed: RouteHop, signal?: AbortSignal, route?: readonly RouteHop[]): Promise<Replacement> {
     const deadline = Date.now() + this.replaceDeadlineMs;
@@ -285,7 +332,8 @@ export class TrackerClient {
         const p = replaceAnswerSchema.safeParse(json);
         if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker replace answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
         const hops = await verifySignedRoute(this.trackerKey, this.init.identity.peerId, p.data.route, p.data.expires_at, p.data.signature, Date.now());
-        if (!hops.some((h) => h.peer_id === failed.peer_id)) return { hops, ...(await this.replacedRoute(p.data.chain)) };
+        // The failed peer again: on purpose when it answered the tracker just now (nobody else holds its layers); else the tracker has not noticed yet.
+        if (p.data.failed_reachable === true || !hops.some((h) => h.peer_id === failed.peer_id)) return { hops, ...(await this.replacedRoute(p.data.chain)) };
         retryable = true;
       }
       if (!retryable || Date.now() + delay > deadline) {
@@ -299,7 +347,8 @@ export class TrackerClient {
           reject(new MeshError('MESH_ERR_CANCELLED', 'cancelled while waiting for a replacement'));
         }, { once: true });
       });
-      delay = Math.min(delay * 2, 2_000);
+      // Short steps: the failed node itself (or a spare) may be back any moment, and the chat waits for it.
+      delay = Math.min(delay * 2, REPLACE_POLL_MAX_MS);
       void attempt;
     }
   }

@@ -5,7 +5,10 @@
  * the tracker answers 404 (it restarted, or expired us) register again.
  *
  *   start() ── register ──▶ onAssignment(a)
- *      └─ every interval: heartbeat ──▶ onAssignment(a)   (404 → register)
+ *      ├─ every interval: heartbeat ──▶ onAssignment(a)   (404 → register)
+ *      └─ watch: GET /api/nodes/watch held open; when it ends (the tracker went
+ *         away) heartbeats come every 250 ms → 1 s until one is answered (a
+ *         restarted tracker answers 404 → register at once), then it watches again
  *   beatNow()  the host loaded a span: tell the tracker at once, not a period later
  *
  * The signing is TrackerClient's (the relay identity); the message is built
@@ -14,7 +17,12 @@
  */
 import type { Assignment, NodeMessage, NodeStats, RegisterAnswer } from '../protocol/tracker.ts';
 import type { KvStats } from '../shard/kv-store.ts';
-import { NotRegisteredError, type TrackerClient } from './tracker-client.ts';
+import { NotRegisteredError, WatchUnsupportedError, type TrackerClient } from './tracker-client.ts';
+
+/** After the tracker went away: heartbeats this far apart, growing by half each time, ms (with jitter: [half, whole])… */
+const LOST_RETRY_MS = [250, 1_000] as const;
+/** …for this long; then at the heartbeat period (a tracker down for long is not hammered by every node each second). */
+const LOST_FAST_FOR_MS = 15_000;
 
 export interface TrackerSessionInit {
   client: TrackerClient;
@@ -32,10 +40,15 @@ export interface TrackerSessionInit {
 export class TrackerSession {
   private timer: ReturnType<typeof setTimeout> | undefined;
   private registered = false;
-  private beating: Promise<void> | undefined;
+  private beating: Promise<boolean> | undefined;
   private again = false;
   private closed = false;
   private heartbeatMs: number;
+  /** Aborts the watch stream and the lost-tracker loop on close(). */
+  private readonly stop = new AbortController();
+  private watching = false;
+  /** The last beat failed: the next failures are not logged again until one succeeds. */
+  private failing = false;
 
   constructor(private readonly init: TrackerSessionInit) {
     this.heartbeatMs = init.heartbeatMs ?? 5_000;
@@ -51,12 +64,13 @@ export class TrackerSession {
       await this.register();
     } finally {
       this.schedule();
+      void this.watch();
     }
   }
 
-  /** Heartbeat now (after a span loaded); overlapping calls coalesce into one more beat. */
-  beatNow(): Promise<void> {
-    if (this.closed) return Promise.resolve();
+  /** Heartbeat now (after a span loaded); overlapping calls coalesce into one more beat. Resolves true when the tracker answered (a registration included). */
+  beatNow(): Promise<boolean> {
+    if (this.closed) return Promise.resolve(false);
     if (this.beating) {
       this.again = true;
       return this.beating;
@@ -73,8 +87,54 @@ export class TrackerSession {
 
   close(): void {
     this.closed = true;
+    this.stop.abort();
     if (this.timer !== undefined) clearTimeout(this.timer);
     this.timer = undefined;
+  }
+
+  /**
+   * Keep the tracker's watch stream open; each time it ends or cannot be
+   * opened, heartbeat on a short schedule until the tracker answers, so a
+   * restarted tracker has this node again within about a second of its
+   * return, not a heartbeat period later. Stops on close(), or for good when
+   * the tracker has no watch (heartbeats alone then).
+   */
+  private async watch(): Promise<void> {
+    if (this.watching) return;
+    this.watching = true;
+    const signal = this.stop.signal;
+    try {
+      while (!this.closed) {
+        const t0 = Date.now();
+        try {
+          await this.init.client.watch(signal);
+        } catch (e) {
+          if (e instanceof WatchUnsupportedError) return;
+        }
+        if (this.closed) return;
+        // A stream that ended at once (a proxy refusing it, a tracker going down) is not a reason to spin.
+        if (Date.now() - t0 < LOST_RETRY_MS[0]) await pause(LOST_RETRY_MS[0], signal);
+        await this.untilAnswered(signal);
+      }
+    } finally {
+      this.watching = false;
+    }
+  }
+
+  /** Heartbeat every 250 ms → 1 s (then the heartbeat period) until the tracker answers one (a 404 registers again, at once). */
+  private async untilAnswered(signal: AbortSignal): Promise<void> {
+    const t0 = Date.now();
+    let lost = false;
+    for (let delay: number = LOST_RETRY_MS[0]; !this.closed; delay = Math.min(LOST_RETRY_MS[1], delay * 1.5)) {
+      if (await this.beatNow()) {
+        if (lost) this.init.onLog?.('info', `the tracker answers again after ${Date.now() - t0} ms`);
+        return;
+      }
+      if (!lost) this.init.onLog?.('warn', 'the tracker went away; heartbeating every second at most until it is back');
+      lost = true;
+      const wait = Date.now() - t0 < LOST_FAST_FOR_MS ? delay : this.heartbeatMs;
+      await pause(wait / 2 + (Math.random() * wait) / 2, signal);
+    }
   }
 
   private async register(): Promise<void> {
@@ -86,9 +146,12 @@ export class TrackerSession {
     this.init.onAssignment(ans.assignment);
   }
 
-  private async beat(): Promise<void> {
+  private async beat(): Promise<boolean> {
     try {
-      if (!this.registered) return await this.register();
+      if (!this.registered) {
+        await this.register();
+        return true;
+      }
       try {
         const ans = await this.init.client.heartbeat(this.init.message());
         if (ans.heartbeatIntervalMs) this.heartbeatMs = ans.heartbeatIntervalMs;
@@ -99,9 +162,13 @@ export class TrackerSession {
         this.registered = false;
         await this.register();
       }
+      this.failing = false;
+      return true;
     } catch (e) {
-      // A missed beat is not fatal: the next one retries, and the tracker expires us only after several.
-      this.init.onLog?.('warn', `tracker: ${(e as Error).message}`);
+      // A missed beat is not fatal: the next one retries, and the tracker expires us only after several. Said once per spell.
+      if (!this.failing) this.init.onLog?.('warn', `tracker: ${(e as Error).message}`);
+      this.failing = true;
+      return false;
     }
   }
 
@@ -111,6 +178,18 @@ export class TrackerSession {
       void this.beatNow().finally(() => this.schedule());
     }, this.heartbeatMs);
   }
+}
+
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(t);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
 }
 
 export type KvHeartbeat = Pick<NodeStats, 'kv_free_bytes' | 'kv_budget_bytes' | 'kv_used_bytes' | 'kv_sessions' | 'kv_bytes_per_token' | 'kv_block_tokens' | 'kv_max_tokens'>;

@@ -41,6 +41,13 @@ export const FLAG_ERROR = 0x02;
  * id. Sent only where the far side announced it (chained hops' pushes).
  */
 export const FLAG_ONE_WAY = 0x04;
+/**
+ * Flag bit on a CANCEL frame a relay sends: the caller did not ask to stop,
+ * its connection to the relay dropped (it may come back and ask again: a
+ * head keeps such a generation parked a while, docs/protocol.md). Peers that
+ * do not know it read a plain CANCEL.
+ */
+export const FLAG_CALLER_GONE = 0x08;
 
 /** Header names sent as one byte (HPACK-style static table); order is wire format. */
 export const STATIC_HEADERS = [
@@ -327,9 +334,10 @@ export function encodeStreamErrorFrame(streamId: number, err: MeshError): Uint8A
   return out;
 }
 
-export function encodeCancelFrame(streamId: number): Uint8Array {
+/** `callerGone`: sent by a relay whose caller's connection dropped (FLAG_CALLER_GONE). */
+export function encodeCancelFrame(streamId: number, callerGone = false): Uint8Array {
   const out = new Uint8Array(FRAME_HEAD_BYTES);
-  writeHead(out, FrameKind.Cancel, FLAG_END, streamId);
+  writeHead(out, FrameKind.Cancel, FLAG_END | (callerGone ? FLAG_CALLER_GONE : 0), streamId);
   return out;
 }
 

@@ -13,6 +13,14 @@ export const H = {
   routeExpires: 'x-meshnet-route-expires',
   requestId: 'x-meshnet-request-id',
   /**
+   * On POST /generate: "1" when the tracker asks again for a generation it
+   * lost the stream of (a relay outage, docs/protocol.md): a head that holds
+   * this `session_id` parked goes on with it, sending every event from the
+   * start again (the tracker drops token indexes it has); otherwise the
+   * request starts like any other (with the prefix tokens of its body).
+   */
+  resume: 'x-meshnet-resume',
+  /**
    * Positions a session will reach at most (prompt + max_tokens), sent with
    * the request that opens it (position 0): the hop reserves that much KV
    * cache up front, or answers 503 MESH_ERR_BUSY at once.
@@ -35,6 +43,14 @@ export const H = {
   chainReply: 'x-meshnet-chain-reply',
   chainReplySignature: 'x-meshnet-chain-reply-signature',
   chainBudget: 'x-meshnet-chain-budget-ms',
+  /**
+   * On a chained /forward: `<sent>;<budget>` — when the head sent the step
+   * (ms since epoch on the head's clock) and how long it waits for it (ms),
+   * passed on unchanged down the chain. A hop that gets a step later than
+   * its others from that head by more than that (a frozen page resumed, its
+   * socket's queue delivered at once) drops it: the head gave up on it.
+   */
+  chainSentAt: 'x-meshnet-chain-sent-at',
   /** On the last hop's POST /chain/token: the token answer JSON ({token_id, text, logprob}); the body is the rows the head files for replays. */
   chainToken: 'x-meshnet-chain-token',
   /** On a chain hop's error answer: "1" when the hop already told the head (POST /chain/failed), so its caller need not. */

@@ -97,6 +97,13 @@ export const nodeMessageSchema = z.object({
   /** The span the node currently holds and serves (may differ while it loads a new assignment). */
   serving: z.object({ start_layer: z.number().int().nonnegative(), end_layer: z.number().int().positive() }).nullable().optional(),
   /**
+   * Whether the node's relay connection is registered now (false while it
+   * reconnects after losing it; it beats at once when it is back). Absent: a
+   * node without a relay, or an older one. The dashboard shows a node only the
+   * relay reaches as unreachable meanwhile.
+   */
+  relay_connected: z.boolean().optional(),
+  /**
    * The node takes no new sessions (the donor paused it, the page is being frozen or closed): the
    * tracker routes no new chat, replacement or failover through it from this message on, while the
    * sessions in flight may finish. It keeps its assignment and `serving`. Absent: false.
@@ -308,5 +315,13 @@ export const replaceAnswerSchema = z.object({
       reply_signature: z.string().min(40).max(200).optional(),
     })
     .optional(),
+  /**
+   * No other node holds the layers, and the failed node answered the
+   * tracker just now: the route names it on purpose (it was away for a
+   * moment), and the head resumes on it, replaying where its cache is gone.
+   * Absent: a route naming the failed node means the tracker has not
+   * noticed the failure yet (the head asks again).
+   */
+  failed_reachable: z.boolean().optional(),
 });
 export type ReplaceAnswer = z.infer<typeof replaceAnswerSchema>;

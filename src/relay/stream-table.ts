@@ -28,6 +28,7 @@ import {
   encodeCancelFrame,
   encodeErrorFrame,
   encodeResponseFrame,
+  encodeStreamErrorFrame,
   envelopeBody,
   normalizeHeaders,
   readFrameHead,
@@ -79,6 +80,12 @@ interface Stream {
   path: StreamPath;
   /** A one-way request (FLAG_ONE_WAY): forgotten silently at its deadline. */
   oneWay?: boolean;
+  /**
+   * The target's RESPONSE head went on to the caller (a streamed answer is
+   * under way): a failure from now on ends the stream with a DATA|END|ERROR
+   * frame, never a second RESPONSE.
+   */
+  answered?: boolean;
   /** `target` is a link: the peer over there. */
   remotePeer?: string;
 }
@@ -243,7 +250,8 @@ export class StreamTable {
       this.federation?.peerRemoved(peer);
     }
     for (const s of [...peer.incoming.values()]) this.failStream(s, 'MESH_ERR_PEER_GONE', peer.link ? `the link to relay ${peer.link.relayId} (peer ${s.remotePeer}) was lost before the answer` : `peer ${peer.id} went away before answering`, false);
-    for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true);
+    // The targets learn the caller did not ask to stop (it may reconnect and ask again): FLAG_CALLER_GONE.
+    for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true, true);
   }
 
   /** An `/rpc` socket closed: forget its streams (late answers are dropped). */
@@ -277,6 +285,11 @@ export class StreamTable {
         if (s === undefined) return; // late answer to a stream that timed out or was cancelled
         s.deadline = this.now() + this.o.requestTimeoutMs;
         if (s.relayRequestId !== null) return; // JSON-bound streams take JSON answers only
+        if (head.kind === FrameKind.Response) {
+          // One head per stream: a second one would break the caller's stream (it may only end it).
+          if (s.answered) return this.failStream(s, 'MESH_ERR_BAD_FRAME', `peer ${s.target.id} sent a second RESPONSE on one stream`, true);
+          s.answered = true;
+        }
         // The relay over there does not have the peer (any more): what we knew of where it lives is stale.
         if (s.remotePeer !== undefined && head.kind === FrameKind.Response && data.byteLength >= 10 && (data[8]! | (data[9]! << 8)) === 404) this.federation?.forget(s.remotePeer);
         if ((head.flags & FLAG_END) !== 0) this.completeStream(s);
@@ -392,8 +405,8 @@ export class StreamTable {
   }
 
   /** CANCEL towards a stream's target (addressed when the target is a link). */
-  private sendCancel(s: Stream): void {
-    const frame = encodeCancelFrame(s.relayStreamId);
+  private sendCancel(s: Stream, callerGone = false): void {
+    const frame = encodeCancelFrame(s.relayStreamId, callerGone);
     if (s.target.link !== undefined) {
       if (s.target.socket.isOpen) s.target.link.sendAddressed(s.remotePeer!, frame);
     } else this.sendTo(s.target.socket, frame);
@@ -537,11 +550,15 @@ export class StreamTable {
   }
 
   /** Finish a stream with an error produced by the relay (peer gone, timeout, shutdown). */
-  private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean): void {
+  private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean, callerGone = false): void {
     if (!this.dropStream(s)) return;
-    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) this.sendCancel(s);
+    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) this.sendCancel(s, callerGone);
     if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
-    else this.frameError(s.caller.socket, s.callerId as number, code, message);
+    else if (s.answered) {
+      // The caller already has this stream's RESPONSE head: the error ends the body instead.
+      this.metrics.errors.inc({ code });
+      this.sendTo(s.caller.socket, encodeStreamErrorFrame(s.callerId as number, new MeshError(code, message)));
+    } else this.frameError(s.caller.socket, s.callerId as number, code, message);
   }
 
   /** Forget a stream everywhere; false when it was already gone. */

@@ -27,7 +27,10 @@ import type { TrackerOptions } from './options.ts';
 import type { NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 
-export type AdmissionOptions = Pick<TrackerOptions, 'queueMaxLength' | 'queueMaxWaitMs' | 'now'>;
+export type AdmissionOptions = Pick<TrackerOptions, 'queueMaxLength' | 'queueMaxWaitMs' | 'now'> & {
+  /** Until this time (the tracker's clock), a chat with no route at all waits for nodes instead of getting 503 (a tracker that just started). */
+  waitForNodesUntil?: number;
+};
 
 /** KV room one chat holds on its route's nodes, as the tracker counts it. */
 export interface Lease {
@@ -105,7 +108,7 @@ export class Admission {
       try {
         plan = this.registry.pickWithRoom(model, tokens, opts.exclude);
       } catch (e) {
-        return Promise.reject(e);
+        if (!this.waitingForNodes(e)) return Promise.reject(e);
       }
       if (plan) return Promise.resolve(this.lease(plan, tokens));
     }
@@ -151,6 +154,11 @@ export class Admission {
       try {
         plan = this.registry.pickWithRoom(w.model, w.tokens, w.exclude);
       } catch (e) {
+        if (this.waitingForNodes(e)) {
+          blocked.add(w.model);
+          i++;
+          continue;
+        }
         // Layers went missing while it waited (a node left): it gets the same answer a newcomer would.
         this.queue.splice(i, 1);
         w.cleanup();
@@ -168,6 +176,12 @@ export class Admission {
       w.resolve(this.lease(plan, w.tokens));
     }
     if (this.queue.length === 0) this.stopPolling();
+  }
+
+  /** True when `e` is "no route" and the tracker just started: nodes are still registering again, so the chat waits (kick() answers it 503 once the wait is over). */
+  private waitingForNodes(e: unknown): boolean {
+    const until = this.o.waitForNodesUntil;
+    return until !== undefined && this.o.now() < until && e instanceof MeshError && e.code === 'MESH_ERR_UNAVAILABLE';
   }
 
   /** Stop the poll timer and refuse every waiting chat (the tracker is closing). */

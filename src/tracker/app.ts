@@ -97,7 +97,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     onVerdict: (v) => metrics.checks.inc({ outcome: v.outcome }),
   });
   registry.excluded = (peer) => verification.excluded(peer);
-  const admission = new Admission(registry, o, metrics);
+  const admission = new Admission(registry, { ...o, ...(o.startupWaitMs > 0 ? { waitForNodesUntil: o.now() + o.startupWaitMs } : {}) }, metrics);
   const ctx: TrackerContext = {
     options: o,
     registry,

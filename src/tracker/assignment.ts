@@ -161,13 +161,18 @@ export function rebalance(model: ModelSpec, nodes: readonly RebalanceNode[], bal
   const moves: Move[] = [];
   const moved = new Set<string>();
   for (let round = 0; round < state.length; round++) {
-    const cur = balanceOf(coverage(model.numLayers, state));
+    const cov = coverage(model.numLayers, state);
+    const cur = balanceOf(cov);
     let best: { i: number; to: Span; balance: Balance } | null = null;
     for (let i = 0; i < state.length; i++) {
       const n = state[i]!;
       if (!n.movable || moved.has(n.id)) continue;
       const others = state.filter((_, j) => j !== i);
-      const to = chooseSpan(model, n.budgetBytes, others, n.format);
+      // Never bare a layer to cover another: a node keeps every layer it alone holds (it may grow around
+      // them). Moving it off them would only shift the gap, at the cost of a download, while the node
+      // that left may well come back.
+      const allowed = candidateSpans(sizedFor(model, n.format), n.budgetBytes).filter((c) => !baresALayer(n, c, cov.count));
+      const to = chooseAmong(allowed, coverage(model.numLayers, others));
       if (to === null || (to.start === n.start && to.end === n.end)) continue; // already at its best place
       const next = balanceOf(coverage(model.numLayers, [...others, { ...n, ...to }]));
       if (!betterBalance(next, cur, balanceQuality)) continue;
@@ -181,4 +186,10 @@ export function rebalance(model: ModelSpec, nodes: readonly RebalanceNode[], bal
     n.end = best.to.end;
   }
   return moves;
+}
+
+/** True when moving `n` from its span to `to` leaves a layer it alone holds (per `count`) without a holder. */
+function baresALayer(n: Span, to: Span, count: readonly number[]): boolean {
+  for (let l = n.start; l < n.end; l++) if ((l < to.start || l >= to.end) && count[l] === 1) return true;
+  return false;
 }

@@ -46,7 +46,18 @@ export interface ParsedCompletion {
  */
 export type CompletionPart =
   | { text: string; tokenIds: number[] }
-  | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[]; drafted: number; accepted: number; /** The generation's verification record, when checks are on. */ verification?: string };
+  | { finish: FinishReason; promptTokens: number; completionTokens: number; tokenIds: number[]; drafted: number; accepted: number; /** The generation's verification record, when checks are on. */ verification?: string }
+  /** The head accepted the generation (its `start` event): once per choice, before any text. */
+  | { started: true };
+
+/**
+ * How long after a head accepted a chat (its `start` event) the SSE headers
+ * wait for the first token, ms. A refusal comes before `start`, and a busy hop
+ * answers within this, so both still get a plain HTTP status; a chat that is
+ * slow to its first token (a long prompt, a hop being replaced or waited
+ * for) has its headers by then, never tens of seconds later.
+ */
+export const HEADERS_GRACE_MS = 1_000;
 
 const utf8 = new TextEncoder();
 /** Why a completion's controller is aborted when it ends: one object, not a fresh DOMException (and its stack) per request. */
@@ -174,6 +185,8 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
       if (r.done) throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
       const ev = r.value;
       if (ev.type === 'start') {
+        // Failovers and resumes start again: only the first start is news to the client.
+        if (promptTokens === 0) yield { started: true };
         promptTokens = ev.promptTokens;
         verification = ev.verification;
         continue;
@@ -199,6 +212,25 @@ export async function* completionParts(events: AsyncGenerator<GenerationEvent>, 
     }
   } finally {
     await events.return(undefined);
+  }
+}
+
+/** A choice's first output: its first part, or (accepted by its head, but no part within the grace) the pending next part. */
+type FirstOutput = { r: IteratorResult<CompletionPart> } | { pending: Promise<IteratorResult<CompletionPart>> };
+
+async function firstOutput(choice: AsyncGenerator<CompletionPart>, graceMs: number): Promise<FirstOutput> {
+  const r = await choice.next();
+  if (r.done || !('started' in r.value)) return { r };
+  const pending = choice.next();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const grace = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), graceMs);
+  });
+  try {
+    const got = await Promise.race([pending, grace]);
+    return got === undefined ? { pending } : { r: got };
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -266,6 +298,7 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
           let text = '';
           const tokenIds: number[] = [];
           for await (const part of choice) {
+            if ('started' in part) continue;
             tokenIds.push(...part.tokenIds);
             if ('text' in part) text += part.text;
             else return { text, tokenIds, finish: part.finish, promptTokens: part.promptTokens, completionTokens: part.completionTokens, drafted: part.drafted, accepted: part.accepted, ...(part.verification !== undefined ? { verification: part.verification } : {}) };
@@ -284,10 +317,10 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
     }
   }
 
-  // Wait for every choice's first output before committing to a 200 stream.
-  let firsts: Array<IteratorResult<CompletionPart>>;
+  // Wait for every choice's first output (or its head's acceptance and a short grace) before committing to a 200 stream.
+  let firsts: FirstOutput[];
   try {
-    firsts = await Promise.all(choices.map((choice) => choice.next()));
+    firsts = await Promise.all(choices.map((choice) => firstOutput(choice, HEADERS_GRACE_MS)));
   } catch (e) {
     endAll();
     throw clientError(e);
@@ -298,12 +331,13 @@ export async function streamCompletion(ctx: TrackerContext, kind: ApiKind, c: Pa
   // Pull-driven like the generations under it: a chunk is made when the client's socket takes the last one.
   async function* events(): AsyncGenerator<Uint8Array> {
     try {
-      firsts.forEach((r, index) => merged.add(index, r));
+      firsts.forEach((f, index) => ('pending' in f ? merged.await(index, f.pending) : merged.add(index, f.r)));
       for (let index = 0; index < choices.length; index++) yield sse(chunkObject(kind, ids, kind === 'chat' ? { index, role: true, text: '' } : { index, text: '' }));
       for (;;) {
         const next = await merged.next();
         if (!next) break;
         const { index, part } = next;
+        if ('started' in part) continue;
         if ('text' in part) yield sse(chunkObject(kind, ids, { index, text: part.text, tokenIds: part.tokenIds }));
         else {
           finishes.push({ index, ...part });

@@ -45,7 +45,7 @@ export const DASHBOARD_HTML = /* html */ `<!doctype html>
   .cov { display:block; margin:1px; border-radius:3px; font-size:11px; height:18px; line-height:18px; color:#0f1419; font-weight:600; }
   .mono { font-family:ui-monospace, monospace; font-size:12px; }
   .dim { color:var(--dim); }
-  .status-serving { color:var(--ok); } .status-loading { color:#d29922; } .status-idle { color:var(--dim); } .status-draining { color:#d29922; font-style:italic; }
+  .status-serving { color:var(--ok); } .status-loading { color:#d29922; } .status-idle { color:var(--dim); } .status-draining { color:#d29922; font-style:italic; } .status-unreachable { color:#f85149; }
   svg.spark { vertical-align:middle; }
   .route { font-family:ui-monospace, monospace; font-size:12px; }
   .empty { color:var(--dim); font-style:italic; }
@@ -157,7 +157,10 @@ function renderNodes(d) {
   for (const n of d.nodes) {
     t.append(el("tr", {},
       el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend), el("td", { class: "mono" }, n.weight_format),
-      el("td", { class: "status-" + n.status }, n.status), el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
+      n.reachable === false
+        ? el("td", { class: "status-unreachable", title: n.unreachable_reason }, n.status + ", unreachable")
+        : el("td", { class: "status-" + n.status }, n.status),
+      el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
       el("td", {}, n.throughput.toFixed(0) + (n.duty_cycle < 1 ? " (" + Math.round(n.duty_cycle * 100) + " % cap)" : "")), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
       el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, specCell(n.speculation)), el("td", {}, n.queue_depth + n.in_flight),
       el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));

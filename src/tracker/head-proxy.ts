@@ -70,7 +70,7 @@ export interface GenerationDeps {
   sizer: PromptSizer;
   transport: HeadTransport;
   identity: Identity;
-  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'>;
+  options: Pick<TrackerOptions, 'routeTtlMs' | 'generateIdleTimeoutMs' | 'maxHeadFailovers' | 'maxBusyReroutes' | 'now'> & Partial<Pick<TrackerOptions, 'relayOutageBudgetMs'>>;
   logger: Logger;
   metrics: TrackerMetrics;
   /** Signs the routes handed to heads, one signature per route for a few seconds (route-signer.ts); one per call to runGeneration when absent. */
@@ -139,9 +139,33 @@ const HEAD_QUARANTINED = new MeshError('MESH_ERR_UPSTREAM', 'the head was found 
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+/** Sleep `ms`, or less when `signal` aborts. */
+function pause(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(t);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal.addEventListener('abort', done, { once: true });
+  });
+}
+
 /** Errors a head gives for the request itself: another head would say the same. */
 const CLIENT_ERRORS = new Set<string>(['MESH_ERR_BAD_REQUEST', 'MESH_ERR_TOO_LARGE', 'MESH_ERR_BAD_SHAPE']);
 
+/**
+ * How a head reached over the relay is lost when the relay restarts or the
+ * head's own connection drops: the relay's "no such peer", a stream cut
+ * with the connection, or our relay client unreachable. Not a failure of the
+ * head: the chat waits for both to be back and resumes there (head-handler's
+ * parked generations), within relayOutageBudgetMs.
+ */
+const UNREACHABLE = new Set<string>(['MESH_ERR_PEER_GONE', 'MESH_ERR_NO_SUCH_PEER', 'MESH_ERR_UNAVAILABLE']);
+
+/** Default of TrackerOptions.relayOutageBudgetMs. */
+const RELAY_OUTAGE_BUDGET_MS = 10_000;
 
 /**
  * Run one generation: yields token events, then one done event. Throws
@@ -173,6 +197,15 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   const context = deps.registry.model(model).contextTokens;
   const estimate = deps.sizer.estimate(model, input, context);
   const signer = deps.signer ?? new RouteSigner(deps.identity, deps.options.routeTtlMs, deps.options.now);
+  const outageBudgetMs = deps.options.relayOutageBudgetMs ?? RELAY_OUTAGE_BUDGET_MS;
+  /** Since when (performance.now) the head has been unreachable over the relay; undefined while it is not. */
+  let unreachableSince: number | undefined;
+  /** The next attempt asks the same head, on the same route and session, to go on with the generation. */
+  let resume = false;
+  /** The generation's id at its head: a new one per head restart, the same while it is resumed. */
+  let sessionId = `${requestId}-0`;
+  /** Ends the running attempt because its head was found lying (a check's verdict); a resume moves it to the new attempt. */
+  let quarantine: (() => void) | undefined;
   const verify = deps.verification?.enabled ? deps.verification : undefined;
   const record = verify?.log.open(requestId, model);
 
@@ -181,6 +214,9 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       given?.release();
       throw new MeshError('MESH_ERR_CANCELLED', 'the client went away');
     }
+    const resuming = resume;
+    resume = false;
+    if (!resuming) sessionId = `${requestId}-${attempt}`;
     const need = promptTokens > 0 ? Math.min(context, promptTokens + input.max_tokens) : estimate;
     let lease: Lease;
     if (given) {
@@ -198,8 +234,10 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       deps.metrics.failovers.inc();
     } else lease = await deps.admission.acquire(model, need, { signal, front: why === 'rerouted', ...(opts.exclude ? { exclude: opts.exclude } : {}) });
     const plan = lease.plan;
-    deps.onRoute?.(why, model, plan);
-    opts.onAttempt?.(plan.hops.map((h) => h.id));
+    if (!resuming) {
+      deps.onRoute?.(why, model, plan);
+      opts.onAttempt?.(plan.hops.map((h) => h.id));
+    }
     const headId = plan.hops[0]!.id;
     const head = deps.registry.nodes.get(headId);
     const hops = routeHops(deps.registry, plan, true);
@@ -210,7 +248,9 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     signal.addEventListener('abort', onAbort, { once: true });
     // Set when the head finished; yielded after the finally below has released this attempt.
     let finished: GenerationEvent | undefined;
-    const generation = `${requestId}-${attempt}`;
+    /** The head itself said what went wrong (an error event), as opposed to the way to it breaking. */
+    let headSaid = false;
+    const generation = sessionId;
     try {
       if (!head) throw new MeshError('MESH_ERR_PEER_GONE', `head ${headId} left before the request started`);
       const { route: signed, reply } = await signer.sign(headId, hops, head);
@@ -222,13 +262,16 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         [H.routeExpires]: String(signed.expiresAt),
         [H.routeSignature]: signed.signature,
         [H.requestId]: requestId,
+        // Every retry on the same head may find the generation parked there (or start it with the prefix).
+        ...(resuming ? { [H.resume]: '1' } : {}),
       };
       // The head's reply address, signed: chain hops hand the token only to an address the tracker vouches for.
       if (reply) {
         headers[H.chainReply] = reply.text;
         headers[H.chainReplySignature] = reply.signature;
       }
-      if (verify && record) {
+      quarantine = () => ctl.abort(HEAD_QUARANTINED);
+      if (verify && record && !resuming) {
         // The check plan: which of this route's spans the head has checked once the generation is over (docs/verification.md).
         const spans = plan.hops.map((h) => ({ peer: h.id, start: h.start, end: h.end }));
         const checks = await verify.plan(model, generation, headId, spans, opts.verification === 'checked');
@@ -237,10 +280,15 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           headers[CHECK_PLAN_SIGNATURE_HEADER] = checks.signature;
         }
         const planned = new Set((checks?.plan.checks ?? []).map((c) => `${c.peer.peer_id}:${c.start_layer}:${c.end_layer}`));
-        record.attempt(generation, headId, spans, planned, checks?.plan.expires_at ?? 0, () => ctl.abort(HEAD_QUARANTINED));
+        record.attempt(generation, headId, spans, planned, checks?.plan.expires_at ?? 0, () => quarantine?.());
         verify.log.link(generation, record);
       }
       const body = await deps.transport.open({ peerId: headId, endpoint: head.endpoint, relayAddr: head.relayAddr }, headers, utf8.encode(JSON.stringify(req)), { signal: ctl.signal, idleTimeoutMs: deps.options.generateIdleTimeoutMs });
+      deps.registry.markReachable(headId);
+      if (unreachableSince !== undefined) {
+        log.info({ head: headId, waited_ms: Math.round(performance.now() - unreachableSince), tokens: tokens.length }, 'head reachable again; the chat goes on there');
+        unreachableSince = undefined;
+      }
       for await (const line of ndjsonLines(body)) {
         let parsed;
         try {
@@ -279,6 +327,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         } else {
           // The error names the node that refused (MESH_ERR_BUSY: which one to route around) and when to come back.
           const err = remoteError(undefined, { error: ev }, `head ${headId}`);
+          headSaid = true;
           throw ev.peer_id !== undefined ? new MeshError(err.code, err.message, { ...err.details, peer_id: ev.peer_id }) : err;
         }
       }
@@ -299,18 +348,40 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
         why = 'rerouted';
         continue;
       }
+      const outage = !headSaid && head !== undefined && !head.endpoint && UNREACHABLE.has(err.code);
+      if (outage) {
+        // Over the relay, the head (or our way to it) went away: a relay restarting, the head reconnecting.
+        // Not its failure: wait for both (our relay client holds requests while it reconnects) and resume there.
+        const now = performance.now();
+        deps.registry.markUnreachable(headId, err.message);
+        if (unreachableSince === undefined) {
+          unreachableSince = now;
+          log.warn({ head: headId, code: err.code, err: err.message, tokens: tokens.length, budget_ms: outageBudgetMs }, 'head unreachable over the relay; waiting to resume the chat there');
+        }
+        const waited = now - unreachableSince;
+        if (waited < outageBudgetMs) {
+          resume = true;
+          await pause(Math.min(500, 100 * 1.5 ** Math.min(10, attempt)), signal);
+          continue;
+        }
+        // The budget is spent (for this chat, whichever head it tries next): fail over, or fail, now.
+        lastError = new MeshError('MESH_ERR_UNAVAILABLE', `head ${headId} unreachable over the relay for ${Math.round(waited)} ms (the relay or the head is down): ${err.message}`);
+      } else lastError = err;
       if (CLIENT_ERRORS.has(err.code) && tokens.length === 0) throw err;
-      lastError = err;
       failedHeads.add(headId);
-      if (head) head.failures++;
-      log.warn({ head: headId, attempt, code: err.code, err: err.message, tokens: tokens.length }, 'head failed; restarting on another head');
+      // Out of reach past the budget is not proof the head failed (our own relay may be the one down).
+      if (!outage) deps.registry.countFailure(headId);
+      log.warn({ head: headId, attempt, code: err.code, err: lastError.message, tokens: tokens.length }, 'head failed; restarting on another head');
       if (++failovers > deps.options.maxHeadFailovers) break;
       why = 'failover';
     } finally {
-      record?.ended(generation);
+      // A resumed attempt is the same generation at the same head: its record stays open.
+      if (!resume) record?.ended(generation);
       signal.removeEventListener('abort', onAbort);
       ctl.abort(ATTEMPT_OVER);
-      lease.release();
+      // A resume keeps the route, and its lease of KV room, for the next attempt.
+      if (resume) given = lease;
+      else lease.release();
       for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
     }
     if (finished) {

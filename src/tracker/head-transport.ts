@@ -35,6 +35,10 @@ export interface OpenOptions {
 /** Opens `POST /generate` on a head and yields the raw NDJSON bytes; a non-200 answer throws its MeshError. */
 export interface HeadTransport {
   open(head: HeadTarget, headers: Record<string, string>, body: Uint8Array, o: OpenOptions): Promise<AsyncIterable<Uint8Array>>;
+  /** True when the node answers `GET /health` with 200 within `timeoutMs` (over its endpoint, else the relay). Absent: the tracker cannot tell. */
+  probe?(node: HeadTarget, timeoutMs: number): Promise<boolean>;
+  /** Whether the tracker's relay connection is registered now; undefined without a relay. */
+  relayUp?(): boolean | undefined;
 }
 
 async function collect(body: AsyncIterable<Uint8Array>, max = 64 * 1024): Promise<Uint8Array> {
@@ -179,7 +183,27 @@ export function createHeadTransport(deps: { relay?: RelayClient }): HeadTranspor
     return reply.body;
   }
 
+  async function probe(node: HeadTarget, timeoutMs: number): Promise<boolean> {
+    if (node.endpoint) {
+      try {
+        const res = await fetch(`${node.endpoint.replace(/\/+$/, '')}/health`, { signal: AbortSignal.timeout(timeoutMs) });
+        await res.arrayBuffer();
+        if (res.status === 200) return true;
+      } catch {
+        // not over HTTP: maybe over the relay
+      }
+    }
+    if (!deps.relay || !node.relayAddr) return false;
+    try {
+      return (await deps.relay.request(node.peerId, { method: 'GET', path: '/health' }, { timeoutMs })).status === 200;
+    } catch {
+      return false;
+    }
+  }
+
   return {
+    probe,
+    relayUp: () => deps.relay?.isRegistered,
     async open(head, headers, body, o) {
       if (head.endpoint) {
         try {

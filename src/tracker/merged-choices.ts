@@ -11,12 +11,18 @@ export class MergedChoices<CompletionPart extends object> {
 
   constructor(private readonly choices: ReadonlyArray<AsyncGenerator<CompletionPart>>) {}
 
-  /** Take choice `index`'s result of next(); after a text part, its next part is awaited. */
+  /** Take choice `index`'s result of next(); until its finish, its next part is awaited. */
   add(index: number, r: IteratorResult<CompletionPart>): void {
     if (r.done) throw new MeshError('MESH_ERR_UPSTREAM', 'generation ended without a result');
-    this.queue.push({ index, part: r.value });
-    if (!('text' in r.value)) return;
-    const pending = this.choices[index]!.next().then((next) => ({ index, r: next }));
+    // The head's acceptance is no output: the stream's headers have gone already.
+    if (!('started' in r.value)) this.queue.push({ index, part: r.value });
+    if ('finish' in r.value) return;
+    this.await(index, this.choices[index]!.next());
+  }
+
+  /** Choice `index`'s next() already called (its result not in yet). */
+  await(index: number, next: Promise<IteratorResult<CompletionPart>>): void {
+    const pending = next.then((r) => ({ index, r }));
     // Raced later; until then a failure must not count as unhandled.
     pending.catch(() => undefined);
     this.waiting.set(index, pending);
@@ -24,7 +30,7 @@ export class MergedChoices<CompletionPart extends object> {
 
   /** The next part of any choice, in the order they come; undefined once every choice has finished. */
   async next(): Promise<{ index: number; part: CompletionPart } | undefined> {
-    if (this.queue.length === 0 && this.waiting.size > 0) {
+    while (this.queue.length === 0 && this.waiting.size > 0) {
       // One choice (every chat): its own promise, without a race's per-part wrapper.
       const { index, r } = this.waiting.size === 1 ? await this.waiting.values().next().value! : await Promise.race(this.waiting.values());
       this.waiting.delete(index);

@@ -60,6 +60,15 @@ export interface TrackerOptions {
   /** Head restarts per request after the first head fails. @defaultValue 3 */
   maxHeadFailovers: number;
   /**
+   * How long a chat waits for a head it can no longer reach over the relay
+   * (the relay restarting, the head reconnecting) before that counts as the
+   * head failing, ms. Meanwhile the chat resumes on the same head as soon as
+   * both are back (the head keeps the generation parked that long too), so
+   * a short relay outage costs the client a pause, not its chat.
+   * @defaultValue 10000
+   */
+  relayOutageBudgetMs: number;
+  /**
    * Chats waiting for KV room (no route has room for them now) in the FIFO
    * queue; one more is answered 429 with Retry-After at once. 0: no queue.
    * @defaultValue 128
@@ -67,6 +76,14 @@ export interface TrackerOptions {
   queueMaxLength: number;
   /** Longest a chat waits in the queue before it is answered 429 with Retry-After, ms. @defaultValue 30000 */
   queueMaxWaitMs: number;
+  /**
+   * For this long after the tracker starts, a chat for which no route exists
+   * waits (in the queue) for nodes to register instead of getting 503 "layers
+   * not served": a restarted tracker knows no node until they register again,
+   * which they do within about a second of its return. 0: answer 503 at once.
+   * `meshnet tracker` uses 5000. @defaultValue 0
+   */
+  startupWaitMs: number;
   /** Times one chat is routed again after nodes answer MESH_ERR_BUSY (no KV room), before it gets 429. @defaultValue 16 */
   maxBusyReroutes: number;
   /** A rebalance moves a node only when the worst layer's throughput improves below this ratio (Petals' balance_quality). @defaultValue 0.75 */
@@ -116,8 +133,10 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   routeTtlMs: 300_000,
   generateIdleTimeoutMs: 60_000,
   maxHeadFailovers: 3,
+  relayOutageBudgetMs: 10_000,
   queueMaxLength: 128,
   queueMaxWaitMs: 30_000,
+  startupWaitMs: 0,
   maxBusyReroutes: 16,
   balanceQuality: 0.75,
   maxBodyBytes: 1 << 20,
@@ -144,7 +163,7 @@ export function resolveTrackerOptions(partial: Partial<TrackerOptions>): Tracker
     const v = o[k];
     if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new TypeError(`tracker option ${k} must be a positive number, got ${String(v)}`);
   }
-  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes'] as const) {
+  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes', 'relayOutageBudgetMs', 'startupWaitMs'] as const) {
     if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`tracker option ${k} must be a non-negative number, got ${o[k]}`);
   }
   if (!(o.checkMinRate > 0 && o.checkMinRate <= 1)) throw new TypeError(`tracker option checkMinRate must be in (0, 1], got ${o.checkMinRate}`);

@@ -49,7 +49,11 @@ export interface NodeRecord {
   lastSeen: number;
   /** Generations this tracker currently runs through the node (head or hop). */
   inFlight: number;
-  /** Head failures seen by this tracker. */
+  /**
+   * Failures this tracker saw the node cause: as a head (its stream broke, not a relay outage) or as a
+   * hop a head reported failed. Kept by peer id beyond the record (registry.failuresOf): a node removed
+   * for missing heartbeats (a frozen page) finds its count again when it registers.
+   */
   failures: number;
   /**
    * KV bytes this tracker's generations held on the node when its last
@@ -59,6 +63,10 @@ export interface NodeRecord {
   kvHeldAtBeat: number;
   /** After a MESH_ERR_BUSY answer no new session is routed here before this time, ms since epoch. */
   busyUntil: number;
+  /** The node's relay connection as its last message said (undefined: it did not say). */
+  relayConnected?: boolean;
+  /** Since when (the tracker's clock) the tracker could not reach the node, and why; cleared when it reaches it again. */
+  unreachable?: { since: number; why: string };
   /** The node takes no new sessions (its last message said `draining`): no route, replacement or failover picks it. */
   draining: boolean;
   /** When this tracker saw it start draining, ms since epoch (tracker clock). */
@@ -68,6 +76,8 @@ export interface NodeRecord {
 }
 
 const HISTORY = 12;
+/** Peers whose failure counts are kept. */
+const FAILURE_LEDGER = 10_000;
 const EWMA_ALPHA = 0.3;
 
 export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'>;
@@ -82,6 +92,8 @@ export class NodeRegistry {
   readonly models: ReadonlyMap<string, ModelSpec>;
   /** KV bytes held on each node by this tracker's running generations (admission leases), by peer id. */
   private readonly kvHeld = new Map<string, number>();
+  /** Failures by peer id, registered or not (bounded: the oldest entries go first). */
+  private readonly failureCounts = new Map<string, number>();
   /**
    * Nodes routing and coverage leave out while it says so (a quarantined node: docs/verification.md).
    * It stays registered and keeps its assignment; others are assigned around it.
@@ -172,9 +184,10 @@ export class NodeRegistry {
       registeredAt: now,
       lastSeen: now,
       inFlight: prev?.inFlight ?? 0,
-      failures: prev?.failures ?? 0,
+      failures: this.failureCounts.get(msg.peer_id) ?? 0,
       kvHeldAtBeat: 0,
       busyUntil: prev?.busyUntil ?? 0,
+      ...(msg.relay_connected !== undefined ? { relayConnected: msg.relay_connected } : {}),
       draining,
       drainingSince: draining ? (prev?.draining ? prev.drainingSince : now) : undefined,
       lastTimestamp: msg.timestamp,
@@ -230,6 +243,9 @@ export class NodeRegistry {
     rec.publicKey = msg.public_key;
     rec.relayAddr = msg.relay_addr;
     rec.endpoint = msg.endpoint;
+    rec.relayConnected = msg.relay_connected;
+    // Back on its relay (it beats at once when it is): the tracker's way to it is there again.
+    if (msg.relay_connected === true) delete rec.unreachable;
     if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, this.model(rec.info.model));
     if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
     this.absorbStats(rec, msg.stats, now);
@@ -244,6 +260,47 @@ export class NodeRegistry {
     if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
     // A node that has not run a step yet reports 0: keep the estimate until it has.
     if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
+  }
+
+  /**
+   * Count a failure against `peerId` (the node that failed: a head whose stream broke, a hop a head
+   * reported), whether or not it is registered now; returns its count.
+   */
+  countFailure(peerId: string): number {
+    const n = (this.failureCounts.get(peerId) ?? 0) + 1;
+    this.failureCounts.delete(peerId);
+    if (this.failureCounts.size >= FAILURE_LEDGER) this.failureCounts.delete(this.failureCounts.keys().next().value!);
+    this.failureCounts.set(peerId, n);
+    const rec = this.nodes.get(peerId);
+    if (rec) rec.failures = n;
+    return n;
+  }
+
+  /** The tracker failed to reach the node (a head over the relay, a probe): the dashboard says so until it reaches it again. */
+  markUnreachable(peerId: string, why: string): void {
+    const n = this.nodes.get(peerId);
+    if (n && !n.unreachable) n.unreachable = { since: this.o.now(), why };
+  }
+
+  /** The tracker reached the node (a head's stream opened, a probe answered). */
+  markReachable(peerId: string): void {
+    const n = this.nodes.get(peerId);
+    if (n) delete n.unreachable;
+  }
+
+  /**
+   * Can the tracker reach the node now, as far as it knows: a node reached
+   * only over the relay is unreachable while the tracker's relay connection
+   * is down (`trackerRelayUp` false), while the node says its own is, or
+   * after a failed reach until a good one. A string says why it is not.
+   */
+  unreachableWhy(n: NodeRecord, trackerRelayUp: boolean | undefined): string | undefined {
+    if (n.unreachable) return n.unreachable.why;
+    if (n.endpoint) return undefined;
+    if (n.relayAddr === undefined) return 'it has neither an endpoint nor a relay address';
+    if (trackerRelayUp === false) return "the tracker's relay connection is down";
+    if (n.relayConnected === false) return 'its relay connection is down (reconnecting)';
+    return undefined;
   }
 
   private forget(peerId: string): void {

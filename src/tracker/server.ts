@@ -84,14 +84,18 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
 
   let relay: RelayClient | undefined;
   if (o.relayUrl) {
-    relay = new RelayClient({ relayUrl: o.relayUrl, WebSocket: WebSocket as unknown as WebSocketConstructor, identity, info: { role: 'tracker', models: models.map((m) => m.name) } });
+    relay = new RelayClient({ relayUrl: o.relayUrl, WebSocket: WebSocket as unknown as WebSocketConstructor, identity, outageBudgetMs: o.relayOutageBudgetMs, info: { role: 'tracker', models: models.map((m) => m.name) } });
   }
   const metrics = createTrackerMetrics();
   const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay }), logger, metrics, pendingModels: catalog.pending });
   late.registry = tracker.registry;
   if (relay) {
     relay.setHandler(relayHandlerFor(tracker.app.fetch));
-    relay.on('state', (e) => logger.info({ state: e.state, attempt: e.attempt, reason: e.reason }, 'relay connection'));
+    // One line per event: the connection lost, and back (not every attempt in between).
+    relay.on('state', (e) => {
+      if (e.state === 'disconnected' && e.lost) logger.warn({ reason: e.reason, wait_ms: relay!.options.outageBudgetMs }, 'relay connection lost; reconnecting (chats over it wait)');
+      else if (e.state === 'registered') logger.info({ ...(e.outageMs !== undefined ? { outage_ms: e.outageMs } : {}) }, e.outageMs !== undefined ? 'relay connection back' : 'relay connection up');
+    });
     relay.start();
     try {
       await relay.ready(10_000);

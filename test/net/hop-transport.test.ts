@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { DirectRequest, FastPathClient } from '../../src/net/contract.ts';
 import { HopTransport, HopUnreachableError } from '../../src/net/hop-transport.ts';
 import type { MeshReply } from '../../src/protocol/envelopes.ts';
-import type { MeshError } from '../../src/protocol/errors.ts';
+import { MeshError } from '../../src/protocol/errors.ts';
 import type { RouteHop } from '../../src/protocol/tracker.ts';
 
 const PEER = 'b'.repeat(32);
@@ -157,6 +157,97 @@ describe('HopTransport', () => {
     const err = await new HopTransport({ fast: dead.fast, direct: dead.direct }).send(HOP, req, 1000).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(HopUnreachableError);
     expect((err as MeshError).code).toBe('MESH_ERR_PEER_GONE');
+  });
+
+  it('gives up on a silent hop within one budget for the whole send, not once per path (no /rpc after the fast path timed out)', async () => {
+    const used: string[] = [];
+    const silent: FastPathClient = {
+      relayUrl: 'ws://127.0.0.1:9000',
+      isRegistered: true,
+      request: (_p, _r, o) => {
+        used.push('fast');
+        return new Promise((_, reject) => setTimeout(() => reject(Object.assign(new Error('no answer frame'), { name: 'TimeoutError' })), o?.timeoutMs ?? 0));
+      },
+    };
+    const rpc = () => ({ request: async () => (used.push('rpc'), ok), close() {} });
+    const t0 = performance.now();
+    const err = await new HopTransport({ fast: silent, rpc }).send({ ...HOP, endpoint: undefined }, req, 300).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(HopUnreachableError);
+    expect((err as MeshError).code).toBe('MESH_ERR_TIMEOUT');
+    expect(used).toEqual(['fast']);
+    expect(performance.now() - t0).toBeLessThan(1_000);
+  });
+
+  it('while our relay connection is being waited out: paths without it first, the fast path (which holds the request) last, no /rpc to the same relay', () => {
+    const p = paths(0, 0);
+    let left = 5_000;
+    const fast: FastPathClient = { ...p.fast, isRegistered: false, outageLeftMs: () => left, outageWindowLeftMs: () => left };
+    const t = new HopTransport({ fast, direct: p.direct, rpc: () => ({ request: async () => ok, close() {} }) });
+    expect(t.plan(HOP)).toEqual(['direct', 'fast']);
+    expect(t.plan({ ...HOP, endpoint: undefined })).toEqual(['fast']);
+    // Past the budget it is an ordinary lost connection again: /rpc is worth a try (the relay may be up for others).
+    left = 0;
+    expect(t.plan({ ...HOP, endpoint: undefined })).toEqual(['rpc']);
+  });
+
+  it('after an outage of our relay, waits for a hop the relay does not know yet (it may be reconnecting too) within the outage window, then gives up', async () => {
+    const utf8 = new TextEncoder();
+    const noSuchPeer: MeshReply = { status: 404, headers: { 'content-type': 'application/json' }, body: utf8.encode('{"error":{"code":"MESH_ERR_NO_SUCH_PEER","message":"not connected"}}') };
+    let window = 2_000;
+    let backAfter = 3;
+    const used: string[] = [];
+    const fast: FastPathClient = {
+      relayUrl: 'ws://127.0.0.1:9000',
+      isRegistered: true,
+      outageWindowLeftMs: () => window,
+      request: async () => (used.push('fast'), used.length > backAfter ? ok : noSuchPeer),
+    };
+    const hop = { ...HOP, endpoint: undefined };
+    expect((await new HopTransport({ fast }).send(hop, req, 1000)).status).toBe(200);
+    expect(used).toHaveLength(4);
+    // No outage: gone is gone (the head asks for a replacement at once).
+    window = 0;
+    used.length = 0;
+    backAfter = 100;
+    await expect(new HopTransport({ fast }).send(hop, req, 1000)).rejects.toBeInstanceOf(HopUnreachableError);
+    expect(used).toHaveLength(1);
+    // The window runs out while it waits: it gives up then.
+    window = 300;
+    const t0 = performance.now();
+    const slow = new HopTransport({ fast: { ...fast, outageWindowLeftMs: () => Math.max(0, 300 - (performance.now() - t0)) } });
+    await expect(slow.send(hop, req, 1000)).rejects.toBeInstanceOf(HopUnreachableError);
+    expect(performance.now() - t0).toBeLessThan(1_500);
+  });
+
+  it('sends a request cut by the drop of our relay connection again once it is back, within the outage window; a hop that failed otherwise is not retried', async () => {
+    let window = 2_000;
+    const used: string[] = [];
+    let cut = 1;
+    const fast: FastPathClient = {
+      relayUrl: 'ws://127.0.0.1:9000',
+      isRegistered: true,
+      outageWindowLeftMs: () => window,
+      request: async () => {
+        used.push('fast');
+        if (cut-- > 0) throw new MeshError('MESH_ERR_PEER_GONE', 'relay connection lost (socket closed); the request may or may not have run', { reason: 'disconnected' });
+        return ok;
+      },
+    };
+    const hop = { ...HOP, endpoint: undefined };
+    expect((await new HopTransport({ fast }).send(hop, req, 1000)).status).toBe(200);
+    expect(used).toEqual(['fast', 'fast']);
+    // The same cut with no outage window (the drop was not ours, or long ago): the hop counts as unreachable at once.
+    window = 0;
+    used.length = 0;
+    cut = 1;
+    await expect(new HopTransport({ fast }).send(hop, req, 1000)).rejects.toBeInstanceOf(HopUnreachableError);
+    expect(used).toEqual(['fast']);
+    // Within the window, a hop that failed for its own reasons (it went away from the relay mid-request) is not retried.
+    window = 2_000;
+    used.length = 0;
+    const gone: FastPathClient = { ...fast, request: async () => (used.push('fast'), Promise.reject(new MeshError('MESH_ERR_PEER_GONE', 'peer went away before answering'))) };
+    await expect(new HopTransport({ fast: gone }).send(hop, req, 1000)).rejects.toBeInstanceOf(HopUnreachableError);
+    expect(used).toEqual(['fast']);
   });
 
   it('hands a 503 MESH_ERR_BUSY (the hop has no KV room) to the caller without trying another path, but tries on after a relay\'s 503', async () => {

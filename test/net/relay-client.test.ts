@@ -23,6 +23,7 @@ import {
 } from '../../src/protocol/index.ts';
 import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
 import { RelayClient, RelayClientState, relayWsUrl, type RelayStateEvent } from '../../src/net/relay-client.ts';
+import { reconnectDelay } from '../../src/net/relay-options.ts';
 import { NodeWebSocket } from '../helpers/ws-host.ts';
 import { FakeSocket, NONCE, flush, registeredClient, until, type Harness } from '../helpers/fake-socket.ts';
 
@@ -99,18 +100,44 @@ describe('registration', () => {
 });
 
 describe('reconnect backoff', () => {
-  it('doubles the delay ceiling per failure up to maxBackoffMs, with full jitter, and resets after registering', async () => {
+  const o = { firstJitterMs: 250, minBackoffMs: 250, maxBackoffMs: 15_000, outageCeilingMs: 800, outageBudgetMs: 10_000 };
+
+  it('reconnects at once (within firstJitterMs), then backs off with equal jitter, at most outageCeilingMs apart within the outage budget, doubling to maxBackoffMs past it', () => {
+    expect([0, 0.5, 0.999].map((r) => reconnectDelay(o, 0, 0, 0, r))).toEqual([0, 125, 249]);
+    // Equal jitter: [ceiling/2, ceiling]; ceilings 250, 500, then held at 800 while the outage is young.
+    const young = [1, 2, 3, 4, 9].map((a) => [reconnectDelay(o, a, 2_000, 0, 0), reconnectDelay(o, a, 2_000, 0, 0.999)]);
+    expect(young).toEqual([[125, 249], [250, 499], [400, 799], [400, 799], [400, 799]]);
+    // Past the budget: 800 · 2^k, up to the maximum.
+    const ceilings = [800, 1_600, 3_200, 6_400, 12_800, 15_000, 15_000];
+    for (const [k, c] of ceilings.entries()) {
+      expect(reconnectDelay(o, 20 + k, 10_000 + k, k, 0)).toBe(c / 2);
+      expect(reconnectDelay(o, 20 + k, 10_000 + k, k, 0.999)).toBe(Math.floor(c / 2 + (0.999 * c) / 2));
+    }
+  });
+
+  it('catches a relay back from a 1.5 s outage within a second of its return, whatever the jitter', () => {
+    for (const r of [0, 0.3, 0.7, 0.999]) {
+      let t = 0;
+      let attempt = 0;
+      // Attempts fail (ECONNREFUSED, ~1 ms) until the relay is back at 1.5 s.
+      while (t < 1_500) t += reconnectDelay(o, attempt++, t, 0, r) + 1;
+      expect(t - 1_500).toBeLessThan(1_000);
+    }
+  });
+
+  it('schedules its attempts by that schedule, and starts over after registering', async () => {
     const states: RelayStateEvent[] = [];
-    const h = await client({ minBackoffMs: 4, maxBackoffMs: 16, random: () => 0.999 });
+    const h = await client({ firstJitterMs: 8, minBackoffMs: 4, maxBackoffMs: 64, outageCeilingMs: 16, outageBudgetMs: 10_000, random: () => 0.999 });
     h.client.on('state', (e) => states.push(e));
-    for (let i = 0; i < 4; i++) {
+    for (let i = 0; i < 5; i++) {
       const n = FakeSocket.instances.length;
       FakeSocket.instances[n - 1]!.drop();
       await until(() => FakeSocket.instances.length > n);
     }
     const delays = states.filter((s) => s.state === 'disconnected').map((s) => s.retryInMs);
-    // first drop follows a registration: attempt 0 → ceiling 4; then 8, 16, capped at 16
-    expect(delays).toEqual([3, 7, 15, 15]);
+    // The first after the lost registration within firstJitterMs; then ceilings 4, 8, 16, 16 (the outage ceiling).
+    expect(delays).toEqual([7, 3, 7, 15, 15]);
+    expect(states.filter((s) => s.state === 'disconnected').map((s) => s.lost ?? false)).toEqual([true, false, false, false, false]);
   });
 
   it('re-registers the same peer id on the new connection', async () => {
@@ -128,6 +155,84 @@ describe('reconnect backoff', () => {
     const ready = h.client.ready(1000);
     s2.text({ type: 'registered', peer_id: h.identity.peerId, relay_addr: 'ws://relay.test/rpc/x' });
     expect((await ready).peerId).toBe(h.identity.peerId);
+  });
+});
+
+describe('waiting out a lost connection', () => {
+  /** The relay's side of a reconnect on the client's newest socket. */
+  async function reRegister(h: Harness, registered: Record<string, unknown> = {}): Promise<FakeSocket> {
+    const s = FakeSocket.instances.at(-1)!;
+    s.open();
+    s.text({ type: 'challenge', nonce: NONCE });
+    await until(() => s.sent.length > 0);
+    s.sent.length = 0;
+    s.text({ type: 'registered', peer_id: h.identity.peerId, relay_addr: `ws://relay.test/rpc/${h.identity.peerId}`, ...registered });
+    return s;
+  }
+
+  it('holds requests, streams and pushes made while it reconnects, and sends them once it registered again', async () => {
+    const h = await client({ firstJitterMs: 1, outageBudgetMs: 5_000 }, { features: ['one-way'] });
+    const states: RelayStateEvent[] = [];
+    h.client.on('state', (e) => states.push(e));
+    const n = FakeSocket.instances.length;
+    h.socket.drop();
+    expect(h.client.isRegistered).toBe(false);
+    expect(h.client.outageLeftMs()).toBeGreaterThan(4_000);
+    const asked = h.client.request(TARGET, { method: 'POST', path: '/forward', body: utf8.encode('held') }, { timeoutMs: 1_000 });
+    const streamed = h.client.requestStream(TARGET, { method: 'POST', path: '/generate' }, { timeoutMs: 1_000 });
+    const pushed = h.client.push(TARGET, { method: 'POST', path: '/forward', body: utf8.encode('pushed') }, { timeoutMs: 50 });
+    expect(pushed).toBeDefined();
+    await until(() => FakeSocket.instances.length > n);
+    const s2 = await reRegister(h, { features: ['one-way'] });
+    await until(() => s2.sentFrames().length === 3);
+    const sent = s2.sentFrames().map(decodeFrame) as Array<Frame & { path: string; flags: number }>;
+    expect(sent.map((f) => f.path).sort()).toEqual(['/forward', '/forward', '/generate']);
+    for (const f of sent) {
+      if (f.path === '/generate') s2.binary(encodeResponseFrame({ streamId: f.streamId, status: 200, headers: {}, body: utf8.encode('g') }));
+      else if ((f.flags & 0x04) === 0) s2.binary(encodeResponseFrame({ streamId: f.streamId, status: 200, headers: {}, body: utf8.encode('ok') }));
+    }
+    expect(utf8d.decode((await asked).body)).toBe('ok');
+    expect((await streamed).status).toBe(200);
+    expect((await pushed!).status).toBe(202);
+    // The registration after the outage says how long it was away.
+    const back = states.find((e) => e.state === 'registered')!;
+    expect(back.outageMs).toBeGreaterThanOrEqual(0);
+    expect(h.client.outageLeftMs()).toBe(0);
+    expect(h.client.outageWindowLeftMs()).toBeGreaterThan(4_000);
+  });
+
+  it('fails what waits once the outage outlives its budget, with an error that says the relay was unreachable; later requests fail at once', async () => {
+    const h = await client({ firstJitterMs: 1, minBackoffMs: 1_000, outageCeilingMs: 1_000, outageBudgetMs: 150 });
+    h.socket.drop();
+    const t0 = performance.now();
+    const waiting = h.client.request(TARGET, { method: 'POST', path: '/forward' });
+    await expect(waiting).rejects.toMatchObject({ code: 'MESH_ERR_UNAVAILABLE', message: expect.stringMatching(/relay ws:\/\/relay\.test\/ws unreachable for \d+ ms/) });
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(140);
+    await expect(h.client.request(TARGET, { method: 'POST', path: '/forward' })).rejects.toMatchObject({ code: 'MESH_ERR_UNAVAILABLE' });
+    expect(h.client.push(TARGET, { method: 'POST', path: '/forward' })).toBeUndefined();
+    expect(h.logs.filter((l) => l.level === 'warn').map((l) => l.message)).toEqual([expect.stringMatching(/^disconnected from/), expect.stringMatching(/no relay reachable for 150 ms/)]);
+  });
+
+  it('a request waiting for the connection is cancelled by its signal, and close() fails what waits', async () => {
+    const h = await client({ firstJitterMs: 1, outageBudgetMs: 5_000 });
+    h.socket.drop();
+    const ctl = new AbortController();
+    const cancelled = h.client.request(TARGET, { method: 'POST', path: '/forward' }, { signal: ctl.signal });
+    const closed = h.client.request(TARGET, { method: 'POST', path: '/forward' });
+    ctl.abort();
+    await expect(cancelled).rejects.toMatchObject({ code: 'MESH_ERR_CANCELLED' });
+    h.client.close();
+    await expect(closed).rejects.toMatchObject({ code: 'MESH_ERR_SHUTTING_DOWN' });
+  });
+
+  it('never waits before its first registration (callers await ready()), nor with outageBudgetMs 0', async () => {
+    const fresh = new RelayClient({ relayUrl: 'ws://relay.test', WebSocket: FakeSocket, identity: await Identity.generate() });
+    fresh.start();
+    await expect(fresh.request(TARGET, { method: 'GET', path: '/x' })).rejects.toMatchObject({ code: 'MESH_ERR_UNAVAILABLE', message: expect.stringMatching(/await ready/) });
+    fresh.close();
+    const h = await client({ firstJitterMs: 1, outageBudgetMs: 0 });
+    h.socket.drop();
+    await expect(h.client.request(TARGET, { method: 'GET', path: '/x' })).rejects.toMatchObject({ code: 'MESH_ERR_UNAVAILABLE' });
   });
 });
 
@@ -217,6 +322,19 @@ describe('bridge: incoming requests', () => {
     h.socket.binary(encodeCancelFrame(9));
     expect(signal!.aborted).toBe(true);
     expect((signal!.reason as MeshError).code).toBe('MESH_ERR_CANCELLED');
+    // A plain CANCEL is the caller's decision; the relay's for a caller whose connection dropped reads as the connection lost.
+    expect((signal!.reason as MeshError).details.reason).toBeUndefined();
+    let gone: AbortSignal | undefined;
+    h.client.setHandler(async (req) => {
+      gone = req.signal;
+      return new Promise<MeshResponse>(() => {});
+    });
+    h.socket.binary(requestFrame(10));
+    await until(() => gone !== undefined);
+    h.socket.binary(encodeCancelFrame(10, true));
+    expect(gone!.aborted).toBe(true);
+    expect((gone!.reason as MeshError).details.reason).toBe('disconnected');
+    h.client.setHandler(undefined);
     release();
     await flush();
     await flush();

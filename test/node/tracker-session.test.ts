@@ -89,6 +89,62 @@ describe('TrackerSession', () => {
     }
   });
 
+  it('notices its tracker went away by the watch stream and registers with the one back on its address within about a second, not a heartbeat period later', async () => {
+    let tracker: TestTracker = await makeTracker({ now: () => Date.now(), heartbeatIntervalMs: 10_000 });
+    let down = false;
+    let watch: ReadableStreamDefaultController<Uint8Array> | undefined;
+    let watches = 0;
+    const fetchFn = (async (url: string, init?: RequestInit) => {
+      if (down) throw new TypeError('fetch failed', { cause: { code: 'ECONNREFUSED' } });
+      if (url.endsWith('/api/nodes/watch')) {
+        watches++;
+        // The tracker's own stream, held open; the test cuts it as a dying process would.
+        const res = await tracker.app.fetch(new Request(url, init));
+        const reader = res.body!.getReader();
+        return new Response(new ReadableStream<Uint8Array>({
+          start(c) {
+            watch = c;
+            void reader.read().then((r) => {
+              try {
+                if (r.value) c.enqueue(r.value);
+              } catch {
+                // cut already
+              }
+            });
+          },
+        }), { status: 200, headers: res.headers });
+      }
+      return tracker.app.fetch(new Request(url, init));
+    }) as typeof fetch;
+    const identity = await Identity.generate();
+    const logs: string[] = [];
+    const session = new TrackerSession({
+      client: new TrackerClient({ trackerUrl: 'http://tracker.test', fetch: fetchFn, identity }),
+      message: () => ({ peer_id: identity.peerId, public_key: encodeBase64Url(identity.publicKey), info: DEFAULT_INFO, serving: null, timestamp: Date.now() }),
+      onAssignment: () => {},
+      onLog: (_l, m) => logs.push(m),
+    });
+    await session.start();
+    try {
+      await until(() => watches === 1);
+      expect(tracker.registry.nodes.has(identity.peerId)).toBe(true);
+      // The tracker dies: its watch stream breaks, and for a while nothing answers on its address.
+      down = true;
+      watch!.error(new TypeError('terminated'));
+      await new Promise((r) => setTimeout(r, 700));
+      tracker = await makeTracker({ now: () => Date.now(), heartbeatIntervalMs: 10_000 });
+      down = false;
+      const back = Date.now();
+      await until(() => tracker.registry.nodes.has(identity.peerId), 3_000);
+      expect(Date.now() - back).toBeLessThan(1_500);
+      // …and it watches the new one.
+      await until(() => watches === 2);
+      expect(logs.filter((l) => l.includes('went away'))).toHaveLength(1);
+    } finally {
+      session.close();
+    }
+  });
+
   it('stops beating after close()', async () => {
     const t = await setup();
     await t.session.start();

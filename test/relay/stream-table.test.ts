@@ -9,7 +9,9 @@ import { createRelayMetrics } from '../../src/relay/metrics.ts';
 import { RELAY_DEFAULTS } from '../../src/relay/options.ts';
 import { ADDRESSED_FRAME, FAST_PATH_PROTOCOL, ONE_WAY_WINDOW_MS, PeerConn, RpcCaller, StreamTable, type LinkPipe, type PeerSocket, type TableFederation } from '../../src/relay/stream-table.ts';
 import {
+  FLAG_CALLER_GONE,
   FLAG_END,
+  FLAG_ERROR,
   FLAG_ONE_WAY,
   FrameKind,
   decodeFrame,
@@ -18,6 +20,7 @@ import {
   encodeRequestFrame,
   encodeResponseFrame,
   hexToBytes,
+  type DataFrame,
   type Frame,
   type ResponseFrame,
 } from '../../src/protocol/index.ts';
@@ -84,8 +87,9 @@ function request(streamId: number, target: number, body = 'ping'): Uint8Array {
   return encodeRequestFrame({ streamId, peerId: hexToBytes(id(target)), method: 'POST', path: '/forward', headers: { 'x-meshnet-shape': '1,1,2' }, body: utf8.encode(body) });
 }
 
+/** The error code in an error RESPONSE's body, or in a DATA|END|ERROR frame's. */
 function errorCode(f: Frame): string {
-  return (JSON.parse(utf8d.decode((f as ResponseFrame).body)) as { error: { code: string } }).error.code;
+  return (JSON.parse(utf8d.decode((f as ResponseFrame | DataFrame).body)) as { error: { code: string } }).error.code;
 }
 
 describe('StreamTable', () => {
@@ -178,6 +182,47 @@ describe('StreamTable', () => {
     expect(a.socket.sent).toHaveLength(1);
   });
 
+  it('ends a streamed answer that already has its RESPONSE head with a DATA|END|ERROR frame, never a second RESPONSE (timeout, target gone)', () => {
+    const { table, peer, advance } = setup({ requestTimeoutMs: 1000 });
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(3, 2));
+    table.onBinary(a.conn, request(4, 2));
+    const [s3, s4] = b.socket.frames().map((f) => f.streamId);
+    for (const sid of [s3!, s4!]) {
+      table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, end: false }));
+      table.onBinary(b.conn, encodeDataFrame(sid, utf8.encode('{"type":"token"}\n'), false));
+    }
+    // Stream 3 goes silent past the timeout; stream 4's target leaves.
+    advance(600);
+    table.onBinary(b.conn, encodeDataFrame(s4!, utf8.encode('{"type":"token"}\n'), false));
+    advance(400);
+    table.sweep();
+    table.removePeer(b.conn);
+    const frames = a.socket.frames();
+    const of = (sid: number) => frames.filter((f) => f.streamId === sid).map((f) => [f.kind, f.flags]);
+    const ended = [FrameKind.Data, FLAG_END | FLAG_ERROR];
+    expect(of(3)).toEqual([[FrameKind.Response, 0], [FrameKind.Data, 0], ended]);
+    expect(of(4)).toEqual([[FrameKind.Response, 0], [FrameKind.Data, 0], [FrameKind.Data, 0], ended]);
+    const code = (sid: number) => errorCode(frames.filter((f) => f.streamId === sid).at(-1)!);
+    expect([code(3), code(4)]).toEqual(['MESH_ERR_TIMEOUT', 'MESH_ERR_PEER_GONE']);
+    expect(table.inFlight).toBe(0);
+  });
+
+  it('ends a stream whose target sends a second RESPONSE head (with an error the caller can read), and cancels it on the target', () => {
+    const { table, peer } = setup();
+    const [a, b] = [peer(1), peer(2)];
+    table.onBinary(a.conn, request(7, 2));
+    const sid = b.socket.frames()[0]!.streamId;
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, end: false }));
+    table.onBinary(b.conn, encodeResponseFrame({ streamId: sid, status: 200, headers: {}, body: utf8.encode('again') }));
+    expect(a.socket.frames().map((f) => [f.kind, f.flags])).toEqual([
+      [FrameKind.Response, 0],
+      [FrameKind.Data, FLAG_END | FLAG_ERROR],
+    ]);
+    expect(b.socket.frames().at(-1)).toMatchObject({ kind: FrameKind.Cancel, streamId: sid });
+    expect(table.inFlight).toBe(0);
+  });
+
   it('forwards a one-way REQUEST (FLAG_ONE_WAY) and forgets it silently after its window; a target leaving within it is reported to the caller', () => {
     const { table, peer, advance } = setup({ requestTimeoutMs: 30_000 });
     const [a, b] = [peer(1), peer(2)];
@@ -221,9 +266,11 @@ describe('StreamTable', () => {
     table.onBinary(a.conn, encodeCancelFrame(1));
     expect(b.socket.frames()[3]).toMatchObject({ kind: FrameKind.Cancel, streamId: s1 });
     table.removePeer(a.conn);
-    expect(b.socket.frames().slice(4).map((f) => [f.kind, f.streamId])).toEqual([
-      [FrameKind.Cancel, s2],
-      [FrameKind.Cancel, b.socket.frames()[2]!.streamId],
+    // The caller's CANCEL was its own; the relay's, for a caller whose connection dropped, says so (FLAG_CALLER_GONE).
+    expect(b.socket.frames()[3]!.flags & FLAG_CALLER_GONE).toBe(0);
+    expect(b.socket.frames().slice(4).map((f) => [f.kind, f.streamId, f.flags & FLAG_CALLER_GONE])).toEqual([
+      [FrameKind.Cancel, s2, FLAG_CALLER_GONE],
+      [FrameKind.Cancel, b.socket.frames()[2]!.streamId, FLAG_CALLER_GONE],
     ]);
     const c = peer(3);
     table.onBinary(c.conn, request(8, 2));

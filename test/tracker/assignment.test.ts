@@ -69,6 +69,23 @@ describe('memory budget → layers', () => {
     // A node still loading is never moved.
     expect(rebalance(spec, nodes.map((n) => ({ ...n, movable: false })), 0.75)).toEqual([]);
   });
+
+  it('never moves a node off a layer it alone holds to cover another gap (the node that left may come back; the gap would only move)', () => {
+    // Three nodes held 0..3, 3..7 (gone now) and 7..12; the last one could hold 3..7 instead, but it alone holds 7..11.
+    const budget = 5 * layerMib(spec) * MIB + 1;
+    const nodes = [
+      // The head is not the subject here (it could grow by a layer): it is loading.
+      { id: 'head', start: 0, end: 3, throughput: 100, budgetBytes: budget, movable: false },
+      { id: 'tail', start: 7, end: 12, throughput: 100, budgetBytes: budget, movable: true },
+    ];
+    expect(chooseSpan(spec, budget, [nodes[0]!])!.start).toBeLessThan(7); // it would rather cover the gap…
+    expect(rebalance(spec, nodes, 0.75)).toEqual([]); // …but that would bare 7..11.
+    // A second holder of 7..12 is free to go: nothing loses its last holder.
+    const moves = rebalance(spec, [...nodes, { id: 'spare', start: 7, end: 12, throughput: 100, budgetBytes: budget, movable: true }], 0.75);
+    expect(moves).toHaveLength(1);
+    expect(['tail', 'spare']).toContain(moves[0]!.id);
+    expect(moves[0]!.to.start).toBeLessThan(7);
+  });
 });
 
 describe('assignment through the tracker', () => {

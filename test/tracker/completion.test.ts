@@ -125,8 +125,9 @@ describe('completionParts', () => {
     let firsts = 0;
     const stopped = { done: false };
     const parts = await collect(completionParts(events(['He', 'llo wor', 'ld!', ' more'], 'length', stopped), ['world'], () => firsts++));
-    // Ids ride with the part that releases their text; a stop string's own tokens come with the finish.
+    // The head's acceptance first (the SSE headers may go then); ids ride with the part that releases their text; a stop string's own tokens come with the finish.
     expect(parts).toEqual([
+      { started: true },
       { text: 'He', tokenIds: [10] },
       { text: 'llo ', tokenIds: [11] },
       { finish: 'stop', promptTokens: 7, completionTokens: 3, tokenIds: [12], drafted: 0, accepted: 0 },
@@ -136,6 +137,7 @@ describe('completionParts', () => {
     expect(stopped.done).toBe(true);
     const all = await collect(completionParts(events(['a <', '/b'], 'length'), ['</s>'], () => {}));
     expect(all).toEqual([
+      { started: true },
       { text: 'a ', tokenIds: [10] },
       { text: '</b', tokenIds: [11] },
       { finish: 'length', promptTokens: 7, completionTokens: 2, tokenIds: [], drafted: 0, accepted: 0 },

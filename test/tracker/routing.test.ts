@@ -140,6 +140,41 @@ describe('routing through the tracker', () => {
     expect(((await res2.json()) as { error: { missing_layers: number[] } }).error.missing_layers).toEqual([4, 5, 6, 7, 8, 9, 10, 11]);
   });
 
+  it('with no spare, answers the failed node itself once it answers a probe (failed_reachable), else 503; failures count against the failed node even while it is away', async () => {
+    let up = false;
+    const probed: string[] = [];
+    const t = await makeTracker({}, {
+      open: () => Promise.reject(new Error('no generations here')),
+      probe: async (node) => {
+        probed.push(node.peerId);
+        return up;
+      },
+    });
+    const head = await serving(t, 0, 6, 1);
+    const failed = await serving(t, 6, 12, 1);
+    const ask = async () => {
+      const body = { head_peer_id: head.peerId, failed_peer_id: failed.peerId, start_layer: 6, end_layer: 12, model: 'small', timestamp: t.clock.now };
+      return t.app.request('/api/route/replace', { method: 'POST', body: JSON.stringify(await signBody(head.identity, body)) });
+    };
+    // Still away (a relay restart it has not reconnected from): nothing to offer yet.
+    expect((await ask()).status).toBe(503);
+    expect(probed).toEqual([failed.peerId]);
+    // Back: it is its own replacement, said so, and the head resumes on it.
+    up = true;
+    const res = await ask();
+    expect(res.status).toBe(200);
+    const a = replaceAnswerSchema.parse(await res.json());
+    expect(JSON.parse(a.route)).toEqual([{ peer_id: failed.peerId, start_layer: 6, end_layer: 12 }]);
+    expect(a.failed_reachable).toBe(true);
+    expect(t.registry.nodes.get(failed.peerId)!.failures).toBe(2);
+    // Removed meanwhile (missed heartbeats, a frozen page), reported once more, then back: its count is its own.
+    t.registry.remove(failed.peerId, 'test');
+    expect((await ask()).status).toBe(503);
+    await failed.register(t);
+    expect(t.registry.nodes.get(failed.peerId)!.failures).toBe(3);
+    expect(t.registry.nodes.get(head.peerId)!.failures).toBe(0);
+  });
+
   it('re-signs the head\'s whole route with the replacement in place (and its reply address) when the head sends the route it runs', async () => {
     const t = await makeTracker();
     const head = await serving(t, 0, 4, 1, { endpoint: 'http://head.test' });

@@ -69,6 +69,7 @@ export function configure(cmd: Command): void {
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
     .option('--draft <model-url>', 'as a head: draft with this model (a smaller checkpoint with the target\'s tokenizer, run whole on this node\'s backend; refused when its vocabulary differs). Without it: prompt lookup')
     .option('--no-speculation', 'as a head: never draft (speculative decoding off; requests may also turn it off with "speculative": false)')
+    .option('--no-endpoint', 'advertise no HTTP endpoint (a node behind NAT): the tracker and other nodes reach it over the relay only (needs --relay); its HTTP port still answers locally')
     .action(async (o: Record<string, unknown>) => {
       if (!o.tracker && !o.layers) cmd.error('give --tracker, or --layers with --model-url: a tracker (--tracker URL) assigns this node its layers; --layers a-b serves a fixed span');
       if (!((o.maxBatch as number) >= 1)) cmd.error('--max-batch must be at least 1 (1 turns batching off)');
@@ -81,6 +82,7 @@ export function configure(cmd: Command): void {
           cmd.error(`--model-url: ${(e as Error).message}`);
         }
       }
+      if (o.endpoint === false && !o.relay) cmd.error('--no-endpoint needs --relay: without an endpoint the relay is the only way to reach this node');
       if (o.graphCapture && o.backend !== 'webgpu') cmd.error('--graph-capture needs --backend webgpu: graph capture replays GPU work');
       if (o.wireDtype && !o.layers) cmd.error('--wire-dtype is for a static span (--layers): a tracker gives its nodes the model\'s wire dtype');
       const log = (level: 'info' | 'warn' | 'error', message: string) => process.stderr.write(`${JSON.stringify({ level, time: Date.now(), msg: message })}\n`);
@@ -117,6 +119,7 @@ export function configure(cmd: Command): void {
         links: o.links !== false,
         ...(o.draft ? { draftModelUrl: o.draft as string } : {}),
         ...(o.speculation === false ? { speculation: false } : {}),
+        advertiseEndpoint: o.endpoint !== false,
         // One JSON object per stdout line: tests and scripts wait for `listening` and `serving`.
         emit: (event) => process.stdout.write(`${JSON.stringify(event)}\n`),
         log,

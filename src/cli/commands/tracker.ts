@@ -50,6 +50,9 @@ export function applyWireDtypes(models: TrackerModelSource[], entries: ReadonlyA
   return { models: out, ...(wireDtype ? { wireDtype } : {}) };
 }
 
+/** `--startup-wait-ms` of `meshnet tracker` (the library's default is 0: tests and embedders answer at once). */
+const CLI_STARTUP_WAIT_MS = 5_000;
+
 export function configure(cmd: Command): void {
   const d = TRACKER_DEFAULTS;
   cmd
@@ -68,6 +71,7 @@ export function configure(cmd: Command): void {
     .option('--generate-timeout-ms <n>', 'longest silence from a head before failing over', int, d.generateIdleTimeoutMs)
     .option('--queue-max-length <n>', 'chats that may wait for KV room when no route has any; one more gets 429 + Retry-After (0: no queue)', int, d.queueMaxLength)
     .option('--queue-max-wait-ms <n>', 'longest a chat waits for KV room before it gets 429 + Retry-After', int, d.queueMaxWaitMs)
+    .option('--startup-wait-ms <n>', 'for this long after start, a chat with no route waits for nodes to register (a restarted tracker\'s nodes come back within about a second) instead of getting 503', int, CLI_STARTUP_WAIT_MS)
     .option('--no-checks', 'turn spot-checks off: no hop is re-executed to catch a node that lies (docs/verification.md)')
     .option('--check-min-rate <p>', 'smallest share of a proven node\'s sessions still checked (BOINC\'s adaptive replication: a new node\'s every session until 10 checks pass in a row, then max(p, 1/passes in a row))', Number, d.checkMinRate)
     .option('--quarantine-ms <n>', 'first quarantine of a node found lying, doubled for each further offence', int, d.quarantineMs)
@@ -93,6 +97,7 @@ export function configure(cmd: Command): void {
         generateIdleTimeoutMs: o.generateTimeoutMs as number,
         queueMaxLength: o.queueMaxLength as number,
         queueMaxWaitMs: o.queueMaxWaitMs as number,
+        startupWaitMs: o.startupWaitMs as number,
         checks: o.checks !== false,
         checkMinRate: o.checkMinRate as number,
         quarantineMs: o.quarantineMs as number,

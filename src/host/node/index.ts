@@ -82,6 +82,8 @@ export interface NodeHostOptions {
   speculation?: boolean;
   /** Accept direct links on GET /link and dial them to hops with an endpoint (src/net/direct-link.ts). @defaultValue true */
   links?: boolean;
+  /** Tell the tracker (and so other nodes) the HTTP endpoint; false: a node behind NAT, reached over the relay only. @defaultValue true */
+  advertiseEndpoint?: boolean;
   /** Machine-readable events (stdout). */
   emit: (event: Record<string, unknown>) => void;
   /** Log lines (stderr). */
@@ -154,7 +156,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     onLinkOpen: (caller) => o.emit({ event: 'link-open', caller_peer_id: caller }),
     log,
   });
-  runtime.endpoint = surface.endpoint;
+  if (o.advertiseEndpoint !== false) runtime.endpoint = surface.endpoint;
   const close = async (): Promise<void> => {
     await runtime.close();
     adapter.close();

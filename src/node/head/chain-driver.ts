@@ -184,6 +184,7 @@ export async function chainStep(s: ChainStepInit): Promise<ChainArrival> {
     [H.chainHead]: s.headPeerId,
     [H.chainIndex]: '0',
     [H.chainBudget]: String(s.timeoutMs),
+    [H.chainSentAt]: `${Date.now()};${s.timeoutMs}`,
     'content-type': 'application/octet-stream',
   };
   if (s.signed.reply) {
@@ -294,10 +295,14 @@ export class ChainState {
    * a hop that died as it arrived is reported by nobody, so a decode step
    * waits a few times its usual length (at least `floorMs`), not the whole
    * `maxMs`; the star then finds the failed hop. Prompts get `maxMs`.
+   * `headStepMs`: the head's recent one-token step over its generations,
+   * used until this one has timed its own.
    */
-  timeout(seq: number, maxMs: number, floorMs = 2_000): number {
-    if (seq > 1 || this.stepMs === undefined) return maxMs;
-    return Math.min(maxMs, Math.max(floorMs, Math.round(this.stepMs * 10)));
+  timeout(seq: number, maxMs: number, floorMs = 2_000, headStepMs?: number): number {
+    // Before this generation has timed a chained step: the head's recent steps (any generation's) stand in.
+    const step = this.stepMs ?? headStepMs;
+    if (seq > 1 || step === undefined) return maxMs;
+    return Math.min(maxMs, Math.max(floorMs, Math.round(step * 10)));
   }
 
   observe(seq: number, ms: number): void {

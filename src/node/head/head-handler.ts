@@ -11,6 +11,15 @@
  *
  * The answer is a stream of NDJSON lines, one GenerateEvent each, produced
  * as the consumer pulls (relay DATA frames, or chunked HTTP).
+ *
+ * A generation whose stream is lost with the connection (the relay
+ * restarting, the tracker's or our own connection to it dropping — not a
+ * CANCEL the tracker sent) is parked for `parkMs`: its pipeline pauses at its
+ * next event (pull-driven: no step runs), keeps its sessions on the hops, and
+ * the tracker may ask for it again (`X-Meshnet-Resume: 1` with the same
+ * session_id and route): every event is sent again from the start (the
+ * tracker keeps the indexes it lacks) and the generation goes on, nothing
+ * recomputed. Not asked for within `parkMs`: it ends, its sessions dropped.
  */
 import { z } from 'zod';
 import { errorReply, jsonReply, type MeshRequest, type MeshResponse } from '../../protocol/envelopes.ts';
@@ -47,6 +56,35 @@ export interface HeadHandlerInit {
   onDistrust?: (notice: Distrust) => void;
   /** The tracker's verified walk: check every span of a finished generation with this plan; false when it is not kept. */
   onWalk?: (plan: SignedPlan) => boolean;
+  /** How long a generation whose stream was lost with the connection waits to be asked for again, ms. @defaultValue 15000 */
+  parkMs?: number;
+}
+
+/** Default HeadHandlerInit.parkMs: the tracker's relay outage budget (10 s) and some. */
+export const PARK_MS = 15_000;
+
+/** One generation this head runs, while it runs or waits (parked) for its tracker to ask for it again. */
+interface Live {
+  sessionId: string;
+  /** The signed route text it runs on: a resume must name the same. */
+  route: string;
+  events: AsyncGenerator<GenerateEvent>;
+  /** Its own signal: it outlives the request it came with while parked. */
+  ctl: AbortController;
+  /** Every event sent so far but the last (done/error): a resumed stream sends them again. */
+  sent: GenerateEvent[];
+  /** The stream that reads it now (a resume takes it over); undefined while parked. */
+  owner: object | undefined;
+  /** The pipeline's next event, while one is being made: a resume that takes over waits for the same one (one pull at a time). */
+  pulling: Promise<IteratorResult<GenerateEvent>> | undefined;
+  parkTimer: ReturnType<typeof setTimeout> | undefined;
+}
+
+/** The request's stream was cut with the connection (ours or the caller's to the relay), not stopped by its caller. */
+function lostWithConnection(signal: AbortSignal | undefined): boolean {
+  if (!signal?.aborted) return false;
+  const r = signal.reason as { details?: { reason?: unknown } } | undefined;
+  return r instanceof MeshError && r.details.reason === 'disconnected';
 }
 
 /** The tracker's check plan that came with /generate (the head passes it on to checkers, who verify it). */
@@ -70,25 +108,78 @@ function notAHead(): MeshResponse {
   return errorReply(new MeshError('MESH_ERR_MISDIRECTED', 'this node does not hold layer 0 and the tokenizer now; ask the tracker for a fresh route'));
 }
 
-async function* ndjson(events: AsyncGenerator<GenerateEvent>, onEvent: ((e: GenerateEvent) => void) | undefined): AsyncGenerator<Uint8Array> {
-  try {
-    for await (const ev of events) {
-      onEvent?.(ev);
-      const line = utf8.encode(JSON.stringify(ev) + '\n');
-      trace?.('ndjson');
-      yield line;
-      trace?.('pulled');
-    }
-  } finally {
-    // Runs on completion and when the consumer stops early (client gone): the generator's finally drops the sessions.
-    await events.return(undefined);
-  }
-}
-
 export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
   const maxBody = init.maxBodyBytes ?? 1 << 20;
   const now = init.now ?? Date.now;
+  const parkMs = init.parkMs ?? PARK_MS;
   const routes = new VerifiedRoutes();
+  /** Generations running or parked, by session id. */
+  const live = new Map<string, Live>();
+
+  /** The generation's next event; one pull at a time, shared by whoever waits for it. */
+  const pull = (g: Live): Promise<IteratorResult<GenerateEvent>> => {
+    g.pulling ??= g.events.next().finally(() => {
+      g.pulling = undefined;
+    });
+    return g.pulling;
+  };
+
+  /** End a generation for good: its pipeline's finally drops the sessions everywhere. */
+  const end = (g: Live): void => {
+    if (g.parkTimer !== undefined) clearTimeout(g.parkTimer);
+    g.parkTimer = undefined;
+    g.owner = undefined;
+    if (live.get(g.sessionId) === g) live.delete(g.sessionId);
+    g.ctl.abort(new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled'));
+    void g.events.return(undefined).catch(() => undefined);
+  };
+
+  /**
+   * The NDJSON of one reading of a generation: `replay` sends its events so
+   * far first (a resume). Pull-driven: an event is made when the reader takes
+   * the last one. Leaving early ends the generation, or parks it when the
+   * connection took the stream with it.
+   */
+  async function* ndjson(g: Live, replay: boolean, signal: AbortSignal | undefined): AsyncGenerator<Uint8Array> {
+    const me = {};
+    g.owner = me;
+    let over = false;
+    try {
+      if (replay) for (const ev of [...g.sent]) yield utf8.encode(JSON.stringify(ev) + '\n');
+      for (;;) {
+        if (g.owner !== me) return;
+        const r = await pull(g);
+        // A resume took over while the event was being made: it has the same event, and sends it.
+        if (g.owner !== me) return;
+        if (r.done) {
+          over = true;
+          return;
+        }
+        const ev = r.value;
+        const last = ev.type === 'done' || ev.type === 'error';
+        if (last) over = true;
+        else g.sent.push(ev);
+        init.onEvent?.(ev, g.sessionId);
+        const line = utf8.encode(JSON.stringify(ev) + '\n');
+        trace?.('ndjson');
+        yield line;
+        trace?.('pulled');
+        if (last) return;
+      }
+    } finally {
+      // A resume took it over: that reading owns it now.
+      if (g.owner === me) {
+        if (!over && lostWithConnection(signal)) {
+          g.owner = undefined;
+          init.onLog?.(`generation ${g.sessionId}: its stream was lost with the connection after ${g.sent.filter((e) => e.type === 'token').length} token(s); parked ${parkMs} ms for the tracker to ask for it again`);
+          g.parkTimer = setTimeout(() => {
+            init.onLog?.(`generation ${g.sessionId}: nobody asked for it within ${parkMs} ms (the client left, or the tracker restarted); ended`);
+            end(g);
+          }, parkMs);
+        } else end(g);
+      }
+    }
+  }
 
   /** The route of a /generate or /audit, as the tracker signed it for this head (403 otherwise). */
   async function signedRoute(h: Record<string, string>): Promise<{ route: RouteHop[]; routeText: string; expires: string; signature: string }> {
@@ -146,13 +237,24 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     const replyText = h[H.chainReply];
     const replySig = h[H.chainReplySignature]?.trim();
     const reply = replyText !== undefined && replySig ? { reply: { text: replyText, signature: replySig } } : {};
+    const headers = { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' };
+    const sessionId = p.data.session_id;
+    const prev = live.get(sessionId);
+    if (prev && h[H.resume] === '1' && prev.route === routeText) {
+      // The tracker lost this generation's stream and asks for it again: it goes on where it paused.
+      if (prev.parkTimer !== undefined) clearTimeout(prev.parkTimer);
+      prev.parkTimer = undefined;
+      init.onLog?.(`generation ${sessionId}: resumed after its stream was lost (${prev.sent.filter((e) => e.type === 'token').length} token(s) sent again)`);
+      return { status: 200, headers, body: ndjson(prev, true, req.signal) };
+    }
+    // The same id again without a resume (a tracker that restarted numbering): the old one is over.
+    if (prev) end(prev);
+    const ctl = new AbortController();
     const plan = checkPlanOf(h);
-    const events = driver.generate(init.peerId, p.data, route, { ...(req.signal ? { signal: req.signal } : {}), signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply }, ...(plan ? { plan } : {}) });
-    return {
-      status: 200,
-      headers: { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' },
-      body: ndjson(events, init.onEvent ? (e) => init.onEvent!(e, p.data.session_id) : undefined),
-    };
+    const events = driver.generate(init.peerId, p.data, route, { signal: ctl.signal, signed: { text: routeText, expires: Number(expires.trim()), signature: signature.trim(), ...reply }, ...(plan ? { plan } : {}) });
+    const g: Live = { sessionId, route: routeText, events, ctl, sent: [], owner: undefined, pulling: undefined, parkTimer: undefined };
+    live.set(sessionId, g);
+    return { status: 200, headers, body: ndjson(g, false, req.signal) };
   }
 
   /** A chained step's token from the route's last hop (src/node/hop/chain-hop.ts): the token JSON in a header, the rows for replays as the body. */

@@ -80,7 +80,12 @@ export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal, route?: reado
 export interface PipelineOptions {
   /** Wire dtype of activations between hops. @defaultValue 'bf16' */
   wireDtype: Dtype;
-  /** Longest wait for one hop's answer to a one-token step, ms. @defaultValue 10000 */
+  /**
+   * Longest wait for one hop's answer to a one-token step, ms, over all its
+   * paths together. Once the head has timed a few steps, a silent hop is given
+   * up on sooner: after STEP_BUDGET_FACTOR × the recent one-token step (at
+   * least STEP_BUDGET_FLOOR_MS). @defaultValue 10000
+   */
   decodeTimeoutMs: number;
   /** Longest wait for a hop's answer to a prompt or replay, ms (long prompts on slow donors). @defaultValue 60000 */
   prefillTimeoutMs: number;
@@ -110,6 +115,11 @@ export interface DraftContext {
 
 /** A generation's drafter (undefined: none for this request, e.g. a draft model it names that is not here). */
 export type DrafterFactory = (req: GenerateRequest, ctx: DraftContext) => Drafter | undefined;
+
+/** A hop's one-token step is given up on after this many times the recent step (the step budget)… */
+export const STEP_BUDGET_FACTOR = 5;
+/** …but never sooner than this, ms (a slow donor's step, a busy machine's stall). */
+export const STEP_BUDGET_FLOOR_MS = 2_000;
 
 export interface PipelineInit extends Partial<PipelineOptions> {
   executor: HeadExecutor;
@@ -157,7 +167,10 @@ interface Generation {
   chain: ChainState;
   /** Events to yield after the current step (recoveries). */
   pending: GenerateEvent[];
+  /** Replacements so far (up to maxRecoveries). */
   recoveries: number;
+  /** Resumes on a failed hop the tracker found answering again (up to MAX_SAME_NODE_RESUMES). */
+  sameNode: number;
   /** Tokens every hop's cache holds before the current step. */
   position: number;
   /** How each step was computed (start, rows fed): a replay resends the history in these same chunks. */
@@ -181,6 +194,8 @@ export class PipelineDriver {
   readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
   private readonly specTotals = emptyCounters();
+  /** Moving average of this head's one-token steps, ms, over its generations: sets the step budget. */
+  private recentStepMs: number | undefined;
 
   constructor(private readonly init: PipelineInit) {
     const o = { ...PIPELINE_DEFAULTS };
@@ -272,6 +287,7 @@ export class PipelineDriver {
       chain: new ChainState(this.options.hopMode === 'chain', opts.signed, plan.hops),
       pending: [],
       recoveries: 0,
+      sameNode: 0,
       position: 0,
       steps: [],
       signal,
@@ -299,7 +315,10 @@ export class PipelineDriver {
       gen: while (index < req.max_tokens && run.position + next.length <= ex.maxContext) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         const sp: StepPlan = speculator ? await speculator.plan(history, next, run.position, index) : { tokens: next, draftMs: 0 };
+        const t0 = performance.now();
         const answer = await this.step(run, sp, () => [...history.slice(0, run.position), ...sp.tokens]);
+        // A one-row step sets the step budget; one that recovered a hop is no measure of the usual one.
+        if (sp.tokens.length === 1 && run.pending.length === 0) this.observeStep(performance.now() - t0);
         speculator?.settle(sp, answer, { batchFull: answer.batchFull });
         // The checks judge a step's token from its last row: what a verification answers when every draft was accepted.
         run.checks?.step(sp.tokens.length, { tokenId: answer.tokens.at(-1)!, logprob: answer.logprobs.at(-1) ?? 0 });
@@ -445,7 +464,7 @@ export class PipelineDriver {
       if (this.init.verify?.distrusted(hs.hop.peer_id)) {
         // Its caches and everything after it hold rows derived from its lies: replace it, and replay every later hop.
         this.init.onLog?.(`hop ${hs.hop.peer_id} is distrusted by the tracker (a check found it lying); replacing it`);
-        recovery = await this.recover(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), run.headPeerId, recovery, performance.now(), signal, () => run.recoveries++, run.chain);
+        recovery = await this.recover(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), run.headPeerId, recovery, performance.now(), signal, run, run.chain);
         for (let k = i + 1; k < hops.length; k++) hops[k]!.synced = false;
         continue;
       }
@@ -464,7 +483,7 @@ export class PipelineDriver {
           replayed409.add(hs);
           continue;
         }
-        recovery = await this.recover(hops, i, e, run.headPeerId, recovery, t0, signal, () => run.recoveries++, run.chain);
+        recovery = await this.recover(hops, i, e, run.headPeerId, recovery, t0, signal, run, run.chain);
         continue; // retry index i, now the first replacement hop
       }
       const rowsSent = seq;
@@ -523,7 +542,7 @@ export class PipelineDriver {
         sampling: s.sampling,
         declared: s.declared,
         // A verification (a few rows after the prompt) is timed as a decode step.
-        timeoutMs: chain.timeout(s.decode ? 1 : s.seq, s.decode ? this.options.decodeTimeoutMs : this.options.prefillTimeoutMs),
+        timeoutMs: chain.timeout(s.decode ? 1 : s.seq, s.decode ? this.options.decodeTimeoutMs : this.options.prefillTimeoutMs, undefined, this.recentStepMs),
         extra: specHeaderMap(s.spec),
         ...(s.signal ? { signal: s.signal } : {}),
       });
@@ -565,7 +584,8 @@ export class PipelineDriver {
     // Opening the session: the hop reserves KV room for all of it now, or refuses before computing anything.
     if (pos === 0) headers[H.sessionTokens] = String(declared);
     Object.assign(headers, specHeaderMap(spec));
-    const timeout = rows > 1 && !spec.decode ? this.options.prefillTimeoutMs : this.options.decodeTimeoutMs;
+    // A verification's rows each may cost up to a one-row step on a compute-bound hop: its budget counts them.
+    const timeout = rows > 1 && !spec.decode ? this.options.prefillTimeoutMs : this.stepBudgetMs(rows);
     return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
   }
 
@@ -609,6 +629,17 @@ export class PipelineDriver {
     return last ? null : outs;
   }
 
+  /** How long one hop may take to answer a one-token step (all its paths together) before it counts as failed. */
+  stepBudgetMs(rows = 1): number {
+    const max = this.options.decodeTimeoutMs;
+    if (this.recentStepMs === undefined) return max;
+    return Math.min(max, Math.max(STEP_BUDGET_FLOOR_MS, Math.round(STEP_BUDGET_FACTOR * this.recentStepMs * rows)));
+  }
+
+  private observeStep(ms: number): void {
+    this.recentStepMs = this.recentStepMs === undefined ? ms : this.recentStepMs + 0.2 * (ms - this.recentStepMs);
+  }
+
   /** Replace hops[i] by the tracker's answer; returns the recovery to report once the replacement answers. */
   private async recover(
     hops: HopState[],
@@ -618,16 +649,22 @@ export class PipelineDriver {
     current: PendingRecovery | undefined,
     t0: number,
     signal: AbortSignal | undefined,
-    count: () => number,
+    count: { recoveries: number; sameNode: number },
     chain: ChainState,
   ): Promise<PendingRecovery> {
     const failed = hops[i]!;
     const reason = cause instanceof Error ? cause.message : String(cause);
     if (!this.init.replace) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; no tracker to ask for a replacement`);
-    if (count() >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
+    if (count.recoveries >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
     this.init.onLog?.(`hop ${failed.hop.peer_id} [${failed.hop.start_layer}, ${failed.hop.end_layer}) failed (${reason}); asking the tracker for a replacement`);
     const answer = await this.init.replace(failed.hop, signal, hops.map((h) => h.hop));
     const got = Array.isArray(answer) ? answer : answer.hops;
+    // The failed node itself (the tracker found nobody else, and it answers again: back from a relay restart, a
+    // freeze): its cache most likely holds the session still, so it is sent the step as is; a 409 replays it.
+    const same = got.length === 1 && got[0]!.peer_id === failed.hop.peer_id && got[0]!.start_layer === failed.hop.start_layer && got[0]!.end_layer === failed.hop.end_layer;
+    if (same) {
+      if (++count.sameNode > MAX_SAME_NODE_RESUMES) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; hop ${failed.hop.peer_id} keeps failing after answering the tracker (${MAX_SAME_NODE_RESUMES} times)`);
+    } else count.recoveries++;
     let at = failed.hop.start_layer;
     for (const h of got) {
       if (h.start_layer !== at || h.end_layer <= at || h.peer_id === headPeerId) {
@@ -637,7 +674,7 @@ export class PipelineDriver {
     }
     if (got.length === 0 || at !== failed.hop.end_layer) throw new MeshError('MESH_ERR_UPSTREAM', `the tracker's replacement does not cover [${failed.hop.start_layer}, ${failed.hop.end_layer})`);
     // The first replacement inherits the failed hop's input history; the others get theirs from the replay's outputs.
-    const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: false }));
+    const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: same && failed.synced }));
     hops.splice(i, 1, ...fresh);
     // The tracker re-signed the route with the replacement in place: once every hop is in sync again, steps chain again.
     if (!Array.isArray(answer) && answer.chain) chain.renew(answer.chain.signed, answer.chain.hops);
@@ -710,6 +747,9 @@ function stepAnswer(ans: TokenAnswer, spec: SpecHeaders, batchFull: boolean): St
   const logprobs = ans.logprobs && ans.logprobs.length === tokens.length ? ans.logprobs : [...new Array<number>(accepted).fill(0), ans.logprob];
   return { tokens, logprobs, accepted, batchFull };
 }
+
+/** Times one generation resumes on a failed hop that the tracker finds answering again (no spare holds its layers). */
+const MAX_SAME_NODE_RESUMES = 8;
 
 /** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
 class ReplayMismatch extends Error {}

@@ -39,11 +39,59 @@ import { appendAttestation, ATTEST_HEADER } from '../../verify/attest.ts';
 export interface ChainHopInit {
   peerId: string;
   trackerKey(): Uint8Array | undefined;
-  transport: Pick<HopTransport, 'send' | 'push'>;
+  transport: Pick<HopTransport, 'send' | 'push'> & Partial<Pick<HopTransport, 'inOutageWindow'>>;
   /** This node's own /forward (runs the span). */
   local: MeshHandler;
   now?: () => number;
   onLog?: (message: string) => void;
+  /** Steps the head no longer waits for (late, or of an ended session): dropped before they run. */
+  stale?: StaleSteps;
+}
+
+/** Heads whose clock offsets are kept, and ended sessions remembered. */
+const STALE_MEMORY = 1024;
+/** A head's smallest (receive − sent) is forgotten after this long, ms: it follows clock adjustments and path changes. */
+const OFFSET_WINDOW_MS = 60_000;
+
+/**
+ * Which chained steps are dead on arrival, without any clock agreement:
+ *
+ * - late: per head, the smallest (receive − sent) seen lately is its clock
+ *   offset plus the quickest delivery; a step whose (receive − sent) exceeds
+ *   it by more than the step's budget (X-Meshnet-Chain-Budget-Ms) arrived
+ *   after the head stopped waiting for it (a frozen page resumed, its socket's
+ *   queue delivered at once). The head has run that step again by then.
+ * - ended: its session was dropped (DELETE /sessions/<id>: the generation is
+ *   over), so steps still queued for it have nobody to go to.
+ *
+ * Such a step is not run, pushed on, or reported.
+ */
+export class StaleSteps {
+  private readonly offsets = new Map<string, { min: number; at: number }>();
+  private readonly ended = new Set<string>();
+
+  /** The head dropped this session (its generation is over). */
+  end(session: string): void {
+    this.ended.delete(session);
+    if (this.ended.size >= STALE_MEMORY) this.ended.delete(this.ended.values().next().value!);
+    this.ended.add(session);
+  }
+
+  /** Why this step is dead on arrival, or undefined to run it. `sentAt`, `budgetMs`: the head's (X-Meshnet-Chain-Sent-At); `now`: this node's clock, ms since epoch. */
+  check(head: string, session: string, sentAt: number | undefined, budgetMs: number, now: number): string | undefined {
+    if (this.ended.has(session)) return `its session ${session} was ended by the head`;
+    if (sentAt === undefined) return undefined;
+    const offset = now - sentAt;
+    let o = this.offsets.get(head);
+    if (o === undefined || offset < o.min || now - o.at > OFFSET_WINDOW_MS) {
+      if (o === undefined && this.offsets.size >= STALE_MEMORY) this.offsets.delete(this.offsets.keys().next().value!);
+      o = { min: offset, at: now };
+      this.offsets.set(head, o);
+      return undefined;
+    }
+    const late = offset - o.min;
+    return late > budgetMs ? `it arrived ${Math.round(late)} ms later than this head's steps do, past its budget of ${budgetMs} ms` : undefined;
+  }
 }
 
 /** Budget a chain starts with when the head sends none, ms; and the most a caller may ask for. */
@@ -154,6 +202,13 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
   const checks = new RouteChecks();
   const replies = new VerifiedReplies();
   const me = init.peerId;
+  /** A push that failed is news, except while our relay is lost or just back: the relay client says that once. */
+  const pushLog = (message: string): void => {
+    if (!init.transport.inOutageWindow?.()) init.onLog?.(message);
+  };
+  /** Stale steps dropped since the last line about them (one line per spell, not per step). */
+  let staleDropped = 0;
+  let staleLoggedAt = 0;
 
   /** The error naming the hop it concerns (this one unless given). */
   const named = (e: MeshError, peer = me): MeshError =>
@@ -164,7 +219,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
     const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainFailed]: String(err.details.peer_id ?? me), 'content-type': 'application/json' };
     const body = new TextEncoder().encode(JSON.stringify(err.toBody()));
     init.transport.push(to, { method: 'POST', path: '/chain/failed', headers, body }, Math.max(1, left), PUSH_WINDOW_MS).catch((e: unknown) => {
-      init.onLog?.(`chain: could not tell the head ${to.peer_id} that a step failed: ${(e as Error).message}`);
+      pushLog(`chain: could not tell the head ${to.peer_id} that a step failed: ${(e as Error).message}`);
     });
   };
 
@@ -222,6 +277,18 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
       if (to === undefined) throw new MeshError('MESH_ERR_FORBIDDEN', `a chained /forward needs the head's reply address (${H.chainReply}) as the tracker signed it`);
       const headTo: RouteHop = to;
 
+      const sent = /^(\d{1,16});(\d{1,9})$/.exec(h[H.chainSentAt]?.trim() ?? '');
+      const dead = init.stale?.check(head, h[H.session] ?? '', sent ? Number(sent[1]) : undefined, sent ? Number(sent[2]) : budget, now());
+      if (dead !== undefined) {
+        // Checked once the route is the tracker's (a stranger cannot skew the offsets). The head has moved on (it ran this step again, or ended the generation): nothing to run, push or report.
+        staleDropped++;
+        if (staleDropped === 1 || now() - staleLoggedAt > 10_000) {
+          init.onLog?.(`chain: dropped ${staleDropped === 1 ? 'a step' : `${staleDropped} steps`} the head no longer waits for (${dead})`);
+          staleLoggedAt = now();
+          staleDropped = 0;
+        }
+        return errorReply(new MeshError('MESH_ERR_CANCELLED', `hop ${me}: step dropped: ${dead}`), { [H.chainFailed]: me, [H.chainReported]: '1' });
+      }
       // The body: the rows carried for the head (inputs of hops 1..index−1), then this hop's input.
       const block = blockBytes(h);
       const blocks = Math.max(1, index);
@@ -251,9 +318,9 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
         if (attest !== undefined) headers[ATTEST_HEADER] = attest;
         init.transport.push(headTo, { method: 'POST', path: '/chain/token', headers, body: req.body }, left(), PUSH_WINDOW_MS, undefined, { accept: (r) => r.status === 204 || r.status === 404 }).then(
           (got) => {
-            if (got.status === 404) init.onLog?.(`chain: the head ${head} waits for no token at position ${h[H.position]} (late, or it gave up on the step)`);
+            if (got.status === 404) pushLog(`chain: the head ${head} waits for no token at position ${h[H.position]} (late, or it gave up on the step)`);
           },
-          (e: unknown) => init.onLog?.(`chain: hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`),
+          (e: unknown) => pushLog(`chain: hop ${me} could not hand its token to the head ${head}: ${(e as Error).message}`),
         );
         trace?.('hop-pushed', h[H.session], h[H.position]);
         return accepted();
@@ -261,7 +328,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
 
       const next = hops[index + 1]!;
       const fwd: HeaderMap = {};
-      for (const k of [H.dtype, H.session, H.position, H.sessionTokens, H.sampling, H.route, H.routeExpires, H.routeSignature, H.chainHead, H.chainReply, H.chainReplySignature, H.draft, H.rollback]) {
+      for (const k of [H.dtype, H.session, H.position, H.sessionTokens, H.sampling, H.route, H.routeExpires, H.routeSignature, H.chainHead, H.chainReply, H.chainReplySignature, H.chainSentAt, H.draft, H.rollback]) {
         const v = h[k];
         if (v !== undefined) fwd[k] = v;
       }
@@ -287,7 +354,7 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
         },
         (e: unknown) => {
           const why = e instanceof MeshError ? e.message : String(e);
-          init.onLog?.(`chain: the next hop ${next.peer_id} is unreachable: ${why}`);
+          pushLog(`chain: the next hop ${next.peer_id} is unreachable: ${why}`);
           const code = e instanceof MeshError && e.code === 'MESH_ERR_TIMEOUT' ? 'MESH_ERR_TIMEOUT' : 'MESH_ERR_PEER_GONE';
           report(headTo, h, new MeshError(code, `hop ${me} could not reach the next hop ${next.peer_id}: ${why}`, { peer_id: next.peer_id }), left());
         },

@@ -13,7 +13,7 @@
 import { errorReply, jsonReply } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { GenerateEvent } from '../../protocol/tracker.ts';
-import { createChainHop, isChainRequest } from '../hop/chain-hop.ts';
+import { StaleSteps, createChainHop, isChainRequest } from '../hop/chain-hop.ts';
 import { createHeadHandler } from '../head/head-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
@@ -34,7 +34,7 @@ export interface NodeHandlerInit {
   loadingInfo(): Record<string, unknown>;
   trackerKey(): Uint8Array | undefined;
   /** How a chained /forward reaches the next hop (and the last one the head). */
-  transport: Pick<HopTransport, 'send' | 'push'>;
+  transport: Pick<HopTransport, 'send' | 'push' | 'inOutageWindow'>;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
   onLog(message: string): void;
@@ -49,6 +49,14 @@ export interface NodeHandlerInit {
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+function safeDecode(s: string): string {
+  try {
+    return decodeURIComponent(s);
+  } catch {
+    return s;
+  }
+}
+
 export class NodeHandler {
   /** /forward requests served per surface, in /info: which paths hops really take. */
   readonly served: Record<Surface, number> = { relay: 0, link: 0, http: 0 };
@@ -59,11 +67,15 @@ export class NodeHandler {
 
   constructor(private readonly init: NodeHandlerInit) {
     const gate: MeshHandler = (req) => this.gate(req);
+    const stale = new StaleSteps();
     // A chained /forward runs the span through the gate (counted, delayed like any), then pushes on.
-    const chain = createChainHop({ peerId: init.peerId, trackerKey: init.trackerKey, transport: init.transport, local: gate, onLog: init.onLog });
+    const chain = createChainHop({ peerId: init.peerId, trackerKey: init.trackerKey, transport: init.transport, local: gate, onLog: init.onLog, stale });
     this.head = createHeadHandler({
       forward: (req) => {
-        if (!isChainRequest(req) || req.method.toUpperCase() !== 'POST' || req.path.split('?')[0] !== '/forward') return gate(req);
+        const path = req.path.split('?')[0]!;
+        // A session the head dropped: chained steps of it still queued (a page frozen meanwhile) are not run.
+        if (req.method.toUpperCase() === 'DELETE' && path.startsWith('/sessions/')) stale.end(safeDecode(path.slice('/sessions/'.length)));
+        if (!isChainRequest(req) || req.method.toUpperCase() !== 'POST' || path !== '/forward') return gate(req);
         this.chained++;
         return chain(req);
       },

@@ -148,6 +148,8 @@ export class NodeRuntime {
           isRegistered: () => this.relay?.state === 'registered',
           request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
           push: (...a: Parameters<RelayClient['push']>) => this.relay?.push(...a),
+          outageLeftMs: () => this.relay?.outageLeftMs() ?? 0,
+          outageWindowLeftMs: () => this.relay?.outageWindowLeftMs() ?? 0,
         }
       : undefined;
     this.transport = new HopTransport({
@@ -165,6 +167,8 @@ export class NodeRuntime {
               },
               request: relayFast.request,
               push: relayFast.push,
+              outageLeftMs: relayFast.outageLeftMs,
+              outageWindowLeftMs: relayFast.outageWindowLeftMs,
             },
             rpc: (addr: string) => new RpcConnection(addr, { WebSocket: host.WebSocket, ...(host.watchHandshake ? { watchHandshake: host.watchHandshake } : {}) }),
           }
@@ -370,6 +374,7 @@ export class NodeRuntime {
       peer_id: this.identity.peerId,
       public_key: encodeBase64Url(this.identity.publicKey),
       ...(relayAddr ? { relay_addr: relayAddr } : {}),
+      ...(this.relay ? { relay_connected: this.relay.isRegistered } : {}),
       ...(this.endpoint ? { endpoint: this.endpoint } : {}),
       info: {
         model: this.model ?? 'default',
@@ -399,16 +404,26 @@ export class NodeRuntime {
       handler: this.handler.for('relay'),
       info: { host: this.host.name, version: RUNTIME_VERSION, ...(this.model ? { model: this.model } : {}), ...(this.config.trackerUrl ? { tracker: this.config.trackerUrl } : {}) },
       onLog: (e) => {
+        // The connection's comings and goings are logged once each below (state events), not per attempt.
+        if (e.event === 'connection') return;
         if (e.level === 'warn' || e.level === 'error') this.host.log(e.level, `relay: ${e.event}: ${e.message}`);
       },
     });
     let lastAddr: string | undefined;
     relay.on('state', (e) => {
       if (relay !== this.relay) return;
+      // One line per event: the connection lost (not each failed attempt after it), and back.
+      if (e.state === 'disconnected' && e.lost) this.host.log('warn', `relay connection lost (${e.reason ?? 'connection closed'}); reconnecting to ${relay.relayUrl}, requests wait up to ${relay.options.outageBudgetMs} ms`);
+      // Back after an outage, or registered at another relay (failover): the tracker learns it now, not at the next beat.
+      let beat = false;
+      if (e.state === 'registered' && e.outageMs !== undefined) {
+        this.host.log('info', `relay ${relay.relayUrl} back after ${e.outageMs} ms`);
+        beat = true;
+      }
       this.changed();
-      // Registered at another relay (failover): the tracker learns the new address now, not at the next beat.
-      if (e.state === 'registered' && e.relayAddr !== undefined && lastAddr !== undefined && e.relayAddr !== lastAddr) void this.session?.beatNow();
+      if (e.state === 'registered' && e.relayAddr !== undefined && lastAddr !== undefined && e.relayAddr !== lastAddr) beat = true;
       if (e.state === 'registered') lastAddr = e.relayAddr;
+      if (beat) void this.session?.beatNow();
     });
     this.relay = relay;
     relay.start();

@@ -10,13 +10,36 @@ import { replaceRequestSchema, signedSchema, type ReplaceAnswer, type RouteHop }
 import type { TrackerContext } from '../context.ts';
 import { routeHops } from '../head-proxy.ts';
 import { json, readJson, type App } from '../http.ts';
+import type { NodeRecord } from '../registry.ts';
 import type { RoutePlan } from '../routing.ts';
 import { signChainReply, signRoute, verifyTimestampedSignature } from '../signing.ts';
 
 const replaceMessage = signedSchema(replaceRequestSchema);
 
+/** How long the tracker waits for a failed node's `GET /health` before it counts it as still away, ms. */
+const PROBE_TIMEOUT_MS = 1_000;
+
+/** Does the node answer now? (Its endpoint, else over the tracker's relay.) False when the tracker cannot tell. */
+async function reachable(ctx: TrackerContext, n: NodeRecord): Promise<boolean> {
+  const probe = ctx.generation.transport.probe;
+  if (!probe) return false;
+  const ok = await probe({ peerId: n.peerId, ...(n.endpoint ? { endpoint: n.endpoint } : {}), ...(n.relayAddr ? { relayAddr: n.relayAddr } : {}) }, PROBE_TIMEOUT_MS);
+  if (ok) ctx.registry.markReachable(n.peerId);
+  else ctx.registry.markUnreachable(n.peerId, `a head reported it failed, and it did not answer GET /health within ${PROBE_TIMEOUT_MS} ms`);
+  return ok;
+}
+
 export function routeRoutes(app: App, ctx: TrackerContext): void {
   const { options: o, registry, metrics, identity } = ctx;
+
+  /** A route over [from, to) that may go through any node but the head. */
+  const pickThrough = (model: string, head: string, from: number, to: number): RoutePlan | undefined => {
+    try {
+      return registry.pick(model, new Set([head]), from, to);
+    } catch {
+      return undefined;
+    }
+  };
 
   app.post('/api/route/replace', async ({ req }) => {
     const raw = await readJson(req, o.maxBodyBytes);
@@ -33,21 +56,31 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
     if (body.start_layer >= body.end_layer || body.end_layer > model.numLayers) {
       throw new MeshError('MESH_ERR_BAD_REQUEST', `span [${body.start_layer}, ${body.end_layer}) is not inside the model's 0..${model.numLayers}`);
     }
+    // Against the node the head names, registered or not (a node removed meanwhile finds it when it comes back).
+    registry.countFailure(body.failed_peer_id);
     const failed = registry.nodes.get(body.failed_peer_id);
-    if (failed) failed.failures++;
     let plan: RoutePlan;
+    let again = false;
     try {
       // The head already runs its own layers in this session; the failed node is what we replace.
       plan = registry.pick(body.model, new Set([body.head_peer_id, body.failed_peer_id]), body.start_layer, body.end_layer);
     } catch (e) {
-      metrics.replacements.inc({ result: 'unavailable' });
-      throw e;
+      // Nobody else holds these layers: the failed node itself, if it answers now (it was away for a
+      // moment: a relay restart, a network blip). Then the head resumes on it as soon as it is back,
+      // instead of waiting for a spare that does not exist.
+      const back = failed && (await reachable(ctx, failed)) ? pickThrough(body.model, body.head_peer_id, body.start_layer, body.end_layer) : undefined;
+      if (!back) {
+        metrics.replacements.inc({ result: 'unavailable' });
+        throw e;
+      }
+      plan = back;
+      again = true;
     }
-    metrics.replacements.inc({ result: 'ok' });
+    metrics.replacements.inc({ result: again ? 'same-node' : 'ok' });
     ctx.recordRoute('replace', body.model, plan);
     const picked = routeHops(registry, plan, false);
     const signed = await signRoute(identity, body.head_peer_id, picked, o.now() + o.routeTtlMs);
-    const answer: ReplaceAnswer = { route: signed.header, expires_at: signed.expiresAt, signature: signed.signature };
+    const answer: ReplaceAnswer = { route: signed.header, expires_at: signed.expiresAt, signature: signed.signature, ...(again ? { failed_reachable: true } : {}) };
     const chain = body.route ? await signReplacedRoute(ctx, body.head_peer_id, head, body.route, body.failed_peer_id, picked, model.numLayers) : undefined;
     if (chain) answer.chain = chain;
     return json(200, answer);

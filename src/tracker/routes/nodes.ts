@@ -3,16 +3,21 @@
  *
  *   POST /api/nodes/register    signed NodeMessage → RegisterAnswer (assignment)
  *   POST /api/nodes/heartbeat   signed NodeMessage → RegisterAnswer; 404 when unknown (register again)
+ *   GET  /api/nodes/watch       an SSE stream held open by each node: it ends when this tracker goes
+ *                               away, so nodes notice a restart at once and register again
  */
 import { MeshError } from '../../protocol/errors.ts';
 import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
 import { notLoadedYet, type TrackerContext } from '../context.ts';
 import { wireDtypeOf } from '../options.ts';
-import { json, readJson, type App } from '../http.ts';
+import { json, readJson, streamResponse, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
 import { verifyNodeMessage } from '../signing.ts';
 
 const nodeMessage = signedSchema(nodeMessageSchema);
+const utf8 = new TextEncoder();
+/** A comment on each watch stream this often, ms (below the idle timeouts of common proxies). */
+const WATCH_KEEPALIVE_MS = 20_000;
 
 export function nodeRoutes(app: App, ctx: TrackerContext): void {
   const { options: o, registry, metrics, logger } = ctx;
@@ -58,6 +63,19 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     ctx.updateNodeGauge();
     ctx.admission.kick();
     return json(200, answerFor(n));
+  });
+
+  app.get('/api/nodes/watch', () => {
+    const hello = JSON.stringify({ tracker_public_key: ctx.publicKey, started_at: ctx.startedAt, heartbeat_interval_ms: o.heartbeatIntervalMs });
+    async function* events(): AsyncGenerator<Uint8Array> {
+      yield utf8.encode(`event: hello\ndata: ${hello}\n\n`);
+      // Nothing else to say: the stream's end is the news. A comment now and then keeps proxies from cutting it.
+      for (;;) {
+        await new Promise<void>((r) => setTimeout(r, WATCH_KEEPALIVE_MS).unref?.());
+        yield utf8.encode(': keep-alive\n\n');
+      }
+    }
+    return streamResponse(events(), { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' } });
   });
 
   app.post('/api/nodes/heartbeat', async ({ req }) => {

@@ -46,6 +46,11 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
 
   app.get('/api/dashboard', () => {
     const now = o.now();
+    const relayUp = ctx.generation.transport.relayUp?.();
+    const reach = (n: NodeRecord) => {
+      const why = registry.unreachableWhy(n, relayUp);
+      return why === undefined ? { reachable: true } : { reachable: false, unreachable_reason: why, ...(n.unreachable ? { unreachable_ms: now - n.unreachable.since } : {}) };
+    };
     return json(200, {
       tracker: { public_key: publicKey, peer_id: identity.peerId, uptime_s: Math.round((now - ctx.startedAt) / 1000) },
       models: [...registry.models.values()].map((m) => {
@@ -79,6 +84,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         last_seen_ms_ago: now - n.lastSeen,
         endpoint: n.endpoint ?? null,
         relay_addr: n.relayAddr ?? null,
+        ...reach(n),
       })),
       queue: queueView(),
       recent_routes: [...ctx.recentRoutes].reverse(),
