@@ -58,7 +58,8 @@ describe('a mesh split across two relays of a cluster', () => {
     const common = ['--budget-mb', '64', '--no-links'];
     // c.nodes is in the order the nodes came up; keep our own handle on the middle one.
     [, middle] = await Promise.all([
-      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '0-1'] }),
+      // The head drafts nothing: one trip per token, so the crossings below count tokens.
+      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '0-1', '--no-speculation'] }),
       c.addNode({ relay: 1, alsoRelays: [0], args: [...common, '--layers', '1-3'] }),
       // The tail is slowed (each /forward 40 ms) so that a chat is still running when a relay is killed under it.
       c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '3-4', '--inject-delay-ms', '40'] }),
