@@ -16,7 +16,10 @@
  *   - a prediction with every 4th token wrong at k = 4 (a middling α, to
  *     hold tokens per trip against theory);
  *   - a useless drafter (a prediction of wrong tokens: α ≈ 0) at adaptive k,
- *     and at k = 4 to show what the adaptation saves.
+ *     and at k = 4 to show what the adaptation saves;
+ *   - a draft model that disagrees with the target (the same preset made
+ *     with another seed, on a second head [0,4): α ≈ 0, every draft costs
+ *     a whole-model step) at adaptive k and at k = 4.
  *
  * For each: α (maximum likelihood: accepted / (accepted + rejecting
  * trips)), the mean k drafted, tokens per decode trip against the theory
@@ -70,6 +73,8 @@ interface Run {
 async function main(): Promise<void> {
   const loadBefore = loadavg()[0]!;
   const st = await startStaticServer({ root: await ensureModel(MODEL) });
+  // Another seed of the same preset: the same tokenizer, other weights (a draft model that is nearly always wrong).
+  const st2 = await startStaticServer({ root: await ensureModel(MODEL, undefined, 1) });
   const work = mkdtempSync(join(tmpdir(), 'meshnet-bench-spec-'));
   const nodes: NodeProc[] = [];
   let delayed: DelayedRelay | undefined;
@@ -82,20 +87,20 @@ async function main(): Promise<void> {
     tracker = await startTrackerProc(['--model', `${MODEL}=${st.url}`, '--relay', delayed.relay.url, '--key-file', keyFile, '--heartbeat-interval-ms', '1000']);
     process.stderr.write('starting nodes...\n');
     const base = ['--model', MODEL, '--model-url', st.url, '--budget-mb', '2048', '--threads', '1', '--max-context', '512', '--no-links', '--relay', delayed.url, '--tracker', tracker.url];
-    const [head, mid, tail] = await Promise.all([startNode([...base, '--layers', '0-4', '--draft', st.url]), startNode([...base, '--layers', '4-8']), startNode([...base, '--layers', '8-12'])]);
-    nodes.push(head!, mid!, tail!);
+    const [head, mid, tail, head2] = await Promise.all([startNode([...base, '--layers', '0-4', '--draft', st.url]), startNode([...base, '--layers', '4-8']), startNode([...base, '--layers', '8-12']), startNode([...base, '--layers', '0-4', '--draft', st2.url])]);
+    nodes.push(head!, mid!, tail!, head2!);
     await Promise.all(nodes.map((n) => n.waitFor((e) => e.event === 'registered')));
     const hops: RouteHop[] = [mid!, tail!].map((n, i) => ({ peer_id: n.peerId, start_layer: 4 + 4 * i, end_layer: 8 + 4 * i, relay_addr: n.relayAddr! }));
     if (!mid!.relayAddr?.startsWith(delayed.url)) throw new Error(`the relay gave ${mid!.relayAddr}, not the proxy's address`);
 
     let runId = 0;
-    const viaMesh = async (extra: Partial<GenerateRequest>): Promise<Run> => {
-      const headers = await signedRouteHeaders(trackerId, head!, hops);
+    const viaMesh = async (extra: Partial<GenerateRequest>, via: NodeProc = head!): Promise<Run> => {
+      const headers = await signedRouteHeaders(trackerId, via, hops);
       let tFirst = 0;
       let tLast = 0;
       const ids: number[] = [];
       const trips: Run['trips'] = [];
-      for await (const ev of generateDirect(head!.endpoint, headers, { messages: PROMPT, max_tokens: NEW_TOKENS, temperature: 0, session_id: `spec-${++runId}`, ...extra }) as AsyncIterable<GenerateEvent>) {
+      for await (const ev of generateDirect(via.endpoint, headers, { messages: PROMPT, max_tokens: NEW_TOKENS, temperature: 0, session_id: `spec-${++runId}`, ...extra }) as AsyncIterable<GenerateEvent>) {
         if (ev.type === 'token') {
           tLast = performance.now();
           if (ids.length === 0) tFirst = tLast;
@@ -115,7 +120,7 @@ async function main(): Promise<void> {
     const reference = offRun.ids;
     const wrong = reference.map((t) => (t + 1) % 2048);
     const partly = reference.map((t, i) => (i % 4 === 3 ? (t + 1) % 2048 : t));
-    const configs: Array<{ name: string; k: string; req: () => Partial<GenerateRequest> }> = [
+    const configs: Array<{ name: string; k: string; req: () => Partial<GenerateRequest>; otherDraft?: boolean }> = [
       { name: 'off', k: '-', req: () => ({ speculative: false }) },
       { name: 'oracle (prediction = reference)', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: reference, speculative_k: 4 }) },
       { name: 'draft model = the target', k: '4', req: () => ({ speculative_k: 4 }) },
@@ -125,13 +130,16 @@ async function main(): Promise<void> {
       { name: 'prediction, every 4th token wrong', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: partly, speculative_k: 4 }) },
       { name: 'useless drafter (α ≈ 0)', k: 'adaptive', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: wrong }) },
       { name: 'useless drafter (α ≈ 0)', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: wrong, speculative_k: 4 }) },
+      { name: 'draft model = another seed (α ≈ 0)', k: 'adaptive', req: () => ({}), otherDraft: true },
+      { name: 'draft model = another seed (α ≈ 0)', k: '4', req: () => ({ speculative_k: 4 }), otherDraft: true },
     ];
-    for (const c of configs) await viaMesh(c.req()); // warm-up: graphs, sockets
+    const runOf = (c: (typeof configs)[number]) => viaMesh(c.req(), c.otherDraft ? head2! : head!);
+    for (const c of configs) await runOf(c); // warm-up: graphs, sockets
     const results = new Map<(typeof configs)[number], Run[]>();
     for (let r = 0; r < RUNS; r++) {
       for (const c of configs) {
         process.stderr.write(`run ${r + 1}/${RUNS}: ${c.name}, k ${c.k}\n`);
-        results.set(c, [...(results.get(c) ?? []), await viaMesh(c.req())]);
+        results.set(c, [...(results.get(c) ?? []), await runOf(c)]);
       }
     }
     const offTokS = median(results.get(configs[0]!)!.map((x) => x.tokS));
@@ -167,8 +175,10 @@ async function main(): Promise<void> {
     const row = (name: string, k: string) => rows.find((r) => r.drafter.startsWith(name) && r.k === k)!;
     const oracle = row('oracle', '4').x_off;
     const useless = row('useless', 'adaptive').x_off;
+    const otherAdaptive = row('draft model = another seed', 'adaptive').x_off;
     console.log(`oracle at k = 4: ${oracle}× tok/s of off (target ≥ 3: ${oracle >= 3 ? 'met' : 'NOT met'})`);
     console.log(`useless drafter, adaptive k: ${useless}× of off (target ≥ 0.97: ${useless >= 0.97 ? 'met' : 'NOT met'})`);
+    console.log(`a disagreeing draft model, adaptive k: ${otherAdaptive}× of off (target ≥ 0.97: ${otherAdaptive >= 0.97 ? 'met' : 'NOT met'}); at k = 4: ${row('draft model = another seed', '4').x_off}×`);
     console.log(`tokens per trip against theory: ${rows.filter((r) => r.alpha !== null).map((r) => `${r.drafter} k ${r.k}: ${r.x_theory}×`).join('; ')} (target ≥ 0.9)`);
     writeResult(fileURLToPath(new URL('./results/speculative.json', import.meta.url)), {
       bench: 'speculative',
@@ -186,6 +196,7 @@ async function main(): Promise<void> {
     await tracker?.stop();
     await delayed?.stop();
     await st.close();
+    await st2.close();
     rmSync(work, { recursive: true, force: true });
   }
 }

@@ -4,13 +4,18 @@
  * (bench/verify-calibration.ts). A node's format and backend come from its
  * heartbeats, so every check is judged by the threshold of its own pair.
  *
- * The rule behind the numbers: each threshold sits at least 10× above the
- * largest honest distance measured for its pair (tens of thousands of rows,
- * every backend pairing, bf16 and f32 on the wire), and at least 3× below
- * the smallest lie the issue names that the pair can see at all. A 4-bit
+ * The rule behind the numbers: each threshold sits well above the largest
+ * honest distance measured for its pair (12,400 rows over every pairing of
+ * onnxruntime-node, WASM and WebGPU, f32 and 4-bit; the margin is 6.7× for
+ * f32 pairs, 3.4× for 4-bit pairs, 3× for 4-bit against f32) and below the
+ * smallest lie the issue names that the pair can see at all (a check judges
+ * a step by its worst row: every row of every lie measured is over). A 4-bit
  * node checked by an f32 one (or the reverse) differs by its quantization
  * already (~10 % relative): small lies hide under that, so a 4-bit node is
- * checked by another 4-bit node wherever one holds its layers.
+ * checked by another 4-bit node wherever one holds its layers. Across formats
+ * a sampled pick cannot be judged at all (the seeded draw lands on another
+ * token up to 72 % of the mass away): `tokenGap` 1 never fires, and only the
+ * log-probability the last hop answered is compared.
  */
 
 export type WeightFormat = 'f32' | 'f16' | 'q4';
@@ -44,7 +49,7 @@ export interface Thresholds {
 export const THRESHOLDS: Readonly<Record<PairClass, Thresholds>> = {
   exact: { rowRel: 3e-3, tokenDeficit: 0.01, tokenGap: 0.01, tokenLogprob: 1e-4 },
   q4: { rowRel: 3e-3, tokenDeficit: 0.01, tokenGap: 0.01, tokenLogprob: 1e-4 },
-  mixed: { rowRel: 0.4, tokenDeficit: 2.5, tokenGap: 0.4, tokenLogprob: 2 },
+  mixed: { rowRel: 0.4, tokenDeficit: 2.5, tokenGap: 1, tokenLogprob: 2 },
 };
 
 export function pairClass(a: NodeClass, b: NodeClass): PairClass {
