@@ -7,7 +7,8 @@
  */
 import type { NodeEngine, NodeStatus } from '../host/browser/engine.ts';
 import { createWorkerEngine } from '../host/browser/worker-client.ts';
-import { PageController } from './controller.ts';
+import { PageController, emptyStatus } from './controller.ts';
+import type { BatteryLike } from './power.ts';
 import { configFromSearch } from './url-config.ts';
 import { renderNeedsConfig, renderStatus } from './view.ts';
 
@@ -16,7 +17,8 @@ const SNAPSHOT_KEY = 'meshnet:last-status';
 function loadSnapshot(): NodeStatus | undefined {
   try {
     const raw = localStorage.getItem(SNAPSHOT_KEY);
-    return raw ? (JSON.parse(raw) as NodeStatus) : undefined;
+    // Fields a newer page added are missing from an older page's snapshot: the defaults fill them.
+    return raw ? { ...emptyStatus(), ...(JSON.parse(raw) as Partial<NodeStatus>) } : undefined;
   } catch {
     return undefined; // storage disabled or a snapshot from an older page: start blank
   }
@@ -51,7 +53,15 @@ if (snapshot) {
 const parsed = configFromSearch(location.search);
 const worker = new Worker(new URL('../../workers/node.worker.ts', import.meta.url), { type: 'module', name: 'meshnet-node' });
 const engine = createWorkerEngine(worker);
-const controller = new PageController(engine, document, { onStatus: saveSnapshot });
+const controller = new PageController(engine, document, {
+  onStatus: saveSnapshot,
+  page: {
+    lifecycle: { document, window, navigator },
+    battery: navigator as { getBattery?(): Promise<BatteryLike> },
+    storage: navigator.storage,
+    onInstalled: (listener) => addEventListener('appinstalled', listener),
+  },
+});
 window.meshnet = { engine, controller, snapshot };
 
 if (parsed.ok) void controller.start(parsed.config);

@@ -65,7 +65,7 @@ export function renderStatus(root: ViewRoot, s: NodeStatus): void {
     setHidden(action, true);
     const text =
       s.state === 'serving' ? 'Answering requests through the relay. Keep this tab open.'
-      : s.state === 'paused' ? 'Paused: new requests are refused; the layers stay stored.'
+      : s.state === 'paused' ? pausedText(s)
       : s.state === 'downloading' ? 'Fetching only the layers this node holds; a reload resumes where it stopped.'
       : s.state === 'loading' ? 'Checking stored layers and preparing the model.'
       : s.state === 'connecting' ? 'Choosing a backend and reaching the relay.'
@@ -86,9 +86,24 @@ export function renderStatus(root: ViewRoot, s: NodeStatus): void {
   const pause = el<HTMLButtonElement>(root, 'pause');
   const canToggle = s.state === 'serving' || s.state === 'paused';
   if (pause.disabled === canToggle) pause.disabled = !canToggle;
-  const paused = s.state === 'paused';
+  const paused = s.donor.paused;
   if (pause.getAttribute('aria-pressed') !== String(paused)) pause.setAttribute('aria-pressed', String(paused));
-  setText(pause, paused ? 'Resume' : 'Pause');
+  setText(pause, pauseLabel(s));
+
+  const g = s.contribution;
+  setText(el(root, 'given-tokens'), formatCount(g.tokensServed));
+  setText(el(root, 'given-hours'), formatDuration(g.servingMs));
+  setText(el(root, 'given-layers'), String(g.layersHeld));
+  setText(el(root, 'given-since'), g.since !== undefined ? `since ${new Date(g.since).toLocaleDateString()}` : '');
+  const duty = el<HTMLInputElement>(root, 'duty');
+  const dutyPct = String(Math.round(s.donor.dutyCycle * 100));
+  if (root.getElementById('duty') !== (globalThis.document?.activeElement ?? null) && duty.value !== dutyPct) duty.value = dutyPct;
+  setText(el(root, 'duty-value'), `${dutyPct} %`);
+  const charging = el<HTMLInputElement>(root, 'charging-only');
+  if (charging.checked !== s.donor.chargingOnly) charging.checked = s.donor.chargingOnly;
+  setText(el(root, 'power'), powerText(s));
+  const keep = el<HTMLInputElement>(root, 'keep-shard');
+  if (keep.checked !== s.donor.keepShard) keep.checked = s.donor.keepShard;
 
   if (s.model) {
     setText(el(root, 'layers'), `${s.model.startLayer}–${s.model.endLayer - 1} of ${s.model.numLayers}`);
@@ -129,6 +144,47 @@ export function renderStatus(root: ViewRoot, s: NodeStatus): void {
   setText(el(root, 'peer').firstElementChild as HTMLElement, s.peerId ?? '—');
   setText(el(root, 'relay'), s.relayUrl ? `via ${s.relayUrl}` : '');
   setText(el(root, 'isolation'), s.crossOriginIsolated ? 'Cross-origin isolated (threads available)' : 'Not cross-origin isolated: WASM runs on one thread');
+}
+
+/** The pause button: Pause, "Pausing… 24 s" while the chats in flight finish, Resume. */
+export function pauseLabel(s: NodeStatus): string {
+  if (!s.donor.paused) return 'Pause';
+  if (s.drain && !s.drain.done) return `Pausing… ${Math.ceil(s.drain.graceLeftMs / 1000)} s`;
+  return 'Resume';
+}
+
+function pausedText(s: NodeStatus): string {
+  const battery = s.drain?.reasons.includes('battery') && !s.donor.paused;
+  if (battery) return 'Paused while on battery (you chose to donate only while charging); it serves again on the charger.';
+  if (s.drain && !s.drain.done) return `Pausing: the chats in flight finish (at most ${Math.ceil(s.drain.graceLeftMs / 1000)} s more), no new ones come. The layers stay loaded.`;
+  return 'Paused: no requests come to this tab. The layers stay loaded: Resume serves again at once.';
+}
+
+function powerText(s: NodeStatus): string {
+  if (s.onBattery === undefined) return s.donor.chargingOnly ? 'This browser cannot tell whether the device is charging: donating as usual.' : '';
+  if (s.onBattery) return s.donor.chargingOnly ? 'On battery: paused until the device is charging.' : 'On battery.';
+  return 'Charging.';
+}
+
+/** "45 min", "2.5 h", "130 h". */
+export function formatDuration(ms: number): string {
+  const min = ms / 60_000;
+  if (min < 60) return `${Math.floor(min)} min`;
+  const h = min / 60;
+  return `${h < 10 ? h.toFixed(1) : Math.round(h)} h`;
+}
+
+/** What the page itself knows (not the node): storage, the Web Lock, the tab's lifecycle. */
+export interface PageView {
+  storage?: string;
+  lock?: boolean;
+  lifecycle?: string;
+}
+
+export function renderPage(root: ViewRoot, p: PageView): void {
+  if (p.storage !== undefined) setText(el(root, 'storage'), p.storage);
+  if (p.lock !== undefined) setText(el(root, 'lock'), p.lock ? 'Holding a Web Lock: the browser will not freeze this tab to save energy.' : 'Not holding a Web Lock (paused or not serving): the browser may freeze this tab.');
+  if (p.lifecycle !== undefined) setText(el(root, 'lifecycle'), p.lifecycle);
 }
 
 /** Shown when the page was opened without a span (until the tracker assigns one). */

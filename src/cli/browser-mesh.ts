@@ -10,6 +10,7 @@
  * Used by `meshnet mesh` and by `meshnet demo`.
  */
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import { launchCdpChromium, type CdpChromium } from './cdp-chromium.ts';
 import type { NodeStatus } from '../host/browser/engine.ts';
 import { builtApp } from './app-build.ts';
 import { startStaticServer, type StaticServer } from './static-server.ts';
@@ -53,6 +54,18 @@ export interface BrowserMeshOptions {
   pollMs?: number;
   /** Every poll, with every node's row. */
   onUpdate?(rows: readonly NodeRow[]): void;
+  /**
+   * Open node `page` (0-based) as a real tab: the browser is then Chromium
+   * started with a DevTools port and attached over CDP (cdp-chromium.ts),
+   * and that page lives in its default context, where CDP's
+   * `Page.setWebLifecycleState` really freezes it and a tab opened over it
+   * hides it. The other pages keep their own contexts. `throttle`: leave
+   * Chromium's background throttling on (CHROMIUM_FLAGS turn it off for
+   * meshes), as in a donor's browser.
+   */
+  realTab?: { page: number; throttle?: boolean };
+  /** Script run in every page before its own (tests: stand-ins for browser APIs this machine lacks, e.g. a battery). */
+  initScript?: string;
   /** Lifecycle lines (crash, restart, browser relaunch). */
   log?(message: string): void;
 }
@@ -111,7 +124,9 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   const pageUrl = `${base}?${q}`;
 
   const executablePath = o.chromium ?? process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium';
-  const args = [...CHROMIUM_FLAGS, ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : []), ...(o.extraArgs ?? []), ...(process.env.MESHNET_CHROMIUM_EXTRA?.split(' ').filter(Boolean) ?? [])];
+  const flags = o.realTab?.throttle ? CHROMIUM_FLAGS.filter((f) => !/background|occluded/.test(f)) : CHROMIUM_FLAGS;
+  const args = [...flags, ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : []), ...(o.extraArgs ?? []), ...(process.env.MESHNET_CHROMIUM_EXTRA?.split(' ').filter(Boolean) ?? [])];
+  let cdp: CdpChromium | undefined;
   let browser: Browser | undefined;
   let closing = false;
 
@@ -123,7 +138,14 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   }));
 
   async function launch(): Promise<void> {
-    const b = await chromium.launch({ executablePath, headless: true, args });
+    let b: Browser;
+    if (o.realTab) {
+      const old = cdp;
+      cdp = undefined;
+      await old?.close();
+      cdp = await launchCdpChromium({ executablePath, args });
+      b = cdp.browser;
+    } else b = await chromium.launch({ executablePath, headless: true, args });
     browser = b;
     b.on('disconnected', () => {
       if (closing || browser !== b) return;
@@ -143,9 +165,10 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
 
   async function openPage(s: Slot): Promise<void> {
     if (closing || !browser) return;
-    // A context per node: separate IndexedDB, so a separate identity and span.
-    s.context ??= await browser.newContext({ serviceWorkers: 'block' });
+    // A context per node: separate IndexedDB, so a separate identity and span. The real tab lives in the default context.
+    s.context ??= o.realTab?.page === s.row.index && cdp ? cdp.defaultContext : await browser.newContext({ serviceWorkers: 'block' });
     const page = await s.context.newPage();
+    if (o.initScript) await page.addInitScript(o.initScript);
     s.page = page;
     page.on('crash', () => {
       if (closing || s.page !== page) return;
@@ -190,6 +213,16 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
     r.error = st.error ? `${st.error.code}: ${st.error.message}` : undefined;
   }
 
+  /** Until the page's node got a span (it downloads, loads or serves), or `timeoutMs` passed (then the next page opens anyway). */
+  async function untilAssigned(s: Slot, timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (!closing && Date.now() < deadline) {
+      await poll(s);
+      if (s.row.state === 'downloading' || s.row.state === 'loading' || s.row.state === 'serving' || s.row.layers !== undefined) return;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
   let timer: ReturnType<typeof setTimeout> | undefined;
   const tick = async () => {
     await Promise.all(slots.map((s) => poll(s)));
@@ -198,9 +231,13 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   };
 
   await launch();
-  // One page at a time: the tracker sizes each span knowing the spans already given, and two
-  // cores stay responsive while each page starts its worker.
-  for (const s of slots) await openPage(s);
+  // One page at a time, each assigned its span before the next opens: the tracker sizes each span
+  // knowing the spans already given, spans follow the pages' order (a test that makes page k the real
+  // tab knows which span it holds), and two cores stay responsive while each page starts its worker.
+  for (const s of slots) {
+    await openPage(s);
+    await untilAssigned(s, 30_000);
+  }
   void tick();
 
   return {
@@ -223,8 +260,9 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
     async close() {
       closing = true;
       if (timer) clearTimeout(timer);
-      await Promise.all(slots.map((s) => s.context?.close().catch(() => undefined)));
+      await Promise.all(slots.map((s) => (s.context === cdp?.defaultContext ? s.page?.close() : s.context?.close())?.catch(() => undefined)));
       await browser?.close().catch(() => undefined);
+      await cdp?.close();
       await app?.close();
     },
   };

@@ -228,6 +228,11 @@ export class TrackerClient {
     return p.data;
   }
 
+  /** A heartbeat signed now, to be sent later as it is (a page's beacon): the URL and the JSON body. */
+  async signedHeartbeat(msg: NodeMessage): Promise<{ url: string; body: string }> {
+    return { url: `${this.base}/api/nodes/heartbeat`, body: JSON.stringify(await signBody(this.init.identity, msg)) };
+  }
+
   /** A planned check this head could not run (src/verify/evidence.ts SkippedCheck), signed. */
   async reportSkipped(skipped: unknown): Promise<unknown> {
     const { status, json } = await this.post('/api/checks/skipped', await signBody(this.init.identity, skipped));

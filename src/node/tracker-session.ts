@@ -10,6 +10,9 @@
  *         away) heartbeats come every 250 ms → 1 s until one is answered (a
  *         restarted tracker answers 404 → register at once), then it watches again
  *   beatNow()  the host loaded a span: tell the tracker at once, not a period later
+ *   onDrainBeacon  with every message, the same message saying `draining`,
+ *              signed at once, for a host that must tell the tracker in a
+ *              handler that cannot wait (a page's freeze: sendBeacon)
  *
  * The signing is TrackerClient's (the relay identity); the message is built
  * by the host on each beat, so stats and the served span are always current.
@@ -33,6 +36,11 @@ export interface TrackerSessionInit {
   /** Each (re-)registration's answer. */
   onRegistered?(answer: RegisterAnswer): void;
   onLog?(level: 'info' | 'warn', message: string): void;
+  /**
+   * A draining heartbeat signed with each message's timestamp, ready to send as it is (the tracker
+   * applies a drain at an equal timestamp, so it holds even when it overtakes the message it was signed beside).
+   */
+  onDrainBeacon?(beacon: { url: string; body: string }): void;
   /** Until the first answer tells us. @defaultValue 5000 */
   heartbeatMs?: number;
 }
@@ -92,6 +100,19 @@ export class TrackerSession {
     this.timer = undefined;
   }
 
+  /** The message to send now, with its draining twin handed to the host first. */
+  private async message(): Promise<NodeMessage> {
+    const msg = this.init.message();
+    if (this.init.onDrainBeacon) {
+      try {
+        this.init.onDrainBeacon(await this.init.client.signedHeartbeat({ ...msg, draining: true }));
+      } catch (e) {
+        this.init.onLog?.('warn', `signing the drain beacon failed: ${(e as Error).message}`);
+      }
+    }
+    return msg;
+  }
+
   /**
    * Keep the tracker's watch stream open; each time it ends or cannot be
    * opened, heartbeat on a short schedule until the tracker answers, so a
@@ -138,7 +159,7 @@ export class TrackerSession {
   }
 
   private async register(): Promise<void> {
-    const ans = await this.init.client.register(this.init.message());
+    const ans = await this.init.client.register(await this.message());
     this.registered = true;
     this.heartbeatMs = ans.heartbeat_interval_ms;
     if (this.closed) return;
@@ -153,7 +174,7 @@ export class TrackerSession {
         return true;
       }
       try {
-        const ans = await this.init.client.heartbeat(this.init.message());
+        const ans = await this.init.client.heartbeat(await this.message());
         if (ans.heartbeatIntervalMs) this.heartbeatMs = ans.heartbeatIntervalMs;
         if (ans.assignment !== undefined && !this.closed) this.init.onAssignment(ans.assignment);
       } catch (e) {

@@ -35,6 +35,12 @@ function backendChoice(value: string): 'cpu' | 'webgpu' {
   return value;
 }
 
+function dutyCycle(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0.05 || n > 1) throw new InvalidArgumentError(`expected a share of the device's time in [0.05, 1], got "${value}"`);
+  return n;
+}
+
 function positive(value: string): number {
   const n = Number(value);
   if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a positive number, got "${value}"`);
@@ -58,6 +64,7 @@ export function configure(cmd: Command): void {
     .option('--threads <n>', 'ONNX intra-op threads (default: onnxruntime decides)', int)
     .option('--backend <kind>', 'what runs the span: cpu (onnxruntime-node) or webgpu (onnxruntime-web\'s WebGPU EP on Dawn, fused graphs; a lost GPU device is rebuilt, then the CPU takes over)', backendChoice, 'cpu')
     .option('--graph-capture', 'with --backend webgpu: decode steps replay a captured GPU graph (onnxruntime graph capture; prefill runs uncaptured). Off by default until measured on real GPUs')
+    .option('--duty-cycle <fraction>', 'share of the device\'s time given, 0.05..1: the node rests between its steps, and the tracker counts on that much less throughput from it', dutyCycle, NODE_HOST_DEFAULTS.dutyCycle)
     .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
     .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
@@ -109,6 +116,7 @@ export function configure(cmd: Command): void {
         ...(o.graphCapture ? { graphCapture: true } : {}),
         testHooks: testHooksFromEnv(process.env),
         injectDelayMs: o.injectDelayMs as number,
+        dutyCycle: o.dutyCycle as number,
         trackerKey: o.trackerKey as string | undefined,
         maxBodyBytes: o.maxBodyBytes as number,
         maxContext: o.maxContext as number,

@@ -118,6 +118,35 @@ export interface NodeStatus {
   memoryBudgetBytes: number;
   /** Whether the page is cross-origin isolated (WASM threads need it). */
   crossOriginIsolated: boolean;
+  /** The donor's choices, as stored in IndexedDB. */
+  donor: DonorSettings;
+  /** Draining: no new sessions (paused, off the charger, the page frozen or closing); the ones in flight finish within the grace. */
+  drain?: { reasons: Array<'donor' | 'battery' | 'frozen' | 'leaving'>; graceLeftMs: number; done: boolean };
+  /** What this browser has given, all time (kept in IndexedDB across reloads), and the layers it holds now. */
+  contribution: { tokensServed: number; servingMs: number; since: number | undefined; layersHeld: number };
+  /** Last known power source (the page reads the battery; the worker cannot). undefined: not known (no Battery Status API). */
+  onBattery?: boolean;
+}
+
+/** Choices the donor makes on the page; the node keeps them in IndexedDB. */
+export interface DonorSettings {
+  /** Paused by the donor (kept across reloads: a paused tab stays paused). */
+  paused: boolean;
+  /** The share of the device's time given, 0.05..1. */
+  dutyCycle: number;
+  /** Donate only while the device is charging (off by default). */
+  chargingOnly: boolean;
+  /** The donor asked the browser to keep the shard (navigator.storage.persist()). */
+  keepShard: boolean;
+}
+
+/** The page's lifecycle (src/app/lifecycle.ts): the page is being frozen or closed, or is back. */
+export type PageLifecycleEvent = 'frozen' | 'resumed' | 'leaving';
+
+/** A draining heartbeat the worker signed in advance; the page sends it with sendBeacon when it is frozen or closed. */
+export interface DrainBeacon {
+  url: string;
+  body: string;
 }
 
 /** Every call may reject with an Error carrying `code` (kept across the worker boundary). */
@@ -129,6 +158,14 @@ export interface NodeEngine {
   pause(): Promise<void>;
   resume(): Promise<void>;
   setMemoryBudget(bytes: number): Promise<void>;
+  /** The donor's choices (each kept in IndexedDB): a duty cycle applies at once, charging only drains while on battery. */
+  setDonor(patch: Partial<Omit<DonorSettings, 'paused'>>): Promise<void>;
+  /** The page read the battery: on the charger or not. */
+  setPower(charging: boolean): Promise<void>;
+  /** The page's lifecycle: drain when frozen or closing, heartbeat at once and serve when back. */
+  lifecycle(event: PageLifecycleEvent): Promise<void>;
+  /** `sink` gets every new signed drain beacon (a Comlink proxy across the worker boundary). */
+  onDrainBeacon(sink: (b: DrainBeacon) => void): Promise<void>;
   status(): Promise<NodeStatus>;
   /** Close the relay connection and release sessions; the node can be started again. */
   stop(): Promise<void>;

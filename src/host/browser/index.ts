@@ -6,15 +6,29 @@
  *   start(config)   a span from the URL, or the tracker's (config.trackerUrl);
  *                   the same config again reuses what is loaded (a Retry),
  *                   another one starts a new runtime
- *   pause/resume    /forward answers 503 meanwhile, heartbeats say "nothing served"
+ *   pause/resume    drains: the sessions in flight finish within a grace,
+ *                   no new ones come (heartbeats say `draining`); resume
+ *                   serves again with nothing reloaded
+ *   setDonor        the duty cycle, "donate only while charging", "keep my shard"
+ *   setPower        the page read the battery (the worker has no Battery API)
+ *   lifecycle       the page is being frozen or closed (drain), or is back
+ *                   (heartbeat at once); onDrainBeacon hands the page a
+ *                   draining heartbeat signed in advance, which it sends with
+ *                   sendBeacon from its freeze and pagehide handlers
  *   setMemoryBudget kept in IndexedDB; the span serving now is rebuilt with it
  *
- * The donor's settings (memory budget, backend) persist in IndexedDB; so do
- * the identity (the same peer id after a reload) and the span's weights.
+ * The donor's settings (memory budget, backend, pause, duty cycle, charging
+ * only, keep my shard) persist in IndexedDB; so do the identity (the same
+ * peer id after a reload), the span's weights and which span they are (a
+ * reload registers with it and gets it back: no download), and what the
+ * donor has given (tokens, hours).
  */
 import { MeshError } from '../../protocol/errors.ts';
 import { NodeRuntime } from '../../node/runtime/runtime.ts';
-import { DEFAULT_WEIGHT_FORMAT, type BackendChoice, type NodeConfig, type NodeEngine, type NodeStatus, type WeightFormat } from './engine.ts';
+import { ContributionMeter } from '../../node/runtime/contribution.ts';
+import { MIN_DUTY_CYCLE } from '../../node/runtime/duty-cycle.ts';
+import { NodeState } from '../../node/runtime/state.ts';
+import { DEFAULT_WEIGHT_FORMAT, type BackendChoice, type DonorSettings, type DrainBeacon, type NodeConfig, type NodeEngine, type NodeStatus, type PageLifecycleEvent, type WeightFormat } from './engine.ts';
 import { newQ4Counters } from './q4-store.ts';
 import type { NodeStorage } from './storage.ts';
 import { browserAdapter, workerGlobals, type BrowserGlobals, type StorageCounters } from './adapter.ts';
@@ -23,6 +37,9 @@ import { describeError, pageStatus } from './surface.ts';
 export { describeError };
 
 export const DEFAULT_MEMORY_BUDGET = 256 * 2 ** 20;
+
+/** How often what the donor gave is counted and saved to IndexedDB, ms (and on freeze and close). */
+const CONTRIBUTION_SAVE_MS = 5_000;
 
 function modelNameOf(url: string): string {
   const parts = url.replace(/\/+$/, '').split('/');
@@ -44,7 +61,13 @@ export class BrowserNode implements NodeEngine {
   private startSeq = 0;
   /** Starts under way. */
   private starting = 0;
-  private paused = false;
+  private donor: DonorSettings = { paused: false, dutyCycle: 1, chargingOnly: false, keepShard: false };
+  /** On the charger, as the page last read it; undefined: not known. */
+  private charging: boolean | undefined;
+  private beaconSink: ((b: DrainBeacon) => void) | undefined;
+  private lastBeacon: DrainBeacon | undefined;
+  private meter: ContributionMeter | undefined;
+  private meterTimer: ReturnType<typeof setInterval> | undefined;
   private memoryBudget = DEFAULT_MEMORY_BUDGET;
   private readonly counters: StorageCounters = { fetchedBytes: 0, storedBytes: 0 };
   private readonly q4 = newQ4Counters();
@@ -57,7 +80,19 @@ export class BrowserNode implements NodeEngine {
   }
 
   async status(): Promise<NodeStatus> {
-    return pageStatus({ runtime: this.runtime, config: this.lastConfig, startError: this.startError, starting: this.starting > 0, counters: this.counters, q4: this.q4, memoryBudgetBytes: this.memoryBudget, crossOriginIsolated: this.g.crossOriginIsolated });
+    return pageStatus({
+      runtime: this.runtime,
+      config: this.lastConfig,
+      startError: this.startError,
+      starting: this.starting > 0,
+      counters: this.counters,
+      q4: this.q4,
+      memoryBudgetBytes: this.memoryBudget,
+      crossOriginIsolated: this.g.crossOriginIsolated,
+      donor: this.donor,
+      contribution: this.sampleContribution(),
+      ...(this.charging !== undefined ? { onBattery: !this.charging } : {}),
+    });
   }
 
   async start(config: NodeConfig): Promise<NodeStatus> {
@@ -84,13 +119,74 @@ export class BrowserNode implements NodeEngine {
   }
 
   async pause(): Promise<void> {
-    this.paused = true;
+    this.donor = { ...this.donor, paused: true };
     this.runtime?.pause();
+    await this.storage?.saveSettings({ paused: true });
   }
 
   async resume(): Promise<void> {
-    this.paused = false;
+    this.donor = { ...this.donor, paused: false };
     this.runtime?.resume();
+    await this.storage?.saveSettings({ paused: false });
+  }
+
+  async setDonor(patch: Partial<Omit<DonorSettings, 'paused'>>): Promise<void> {
+    if (patch.dutyCycle !== undefined && !(Number.isFinite(patch.dutyCycle) && patch.dutyCycle >= MIN_DUTY_CYCLE && patch.dutyCycle <= 1)) {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `the duty cycle is a share of the device's time in [${MIN_DUTY_CYCLE}, 1], got ${patch.dutyCycle}`);
+    }
+    const next: DonorSettings = { ...this.donor };
+    if (patch.dutyCycle !== undefined) next.dutyCycle = patch.dutyCycle;
+    if (patch.chargingOnly !== undefined) next.chargingOnly = patch.chargingOnly === true;
+    if (patch.keepShard !== undefined) next.keepShard = patch.keepShard === true;
+    this.donor = next;
+    if (patch.dutyCycle !== undefined) this.runtime?.setDutyCycle(next.dutyCycle);
+    this.applyPower();
+    await this.storage?.saveSettings({ dutyCycle: next.dutyCycle, chargingOnly: next.chargingOnly, keepShard: next.keepShard });
+  }
+
+  async setPower(charging: boolean): Promise<void> {
+    this.charging = charging === true;
+    this.applyPower();
+  }
+
+  async lifecycle(event: PageLifecycleEvent): Promise<void> {
+    this.runtime?.lifecycle(event);
+    // The page may not run again (closed, or frozen for long): keep what was counted.
+    if (event !== 'resumed') await this.saveContribution();
+  }
+
+  async onDrainBeacon(sink: (b: DrainBeacon) => void): Promise<void> {
+    this.beaconSink = sink;
+    if (this.lastBeacon) this.handBeacon(this.lastBeacon);
+  }
+
+  /** Across the worker boundary the sink is a Comlink proxy: its call is a promise that fails when the page is gone. */
+  private handBeacon(b: DrainBeacon): void {
+    const sink = this.beaconSink;
+    if (!sink) return;
+    Promise.resolve(sink(b) as unknown).catch(() => {
+      if (this.beaconSink === sink) this.beaconSink = undefined;
+    });
+  }
+
+  /** Off the charger with "charging only" on: drain (the battery reason); otherwise lift it. */
+  private applyPower(): void {
+    this.runtime?.holdForBattery(this.donor.chargingOnly && this.charging === false);
+  }
+
+  private sampleContribution(): NodeStatus['contribution'] {
+    const rt = this.runtime;
+    const span = rt?.span;
+    const layersHeld = span ? span.spec.endLayer - span.spec.startLayer : 0;
+    if (!this.meter) return { tokensServed: 0, servingMs: 0, since: undefined, layersHeld };
+    const rec = this.meter.sample(rt?.activity.window.tokens ?? 0, rt?.state === NodeState.Serving && !rt.drain.draining);
+    return { ...rec, layersHeld };
+  }
+
+  private async saveContribution(): Promise<void> {
+    if (!this.meter || !this.storage) return;
+    const rec = this.sampleContribution();
+    await this.storage.saveContribution({ tokensServed: rec.tokensServed, servingMs: rec.servingMs, since: rec.since }).catch(() => undefined);
   }
 
   async setMemoryBudget(bytes: number): Promise<void> {
@@ -103,6 +199,7 @@ export class BrowserNode implements NodeEngine {
 
   async stop(): Promise<void> {
     this.startSeq++;
+    await this.saveContribution();
     const rt = this.runtime;
     this.runtime = undefined;
     this.key = undefined;
@@ -114,6 +211,17 @@ export class BrowserNode implements NodeEngine {
     this.storage ??= await this.g.openStorage();
     const storage = this.storage;
     const settings = await storage.settings();
+    this.donor = {
+      paused: settings.paused === true,
+      dutyCycle: typeof settings.dutyCycle === 'number' && settings.dutyCycle >= MIN_DUTY_CYCLE && settings.dutyCycle <= 1 ? settings.dutyCycle : 1,
+      chargingOnly: settings.chargingOnly === true,
+      keepShard: settings.keepShard === true,
+    };
+    if (!this.meter) {
+      this.meter = new ContributionMeter(await storage.contribution().catch(() => undefined));
+      this.sampleContribution();
+      this.meterTimer = setInterval(() => void this.saveContribution(), CONTRIBUTION_SAVE_MS);
+    }
     this.memoryBudget = config.memoryBudgetBytes ?? settings.memoryBudgetBytes ?? DEFAULT_MEMORY_BUDGET;
     const choice = config.backend ?? settings.backend ?? 'auto';
     const weights = config.weights ?? settings.weights ?? DEFAULT_WEIGHT_FORMAT;
@@ -148,12 +256,25 @@ export class BrowserNode implements NodeEngine {
       // A span that failed waits for the donor's Retry, with the reason on the page.
       retryFailedLoads: false,
       hopMode: config.hopMode ?? 'chain',
+      dutyCycle: this.donor.dutyCycle,
+      // The page sends it from its freeze and pagehide handlers (src/app/lifecycle.ts).
+      drainBeacons: config.trackerUrl !== undefined,
+      ...(settings.lastSpan ? { storedSpan: settings.lastSpan } : {}),
     });
     if (seq !== this.startSeq) {
       await runtime.close();
       return undefined;
     }
-    if (this.paused) runtime.pause();
+    runtime.on((e) => {
+      if (e.type === 'drain-beacon') {
+        this.lastBeacon = { url: e.url, body: e.body };
+        this.handBeacon(this.lastBeacon);
+      } else if (e.type === 'serving') {
+        void storage.saveSettings({ lastSpan: { model: e.span.model, modelUrl: e.span.modelUrl, startLayer: e.span.startLayer, endLayer: e.span.endLayer } }).catch(() => undefined);
+      }
+    });
+    if (this.donor.paused) runtime.pause();
+    runtime.holdForBattery(this.donor.chargingOnly && this.charging === false);
     this.runtime = runtime;
     this.key = key;
     return runtime;

@@ -16,6 +16,7 @@ import type { MeshErrorCode } from '../../protocol/errors.ts';
 import { openDB, type DBSchema, type IDBPDatabase } from 'idb';
 import type { SafetensorsDtype } from '../../model/safetensors-format.ts';
 import type { KeyStore, StoredIdentity } from '../../net/identity.ts';
+import type { ContributionRecord } from '../../node/runtime/contribution.ts';
 
 export const DB_NAME = 'meshnet';
 /** 2: the `q4` store (4-bit projections, so a reload does not quantize again). */
@@ -42,6 +43,13 @@ export interface Settings {
   backend?: 'auto' | 'wasm' | 'webgpu';
   memoryBudgetBytes?: number;
   weights?: 'f32' | 'f16' | 'q4';
+  /** The donor's choices (engine.ts DonorSettings). */
+  paused?: boolean;
+  dutyCycle?: number;
+  chargingOnly?: boolean;
+  keepShard?: boolean;
+  /** The span last loaded, whose tensors IndexedDB keeps: told to the tracker so a reload gets it back. */
+  lastSpan?: { model: string; modelUrl: string; startLayer: number; endLayer: number };
 }
 
 /** A projection as the node quantized it (src/model/quantize.ts's Q4Matrix, symmetric when zeroPoints is null). */
@@ -122,6 +130,15 @@ export class NodeStorage {
     const next = { ...(await this.settings()), ...patch };
     await this.db.put('kv', next, 'settings');
     return next;
+  }
+
+  /** What the donor has given so far (src/node/runtime/contribution.ts), kept apart from the settings so the two never overwrite each other. */
+  async contribution(): Promise<ContributionRecord | undefined> {
+    return (await this.db.get('kv', 'contribution')) as ContributionRecord | undefined;
+  }
+
+  async saveContribution(c: ContributionRecord): Promise<void> {
+    await this.db.put('kv', c, 'contribution');
   }
 
   /** The KeyStore RelayClient's Identity uses: the same key, so the same peer id, after a reload. */

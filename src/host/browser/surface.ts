@@ -48,6 +48,9 @@ export interface PageFacts {
   q4: Q4Counters;
   memoryBudgetBytes: number;
   crossOriginIsolated: boolean;
+  donor: NodeStatus['donor'];
+  contribution: NodeStatus['contribution'];
+  onBattery?: boolean;
 }
 
 /** The page's NodeStatus from the runtime's facts. */
@@ -75,7 +78,12 @@ export function pageStatus(f: PageFacts): NodeStatus {
     kvBudgetBytes: kv?.budgetBytes ?? f.memoryBudgetBytes,
     memoryBudgetBytes: f.memoryBudgetBytes,
     crossOriginIsolated: f.crossOriginIsolated,
+    donor: { ...f.donor },
+    contribution: f.contribution,
   };
+  if (f.onBattery !== undefined) s.onBattery = f.onBattery;
+  const drain = rt?.drainStatus();
+  if (drain?.draining) s.drain = { reasons: drain.reasons, graceLeftMs: drain.graceLeftMs, done: drain.done };
   const failure = f.startError ?? rt?.error;
   if (failure !== undefined) s.error = describeError(failure);
   else if (rt?.notice && state === NodeState.Connecting) {

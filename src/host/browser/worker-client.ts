@@ -3,8 +3,8 @@
  * through Comlink. Pending calls settle when the worker dies (Comlink's own
  * resolver map never rejects), so the page never waits forever.
  */
-import { wrap, releaseProxy, type Remote } from 'comlink';
-import type { NodeConfig, NodeEngine, NodeStatus } from './engine.ts';
+import { proxy, wrap, releaseProxy, type Remote } from 'comlink';
+import type { DonorSettings, DrainBeacon, NodeConfig, NodeEngine, NodeStatus, PageLifecycleEvent } from './engine.ts';
 import './transfer.ts';
 
 export interface WorkerEngine extends NodeEngine {
@@ -42,6 +42,11 @@ export function createWorkerEngine(worker: Worker): WorkerEngine {
     pause: () => call(() => remote.pause()),
     resume: () => call(() => remote.resume()),
     setMemoryBudget: (bytes: number) => call(() => remote.setMemoryBudget(bytes)),
+    setDonor: (patch: Partial<Omit<DonorSettings, 'paused'>>) => call(() => remote.setDonor(patch)),
+    setPower: (charging: boolean) => call(() => remote.setPower(charging)),
+    // Posted synchronously (Comlink's call posts its message before returning): the freeze handler's message leaves before the page stops.
+    lifecycle: (event: PageLifecycleEvent) => call(() => remote.lifecycle(event)),
+    onDrainBeacon: (sink: (b: DrainBeacon) => void) => call(() => remote.onDrainBeacon(proxy(sink))),
     status: () => call(() => remote.status() as Promise<NodeStatus>),
     stop: () => call(() => remote.stop()),
     terminate() {

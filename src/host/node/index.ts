@@ -62,6 +62,8 @@ export interface NodeHostOptions {
   graphCapture?: boolean;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
+  /** The donor's cap on the device's busy time, 0.05..1 (runtime/duty-cycle.ts). @defaultValue 1 */
+  dutyCycle?: number;
   /** base64url raw Ed25519 key that signs routes, for a head without a tracker (tests). */
   trackerKey?: string;
   /** Largest request body, bytes (413 above). */
@@ -133,6 +135,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     // A daemon keeps serving what it has and asks again at the next heartbeat.
     retryFailedLoads: true,
     injectDelayMs: o.injectDelayMs,
+    ...(o.dutyCycle !== undefined ? { dutyCycle: o.dutyCycle } : {}),
   });
   const peerId = runtime.peerId;
   runtime.on((e: RuntimeEvent) => {

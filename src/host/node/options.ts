@@ -7,6 +7,8 @@ export const NODE_HOST_DEFAULTS = {
   host: '127.0.0.1',
   budgetMb: 1024,
   injectDelayMs: 0,
+  /** Share of the device's time given (1: all of it). */
+  dutyCycle: 1,
   maxBodyBytes: 64 * 1024 * 1024,
   maxContext: 2048,
   hopOrder: 'relay',

@@ -144,6 +144,13 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     const me = {};
     g.owner = me;
     let over = false;
+    // Stopped by whoever reads it (a caller that cancels, a node whose drain's grace ended): the pipeline
+    // ends with an error event. A connection that went away parks it instead (below).
+    const onAbort = (): void => {
+      if (g.owner === me && !lostWithConnection(signal)) g.ctl.abort(signal!.reason);
+    };
+    if (signal?.aborted) onAbort();
+    else signal?.addEventListener('abort', onAbort, { once: true });
     try {
       if (replay) for (const ev of [...g.sent]) yield utf8.encode(JSON.stringify(ev) + '\n');
       for (;;) {
@@ -167,6 +174,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
         if (last) return;
       }
     } finally {
+      signal?.removeEventListener('abort', onAbort);
       // A resume took it over: that reading owns it now.
       if (g.owner === me) {
         if (!over && lostWithConnection(signal)) {

@@ -48,7 +48,7 @@ export interface ForwardHandlerInfo {
    * Hosts give it only to a node that holds the tokenizer anyway (a head): heads read `token_id` alone.
    */
   decode?(tokenId: number): string;
-  /** True while the donor has paused the node: /forward answers 503, the rest keeps working. */
+  /** True while the donor has paused the node (GET /health and /info say so; the runtime's gate refuses new sessions). */
   isPaused?(): boolean;
   /**
    * The wire dtype this hop's mesh uses (its tracker's, per model): a body in
@@ -166,9 +166,6 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
   const held = { start_layer: executor.startLayer, end_layer: executor.endLayer };
 
   async function forward(req: MeshRequest): Promise<{ res: MeshResponse; tokens: number }> {
-    if (info.isPaused?.()) {
-      throw new MeshError('MESH_ERR_UNAVAILABLE', 'the donor paused this node; route around it or retry later');
-    }
     const h = req.headers;
     const dtypeText = (h[H.dtype] ?? 'bf16').trim().toLowerCase();
     if (!isDtype(dtypeText)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.dtype} "${dtypeText.slice(0, 16)}" is not one of bf16, f16, f32`);

@@ -10,7 +10,9 @@ export type RuntimeEvent =
   | { type: 'registered'; assignment: Assignment | null }
   | { type: 'serving'; span: SpanSpec; loadMs: number; rebuilt?: LoadedSpan['rebuilt']; backend: string }
   | { type: 'load-failed'; span: SpanSpec; error: unknown }
-  | { type: 'generate'; event: GenerateEvent; sessionId: string };
+  | { type: 'generate'; event: GenerateEvent; sessionId: string }
+  /** A draining heartbeat signed beside each heartbeat, for a host that must tell the tracker without waiting (a page's freeze handler). */
+  | { type: 'drain-beacon'; url: string; body: string };
 
 /** The span being loaded now (for the page's progress), with its model's size. */
 export interface LoadProgress {

@@ -2,16 +2,19 @@
  * The node's HTTP surface on every path a request can arrive by (relay,
  * direct link, direct HTTP), in front of whatever span serves now:
  *
- *   POST /generate ─▶ head handler (a head's pipeline; 421 on a node that is not one)
+ *   POST /generate ─▶ drain check ─▶ head handler (a head's pipeline; 421 on a node that is not one)
  *   everything else ─▶ forward gate ─▶ the span's forward handler
  *
  * The gate answers while no span is in (health and info say "loading",
- * the rest 503 so heads route around the node), counts /forward requests
- * running (the heartbeat's queue depth) and per surface (GET /info), and
- * applies a test's injected delay.
+ * the rest 503 so heads route around the node), refuses new sessions while
+ * the node drains (drain.ts: held ones go on within the grace), makes each
+ * /forward pass the donor's duty cycle (duty-cycle.ts), counts /forward
+ * requests running (the heartbeat's queue depth) and per surface (GET
+ * /info), and applies a test's injected delay.
  */
-import { errorReply, jsonReply } from '../../protocol/envelopes.ts';
+import { errorReply, jsonReply, type MeshRequest, type MeshResponse } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
+import { H } from '../../protocol/headers.ts';
 import type { GenerateEvent } from '../../protocol/tracker.ts';
 import { StaleSteps, createChainHop, isChainRequest } from '../hop/chain-hop.ts';
 import { createHeadHandler } from '../head/head-handler.ts';
@@ -19,6 +22,8 @@ import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import type { PipelineDriver } from '../head/pipeline.ts';
 import { rebuildingError, type LoadedSpan } from './span.ts';
+import type { DrainGate } from './drain.ts';
+import type { DutyCycle } from './duty-cycle.ts';
 import type { NodeActivity } from './stats.ts';
 import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
 import type { SignedPlan } from '../verify/verifier.ts';
@@ -37,6 +42,10 @@ export interface NodeHandlerInit {
   transport: Pick<HopTransport, 'send' | 'push' | 'inOutageWindow'>;
   /** Test hook: every /forward waits this long first (a slow donor). */
   injectDelayMs: number;
+  /** Whether new sessions are taken (paused, frozen, closing: held ones finish). */
+  drain: DrainGate;
+  /** The donor's cap on the device's busy time. */
+  duty: DutyCycle;
   onLog(message: string): void;
   onGenerateEvent(event: GenerateEvent, sessionId: string): void;
   /** POST /check: recompute another hop's span for a head the tracker sent (docs/protocol.md §11). */
@@ -102,9 +111,30 @@ export class NodeHandler {
   private counted(surface: Surface): MeshHandler {
     return (req) => {
       if (req.path === '/forward' || req.path.startsWith('/forward?')) this.served[surface]++;
-      else if (this.init.check && req.path.split('?')[0] === CHECK_PATH) return this.init.check(req);
+      const path = req.path.split('?')[0];
+      if (path === '/generate' && req.method.toUpperCase() === 'POST') return this.generate(req);
+      if (this.init.check && path === CHECK_PATH) return this.init.check(req);
       return this.head(req);
     };
+  }
+
+  /** A new generation: refused while draining; one that runs ends when the drain's grace does (the tracker restarts it elsewhere). */
+  private async generate(req: MeshRequest): Promise<MeshResponse> {
+    const drain = this.init.drain;
+    if (!drain.admitsGenerate()) return errorReply(drainingError());
+    const gen = drain.generation(req.signal);
+    let res: MeshResponse;
+    try {
+      res = await this.head({ ...req, signal: gen.signal });
+    } catch (e) {
+      gen.end();
+      throw e;
+    }
+    if (res.body instanceof Uint8Array) {
+      gen.end();
+      return res;
+    }
+    return { ...res, body: tracked(res.body, gen) };
   }
 
   private async gate(req: Parameters<MeshHandler>[0]): ReturnType<MeshHandler> {
@@ -118,13 +148,34 @@ export class NodeHandler {
     if (path !== '/forward' || req.method.toUpperCase() !== 'POST') return span.forward(req);
     // The span's GPU device was lost and it is being rebuilt (device-recovery.ts): come back after about one load.
     if (span.deviceLostReason !== undefined) return errorReply(rebuildingError(span));
-    const activity = this.init.activity;
+    const { activity, drain, duty } = this.init;
+    if (drain.draining) {
+      // A step of a session this node holds is a chat in flight: it may finish. Anything else is new work.
+      const session = req.headers[H.session]?.trim();
+      if (!drain.admitsForward(session !== undefined && session !== '' && span.executor.sessionLength(session) > 0)) return errorReply(drainingError());
+    }
     activity.inFlight++;
     try {
       if (this.init.injectDelayMs > 0) await sleep(this.init.injectDelayMs);
-      return await span.forward(req);
+      return await drain.run(() => duty.run(() => span.forward(req)));
     } finally {
       activity.inFlight--;
     }
+  }
+}
+
+function drainingError(): MeshError {
+  return new MeshError('MESH_ERR_UNAVAILABLE', 'this node is draining (its donor paused it, or its page is being frozen or closed): it finishes the sessions it holds and takes no new one; route around it');
+}
+
+/** A streamed /generate answer, counted as the drain's activity until it ends. */
+async function* tracked(body: AsyncIterable<Uint8Array>, gen: { touch(): void; end(): void }): AsyncGenerator<Uint8Array> {
+  try {
+    for await (const chunk of body) {
+      gen.touch();
+      yield chunk;
+    }
+  } finally {
+    gen.end();
   }
 }

@@ -9,7 +9,13 @@
  *               drives pipelines over one HopTransport (relay, /rpc, links,
  *               direct HTTP); a moved assignment loads beside the old span
  *               and is swapped in (SpanSlot)
- *   pause()     /forward answers 503 and heartbeats say "serving nothing"
+ *   pause()     drains (drain.ts): held sessions finish within a grace, new
+ *               ones are refused, heartbeats say `draining` (the tracker
+ *               routes around the node at once); resume() serves again,
+ *               nothing reloaded. The page's lifecycle (frozen, closing)
+ *               and "donate only while charging" drain the same way
+ *   duty cycle  the donor's cap on the device's busy time (duty-cycle.ts),
+ *               announced as a proportionally longer layer_ms
  *   close()     everything released
  *
  * The state (state.ts) is derived from facts on every change, never set by
@@ -31,6 +37,8 @@ import type { RuntimeHost, SpanSpec } from './host.ts';
 import type { LinkDialer } from '../../net/contract.ts';
 import { SpanSlot, baseUrl, loadSpan, type LoadedSpan, type SpanLoadContext } from './span.ts';
 import { DeviceRecovery } from './device-recovery.ts';
+import { DrainGate, type DrainReason, type DrainStatus } from './drain.ts';
+import { DutyCycle } from './duty-cycle.ts';
 import { NodeState, deriveState } from './state.ts';
 import { NodeActivity } from './stats.ts';
 import type { LoadProgress, RuntimeEvent } from './events.ts';
@@ -81,7 +89,18 @@ export interface RuntimeConfig {
   retryFailedLoads: boolean;
   /** Test hook: every /forward waits this long. */
   injectDelayMs?: number;
+  /** While draining (paused, frozen, closing), sessions in flight may finish for this long, ms. @defaultValue 30000 */
+  drainGraceMs?: number;
+  /** The donor's cap on the device's busy time, in [0.05, 1]. @defaultValue 1 */
+  dutyCycle?: number;
+  /** Sign a draining heartbeat beside each heartbeat (a 'drain-beacon' event): a page sends it when it is frozen or closed. */
+  drainBeacons?: boolean;
+  /** A span the host keeps in its own storage (a page's IndexedDB): told to the tracker at registration, so a reload gets it back with no download. */
+  storedSpan?: { model: string; startLayer: number; endLayer: number };
 }
+
+/** A lifecycle event of the host (a browser page): frozen, back, or going away. */
+export type LifecycleEvent = 'frozen' | 'resumed' | 'leaving';
 
 export type { RuntimeEvent, LoadProgress } from './events.ts';
 
@@ -106,7 +125,12 @@ export class NodeRuntime {
   private tracker: TrackerClient | undefined;
   private session: TrackerSession | undefined;
   private started = false;
-  private paused = false;
+  /** Whether new sessions are taken: the donor's pause, the battery, the page's lifecycle. */
+  readonly drain: DrainGate;
+  /** The donor's cap on the device's busy time. */
+  readonly duty = new DutyCycle();
+  /** The last message timestamp sent: every message gets a later one (the tracker applies them in order). */
+  private lastStamp = 0;
   /** Said once: a static span's wire dtype differs from the tracker's. */
   private warnedWireDtype = false;
   private budget: number;
@@ -137,6 +161,14 @@ export class NodeRuntime {
     readonly identity: Identity,
   ) {
     this.budget = config.memoryBudgetBytes;
+    this.drain = new DrainGate({
+      ...(config.drainGraceMs !== undefined ? { graceMs: config.drainGraceMs } : {}),
+      onChange: () => {
+        this.changed();
+        void this.session?.beatNow();
+      },
+    });
+    if (config.dutyCycle !== undefined) this.duty.set(config.dutyCycle);
     this.model = config.model ?? config.span?.model;
     const links = host.links?.(identity);
     this.links = links;
@@ -214,6 +246,8 @@ export class NodeRuntime {
       trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
       transport: this.transport,
       injectDelayMs: config.injectDelayMs ?? 0,
+      drain: this.drain,
+      duty: this.duty,
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
     });
@@ -328,15 +362,50 @@ export class NodeRuntime {
     return this.start(opts);
   }
 
+  /** The donor paused: drain (the sessions in flight finish within the grace, no new ones); the span stays loaded. */
   pause(): void {
-    this.paused = true;
-    this.changed();
-    void this.session?.beatNow();
+    this.drain.start('donor');
   }
 
+  /** Serve again at once: nothing is reloaded. */
   resume(): void {
-    this.paused = false;
-    this.changed();
+    this.drain.stop('donor');
+  }
+
+  /** Donate only while charging: `hold` while the donor asked for it and the device is on battery. */
+  holdForBattery(hold: boolean): void {
+    if (hold) this.drain.start('battery');
+    else this.drain.stop('battery');
+  }
+
+  /** Paused by the donor (or the battery): the page's Paused badge. */
+  get paused(): boolean {
+    return this.drain.has('donor') || this.drain.has('battery');
+  }
+
+  drainStatus(): DrainStatus {
+    return this.drain.status();
+  }
+
+  /**
+   * The host's lifecycle: frozen (the page is being frozen, or kept in the
+   * back/forward cache), leaving (closed), resumed. The tracker already had
+   * the page's beacon; back, the node heartbeats at once (registering again
+   * if the tracker dropped it meanwhile) and serves.
+   */
+  lifecycle(event: LifecycleEvent): void {
+    const reason: DrainReason | undefined = event === 'frozen' ? 'frozen' : event === 'leaving' ? 'leaving' : undefined;
+    if (reason) return this.drain.start(reason);
+    const changed = this.drain.has('frozen') || this.drain.has('leaving');
+    this.drain.stop('frozen');
+    this.drain.stop('leaving');
+    // Beat even when nothing changed here: the worker may have been frozen before it saw "frozen", while the tracker saw the beacon.
+    if (!changed) void this.session?.beatNow();
+  }
+
+  /** The donor's duty cycle, applied at once and told to the tracker. */
+  setDutyCycle(fraction: number): void {
+    this.duty.set(fraction);
     void this.session?.beatNow();
   }
 
@@ -360,6 +429,8 @@ export class NodeRuntime {
   async close(): Promise<void> {
     this.epoch++;
     this.started = false;
+    this.drain.close();
+    this.duty.close();
     this.stopNetwork();
     await this.slot.close();
     this.changed();
@@ -370,6 +441,13 @@ export class NodeRuntime {
     const s = this.slot.current;
     const kv = s?.executor.kvStats();
     const relayAddr = this.relay?.relayAddr;
+    const duty = this.duty.fraction;
+    const stats = this.activity.heartbeat(kvHeartbeat(kv, this.budget));
+    // The cap shows as throughput: a step's time per layer as the tracker should count on it.
+    if (duty < 1) stats.layer_ms = Math.round((stats.layer_ms / duty) * 1000) / 1000;
+    const stored = this.config.storedSpan;
+    const timestamp = Math.max(Date.now(), this.lastStamp + 1);
+    this.lastStamp = timestamp;
     return {
       peer_id: this.identity.peerId,
       public_key: encodeBase64Url(this.identity.publicKey),
@@ -384,11 +462,15 @@ export class NodeRuntime {
         version: RUNTIME_VERSION,
         weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
         ...(this.config.span ? { pinned: true } : {}),
+        ...(duty < 1 ? { duty_cycle: duty } : {}),
       },
-      stats: { ...this.activity.heartbeat(kvHeartbeat(kv, this.budget)), ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}), ...(s?.pipeline ? { speculation: s.pipeline.speculationStats() } : {}) },
-      // While paused, or with a lost device it gave up rebuilding, the node answers 503: tell the tracker it serves nothing, so routes avoid it.
-      serving: s && !this.paused && !this.recovery.gaveUp(s) ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
-      timestamp: Date.now(),
+      stats: { ...stats, ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}), ...(s?.pipeline ? { speculation: s.pipeline.speculationStats() } : {}) },
+      // With a lost device it gave up rebuilding, the node answers 503: tell the tracker it serves nothing, so routes avoid it.
+      serving: s && !this.recovery.gaveUp(s) ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
+      // Paused, frozen or closing: the span stays announced (and assigned), but no new session comes.
+      ...(this.drain.draining ? { draining: true } : {}),
+      ...(stored && stored.model === this.model ? { stored: { start_layer: stored.startLayer, end_layer: stored.endLayer } } : {}),
+      timestamp,
     };
   }
 
@@ -452,6 +534,7 @@ export class NodeRuntime {
       onRegistered: (ans) => this.emit({ type: 'registered', assignment: ans.assignment }),
       onAssignment: (a) => this.onAssignment(a),
       onLog: (level, m) => this.host.log(level, m),
+      ...(this.config.drainBeacons ? { onDrainBeacon: (b: { url: string; body: string }) => this.emit({ type: 'drain-beacon', ...b }) } : {}),
     });
     this.session = session;
     try {
@@ -492,6 +575,7 @@ export class NodeRuntime {
       ...(this.config.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: this.config.kvIdleTtlMs } : {}),
       version: RUNTIME_VERSION,
       isPaused: () => this.paused,
+      duty: this.duty,
       extraInfo: (span) => ({
         peer_id: this.identity.peerId,
         host: this.host.name,
@@ -499,6 +583,8 @@ export class NodeRuntime {
         relay_addr: this.relay?.relayAddr ?? null,
         forwards_served: { ...this.handler.served },
         chain_forwards: this.handler.chained,
+        draining: this.drain.draining,
+        duty_cycle: this.duty.fraction,
         // A head's speculative decoding: drafted and accepted tokens, trips and the tokens they gave.
         ...(span.pipeline ? { speculation: span.pipeline.speculationStats() } : {}),
         ...span.backend.details,

@@ -22,6 +22,7 @@ import { DraftModelDrafter, checkDraftVocabulary } from '../head/speculation/dra
 import { promptLookupFor } from '../head/speculation/prompt-lookup.ts';
 import type { BackendInfo, DeviceLoss, DownloadProgress, RuntimeHost, SpanSpec } from './host.ts';
 import { measureLayerMs } from './measure.ts';
+import type { DutyCycle } from './duty-cycle.ts';
 import type { Attestor } from '../../verify/attestor.ts';
 import type { HeadVerify } from '../verify/head-verify.ts';
 import type { NodeActivity } from './stats.ts';
@@ -66,6 +67,8 @@ export interface SpanLoadContext {
   maxBatch?: number;
   version: string;
   isPaused(): boolean;
+  /** The donor's cap on the device's busy time: the head's own steps pass it too (the forward gate's pass it there). */
+  duty?: DutyCycle;
   /** Fields /info adds to the executor's (peer id, relay address, the host's). */
   extraInfo(span: LoadedSpan): Record<string, unknown>;
   /** Asks the tracker for a replacement of a failed hop; absent without a tracker. */
@@ -291,12 +294,16 @@ function pipelineFor(span: LoadedSpan, ctx: SpanLoadContext): PipelineDriver | u
     maxContext: executor.maxContext,
     dropSession: (id) => executor.dropSession(id),
     forward: async (req) => {
-      const t0 = performance.now();
-      // Our own device was lost: a Retry-After the length of a rebuild (the tracker routes the chat again then).
-      if (span.deviceLostReason !== undefined) throw rebuildingError(span);
-      const out = await executor.forward(req);
-      if (req.tokenIds?.length === 1) ctx.activity.step(performance.now() - t0, layers);
-      return out;
+      const run = async () => {
+        const t0 = performance.now();
+        // Our own device was lost: a Retry-After the length of a rebuild (the tracker routes the chat again then).
+        if (span.deviceLostReason !== undefined) throw rebuildingError(span);
+        const out = await executor.forward(req);
+        if (req.tokenIds?.length === 1) ctx.activity.step(performance.now() - t0, layers);
+        return out;
+      };
+      // The duty cycle's rest is not the step's time: it is timed inside.
+      return ctx.duty ? ctx.duty.run(run) : run();
     },
   };
   const replace = ctx.replace?.(span.spec.model);

@@ -66,6 +66,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         version: n.info.version ?? null,
         memory_budget_mb: n.info.memory_budget_mb,
         status: registry.status(n),
+        draining: n.draining === true,
         draining_since: n.drainingSince ?? null,
         duty_cycle: n.info.duty_cycle ?? 1,
         assignment: n.assignment && { start_layer: n.assignment.start, end_layer: n.assignment.end },

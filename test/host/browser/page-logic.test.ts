@@ -1,7 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { configFromSearch } from '../../../src/app/url-config.ts';
 import { formatBytes, percent, sparklinePoints } from '../../../src/app/format.ts';
-import { headline } from '../../../src/app/view.ts';
+import { formatDuration, headline, pauseLabel } from '../../../src/app/view.ts';
+import { askPersist, describeStorage, storageInfo } from '../../../src/app/storage-info.ts';
+import { watchPower } from '../../../src/app/power.ts';
 import { emptyStatus } from '../../../src/app/controller.ts';
 import { StatsWindow } from '../../../src/node/runtime/stats.ts';
 import { decide } from '../../../src/host/browser/backends.ts';
@@ -114,5 +116,41 @@ describe('describeError', () => {
     expect(describeError(new QuotaError(5e8, 1e8, 2e8))).toMatchObject({ code: 'MESH_ERR_QUOTA', retryable: true, action: expect.stringMatching(/Free disk space/) });
     expect(describeError(new ModelFetchError('a.safetensors', 'cut'))).toMatchObject({ code: 'MESH_ERR_MODEL_FETCH', action: expect.stringMatching(/resumes/) });
     expect(describeError(new TypeError('Failed to fetch'))).toMatchObject({ code: 'MESH_ERR_MODEL_FETCH' });
+  });
+});
+
+describe('the donor controls on the page', () => {
+  const base = () => ({ ...emptyStatus(), state: 'paused' as const });
+  it('labels the pause button Pause, "Pausing… N s" while the chats in flight finish, then Resume', () => {
+    expect(pauseLabel({ ...emptyStatus(), state: 'serving' })).toBe('Pause');
+    expect(pauseLabel({ ...base(), donor: { ...base().donor, paused: true }, drain: { reasons: ['donor'], graceLeftMs: 23_400, done: false } })).toBe('Pausing… 24 s');
+    expect(pauseLabel({ ...base(), donor: { ...base().donor, paused: true }, drain: { reasons: ['donor'], graceLeftMs: 10_000, done: true } })).toBe('Resume');
+    // Paused for the battery only: the donor's button still offers Pause.
+    expect(pauseLabel({ ...base(), drain: { reasons: ['battery'], graceLeftMs: 0, done: true } })).toBe('Pause');
+  });
+  it('formats time given in minutes, then hours', () => {
+    expect(formatDuration(59 * 60_000)).toBe('59 min');
+    expect(formatDuration(150 * 60_000)).toBe('2.5 h');
+    expect(formatDuration(130 * 3_600_000)).toBe('130 h');
+  });
+  it('says whether the browser keeps the shard, and the bytes used and free', async () => {
+    const fmt = (n: number) => `${n} B`;
+    expect(describeStorage({ persisted: false, usageBytes: 10, quotaBytes: 30 }, true, fmt)).toBe('10 B used, 20 B free · the browser refused to keep the layers: it may evict them under storage pressure (they would be downloaded again)');
+    expect(describeStorage({ persisted: false, usageBytes: undefined, quotaBytes: undefined }, false, fmt)).toMatch(/^usage unknown · not kept yet/);
+    expect(describeStorage({ persisted: true, usageBytes: 1, quotaBytes: 1 }, true, fmt)).toMatch(/kept: the browser will not evict/);
+    expect(await askPersist(undefined)).toBeUndefined();
+    expect(await askPersist({ persist: () => Promise.reject(new Error('no')) })).toBe(false);
+    expect(await storageInfo({ persisted: async () => true, estimate: async () => ({ usage: 5, quota: 9 }) })).toEqual({ persisted: true, usageBytes: 5, quotaBytes: 9 });
+  });
+  it('reads the battery where the API exists, and says charging where it does not', async () => {
+    const seen: boolean[] = [];
+    expect(await watchPower({}, (p) => seen.push(p.charging))).toEqual({ available: false, charging: true, level: undefined });
+    let fire: () => void = () => {};
+    const battery = { charging: true, level: 0.5, addEventListener: (t: string, l: () => void) => void (t === 'chargingchange' && (fire = l)) };
+    const first = await watchPower({ getBattery: async () => battery }, (p) => seen.push(p.charging));
+    expect(first).toEqual({ available: true, charging: true, level: 0.5 });
+    battery.charging = false;
+    fire();
+    expect(seen).toEqual([true, true, false]);
   });
 });

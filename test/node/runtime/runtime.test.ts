@@ -103,7 +103,7 @@ describe('NodeRuntime', () => {
     expect(stats.layer_ms).toBeGreaterThan(0);
   });
 
-  it('answers loading and 503 before a span, and 503 with "serving nothing" in heartbeats while paused', async () => {
+  it('answers loading and 503 before a span, and 503 to new sessions with "draining" (span kept) in heartbeats while paused', async () => {
     const host = fakeHost();
     host.hold(1, 3);
     const { rt } = await runtime(host, { span: staticSpan(1, 3) });
@@ -120,9 +120,119 @@ describe('NodeRuntime', () => {
     expect(rt.state).toBe(NodeState.Paused);
     const paused = await handler(forward(activation(1), 1));
     expect(paused.status).toBe(503);
-    expect(rt.nodeMessage().serving).toBeNull();
+    expect(rt.nodeMessage()).toMatchObject({ draining: true, serving: { start_layer: 1, end_layer: 3 } });
     rt.resume();
     expect([rt.state, (await handler(forward(activation(1), 1))).status, rt.nodeMessage().serving]).toEqual([NodeState.Serving, 200, { start_layer: 1, end_layer: 3 }]);
+    expect(rt.nodeMessage().draining).toBeUndefined();
+  });
+
+  it('pause drains: a session in flight goes on, new ones and /generate are refused, the grace ends it; resume reloads nothing', async () => {
+    const tracker = await Identity.generate();
+    const host = fakeHost();
+    const { rt } = await runtime(host, { span: staticSpan(0, 4), trackerKey: tracker.publicKey, drainGraceMs: 600 });
+    await rt.start();
+    const h = rt.handlerFor('relay');
+    const x = activation(3);
+    const open = await h(forward(x, 3, { 'x-meshnet-session': 'live', 'x-meshnet-position': '0' }));
+    expect(open.status).toBe(200);
+    rt.pause();
+    expect(rt.drainStatus()).toMatchObject({ draining: true, reasons: ['donor'], done: false });
+    expect(rt.drainStatus().graceLeftMs).toBeGreaterThan(400);
+    // The live session's next step runs; a new session, a stateless call and a new generation do not.
+    const next = await h(forward(activation(1), 1, { 'x-meshnet-session': 'live', 'x-meshnet-position': '3' }));
+    expect(next.status).toBe(200);
+    const fresh = await h(forward(x, 3, { 'x-meshnet-session': 'new', 'x-meshnet-position': '0' }));
+    expect([fresh.status, (json(fresh).error as { code: string; message: string }).message]).toEqual([503, expect.stringMatching(/draining/)]);
+    expect((await h(forward(x, 3))).status).toBe(503);
+    const gen = await h({ method: 'POST', path: '/generate', headers: {}, body: utf8.encode('{}') });
+    expect([gen.status, (json(gen).error as { code: string }).code]).toEqual([503, 'MESH_ERR_UNAVAILABLE']);
+    // Past the grace the held session is refused too (its head replaces this hop).
+    await new Promise((r) => setTimeout(r, 700));
+    expect(rt.drainStatus().done).toBe(true);
+    expect((await h(forward(activation(1), 1, { 'x-meshnet-session': 'live', 'x-meshnet-position': '4' }))).status).toBe(503);
+    rt.resume();
+    expect(host.opened).toHaveLength(1);
+    expect((await h(forward(activation(1), 1, { 'x-meshnet-session': 'live', 'x-meshnet-position': '4' }))).status).toBe(200);
+    expect(rt.state).toBe(NodeState.Serving);
+  });
+
+  it('a generation this head runs when it pauses finishes within the grace; one still running when the grace ends is stopped', async () => {
+    const tracker = await Identity.generate();
+    const host = fakeHost();
+    const { rt } = await runtime(host, { span: staticSpan(0, 4), trackerKey: tracker.publicKey, drainGraceMs: 400, injectDelayMs: 0 });
+    await rt.start();
+    const route = '[]';
+    const expires = Date.now() + 60_000;
+    const signature = encodeBase64Url(await tracker.sign(routeSigningMessage(rt.peerId, expires, route)));
+    const generate = (max: number) =>
+      rt.handlerFor('relay')({
+        method: 'POST',
+        path: '/generate',
+        headers: { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': signature },
+        body: utf8.encode(JSON.stringify({ session_id: `s${max}`, prompt: 'The quick brown fox', max_tokens: max, temperature: 0, speculative: false })),
+      });
+    const short = await generate(4);
+    rt.pause();
+    let text = '';
+    for await (const chunk of short.body as AsyncIterable<Uint8Array>) text += utf8d.decode(chunk);
+    expect(text.trim().split('\n').map((l) => (JSON.parse(l) as GenerateEvent).type).pop()).toBe('done');
+    rt.resume();
+    // A long one, read slowly: the grace ends under it.
+    const long = await generate(200);
+    rt.pause();
+    const types: string[] = [];
+    for await (const chunk of long.body as AsyncIterable<Uint8Array>) {
+      for (const l of utf8d.decode(chunk).trim().split('\n')) types.push((JSON.parse(l) as GenerateEvent).type);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(types.at(-1)).toBe('error');
+    expect(types.filter((t) => t === 'token').length).toBeLessThan(199);
+    expect(rt.drainStatus().done).toBe(true);
+  });
+
+  it('announces the duty cycle as throughput: a 50 % cap doubles layer_ms, and the door really rests the executor', async () => {
+    const host = fakeHost();
+    const { rt } = await runtime(host, { span: staticSpan(1, 3) });
+    await rt.start();
+    const h = rt.handlerFor('http');
+    for (let i = 0; i < 5; i++) await h(forward(activation(1), 1));
+    const full = rt.nodeMessage();
+    expect(full.info.duty_cycle).toBeUndefined();
+    rt.setDutyCycle(0.5);
+    const half = rt.nodeMessage();
+    expect(half.info.duty_cycle).toBe(0.5);
+    expect(half.stats!.layer_ms).toBeCloseTo(full.stats!.layer_ms * 2, 2);
+    const waited = rt.duty.waitedMs;
+    for (let i = 0; i < 5; i++) await h(forward(activation(1), 1));
+    expect(rt.duty.waitedMs).toBeGreaterThan(waited);
+    expect(() => rt.setDutyCycle(0)).toThrow(RangeError);
+  });
+
+  it('signs a drain beacon beside every message (same timestamp, draining), and the page\'s lifecycle drains and resumes', async () => {
+    const tracker = await scriptedTracker(40);
+    const host = fakeHost(tracker.fetch);
+    tracker.assign(assignment(0, 2));
+    const { rt, events } = await runtime(host, { trackerUrl: 'http://tracker.test', drainBeacons: true, storedSpan: { model: 'tiny', startLayer: 0, endLayer: 2 } });
+    await rt.start();
+    await until(() => tracker.messages.length >= 3);
+    const beacons = events.flatMap((e) => (e.type === 'drain-beacon' ? [e] : []));
+    expect(beacons.length).toBeGreaterThanOrEqual(2);
+    const last = JSON.parse(beacons.at(-1)!.body) as { body: { draining?: boolean; timestamp: number; stored?: unknown }; signature: string };
+    expect(beacons.at(-1)!.url).toBe('http://tracker.test/api/nodes/heartbeat');
+    expect(last.body.draining).toBe(true);
+    expect(last.body.stored).toEqual({ start_layer: 0, end_layer: 2 });
+    // Its twin reached the tracker with the same timestamp, not draining; timestamps only grow.
+    const twin = tracker.messages.find((m) => m.body.timestamp === last.body.timestamp);
+    expect(twin?.body.draining).toBeUndefined();
+    const stamps = tracker.messages.map((m) => m.body.timestamp);
+    expect(stamps).toEqual([...stamps].sort((a, b) => a - b));
+    expect(new Set(stamps).size).toBe(stamps.length);
+    rt.lifecycle('frozen');
+    await until(() => tracker.messages.at(-1)!.body.draining === true);
+    expect(rt.state).toBe(NodeState.Serving);
+    rt.lifecycle('resumed');
+    await until(() => tracker.messages.at(-1)!.body.draining === undefined);
+    expect(rt.drainStatus().draining).toBe(false);
   });
 
   it('means one thing by the memory budget: the span\'s weights plus KV; a new budget applies in place, a live session going on', async () => {
