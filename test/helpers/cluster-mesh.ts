@@ -17,10 +17,13 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { ReferenceModel } from '../../src/model/reference.ts';
+import { ModelTokenizer, type ChatMessage } from '../../src/model/tokenizer.ts';
 import { Identity } from '../../src/net/identity.ts';
 import { startRelayProcess, type RelayProcess } from './relay-process.ts';
 import { startNode, startTrackerProc, type NodeProc, type TrackerProc } from './mesh.ts';
 import { startHaproxy, startNats, type Haproxy, type NatsServer } from './cluster.ts';
+import { fixture } from './shard.ts';
 
 export interface ClusterInit {
   /** @defaultValue 2 */
@@ -129,4 +132,14 @@ export async function startCluster(init: ClusterInit): Promise<Cluster> {
     await stop().catch(() => undefined);
     throw e;
   }
+}
+
+/** The float64 reference's greedy tokens for a chat on the `tiny` fixture (what a cluster serving `tiny` must answer), cut at EOS. */
+export function tinyChatReference(messages: readonly ChatMessage[], maxTokens: number): number[] {
+  const f = fixture('tiny');
+  const utf8d = new TextDecoder();
+  const tok = ModelTokenizer.fromJson(JSON.parse(utf8d.decode(f.files.get('tokenizer.json')!)), JSON.parse(utf8d.decode(f.files.get('tokenizer_config.json')!)), { extraEosTokenIds: f.cfg.eosTokenIds });
+  const all = new ReferenceModel(f.cfg, f.weights).greedy(tok.encodeChat(messages), maxTokens);
+  const eos = all.findIndex((t) => tok.isEos(t));
+  return eos >= 0 ? all.slice(0, eos) : all;
 }

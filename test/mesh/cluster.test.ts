@@ -3,34 +3,33 @@
  * nats-server, relays, tracker, `meshnet node` processes; test/helpers/
  * cluster-mesh.ts): chats give the float64 reference's tokens with the
  * pushes crossing between relays on the fast path, and when a relay is
- * killed its nodes move to the other one and chats go on with the same
- * tokens.
+ * killed under a chat its nodes move to the other one and that chat, and
+ * the next, end with the same tokens.
  */
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
-import { ReferenceModel } from '../../src/model/reference.ts';
-import { ModelTokenizer } from '../../src/model/tokenizer.ts';
-import { fixture } from '../helpers/shard.ts';
-import { startCluster, type Cluster } from '../helpers/cluster-mesh.ts';
+import { startCluster, tinyChatReference, type Cluster } from '../helpers/cluster-mesh.ts';
 import { until, type NodeProc } from '../helpers/mesh.ts';
 
-const f = fixture('tiny');
-const utf8d = new TextDecoder();
-const tok = ModelTokenizer.fromJson(JSON.parse(utf8d.decode(f.files.get('tokenizer.json')!)), JSON.parse(utf8d.decode(f.files.get('tokenizer_config.json')!)), { extraEosTokenIds: f.cfg.eosTokenIds });
 const MESSAGES = [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }];
 const MAX_TOKENS = 24;
-
-function referenceIds(): number[] {
-  const all = new ReferenceModel(f.cfg, f.weights).greedy(tok.encodeChat(MESSAGES), MAX_TOKENS);
-  const eos = all.findIndex((t) => tok.isEos(t));
-  return eos >= 0 ? all.slice(0, eos) : all;
-}
 
 async function chatIds(client: OpenAI): Promise<number[]> {
   const r = await client.chat.completions.create({ model: 'tiny', messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0 });
   return (r.choices[0] as unknown as { token_ids: number[] }).token_ids;
+}
+
+/** A streamed chat's token ids; `onToken` sees the count so far after each chunk. */
+async function streamIds(client: OpenAI, onToken: (n: number) => void): Promise<number[]> {
+  const ids: number[] = [];
+  const stream = await client.chat.completions.create({ model: 'tiny', messages: MESSAGES, max_tokens: MAX_TOKENS, temperature: 0, stream: true });
+  for await (const ch of stream) {
+    ids.push(...((ch.choices[0] as unknown as { token_ids?: number[] } | undefined)?.token_ids ?? []));
+    onToken(ids.length);
+  }
+  return ids;
 }
 
 async function clusterRequests(url: string, direction: 'in' | 'out'): Promise<number> {
@@ -49,7 +48,7 @@ describe('a mesh split across two relays of a cluster', () => {
   let c: Cluster;
   let client: OpenAI;
   let middle: NodeProc;
-  const want = referenceIds();
+  const want = tinyChatReference(MESSAGES, MAX_TOKENS);
 
   beforeAll(async () => {
     st = await startStaticServer({ root: await ensureModel('tiny') });
@@ -59,9 +58,11 @@ describe('a mesh split across two relays of a cluster', () => {
     const common = ['--budget-mb', '64', '--no-links'];
     // c.nodes is in the order the nodes came up; keep our own handle on the middle one.
     [, middle] = await Promise.all([
-      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '0-1'] }),
+      // The head drafts nothing: one trip per token, so the crossings below count tokens.
+      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '0-1', '--no-speculation'] }),
       c.addNode({ relay: 1, alsoRelays: [0], args: [...common, '--layers', '1-3'] }),
-      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '3-4'] }),
+      // The tail is slowed (each /forward 40 ms) so that a chat is still running when a relay is killed under it.
+      c.addNode({ relay: 0, alsoRelays: [1], args: [...common, '--layers', '3-4', '--inject-delay-ms', '40'] }),
     ]);
     await Promise.all(c.nodes.map((n) => n.waitFor((e) => e.event === 'registered')));
     await until(async () => (await fetch(`${c.baseUrl}/api/route?model=tiny`)).ok, 30_000, 'a complete route');
@@ -81,10 +82,20 @@ describe('a mesh split across two relays of a cluster', () => {
     expect(await clusterRequests(c.relays[1]!.url, 'out')).toBeGreaterThanOrEqual(want.length);
   });
 
-  it('a relay killed: its node moves to the other relay under the same peer id, and chats give the same tokens', async () => {
+  it('a relay killed mid-chat: its node moves to the other relay under the same peer id, the chat goes on with the same tokens, and new chats too', async () => {
     expect(await peersOn(c.relays[1]!.url)).toContain(middle.peerId);
-    const t0 = Date.now();
-    await c.killRelay(1);
+    expect(want.length).toBeGreaterThan(6);
+    let killed: Promise<void> | undefined;
+    let t0 = 0;
+    const streamed = streamIds(client, (n) => {
+      if (n >= 6 && killed === undefined) {
+        t0 = Date.now();
+        killed = c.killRelay(1);
+      }
+    });
+    expect(await streamed).toEqual(want);
+    expect(killed).toBeDefined();
+    await killed;
     await until(async () => (await peersOn(c.relays[0]!.url)).includes(middle.peerId), 15_000, 'the middle node on relay 0');
     const moved = Date.now() - t0;
     expect(moved).toBeLessThan(5_000);

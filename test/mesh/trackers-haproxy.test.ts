@@ -12,23 +12,11 @@ import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
-import { ReferenceModel } from '../../src/model/reference.ts';
-import { ModelTokenizer } from '../../src/model/tokenizer.ts';
-import { fixture } from '../helpers/shard.ts';
-import { startCluster, type Cluster } from '../helpers/cluster-mesh.ts';
+import { startCluster, tinyChatReference, type Cluster } from '../helpers/cluster-mesh.ts';
 import { until } from '../helpers/mesh.ts';
 
-const f = fixture('tiny');
-const utf8d = new TextDecoder();
-const tok = ModelTokenizer.fromJson(JSON.parse(utf8d.decode(f.files.get('tokenizer.json')!)), JSON.parse(utf8d.decode(f.files.get('tokenizer_config.json')!)), { extraEosTokenIds: f.cfg.eosTokenIds });
 const MESSAGES = [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }];
 const MAX_TOKENS = 24;
-
-function referenceIds(): number[] {
-  const all = new ReferenceModel(f.cfg, f.weights).greedy(tok.encodeChat(MESSAGES), MAX_TOKENS);
-  const eos = all.findIndex((t) => tok.isEos(t));
-  return eos >= 0 ? all.slice(0, eos) : all;
-}
 
 /** A streamed chat's token ids (the `token_ids` extension), or the error that ended it. */
 async function streamIds(client: OpenAI, onFirst?: () => void): Promise<{ ids: number[]; error?: unknown }> {
@@ -55,7 +43,7 @@ async function chatsRunning(trackerUrl: string): Promise<number> {
 describe('haproxy in front of three trackers', () => {
   let st: StaticServer;
   let c: Cluster;
-  const want = referenceIds();
+  const want = tinyChatReference(MESSAGES, MAX_TOKENS);
 
   beforeAll(async () => {
     st = await startStaticServer({ root: await ensureModel('tiny') });

@@ -10,9 +10,13 @@
  * samples from its own distribution at the request's temperature, top_k and
  * top_p (cut to its 64 likeliest tokens) and sends that q with each
  * proposal, one proposal more than it feeds, for the verifier's
- * Leviathan/Chen rule (src/shard/speculative.ts). One token per forward,
- * always: the q of a position then never depends on how the drafts were
- * chunked, so a seeded generation draws the same tokens whatever k was.
+ * Leviathan/Chen rule (src/shard/speculative.ts). At T > 0 one token per
+ * forward, always: the q of a position then never depends on how the drafts
+ * were chunked, so a seeded generation draws the same tokens whatever k was.
+ * Greedy drafts only ever change the speed, never a token, so there the
+ * tokens accepted since the last call are caught up in one forward: a
+ * policy that drafts only now and then (adaptive k probing a poor draft
+ * model) would otherwise pay a whole-model step per generated token.
  */
 import { MeshError } from '../../../protocol/errors.ts';
 import type { ForwardRequest, ForwardResult } from '../../../shard/contract.ts';
@@ -103,8 +107,11 @@ export class DraftModelDrafter implements Drafter {
     this.fed.push(...tokens);
     this.written = Math.max(this.written, this.fed.length);
     this.after = { tokenId: r.tokenId, logits: r.logits };
-    const ms = (performance.now() - t0) / tokens.length;
-    this.msPerToken = this.msPerToken === 0 ? ms : this.msPerToken + 0.2 * (ms - this.msPerToken);
+    // What a draft costs: one-token forwards only (a catch-up's rows are cheaper each).
+    if (tokens.length === 1) {
+      const ms = performance.now() - t0;
+      this.msPerToken = this.msPerToken === 0 ? ms : this.msPerToken + 0.2 * (ms - this.msPerToken);
+    }
   }
 
   async propose(accepted: readonly number[], k: number): Promise<Draft> {
@@ -117,6 +124,7 @@ export class DraftModelDrafter implements Drafter {
     while (common < n && this.fed[common] === accepted[common]) common++;
     if (common === accepted.length) common--; // the logits after the last accepted token are not kept: feed it again
     if (common === 0) await this.feed(accepted, 0);
+    else if (!this.stochastic) await this.feed(accepted.slice(common), common);
     else for (let p = common; p < accepted.length; p++) await this.feed([accepted[p]!], p);
 
     const ids: number[] = [];

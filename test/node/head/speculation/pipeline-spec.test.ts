@@ -229,4 +229,26 @@ describe('speculative decoding through the pipeline', () => {
       await draftEx.release();
     }
   });
+
+  it('a greedy draft model catches up on the tokens accepted since its last draft in one forward, proposing what it would have one by one', async () => {
+    const draftEx = await executor(f, 0, f.cfg.numLayers);
+    const forwards: number[] = [];
+    const counted = { config: draftEx.config, maxContext: draftEx.maxContext, dropSession: (id: string) => draftEx.dropSession(id), forward: (r: Parameters<typeof draftEx.forward>[0]) => (forwards.push(r.tokenIds!.length), draftEx.forward(r)) };
+    try {
+      const promptIds = tok.encode(PROMPT);
+      const d = new DraftModelDrafter(counted, { session: 'catch-up', sampling: { temperature: 0 }, declared: promptIds.length + 24 });
+      // The prompt, then eight plain steps (nothing drafted), then a draft.
+      expect((await d.propose(promptIds, 1)).ids).toEqual(want.slice(0, 1));
+      forwards.length = 0;
+      const proposed = await d.propose([...promptIds, ...want.slice(0, 9)], 3);
+      // One forward for the nine tokens, then one for each draft fed (the last draft is not fed).
+      expect(forwards).toEqual([9, 1, 1]);
+      expect(proposed.ids).toEqual(want.slice(9, 12));
+      // A draft's cost is timed on one-token forwards (the catch-up's rows are cheaper each).
+      expect(d.costPerToken()).toBeGreaterThan(0);
+      d.release();
+    } finally {
+      await draftEx.release();
+    }
+  });
 });
