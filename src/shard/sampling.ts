@@ -73,28 +73,28 @@ export function sampleToken(logits: Float32Array, params: SamplingParams, positi
     for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
     return { tokenId: best, logprob: logSoftmaxAt(logits, best) };
   }
-  // Candidates sorted by logit, descending; index order breaks ties so the order is total.
-  let order = Array.from({ length: logits.length }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]! || a - b);
-  const k = params.topK ?? 0;
-  if (k > 0 && k < order.length) order = order.slice(0, k);
-  const chosen = drawFromSorted(order, (i) => logits[i]!, temperature, params.topP ?? 1, params.seed ?? 0, position);
+  const chosen = drawFromSorted(sortedCandidates(logits, params.topK ?? 0), (i) => logits[i]!, temperature, params.topP ?? 1, params.seed ?? 0, position);
   return { tokenId: chosen, logprob: logSoftmaxAt(logits, chosen) };
 }
 
+/** Candidates sorted by logit, descending (index order breaks ties, so the order is total), cut to top_k (0: all). */
+export function sortedCandidates(logits: Float32Array, topK: number): number[] {
+  const order = Array.from({ length: logits.length }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]! || a - b);
+  return topK > 0 && topK < order.length ? order.slice(0, topK) : order;
+}
+
 /**
- * The draw over candidates already in sampling order (logit descending, id
- * ascending) and already cut to top_k: weights exp(l/T − max), the nucleus
- * cut, then the first candidate whose running mass passes u. Shared by
- * sampleToken and the device path (candidate-sampling.ts), which must do
- * exactly this arithmetic to pick the same token.
+ * Sorted candidates' f64 weights exp(l/T − max), cut to the nucleus: the
+ * smallest prefix whose mass reaches top_p (the token that crosses it stays
+ * in). The one arithmetic every sampler here draws from (drawFromSorted) and
+ * speculation judges against (speculative.ts).
  */
-export function drawFromSorted(order: readonly number[], logitOf: (id: number) => number, temperature: number, topP: number, seed: number, position: number): number {
+export function nucleus(order: readonly number[], logitOf: (id: number) => number, temperature: number, topP: number): { order: readonly number[]; weights: number[]; total: number } {
   let kept = order;
   const max = logitOf(kept[0]!) / temperature;
   const weights = kept.map((i) => Math.exp(logitOf(i) / temperature - max));
   let total = weights.reduce((a, b) => a + b, 0);
   if (topP < 1) {
-    // Smallest prefix whose mass reaches top_p (the token that crosses it stays in).
     let acc = 0;
     let keep = 0;
     while (keep < weights.length) {
@@ -106,6 +106,18 @@ export function drawFromSorted(order: readonly number[], logitOf: (id: number) =
     weights.length = keep;
     total = acc;
   }
+  return { order: kept, weights, total };
+}
+
+/**
+ * The draw over candidates already in sampling order (logit descending, id
+ * ascending) and already cut to top_k: weights exp(l/T − max), the nucleus
+ * cut, then the first candidate whose running mass passes u. Shared by
+ * sampleToken and the device path (candidate-sampling.ts), which must do
+ * exactly this arithmetic to pick the same token.
+ */
+export function drawFromSorted(order: readonly number[], logitOf: (id: number) => number, temperature: number, topP: number, seed: number, position: number): number {
+  const { order: kept, weights, total } = nucleus(order, logitOf, temperature, topP);
   const u = drawUniform(seed, position) * total;
   let acc = 0;
   let chosen = kept[kept.length - 1]!;

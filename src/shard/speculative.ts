@@ -32,7 +32,7 @@
  *   Σ min(p, q) acceptance).
  */
 import { badRequestError } from './errors.ts';
-import { drawUniform, logSoftmaxAt, sampleToken, validateSampling, type SamplingParams } from './sampling.ts';
+import { drawUniform, logSoftmaxAt, nucleus, sampleToken, sortedCandidates, validateSampling, type SamplingParams } from './sampling.ts';
 
 /** A sparse distribution: `probs[i]` is the probability of `ids[i]`; they sum to 1. */
 export interface SparseDist {
@@ -128,29 +128,10 @@ export function checkDraft(draft: DraftProposal, seq: number, vocabSize: number)
  * sampling order (logit descending, id ascending), cut to top_k and the
  * nucleus, with drawFromSorted's f64 weights; probabilities are weight / total.
  */
-export function targetDistribution(logits: Float32Array, params: SamplingParams): { order: number[]; weights: number[]; total: number } {
+export function targetDistribution(logits: Float32Array, params: SamplingParams): { order: readonly number[]; weights: number[]; total: number } {
   const temperature = params.temperature ?? 0;
   if (!(temperature > 0)) throw new RangeError('the target distribution is for temperature > 0');
-  let order = Array.from({ length: logits.length }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]! || a - b);
-  const k = params.topK ?? 0;
-  if (k > 0 && k < order.length) order = order.slice(0, k);
-  const max = logits[order[0]!]! / temperature;
-  const weights = order.map((i) => Math.exp(logits[i]! / temperature - max));
-  let total = weights.reduce((a, b) => a + b, 0);
-  const topP = params.topP ?? 1;
-  if (topP < 1) {
-    let acc = 0;
-    let keep = 0;
-    while (keep < weights.length) {
-      acc += weights[keep]!;
-      keep++;
-      if (acc >= topP * total) break;
-    }
-    order = order.slice(0, keep);
-    weights.length = keep;
-    total = acc;
-  }
-  return { order, weights, total };
+  return nucleus(sortedCandidates(logits, params.topK ?? 0), (i) => logits[i]!, temperature, params.topP ?? 1);
 }
 
 /**
