@@ -60,7 +60,7 @@ export async function launchCdpChromium(o: CdpChromiumOptions = {}): Promise<Cdp
     browser = await chromium.connectOverCDP(wsUrl, { noDefaults: true, isLocal: true });
   } catch (e) {
     proc.kill('SIGKILL');
-    await rm(profile, { recursive: true, force: true });
+    await rm(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
     throw e;
   }
   const defaultContext = browser.contexts()[0]!;
@@ -83,7 +83,7 @@ export async function launchCdpChromium(o: CdpChromiumOptions = {}): Promise<Cdp
           });
         });
       }
-      await rm(profile, { recursive: true, force: true });
+      await rm(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 100 });
     },
   };
 }
