@@ -5,7 +5,10 @@
  */
 import { defineConfig } from '@playwright/test';
 
-export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'];
+// Outside the network namespace scripts/netns-run.sh makes (npm test runs e2e in one), WebRTC gets no UDP: pages'
+// data channels would otherwise send to this machine's own network interface (Chromium offers no loopback candidate).
+const NO_WEBRTC_UDP = process.env.MESHNET_NETNS === '1' ? [] : ['--force-webrtc-ip-handling-policy=disable_non_proxied_udp'];
+export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic', ...NO_WEBRTC_UDP];
 
 export default defineConfig({
   testDir: 'e2e',
