@@ -55,11 +55,13 @@ export interface BrowserMeshOptions {
   /** How a page drives its pipeline when it is a head (`?hop=`); absent: the page's default, chain. */
   hop?: 'chain' | 'star';
   /**
-   * Data channels between the pages (`?rtc=`). Absent: on inside the network
-   * namespace scripts/netns-run.sh makes (MESHNET_NETNS=1), off elsewhere: on
-   * one machine their packets would go to its own network interface, which
-   * tests and demos here must not send to (Chromium offers no loopback
-   * candidate).
+   * Data channels between the pages (`?rtc=`). Absent: off, so a mesh's
+   * hops all go by the relay wherever it runs; the tests and benches of the
+   * data channels ask for them, and run inside the network namespace
+   * scripts/netns-run.sh makes (MESHNET_NETNS=1). Outside one, Chromium's
+   * WebRTC gets no UDP at all: on one machine the packets would go to its own
+   * network interface, which tests and demos here must not send to (Chromium
+   * offers no loopback candidate), so the channels fail and the relay serves.
    */
   rtc?: boolean;
   /** Benches: each message a data channel receives is held this long (`?rtc_delay_ms=`), the one-way delay of a WAN leg. */
@@ -139,7 +141,7 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   if (o.budgetMb !== undefined) q.set('budget', String(o.budgetMb));
   if (o.threads !== undefined) q.set('threads', String(o.threads));
   if (o.hop !== undefined) q.set('hop', o.hop);
-  q.set('rtc', (o.rtc ?? inNetns()) ? 'on' : 'off');
+  q.set('rtc', o.rtc === true ? 'on' : 'off');
   if (o.rtcDelayMs) q.set('rtc_delay_ms', String(o.rtcDelayMs));
   const pageUrl = `${base}?${q}`;
 

@@ -89,7 +89,10 @@ export class HopUnreachableError extends MeshError {
 const LINK_RETRY_MS = 10_000;
 /** Between tries of a hop the relay does not know yet, after an outage of our relay: the first, and the most, ms. */
 const PEER_BACK_POLL_MS = [100, 500] as const;
-/** The same for a data channel that failed a request (a frozen far side keeps its channel open). */
+/**
+ * The same for the data channel that failed a request (a frozen far side keeps its channel open); a new channel
+ * to that peer (the failed one closed and was dialled again) leads at once.
+ */
 const RTC_RETRY_MS = 10_000;
 
 /** Parsed once per address: plan() runs for every hop of every token, and a URL parse there showed up cold. */
@@ -148,8 +151,8 @@ export class HopTransport {
   private readonly preferred = new Map<string, TransportKind>();
   /** When a request over each peer's link last failed (ms since epoch): until LINK_RETRY_MS later, a link that is up does not jump the order. */
   private readonly linkFailedAt = new Map<string, number>();
-  /** When a request over each peer's data channel last failed (ms since epoch). */
-  private readonly rtcFailedAt = new Map<string, number>();
+  /** When a request over each peer's data channel last failed (ms since epoch), and that channel (its requester). */
+  private readonly rtcFailed = new Map<string, { at: number; via: PeerRequester | undefined }>();
   /** Requests answered (or pushes sent) per path, and per peer the path that last carried one: /info's `hops_sent` and `paths`. */
   readonly sent: Record<TransportKind, number> = { rtc: 0, fast: 0, rpc: 0, link: 0, direct: 0 };
   private readonly lastPath = new Map<string, { kind: TransportKind; counts: Partial<Record<TransportKind, number>>; at: number }>();
@@ -165,9 +168,10 @@ export class HopTransport {
   /** The transports to try for a hop, best first; `proof` lets a missing data channel be dialled. */
   plan(hop: RouteHop, proof?: RouteProof): TransportKind[] {
     const order = this.planWithoutRtc(hop);
-    if (this.init.rtc !== undefined && this.init.rtc(hop.peer_id, proof) !== undefined) {
-      const failed = this.rtcFailedAt.get(hop.peer_id);
-      if (failed === undefined || Date.now() - failed > RTC_RETRY_MS) order.unshift('rtc');
+    const channel = this.init.rtc?.(hop.peer_id, proof);
+    if (channel !== undefined) {
+      const failed = this.rtcFailed.get(hop.peer_id);
+      if (failed === undefined || failed.via !== channel || Date.now() - failed.at > RTC_RETRY_MS) order.unshift('rtc');
       else order.push('rtc');
     }
     return order;
@@ -314,10 +318,14 @@ export class HopTransport {
   }
 
   private pathFailed(kind: TransportKind, peer: string): void {
-    const map = kind === 'link' ? this.linkFailedAt : kind === 'rtc' ? this.rtcFailedAt : undefined;
-    if (map === undefined) return;
-    if (map.size >= 4096) map.clear();
-    map.set(peer, Date.now());
+    if (kind === 'rtc') {
+      if (this.rtcFailed.size >= 4096) this.rtcFailed.clear();
+      // The channel open now (undefined when the failure closed it): only this one is held back.
+      this.rtcFailed.set(peer, { at: Date.now(), via: this.init.rtc?.(peer) });
+    } else if (kind === 'link') {
+      if (this.linkFailedAt.size >= 4096) this.linkFailedAt.clear();
+      this.linkFailedAt.set(peer, Date.now());
+    }
   }
 
   private count(peer: string, kind: TransportKind): void {

@@ -42,7 +42,7 @@ function setup() {
       return open && peer === PEER ? channel : undefined;
     },
   });
-  return { t, used, proofs, setOpen: (v: boolean) => (open = v), setFail: (e: MeshError | undefined) => (fail = e) };
+  return { t, used, proofs, setOpen: (v: boolean) => (open = v), setFail: (e: MeshError | undefined) => (fail = e), channel };
 }
 
 describe('HopTransport over data channels', () => {
@@ -84,6 +84,44 @@ describe('HopTransport over data channels', () => {
     u.setFail(new MeshError('MESH_ERR_PEER_GONE', 'closed'));
     expect((await u.t.push(HOP, req, 1000, 50)).status).toBe(200);
     expect(u.used).toEqual(['rtc push', 'fast']);
+  });
+
+  it('a hop\'s 204 (a dropped session) and its own 404 are answers: the channel keeps leading, nothing goes again by the relay', async () => {
+    const used: string[] = [];
+    let status = 204;
+    let code = '';
+    const channel: PeerRequester = async () => (used.push('rtc'), { status, headers: {}, body: new TextEncoder().encode(code ? JSON.stringify({ error: { code, message: 'x' } }) : '') });
+    const fast: FastPathClient = { relayUrl: 'ws://127.0.0.1:9000', isRegistered: true, request: async () => (used.push('fast'), ok) };
+    const t = new HopTransport({ fast, rtc: () => channel });
+    expect((await t.send(HOP, { method: 'DELETE', path: '/sessions/x' }, 1000)).status).toBe(204);
+    expect(t.plan(HOP)).toEqual(['rtc', 'fast']);
+    status = 404;
+    code = 'MESH_ERR_NOT_FOUND';
+    t.bestEffort(HOP, { method: 'DELETE', path: '/sessions/y' });
+    await new Promise((r) => setTimeout(r, 20));
+    expect(used).toEqual(['rtc', 'rtc']);
+    expect(t.plan(HOP)).toEqual(['rtc', 'fast']);
+  });
+
+  it('a new channel to the peer (the failed one closed and was dialled again) leads at once', async () => {
+    let current: PeerRequester | undefined;
+    const used: string[] = [];
+    const channelOf = (name: string, fails: boolean): PeerRequester => async () => {
+      used.push(name);
+      if (fails) throw new MeshError('MESH_ERR_PEER_GONE', `${name} closed`);
+      return ok;
+    };
+    const fast: FastPathClient = { relayUrl: 'ws://127.0.0.1:9000', isRegistered: true, request: async () => (used.push('fast'), ok) };
+    const t = new HopTransport({ fast, rtc: () => current });
+    current = channelOf('old', true);
+    await t.send(HOP, req, 1000);
+    expect(used).toEqual(['old', 'fast']);
+    // The same channel, still open: held back.
+    expect(t.plan(HOP)).toEqual(['fast', 'rtc']);
+    current = channelOf('new', false);
+    expect(t.plan(HOP)).toEqual(['rtc', 'fast']);
+    await t.send(HOP, req, 1000);
+    expect(used).toEqual(['old', 'fast', 'new']);
   });
 
   it('a channel that closed (the pool has none open) is skipped without a failed attempt', async () => {
