@@ -5,9 +5,11 @@
  */
 import { defineConfig } from '@playwright/test';
 
-// Outside the network namespace scripts/netns-run.sh makes (npm test runs e2e in one), WebRTC gets no UDP: pages'
-// data channels would otherwise send to this machine's own network interface (Chromium offers no loopback candidate).
-const NO_WEBRTC_UDP = process.env.MESHNET_NETNS === '1' ? [] : ['--force-webrtc-ip-handling-policy=disable_non_proxied_udp'];
+// The test's own pages get no UDP for WebRTC, inside the network namespace scripts/netns-run.sh makes too (npm test
+// runs e2e in one): outside one, data channels would send to this machine's own network interface (Chromium offers no
+// loopback candidate); inside, these pages keep to the relay as before, and show that a page whose ICE cannot connect
+// falls back to it. The data channels' own test asks for them (src/cli/browser-mesh.ts, `rtc: true`).
+const NO_WEBRTC_UDP = ['--force-webrtc-ip-handling-policy=disable_non_proxied_udp'];
 export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic', ...NO_WEBRTC_UDP];
 
 export default defineConfig({

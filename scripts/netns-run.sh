@@ -7,7 +7,7 @@
 # tracker and servers on 127.0.0.1 inside it are reached as usual. Nothing
 # outside the namespace is reachable from it.
 #
-#   scripts/netns-run.sh npx playwright test e2e/rtc-mesh.spec.ts
+#   scripts/netns-run.sh npx playwright test e2e/fortunes-tiny.spec.ts
 #
 # Needs root (CI and the dev machines run as root) and `unshare` and `ip`
 # (util-linux, iproute2). Inside, MESHNET_NETNS=1 tells tests they may open

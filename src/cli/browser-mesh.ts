@@ -30,7 +30,7 @@ export const CHROMIUM_FLAGS = [
   '--disable-backgrounding-occluded-windows',
 ];
 
-/** Outside a namespace of ours, WebRTC gets no UDP at all: a page that tries anyway fails to connect and stays on the relay, sending nothing past loopback. */
+/** Unless the mesh asked for data channels inside a namespace of ours, WebRTC gets no UDP at all: a page that tries anyway gathers no ICE candidate and stays on the relay, sending nothing past loopback. */
 export const NO_WEBRTC_UDP = '--force-webrtc-ip-handling-policy=disable_non_proxied_udp';
 
 /** Inside the network namespace scripts/netns-run.sh makes. */
@@ -147,7 +147,7 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
 
   const executablePath = o.chromium ?? process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium';
   const flags = o.realTab?.throttle ? CHROMIUM_FLAGS.filter((f) => !/background|occluded/.test(f)) : CHROMIUM_FLAGS;
-  const args = [...flags, ...(inNetns() ? [] : [NO_WEBRTC_UDP]), ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : []), ...(o.extraArgs ?? []), ...(process.env.MESHNET_CHROMIUM_EXTRA?.split(' ').filter(Boolean) ?? [])];
+  const args = [...flags, ...(inNetns() && o.rtc === true ? [] : [NO_WEBRTC_UDP]), ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : []), ...(o.extraArgs ?? []), ...(process.env.MESHNET_CHROMIUM_EXTRA?.split(' ').filter(Boolean) ?? [])];
   let cdp: CdpChromium | undefined;
   let browser: Browser | undefined;
   let closing = false;

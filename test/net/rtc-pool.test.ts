@@ -3,7 +3,7 @@
  * connections that pair two in-memory channels when offer and answer have
  * crossed, signalling handed straight to the other pool's onSignal (what
  * the relay does, naming the sender). The real channels, in Chromium, are
- * the Playwright meshes' (e2e/rtc-mesh.spec.ts).
+ * the Playwright meshes' (e2e/fortunes-tiny.spec.ts).
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import type { MeshReply, MeshRequest } from '../../src/protocol/envelopes.ts';

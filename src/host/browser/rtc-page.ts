@@ -94,8 +94,17 @@ export function servePeerConnections(port: MessagePort, opts: { forceBridge?: bo
   async function create(id: string, initiator: boolean, iceServers: IceServer[]): Promise<void> {
     const pc = new RTCPeerConnection({ iceServers: iceServers.map((s) => ({ ...s })) });
     pcs.set(id, pc);
+    let candidates = 0;
     pc.onicecandidate = (e) => {
-      if (e.candidate && e.candidate.candidate) post({ op: 'signal', id, signal: { type: 'candidate', candidate: e.candidate.candidate, sdpMid: e.candidate.sdpMid, sdpMLineIndex: e.candidate.sdpMLineIndex } });
+      if (e.candidate && e.candidate.candidate) {
+        candidates++;
+        post({ op: 'signal', id, signal: { type: 'candidate', candidate: e.candidate.candidate, sdpMid: e.candidate.sdpMid, sdpMLineIndex: e.candidate.sdpMLineIndex } });
+      }
+    };
+    // No candidate at all (no network interface but loopback, or WebRTC's UDP turned off): no pair can ever form, so
+    // say so now rather than after the pool's open timeout; the node stays on the relay.
+    pc.onicegatheringstatechange = () => {
+      if (pc.iceGatheringState === 'complete' && candidates === 0) failed(id, 'ICE gathered no candidate (no network path for WebRTC here)');
     };
     pc.onconnectionstatechange = () => {
       if (pc.connectionState === 'failed') failed(id, 'ICE failed: no path between the two pages');
