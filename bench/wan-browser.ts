@@ -26,6 +26,8 @@
  * 0 the star. Table on stdout, JSON in bench/results/wan-browser.json.
  *
  *   scripts/netns-run.sh npx tsx bench/wan-browser.ts [--quick] [--delay-ms 20] [--model small|tiny] [--no-relay-rows]
+ *
+ * `--no-relay-rows`: only the 1-page row and the data-channel rows, written to wan-browser-rtc.json.
  */
 import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -193,7 +195,9 @@ async function main(): Promise<void> {
       console.log(`${path}: no delay, 3 pages (chain) / 1 page tok/s: ${(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3)}${three.rtc_share !== null && path === 'rtc' ? `; hops on data channels ${(three.rtc_share * 100).toFixed(2)} %` : ''}`);
     }
   }
-  writeResult(fileURLToPath(new URL(MODEL === 'small' ? './results/wan-browser.json' : `./results/wan-browser-${MODEL}.json`, import.meta.url)), {
+  // --no-relay-rows writes a file of its own: the full run's relay rows stay.
+  const file = `wan-browser${MODEL === 'small' ? '' : `-${MODEL}`}${relayRows ? '' : '-rtc'}.json`;
+  writeResult(fileURLToPath(new URL(`./results/${file}`, import.meta.url)), {
     bench: 'wan-browser',
     model: MODEL,
     load_average_1m: { before: +loadBefore.toFixed(2), after: +loadAfter.toFixed(2) },
