@@ -75,6 +75,8 @@ export interface TrackerOptions {
   maxBodyBytes: number;
   /** Routes kept for the dashboard. @defaultValue 50 */
   recentRoutes: number;
+  /** /metrics has per-node series (KV, batch sizes) while at most this many nodes are registered. @defaultValue 500 */
+  perNodeMetricsLimit: number;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
   /** Clock, ms since epoch (tests pin it). */
@@ -110,6 +112,7 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   balanceQuality: 0.75,
   maxBodyBytes: 1 << 20,
   recentRoutes: 50,
+  perNodeMetricsLimit: 500,
   logLevel: 'info',
   now: () => Date.now(),
   random: () => Math.random(),

@@ -10,10 +10,11 @@
  */
 import { MeshError } from '../protocol/errors.ts';
 import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
-import { chooseSpan, coverage, rebalance, type Holder, type Move, type Span } from './assignment.ts';
+import { bestMove, chooseSpanIn, type Move, type RebalanceNode, type Span } from './assignment.ts';
 import type { ModelSpec } from './model-registry.ts';
-import { findRoutes, formatLayers, missingLayers, pickRoute, type RoutePlan, type ServingNode } from './routing.ts';
 import type { TrackerOptions } from './options.ts';
+import { ModelPlacement, type Contribution } from './placement.ts';
+import { findRoutes, formatLayers, pickRoute, type RoutePlan, type ServingNode } from './routing.ts';
 
 export const NodeStatus = {
   /** Told what to load; not serving it yet. */
@@ -25,9 +26,11 @@ export const NodeStatus = {
 } as const;
 export type NodeStatus = (typeof NodeStatus)[keyof typeof NodeStatus];
 
+/** One heartbeat's figures the dashboard draws (the rest of the stats are kept only as the latest). */
 export interface StatsSample {
   at: number;
-  stats: NodeStats;
+  rpm: number;
+  layer_ms: number;
 }
 
 export interface NodeRecord {
@@ -39,12 +42,16 @@ export interface NodeRecord {
   assignment: Span | null;
   serving: Span | null;
   stats?: NodeStats;
-  /** Last few heartbeats' stats, oldest first (rolling view for the dashboard). */
+  /** Last few heartbeats' figures, oldest first (rolling view for the dashboard). */
   history: StatsSample[];
   /** Smoothed ms per layer per step (EWMA of reported layer_ms). */
   layerMsEwma: number | undefined;
   registeredAt: number;
   lastSeen: number;
+  /** The heartbeat period this tracker told the node last, ms: its deadline is counted in those. */
+  intervalMs: number;
+  /** The tracker's own late time (RegistryOptions.lateMs) when the node was last seen: silence while the tracker lagged is not the node's. */
+  lateAtSeen: number;
   /** Generations this tracker currently runs through the node (head or hop). */
   inFlight: number;
   /** Head failures seen by this tracker. */
@@ -57,12 +64,28 @@ export interface NodeRecord {
   kvHeldAtBeat: number;
   /** After a MESH_ERR_BUSY answer no new session is routed here before this time, ms since epoch. */
   busyUntil: number;
+  /** What the node adds to its model's placement sums (placement.ts); the registry's own bookkeeping. */
+  contribution: Contribution | undefined;
 }
 
 const HISTORY = 12;
 const EWMA_ALPHA = 0.3;
+/** Sweeps between rebalances when nothing changed (throughput drifts: a move may pay off later). */
+const REBALANCE_EVERY_SWEEPS = 6;
+/** Up to this many nodes of a model, a rebalance weighs every node's move; past it, one per span, budget and format. */
+const EXACT_REBALANCE_NODES = 256;
+/** Routes kept per boundary (routing.ts) and so the nodes of one span routing needs at most. */
+const ROUTES_KEPT = 16;
 
-export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'>;
+export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'> & {
+  /**
+   * How long the tracker has been late in all, ms, a counter that only grows
+   * (LoadMonitor.lateMs): a stalled loop or a backlog of unanswered
+   * heartbeats. The part of a node's silence that falls in such time is not
+   * counted against it. Absent: 0 (never late).
+   */
+  lateMs?: () => number;
+};
 
 export interface RegistryEvents {
   onRemoved?(node: NodeRecord, reason: string): void;
@@ -70,10 +93,13 @@ export interface RegistryEvents {
 }
 
 export class NodeRegistry {
-  readonly nodes = new Map<string, NodeRecord>();
+  /** Every node, by peer id. Read it; change nodes only through the registry's methods (they keep the placement sums). */
+  readonly nodes: ReadonlyMap<string, NodeRecord> = new Map<string, NodeRecord>();
   readonly models: ReadonlyMap<string, ModelSpec>;
   /** KV bytes held on each node by this tracker's running generations (admission leases), by peer id. */
   private readonly kvHeld = new Map<string, number>();
+  private readonly placements = new Map<string, ModelPlacement<NodeRecord>>();
+  private sweeps = 0;
 
   constructor(
     models: readonly ModelSpec[],
@@ -81,6 +107,10 @@ export class NodeRegistry {
     private readonly events: RegistryEvents = {},
   ) {
     this.models = new Map(models.map((m) => [m.name, m]));
+  }
+
+  private get byId(): Map<string, NodeRecord> {
+    return this.nodes as Map<string, NodeRecord>;
   }
 
   /** A model whose checkpoint loaded after the tracker started (ModelCatalog retries). */
@@ -92,6 +122,16 @@ export class NodeRegistry {
     const m = this.models.get(name);
     if (!m) throw new MeshError('MESH_ERR_NOT_FOUND', `unknown model "${name}"; this tracker serves: ${[...this.models.keys()].join(', ') || '(none)'}`, { models: [...this.models.keys()] });
     return m;
+  }
+
+  /** The placement sums of a model (created empty on first use). */
+  placement(modelName: string): ModelPlacement<NodeRecord> {
+    let p = this.placements.get(modelName);
+    if (!p) {
+      p = new ModelPlacement<NodeRecord>(this.models.get(modelName)?.numLayers ?? 0);
+      this.placements.set(modelName, p);
+    }
+    return p;
   }
 
   /** Layer-steps per second the node sustains. */
@@ -110,13 +150,24 @@ export class NodeRegistry {
     return NodeStatus.Loading;
   }
 
-  private holders(model: string, except?: string): Holder[] {
-    const out: Holder[] = [];
-    for (const n of this.nodes.values()) {
-      if (n.info.model !== model || n.peerId === except || !n.assignment) continue;
-      out.push({ id: n.peerId, start: n.assignment.start, end: n.assignment.end, throughput: this.throughput(n) });
-    }
-    return out;
+  private contributionOf(n: NodeRecord): Contribution {
+    const status = this.status(n);
+    return { assignment: n.assignment, serving: n.serving, throughput: this.throughput(n), status, mover: n.serving !== null && status === NodeStatus.Loading };
+  }
+
+  /**
+   * Change a node: take its share out of its model's sums, apply `change`,
+   * put the new share in. Placement is marked for a rebalance when what it
+   * decides on moved (spans, status), not on a throughput's drift.
+   */
+  private edit(n: NodeRecord, change: () => void): void {
+    const p = this.placement(n.info.model);
+    const before = n.contribution;
+    p.detach(n);
+    change();
+    const after = this.contributionOf(n);
+    p.attach(n, after);
+    if (!before || !sameSpan(before.assignment, after.assignment) || !sameSpan(before.serving, after.serving) || before.status !== after.status) p.dirty = true;
   }
 
   /** A verified register message: (re)create the record and give it an assignment. */
@@ -124,29 +175,31 @@ export class NodeRegistry {
     const model = this.model(msg.info.model);
     const now = this.o.now();
     const prev = this.nodes.get(msg.peer_id);
-    const rec: NodeRecord = {
-      peerId: msg.peer_id,
-      publicKey: msg.public_key,
-      relayAddr: msg.relay_addr,
-      endpoint: msg.endpoint,
-      info: msg.info,
-      assignment: null,
-      serving: validSpan(msg.serving, model),
-      history: prev?.history ?? [],
-      layerMsEwma: prev?.layerMsEwma,
-      registeredAt: now,
-      lastSeen: now,
-      inFlight: prev?.inFlight ?? 0,
-      failures: prev?.failures ?? 0,
-      kvHeldAtBeat: 0,
-      busyUntil: prev?.busyUntil ?? 0,
-    };
-    this.nodes.set(rec.peerId, rec);
+    if (prev && prev.info.model !== msg.info.model) {
+      // Another model now: it leaves the old one's placement for good.
+      this.placement(prev.info.model).forget(prev);
+      this.placement(prev.info.model).dirty = true;
+    } else if (prev) this.placement(prev.info.model).detach(prev);
+    const keep = prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb && prev.info.weight_format === msg.info.weight_format ? prev.assignment : null;
+    // The same record object when the node comes back: generations in flight hold it (inFlight).
+    const rec: NodeRecord = prev ?? ({ history: [], inFlight: 0, failures: 0, busyUntil: 0, layerMsEwma: undefined, contribution: undefined } as unknown as NodeRecord);
+    rec.peerId = msg.peer_id;
+    rec.publicKey = msg.public_key;
+    setAddresses(rec, msg);
+    rec.info = msg.info;
+    rec.assignment = null;
+    rec.serving = validSpan(msg.serving, model);
+    rec.registeredAt = now;
+    rec.lastSeen = now;
+    rec.lateAtSeen = this.lateMs();
+    rec.intervalMs = rec.intervalMs ?? this.o.heartbeatIntervalMs;
+    rec.kvHeldAtBeat = 0;
+    this.byId.set(rec.peerId, rec);
     this.absorbStats(rec, msg.stats, now);
-    const budget = budgetBytes(msg.info);
-    if (prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb && prev.info.weight_format === msg.info.weight_format) {
+    const p = this.placement(model.name);
+    if (keep) {
       // Re-registration (reconnect): keep what it was asked to hold.
-      rec.assignment = prev.assignment;
+      rec.assignment = keep;
     } else if (rec.serving) {
       // It already serves a span (a restarted tracker, or a pinned node): adopt it, no reload.
       rec.assignment = rec.serving;
@@ -154,8 +207,11 @@ export class NodeRegistry {
       // Pinned but not serving yet: nothing to assign; it is adopted once its heartbeat says what it serves.
       rec.assignment = null;
     } else {
-      rec.assignment = chooseSpan(model, budget, this.holders(model.name, rec.peerId), msg.info.weight_format);
+      // Everyone else's holdings: the sums, this node's own share taken out above.
+      rec.assignment = chooseSpanIn(model, budgetBytes(msg.info), p.assigned, msg.info.weight_format);
     }
+    p.attach(rec, this.contributionOf(rec));
+    p.dirty = true;
     return rec;
   }
 
@@ -166,90 +222,175 @@ export class NodeRegistry {
     // A new budget or weight format changes how many layers fit: size the node again.
     if (rec.info.model !== msg.info.model || rec.info.memory_budget_mb !== msg.info.memory_budget_mb || rec.info.weight_format !== msg.info.weight_format) return this.register(msg);
     const now = this.o.now();
-    rec.lastSeen = now;
-    rec.info = msg.info;
-    rec.publicKey = msg.public_key;
-    rec.relayAddr = msg.relay_addr;
-    rec.endpoint = msg.endpoint;
-    if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, this.model(rec.info.model));
-    if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
-    this.absorbStats(rec, msg.stats, now);
+    const model = this.model(rec.info.model);
+    this.edit(rec, () => {
+      rec.lastSeen = now;
+      rec.lateAtSeen = this.lateMs();
+      rec.info = msg.info;
+      rec.publicKey = msg.public_key;
+      setAddresses(rec, msg);
+      if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, model);
+      if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
+      this.absorbStats(rec, msg.stats, now);
+    });
     return rec;
+  }
+
+  private lateMs(): number {
+    return this.o.lateMs?.() ?? 0;
   }
 
   private absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number): void {
     if (!stats) return;
     rec.stats = stats;
     rec.kvHeldAtBeat = this.kvHeld.get(rec.peerId) ?? 0;
-    rec.history.push({ at: now, stats });
+    rec.history.push({ at: now, rpm: stats.rpm, layer_ms: stats.layer_ms });
     if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
     // A node that has not run a step yet reports 0: keep the estimate until it has.
     if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
   }
 
+  /** Tell the registry what heartbeat period the node was just given (its deadline counts in it). */
+  toldInterval(n: NodeRecord, ms: number): void {
+    n.intervalMs = ms;
+  }
+
   remove(peerId: string, reason: string): boolean {
     const rec = this.nodes.get(peerId);
     if (!rec) return false;
-    this.nodes.delete(peerId);
-    this.events.onRemoved?.(rec, reason);
+    this.drop(rec, reason);
     this.rebalance(rec.info.model);
     return true;
   }
 
-  /** Drop nodes silent for deadAfterMissedHeartbeats × interval, then rebalance every model. Returns the removed ids. */
+  private drop(rec: NodeRecord, reason: string): void {
+    this.byId.delete(rec.peerId);
+    this.placement(rec.info.model).forget(rec);
+    this.events.onRemoved?.(rec, reason);
+  }
+
+  /**
+   * True when `n` has been silent for deadAfterMissedHeartbeats of the
+   * periods it was told, not counting time the tracker itself was late.
+   */
+  private silentTooLong(n: NodeRecord, now: number, late: number): boolean {
+    const period = Math.max(n.intervalMs ?? 0, this.o.heartbeatIntervalMs);
+    const silence = now - n.lastSeen - Math.max(0, late - (n.lateAtSeen ?? 0));
+    return silence > this.o.deadAfterMissedHeartbeats * period;
+  }
+
+  /**
+   * Drop nodes silent past their deadline, then rebalance each model whose
+   * placement changed (and every few sweeps regardless: throughputs drift).
+   * O(nodes) for the scan, O(layers) per model for the sums. Returns the removed ids.
+   */
   sweep(): string[] {
-    const cutoff = this.o.now() - this.o.deadAfterMissedHeartbeats * this.o.heartbeatIntervalMs;
-    const dead = [...this.nodes.values()].filter((n) => n.lastSeen < cutoff);
-    for (const n of dead) {
-      this.nodes.delete(n.peerId);
-      this.events.onRemoved?.(n, 'missed heartbeats');
+    const now = this.o.now();
+    const late = this.lateMs();
+    const dead: NodeRecord[] = [];
+    for (const n of this.nodes.values()) if (this.silentTooLong(n, now, late)) dead.push(n);
+    for (const n of dead) this.drop(n, 'missed heartbeats');
+    this.sweeps++;
+    for (const m of this.models.keys()) {
+      const p = this.placement(m);
+      p.recount();
+      if (p.dirty || this.sweeps % REBALANCE_EVERY_SWEEPS === 0) this.rebalance(m);
     }
-    for (const m of this.models.keys()) this.rebalance(m);
     return dead.map((n) => n.peerId);
   }
 
-  /** Move nodes where that clearly improves the worst-covered layer; moved nodes see it in their next answer. */
+  /** Move a node where that clearly improves the worst-covered layer; moved nodes see it in their next answer. */
   rebalance(modelName: string): Move[] {
     const model = this.models.get(modelName);
     if (!model) return [];
-    const nodes = [...this.nodes.values()].filter((n) => n.info.model === modelName);
+    const p = this.placement(modelName);
+    p.dirty = false;
     // Idle nodes (nothing fit before) get a chance whenever the picture changes.
     // A pinned node (its operator fixed the span) holds what it serves and is never moved: it would not follow.
-    for (const n of nodes) if (n.info.pinned && n.serving) n.assignment = n.serving;
-    for (const n of nodes) if (!n.assignment && !n.info.pinned) n.assignment = chooseSpan(model, budgetBytes(n.info), this.holders(modelName, n.peerId), n.info.weight_format);
+    for (const n of p.nodes) {
+      if (n.info.pinned && n.serving && !sameSpan(n.assignment, n.serving)) this.edit(n, () => (n.assignment = n.serving));
+      else if (!n.assignment && !n.info.pinned) {
+        const others = p.assigned;
+        const to = chooseSpanIn(model, budgetBytes(n.info), others, n.info.weight_format);
+        if (to) this.edit(n, () => (n.assignment = to));
+      }
+    }
+    p.dirty = false;
     // One move at a time, and none while a moved node still loads: each node switches spans when its load
     // ends, so two moves planned together (a swap) leave layers bare between the two switches, and chats
     // in that gap get 503s. A single move is judged on the placement without the mover's old span, and
     // the mover serves its old span until its new one is loaded, so it bares nothing the plan did not count.
-    if (nodes.some((n) => n.serving && this.status(n) === NodeStatus.Loading)) return [];
-    const moves = rebalance(
-      model,
-      nodes.filter((n) => n.assignment).map((n) => ({
+    if (p.movers > 0) return [];
+    // Movers only (every node's span is in the sums already). In a large swarm, nodes of one span, budget and
+    // weight format differ only by speed: the fastest of each such group stands for it (its move gains most).
+    const candidates = new Map<string, RebalanceNode>();
+    const exact = p.size <= EXACT_REBALANCE_NODES;
+    for (const n of p.nodes) {
+      if (!n.assignment || n.info.pinned || this.status(n) !== NodeStatus.Serving) continue;
+      const c: RebalanceNode = {
         id: n.peerId,
-        start: n.assignment!.start,
-        end: n.assignment!.end,
-        throughput: this.throughput(n),
+        start: n.assignment.start,
+        end: n.assignment.end,
+        throughput: n.contribution?.throughput ?? this.throughput(n),
         budgetBytes: budgetBytes(n.info),
         ...(n.info.weight_format ? { format: n.info.weight_format } : {}),
-        movable: this.status(n) === NodeStatus.Serving && !n.info.pinned,
-      })),
-      this.o.balanceQuality,
-    ).slice(0, 1);
-    for (const mv of moves) {
-      const n = this.nodes.get(mv.id)!;
-      n.assignment = mv.to;
-      this.events.onMoved?.(n, mv);
+        movable: true,
+      };
+      const key = exact ? n.peerId : `${c.start}:${c.end}:${c.budgetBytes}:${c.format ?? ''}`;
+      const had = candidates.get(key);
+      if (!had || c.throughput > had.throughput) candidates.set(key, c);
     }
-    return moves;
+    const mv = bestMove(model, p.assigned, candidates.values(), this.o.balanceQuality);
+    if (!mv) return [];
+    const n = this.nodes.get(mv.id)!;
+    this.edit(n, () => (n.assignment = mv.to));
+    this.events.onMoved?.(n, mv);
+    return [mv];
   }
 
-  /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. */
+  private servingNode(n: NodeRecord): ServingNode {
+    return { id: n.peerId, start: n.serving!.start, end: n.serving!.end, layerMs: this.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight };
+  }
+
+  /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. O(nodes): routing uses {@link routeCandidates}. */
   servingNodes(model: string, exclude: ReadonlySet<string> = new Set(), keep?: (n: NodeRecord) => boolean): ServingNode[] {
     const out: ServingNode[] = [];
-    for (const n of this.nodes.values()) {
-      if (n.info.model !== model || !n.serving || exclude.has(n.peerId)) continue;
-      if (keep && !keep(n)) continue;
-      out.push({ id: n.peerId, start: n.serving.start, end: n.serving.end, layerMs: this.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight });
+    for (const g of this.placement(model).groups.values()) {
+      for (const n of g.nodes) {
+        if (exclude.has(n.peerId) || (keep && !keep(n))) continue;
+        out.push(this.servingNode(n));
+      }
+    }
+    return out;
+  }
+
+  /**
+   * What the K-best route search needs of the serving nodes: of each span,
+   * the K cheapest per layer (layer_ms × (1 + load)) that pass `keep`. A
+   * route never holds two nodes of one span (the second could not start
+   * where the first ends), so a node with K cheaper ones of its span is in
+   * none of the K cheapest routes: the search over these finds the same
+   * routes as over every node, and costs the same with 10 or 10,000 donors.
+   */
+  routeCandidates(model: string, exclude?: ReadonlySet<string>, keep?: (n: NodeRecord) => boolean): ServingNode[] {
+    const out: ServingNode[] = [];
+    const best: Array<{ n: NodeRecord; cost: number }> = [];
+    for (const g of this.placement(model).groups.values()) {
+      best.length = 0;
+      for (const n of g.nodes) {
+        if (exclude?.has(n.peerId) || (keep && !keep(n))) continue;
+        const cost = this.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
+        if (best.length === ROUTES_KEPT && cost >= best[ROUTES_KEPT - 1]!.cost) continue;
+        // Insertion into the sorted few.
+        let k = Math.min(best.length, ROUTES_KEPT - 1);
+        if (best.length < ROUTES_KEPT) best.push({ n, cost });
+        while (k > 0 && best[k - 1]!.cost > cost) {
+          best[k] = best[k - 1]!;
+          k--;
+        }
+        best[k] = { n, cost };
+      }
+      for (const b of best) out.push(this.servingNode(b.n));
     }
     return out;
   }
@@ -307,13 +448,13 @@ export class NodeRegistry {
   pickWithRoom(modelName: string, tokens: number, exclude?: ReadonlySet<string>): RoutePlan | undefined {
     const model = this.model(modelName);
     const end = model.numLayers;
-    const costs = { hopLatencyMs: this.o.hopLatencyMs };
-    const fit = this.servingNodes(modelName, exclude, (n) => this.kvNeed(n, tokens) <= this.kvFree(n));
+    const costs = { hopLatencyMs: this.o.hopLatencyMs, keep: ROUTES_KEPT };
+    const fit = this.routeCandidates(modelName, exclude, (n) => this.kvNeed(n, tokens) <= this.kvFree(n));
     const plan = pickRoute(findRoutes(fit, 0, end, costs), this.o.routeSlack, this.o.random);
     if (plan) return plan;
-    const all = this.servingNodes(modelName, exclude);
+    const all = this.routeCandidates(modelName, exclude);
     if (findRoutes(all, 0, end, costs).length === 0) throw this.noRoute(modelName, all, 0, end);
-    const ever = this.servingNodes(modelName, exclude, (n) => n.stats?.kv_budget_bytes === undefined || this.kvNeed(n, tokens) <= n.stats.kv_budget_bytes);
+    const ever = this.routeCandidates(modelName, exclude, (n) => n.stats?.kv_budget_bytes === undefined || this.kvNeed(n, tokens) <= n.stats.kv_budget_bytes);
     if (findRoutes(ever, 0, end, costs).length === 0) {
       throw new MeshError('MESH_ERR_TOO_LARGE', `a session of ${tokens} positions (prompt + max_tokens) does not fit the KV memory of any route of "${modelName}", even idle; ask for fewer tokens`, { tokens });
     }
@@ -322,7 +463,7 @@ export class NodeRegistry {
 
   /** Routes over [from, to) of `model`, cheapest first. */
   routes(model: string, from: number, to: number, exclude?: ReadonlySet<string>): RoutePlan[] {
-    return findRoutes(this.servingNodes(model, exclude), from, to, { hopLatencyMs: this.o.hopLatencyMs });
+    return findRoutes(this.routeCandidates(model, exclude), from, to, { hopLatencyMs: this.o.hopLatencyMs, keep: ROUTES_KEPT });
   }
 
   /**
@@ -332,16 +473,16 @@ export class NodeRegistry {
   pick(modelName: string, exclude?: ReadonlySet<string>, from = 0, to?: number): RoutePlan {
     const model = this.model(modelName);
     const end = to ?? model.numLayers;
-    const serving = this.servingNodes(modelName, exclude);
-    const plan = pickRoute(findRoutes(serving, from, end, { hopLatencyMs: this.o.hopLatencyMs }), this.o.routeSlack, this.o.random);
+    const serving = this.routeCandidates(modelName, exclude);
+    const plan = pickRoute(findRoutes(serving, from, end, { hopLatencyMs: this.o.hopLatencyMs, keep: ROUTES_KEPT }), this.o.routeSlack, this.o.random);
     if (plan) return plan;
     throw this.noRoute(modelName, serving, from, end);
   }
 
   private noRoute(modelName: string, serving: readonly ServingNode[], from: number, end: number): MeshError {
     const model = this.model(modelName);
-    const missing = missingLayers(serving, from, end);
-    const loading = [...this.nodes.values()].filter((n) => n.info.model === modelName && this.status(n) === NodeStatus.Loading).length;
+    const missing = missingIn(serving, from, end);
+    const loading = this.placement(modelName).statusCount.loading;
     return new MeshError(
       'MESH_ERR_UNAVAILABLE',
       `no route for model "${modelName}": layers ${formatLayers(missing)} of 0-${model.numLayers - 1} are not served by any node${loading ? ` (${loading} node(s) still loading)` : ''}; add nodes or wait for them to load`,
@@ -349,27 +490,55 @@ export class NodeRegistry {
     );
   }
 
-  /** The availability map of one model: per layer, who holds it. */
-  availability(modelName: string) {
+  /** Per layer how many nodes serve it, and the layers none serves: O(layers). */
+  coverageOf(modelName: string): { count: number[]; throughput: number[]; missing: number[]; complete: boolean } {
+    this.model(modelName);
+    const p = this.placement(modelName);
+    const missing = p.missing();
+    return { count: [...p.serving.count], throughput: p.serving.throughput.map(round), missing, complete: missing.length === 0 };
+  }
+
+  /** Node counts of a model by status: O(1). */
+  statusCounts(modelName: string): Readonly<Record<NodeStatus, number>> {
+    return this.placement(modelName).statusCount;
+  }
+
+  /**
+   * The availability map of one model: per layer, how many serve it and (the
+   * first `idsPerLayer` of) who; the nodes, `offset`/`limit` of them.
+   */
+  availability(modelName: string, page: { offset?: number; limit?: number; idsPerLayer?: number } = {}) {
     const model = this.model(modelName);
-    const nodes = [...this.nodes.values()].filter((n) => n.info.model === modelName);
-    const serving = this.servingNodes(modelName);
-    const cov = coverage(
-      model.numLayers,
-      serving.map((s) => ({ id: s.id, start: s.start, end: s.end, throughput: 1000 / s.layerMs })),
-    );
-    const missing = missingLayers(serving, 0, model.numLayers);
+    const p = this.placement(modelName);
+    const cov = this.coverageOf(modelName);
+    const idsPerLayer = page.idsPerLayer ?? Infinity;
+    const offset = Math.max(0, page.offset ?? 0);
+    const limit = Math.max(0, page.limit ?? Infinity);
+    const layers = cov.count.map((count, layer) => {
+      const ids: string[] = [];
+      for (const g of p.groups.values()) {
+        if (ids.length >= idsPerLayer) break;
+        if (!(g.span.start <= layer && layer < g.span.end)) continue;
+        for (const n of g.nodes) {
+          if (ids.length >= idsPerLayer) break;
+          ids.push(n.peerId);
+        }
+      }
+      return { layer, nodes: ids, count, throughput: cov.throughput[layer]! };
+    });
+    const nodes: NodeRecord[] = [];
+    let i = 0;
+    for (const n of p.nodes) {
+      if (nodes.length >= limit) break;
+      if (i++ >= offset) nodes.push(n);
+    }
     return {
       model: modelName,
       num_layers: model.numLayers,
-      complete: missing.length === 0,
-      missing_layers: missing,
-      layers: cov.count.map((count, layer) => ({
-        layer,
-        nodes: serving.filter((s) => s.start <= layer && layer < s.end).map((s) => s.id),
-        count,
-        throughput: round(cov.throughput[layer]!),
-      })),
+      complete: cov.complete,
+      missing_layers: cov.missing,
+      nodes_total: p.size,
+      layers,
       nodes: nodes.map((n) => ({
         peer_id: n.peerId,
         status: this.status(n),
@@ -384,10 +553,45 @@ export class NodeRegistry {
       })),
     };
   }
+
+  /** Nodes of a model grouped by span: per span, how many serve it and how many still load it. */
+  spanGroups(modelName: string): Array<{ start_layer: number; end_layer: number; serving: number; loading: number }> {
+    const bySpan = new Map<string, { start_layer: number; end_layer: number; serving: number; loading: number }>();
+    for (const n of this.placement(modelName).nodes) {
+      const s = n.assignment ?? n.serving;
+      if (!s) continue;
+      const key = `${s.start}:${s.end}`;
+      let g = bySpan.get(key);
+      if (!g) bySpan.set(key, (g = { start_layer: s.start, end_layer: s.end, serving: 0, loading: 0 }));
+      if (this.status(n) === NodeStatus.Serving) g.serving++;
+      else g.loading++;
+    }
+    return [...bySpan.values()].sort((a, b) => a.start_layer - b.start_layer || a.end_layer - b.end_layer);
+  }
 }
 
 function round(x: number): number {
   return Math.round(x * 1000) / 1000;
+}
+
+function sameSpan(a: Span | null | undefined, b: Span | null | undefined): boolean {
+  return a === b || (!!a && !!b && a.start === b.start && a.end === b.end);
+}
+
+/** Layers of [from, to) none of `nodes` holds. */
+function missingIn(nodes: readonly ServingNode[], from: number, to: number): number[] {
+  const held = new Uint8Array(Math.max(0, to));
+  for (const n of nodes) for (let l = Math.max(from, n.start); l < Math.min(to, n.end); l++) held[l] = 1;
+  const out: number[] = [];
+  for (let l = from; l < to; l++) if (!held[l]) out.push(l);
+  return out;
+}
+
+function setAddresses(rec: NodeRecord, msg: NodeMessage): void {
+  if (msg.relay_addr !== undefined) rec.relayAddr = msg.relay_addr;
+  else delete rec.relayAddr;
+  if (msg.endpoint !== undefined) rec.endpoint = msg.endpoint;
+  else delete rec.endpoint;
 }
 
 export function budgetBytes(info: NodeInfo): number {

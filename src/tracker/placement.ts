@@ -1,0 +1,132 @@
+/**
+ * One model's placement, kept up to date by changes instead of rebuilt: per
+ * layer how many nodes are assigned it and serve it (and their summed
+ * throughput), the serving nodes grouped by span, and node counts by status.
+ *
+ * The registry detaches a node before it changes anything routing or
+ * placement depends on (assignment, serving span, throughput, status) and
+ * attaches it again after, each in O(span length); so a register, a
+ * heartbeat or a removal costs the same with ten nodes or ten thousand, and
+ * the assignment, the rebalancing, the availability map and the gauges read
+ * these sums instead of walking every node (they did, on every heartbeat and
+ * every sweep, which held one tracker to about a thousand donors).
+ *
+ * Throughput sums are floats added and taken away many times: `recount`
+ * rebuilds them exactly from the nodes (the sweep calls it), so rounding
+ * never builds up.
+ */
+import type { Coverage, Span } from './assignment.ts';
+
+/** What one node adds to its model's sums; the registry keeps it to take away exactly what it added. */
+export interface Contribution {
+  assignment: Span | null;
+  serving: Span | null;
+  throughput: number;
+  status: PlacementStatus;
+  /** Serving one span while loading another: a moved node (no further move until it lands). */
+  mover: boolean;
+}
+
+export type PlacementStatus = 'loading' | 'serving' | 'idle';
+
+/** A node as its model's placement holds it. */
+export interface Placed {
+  peerId: string;
+  contribution: Contribution | undefined;
+}
+
+function spanKey(s: Span): string {
+  return `${s.start}:${s.end}`;
+}
+
+export class ModelPlacement<N extends Placed = Placed> {
+  /** Every node of this model, in the order they joined. */
+  readonly nodes = new Set<N>();
+  /** Over assignments: what placement decisions (chooseSpan, rebalance) look at. */
+  readonly assigned: Coverage;
+  /** Over served spans: what routing and the availability map see. */
+  readonly serving: Coverage;
+  /** Serving nodes by span ("start:end"): routing takes the cheapest few of each. */
+  readonly groups = new Map<string, { span: Span; nodes: Set<N> }>();
+  readonly statusCount: Record<PlacementStatus, number> = { loading: 0, serving: 0, idle: 0 };
+  /** Moved nodes still loading their new span. */
+  movers = 0;
+  /** Something placement depends on changed since the last rebalance. */
+  dirty = true;
+
+  constructor(readonly numLayers: number) {
+    this.assigned = { count: new Array<number>(numLayers).fill(0), throughput: new Array<number>(numLayers).fill(0) };
+    this.serving = { count: new Array<number>(numLayers).fill(0), throughput: new Array<number>(numLayers).fill(0) };
+  }
+
+  get size(): number {
+    return this.nodes.size;
+  }
+
+  attach(n: N, c: Contribution): void {
+    this.nodes.add(n);
+    n.contribution = c;
+    this.add(c, 1);
+    if (c.serving) {
+      const key = spanKey(c.serving);
+      let g = this.groups.get(key);
+      if (!g) this.groups.set(key, (g = { span: { start: c.serving.start, end: c.serving.end }, nodes: new Set() }));
+      g.nodes.add(n);
+    }
+  }
+
+  detach(n: N): void {
+    const c = n.contribution;
+    if (!c) return;
+    this.add(c, -1);
+    n.contribution = undefined;
+    if (c.serving) {
+      const key = spanKey(c.serving);
+      const g = this.groups.get(key);
+      if (g) {
+        g.nodes.delete(n);
+        if (g.nodes.size === 0) this.groups.delete(key);
+      }
+    }
+  }
+
+  /** Gone for good (detached first). */
+  forget(n: N): void {
+    this.detach(n);
+    this.nodes.delete(n);
+    this.dirty = true;
+  }
+
+  private add(c: Contribution, sign: 1 | -1): void {
+    if (c.assignment) addSpan(this.assigned, c.assignment, c.throughput * sign, sign, this.numLayers);
+    if (c.serving) addSpan(this.serving, c.serving, c.throughput * sign, sign, this.numLayers);
+    this.statusCount[c.status] += sign;
+    if (c.mover) this.movers += sign;
+  }
+
+  /** Rebuild every sum from the nodes' contributions (float drift never builds up). */
+  recount(): void {
+    for (const cov of [this.assigned, this.serving]) {
+      cov.count.fill(0);
+      cov.throughput.fill(0);
+    }
+    this.statusCount.loading = this.statusCount.serving = this.statusCount.idle = 0;
+    this.movers = 0;
+    for (const n of this.nodes) if (n.contribution) this.add(n.contribution, 1);
+  }
+
+  /** Layers of [from, to) no node serves. */
+  missing(from = 0, to = this.numLayers): number[] {
+    const out: number[] = [];
+    for (let l = from; l < to; l++) if (this.serving.count[l]! <= 0) out.push(l);
+    return out;
+  }
+}
+
+function addSpan(cov: Coverage, s: Span, tp: number, n: number, numLayers: number): void {
+  const end = Math.min(numLayers, s.end);
+  for (let l = Math.max(0, s.start); l < end; l++) {
+    cov.count[l]! += n;
+    cov.throughput[l]! += tp;
+  }
+}
