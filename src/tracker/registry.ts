@@ -623,8 +623,8 @@ export class NodeRegistry {
    * routes, replacements and admission: a node left out (draining, in
    * quarantine) is tested here.
    */
-  routable(_n: NodeRecord): boolean {
-    return true;
+  routable(n: NodeRecord): boolean {
+    return !n.draining && !this.excluded(n.peerId);
   }
 
   private servingNode(n: NodeRecord): ServingNode {

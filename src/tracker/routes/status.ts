@@ -122,6 +122,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         kv_free_bytes: n.stats?.kv_free_bytes ?? null,
         kv: kvView(n),
         tokens_served: n.stats?.tokens_served ?? 0,
+        speculation: n.stats?.speculation ?? null,
         rpm_history: n.history.map((h) => ({ at: h.at, rpm: h.rpm, layer_ms: h.layer_ms })),
         in_flight: n.inFlight,
         failures: n.failures,
