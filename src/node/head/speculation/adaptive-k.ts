@@ -15,11 +15,13 @@
  * Estimates, discounted so they follow the text as it changes:
  * - α: accepted drafts / (accepted + rejections) — the maximum likelihood
  *   estimate for geometric acceptance (each trip's drafts are looked at
- *   until the first rejection), with a prior of one of each.
+ *   until the first rejection), with a prior of a quarter accepted, one
+ *   rejected.
  * - base and perRow: a ridge regression of trip time on drafted rows, the
  *   slope pulled towards `perRowPrior` × base until the rows vary enough to
  *   tell; every 4th speculating trip drafts one token fewer or more so they
- *   always do (near the best k the rate is flat: this costs little).
+ *   always do (near the best k the rate is flat: this costs little); never
+ *   below 1% of the plain trip.
  * - draftCost: the drafter's own measured ms per proposed token.
  *
  * A hop that reports full batches turns speculation off for `fullHoldTrips`
@@ -49,7 +51,7 @@ export interface AdaptiveKOptions {
   perRowPrior?: number;
   /** Weight of each trip's evidence against the newest (per trip). @defaultValue 0.95 */
   decay?: number;
-  /** What earlier generations with the same drafter learnt (`carry()`); absent: a prior of one accepted, one rejected. */
+  /** What earlier generations with the same drafter learnt (`carry()`); absent: a prior of a quarter accepted, one rejected. */
   prior?: CarriedPolicy;
 }
 
@@ -103,7 +105,9 @@ export class AdaptiveK {
   private readonly margin: number;
   private readonly perRowPrior: number;
   private readonly decay: number;
-  private accepted = 1;
+  // A prior of a quarter accepted, one rejected: a first trip's evidence outweighs it either way (a good
+  // drafter's first trip accepts several), and a useless drafter is found out within a few trips.
+  private accepted = 0.25;
   private rejected = 1;
   // Discounted regression sums of trip ms on drafted rows.
   private s0 = 0;
@@ -202,7 +206,9 @@ export class AdaptiveK {
     const lambda = 1;
     const prior = (this.perRowPrior * my) / (1 + this.perRowPrior * mx);
     const slope = Math.max(0, (cxy + lambda * prior) / (Math.max(0, cxx) + lambda));
-    return { baseMs: Math.max(1e-3, my - slope * mx), perRowMs: slope };
+    // A row is never free (every hop computes it): at least 1% of a plain trip, whatever noisy trip times say.
+    const base = Math.max(1e-3, my - slope * mx);
+    return { baseMs: base, perRowMs: Math.max(slope, 0.01 * base) };
   }
 
   /** k for the next trip (0: a plain step). */

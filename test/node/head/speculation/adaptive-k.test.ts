@@ -106,19 +106,20 @@ describe('AdaptiveK', () => {
       const perGeneration: number[] = [];
       for (let g = 0; g < 12; g++) {
         const p = new AdaptiveK(carry && prior ? { prior } : {});
-        perGeneration.push(simulate(losing, 47, g + 1, p).ks.filter((k) => k > 0).length);
+        perGeneration.push(simulate(losing, 47, g + 1, p).ks.reduce((a, b) => a + b, 0));
         prior = p.carry();
       }
       return perGeneration;
     };
     const fresh = drafting(false);
     const carried = drafting(true);
-    // Each fresh generation pays a few losing trips before α̂ falls; carried, only the first does.
-    expect(Math.min(...fresh)).toBeGreaterThanOrEqual(3);
+    // Drafted tokens per generation: each fresh one pays its moderate start (k = 4) and a losing trip or
+    // two before α̂ falls; carried, only the first does.
+    expect(Math.min(...fresh)).toBeGreaterThanOrEqual(5);
     expect(carried[0]).toBe(fresh[0]);
     const later = carried.slice(2).reduce((a, b) => a + b, 0);
     expect(later).toBeGreaterThan(0); // it still probes…
-    expect(later).toBeLessThanOrEqual(6); // …about once per 128 trips (10 generations × 47 trips)
+    expect(later).toBeLessThanOrEqual(6); // …one token a probe, the waits doubling to 128 trips (10 generations × 47 trips)
 
     // The same head, its draft model now agreeing (another kind of text): drafting again within a few probes.
     const p = new AdaptiveK({ prior: (() => {
@@ -142,7 +143,7 @@ describe('AdaptiveK', () => {
     expect(c.accepted + c.rejected).toBeCloseTo(8, 6);
     expect(c.probe!.wait).toBe(128);
     const q = new AdaptiveK({ prior: { accepted: Number.NaN, rejected: -1, sums: { s0: Number.NaN, sx: 0, sy: 0, sxx: 0, sxy: 0 }, draftMs: -3 } });
-    expect(q.alpha).toBe(0.5);
+    expect(q.alpha).toBe(0.2);
     expect(q.next()).toBe(4); // nothing measured: the moderate start
     expect(q.stats().draftMsPerToken).toBe(0);
   });
