@@ -21,7 +21,7 @@
  */
 import { expect, test } from '@playwright/test';
 import OpenAI from 'openai';
-import { NO_WEBRTC_UDP, startBrowserMesh, type BrowserMesh } from '../src/cli/browser-mesh.ts';
+import { startBrowserMesh, type BrowserMesh } from '../src/cli/browser-mesh.ts';
 import { pageBudget } from '../src/cli/demo.ts';
 import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
@@ -183,7 +183,7 @@ test('in a network namespace the pages chain over WebRTC data channels: ≥ 99 %
   await until(async () => (await infos()).every((i) => i.paths.every((p) => p.rtc === 'open')) || undefined, 10_000, 'the channels open again');
 });
 
-test('three ?hop=star pages: the head drives every hop, the pages after it count no chained step, same answer; their data channels find no ICE path and every hop goes by the relay', async () => {
+test('three ?hop=star pages: the head drives every hop, the pages after it count no chained step, same answer', async () => {
   test.setTimeout(240_000);
   await mesh?.close();
   mesh = undefined;
@@ -192,8 +192,7 @@ test('three ?hop=star pages: the head drives every hop, the pages after it count
   const t = starTracker;
   const budgetMb = pageBudget(await loadModelSpec('fortunes-tiny', `${model.url}/`, fetch, resolveTrackerOptions({})), 3, undefined);
   const logs: string[] = [];
-  // These pages dial data channels too, but their WebRTC has no UDP (no ICE candidate): the fallback where ICE cannot connect.
-  mesh = await startBrowserMesh({ nodes: 3, trackerUrl: t.url, relayUrl: relay.url, appUrl: appUrl(), model: 'fortunes-tiny', backend: 'wasm', budgetMb, threads: 1, hop: 'star', rtc: true, extraArgs: [NO_WEBRTC_UDP], pollMs: 200, log: (m) => logs.push(m) });
+  mesh = await startBrowserMesh({ nodes: 3, trackerUrl: t.url, relayUrl: relay.url, appUrl: appUrl(), model: 'fortunes-tiny', backend: 'wasm', budgetMb, threads: 1, hop: 'star', pollMs: 200, log: (m) => logs.push(m) });
   await mesh.waitServing(120_000).catch((e: Error) => {
     throw new Error(`${e.message}: ${JSON.stringify(mesh!.rows())} ${logs.join('; ')}`);
   });
@@ -205,12 +204,4 @@ test('three ?hop=star pages: the head drives every hop, the pages after it count
   // Three hops: with two downstream hops the default would have chained (one downstream hop is a star either way).
   expect(d.recent_routes.find((r) => r.kind === 'generate')?.hops).toHaveLength(3);
   expect(await chainForwardsAfterHead(t.url)).toEqual([0, 0]);
-  // The head dialled its hops and gave up (no candidate gathered): not one hop went by a channel, none was lost.
-  const t0 = performance.now();
-  const head = await until(async () => (await nodeInfos(t.url)).find((i) => (i.data_channels?.failed ?? 0) > 0), 15_000, 'the head\'s dials given up');
-  console.log(`[fortunes-tiny, star, no ICE path] the head's data channels: ${JSON.stringify({ ...head.data_channels, peers: undefined })} (${(performance.now() - t0).toFixed(0)} ms after the chat)`);
-  expect(head.data_channels!.opened).toBe(0);
-  const sent = hopsSent(await nodeInfos(t.url));
-  expect(sent.rtc ?? 0).toBe(0);
-  expect(sent.fast ?? 0).toBeGreaterThan(MAX_TOKENS);
 });
