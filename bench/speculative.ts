@@ -21,7 +21,10 @@
  *     with another seed, on a second head [0,4): α ≈ 0, every draft costs
  *     a whole-model step) at adaptive k and at k = 4, and its very first
  *     generation on that head (nothing carried from earlier generations:
- *     one sample, from the warm-up).
+ *     one sample, from the warm-up);
+ *   - self-speculation on a third head [0,4) (`--draft self:4`: the
+ *     target's first 4 layers, its final norm and LM head) at adaptive k
+ *     and at k = 4.
  *
  * For each: α (maximum likelihood: accepted / (accepted + rejecting
  * trips)), the mean k drafted, tokens per decode trip against the theory
@@ -63,14 +66,15 @@ async function main(): Promise<void> {
   const loadBefore = loadavg()[0]!;
   // Head 0 holds the target itself as its draft model; head 1 the same preset made with another seed
   // (the same tokenizer, other weights: a draft model that is nearly always wrong).
-  const mesh = await startSpecMesh({ model: MODEL, cuts: [4, 8, 12], oneWayMs: ONE_WAY, heads: [0, 1] });
+  // Head 2 drafts with its own first 4 layers and the target's final norm and LM head (`--draft self:4`).
+  const mesh = await startSpecMesh({ model: MODEL, cuts: [4, 8, 12], oneWayMs: ONE_WAY, heads: [0, 1, 'self:4'] });
   try {
     const viaMesh = (extra: Partial<GenerateRequest>, via = 0): Promise<SpecRun> => mesh.generate({ messages: PROMPT, max_tokens: NEW_TOKENS, ...extra }, via);
     const offRun = await viaMesh({ speculative: false });
     const reference = offRun.ids;
     const wrong = reference.map((t) => (t + 1) % 2048);
     const partly = reference.map((t, i) => (i % 4 === 3 ? (t + 1) % 2048 : t));
-    const configs: Array<{ name: string; k: string; req: () => Partial<GenerateRequest>; otherDraft?: boolean }> = [
+    const configs: Array<{ name: string; k: string; req: () => Partial<GenerateRequest>; otherDraft?: boolean; self?: boolean }> = [
       { name: 'off', k: '-', req: () => ({ speculative: false }) },
       { name: 'oracle (prediction = reference)', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: reference, speculative_k: 4 }) },
       { name: 'draft model = the target', k: '4', req: () => ({ speculative_k: 4 }) },
@@ -82,8 +86,10 @@ async function main(): Promise<void> {
       { name: 'useless drafter (α ≈ 0)', k: '4', req: () => ({ draft_model: 'prompt-lookup', prediction_token_ids: wrong, speculative_k: 4 }) },
       { name: 'draft model = another seed (α ≈ 0)', k: 'adaptive', req: () => ({}), otherDraft: true },
       { name: 'draft model = another seed (α ≈ 0)', k: '4', req: () => ({ speculative_k: 4 }), otherDraft: true },
+      { name: 'self-speculation (first 4 layers + head)', k: 'adaptive', req: () => ({}), self: true },
+      { name: 'self-speculation (first 4 layers + head)', k: '4', req: () => ({ speculative_k: 4 }), self: true },
     ];
-    const runOf = (c: (typeof configs)[number]) => viaMesh(c.req(), c.otherDraft ? 1 : 0);
+    const runOf = (c: (typeof configs)[number]) => viaMesh(c.req(), c.otherDraft ? 1 : c.self ? 2 : 0);
     // Warm-up: graphs, sockets. A head carries what its draft model's generations learnt (α, costs, probe
     // back-off) to the next: the disagreeing draft model's first generation on head 1 is the only one that
     // starts with nothing carried, so it is kept as a row of its own (one sample).
