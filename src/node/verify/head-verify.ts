@@ -170,19 +170,14 @@ export class GenerationTrace {
   }
 
   /**
-   * The generation is over: drop the session on every hop (reading the final attestation of every
-   * hop the plan checks), and queue the checks. Returns at once; nothing waits for it.
+   * The generation is over: drop the session on every hop, reading each hop's final attestation (hops
+   * sign every few steps, so only the final one vouches for every step — a walk after a head audit
+   * checks hops no plan named), and queue the checks. Returns at once; nothing waits for it.
    */
   end(hops: readonly TraceHop[], fed: readonly number[]): void {
-    const { plan } = this.s;
-    const planned = new Set(plan?.plan.checks.map((c) => c.peer.peer_id) ?? []);
     const drop = { method: 'DELETE', path: `/sessions/${encodeURIComponent(this.s.session)}` };
     const finals: Array<Promise<void>> = [];
     for (const h of hops) {
-      if (!planned.has(h.hop.peer_id)) {
-        this.init.transport.bestEffort(h.hop, drop);
-        continue;
-      }
       finals.push(
         this.init.transport
           .send(h.hop, drop, 5_000, undefined, { accept: () => true })
