@@ -236,9 +236,10 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       // A verification: the drafts it accepted precede token_id (only ids go back).
       const spec = result.spec ? { accepted: result.spec.accepted, logprobs: result.spec.logprobs } : {};
       res = jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob, ...spec });
-      // What it signs: every token the step emitted (one: tokenBytes), each judged from its row by a check.
+      // What it signs is what it answered: every token the step emitted (the accepted drafts, then token_id,
+      // with the logprobs it sent; one token: tokenBytes), each judged from its row by a check.
       const v = result.spec;
-      out = v ? stepTokenBytes(v.tokenIds.map((tokenId, i) => ({ tokenId, logprob: v.logprobs[i] ?? 0 }))) : tokenBytes(result.tokenId, result.logprob);
+      out = v ? stepTokenBytes([...v.tokenIds.slice(0, v.accepted), result.tokenId].map((tokenId, i) => ({ tokenId, logprob: v.logprobs[i] ?? 0 }))) : tokenBytes(result.tokenId, result.logprob);
     } else {
       // Answer in the caller's dtype: the next hop expects what this one received.
       out = encodeTensor(result.data, dtype);

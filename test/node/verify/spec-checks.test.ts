@@ -7,7 +7,8 @@
  * every hop's steps as computed to the checker, which recomputes the kept
  * rows in one prefill; the judge compares the kept rows (a middle hop) and
  * every emitted token, accepted drafts included (the last hop). Honest hops
- * pass; a hop adding 1 % noise is found lying by checker and arbiter.
+ * pass; a hop adding 1 % noise, and a last hop answering the second-best
+ * token after the drafts it accepted, are found lying.
  */
 import { beforeAll, describe, expect, it } from 'vitest';
 import { createForwardHandler } from '../../../src/node/hop/forward-handler.ts';
@@ -52,8 +53,8 @@ describe('speculation with spot-checks', () => {
   };
   let head: ShardExecutor;
   let tracker: Identity;
-  /** b answers with 1 % noise while this is on. */
-  const lies = { on: false };
+  /** b answers with 1 % noise while `b` is on; c picks the second-best token while `c` is on. */
+  const lies = { b: false, c: false };
   const peer = (c: string, endpoint = true): PlanPeer => ({ peer_id: pid(c), public_key: encodeBase64Url(ids.get(c)!.publicKey), format: 'f32', backend: 'onnxruntime-node', ...(endpoint ? { endpoint: `http://${c}.test` } : {}) });
 
   beforeAll(async () => {
@@ -64,8 +65,11 @@ describe('speculation with spot-checks', () => {
     // f, 9 hold [3, 4) and check c.
     const b = await executor(f, 1, 3);
     const lie = lyingForward(b, { mode: 'noise', numLayers: f.cfg.numLayers });
-    const bLying = Object.assign(Object.create(b) as ShardExecutor, { forward: (req: Parameters<ShardExecutor['forward']>[0]) => (lies.on ? lie(req) : b.forward(req)) });
-    const spans: Array<[string, ShardExecutor]> = [['b', bLying], ['c', await executor(f, 3, 4)], ['d', await executor(f, 1, 3)], ['e', await executor(f, 1, 3)], ['f', await executor(f, 3, 4)], ['9', await executor(f, 3, 4)]];
+    const bLying = Object.assign(Object.create(b) as ShardExecutor, { forward: (req: Parameters<ShardExecutor['forward']>[0]) => (lies.b ? lie(req) : b.forward(req)) });
+    const c = await executor(f, 3, 4);
+    const cLie = lyingForward(c, { mode: 'second-best', numLayers: f.cfg.numLayers });
+    const cLying = Object.assign(Object.create(c) as ShardExecutor, { forward: (req: Parameters<ShardExecutor['forward']>[0]) => (lies.c ? cLie(req) : c.forward(req)) });
+    const spans: Array<[string, ShardExecutor]> = [['b', bLying], ['c', cLying], ['d', await executor(f, 1, 3)], ['e', await executor(f, 1, 3)], ['f', await executor(f, 3, 4)], ['9', await executor(f, 3, 4)]];
     for (const [c, ex] of spans) {
       const id = ids.get(c)!;
       forward.set(`${c}.test`, createForwardHandler(ex, { model: 'tiny', backend: 'test', attestor: new Attestor({ peerId: pid(c), sign: (x) => id.sign(x) }) }));
@@ -136,12 +140,23 @@ describe('speculation with spot-checks', () => {
     const cReport = honest.reports.find((r) => r.claim.peer_id === pid('c'))!;
     expect(cReport.samples.some((s) => Buffer.from(s.claim, 'base64url').byteLength > 12)).toBe(true);
 
-    lies.on = true;
+    lies.b = true;
     const lying = await generate('spec2', prediction);
-    lies.on = false;
+    lies.b = false;
     const v = lying.verdicts.find((x) => x.checked === pid('b'))!;
     expect(v).toMatchObject({ outcome: 'offence', guilty: pid('b') });
     expect(v.distance.checker).toBeGreaterThan(v.threshold);
     expect(v.distance.between).toBeLessThan(v.threshold);
+  }, 60_000);
+
+  it('a last hop that answers the second-best token after the drafts it accepted is found lying (it signed what it answered)', async () => {
+    const want = ref.greedy(tok.encode(PROMPT), 20);
+    lies.c = true;
+    const r = await generate('spec3', want.map((t, i) => (i % 3 === 2 ? (t + 1) % f.cfg.vocabSize : t)));
+    lies.c = false;
+    expect(r.skipped).toEqual([]);
+    expect((r.events.at(-1) as { drafted?: number }).drafted).toBeGreaterThan(0);
+    expect(r.verdicts.find((x) => x.checked === pid('c'))).toMatchObject({ outcome: 'offence', guilty: pid('c'), kind: 'tokens' });
+    expect(r.verdicts.find((x) => x.checked === pid('b'))).toMatchObject({ outcome: 'pass' });
   }, 60_000);
 });
