@@ -24,7 +24,7 @@
  * forward handler on fortunes-tiny [3, 6) (onnxruntime-node), the same
  * sessions stepped in alternating blocks without an Attestor, with one that
  * signs every step through WebCrypto (how it was first built), and with the
- * default one (a signature every 16 steps over the chain head, the host's
+ * default one (a signature every 32 steps over the chain head, the host's
  * SHA-256) — the answer's latency per decode step (the critical path) and
  * the process CPU per step, every signature of a session awaited inside its
  * block (the DELETE that ends it answers the final attestation).
@@ -198,7 +198,7 @@ async function signPart(): Promise<void> {
   const handlers: Record<SignMode, ReturnType<typeof createForwardHandler>> = {
     off: createForwardHandler(hopEx, info),
     'every step': createForwardHandler(hopEx, { ...info, attestor: new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 }) }),
-    default: createForwardHandler(hopEx, { ...info, attestor: new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), sha256: (b) => new Uint8Array(hash('sha256', b, 'buffer')) }) }),
+    default: createForwardHandler(hopEx, { ...info, attestor: new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), sha256: (b) => hash('sha256', b, 'buffer') }) }),
   };
   const PROMPT_ROWS = 24;
   const DECODE_STEPS = quick ? 32 : 64;
@@ -251,7 +251,7 @@ async function signPart(): Promise<void> {
   // The attestor alone, on the same steps' bytes (a 24-row f32 prompt, then one row; the last hop's token out):
   // onnxruntime's threads make a step's CPU vary by more than signing costs, so this isolates what signing adds.
   const alone = async (m: SignMode): Promise<number> => {
-    const a = m === 'every step' ? new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 }) : new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), sha256: (b) => new Uint8Array(hash('sha256', b, 'buffer')) });
+    const a = m === 'every step' ? new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 }) : new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), sha256: (b) => hash('sha256', b, 'buffer') });
     const c0 = process.cpuUsage();
     let steps = 0;
     for (let k = 0; k < 16; k++) {

@@ -69,6 +69,15 @@ export interface StepDigest {
 
 /** The digest after one more step; `digest`: a synchronous SHA-256 to use instead of WebCrypto's. */
 export async function chainStep(acc: Uint8Array, step: StepDigest, digest?: (bytes: Uint8Array) => Uint8Array): Promise<Uint8Array> {
+  return digest ? chainStepWith(acc, step, digest) : sha256(stepBytes(acc, step));
+}
+
+/** chainStep with a synchronous SHA-256 (no promise per step). */
+export function chainStepWith(acc: Uint8Array, step: StepDigest, digest: (bytes: Uint8Array) => Uint8Array): Uint8Array {
+  return digest(stepBytes(acc, step));
+}
+
+function stepBytes(acc: Uint8Array, step: StepDigest): Uint8Array {
   const buf = new Uint8Array(32 + 8 + 32 + 32);
   buf.set(acc, 0);
   const dv = new DataView(buf.buffer);
@@ -76,7 +85,7 @@ export async function chainStep(acc: Uint8Array, step: StepDigest, digest?: (byt
   dv.setUint32(36, step.rows, true);
   buf.set(step.input, 40);
   buf.set(step.output, 72);
-  return digest ? digest(buf) : sha256(buf);
+  return buf;
 }
 
 /** The accumulated digest over `steps` from the scope's seed. */

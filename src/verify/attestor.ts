@@ -2,8 +2,8 @@
  * A hop's side of attestations (attest.ts): per session the running digest
  * of every step it ran, signed off the step's critical path.
  *
- * Cheap by design (docs/verification.md, "What signing costs"): a step only
- * keeps references to its wire bytes. Every `signEvery` steps of a session
+ * Cheap by design (docs/verification.md §1): a step only keeps references
+ * to its wire bytes. Every `signEvery` steps of a session
  * (or once `signBytes` of rows wait), and when the session ends, the waiting
  * steps are hashed into the chain and ONE signature is made over the chain's
  * head — the chain binds every earlier step, so that signature vouches for
@@ -22,14 +22,14 @@
  * Bounded: at most `maxSessions` chains, the least recently used dropped
  * first (its session's KV is long gone by then).
  */
-import { attestMessage, attestSeed, chainStep, formatAttestation, sha256, type AttestScope } from './attest.ts';
+import { attestMessage, attestSeed, chainStep, chainStepWith, formatAttestation, sha256, type AttestScope } from './attest.ts';
 
 export interface AttestorInit {
   peerId: string;
   sign(bytes: Uint8Array): Promise<Uint8Array>;
   /** A synchronous SHA-256 (the host's, e.g. node:crypto); absent: WebCrypto's digest. */
   sha256?(bytes: Uint8Array): Uint8Array;
-  /** Sign once every this many steps of a session (and at its end). 1: every step. @defaultValue 16 */
+  /** Sign once every this many steps of a session (and at its end). 1: every step. @defaultValue 32 */
   signEvery?: number;
   /** Sign as soon as this many bytes of steps wait to be hashed (a long prompt is vouched for at once). @defaultValue 1048576 */
   signBytes?: number;
@@ -70,7 +70,7 @@ export class Attestor {
 
   constructor(private readonly init: AttestorInit) {
     this.max = init.maxSessions ?? 4096;
-    this.every = Math.max(1, init.signEvery ?? 16);
+    this.every = Math.max(1, init.signEvery ?? 32);
     this.bytes = init.signBytes ?? 1 << 20;
   }
 
@@ -134,9 +134,14 @@ export class Attestor {
     const acc = (async () => {
       if (defer) await later();
       let a = await prev;
+      if (digest) {
+        // Synchronous: three hashes a step, no promise between them.
+        for (const s of steps) a = chainStepWith(a, { position: s.position, rows: s.rows, input: digest(s.input), output: digest(s.output) }, digest);
+        return a;
+      }
       for (const s of steps) {
-        const [ih, oh] = digest ? [digest(s.input), digest(s.output)] : await Promise.all([sha256(s.input), sha256(s.output)]);
-        a = await chainStep(a, { position: s.position, rows: s.rows, input: ih, output: oh }, digest);
+        const [ih, oh] = await Promise.all([sha256(s.input), sha256(s.output)]);
+        a = await chainStep(a, { position: s.position, rows: s.rows, input: ih, output: oh });
       }
       return a;
     })();

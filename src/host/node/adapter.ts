@@ -84,7 +84,8 @@ export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
     backends,
     log: o.log,
     direct: httpDirect.send,
-    sha256: (bytes) => new Uint8Array(hash('sha256', bytes, 'buffer')),
+    // A Buffer is a Uint8Array: used as is.
+    sha256: (bytes) => hash('sha256', bytes, 'buffer'),
     watchHandshake: watchWsHandshake,
     // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
     ...(o.links ? { links: (identity) => new LinkPool({ identity, WebSocket: NodeWebSocketConstructor, onLog: (m) => o.log('warn', m) }) } : {}),
