@@ -40,7 +40,7 @@ import type { HopTransport } from '../../net/hop-transport.ts';
 import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor, type TokenAnswer } from './pipeline-parts.ts';
 import { MAX_DRAFT, type DraftProposal } from '../../shard/speculative.ts';
 import { encodeDraft } from '../../protocol/draft.ts';
-import { AdaptiveK } from './speculation/adaptive-k.ts';
+import { AdaptiveK, type CarriedPolicy } from './speculation/adaptive-k.ts';
 import type { Drafter } from './speculation/drafter.ts';
 import { promptLookupFor } from './speculation/prompt-lookup.ts';
 import { Speculator, addCounters, emptyCounters, type SpeculationCounters, type StepOutcome, type StepPlan } from './speculation/speculator.ts';
@@ -196,6 +196,8 @@ export class PipelineDriver {
   readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
   private readonly specTotals = emptyCounters();
+  /** What each drafter's generations learnt (Drafter.memoryKey → the k policy's state): the next one starts from it. */
+  private readonly carried = new Map<string, CarriedPolicy>();
   /** Moving average of this head's one-token steps, ms, over its generations: sets the step budget. */
   private recentStepMs: number | undefined;
 
@@ -373,6 +375,12 @@ export class PipelineDriver {
       else for (const hs of hops) transport.bestEffort(hs.hop, { method: 'DELETE', path: `/sessions/${encodeURIComponent(session)}` });
       if (speculator) {
         addCounters(this.specTotals, speculator.counters);
+        const learnt = speculator.carry();
+        // Generations running at once each start from the same state; the last to end is kept (a fixed k keeps the probe back-off it did not use).
+        if (learnt) {
+          const probe = learnt.policy.probe ?? this.carried.get(learnt.key)?.probe;
+          this.carried.set(learnt.key, probe ? { ...learnt.policy, probe } : learnt.policy);
+        }
         await speculator.release();
       }
     }
@@ -386,9 +394,10 @@ export class PipelineDriver {
   /** The generation's speculator, or none: turned off (by the request or the node), or nothing to draft with. */
   private speculatorFor(req: GenerateRequest, session: string, declared: number, promptTokens: number): Speculator | undefined {
     if (!this.options.speculation || req.speculative === false || req.speculative_k === 0) return undefined;
-    const drafter = (this.init.drafter ?? promptLookupFor(this.init.tokenizer))(req, { session, declared, promptTokens });
+    const drafter: Drafter | undefined = (this.init.drafter ?? promptLookupFor(this.init.tokenizer))(req, { session, declared, promptTokens });
     if (!drafter) return undefined;
-    const policy = new AdaptiveK(req.speculative_k !== undefined ? { fixedK: req.speculative_k } : {});
+    const prior = drafter.memoryKey === undefined ? undefined : this.carried.get(drafter.memoryKey);
+    const policy = new AdaptiveK({ ...(req.speculative_k !== undefined ? { fixedK: req.speculative_k } : {}), ...(prior ? { prior } : {}) });
     return new Speculator({ drafter, policy, maxTokens: req.max_tokens, declared });
   }
 

@@ -123,7 +123,7 @@ function drafterFor(span: LoadedSpan): DrafterFactory {
   return (req, c) => {
     const d = span.draft;
     if (!d || (req.draft_model !== undefined && req.draft_model !== d.name)) return lookup(req);
-    return new DraftModelDrafter(d.executor, { session: `${c.session}.draft`, sampling: { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) }, declared: c.declared });
+    return new DraftModelDrafter(d.executor, { session: `${c.session}.draft`, sampling: { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) }, declared: c.declared, name: d.name });
   };
 }
 

@@ -240,7 +240,36 @@ describe('speculative decoding through the pipeline', () => {
       expect(proposed.ids).toEqual(want.slice(9, 12));
       // A draft's cost is timed on one-token forwards (the catch-up's rows are cheaper each).
       expect(d.costPerToken()).toBeGreaterThan(0);
+      // Caught up ahead (while a step travels), the next draft feeds only the token that step emitted.
+      await d.prepare([...promptIds, ...want.slice(0, 16)]);
+      forwards.length = 0;
+      expect((await d.propose([...promptIds, ...want.slice(0, 17)], 1)).ids).toEqual(want.slice(17, 18));
+      expect(forwards).toEqual([1]);
       d.release();
+    } finally {
+      await draftEx.release();
+    }
+  });
+
+  it('a head carries a losing draft model\'s acceptance to its next generation: it starts without drafting, and probes caught up', async () => {
+    // The same preset made with another seed: the same vocabulary, a draft that (nearly) never agrees.
+    const other = fixture('tiny', 1);
+    const draftEx = await executor(other, 0, other.cfg.numLayers);
+    const forwards: number[] = [];
+    const counted = { config: draftEx.config, maxContext: draftEx.maxContext, dropSession: (id: string) => draftEx.dropSession(id), forward: (r: Parameters<typeof draftEx.forward>[0]) => (forwards.push(r.tokenIds!.length), draftEx.forward(r)) };
+    try {
+      const d = driver({ drafter: (req, ctx) => new DraftModelDrafter(counted, { session: `${ctx.session}.draft`, sampling: { temperature: req.temperature }, declared: ctx.declared, name: 'other' }) });
+      const draftedTrips = (ev: GenerateEvent[]) => ev.filter((e) => e.type === 'token' && (e.drafted ?? 0) > 0).length;
+      const perGeneration: number[] = [];
+      for (let g = 0; g < 4; g++) {
+        const ev = await run(d, route(), { prompt: PROMPT, max_tokens: 24, session_id: `carry-${g}` });
+        expect(ids(ev)).toEqual(want);
+        perGeneration.push(draftedTrips(ev));
+      }
+      // The first generation learns it (a few losing trips); the next ones start from what it learnt.
+      expect(perGeneration[0]).toBeGreaterThanOrEqual(2);
+      expect(perGeneration.slice(1).reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(2);
+      expect(draftEx.kvStats().sessions).toBe(0);
     } finally {
       await draftEx.release();
     }
