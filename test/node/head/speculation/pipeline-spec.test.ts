@@ -110,22 +110,16 @@ describe('speculative decoding through the pipeline', () => {
     expect(ids(sampledOn)).toEqual(ids(sampledOff));
   });
 
-  it('a generation the tracker plans to check runs without drafts (its checks need every row the hops signed)', async () => {
+  it('a generation the tracker plans to check drafts like any other (its checks rebuild the rows cut back: test/node/verify/spec-checks.test.ts)', async () => {
     net.log.length = 0;
     const req = generateRequestSchema.parse({ session_id: 'checked', temperature: 0, prompt: PROMPT, max_tokens: 12, speculative_k: 4, prediction_token_ids: want });
     const plan = { text: '{}', signature: 'x', plan: { checks: [{}] } } as unknown as SignedPlan;
     const ev: GenerateEvent[] = [];
     for await (const e of driver().generate(HEAD, req, route(), { plan })) ev.push(e);
     expect(ids(ev)).toEqual(want.slice(0, 12));
-    expect(ev.at(-1)).not.toHaveProperty('drafted');
-    expect(net.log.filter((l) => l.host === 'c.test')).toHaveLength(12);
-    expect(net.log.every((l) => l.headers['x-meshnet-draft'] === undefined)).toBe(true);
-    // A plan that checks nobody leaves speculation on.
-    const none = { text: '{}', signature: 'x', plan: { checks: [] } } as unknown as SignedPlan;
-    const on: GenerateEvent[] = [];
-    for await (const e of driver().generate(HEAD, { ...req, session_id: 'unchecked' }, route(), { plan: none })) on.push(e);
-    expect(ids(on)).toEqual(want.slice(0, 12));
-    expect(on.at(-1)).toMatchObject({ drafted: expect.any(Number) });
+    expect(ev.at(-1)).toMatchObject({ drafted: expect.any(Number) });
+    expect(net.log.filter((l) => l.host === 'c.test').length).toBeLessThan(12);
+    expect(net.log.some((l) => l.headers['x-meshnet-draft'] !== undefined)).toBe(true);
   });
 
   it('a hop dying mid-verification is replaced and replayed to the last accepted position: no token changes', async () => {
