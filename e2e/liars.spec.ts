@@ -46,10 +46,13 @@ test.beforeAll(async ({ browser }) => {
   for (const t of TOPICS) refs.set(t, fortunesTiny().greedy(`Tell me a fortune about ${t}.`, 16).ids);
   st = await startStaticServer({ root: FORTUNES_DIR, port: 0, host: '127.0.0.1' });
   relay = await startRelayProcess();
-  tracker = await startTrackerProc(['--model', `fortunes-tiny=${st.url}`, '--relay', relay.url, '--wire-dtype', 'f32', '--heartbeat-interval-ms', '500']);
+  tracker = await startTrackerProc(['--model', `fortunes-tiny=${st.url}`, '--relay', relay.url, '--wire-dtype', 'f32', '--heartbeat-interval-ms', '500', '--route-slack', '1000']);
   const common = ['--tracker', tracker.url, '--relay', relay.url, '--model-url', st.url, '--wire-dtype', 'f32', '--max-context', '256'];
   nodes.push(await startNode([...common, '--layers', '0-3']));
   nodes.push(await startNode([...common, '--layers', '3-6']));
+  // Every route gets traffic in proportion to its throughput (--route-slack): on a fast machine the page
+  // alone, holding all six layers, costs under half of any two-hop route, and the default slack would then
+  // send no chat through the liar at all (a CI run: 1,160 chats, none through it).
   // The page: a budget that holds the whole model, so the tracker gives it every layer.
   context = await browser.newContext({ serviceWorkers: 'block' });
   page = await context.newPage();
@@ -107,6 +110,10 @@ test('the page checks and arbitrates a lying Node.js node into quarantine, is ch
   })();
   await Promise.all([worker(), worker(), watcher]);
   const v = await summary();
+  const name = (id: string) => (id === liar.peerId ? 'X' : id === pagePeer ? 'page' : id === nodes[0]!.peerId ? 'H' : id === nodes[1]!.peerId ? 'Y' : id.slice(0, 6));
+  const routes: Record<string, number> = {};
+  for (const r of results) routes[r.hops.map(name).join('>')] = (routes[r.hops.map(name).join('>')] ?? 0) + 1;
+  console.log(`browser mesh: routes taken ${JSON.stringify(routes)}`);
   const off = v.offences.find((o) => o.peer === liar.peerId);
   expect(off, `no offence of the liar after ${results.length} chats`).toBeDefined();
   console.log(`browser mesh: liar quarantined ${((off!.at - t0) / 1000).toFixed(1)} s into traffic, after ${results.length} chats; page checks ${JSON.stringify(v.nodes[pagePeer])}`);

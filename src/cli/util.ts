@@ -7,6 +7,12 @@ export function int(value: string): number {
   return n;
 }
 
+export function nonNegative(value: string): number {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError(`expected a non-negative number, got "${value}"`);
+  return n;
+}
+
 /** Run `close` once on SIGINT/SIGTERM, then exit; a second signal exits at once. */
 export function onShutdown(close: () => Promise<void>): void {
   let stopping = false;

@@ -3,7 +3,7 @@ import { InvalidArgumentError, type Command } from 'commander';
 import { TRACKER_DEFAULTS, type TrackerModelSource } from '../../tracker/options.ts';
 import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
 import { CliError } from '../failure.ts';
-import { int, onShutdown } from '../util.ts';
+import { int, nonNegative, onShutdown } from '../util.ts';
 import { isHubRef, parseHubRef } from '../../model/hub.ts';
 
 function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerModelSource[] {
@@ -67,6 +67,7 @@ export function configure(cmd: Command): void {
     .option('--heartbeat-interval-ms <n>', 'heartbeat period given to nodes; a node missing 3 is removed', int, d.heartbeatIntervalMs)
     .option('--kv-context <n>', 'tokens of KV cache reserved per node when sizing spans', int, d.kvReserveContextTokens)
     .option('--hop-latency-ms <n>', 'estimated network cost of one hop, for routing', int, d.hopLatencyMs)
+    .option('--route-slack <x>', 'routes costing up to (1 + x) × the cheapest share the traffic, each in proportion to its throughput (0: always the cheapest)', nonNegative, d.routeSlack)
     .option('--route-ttl-ms <n>', 'validity of a signed route', int, d.routeTtlMs)
     .option('--generate-timeout-ms <n>', 'longest silence from a head before failing over', int, d.generateIdleTimeoutMs)
     .option('--queue-max-length <n>', 'chats that may wait for KV room when no route has any; one more gets 429 + Retry-After (0: no queue)', int, d.queueMaxLength)
@@ -93,6 +94,7 @@ export function configure(cmd: Command): void {
         heartbeatIntervalMs: o.heartbeatIntervalMs as number,
         kvReserveContextTokens: o.kvContext as number,
         hopLatencyMs: o.hopLatencyMs as number,
+        routeSlack: o.routeSlack as number,
         routeTtlMs: o.routeTtlMs as number,
         generateIdleTimeoutMs: o.generateTimeoutMs as number,
         queueMaxLength: o.queueMaxLength as number,
