@@ -163,7 +163,12 @@ describe('NodeRuntime', () => {
     const x = activation(3);
     const open = await h(forward(x, 3, { 'x-meshnet-session': 'live', 'x-meshnet-position': '0' }));
     expect(open.status).toBe(200);
+    // A route may use only the end of the span (another node holds layers 0-1): that session has no cache at layer 0.
+    const tail = { 'x-meshnet-session': 'tail', 'x-meshnet-start-layer': '2', 'x-meshnet-end-layer': '4' };
+    expect((await h(forward(x, 3, { ...tail, 'x-meshnet-position': '0' }))).status).toBe(200);
     rt.pause();
+    expect((await h(forward(activation(1), 1, { ...tail, 'x-meshnet-position': '3' }))).status).toBe(200);
+    expect((await h(forward(x, 3, { 'x-meshnet-session': 'tail2', 'x-meshnet-start-layer': '2', 'x-meshnet-end-layer': '4', 'x-meshnet-position': '0' }))).status).toBe(503);
     expect(rt.drainStatus()).toMatchObject({ draining: true, reasons: ['donor'], done: false });
     expect(rt.drainStatus().graceLeftMs).toBeGreaterThan(400);
     // The live session's next step runs; a new session, a stateless call and a new generation do not.
