@@ -14,10 +14,11 @@ import { fillerCorpus, FIXTURE_CORPUS, trainBpe } from './bpe.ts';
 import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames, parseModelConfig, expectedTensorShape } from './config.ts';
 import type { ModelConfig } from './config.ts';
 import { serializeSafetensors, type TensorEntry } from './safetensors-format.ts';
+import { COPY_CONFIG, copyModelTensors } from './fixture-copy.ts';
 import { REAL_TOKENIZER_PACKAGE, REAL_VOCAB_PRESETS, isRealVocabPreset, realVocabSpec, type TokenizerFiles } from './fixture-real-vocab.ts';
 
 export const FIXTURE_PRESETS = [
-  'tiny', 'small', 'tiny-qwen2',
+  'tiny', 'small', 'tiny-qwen2', 'tiny-copy',
   'tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini',
   ...REAL_VOCAB_PRESETS,
 ] as const;
@@ -82,6 +83,12 @@ function presetSpec(preset: FixturePreset): PresetSpec {
           max_position_embeddings: 2048, rope_theta: 10000, rope_scaling: null,
           tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2,
         },
+      };
+    case 'tiny-copy':
+      // Weights written by hand (fixture-copy.ts): it copies its input like an induction head.
+      return {
+        shards: 1,
+        config: { architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common, attention_bias: false, mlp_bias: false, pretraining_tp: 1, ...COPY_CONFIG },
       };
     case 'tiny-qwen2':
       // Qwen2.5-shaped: q/k/v bias, no attention_bias key, bos = endoftext.
@@ -337,11 +344,13 @@ export function makeModel(preset: FixturePreset, seed = 0, opts: { tokenizerFile
   files.set('tokenizer_config.json', json(tokenizerConfig));
 
   const names = checkpointTensorNames(cfg);
+  const written = preset === 'tiny-copy' ? copyModelTensors(cfg, mulberry32(fnv1a('tiny-copy codes', seed))) : null;
   const tensors: Array<[string, TensorEntry]> = names.map((name) => {
     const shape = expectedTensorShape(cfg, name)!;
     const n = shape.reduce((a, b) => a * b, 1);
     const { mean, std } = tensorInit(cfg, name);
-    const values = gaussian(name, seed, n, mean, std);
+    const values = written ? written.get(name)! : gaussian(name, seed, n, mean, std);
+    if (values.length !== n) throw new Error(`${preset}: ${name} has ${values.length} values, its shape ${shape.join('×')}`);
     if (real && name === EMBED_TENSOR) {
       for (const id of real.boostRows.ids) for (let j = 0; j < cfg.hiddenSize; j++) values[id * cfg.hiddenSize + j]! *= real.boostRows.factor;
     }

@@ -14,6 +14,8 @@ import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Identity } from '../net/identity.ts';
 import { Admission } from './admission.ts';
+import { LoadMonitor } from './load.ts';
+import { NodeKeys } from './node-keys.ts';
 import type { RecentRoute, TrackerContext } from './context.ts';
 import { PromptSizer, type HeadTransport } from './head-proxy.ts';
 import { App, HttpError, json, meshErrorResponse } from './http.ts';
@@ -55,15 +57,20 @@ export interface Tracker {
   verification: VerificationService;
   /** Expire silent nodes and rebalance; the server calls it every heartbeat interval. */
   sweep(): string[];
+  /** Is the tracker keeping up (the server starts its timer). */
+  load: LoadMonitor;
 }
 
 export function createTracker(deps: TrackerDeps): Tracker {
   const { options: o, logger, metrics, identity } = deps;
   const recentRoutes: RecentRoute[] = [];
 
-  const registry = new NodeRegistry(deps.models, o, {
+  const load = new LoadMonitor({ baseIntervalMs: o.heartbeatIntervalMs });
+  const nodeKeys = new NodeKeys();
+  const registry = new NodeRegistry(deps.models, { ...o, lateMs: () => load.lateMs() }, {
     onRemoved(n, reason) {
       metrics.removals.inc({ reason });
+      nodeKeys.forget(n.publicKey);
       logger.info({ peer_id: n.peerId, model: n.info.model, reason }, 'node removed');
       // Waiting chats whose layers are now missing get their 503 now, not at their deadline.
       queueMicrotask(() => admission.kick());
@@ -109,9 +116,14 @@ export function createTracker(deps: TrackerDeps): Tracker {
     recentRoutes,
     pendingModels: deps.pendingModels ?? new Map(),
     recordRoute,
+    load,
+    nodeKeys,
     updateNodeGauge() {
+      // From the counts the registry keeps per model (O(models)), not a walk over every node.
       metrics.nodes.reset();
-      for (const n of registry.nodes.values()) metrics.nodes.inc({ model: n.info.model, status: registry.status(n) });
+      for (const m of registry.models.keys()) {
+        for (const [status, n] of Object.entries(registry.statusCounts(m))) if (n > 0) metrics.nodes.set({ model: m, status }, n);
+      }
     },
     admission,
     generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer, options: o, logger, metrics, onRoute: recordRoute, verification },
@@ -139,6 +151,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     publicKey: ctx.publicKey,
     recentRoutes,
     verification,
+    load,
     sweep() {
       const removed = registry.sweep();
       ctx.updateNodeGauge();

@@ -61,6 +61,24 @@ export function candidateSpans(model: ModelSpec, budgetBytes: number): Span[] {
   return out;
 }
 
+/** Candidate spans per model, weight format and budget: donors share a few budgets, and each set costs O(L^2) to find. */
+const candidateCache = new WeakMap<ModelSpec, Map<string, readonly Span[]>>();
+const CANDIDATE_CACHE_MAX = 4096;
+
+/** {@link candidateSpans} of `model` sized for `format`, cached. */
+export function cachedCandidates(model: ModelSpec, budgetBytes: number, format?: WeightFormat): readonly Span[] {
+  let byKey = candidateCache.get(model);
+  if (!byKey) candidateCache.set(model, (byKey = new Map()));
+  const key = `${format ?? 'f32'}:${budgetBytes}`;
+  let c = byKey.get(key);
+  if (!c) {
+    if (byKey.size >= CANDIDATE_CACHE_MAX) byKey.clear();
+    c = candidateSpans(sizedFor(model, format), budgetBytes);
+    byKey.set(key, c);
+  }
+  return c;
+}
+
 /** Most layers any placement allows; 0 when the node cannot hold a single layer anywhere. */
 export function layersThatFit(model: ModelSpec, budgetBytes: number): number {
   return candidateSpans(model, budgetBytes).reduce((m, s) => Math.max(m, s.end - s.start), 0);
@@ -95,6 +113,61 @@ function compareWindows(a: Key[], b: Key[]): number {
 /** The best span for a node with `budgetBytes` holding `format` (absent: f32), given everyone else's holdings; null when nothing fits. */
 export function chooseSpan(model: ModelSpec, budgetBytes: number, others: Iterable<Holder>, format?: WeightFormat): Span | null {
   return chooseAmong(candidateSpans(sizedFor(model, format), budgetBytes), coverage(model.numLayers, others));
+}
+
+/** {@link chooseSpan} against a coverage already summed (the registry keeps it up to date). */
+export function chooseSpanIn(model: ModelSpec, budgetBytes: number, others: Coverage, format?: WeightFormat): Span | null {
+  return chooseRanked(cachedCandidates(model, budgetBytes, format), others);
+}
+
+/**
+ * Dense ranks of the layers' (count, throughput) keys: equal keys get equal
+ * ranks, a smaller key a smaller rank. Comparing two windows' sorted ranks
+ * is comparing their sorted keys (compareWindows), without a tuple per layer.
+ */
+function denseRanks(cov: Coverage): Int32Array {
+  const n = cov.count.length;
+  const order = Array.from({ length: n }, (_, i) => i).sort((a, b) => cov.count[a]! - cov.count[b]! || cov.throughput[a]! - cov.throughput[b]!);
+  const rank = new Int32Array(n);
+  let r = 0;
+  for (let i = 0; i < n; i++) {
+    const l = order[i]!;
+    if (i > 0) {
+      const p = order[i - 1]!;
+      if (cov.count[p] !== cov.count[l] || cov.throughput[p] !== cov.throughput[l]) r++;
+    }
+    rank[l] = r;
+  }
+  return rank;
+}
+
+/** chooseAmong by dense ranks: the same choice, ties included (the lowest start among equals). */
+function chooseRanked(candidates: readonly Span[], cov: Coverage): Span | null {
+  if (candidates.length === 0) return null;
+  const rank = denseRanks(cov);
+  const L = cov.count.length;
+  let free = new Int32Array(L);
+  let held = new Int32Array(L);
+  let best: Span | null = null;
+  let bestKeys = held.subarray(0, 0);
+  for (const c of candidates) {
+    const keys = free.subarray(0, c.end - c.start);
+    for (let l = c.start; l < c.end; l++) keys[l - c.start] = rank[l]!;
+    keys.sort();
+    if (best === null || compareRanked(keys, bestKeys) < 0) {
+      best = c;
+      bestKeys = keys;
+      // The best window's keys stay where they are; the next window is written into the other buffer.
+      [free, held] = [held, free];
+    }
+  }
+  return best;
+}
+
+function compareRanked(a: Int32Array, b: Int32Array): number {
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) if (a[i] !== b[i]) return a[i]! - b[i]!;
+  return b.length - a.length;
 }
 
 function chooseAmong(candidates: Span[], cov: Coverage): Span | null {
@@ -192,4 +265,39 @@ export function rebalance(model: ModelSpec, nodes: readonly RebalanceNode[], bal
 function baresALayer(n: Span, to: Span, count: readonly number[]): boolean {
   for (let l = n.start; l < n.end; l++) if ((l < to.start || l >= to.end) && count[l] === 1) return true;
   return false;
+}
+
+/**
+ * The one move {@link rebalance} would make first, against the placement's
+ * summed coverage of assignments (`assigned`, every node of `nodes`
+ * included): each movable node is judged on the coverage without its own
+ * span, so a rebalance costs O(nodes × layers²) instead of
+ * O(nodes² × layers) per round, and only one round is computed (the
+ * registry applies one move at a time and waits for it to load).
+ */
+export function bestMove(model: ModelSpec, assigned: Coverage, nodes: Iterable<RebalanceNode>, balanceQuality: number): Move | null {
+  const L = model.numLayers;
+  const cur = balanceOf(assigned);
+  const others: Coverage = { count: new Array<number>(L), throughput: new Array<number>(L) };
+  let best: { n: RebalanceNode; to: Span; balance: Balance } | null = null;
+  for (const n of nodes) {
+    if (!n.movable) continue;
+    for (let l = 0; l < L; l++) {
+      const mine = l >= n.start && l < n.end;
+      others.count[l] = assigned.count[l]! - (mine ? 1 : 0);
+      others.throughput[l] = assigned.throughput[l]! - (mine ? n.throughput : 0);
+    }
+    // As rebalance: never bare a layer the mover alone holds.
+    const allowed = cachedCandidates(model, n.budgetBytes, n.format).filter((c) => !baresALayer(n, c, assigned.count));
+    const to = chooseRanked(allowed, others);
+    if (to === null || (to.start === n.start && to.end === n.end)) continue;
+    for (let l = to.start; l < to.end; l++) {
+      others.count[l]!++;
+      others.throughput[l]! += n.throughput;
+    }
+    const next = balanceOf(others);
+    if (!betterBalance(next, cur, balanceQuality)) continue;
+    if (best === null || betterBalance(next, best.balance, 1)) best = { n, to, balance: next };
+  }
+  return best && { id: best.n.id, from: { start: best.n.start, end: best.n.end }, to: best.to };
 }

@@ -7,6 +7,8 @@ import type { Logger } from 'pino';
 import type { Identity } from '../net/identity.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Admission } from './admission.ts';
+import type { LoadMonitor } from './load.ts';
+import type { NodeKeys } from './node-keys.ts';
 import type { GenerationDeps } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { PendingModel } from './model-registry.ts';
@@ -40,6 +42,10 @@ export interface TrackerContext {
   recordRoute(kind: RecentRoute['kind'], model: string, plan: RoutePlan): void;
   /** Node counts by model and status into the gauge. */
   updateNodeGauge(): void;
+  /** Is the tracker keeping up: the heartbeat period to hand out, late time, shedding. */
+  load: LoadMonitor;
+  /** Nodes' keys, parsed once, for their signed messages. */
+  nodeKeys: NodeKeys;
   /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */
   admission: Admission;
   generation: GenerationDeps;

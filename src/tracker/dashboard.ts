@@ -1,13 +1,16 @@
 /**
  * GET /dashboard: the mesh at a glance, one self-contained page (no build,
- * no framework) that polls GET /api/dashboard once a second:
+ * no framework) that polls GET /api/dashboard (every second for a small
+ * mesh, less often for a swarm: the answer's `refresh_ms`):
  *
  * - the availability map: layers × nodes, a cell per layer a node holds
  *   (solid: serving, pale: assigned and still loading), and per layer how
- *   many nodes serve it (red where none does);
- * - the node list: host, backend, weight format, status, span, throughput, RPM over the
- *   last heartbeats, tokens served, KV cache use (a bar: used of budget,
- *   with what this tracker's chats hold);
+ *   many nodes serve it (red where none does); past a few dozen nodes, one
+ *   row per span with how many nodes serve and load it;
+ * - the node list, a page of 200 at a time (the tracker sums the rest): host,
+ *   backend, weight format, status, span, throughput, RPM over the last
+ *   heartbeats, tokens served, KV cache use (a bar: used of budget, with what
+ *   this tracker's chats hold);
  * - the admission queue: chats running, waiting for KV room, longest wait;
  * - the recent routes.
  *
@@ -99,18 +102,31 @@ function sparkline(values, w = 90, h = 18) {
   return svg;
 }
 
+/** Past this many nodes of a model, the map has a row per span instead of a row per node. */
+const MAP_NODE_ROWS = 40;
+function spanRows(m, grid) {
+  for (const g of m.spans) {
+    const row = el("tr", {}, el("td", { class: "peer" }, "span " + g.start_layer + "–" + (g.end_layer - 1) + " · " + g.serving + " serving" + (g.loading ? ", " + g.loading + " loading" : "")));
+    for (let l = 0; l < m.num_layers; l++) {
+      const inside = g.start_layer <= l && l < g.end_layer;
+      row.append(el("td", {}, el("span", { class: "cell" + (inside ? (g.serving ? " serving" : " loading") : "") })));
+    }
+    grid.append(row);
+  }
+}
 function renderMaps(d) {
   const root = $("maps");
   root.replaceChildren();
   for (const m of d.models) {
     const nodes = d.nodes.filter((n) => n.model === m.name && (n.assignment || n.serving));
-    const title = el("div", { class: "model-title" }, el("strong", {}, m.name), el("span", { class: "dim" }, m.num_layers + " layers"),
+    const title = el("div", { class: "model-title" }, el("strong", {}, m.name), el("span", { class: "dim" }, m.num_layers + " layers · " + m.nodes + " node(s)"),
       m.complete ? el("span", { class: "badge ok" }, "every layer served") : el("span", { class: "badge bad" }, "missing layers " + m.missing_layers.join(", ")));
     const grid = el("table", { class: "grid" });
     const head = el("tr", {}, el("th", { class: "peer" }, "node \\\\ layer"));
     for (let l = 0; l < m.num_layers; l++) head.append(el("th", { class: "l dim" }, l));
     grid.append(head);
-    for (const n of nodes) {
+    if (m.nodes > MAP_NODE_ROWS) spanRows(m, grid);
+    else for (const n of nodes) {
       const row = el("tr", {}, el("td", { class: "peer" }, short(n.peer_id) + " · " + n.host));
       for (let l = 0; l < m.num_layers; l++) {
         const serves = n.serving && n.serving.start_layer <= l && l < n.serving.end_layer;
@@ -119,7 +135,7 @@ function renderMaps(d) {
       }
       grid.append(row);
     }
-    if (nodes.length === 0) grid.append(el("tr", {}, el("td", { class: "peer empty", colspan: String(m.num_layers + 1) }, "no node holds a layer yet")));
+    if (m.nodes === 0) grid.append(el("tr", {}, el("td", { class: "peer empty", colspan: String(m.num_layers + 1) }, "no node holds a layer yet")));
     const max = Math.max(0, ...m.coverage);
     const cov = el("tr", {}, el("td", { class: "peer" }, "coverage"));
     for (const c of m.coverage) cov.append(el("td", {}, el("span", { class: "cov", style: "background:" + covColor(c, max) }, c)));
@@ -142,6 +158,20 @@ function specCell(s) {
   return el("span", { title }, Math.round((100 * s.accepted) / s.drafted) + "% · " + (s.tokens / Math.max(1, s.trips)).toFixed(2) + "/trip");
 }
 
+// rtc: a WebRTC data channel straight to the peer; fast / rpc: through the relay; link, direct: straight to a Node.js node.
+const PATH_NAMES = { rtc: "data channel", fast: "relay", rpc: "relay /rpc", link: "link", direct: "HTTP" };
+function pathsCell(paths) {
+  if (!paths || paths.length === 0) return el("span", { class: "dim" }, "–");
+  return el("span", {}, ...paths.map((p, i) => el("span", { class: "mono", title: "sent: " + Object.entries(p.sent).map(([k, v]) => k + " " + v).join(", ") + (p.rtc ? "; data channel " + p.rtc : "") },
+    (i ? " · " : "") + short(p.peer_id) + " " + (PATH_NAMES[p.path] || p.path))));
+}
+// The path the sender of a hop last used to reach "to", from its heartbeat.
+function pathOf(d, from, to) {
+  const n = d.nodes.find((x) => x.peer_id === from);
+  const p = n && n.hop_paths && n.hop_paths.find((x) => x.peer_id === to);
+  return p ? PATH_NAMES[p.path] || p.path : "";
+}
+
 function renderQueue(d) {
   const q = d.queue;
   const stat = (n, label) => el("div", {}, el("b", {}, n), el("span", { class: "dim" }, label));
@@ -150,10 +180,19 @@ function renderQueue(d) {
     stat((q.oldest_wait_ms / 1000).toFixed(1) + " s", "longest wait (limit " + Math.round(q.max_wait_ms / 1000) + " s)")));
 }
 
+let offset = 0;
+function pager(d) {
+  const p = d.page;
+  if (p.total <= p.limit && p.offset === 0) return el("span");
+  const btn = (label, to, off) => { const b = el("button", {}, label); b.disabled = off; b.onclick = () => { offset = to; refresh(); }; return b; };
+  return el("div", { class: "dim" }, "nodes " + (p.offset + 1) + "–" + (p.offset + d.nodes.length) + " of " + p.total + " ",
+    btn("◀ previous", Math.max(0, p.offset - p.limit), p.offset === 0), " ", btn("next ▶", p.offset + p.limit, p.offset + p.limit >= p.total));
+}
+
 function renderNodes(d) {
   const root = $("nodes");
-  if (d.nodes.length === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
-  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "drafts", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
+  if (d.page.total === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
+  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "drafts", "queue", "budget", "KV cache", "hops go by", "last seen"].map((h) => el("th", {}, h))));
   for (const n of d.nodes) {
     t.append(el("tr", {},
       el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend), el("td", { class: "mono" }, n.weight_format),
@@ -163,9 +202,9 @@ function renderNodes(d) {
       el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
       el("td", {}, n.throughput.toFixed(0) + (n.duty_cycle < 1 ? " (" + Math.round(n.duty_cycle * 100) + " % cap)" : "")), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
       el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, specCell(n.speculation)), el("td", {}, n.queue_depth + n.in_flight),
-      el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
+      el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", {}, pathsCell(n.hop_paths)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
   }
-  root.replaceChildren(t);
+  root.replaceChildren(pager(d), t);
 }
 
 function renderRoutes(d) {
@@ -174,7 +213,9 @@ function renderRoutes(d) {
   const t = el("table", {}, el("tr", {}, ...["when", "kind", "model", "route (node [layers])", "est. ms/token"].map((h) => el("th", {}, h))));
   const now = Date.now();
   for (const r of d.recent_routes.slice(0, 12)) {
-    const path = r.hops.map((h) => short(h.peer_id) + " [" + h.start_layer + "–" + (h.end_layer - 1) + "]").join("  →  ");
+    // Each arrow names the path that hop took (the sender's last report), the closing one the way back to the head.
+    const path = r.hops.map((h, i) => (i ? "  →" + (pathOf(d, r.hops[i - 1].peer_id, h.peer_id) ? " " + pathOf(d, r.hops[i - 1].peer_id, h.peer_id) + " →  " : "  ") : "") + short(h.peer_id) + " [" + h.start_layer + "–" + (h.end_layer - 1) + "]").join("")
+      + (r.hops.length > 1 && pathOf(d, r.hops[r.hops.length - 1].peer_id, r.hops[0].peer_id) ? "  ⤺ " + pathOf(d, r.hops[r.hops.length - 1].peer_id, r.hops[0].peer_id) : "");
     t.append(el("tr", {}, el("td", { class: "dim" }, ago(now - r.at)), el("td", {}, r.kind), el("td", {}, r.model), el("td", { class: "route" }, path), el("td", {}, r.cost_ms)));
   }
   root.replaceChildren(t);
@@ -207,20 +248,25 @@ function renderTrust(d) {
   root.replaceChildren(...kids);
 }
 
+let timer = 0;
 async function refresh() {
+  clearTimeout(timer);
+  let next = 1000;
   try {
-    const res = await fetch("api/dashboard", { cache: "no-store" });
+    const res = await fetch("api/dashboard?offset=" + offset, { cache: "no-store" });
     if (!res.ok) throw new Error("HTTP " + res.status);
     const d = await res.json();
-    $("meta").textContent = "tracker " + short(d.tracker.peer_id) + " · up " + d.tracker.uptime_s + " s · " + d.nodes.length + " node(s) · " + d.models.map((m) => m.name).join(", ") + " · queue " + d.queue.length;
+    next = d.refresh_ms || 1000;
+    if (d.page.offset >= d.page.total && d.page.total > 0) { offset = 0; }
+    $("meta").textContent = "tracker " + short(d.tracker.peer_id) + " · up " + d.tracker.uptime_s + " s · " + d.summary.nodes + " node(s) · " + d.models.map((m) => m.name).join(", ") + " · queue " + d.queue.length + (d.tracker.behind ? " · behind: heartbeats every " + Math.round(d.tracker.heartbeat_interval_ms / 1000) + " s" : "");
     $("err").textContent = "";
     renderMaps(d); renderQueue(d); renderNodes(d); renderRoutes(d); renderTrust(d);
   } catch (e) {
     $("err").textContent = "tracker unreachable: " + e.message;
   }
+  timer = setTimeout(refresh, next);
 }
 refresh();
-setInterval(refresh, 1000);
 </script>
 </body>
 </html>

@@ -242,7 +242,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     const head = deps.registry.nodes.get(headId);
     const hops = routeHops(deps.registry, plan, true);
     const routeNodes = plan.hops.map((h) => deps.registry.nodes.get(h.id)).filter((n): n is NodeRecord => n !== undefined);
-    for (const n of routeNodes) n.inFlight++;
+    for (const n of routeNodes) deps.registry.addInFlight(n, 1);
     const ctl = new AbortController();
     const onAbort = () => ctl.abort();
     signal.addEventListener('abort', onAbort, { once: true });
@@ -382,7 +382,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       // A resume keeps the route, and its lease of KV room, for the next attempt.
       if (resume) given = lease;
       else lease.release();
-      for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
+      for (const n of routeNodes) deps.registry.addInFlight(n, -1);
     }
     if (finished) {
       // One head, one route from start to end: a head audit can judge it (verify/audit.ts).

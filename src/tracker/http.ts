@@ -70,8 +70,11 @@ export function bodySource(res: Response): AsyncGenerator<Uint8Array> | undefine
   return (res as Response & { [SOURCE]?: AsyncGenerator<Uint8Array> })[SOURCE];
 }
 
+/** A mesh error as its JSON answer; one that says when to come back (`retry_after_ms`) also says it in Retry-After. */
 export function meshErrorResponse(e: MeshError): Response {
-  return json(e.status, e.toBody());
+  const retry = e.details.retry_after_ms;
+  const headers: Record<string, string> = typeof retry === 'number' && retry >= 0 ? { 'retry-after': String(Math.max(1, Math.ceil(retry / 1000))), 'retry-after-ms': String(Math.round(retry)) } : {};
+  return json(e.status, e.toBody(), headers);
 }
 
 interface Route {
@@ -159,7 +162,10 @@ export interface ServedApp {
 
 /** Serve `fetchFn` on Node's http server; a client going away aborts the Request's signal (and so the generation). */
 export async function serveApp(fetchFn: (req: Request) => Promise<Response>, port: number, host: string, maxBodyBytes: number): Promise<ServedApp> {
-  const server = createServer((req, res) => {
+  // Idle connections are kept past the longest heartbeat period handed out (60 s): clients honour the
+  // server's Keep-Alive hint, so a node's next heartbeat reuses its connection instead of opening one
+  // (with the default 5 s, equal to the heartbeat period, every beat was a new TCP connection).
+  const server = createServer({ keepAliveTimeout: 65_000, headersTimeout: 70_000 }, (req, res) => {
     void handleNode(fetchFn, req, res, host, maxBodyBytes);
   });
   await new Promise<void>((resolve, reject) => {

@@ -104,6 +104,8 @@ export interface TrackerOptions {
   quarantineMs: number;
   /** After two head audits contradict a generation, how long the walk of its hops may take to name one before the head is convicted, ms. @defaultValue 60000 */
   auditWalkMs: number;
+  /** /metrics has per-node series (KV, batch sizes) while at most this many nodes are registered. @defaultValue 500 */
+  perNodeMetricsLimit: number;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
   /** Clock, ms since epoch (tests pin it). */
@@ -145,6 +147,7 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   checkMinRate: 0.02,
   quarantineMs: 15 * 60_000,
   auditWalkMs: 60_000,
+  perNodeMetricsLimit: 500,
   logLevel: 'info',
   now: () => Date.now(),
   random: () => Math.random(),

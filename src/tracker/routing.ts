@@ -49,29 +49,78 @@ export function hopCostMs(n: ServingNode, start: number, end: number, hopLatency
   return hopLatencyMs + n.layerMs * (end - start) * (1 + Math.max(0, n.load));
 }
 
-/** The K cheapest routes covering [from, to), cheapest first; empty when no chain exists. */
+/** A route being built: the last hop and the route before it (routes share their prefixes). */
+interface Partial {
+  costMs: number;
+  hop: PlannedHop | null;
+  prev: Partial | null;
+}
+
+function holds(p: Partial | null, id: string): boolean {
+  for (let q = p; q !== null; q = q.prev) if (q.hop?.id === id) return true;
+  return false;
+}
+
+function planOf(p: Partial): RoutePlan {
+  const hops: PlannedHop[] = [];
+  for (let q: Partial | null = p; q !== null && q.hop !== null; q = q.prev) hops.push(q.hop);
+  return { hops: hops.reverse(), costMs: p.costMs };
+}
+
+/** Insert into a list sorted by cost, after its equals, keeping at most `keep`. */
+function insertKept(into: Partial[], r: Partial, keep: number): void {
+  let k = into.length;
+  while (k > 0 && into[k - 1]!.costMs > r.costMs) k--;
+  if (k >= keep) return;
+  into.splice(k, 0, r);
+  if (into.length > keep) into.length = keep;
+}
+
+/**
+ * The K cheapest routes covering [from, to), cheapest first; empty when no
+ * chain exists. Nodes of one span are taken cheapest first, and a node (or a
+ * route so far) that cannot beat the K-th route already found ends the
+ * search along it: with thousands of nodes of a few spans the search looks
+ * at a handful of each, not every pair of route and node.
+ */
 export function findRoutes(nodes: readonly ServingNode[], from: number, to: number, costs: RoutingCosts): RoutePlan[] {
   const keep = costs.keep ?? 16;
-  const best: RoutePlan[][] = Array.from({ length: to + 1 }, () => []);
-  best[from] = [{ hops: [], costMs: 0 }];
+  const lat = costs.hopLatencyMs;
+  // Nodes by span, each span's nodes by their cost per layer (the order of their hop costs over any stretch).
+  const bySpan = new Map<string, { start: number; end: number; nodes: Array<{ n: ServingNode; perLayer: number }> }>();
+  for (const n of nodes) {
+    if (n.end <= from || n.start >= to) continue;
+    const key = `${n.start}:${n.end}`;
+    let g = bySpan.get(key);
+    if (!g) bySpan.set(key, (g = { start: n.start, end: n.end, nodes: [] }));
+    g.nodes.push({ n, perLayer: n.layerMs * (1 + Math.max(0, n.load)) });
+  }
+  const groups = [...bySpan.values()];
+  for (const g of groups) g.nodes.sort((a, b) => a.perLayer - b.perLayer);
+  const best: Partial[][] = Array.from({ length: to + 1 }, () => []);
+  best[from] = [{ costMs: 0, hop: null, prev: null }];
   for (let b = from; b < to; b++) {
     const here = best[b]!;
     if (here.length === 0) continue;
-    for (const n of nodes) {
-      if (!(n.start <= b && b < n.end)) continue;
-      const e = Math.min(n.end, to);
-      const c = hopCostMs(n, b, e, costs.hopLatencyMs);
+    for (const g of groups) {
+      if (!(g.start <= b && b < g.end)) continue;
+      const e = Math.min(g.end, to);
       const into = best[e]!;
+      const cheapest = hopCostMs(g.nodes[0]!.n, b, e, lat);
       for (const p of here) {
-        // A node appears once per route: a second visit would mean reusing its KV session twice.
-        if (p.hops.some((h) => h.id === n.id)) continue;
-        into.push({ hops: [...p.hops, { id: n.id, start: b, end: e }], costMs: p.costMs + c });
+        // `here` is cheapest first: once even the cheapest node cannot make the cut, no later route can.
+        if (into.length >= keep && p.costMs + cheapest >= into[keep - 1]!.costMs) break;
+        for (const { n } of g.nodes) {
+          const c = p.costMs + hopCostMs(n, b, e, lat);
+          if (into.length >= keep && c >= into[keep - 1]!.costMs) break;
+          // A node appears once per route: a second visit would mean reusing its KV session twice.
+          if (holds(p, n.id)) continue;
+          insertKept(into, { costMs: c, hop: { id: n.id, start: b, end: e }, prev: p }, keep);
+        }
       }
-      into.sort((x, y) => x.costMs - y.costMs);
-      if (into.length > keep) into.length = keep;
     }
   }
-  return best[to]!;
+  return best[to]!.map(planOf);
 }
 
 /**

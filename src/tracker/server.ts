@@ -105,6 +105,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     }
   }
   const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes);
+  tracker.load.start();
   const sweeper = setInterval(() => {
     try {
       tracker.sweep();
@@ -123,6 +124,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     async close() {
       catalog.close();
       clearInterval(sweeper);
+      tracker.load.stop();
       tracker.admission.close();
       relay?.close();
       await served.close();

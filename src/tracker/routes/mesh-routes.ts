@@ -12,7 +12,7 @@ import { routeHops } from '../head-proxy.ts';
 import { json, readJson, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
 import type { RoutePlan } from '../routing.ts';
-import { signChainReply, signRoute, verifyTimestampedSignature } from '../signing.ts';
+import { signChainReply, signRoute } from '../signing.ts';
 
 const replaceMessage = signedSchema(replaceRequestSchema);
 
@@ -51,7 +51,7 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
     const body = parsed.data.body;
     const head = registry.nodes.get(body.head_peer_id);
     if (!head) throw new MeshError('MESH_ERR_NOT_FOUND', `head ${body.head_peer_id} is not registered here; register first`);
-    await verifyTimestampedSignature(head.publicKey, parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
+    ctx.nodeKeys.verifyTimestamped(head.publicKey, parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
     const model = registry.model(body.model);
     if (body.start_layer >= body.end_layer || body.end_layer > model.numLayers) {
       throw new MeshError('MESH_ERR_BAD_REQUEST', `span [${body.start_layer}, ${body.end_layer}) is not inside the model's 0..${model.numLayers}`);

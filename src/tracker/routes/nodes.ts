@@ -12,7 +12,6 @@ import { notLoadedYet, type TrackerContext } from '../context.ts';
 import { wireDtypeOf } from '../options.ts';
 import { json, readJson, streamResponse, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
-import { verifyNodeMessage } from '../signing.ts';
 
 const nodeMessage = signedSchema(nodeMessageSchema);
 const utf8 = new TextEncoder();
@@ -24,15 +23,18 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
 
   function answerFor(n: NodeRecord): RegisterAnswer {
     const model = registry.models.get(n.info.model)!;
+    // Longer than configured while the tracker is behind (load.ts); the node's deadline counts in what it was told.
+    const interval = ctx.load.intervalMs();
+    registry.toldInterval(n, interval);
     return {
       assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url, wire_dtype: wireDtypeOf(o, model.name) },
-      heartbeat_interval_ms: o.heartbeatIntervalMs,
+      heartbeat_interval_ms: interval,
       tracker_public_key: ctx.publicKey,
       ...(ctx.verification.enabled ? { distrust: ctx.verification.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until })) } : {}),
     };
   }
 
-  async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat'): Promise<NodeMessage> {
+  async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat', admit?: (peerId: string) => void): Promise<NodeMessage> {
     const raw = await readJson(req, o.maxBodyBytes);
     const parsed = nodeMessage.safeParse(raw);
     if (!parsed.success) {
@@ -40,9 +42,10 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       const issue = parsed.error.issues[0]!;
       throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected {body: NodeMessage, signature}`);
     }
+    admit?.(parsed.data.body.peer_id);
     try {
       // Over the body as sent: fields a newer node adds (and this schema strips) are signed too.
-      await verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
+      ctx.nodeKeys.verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
     } catch (e) {
       metrics.registrations.inc({ kind, result: 'refused' });
       logger.warn({ peer_id: parsed.data.body.peer_id, kind, err: (e as Error).message }, 'signed node message refused');
@@ -52,7 +55,12 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
   }
 
   app.post('/api/nodes/register', async ({ req }) => {
-    const msg = await signedNodeMessage(req, 'register');
+    const msg = await signedNodeMessage(req, 'register', (peer) => {
+      if (!ctx.load.saturated || registry.nodes.has(peer)) return;
+      // Behind even at the longest heartbeat period: a newcomer can wait (before its signature is checked); the nodes here keep their beats.
+      metrics.registrations.inc({ kind: 'register', result: 'shed' });
+      throw new MeshError('MESH_ERR_UNAVAILABLE', 'the tracker is overloaded; register again after Retry-After', { retry_after_ms: ctx.load.retryAfterMs() });
+    });
     if (!registry.models.has(msg.info.model)) {
       const pending = notLoadedYet(ctx.pendingModels, msg.info.model);
       if (pending) throw pending;
@@ -97,3 +105,4 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     return json(200, answerFor(n));
   });
 }
+

@@ -21,7 +21,7 @@ export function openAiRoutes(app: App, ctx: TrackerContext): void {
         object: 'model',
         created: created(),
         owned_by: 'meshnet',
-        meshnet: { num_layers: m.numLayers, context_length: m.contextTokens, ready: registry.availability(m.name).complete },
+        meshnet: { num_layers: m.numLayers, context_length: m.contextTokens, ready: registry.coverageOf(m.name).complete },
       })),
     }),
   );

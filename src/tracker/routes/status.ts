@@ -14,6 +14,21 @@ import { DASHBOARD_HTML } from '../dashboard.ts';
 import { json, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
 
+/** Nodes per page of /api/dashboard, and at most. */
+const DASHBOARD_PAGE = { limit: 200, max: 1000 };
+/** Nodes per page of /api/availability, and at most. */
+const AVAILABILITY_PAGE = { limit: 1000, max: 10_000 };
+/** Peer ids listed per layer in /api/availability (`count` is exact). */
+const IDS_PER_LAYER = 256;
+
+function pageOf(url: URL, d: { limit: number; max: number }): { offset: number; limit: number } {
+  const int = (v: string | null, dflt: number) => {
+    const n = v === null ? NaN : Number(v);
+    return Number.isInteger(n) && n >= 0 ? n : dflt;
+  };
+  return { offset: int(url.searchParams.get('offset'), 0), limit: Math.min(d.max, int(url.searchParams.get('limit'), d.limit)) };
+}
+
 export function statusRoutes(app: App, ctx: TrackerContext): void {
   const { options: o, registry, metrics, identity, publicKey, admission } = ctx;
 
@@ -41,23 +56,52 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
   app.get('/api/availability', ({ url }) => {
     const only = url.searchParams.get('model');
     const names = only ? [registry.model(only).name] : [...registry.models.keys()];
-    return json(200, { models: names.map((m) => registry.availability(m)) });
+    const { offset, limit } = pageOf(url, AVAILABILITY_PAGE);
+    return json(200, { models: names.map((m) => registry.availability(m, { offset, limit, idsPerLayer: IDS_PER_LAYER })) });
   });
 
-  app.get('/api/dashboard', () => {
+  app.get('/api/dashboard', ({ url }) => {
     const now = o.now();
     const relayUp = ctx.generation.transport.relayUp?.();
     const reach = (n: NodeRecord) => {
       const why = registry.unreachableWhy(n, relayUp);
       return why === undefined ? { reachable: true } : { reachable: false, unreachable_reason: why, ...(n.unreachable ? { unreachable_ms: now - n.unreachable.since } : {}) };
     };
+    const { offset, limit } = pageOf(url, DASHBOARD_PAGE);
+    const total = registry.nodes.size;
+    // One page of nodes (in the order they joined); the rest is summed, so a tab open on a swarm of
+    // thousands costs the tracker what it costs on a few hundred.
+    const page: NodeRecord[] = [];
+    const byBackend: Record<string, number> = {};
+    const byHost: Record<string, number> = {};
+    let i = 0;
+    for (const n of registry.nodes.values()) {
+      byBackend[n.info.backend] = (byBackend[n.info.backend] ?? 0) + 1;
+      byHost[n.info.host] = (byHost[n.info.host] ?? 0) + 1;
+      if (i++ >= offset && page.length < limit) page.push(n);
+    }
     return json(200, {
-      tracker: { public_key: publicKey, peer_id: identity.peerId, uptime_s: Math.round((now - ctx.startedAt) / 1000) },
+      tracker: { public_key: publicKey, peer_id: identity.peerId, uptime_s: Math.round((now - ctx.startedAt) / 1000), heartbeat_interval_ms: ctx.load.intervalMs(), behind: ctx.load.current.behind },
+      // How often a dashboard should ask again: every second for a small mesh, less often for a swarm.
+      refresh_ms: total <= 200 ? 1000 : total <= 2000 ? 2000 : 5000,
+      summary: { nodes: total, by_backend: byBackend, by_host: byHost },
       models: [...registry.models.values()].map((m) => {
-        const a = registry.availability(m.name);
-        return { name: m.name, url: m.url, num_layers: m.numLayers, wire_dtype: wireDtypeOf(o, m.name), complete: a.complete, missing_layers: a.missing_layers, coverage: a.layers.map((l) => l.count) };
+        const cov = registry.coverageOf(m.name);
+        return {
+          name: m.name,
+          url: m.url,
+          num_layers: m.numLayers,
+          wire_dtype: wireDtypeOf(o, m.name),
+          complete: cov.complete,
+          missing_layers: cov.missing,
+          coverage: cov.count,
+          nodes: registry.placement(m.name).size,
+          status: registry.statusCounts(m.name),
+          spans: registry.spanGroups(m.name),
+        };
       }),
-      nodes: [...registry.nodes.values()].map((n) => ({
+      page: { offset, limit, total },
+      nodes: page.map((n) => ({
         peer_id: n.peerId,
         model: n.info.model,
         backend: n.info.backend,
@@ -79,13 +123,16 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         kv: kvView(n),
         tokens_served: n.stats?.tokens_served ?? 0,
         speculation: n.stats?.speculation ?? null,
-        rpm_history: n.history.map((h) => ({ at: h.at, rpm: h.stats.rpm, layer_ms: h.stats.layer_ms })),
+        rpm_history: n.history.map((h) => ({ at: h.at, rpm: h.rpm, layer_ms: h.layer_ms })),
         in_flight: n.inFlight,
         failures: n.failures,
         last_seen_ms_ago: now - n.lastSeen,
         endpoint: n.endpoint ?? null,
         relay_addr: n.relayAddr ?? null,
         ...reach(n),
+        // Which path each of its hops takes (a data channel, the relay, a link …): null for nodes that do not report it.
+        hops_sent: n.stats?.hops_sent ?? null,
+        hop_paths: n.stats?.hop_paths ?? null,
       })),
       queue: queueView(),
       recent_routes: [...ctx.recentRoutes].reverse(),
@@ -95,7 +142,7 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
 
   app.get('/dashboard', () => new Response(DASHBOARD_HTML, { status: 200, headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-cache' } }));
 
-  app.get('/healthz', () => json(200, { status: 'ok', nodes: registry.nodes.size, models: [...registry.models.keys()] }));
+  app.get('/healthz', () => json(200, { status: 'ok', nodes: registry.nodes.size, models: [...registry.models.keys()], heartbeat_interval_ms: ctx.load.intervalMs(), behind: ctx.load.current.behind }));
 
   app.get('/metrics', async () => {
     ctx.updateNodeGauge();
@@ -103,7 +150,8 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
     metrics.queueRunning.set(admission.running);
     metrics.nodeKv.reset();
     metrics.nodeBatches.reset();
-    for (const n of registry.nodes.values()) {
+    // Per-node series only for a mesh of a few hundred nodes: past that they are many thousands of series per scrape.
+    for (const n of registry.nodes.size <= o.perNodeMetricsLimit ? registry.nodes.values() : []) {
       n.stats?.batch_sizes?.forEach((runs, size) => {
         if (size > 0 && runs > 0) metrics.nodeBatches.set({ peer_id: n.peerId, model: n.info.model, size: String(size) }, runs);
       });

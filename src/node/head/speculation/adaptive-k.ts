@@ -9,20 +9,31 @@
  * step (E = 1, t = base); it speculates only when that beats the plain step
  * by `margin` (so a poor drafter costs little), and while it does not it
  * drafts one token every `probeEvery` trips to keep α current (each probe
- * that changes nothing doubles that wait, up to 8×).
+ * that changes nothing doubles that wait, up to 8×; a probe accepted while
+ * α̂ is low sets it back).
  *
  * Estimates, discounted so they follow the text as it changes:
  * - α: accepted drafts / (accepted + rejections) — the maximum likelihood
  *   estimate for geometric acceptance (each trip's drafts are looked at
- *   until the first rejection), with a prior of one of each.
+ *   until the first rejection), with a prior of a quarter accepted, one
+ *   rejected.
  * - base and perRow: a ridge regression of trip time on drafted rows, the
  *   slope pulled towards `perRowPrior` × base until the rows vary enough to
  *   tell; every 4th speculating trip drafts one token fewer or more so they
- *   always do (near the best k the rate is flat: this costs little).
+ *   always do (near the best k the rate is flat: this costs little); never
+ *   below 1% of the plain trip.
  * - draftCost: the drafter's own measured ms per proposed token.
  *
  * A hop that reports full batches turns speculation off for `fullHoldTrips`
  * trips: batching already amortises the trip, and drafts would only add rows.
+ *
+ * What a generation learnt can start the next one (`carry()` → `prior`): a
+ * draft model's α is a property of the pair of models more than of the text,
+ * so a head whose draft model keeps losing starts its next generation at
+ * k = 0, probing at the back-off it had reached, instead of paying a few
+ * losing trips to find that out again. The carried evidence weighs at most
+ * `CARRY_WEIGHT` trips, so a generation where the drafter does well still
+ * turns it back on within a few probes.
  */
 
 export interface AdaptiveKOptions {
@@ -40,6 +51,8 @@ export interface AdaptiveKOptions {
   perRowPrior?: number;
   /** Weight of each trip's evidence against the newest (per trip). @defaultValue 0.95 */
   decay?: number;
+  /** What earlier generations with the same drafter learnt (`carry()`); absent: a prior of a quarter accepted, one rejected. */
+  prior?: CarriedPolicy;
 }
 
 export interface TripRecord {
@@ -50,6 +63,24 @@ export interface TripRecord {
   /** From the step's start at the head to its tokens, ms. */
   tripMs: number;
 }
+
+/** A policy's state worth keeping between generations (see `AdaptiveK.carry`). */
+export interface CarriedPolicy {
+  /** Discounted accepted drafts and rejecting trips. */
+  accepted: number;
+  rejected: number;
+  /** Discounted regression sums of trip ms on drafted rows. */
+  sums: { s0: number; sx: number; sy: number; sxx: number; sxy: number };
+  /** The drafter's ms per proposed token (0: not measured). */
+  draftMs: number;
+  /** Probe back-off: trips between probes now, and plain trips since the last draft (absent: a fixed k, which never probes). */
+  probe?: { wait: number; since: number };
+}
+
+/** Carried acceptance counts weigh at most this many trips' worth in the next generation. */
+export const CARRY_WEIGHT = 8;
+/** Carried trip-time sums weigh at most this many trips. */
+const CARRY_COST_WEIGHT = 4;
 
 export interface AdaptiveKStats {
   alpha: number;
@@ -74,7 +105,9 @@ export class AdaptiveK {
   private readonly margin: number;
   private readonly perRowPrior: number;
   private readonly decay: number;
-  private accepted = 1;
+  // A prior of a quarter accepted, one rejected: a first trip's evidence outweighs it either way (a good
+  // drafter's first trip accepts several), and a useless drafter is found out within a few trips.
+  private accepted = 0.25;
   private rejected = 1;
   // Discounted regression sums of trip ms on drafted rows.
   private s0 = 0;
@@ -100,6 +133,51 @@ export class AdaptiveK {
     this.margin = o.margin ?? 0.03;
     this.perRowPrior = o.perRowPrior ?? 0.05;
     this.decay = o.decay ?? 0.95;
+    if (o.prior) this.start(o.prior);
+  }
+
+  private start(p: CarriedPolicy): void {
+    const total = p.accepted + p.rejected;
+    if (Number.isFinite(total) && total > 0 && p.accepted >= 0 && p.rejected >= 0) {
+      const w = Math.min(1, CARRY_WEIGHT / total);
+      this.accepted = p.accepted * w;
+      this.rejected = p.rejected * w;
+    }
+    const s = p.sums;
+    if ([s.s0, s.sx, s.sy, s.sxx, s.sxy].every(Number.isFinite) && s.s0 > 0) {
+      const w = Math.min(1, CARRY_COST_WEIGHT / s.s0);
+      this.s0 = s.s0 * w;
+      this.sx = s.sx * w;
+      this.sy = s.sy * w;
+      this.sxx = s.sxx * w;
+      this.sxy = s.sxy * w;
+    }
+    if (Number.isFinite(p.draftMs) && p.draftMs > 0) this.draftMs = p.draftMs;
+    if (p.probe && Number.isInteger(p.probe.wait) && p.probe.wait >= this.probeEvery && Number.isInteger(p.probe.since) && p.probe.since >= 0) {
+      this.probeWait = Math.min(8 * this.probeEvery, p.probe.wait);
+      this.sinceSpeculated = p.probe.since;
+    }
+  }
+
+  /** This generation's evidence, to start the next one with the same drafter (`prior`). */
+  carry(): CarriedPolicy {
+    const c: CarriedPolicy = {
+      accepted: this.accepted,
+      rejected: this.rejected,
+      sums: { s0: this.s0, sx: this.sx, sy: this.sy, sxx: this.sxx, sxy: this.sxy },
+      draftMs: this.draftMs,
+    };
+    if (this.fixedK === undefined) c.probe = { wait: this.probeWait, since: this.sinceSpeculated };
+    return c;
+  }
+
+  /**
+   * Whether the trip after the one just planned is due to draft while
+   * drafting does not pay (a probe): a drafter with state to catch up (a
+   * draft model) can do that while this trip is in flight.
+   */
+  probeComesNext(): boolean {
+    return this.fixedK === undefined && this.lastK === 0 && this.trips >= this.heldUntil && this.sinceSpeculated + 1 >= this.probeWait;
   }
 
   get alpha(): number {
@@ -108,7 +186,8 @@ export class AdaptiveK {
 
   /** The drafter's measured cost per proposed token, ms. */
   setDraftCost(ms: number): void {
-    if (Number.isFinite(ms) && ms >= 0) this.draftMs = ms;
+    // 0 is "not measured yet" (a fresh draft model): keep what was carried.
+    if (Number.isFinite(ms) && ms > 0) this.draftMs = ms;
   }
 
   /** A hop's batches are full: plain steps for a while. */
@@ -127,7 +206,9 @@ export class AdaptiveK {
     const lambda = 1;
     const prior = (this.perRowPrior * my) / (1 + this.perRowPrior * mx);
     const slope = Math.max(0, (cxy + lambda * prior) / (Math.max(0, cxx) + lambda));
-    return { baseMs: Math.max(1e-3, my - slope * mx), perRowMs: slope };
+    // A row is never free (every hop computes it): at least 1% of a plain trip, whatever noisy trip times say.
+    const base = Math.max(1e-3, my - slope * mx);
+    return { baseMs: base, perRowMs: Math.max(slope, 0.01 * base) };
   }
 
   /** k for the next trip (0: a plain step). */
@@ -164,6 +245,9 @@ export class AdaptiveK {
     this.trips++;
     const g = this.decay;
     if (t.drafted > 0) {
+      // A probe accepted where α̂ said it would almost surely fail: the estimate is stale (the text or,
+      // after a carried prior, the task changed), so look again soon, whatever the back-off had reached.
+      if (t.accepted === t.drafted && this.alpha < 0.25) this.probeWait = this.probeEvery;
       this.sinceSpeculated = 0;
       this.accepted = this.accepted * g + t.accepted;
       this.rejected = this.rejected * g + (t.accepted < t.drafted ? 1 : 0);

@@ -63,10 +63,15 @@ export interface DraftModelOptions {
   sampling: SamplingParams;
   /** Positions the generation reaches at most (the drafter reserves that plus the drafts). */
   declared: number;
+  /** The draft model's name: a head carries its acceptance from one generation to the next under it (Drafter.memoryKey). */
+  name?: string;
+  /** 'self': the draft is the target's own first layers with its head (self-speculation). @defaultValue 'model' */
+  kind?: 'model' | 'self';
 }
 
 export class DraftModelDrafter implements Drafter {
-  readonly kind = 'model' as const;
+  readonly kind: 'model' | 'self';
+  readonly memoryKey: string | undefined;
   /** Tokens the draft cache holds, position by position. */
   private fed: number[] = [];
   /** Furthest position the cache was written to (rollback bound). */
@@ -81,6 +86,9 @@ export class DraftModelDrafter implements Drafter {
     private readonly o: DraftModelOptions,
   ) {
     this.stochastic = (o.sampling.temperature ?? 0) > 0;
+    this.kind = o.kind ?? 'model';
+    // Greedy and sampled drafts are judged by different rules: their acceptance is kept apart.
+    this.memoryKey = o.name === undefined ? undefined : `model:${o.name}:${this.stochastic ? 'sampled' : 'greedy'}`;
   }
 
   costPerToken(): number {
@@ -112,6 +120,17 @@ export class DraftModelDrafter implements Drafter {
       const ms = performance.now() - t0;
       this.msPerToken = this.msPerToken === 0 ? ms : this.msPerToken + 0.2 * (ms - this.msPerToken);
     }
+  }
+
+  /** Feeds what was accepted since the last call, ahead of the next `propose` (greedy: one forward; sampled: nothing, see above). */
+  async prepare(accepted: readonly number[]): Promise<void> {
+    if (this.stochastic || accepted.length < 2) return;
+    const acc = accepted.slice(); // the caller's array grows while this runs
+    let common = 0;
+    const n = Math.min(this.fed.length, acc.length);
+    while (common < n && this.fed[common] === acc[common]) common++;
+    if (common >= acc.length - 1) return;
+    await this.feed(acc.slice(common), common);
   }
 
   async propose(accepted: readonly number[], k: number): Promise<Draft> {

@@ -21,11 +21,24 @@ export interface Draft {
 export interface Drafter {
   readonly kind: DrafterKind;
   /**
+   * Names what this drafter's acceptance is a property of (a draft model:
+   * the pair of models), so a head carries it from one generation to the
+   * next (AdaptiveK's `prior`). Absent: acceptance depends on the text
+   * (prompt lookup, a prediction), and each generation starts afresh.
+   */
+  readonly memoryKey?: string;
+  /**
    * Up to `k` proposals for the tokens after `accepted` (prompt + generated
    * so far). `accepted` only ever grows by the tokens a step emitted between
    * calls of one generation; a drafter keeps whatever state it derives from it.
    */
   propose(accepted: readonly number[], k: number): Draft | Promise<Draft>;
+  /**
+   * Catch up on `accepted` ahead of the next `propose` (a draft model feeds
+   * the tokens it has not seen): called while a step is in flight, so the
+   * work overlaps the trip instead of adding to the next one. Optional.
+   */
+  prepare?(accepted: readonly number[]): Promise<void>;
   /** Measured cost of one proposed token, ms (0 for a lookup). */
   costPerToken(): number;
   /** The generation ended: drop per-generation state (a draft model's KV session). */

@@ -12,7 +12,7 @@
  */
 import { MeshError } from '../../../protocol/errors.ts';
 import { MAX_DRAFT, type DraftProposal } from '../../../shard/speculative.ts';
-import type { AdaptiveK, AdaptiveKStats } from './adaptive-k.ts';
+import type { AdaptiveK, AdaptiveKStats, CarriedPolicy } from './adaptive-k.ts';
 import type { Drafter, DrafterKind } from './drafter.ts';
 
 export interface StepPlan {
@@ -71,6 +71,8 @@ export class Speculator {
   /** Furthest position any step wrote on the hops. */
   private written = 0;
   private last: { t0: number; prefill: boolean } | null = null;
+  /** The drafter's catch-up running while a step is in flight (before a probe). */
+  private preparing: Promise<void> | null = null;
 
   constructor(private readonly init: SpeculatorInit) {}
 
@@ -89,6 +91,9 @@ export class Speculator {
     // Cut: the step emits at most k + 1 tokens and writes position + rows positions.
     const room = Math.min(this.init.maxTokens - emitted - 1, this.init.declared - position - unfed.length, MAX_DRAFT);
     const k = Math.max(0, Math.min(policy.next(), room));
+    // A catch-up started during the last trip: let it finish (its time overlapped that trip).
+    if (this.preparing) await this.preparing;
+    this.preparing = null;
     const t0 = performance.now();
     let draft: DraftProposal | undefined;
     if (k > 0) {
@@ -112,6 +117,11 @@ export class Speculator {
     if (this.written > position || draft) plan.rollbackFrom = Math.max(this.written, position + tokens.length);
     this.written = Math.max(this.written, position + tokens.length);
     this.last = { t0: performance.now(), prefill: unfed.length > 1 };
+    // The next trip probes a drafter that does not pay: it catches up now, while this step travels,
+    // so the probe costs one drafted row, not a draft model's forward over every token since the last.
+    if (k === 0 && drafter.prepare && this.init.maxTokens - emitted > 2 && policy.probeComesNext()) {
+      this.preparing = drafter.prepare(accepted).catch(() => undefined);
+    }
     return plan;
   }
 
@@ -139,7 +149,15 @@ export class Speculator {
     return this.init.policy.stats();
   }
 
+  /** What this generation's policy learnt, for the head's next generation with the same drafter (absent: nothing to carry). */
+  carry(): { key: string; policy: CarriedPolicy } | undefined {
+    const key = this.init.drafter.memoryKey;
+    return key === undefined ? undefined : { key, policy: this.init.policy.carry() };
+  }
+
   async release(): Promise<void> {
+    if (this.preparing) await this.preparing;
+    this.preparing = null;
     await this.init.drafter.release();
   }
 }

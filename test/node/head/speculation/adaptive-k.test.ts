@@ -98,6 +98,56 @@ describe('AdaptiveK', () => {
     expect(() => new AdaptiveK({ fixedK: -1 })).toThrow(RangeError);
   });
 
+  it('carried across generations, a losing draft model backs off at once and probes rarely; a winning one is found again', () => {
+    // 48-token generations on a WAN, a draft model that never agrees and costs 10 ms a draft.
+    const losing = { baseMs: 130, perRowMs: 3, draftMs: 10, alpha: () => 0 };
+    const drafting = (carry: boolean): number[] => {
+      let prior: ReturnType<AdaptiveK['carry']> | undefined;
+      const perGeneration: number[] = [];
+      for (let g = 0; g < 12; g++) {
+        const p = new AdaptiveK(carry && prior ? { prior } : {});
+        perGeneration.push(simulate(losing, 47, g + 1, p).ks.reduce((a, b) => a + b, 0));
+        prior = p.carry();
+      }
+      return perGeneration;
+    };
+    const fresh = drafting(false);
+    const carried = drafting(true);
+    // Drafted tokens per generation: each fresh one pays its moderate start (k = 4) and a losing trip or
+    // two before α̂ falls; carried, only the first does.
+    expect(Math.min(...fresh)).toBeGreaterThanOrEqual(5);
+    expect(carried[0]).toBe(fresh[0]);
+    const later = carried.slice(2).reduce((a, b) => a + b, 0);
+    expect(later).toBeGreaterThan(0); // it still probes…
+    expect(later).toBeLessThanOrEqual(6); // …one token a probe, the waits doubling to 128 trips (10 generations × 47 trips)
+
+    // The same head, its draft model now agreeing (another kind of text): drafting again within a few probes.
+    const p = new AdaptiveK({ prior: (() => {
+      let q = new AdaptiveK();
+      for (let g = 0; g < 6; g++) {
+        simulate(losing, 47, g + 1, q);
+        q = new AdaptiveK({ prior: q.carry() });
+      }
+      return q.carry();
+    })() });
+    const { ks } = simulate({ ...losing, alpha: () => 0.9 }, 300, 7, p);
+    expect(ks.slice(0, 8).every((k) => k === 0)).toBe(true);
+    expect(ks.slice(-50).reduce((a, b) => a + b, 0) / 50).toBeGreaterThan(2);
+  });
+
+  it('a carried prior is bounded: it weighs at most a few trips, and nonsense is ignored', () => {
+    const p = new AdaptiveK({ prior: { accepted: 0, rejected: 1e6, sums: { s0: 1e6, sx: 0, sy: 1e8, sxx: 0, sxy: 0 }, draftMs: 5, probe: { wait: 1e9, since: 0 } } });
+    expect(p.alpha).toBe(0);
+    expect(p.costs().baseMs).toBeCloseTo(100, 6);
+    const c = p.carry();
+    expect(c.accepted + c.rejected).toBeCloseTo(8, 6);
+    expect(c.probe!.wait).toBe(128);
+    const q = new AdaptiveK({ prior: { accepted: Number.NaN, rejected: -1, sums: { s0: Number.NaN, sx: 0, sy: 0, sxx: 0, sxy: 0 }, draftMs: -3 } });
+    expect(q.alpha).toBe(0.2);
+    expect(q.next()).toBe(4); // nothing measured: the moderate start
+    expect(q.stats().draftMsPerToken).toBe(0);
+  });
+
   it('measures the per-row cost once rows vary', () => {
     const p = new AdaptiveK();
     for (let i = 0; i < 200; i++) {

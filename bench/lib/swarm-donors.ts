@@ -1,0 +1,232 @@
+/**
+ * The simulated swarm's donors: thousands of them in one process, each a
+ * real peer to the relay and the tracker, none doing model work.
+ *
+ * A donor is the node core's own control-plane half, unchanged: its own
+ * Ed25519 identity, a RelayClient (the /ws challenge, registration,
+ * reconnects with backoff), and a TrackerSession over a TrackerClient
+ * (signed registration, heartbeats at the interval the tracker hands out,
+ * 404 → register again). What a real node does with an assignment (load the
+ * layers) takes `loadMs` here and costs nothing; the heartbeat then reports
+ * the span as served, with plausible stats.
+ *
+ * Each donor has its own HTTP connection pool (an undici Agent), as a real
+ * donor has its own socket: one pool shared by thousands of donors would
+ * reuse a handful of warm connections and hide what each heartbeat costs a
+ * tracker that sees one connection per donor.
+ *
+ * Every tracker call is timed and counted by kind and outcome in
+ * {@link SwarmStats}; a heartbeat answered 404 for a donor that never left
+ * is a donor the tracker dropped.
+ */
+import { Agent, fetch as undiciFetch } from 'undici';
+import { WebSocket } from 'ws';
+import { Identity } from '../../src/net/identity.ts';
+import { RelayClient } from '../../src/net/relay-client.ts';
+import type { WebSocketConstructor } from '../../src/net/socket.ts';
+import { TrackerClient } from '../../src/node/tracker-client.ts';
+import { TrackerSession } from '../../src/node/tracker-session.ts';
+import { encodeBase64Url } from '../../src/protocol/base64.ts';
+import type { Assignment, NodeMessage } from '../../src/protocol/tracker.ts';
+
+export type CallKind = 'register' | 'heartbeat';
+
+/** Counters and latency samples of every tracker call the donors made. */
+export class SwarmStats {
+  /** Latency samples (ms) taken while `recording`. */
+  readonly latency: Record<CallKind, number[]> = { register: [], heartbeat: [] };
+  /** Outcomes by kind: 'ok', 'http-404', 'http-503', 'timeout', 'network', ... */
+  readonly outcomes: Record<CallKind, Map<string, number>> = { register: new Map(), heartbeat: new Map() };
+  /** Heartbeats answered 404 (the tracker forgot a live donor), while recording. */
+  dropped = 0;
+  /** Retry-After / 503 / 429 answers (the tracker shedding load), while recording. */
+  shed = 0;
+  /** Heartbeat intervals the tracker handed out, last seen per donor (ms → donors). */
+  recording = false;
+
+  record(kind: CallKind, ms: number, outcome: string): void {
+    if (!this.recording) return;
+    this.latency[kind].push(ms);
+    const m = this.outcomes[kind];
+    m.set(outcome, (m.get(outcome) ?? 0) + 1);
+    if (kind === 'heartbeat' && outcome === 'http-404') this.dropped++;
+    if (outcome === 'http-503' || outcome === 'http-429') this.shed++;
+  }
+
+  count(kind: CallKind, outcome?: string): number {
+    const m = this.outcomes[kind];
+    if (outcome !== undefined) return m.get(outcome) ?? 0;
+    let n = 0;
+    for (const v of m.values()) n += v;
+    return n;
+  }
+
+  /** Calls of `kind` that did not answer 200. */
+  failures(kind: CallKind): number {
+    return this.count(kind) - this.count(kind, 'ok');
+  }
+
+  reset(): void {
+    for (const k of ['register', 'heartbeat'] as const) {
+      this.latency[k] = [];
+      this.outcomes[k].clear();
+    }
+    this.dropped = 0;
+    this.shed = 0;
+  }
+}
+
+export interface DonorConfig {
+  relayUrl: string;
+  trackerUrl: string;
+  model: string;
+  memoryBudgetMb: number;
+  weightFormat: 'f32' | 'f16' | 'q4';
+  /** Simulated time to load an assigned span, ms. */
+  loadMs: number;
+  stats: SwarmStats;
+  /** Shared by every donor: the WebSocket constructor (one `ws` module). */
+  WebSocket?: WebSocketConstructor;
+}
+
+function outcomeOf(e: unknown): string {
+  const err = e as { name?: string; cause?: { code?: string; name?: string } };
+  if (err?.name === 'TimeoutError' || err?.cause?.name === 'TimeoutError') return 'timeout';
+  if (err?.name === 'AbortError') return 'aborted';
+  return `network${err?.cause?.code ? `-${err.cause.code}` : ''}`;
+}
+
+/** One simulated donor: a real relay peer and tracker client, no model. */
+export class Donor {
+  private relay: RelayClient | undefined;
+  private session: TrackerSession | undefined;
+  private readonly agent = new Agent({ connections: 1, pipelining: 1 });
+  private assignment: Assignment | null = null;
+  private serving: { start_layer: number; end_layer: number } | null = null;
+  private loadTimer: ReturnType<typeof setTimeout> | undefined;
+  private readonly startedAt = Date.now();
+  private tokens = 0;
+  closed = false;
+  /** The relay registration events seen (reconnects after the first). */
+  relayRegistrations = 0;
+  lastRelayRegisteredAt = 0;
+
+  private constructor(
+    readonly identity: Identity,
+    private readonly c: DonorConfig,
+  ) {}
+
+  static async create(c: DonorConfig): Promise<Donor> {
+    return new Donor(await Identity.generate(), c);
+  }
+
+  get peerId(): string {
+    return this.identity.peerId;
+  }
+
+  get registered(): boolean {
+    return this.session?.isRegistered ?? false;
+  }
+
+  get relayState(): string {
+    return this.relay?.state ?? 'none';
+  }
+
+  /** Register at the relay, then at the tracker; heartbeats run until close(). */
+  async start(): Promise<void> {
+    const relay = new RelayClient({
+      relayUrl: this.c.relayUrl,
+      WebSocket: this.c.WebSocket ?? (WebSocket as unknown as WebSocketConstructor),
+      identity: this.identity,
+      info: { role: 'node', model: this.c.model, simulated: true },
+      // Nothing is served: every request gets 503 (no route should ever reach a simulated donor).
+      handler: async () => ({ status: 503, headers: { 'content-type': 'application/json' }, body: new TextEncoder().encode('{"error":{"code":"MESH_ERR_UNAVAILABLE","message":"simulated donor"}}') }),
+    });
+    this.relay = relay;
+    relay.on('state', (e) => {
+      if (e.state === 'registered') {
+        this.relayRegistrations++;
+        this.lastRelayRegisteredAt = Date.now();
+      }
+    });
+    relay.start();
+    await relay.ready(30_000);
+    const stats = this.c.stats;
+    const agent = this.agent;
+    const timed = (async (input: string | URL | Request, init?: RequestInit) => {
+      const url = String(input);
+      const kind: CallKind | undefined = url.endsWith('/api/nodes/heartbeat') ? 'heartbeat' : url.endsWith('/api/nodes/register') ? 'register' : undefined;
+      const t0 = performance.now();
+      try {
+        const res = await undiciFetch(url, { ...(init as object), dispatcher: agent } as Parameters<typeof undiciFetch>[1]);
+        if (kind) stats.record(kind, performance.now() - t0, res.status === 200 ? 'ok' : `http-${res.status}`);
+        return res as unknown as Response;
+      } catch (e) {
+        if (kind) stats.record(kind, performance.now() - t0, outcomeOf(e));
+        throw e;
+      }
+    }) as typeof fetch;
+    const client = new TrackerClient({ trackerUrl: this.c.trackerUrl, fetch: timed, identity: this.identity });
+    this.session = new TrackerSession({
+      client,
+      message: () => this.message(),
+      onAssignment: (a) => this.onAssignment(a),
+    });
+    if (this.closed) return;
+    await this.session.start();
+  }
+
+  private message(): NodeMessage {
+    const relayAddr = this.relay?.relayAddr;
+    const budget = this.c.memoryBudgetMb * 2 ** 20;
+    const minutes = Math.max(1, (Date.now() - this.startedAt) / 60_000);
+    return {
+      peer_id: this.identity.peerId,
+      public_key: encodeBase64Url(this.identity.publicKey),
+      ...(relayAddr ? { relay_addr: relayAddr } : {}),
+      info: { model: this.c.model, backend: 'webgpu', memory_budget_mb: this.c.memoryBudgetMb, host: 'browser', version: 'swarm-sim', weight_format: this.c.weightFormat },
+      stats: {
+        rpm: Math.round(this.tokens / minutes),
+        layer_ms: this.serving ? 4 + (parseInt(this.identity.peerId.slice(0, 2), 16) % 8) : 0,
+        queue_depth: 0,
+        kv_free_bytes: Math.round(budget / 4),
+        tokens_served: this.tokens,
+        kv_budget_bytes: Math.round(budget / 4),
+        kv_used_bytes: 0,
+        kv_sessions: 0,
+        kv_bytes_per_token: 131072,
+        kv_block_tokens: 16,
+        kv_max_tokens: 8192,
+      },
+      serving: this.serving,
+      timestamp: Date.now(),
+    };
+  }
+
+  private onAssignment(a: Assignment | null): void {
+    const same = a && this.assignment && a.start_layer === this.assignment.start_layer && a.end_layer === this.assignment.end_layer;
+    this.assignment = a;
+    if (same) return;
+    if (this.loadTimer) clearTimeout(this.loadTimer);
+    if (!a) {
+      this.serving = null;
+      return;
+    }
+    // "Load" the span, then serve it and tell the tracker at once, as a node does.
+    this.loadTimer = setTimeout(() => {
+      this.loadTimer = undefined;
+      if (this.closed || !this.assignment) return;
+      this.serving = { start_layer: this.assignment.start_layer, end_layer: this.assignment.end_layer };
+      void this.session?.beatNow();
+    }, this.c.loadMs);
+  }
+
+  /** Leave without a word (a closed tab): the tracker finds out by the missing heartbeats. */
+  close(): void {
+    this.closed = true;
+    if (this.loadTimer) clearTimeout(this.loadTimer);
+    this.session?.close();
+    this.relay?.close();
+    void this.agent.close().catch(() => {});
+  }
+}

@@ -1,0 +1,478 @@
+/**
+ * bench/swarm — the control plane under a simulated swarm.
+ *
+ * Thousands of donors in this one process (bench/lib/swarm-donors.ts), each
+ * with its own key, a real /ws registration at a relay process and the node
+ * core's own tracker session (signed registration, heartbeats at the
+ * interval the tracker hands out), none doing model work; beside them a real
+ * 3-node mesh (`meshnet node` processes on the `small` fixture, layers split
+ * 0-4/4-8/8-12) serving chats through the same tracker.
+ *
+ * The donors serve a model of their own, `swarm` (a Llama-3-8B-shaped
+ * config.json, no weights: the tracker sizes spans from the config), so no
+ * chat is ever routed through a donor that computes nothing; route picks for
+ * it are probed through GET /api/route?model=swarm.
+ *
+ * After a ramp (donors join at a steady rate) and a settle, one measured
+ * window of --minutes:
+ *   - tracker CPU (from /proc) in % of a core and per tracker call;
+ *   - heartbeat latency p50/p99 at the donor, failures by kind (timeout,
+ *     401, 404, 503, network);
+ *   - donors dropped: a live donor's heartbeat answered 404 (it was removed),
+ *     and the tracker's removals for missed heartbeats of donors that never left;
+ *   - memory per donor at the tracker and the relay (RSS growth over the ramp / donors);
+ *   - route pick latency (probe, at the client);
+ *   - chats through the mesh: tokens/s, first token, errors;
+ *   - with --churn F: F of the donors leave (silently, as a closed tab) and as
+ *     many new ones join each minute, spread over the minute;
+ *   - with --relay-restart: the first relay is stopped and started again on
+ *     its port mid-window: how long until all its donors are registered again,
+ *     and whether any heartbeat was refused meanwhile.
+ * The simulator's own CPU is measured apart (process.cpuUsage).
+ *
+ *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15]
+ *                          [--relays 1] [--churn 0.05] [--relay-restart] [--no-mesh]
+ *                          [--bin PATH ...] [--label NAME] [--out FILE]
+ *
+ * `--bin` (repeatable) runs every donor count with each given bin/meshnet.js
+ * in turn (a baseline checkout's and this one's), so before/after figures
+ * come from one run on the same machine.
+ */
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { ensureModel } from '../src/cli/models.ts';
+import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
+import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
+import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
+import { cpuMs } from './lib/proc-cpu.ts';
+import { printTable, quantile, writeResult } from './lib/stats.ts';
+import { Donor, SwarmStats } from './lib/swarm-donors.ts';
+
+const argv = process.argv.slice(2);
+if (argv.includes('--help')) {
+  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*?|^ \* ?/gm, ''));
+  process.exit(0);
+}
+const opt = (name: string) => {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const opts = (name: string) => argv.flatMap((a, i) => (a === `--${name}` && argv[i + 1] ? [argv[i + 1]!] : []));
+const flag = (name: string) => argv.includes(`--${name}`);
+const quick = flag('quick');
+const DONORS = (opt('donors') ?? (quick ? '300' : '1000')).split(',').map(Number);
+const MINUTES = Number(opt('minutes') ?? (quick ? 0.5 : 1));
+const RAMP_S = Number(opt('ramp-s') ?? (quick ? 10 : 30));
+const SETTLE_S = Number(opt('settle-s') ?? (quick ? 5 : 15));
+const RELAYS = Number(opt('relays') ?? 1);
+const CHURN = Number(opt('churn') ?? 0);
+const RELAY_RESTART = flag('relay-restart');
+const MESH = !flag('no-mesh');
+const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
+const LABEL = opt('label') ?? 'current';
+const here = fileURLToPath(new URL('.', import.meta.url));
+const OUT = opt('out') ?? join(here, 'results', 'swarm.json');
+const BINS = opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../bin/meshnet.js', import.meta.url))];
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+function rssKiB(pid: number | undefined): number {
+  if (pid === undefined) return NaN;
+  try {
+    const m = /VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) : NaN;
+  } catch {
+    return NaN;
+  }
+}
+
+/** Llama-3-8B's shape: 32 layers; the tracker sizes spans from config.json alone (no weights behind it). */
+const SWARM_CONFIG = {
+  architectures: ['LlamaForCausalLM'],
+  vocab_size: 128256,
+  hidden_size: 4096,
+  intermediate_size: 14336,
+  num_hidden_layers: 32,
+  num_attention_heads: 32,
+  num_key_value_heads: 8,
+  head_dim: 128,
+  max_position_embeddings: 8192,
+  rms_norm_eps: 1e-5,
+  rope_theta: 500000,
+  tie_word_embeddings: false,
+  bos_token_id: 128000,
+  eos_token_id: 128001,
+};
+/** Donor budgets (MiB) and formats, cycled: spans of different lengths, as real donors give. */
+const BUDGETS: Array<[number, 'q4' | 'f16']> = [
+  [1024, 'q4'],
+  [2048, 'q4'],
+  [3072, 'q4'],
+  [4096, 'f16'],
+  [6144, 'f16'],
+];
+
+interface ProcRef {
+  name: string;
+  pid: () => number | undefined;
+}
+
+interface Chats {
+  ok: number;
+  failed: number;
+  tokensPerS: number[];
+  ttftMs: number[];
+  errors: string[];
+  stop(): Promise<void>;
+}
+
+/** Streamed chats one after another through the tracker until stopped. */
+function chatLoop(trackerUrl: string): Chats {
+  const c: Chats = { ok: 0, failed: 0, tokensPerS: [], ttftMs: [], errors: [], stop: async () => {} };
+  let running = true;
+  const done = (async () => {
+    for (let i = 0; running; i++) {
+      const t0 = performance.now();
+      try {
+        const res = await fetch(`${trackerUrl}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: `Tell me about swarm number ${i}.` }], max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: true } }),
+        });
+        if (res.status !== 200 || !res.body) throw new Error(`HTTP ${res.status}: ${(await res.text()).slice(0, 200)}`);
+        let first = 0;
+        let tokens = 0;
+        let buf = '';
+        const dec = new TextDecoder();
+        for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+          if (!first) first = performance.now();
+          buf += dec.decode(chunk, { stream: true });
+          let k: number;
+          while ((k = buf.indexOf('\n\n')) >= 0) {
+            const line = buf.slice(0, k).trim();
+            buf = buf.slice(k + 2);
+            if (!line.startsWith('data:') || line.includes('[DONE]')) continue;
+            const msg = JSON.parse(line.slice(5)) as { error?: { message: string }; usage?: { completion_tokens: number } };
+            if (msg.error) throw new Error(msg.error.message);
+            if (msg.usage) tokens = msg.usage.completion_tokens;
+          }
+        }
+        const end = performance.now();
+        c.ok++;
+        c.ttftMs.push(first - t0);
+        if (tokens > 1) c.tokensPerS.push(((tokens - 1) * 1000) / (end - first));
+      } catch (e) {
+        c.failed++;
+        if (c.errors.length < 5) c.errors.push((e as Error).message);
+        await sleep(500);
+      }
+    }
+  })();
+  c.stop = async () => {
+    running = false;
+    await done;
+  };
+  return c;
+}
+
+interface RunResult {
+  bin: string;
+  donors: number;
+  window_s: number;
+  tracker_cpu_pct: number;
+  tracker_us_per_call: number;
+  tracker_calls: number;
+  heartbeats: number;
+  heartbeat_p50_ms: number;
+  heartbeat_p99_ms: number;
+  heartbeat_failures: Record<string, number>;
+  register_failures: Record<string, number>;
+  dropped_404: number;
+  tracker_removals_missed: number;
+  shed_answers: number;
+  tracker_kib_per_donor: number;
+  relay_kib_per_donor: number;
+  tracker_rss_mib: number;
+  relay_cpu_pct: number;
+  sim_cpu_pct: number;
+  route_pick_p50_ms: number;
+  route_pick_p99_ms: number;
+  route_pick_failures: number;
+  chats_ok: number;
+  chats_failed: number;
+  chat_tokens_per_s: number;
+  chat_ttft_ms: number;
+  chat_errors: string[];
+  churn_left: number;
+  churn_joined: number;
+  relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number };
+}
+
+async function metricValue(url: string, name: string, labels: Record<string, string> = {}): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  let sum = 0;
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(name)) continue;
+    const m = /^([a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$/.exec(line);
+    if (!m || m[1] !== name) continue;
+    const l = m[2] ?? '';
+    if (Object.entries(labels).every(([k, v]) => l.includes(`${k}="${v}"`))) sum += Number(m[3]);
+  }
+  return sum;
+}
+
+async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallUrl: string): Promise<RunResult> {
+  const relays: RelayProcess[] = [];
+  const relayPorts: number[] = [];
+  let tracker: (Proc & { url: string }) | undefined;
+  const nodes: NodeProc[] = [];
+  const donors: Donor[] = [];
+  const stats = new SwarmStats();
+  let chats: Chats | undefined;
+  try {
+    for (let i = 0; i < RELAYS; i++) {
+      const r = await startRelayProcess([], bin);
+      relays.push(r);
+      relayPorts.push(r.port);
+    }
+    const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[0]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS)], {}, bin);
+    const l = await tp.waitFor((e) => e.event === 'listening');
+    tracker = Object.assign(tp, { url: l.url as string });
+    const trackerUrl = tracker.url;
+
+    if (MESH) {
+      for (let i = 0; i < 3; i++) {
+        const p = spawnMeshnet(['node', '--port', '0', '--threads', '1', '--relay', relays[0]!.url, '--tracker', trackerUrl, '--model', 'small', '--budget-mb', '60'], {}, bin);
+        const nl = await p.waitFor((e) => e.event === 'listening');
+        const n = Object.assign(p, { peerId: nl.peer_id as string, endpoint: nl.endpoint as string, relayAddr: (nl.relay_addr as string | null) ?? null });
+        nodes.push(n);
+        await n.waitFor((e) => e.event === 'serving', 120_000);
+      }
+      await until(async () => {
+        const r = await fetch(`${trackerUrl}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }) });
+        return r.status === 200;
+      }, 60_000, 'the 3-node mesh serving a chat');
+    }
+
+    const procs: ProcRef[] = [
+      { name: 'tracker', pid: () => tracker?.child.pid },
+      ...relays.map((_, i) => ({ name: `relay${i + 1}`, pid: () => relays[i]!.child.pid })),
+    ];
+    await sleep(1000);
+    const rssBefore = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
+
+    // Ramp: donors join at a steady rate, spread over the relays.
+    let made = 0;
+    const makeDonor = async (i: number): Promise<Donor> => {
+      const [mb, format] = BUDGETS[i % BUDGETS.length]!;
+      return Donor.create({ relayUrl: relays[i % RELAYS]!.url, trackerUrl, model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats });
+    };
+    const startFailures: string[] = [];
+    const starting: Array<Promise<void>> = [];
+    const t0 = performance.now();
+    const perTick = Math.max(1, Math.ceil((donorCount * 100) / (RAMP_S * 1000)));
+    while (made < donorCount) {
+      for (let k = 0; k < perTick && made < donorCount; k++) {
+        const d = await makeDonor(made++);
+        donors.push(d);
+        starting.push(d.start().catch((e: unknown) => void (startFailures.length < 5 && startFailures.push((e as Error).message))));
+      }
+      const due = t0 + (made / donorCount) * RAMP_S * 1000;
+      const wait = due - performance.now();
+      if (wait > 0) await sleep(wait);
+    }
+    await Promise.all(starting);
+    const rampS = (performance.now() - t0) / 1000;
+    const registered = donors.filter((d) => d.registered).length;
+    console.log(`  ${donorCount} donors started in ${rampS.toFixed(1)} s; ${registered} registered${startFailures.length ? `; start failures e.g. ${startFailures.join(' | ')}` : ''}`);
+    await sleep(SETTLE_S * 1000);
+    const rssAfter = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
+
+    // The measured window.
+    if (MESH) chats = chatLoop(trackerUrl);
+    const removalsBefore = await metricValue(trackerUrl, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN);
+    stats.reset();
+    stats.recording = true;
+    const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const simBefore = process.cpuUsage();
+    const w0 = performance.now();
+    const windowMs = MINUTES * 60_000;
+
+    // Route picks, probed at the client.
+    const picks: number[] = [];
+    let pickFailures = 0;
+    let probing = true;
+    const probe = (async () => {
+      while (probing) {
+        const p0 = performance.now();
+        const r = await fetch(`${trackerUrl}/api/route?model=swarm`).catch(() => undefined);
+        if (r?.status === 200) picks.push(performance.now() - p0);
+        else pickFailures++;
+        await r?.arrayBuffer().catch(() => {});
+        await sleep(500);
+      }
+    })();
+
+    // Churn: each second, CHURN/60 of the donors leave and as many join.
+    let left = 0;
+    let joined = 0;
+    const departed = new Set<Donor>();
+    const churnTimer = CHURN > 0 ? setInterval(() => {
+      const n = (donorCount * CHURN) / 60;
+      const whole = Math.floor(n) + (Math.random() < n - Math.floor(n) ? 1 : 0);
+      for (let k = 0; k < whole; k++) {
+        const alive = donors.filter((d) => !d.closed);
+        const d = alive[Math.floor(Math.random() * alive.length)];
+        if (d) {
+          d.close();
+          departed.add(d);
+          left++;
+        }
+        void makeDonor(made++).then((nd) => {
+          donors.push(nd);
+          joined++;
+          return nd.start();
+        }).catch(() => {});
+      }
+    }, 1000) : undefined;
+
+    // Relay restart: mid-window, the first relay goes down and comes back on its port.
+    let restart: RunResult['relay_restart'];
+    const restartJob = RELAY_RESTART ? (async () => {
+      await sleep(windowMs / 2 - 30_000 > 0 ? windowMs / 2 - 30_000 : windowMs / 4);
+      const r0 = relays[0]!;
+      const mine = donors.filter((d, i) => !d.closed && i % RELAYS === 0);
+      const shedBefore = stats.shed;
+      const droppedBefore = stats.dropped;
+      const at = Date.now();
+      await r0.stop('SIGKILL');
+      relays[0] = await startRelayProcess(['--port', String(relayPorts[0])], bin);
+      let allBack: number | null = null;
+      for (;;) {
+        const back = mine.filter((d) => d.closed || d.lastRelayRegisteredAt > at).length;
+        if (back === mine.length) {
+          allBack = (Date.now() - at) / 1000;
+          break;
+        }
+        if (Date.now() - at > 120_000) break;
+        await sleep(250);
+      }
+      restart = {
+        donors: mine.length,
+        all_back_s: allBack,
+        back_in_60s: mine.filter((d) => d.closed || (d.lastRelayRegisteredAt > at && d.lastRelayRegisteredAt - at <= 60_000)).length,
+        shed_during: stats.shed - shedBefore,
+        dropped_during: stats.dropped - droppedBefore,
+      };
+    })() : Promise.resolve();
+
+    await sleep(windowMs);
+    await restartJob;
+    if (churnTimer) clearInterval(churnTimer);
+    probing = false;
+    await probe;
+    const windowS = (performance.now() - w0) / 1000;
+    const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const sim = process.cpuUsage(simBefore);
+    stats.recording = false;
+    await chats?.stop();
+    const removalsAfter = await metricValue(trackerUrl, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN);
+
+    const trackerCpuMs = cpuAfter.tracker! - cpuBefore.tracker!;
+    const relayCpuMs = relays.reduce((s, _, i) => s + (cpuAfter[`relay${i + 1}`]! - cpuBefore[`relay${i + 1}`]!), 0);
+    const calls = stats.count('heartbeat') + stats.count('register');
+    const hb = [...stats.latency.heartbeat].sort((a, b) => a - b);
+    const outcomes = (k: 'heartbeat' | 'register') => Object.fromEntries([...stats.outcomes[k]].filter(([o]) => o !== 'ok'));
+    const relayRssGrowth = relays.reduce((s, _, i) => s + (rssAfter[`relay${i + 1}`]! - rssBefore[`relay${i + 1}`]!), 0);
+    const pk = [...picks].sort((a, b) => a - b);
+    const tps = chats ? [...chats.tokensPerS].sort((a, b) => a - b) : [];
+    const ttft = chats ? [...chats.ttftMs].sort((a, b) => a - b) : [];
+    return {
+      bin,
+      donors: donorCount,
+      window_s: windowS,
+      tracker_cpu_pct: (trackerCpuMs / (windowS * 1000)) * 100,
+      tracker_us_per_call: calls ? (trackerCpuMs * 1000) / calls : NaN,
+      tracker_calls: calls,
+      heartbeats: stats.count('heartbeat'),
+      heartbeat_p50_ms: quantile(hb, 0.5),
+      heartbeat_p99_ms: quantile(hb, 0.99),
+      heartbeat_failures: outcomes('heartbeat'),
+      register_failures: outcomes('register'),
+      dropped_404: stats.dropped,
+      // Removals of donors that never left (those that did are expected to go).
+      tracker_removals_missed: removalsAfter - removalsBefore - departed.size,
+      shed_answers: stats.shed,
+      tracker_kib_per_donor: (rssAfter.tracker! - rssBefore.tracker!) / donorCount,
+      relay_kib_per_donor: relayRssGrowth / donorCount,
+      tracker_rss_mib: rssAfter.tracker! / 1024,
+      relay_cpu_pct: (relayCpuMs / (windowS * 1000)) * 100,
+      sim_cpu_pct: ((sim.user + sim.system) / 1000 / (windowS * 1000)) * 100,
+      route_pick_p50_ms: quantile(pk, 0.5),
+      route_pick_p99_ms: quantile(pk, 0.99),
+      route_pick_failures: pickFailures,
+      chats_ok: chats?.ok ?? 0,
+      chats_failed: chats?.failed ?? 0,
+      chat_tokens_per_s: quantile(tps, 0.5),
+      chat_ttft_ms: quantile(ttft, 0.5),
+      chat_errors: chats?.errors ?? [],
+      churn_left: left,
+      churn_joined: joined,
+      ...(restart ? { relay_restart: restart } : {}),
+    };
+  } finally {
+    await chats?.stop().catch(() => {});
+    for (const d of donors) d.close();
+    await Promise.all(nodes.map((n) => n.stop()));
+    await tracker?.stop();
+    await Promise.all(relays.map((r) => r.stop()));
+  }
+}
+
+const dir = mkdtempSync(join(tmpdir(), 'meshnet-swarm-'));
+writeFileSync(join(dir, 'config.json'), JSON.stringify(SWARM_CONFIG));
+const swarmServer: StaticServer = await startStaticServer({ root: dir });
+const smallServer: StaticServer | undefined = MESH ? await startStaticServer({ root: await ensureModel('small') }) : undefined;
+const results: RunResult[] = [];
+try {
+  for (const n of DONORS) {
+    for (const bin of BINS) {
+      console.log(`\n--- ${n} donors, ${bin}`);
+      const r = await runOnce(bin, n, swarmServer.url, smallServer?.url ?? '');
+      results.push(r);
+      console.log(JSON.stringify(r));
+    }
+  }
+} finally {
+  await swarmServer.close();
+  await smallServer?.close();
+}
+
+const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js$/, '').split('/').pop()! : LABEL);
+printTable(
+  `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'relay KiB/donor', 'route p99 ms', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  results.map((r) => [
+    binName(r.bin),
+    r.donors,
+    r.tracker_cpu_pct,
+    r.tracker_us_per_call,
+    r.heartbeat_p50_ms,
+    r.heartbeat_p99_ms,
+    Object.values(r.heartbeat_failures).reduce((a, b) => a + b, 0),
+    r.dropped_404,
+    r.tracker_removals_missed,
+    r.shed_answers,
+    r.tracker_kib_per_donor,
+    r.relay_kib_per_donor,
+    r.route_pick_p99_ms,
+    `${r.chats_ok}/${r.chats_failed}`,
+    r.chat_tokens_per_s,
+    r.sim_cpu_pct,
+  ]),
+);
+for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
+writeResult(OUT, { bench: 'swarm', label: LABEL, minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, mesh: MESH, runs: results });
+process.exit(0);
