@@ -13,6 +13,7 @@ import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Identity } from '../node/identity.ts';
 import { Admission } from './admission.ts';
+import type { ClusterStore } from './cluster/store.ts';
 import { LoadMonitor } from './load.ts';
 import { NodeKeys } from './node-keys.ts';
 import type { RecentRoute, TrackerContext } from './context.ts';
@@ -54,6 +55,9 @@ export interface Tracker {
   sweep(): string[];
   /** Is the tracker keeping up (the server starts its timer). */
   load: LoadMonitor;
+  /** Join a cluster: from now on the registry is mirrored in `store` (server.ts starts it once the tracker listens). */
+  attachCluster(store: ClusterStore): void;
+  readonly cluster: ClusterStore | undefined;
 }
 
 export function createTracker(deps: TrackerDeps): Tracker {
@@ -62,8 +66,14 @@ export function createTracker(deps: TrackerDeps): Tracker {
 
   const load = new LoadMonitor({ baseIntervalMs: o.heartbeatIntervalMs });
   const nodeKeys = new NodeKeys();
-  const registry = new NodeRegistry(deps.models, { ...o, lateMs: () => load.lateMs() }, {
-    onRemoved(n, reason) {
+  const link: { cluster?: ClusterStore } = {};
+  // Late time excused from nodes' deadlines: this tracker's own, and the cluster's (a tracker behind or unheard, NATS lost).
+  const registry = new NodeRegistry(deps.models, { ...o, lateMs: () => load.lateMs() + (link.cluster?.lateMs() ?? 0) }, {
+    onChanged(n, kind) {
+      link.cluster?.onChanged(n, kind);
+    },
+    onRemoved(n, reason, remote) {
+      link.cluster?.onRemoved(n, remote);
       metrics.removals.inc({ reason });
       nodeKeys.forget(n.publicKey);
       logger.info({ peer_id: n.peerId, model: n.info.model, reason }, 'node removed');
@@ -102,6 +112,9 @@ export function createTracker(deps: TrackerDeps): Tracker {
     recordRoute,
     load,
     nodeKeys,
+    get cluster() {
+      return link.cluster;
+    },
     updateNodeGauge() {
       // From the counts the registry keeps per model (O(models)), not a walk over every node.
       metrics.nodes.reset();
@@ -134,9 +147,17 @@ export function createTracker(deps: TrackerDeps): Tracker {
     recentRoutes,
     load,
     sweep() {
-      const removed = registry.sweep();
+      // In a cluster only the leader removes and moves nodes; the others keep their sums exact.
+      const removed = registry.sweep({ decide: !link.cluster || link.cluster.isLeader() });
       ctx.updateNodeGauge();
       return removed;
+    },
+    attachCluster(store) {
+      link.cluster = store;
+      admission.observer = store;
+    },
+    get cluster() {
+      return link.cluster;
     },
   };
 }

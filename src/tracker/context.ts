@@ -9,6 +9,7 @@ import { MeshError } from '../protocol/errors.ts';
 import type { Admission } from './admission.ts';
 import type { LoadMonitor } from './load.ts';
 import type { NodeKeys } from './node-keys.ts';
+import type { ClusterStore } from './cluster/store.ts';
 import type { GenerationDeps } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { PendingModel } from './model-registry.ts';
@@ -45,6 +46,8 @@ export interface TrackerContext {
   load: LoadMonitor;
   /** Nodes' keys, parsed once, for their signed messages. */
   nodeKeys: NodeKeys;
+  /** The cluster store when the tracker runs as one replica of several (`--nats`); undefined alone. */
+  readonly cluster: ClusterStore | undefined;
   /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */
   admission: Admission;
   generation: GenerationDeps;

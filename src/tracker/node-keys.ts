@@ -67,7 +67,7 @@ export class NodeKeys {
   verifyTimestamped(publicKey: string, msg: Signed<{ timestamp: number }>, now: number, maxSkewMs: number, signedBody: unknown = msg.body): void {
     const { key } = this.known(publicKey);
     const sig = Buffer.from(msg.signature, 'base64url');
-    let ok = false;
+    let ok: boolean;
     try {
       ok = sig.byteLength === 64 && verify(null, Buffer.from(canonicalJson(signedBody)), key, sig);
     } catch {

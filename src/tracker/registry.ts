@@ -87,9 +87,33 @@ export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'dead
   lateMs?: () => number;
 };
 
+/** Why a record changed here (not from another tracker): what a cluster store mirrors. */
+export type ChangeKind = 'register' | 'heartbeat' | 'assigned' | 'moved' | 'busy';
+
 export interface RegistryEvents {
-  onRemoved?(node: NodeRecord, reason: string): void;
+  /** `remote`: another tracker of the cluster removed it (nothing to tell anyone). */
+  onRemoved?(node: NodeRecord, reason: string, remote: boolean): void;
   onMoved?(node: NodeRecord, move: Move): void;
+  /** A record changed by this tracker's own decision or a message it received (never by applyRemote). */
+  onChanged?(node: NodeRecord, kind: ChangeKind): void;
+}
+
+/** A record as another tracker of the cluster wrote it (cluster/doc.ts reads it from the store). */
+export interface RemoteRecord {
+  peerId: string;
+  publicKey: string;
+  relayAddr?: string | undefined;
+  endpoint?: string | undefined;
+  info: NodeInfo;
+  assignment: Span | null;
+  serving: Span | null;
+  stats?: NodeStats | undefined;
+  layerMsEwma?: number | undefined;
+  registeredAt: number;
+  lastSeen: number;
+  intervalMs: number;
+  busyUntil: number;
+  kvHeldAtBeat: number;
 }
 
 export class NodeRegistry {
@@ -212,6 +236,7 @@ export class NodeRegistry {
     }
     p.attach(rec, this.contributionOf(rec));
     p.dirty = true;
+    this.events.onChanged?.(rec, 'register');
     return rec;
   }
 
@@ -233,7 +258,78 @@ export class NodeRegistry {
       if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
       this.absorbStats(rec, msg.stats, now);
     });
+    this.events.onChanged?.(rec, 'heartbeat');
     return rec;
+  }
+
+  /**
+   * A record as another tracker of the cluster stored it: create or update
+   * the local copy (placement sums follow). What only this tracker counts
+   * (generations in flight, failures, the stats history) stays. Nothing is
+   * decided here and no event fires: the change is not ours to announce.
+   */
+  applyRemote(r: RemoteRecord): NodeRecord | undefined {
+    if (!this.models.has(r.info.model)) return undefined;
+    let rec = this.nodes.get(r.peerId);
+    if (rec && rec.info.model !== r.info.model) {
+      this.placement(rec.info.model).forget(rec);
+      rec.contribution = undefined;
+    }
+    const fresh = !rec;
+    if (!rec) {
+      rec = { history: [], inFlight: 0, failures: 0, contribution: undefined, lateAtSeen: this.lateMs() } as unknown as NodeRecord;
+      this.byId.set(r.peerId, rec);
+    }
+    const target = rec;
+    const apply = () => {
+      target.peerId = r.peerId;
+      target.publicKey = r.publicKey;
+      if (r.relayAddr !== undefined) target.relayAddr = r.relayAddr;
+      else delete target.relayAddr;
+      if (r.endpoint !== undefined) target.endpoint = r.endpoint;
+      else delete target.endpoint;
+      target.info = r.info;
+      target.assignment = r.assignment;
+      target.serving = r.serving;
+      if (r.stats !== undefined) target.stats = r.stats;
+      if (r.layerMsEwma !== undefined) target.layerMsEwma = r.layerMsEwma;
+      target.registeredAt = r.registeredAt;
+      // Seen: the later of what we heard and what the writer heard.
+      if (fresh || r.lastSeen > target.lastSeen) {
+        target.lastSeen = Math.max(target.lastSeen ?? 0, r.lastSeen);
+        target.lateAtSeen = this.lateMs();
+      }
+      target.intervalMs = Math.max(target.intervalMs ?? 0, r.intervalMs);
+      target.busyUntil = Math.max(target.busyUntil ?? 0, r.busyUntil);
+      target.kvHeldAtBeat = r.kvHeldAtBeat;
+    };
+    if (target.contribution) this.edit(target, apply);
+    else {
+      apply();
+      const p = this.placement(target.info.model);
+      p.attach(target, this.contributionOf(target));
+      p.dirty = true;
+    }
+    return target;
+  }
+
+  /** Another tracker of the cluster removed the node: drop the local copy (no rebalance: the remover did its own). */
+  removeRemote(peerId: string, reason = 'removed by another tracker'): boolean {
+    const rec = this.nodes.get(peerId);
+    if (!rec) return false;
+    this.drop(rec, reason, true);
+    return true;
+  }
+
+  /** Another tracker heard from the node at `at` and told it `intervalMs`: its deadline moves as if we had. */
+  touch(peerId: string, at: number, intervalMs?: number): void {
+    const rec = this.nodes.get(peerId);
+    if (!rec) return;
+    if (at > rec.lastSeen) {
+      rec.lastSeen = at;
+      rec.lateAtSeen = this.lateMs();
+    }
+    if (intervalMs !== undefined) rec.intervalMs = Math.max(this.o.heartbeatIntervalMs, intervalMs);
   }
 
   private lateMs(): number {
@@ -263,10 +359,10 @@ export class NodeRegistry {
     return true;
   }
 
-  private drop(rec: NodeRecord, reason: string): void {
+  private drop(rec: NodeRecord, reason: string, remote = false): void {
     this.byId.delete(rec.peerId);
     this.placement(rec.info.model).forget(rec);
-    this.events.onRemoved?.(rec, reason);
+    this.events.onRemoved?.(rec, reason, remote);
   }
 
   /**
@@ -284,17 +380,19 @@ export class NodeRegistry {
    * placement changed (and every few sweeps regardless: throughputs drift).
    * O(nodes) for the scan, O(layers) per model for the sums. Returns the removed ids.
    */
-  sweep(): string[] {
+  sweep(opts: { decide?: boolean } = {}): string[] {
+    const decide = opts.decide ?? true;
     const now = this.o.now();
     const late = this.lateMs();
     const dead: NodeRecord[] = [];
-    for (const n of this.nodes.values()) if (this.silentTooLong(n, now, late)) dead.push(n);
+    // Only the tracker that decides (the only one, or the cluster's leader) removes and moves nodes.
+    if (decide) for (const n of this.nodes.values()) if (this.silentTooLong(n, now, late)) dead.push(n);
     for (const n of dead) this.drop(n, 'missed heartbeats');
     this.sweeps++;
     for (const m of this.models.keys()) {
       const p = this.placement(m);
       p.recount();
-      if (p.dirty || this.sweeps % REBALANCE_EVERY_SWEEPS === 0) this.rebalance(m);
+      if (decide && (p.dirty || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
     }
     return dead.map((n) => n.peerId);
   }
@@ -308,11 +406,15 @@ export class NodeRegistry {
     // Idle nodes (nothing fit before) get a chance whenever the picture changes.
     // A pinned node (its operator fixed the span) holds what it serves and is never moved: it would not follow.
     for (const n of p.nodes) {
-      if (n.info.pinned && n.serving && !sameSpan(n.assignment, n.serving)) this.edit(n, () => (n.assignment = n.serving));
-      else if (!n.assignment && !n.info.pinned) {
-        const others = p.assigned;
-        const to = chooseSpanIn(model, budgetBytes(n.info), others, n.info.weight_format);
-        if (to) this.edit(n, () => (n.assignment = to));
+      if (n.info.pinned && n.serving && !sameSpan(n.assignment, n.serving)) {
+        this.edit(n, () => (n.assignment = n.serving));
+        this.events.onChanged?.(n, 'assigned');
+      } else if (!n.assignment && !n.info.pinned) {
+        const to = chooseSpanIn(model, budgetBytes(n.info), p.assigned, n.info.weight_format);
+        if (to) {
+          this.edit(n, () => (n.assignment = to));
+          this.events.onChanged?.(n, 'assigned');
+        }
       }
     }
     p.dirty = false;
@@ -345,7 +447,17 @@ export class NodeRegistry {
     const n = this.nodes.get(mv.id)!;
     this.edit(n, () => (n.assignment = mv.to));
     this.events.onMoved?.(n, mv);
+    this.events.onChanged?.(n, 'moved');
     return [mv];
+  }
+
+  /**
+   * May new chats be routed through `n` (it serves a span)? One predicate for
+   * routes, replacements and admission: a node left out (draining, in
+   * quarantine) is tested here.
+   */
+  routable(_n: NodeRecord): boolean {
+    return true;
   }
 
   private servingNode(n: NodeRecord): ServingNode {
@@ -357,7 +469,7 @@ export class NodeRegistry {
     const out: ServingNode[] = [];
     for (const g of this.placement(model).groups.values()) {
       for (const n of g.nodes) {
-        if (exclude.has(n.peerId) || (keep && !keep(n))) continue;
+        if (exclude.has(n.peerId) || !this.routable(n) || (keep && !keep(n))) continue;
         out.push(this.servingNode(n));
       }
     }
@@ -378,7 +490,7 @@ export class NodeRegistry {
     for (const g of this.placement(model).groups.values()) {
       best.length = 0;
       for (const n of g.nodes) {
-        if (exclude?.has(n.peerId) || (keep && !keep(n))) continue;
+        if (exclude?.has(n.peerId) || !this.routable(n) || (keep && !keep(n))) continue;
         const cost = this.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
         if (best.length === ROUTES_KEPT && cost >= best[ROUTES_KEPT - 1]!.cost) continue;
         // Insertion into the sorted few.
@@ -436,7 +548,9 @@ export class NodeRegistry {
   /** The node answered MESH_ERR_BUSY: route no new session to it for `ms`. */
   markBusy(peerId: string, ms: number): void {
     const n = this.nodes.get(peerId);
-    if (n) n.busyUntil = Math.max(n.busyUntil, this.o.now() + ms);
+    if (!n) return;
+    n.busyUntil = Math.max(n.busyUntil, this.o.now() + ms);
+    this.events.onChanged?.(n, 'busy');
   }
 
   /**

@@ -12,6 +12,10 @@ import type { MeshHandler } from '../node/mesh-types.ts';
 import { RelayClient } from '../node/relay-client.ts';
 import type { WebSocketConstructor } from '../node/socket.ts';
 import { createTracker, type Tracker } from './app.ts';
+import { connectNats, type NatsHandle } from '../cluster/nats.ts';
+import { ClusterStore, type ClusterStoreOptions } from './cluster/store.ts';
+import { certifyTracker } from './cluster/trust.ts';
+import { encodeBase64Url } from '../protocol/base64.ts';
 import { createHeadTransport } from './head-proxy.ts';
 import { bodySource, serveApp } from './http.ts';
 import { FileKeyStore } from './key-file.ts';
@@ -36,6 +40,8 @@ export interface StartTrackerExtras {
   logger?: Logger;
   /** Backoff of model loads that fail (tests shorten it). */
   modelRetry?: ModelRetryOptions;
+  /** Cluster timings (tests shorten the lease and the silences). */
+  cluster?: Partial<ClusterStoreOptions>;
 }
 
 /** The app as a relay bridge handler: tracker API calls may arrive over the relay too. */
@@ -67,6 +73,9 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   const fetchFn = extras.fetch ?? globalThis.fetch;
   const identity = extras.identity ?? (await Identity.loadOrCreate(o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore()));
   if (!extras.modelSpecs && o.models.length === 0) throw new TypeError('the tracker needs at least one model (--model NAME=URL)');
+  // A cluster replica: NATS first, so that an unreachable server fails the start with one line naming it.
+  let nats: NatsHandle | undefined;
+  if (o.nats) nats = await connectNats({ servers: o.nats, name: `tracker-${identity.peerId}`, logger });
   const logModel = (m: ModelSpec) => logger.info({ model: m.name, url: m.url, layers: m.numLayers, layer_mb: +(m.layerBytes[0]! / 2 ** 20).toFixed(2), kv_mb_per_layer: +(m.kvBytesPerLayer / 2 ** 20).toFixed(2), sized_from: m.sizedFrom }, 'model registered');
   // A model whose checkpoint cannot be read is retried with backoff; the others serve meanwhile.
   // Models that load later join the registry the tracker is built with below.
@@ -100,7 +109,31 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
       logger.warn({ err: (e as Error).message }, 'relay not reachable yet; retrying in the background');
     }
   }
+  let cluster: ClusterStore | undefined;
+  if (nats) {
+    try {
+      const publicKey = encodeBase64Url(identity.publicKey);
+      const cert = o.operatorKeyFile ? await certifyTracker(o.operatorKeyFile, publicKey) : undefined;
+      // The registry's snapshot is loaded before the tracker listens: it never answers from an empty copy.
+      cluster = await ClusterStore.start({
+        nats,
+        cluster: o.cluster,
+        registry: tracker.registry,
+        self: { peerId: identity.peerId, publicKey, url: '', ...(cert ? { cert } : {}) },
+        options: { ...extras.cluster, heartbeatIntervalMs: o.heartbeatIntervalMs, now: o.now },
+        logger,
+        metrics,
+        load: tracker.load,
+      });
+      tracker.attachCluster(cluster);
+      logger.info({ cluster: o.cluster, nats: o.nats, nodes: tracker.registry.nodes.size, leader: cluster.leader() }, 'joined the cluster');
+    } catch (e) {
+      await nats.close();
+      throw e;
+    }
+  }
   const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes);
+  await cluster?.setUrl(served.url);
   tracker.load.start();
   const sweeper = setInterval(() => {
     try {
@@ -121,6 +154,8 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
       catalog.close();
       clearInterval(sweeper);
       tracker.load.stop();
+      await cluster?.close();
+      await nats?.close();
       tracker.admission.close();
       relay?.close();
       await served.close();

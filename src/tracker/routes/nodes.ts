@@ -21,10 +21,13 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     // Longer than configured while the tracker is behind (load.ts); the node's deadline counts in what it was told.
     const interval = ctx.load.intervalMs();
     registry.toldInterval(n, interval);
+    const keys = ctx.cluster?.trackerKeys();
     return {
       assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url, wire_dtype: wireDtypeOf(o, model.name) },
       heartbeat_interval_ms: interval,
       tracker_public_key: ctx.publicKey,
+      tracker_peer_id: ctx.identity.peerId,
+      ...(keys ? { tracker_keys: keys } : {}),
     };
   }
 
@@ -60,6 +63,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       if (pending) throw pending;
     }
     const n = registry.register(msg);
+    // In a cluster the stored registration is the answer: another tracker may have decided this node's span first.
+    await ctx.cluster?.commitRegistration(n);
     metrics.registrations.inc({ kind: 'register', result: 'ok' });
     logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving }, 'node registered');
     ctx.admission.kick();
