@@ -12,6 +12,7 @@ import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Identity } from '../node/identity.ts';
+import type { MeshResponse } from '../protocol/envelopes.ts';
 import { Admission } from './admission.ts';
 import type { ClusterStore } from './cluster/store.ts';
 import { LoadMonitor } from './load.ts';
@@ -55,10 +56,14 @@ export interface Tracker {
   sweep(): string[];
   /** Is the tracker keeping up (the server starts its timer). */
   load: LoadMonitor;
+  /** A heartbeat over the relay (POST /api/nodes/beat, unsigned): `from` is the sender the relay vouches for. */
+  relayBeat(from: string | undefined, body: Uint8Array): MeshResponse;
   /** Join a cluster: from now on the registry is mirrored in `store` (server.ts starts it once the tracker listens). */
   attachCluster(store: ClusterStore): void;
   readonly cluster: ClusterStore | undefined;
 }
+
+const encoder = new TextEncoder();
 
 export function createTracker(deps: TrackerDeps): Tracker {
   const { options: o, logger, metrics, identity } = deps;
@@ -115,6 +120,9 @@ export function createTracker(deps: TrackerDeps): Tracker {
     get cluster() {
       return link.cluster;
     },
+    relayBeat() {
+      throw new MeshError('MESH_ERR_NOT_FOUND', 'no heartbeat route');
+    },
     updateNodeGauge() {
       // From the counts the registry keeps per model (O(models)), not a walk over every node.
       metrics.nodes.reset();
@@ -151,6 +159,15 @@ export function createTracker(deps: TrackerDeps): Tracker {
       const removed = registry.sweep({ decide: !link.cluster || link.cluster.isLeader() });
       ctx.updateNodeGauge();
       return removed;
+    },
+    relayBeat(from, body) {
+      try {
+        return { status: 200, headers: { 'content-type': 'application/json' }, body: encoder.encode(JSON.stringify(ctx.relayBeat(from, body))) };
+      } catch (e) {
+        const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving');
+        if (!(e instanceof MeshError)) logger.error({ err: e }, 'relay heartbeat failed');
+        return { status: err.status, headers: { 'content-type': 'application/json' }, body: encoder.encode(JSON.stringify(err.toBody())) };
+      }
     },
     attachCluster(store) {
       link.cluster = store;

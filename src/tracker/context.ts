@@ -16,6 +16,7 @@ import type { PendingModel } from './model-registry.ts';
 import type { TrackerOptions } from './options.ts';
 import type { NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
+import type { RegisterAnswer } from '../protocol/tracker.ts';
 
 export interface RecentRoute {
   at: number;
@@ -46,6 +47,8 @@ export interface TrackerContext {
   load: LoadMonitor;
   /** Nodes' keys, parsed once, for their signed messages. */
   nodeKeys: NodeKeys;
+  /** A heartbeat that came over the relay from `from` (routes/nodes.ts): the answer, or a MeshError. */
+  relayBeat(from: string | undefined, body: Uint8Array): RegisterAnswer;
   /** The cluster store when the tracker runs as one replica of several (`--nats`); undefined alone. */
   readonly cluster: ClusterStore | undefined;
   /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */

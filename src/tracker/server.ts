@@ -44,9 +44,15 @@ export interface StartTrackerExtras {
   cluster?: Partial<ClusterStoreOptions>;
 }
 
-/** The app as a relay bridge handler: tracker API calls may arrive over the relay too. */
-export function relayHandlerFor(fetchFn: (req: Request) => Promise<Response>): MeshHandler {
+/**
+ * The app as a relay bridge handler: tracker API calls may arrive over the
+ * relay too. Heartbeats over the relay (`POST /api/nodes/beat`) skip the
+ * web Request/Response: at thousands of donors they are most of what a
+ * tracker does.
+ */
+export function relayHandlerFor(fetchFn: (req: Request) => Promise<Response>, beat?: Tracker['relayBeat']): MeshHandler {
   return async (req: MeshRequest): Promise<MeshResponse> => {
+    if (beat && req.method === 'POST' && req.path === '/api/nodes/beat') return beat(req.from, req.body);
     const body = req.method === 'GET' || req.method === 'HEAD' ? undefined : (req.body as Uint8Array<ArrayBuffer>);
     const res = await fetchFn(new Request(new URL(req.path, 'http://tracker.relay'), { method: req.method, headers: req.headers, body, signal: req.signal }));
     const headers: Record<string, string> = {};
@@ -99,7 +105,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay }), logger, metrics, pendingModels: catalog.pending });
   late.registry = tracker.registry;
   if (relay) {
-    relay.setHandler(relayHandlerFor(tracker.app.fetch));
+    relay.setHandler(relayHandlerFor(tracker.app.fetch, tracker.relayBeat));
     relay.on('state', (e) => logger.info({ state: e.state, attempt: e.attempt, reason: e.reason }, 'relay connection'));
     relay.start();
     try {

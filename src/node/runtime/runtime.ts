@@ -21,7 +21,7 @@ import { MeshError } from '../../protocol/errors.ts';
 import type { Assignment, NodeMessage } from '../../protocol/tracker.ts';
 import { HopTransport } from '../hop-transport.ts';
 import { Identity } from '../identity.ts';
-import type { MeshHandler } from '../mesh-types.ts';
+import type { MeshHandler, OutgoingRequest, RequestOptions } from '../mesh-types.ts';
 import { RelayClient } from '../relay-client.ts';
 import { RpcConnection } from '../relay-hop.ts';
 import { TrackerClient } from '../tracker-client.ts';
@@ -47,6 +47,8 @@ export interface RuntimeConfig {
   span?: SpanSpec;
   /** Route-signing key of a head without a tracker (tests, static meshes). */
   trackerKey?: Uint8Array;
+  /** The tracker cluster's operator key (base64url): routes only from trackers it certified (docs/protocol.md §9). */
+  operatorKey?: string;
   /** Memory the donor gives, bytes: the span's weights, and the KV caches get the rest (the meaning the tracker sizes spans by). */
   memoryBudgetBytes: number;
   /** Positions one session may reach (its KV cache is sized by what the head declares, up to this). @defaultValue 2048 */
@@ -154,7 +156,7 @@ export class NodeRuntime {
       activity: this.activity,
       span: () => this.slot.current,
       loadingInfo: () => ({ peer_id: identity.peerId, host: host.name, model: this.model ?? null, start_layer: null, end_layer: null, loading: this.slot.busy }),
-      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      trackerKey: () => this.tracker?.trackerKey?.[0] ?? config.trackerKey,
       transport: this.transport,
       injectDelayMs: config.injectDelayMs ?? 0,
       onLog: (m) => host.log('warn', m),
@@ -365,7 +367,15 @@ export class NodeRuntime {
       return;
     }
     const trackerUrl = this.config.trackerUrl!;
-    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity });
+    // Heartbeats ride the relay socket whenever it is up (the relay vouches for us: no signature, no connection).
+    const relay = () => this.relay;
+    const relayLink = {
+      get state() {
+        return relay()?.state ?? 'none';
+      },
+      request: (peer: string, req: OutgoingRequest, opts?: RequestOptions) => relay()?.request(peer, req, opts) ?? Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay')),
+    };
+    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, relay: relayLink, ...(this.config.operatorKey ? { operatorKey: this.config.operatorKey } : {}) });
     if (this.model === undefined) {
       const models = await client.models();
       if (models.length === 0) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} names no model`);

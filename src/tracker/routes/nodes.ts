@@ -12,6 +12,7 @@ import { json, readJson, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
 
 const nodeMessage = signedSchema(nodeMessageSchema);
+const utf8 = new TextDecoder();
 
 export function nodeRoutes(app: App, ctx: TrackerContext): void {
   const { options: o, registry, metrics, logger } = ctx;
@@ -70,6 +71,47 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     ctx.admission.kick();
     return json(200, answerFor(n));
   });
+
+  /**
+   * A heartbeat over the relay socket (`POST /api/nodes/beat`, body: the
+   * NodeMessage itself, unsigned): the relay vouches for the sender (`from`,
+   * stamped on the frame), so no signature is checked and no connection is
+   * opened. Only for a node this tracker knows with the same key: anything
+   * else registers (signed) first.
+   */
+  ctx.relayBeat = (from, body) => {
+    if (!from) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'an unsigned heartbeat needs the relay to vouch for its sender (a fast-path frame through a relay); otherwise sign it and POST /api/nodes/heartbeat');
+    let raw: unknown;
+    try {
+      raw = JSON.parse(utf8.decode(body));
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'body is not JSON: send the NodeMessage');
+    }
+    const parsed = nodeMessageSchema.safeParse(raw);
+    if (!parsed.success) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'malformed' });
+      const issue = parsed.error.issues[0]!;
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected a NodeMessage`);
+    }
+    const msg = parsed.data;
+    if (msg.peer_id !== from) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'refused' });
+      throw new MeshError('MESH_ERR_FORBIDDEN', `this heartbeat speaks for ${msg.peer_id}, but the relay says it comes from ${from}`);
+    }
+    const known = registry.nodes.get(from);
+    if (!known) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'unknown' });
+      throw new MeshError('MESH_ERR_NOT_FOUND', `peer ${from} is not registered here (tracker restarted or node expired); register again`);
+    }
+    if (known.publicKey !== msg.public_key) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'refused' });
+      throw new MeshError('MESH_ERR_FORBIDDEN', 'public_key differs from the registered one: register again (signed)');
+    }
+    const n = registry.heartbeat(msg);
+    metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
+    ctx.admission.kick();
+    return answerFor(n);
+  };
 
   app.post('/api/nodes/heartbeat', async ({ req }) => {
     const msg = await signedNodeMessage(req, 'heartbeat');
