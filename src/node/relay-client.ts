@@ -323,7 +323,8 @@ export class RelayClient {
     const socket = dial.socket;
     socket.onmessage = null;
     socket.onclose = null;
-    socket.onerror = null;
+    // Not null: closing a socket still connecting makes Node's `ws` emit an error, which kills the process when nobody listens.
+    socket.onerror = () => {};
     if (closeReason === undefined) return;
     try {
       if (socket.readyState <= WS_OPEN) socket.close(1000, closeReason.slice(0, 120));
