@@ -4,10 +4,15 @@
  * NodeMessage unsigned. The tracker takes it only from the node it speaks
  * for, with the key it registered; anything else is refused.
  */
+import pino from 'pino';
 import { describe, expect, it } from 'vitest';
 import { Identity } from '../../src/node/identity.ts';
-import { relayHandlerFor } from '../../src/tracker/server.ts';
-import { FakeNode, makeTracker } from './support.ts';
+import { RelayClient } from '../../src/node/relay-client.ts';
+import { TrackerClient } from '../../src/node/tracker-client.ts';
+import { relayHandlerFor, startTracker } from '../../src/tracker/server.ts';
+import { NodeWebSocket } from '../node/support/ws-host.ts';
+import { startRelayProcess } from '../support/relay-process.ts';
+import { FakeNode, makeTracker, smallSpec } from './support.ts';
 
 const json = (v: unknown) => new TextEncoder().encode(JSON.stringify(v));
 const parse = (b: Uint8Array | AsyncIterable<Uint8Array>) => JSON.parse(new TextDecoder().decode(b as Uint8Array)) as { assignment?: unknown; heartbeat_interval_ms?: number; error?: { code: string; message: string } };
@@ -46,5 +51,41 @@ describe('heartbeats over the relay socket', () => {
     // Malformed.
     expect((await handler({ method: 'POST', path: '/api/nodes/beat', headers: {}, body: new TextEncoder().encode('{nope'), from: n.peerId })).status).toBe(400);
     expect((await beat(n.peerId, { peer_id: n.peerId })).status).toBe(400);
+  });
+});
+
+describe('heartbeats over a real relay', () => {
+  it('a node registered over HTTP beats over its relay socket; the tracker sees who sent it from the relay\'s stamp', async () => {
+    const relay = await startRelayProcess();
+    const tracker = await startTracker({ port: 0, relayUrl: relay.url, logLevel: 'silent', heartbeatIntervalMs: 1000, models: [] }, { modelSpecs: [smallSpec()], logger: pino({ level: 'silent' }) });
+    const node = await FakeNode.create({ memory_budget_mb: 64 });
+    const client = new RelayClient({ relayUrl: relay.url, WebSocket: NodeWebSocket, identity: node.identity });
+    try {
+      client.start();
+      await client.ready(10_000);
+      const tc = new TrackerClient({ trackerUrl: tracker.url, fetch: globalThis.fetch, identity: node.identity, relay: client });
+      const reg = await tc.register(node.message(Date.now()));
+      expect(reg.tracker_peer_id).toBe(tracker.identity.peerId);
+      for (let i = 0; i < 3; i++) expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
+      expect(tc.beats).toEqual({ relay: 3, http: 0 });
+      const metrics = await (await fetch(`${tracker.url}/metrics`)).text();
+      expect(metrics).toMatch(/meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} 3/);
+      // Another peer of the relay cannot beat for this node: the relay stamps who really sent it.
+      const other = new RelayClient({ relayUrl: relay.url, WebSocket: NodeWebSocket, identity: await Identity.generate() });
+      other.start();
+      await other.ready(10_000);
+      const r = await other.request(tracker.identity.peerId, { method: 'POST', path: '/api/nodes/beat', headers: { 'content-type': 'application/json' }, body: json(node.message(Date.now())) });
+      expect(r.status).toBe(403);
+      other.close();
+      // The relay gone: beats go signed over HTTP, and back over the relay once it returns.
+      await relay.stop();
+      await new Promise((res) => setTimeout(res, 300));
+      await tc.heartbeat(node.message(Date.now()));
+      expect(tc.beats.http).toBe(1);
+    } finally {
+      client.close();
+      await tracker.close();
+      await relay.stop();
+    }
   });
 });
