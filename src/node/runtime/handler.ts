@@ -18,6 +18,7 @@ import { createHeadHandler } from '../head-handler.ts';
 import type { HopTransport } from '../hop-transport.ts';
 import type { MeshHandler } from '../mesh-types.ts';
 import type { PipelineDriver } from '../pipeline.ts';
+import type { TrackerKeys } from '../tracker-client.ts';
 import { rebuildingError } from './device-recovery.ts';
 import type { LoadedSpan } from './span.ts';
 import type { NodeActivity } from './stats.ts';
@@ -31,7 +32,8 @@ export interface NodeHandlerInit {
   span(): LoadedSpan | undefined;
   /** /info while no span is in. */
   loadingInfo(): Record<string, unknown>;
-  trackerKey(): Uint8Array | undefined;
+  /** The keys routes must be signed with (one tracker's, or every tracker's of its cluster). */
+  trackerKey(): TrackerKeys;
   /** How a chained /forward reaches the next hop (and the last one the head). */
   transport: Pick<HopTransport, 'send' | 'push'>;
   /** Test hook: every /forward waits this long first (a slow donor). */

@@ -156,7 +156,7 @@ export class NodeRuntime {
       activity: this.activity,
       span: () => this.slot.current,
       loadingInfo: () => ({ peer_id: identity.peerId, host: host.name, model: this.model ?? null, start_layer: null, end_layer: null, loading: this.slot.busy }),
-      trackerKey: () => this.tracker?.trackerKey?.[0] ?? config.trackerKey,
+      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
       transport: this.transport,
       injectDelayMs: config.injectDelayMs ?? 0,
       onLog: (m) => host.log('warn', m),
