@@ -82,6 +82,8 @@ const RELAY_RESTART = flag('relay-restart');
 const MESH = !flag('no-mesh');
 const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
 const LABEL = opt('label') ?? 'current';
+/** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
+const PROF = opt('prof');
 const here = fileURLToPath(new URL('.', import.meta.url));
 const OUT = opt('out') ?? join(here, 'results', 'swarm.json');
 const BINS = opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../bin/meshnet.js', import.meta.url))];
@@ -297,7 +299,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       relayPorts.push(r.port);
     }
     for (let i = 0; i < TRACKERS; i++) {
-      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], {}, bin);
+      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], PROF ? { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${PROF}` } : {}, bin);
       const l = await tp.waitFor((e) => e.event === 'listening');
       trackers.push(Object.assign(tp, { url: l.url as string }));
     }

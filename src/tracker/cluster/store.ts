@@ -482,7 +482,13 @@ export class ClusterStore implements LeaseObserver {
         const body = JSON.stringify(next);
         const rev = cur ? await this.kv.update(key, body, cur.rev) : await this.kv.create(key, body);
         const now = this.nodes.get(peerId);
-        if (!now || now.rev < rev) this.nodes.set(peerId, { doc: next, rev });
+        if (!now || now.rev < rev) {
+          this.nodes.set(peerId, { doc: next, rev });
+          // What we wrote may carry another tracker's decision (a move we had not seen yet): our copy takes it,
+          // since the watch will not bring back an older revision than ours.
+          const local = this.init.registry.nodes.get(peerId);
+          if (local && !sameSpan(local.assignment, next.assignment)) this.init.registry.applyRemote(remoteOf(next));
+        }
         this.init.metrics.clusterWrites.inc({ kind, result: 'ok' });
         return 'ok';
       } catch (e) {
