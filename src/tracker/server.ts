@@ -13,7 +13,7 @@ import { RelayClient } from '../node/relay-client.ts';
 import type { WebSocketConstructor } from '../node/socket.ts';
 import { createTracker, type Tracker } from './app.ts';
 import { connectNats, type NatsHandle } from '../cluster/nats.ts';
-import { ClusterStore, type ClusterStoreOptions } from './cluster/store.ts';
+import { ClusterStore, relayBase, type ClusterStoreOptions } from './cluster/store.ts';
 import { certifyTracker } from './cluster/trust.ts';
 import { encodeBase64Url } from '../protocol/base64.ts';
 import { createHeadTransport } from './head-proxy.ts';
@@ -140,6 +140,12 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   }
   const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes);
   await cluster?.setUrl(served.url);
+  if (cluster && relay) {
+    const c = cluster;
+    const announce = () => void c.setRelay(relayBase(relay.relayAddr)).catch(() => undefined);
+    relay.on('state', (e) => e.state === 'registered' && announce());
+    announce();
+  }
   tracker.load.start();
   const sweeper = setInterval(() => {
     try {

@@ -16,6 +16,7 @@ import { trackerSubjects } from '../../src/cluster/subjects.ts';
 import type { RegisterAnswer } from '../../src/protocol/tracker.ts';
 import { startTracker, type RunningTracker } from '../../src/tracker/server.ts';
 import { startNats, type NatsServer } from '../helpers/cluster.ts';
+import { startRelayProcess } from '../support/relay-process.ts';
 import { FakeNode, layerMib, smallSpec, type TestTracker } from './support.ts';
 
 const spec = smallSpec();
@@ -35,9 +36,9 @@ afterEach(async () => {
 });
 
 /** A tracker of cluster `name`, with short silences so the test waits seconds, not minutes. */
-async function tracker(name: string, o: { heartbeatIntervalMs?: number } = {}): Promise<RunningTracker> {
+async function tracker(name: string, o: { heartbeatIntervalMs?: number; relayUrl?: string } = {}): Promise<RunningTracker> {
   const t = await startTracker(
-    { port: 0, nats: [nats.url], cluster: name, heartbeatIntervalMs: o.heartbeatIntervalMs ?? 1000, logLevel: 'silent', models: [] },
+    { port: 0, nats: [nats.url], cluster: name, heartbeatIntervalMs: o.heartbeatIntervalMs ?? 1000, logLevel: 'silent', models: [], ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}) },
     { modelSpecs: [spec], logger: silent, cluster: { leaseMs: 1500, overdueMs: 1500, trackerGoneMs: 4000 } },
   );
   running.push(t);
@@ -161,6 +162,30 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
       expect((await chatty.heartbeat(asTest(follower))).assignment).not.toBeNull();
     } finally {
       clearInterval(beat);
+    }
+  });
+
+  it('names a tracker on the node\'s own relay for its beats, so they never cross between relays', async () => {
+    const name = `c${++cluster}`;
+    const [r1, r2] = [await startRelayProcess(), await startRelayProcess()];
+    try {
+      const [a, b] = [await tracker(name, { relayUrl: r1.url }), await tracker(name, { relayUrl: r2.url })];
+      await until(() => a.cluster!.trackerKeys().length === 2 && b.cluster!.trackerKeys().length === 2, 5000, 'both trackers known');
+      await until(async () => {
+        const n = await FakeNode.create({ memory_budget_mb: mb });
+        n.relayAddr = `${r2.url}/rpc/${n.peerId}`;
+        const onR2 = await n.register(asTest(a));
+        const m = await FakeNode.create({ memory_budget_mb: mb });
+        m.relayAddr = `${r1.url}/rpc/${m.peerId}`;
+        const onR1 = await m.register(asTest(b));
+        return onR2.tracker_peer_id === b.identity.peerId && onR1.tracker_peer_id === a.identity.peerId;
+      }, 8000, 'beats sent to the tracker of the node\'s relay');
+      // A node with no relay (or a relay no tracker is on) beats to whoever answered.
+      const n = await FakeNode.create({ memory_budget_mb: mb });
+      expect((await n.register(asTest(a))).tracker_peer_id).toBe(a.identity.peerId);
+    } finally {
+      await r1.stop();
+      await r2.stop();
     }
   });
 

@@ -103,6 +103,8 @@ export const trackerDocSchema = z
     public_key: z.string().min(40).max(64),
     /** Its own HTTP base URL. */
     url: z.string().max(500),
+    /** The relay it is attached to (the base of its relay address): nodes of that relay beat to it over the socket. */
+    relay: z.string().max(500).optional(),
     /** The operator's certificate of `public_key` (docs/protocol.md §9), when the cluster has an operator key. */
     cert: z.object({ operator_key: z.string().min(40).max(64), expires_at: z.number().int(), signature: z.string().min(40).max(200) }).optional(),
     started_at: z.number(),

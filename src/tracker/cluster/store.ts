@@ -56,7 +56,16 @@ export interface ClusterSelf {
   peerId: string;
   publicKey: string;
   url: string;
+  /** The relay the tracker is attached to (base of its relay address), when it is. */
+  relay?: string;
   cert?: TrackerDoc['cert'];
+}
+
+/** A relay address without its `/rpc/<peer id>`: which relay it is. */
+export function relayBase(addr: string | undefined): string | undefined {
+  if (!addr) return undefined;
+  const i = addr.lastIndexOf('/rpc/');
+  return i < 0 ? addr : addr.slice(0, i);
 }
 
 export interface ClusterStoreOptions {
@@ -449,7 +458,7 @@ export class ClusterStore implements LeaseObserver {
   /** Our own tracker document (key, certificate, URL): nodes learn the cluster's keys from it. */
   private async announce(): Promise<void> {
     const s = this.init.self;
-    const doc: TrackerDoc = { v: 1, peer_id: s.peerId, public_key: s.publicKey, url: s.url, ...(s.cert ? { cert: s.cert } : {}), started_at: this.startedAt };
+    const doc: TrackerDoc = { v: 1, peer_id: s.peerId, public_key: s.publicKey, url: s.url, ...(s.relay ? { relay: s.relay } : {}), ...(s.cert ? { cert: s.cert } : {}), started_at: this.startedAt };
     this.trackers.set(s.peerId, { doc, beaconAt: this.o.now(), behind: false });
     await this.kv.put(keys.tracker(s.peerId), JSON.stringify(doc)).catch((e: unknown) => this.init.logger.warn({ err: (e as Error).message }, 'cluster: tracker key not announced yet'));
   }
@@ -458,6 +467,32 @@ export class ClusterStore implements LeaseObserver {
   async setUrl(url: string): Promise<void> {
     this.init.self.url = url;
     await this.announce();
+  }
+
+  /** The relay the tracker is attached to, once registered there (announced again). */
+  async setRelay(relay: string | undefined): Promise<void> {
+    if (relay === this.init.self.relay) return;
+    if (relay) this.init.self.relay = relay;
+    else delete this.init.self.relay;
+    await this.announce();
+  }
+
+  /**
+   * The tracker a node should send its heartbeats to over its relay: one
+   * attached to the node's own relay when the cluster has one (the beat
+   * stays on that relay), spread by peer id; else this one.
+   */
+  beatTarget(n: NodeRecord): string {
+    const base = relayBase(n.relayAddr);
+    if (!base) return this.me;
+    const now = this.o.now();
+    const near: string[] = [];
+    for (const [id, t] of this.trackers) if (t.doc?.relay === base && (id === this.me || now - t.beaconAt <= this.o.overdueMs)) near.push(id);
+    if (near.length === 0) return this.me;
+    near.sort();
+    let h = 0;
+    for (let i = 0; i < 8; i++) h = (h * 16 + parseInt(n.peerId[i]!, 16)) >>> 0;
+    return near[h % near.length]!;
   }
 
   /** The route-signing keys of every tracker of the cluster (what nodes accept routes from). */

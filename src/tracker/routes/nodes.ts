@@ -27,7 +27,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url, wire_dtype: wireDtypeOf(o, model.name) },
       heartbeat_interval_ms: interval,
       tracker_public_key: ctx.publicKey,
-      tracker_peer_id: ctx.identity.peerId,
+      // In a cluster: a tracker on the node's own relay, so its beats never cross between relays.
+      tracker_peer_id: ctx.cluster?.beatTarget(n) ?? ctx.identity.peerId,
       ...(keys ? { tracker_keys: keys } : {}),
     };
   }
