@@ -260,3 +260,19 @@ describe('NATS lost and restarted', () => {
     }
   }, 90_000);
 });
+
+describe('meshnet tracker --nats', () => {
+  it('fails at start with one line naming the NATS URL when no server answers, and exits non-zero', async () => {
+    const { spawnSync } = await import('node:child_process');
+    const { fileURLToPath } = await import('node:url');
+    const bin = fileURLToPath(new URL('../../bin/meshnet.js', import.meta.url));
+    const r = spawnSync(process.execPath, [bin, 'tracker', '--port', '0', '--model', 'x=http://127.0.0.1:9/m', '--nats', 'nats://127.0.0.1:9,nats://127.0.0.1:10'], { encoding: 'utf8', timeout: 60_000 });
+    expect(r.status).toBe(1);
+    const lines = r.stderr.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^meshnet tracker: cannot reach NATS at nats:\/\/127\.0\.0\.1:9, nats:\/\/127\.0\.0\.1:10/);
+    const bad = spawnSync(process.execPath, [bin, 'tracker', '--port', '0', '--model', 'x=http://127.0.0.1:9/m', '--nats', 'http://nope', '--cluster', 'a b'], { encoding: 'utf8', timeout: 60_000 });
+    expect(bad.status).toBe(1);
+    expect(bad.stderr.trim().split('\n')).toHaveLength(1);
+  }, 90_000);
+});
