@@ -187,7 +187,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
     const head = deps.registry.nodes.get(headId);
     const hops = routeHops(deps.registry, plan, true);
     const routeNodes = plan.hops.map((h) => deps.registry.nodes.get(h.id)).filter((n): n is NodeRecord => n !== undefined);
-    for (const n of routeNodes) n.inFlight++;
+    for (const n of routeNodes) deps.registry.addInFlight(n, 1);
     const ctl = new AbortController();
     const onAbort = () => ctl.abort();
     signal.addEventListener('abort', onAbort, { once: true });
@@ -278,7 +278,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       signal.removeEventListener('abort', onAbort);
       ctl.abort(ATTEMPT_OVER);
       lease.release();
-      for (const n of routeNodes) n.inFlight = Math.max(0, n.inFlight - 1);
+      for (const n of routeNodes) deps.registry.addInFlight(n, -1);
     }
     if (finished) {
       yield finished;

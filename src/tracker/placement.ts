@@ -22,6 +22,8 @@ export interface Contribution {
   assignment: Span | null;
   serving: Span | null;
   throughput: number;
+  /** What routing sorts the nodes of one span by: ms per layer × (1 + load). */
+  cost: number;
   status: PlacementStatus;
   /** Serving one span while loading another: a moved node (no further move until it lands). */
   mover: boolean;
@@ -46,8 +48,8 @@ export class ModelPlacement<N extends Placed = Placed> {
   readonly assigned: Coverage;
   /** Over served spans: what routing and the availability map see. */
   readonly serving: Coverage;
-  /** Serving nodes by span ("start:end"): routing takes the cheapest few of each. */
-  readonly groups = new Map<string, { span: Span; nodes: Set<N> }>();
+  /** Serving nodes by span ("start:end"), cheapest first: routing walks the first few of each. */
+  readonly groups = new Map<string, SpanGroup<N>>();
   readonly statusCount: Record<PlacementStatus, number> = { loading: 0, serving: 0, idle: 0 };
   /** Moved nodes still loading their new span. */
   movers = 0;
@@ -70,8 +72,8 @@ export class ModelPlacement<N extends Placed = Placed> {
     if (c.serving) {
       const key = spanKey(c.serving);
       let g = this.groups.get(key);
-      if (!g) this.groups.set(key, (g = { span: { start: c.serving.start, end: c.serving.end }, nodes: new Set() }));
-      g.nodes.add(n);
+      if (!g) this.groups.set(key, (g = new SpanGroup<N>({ start: c.serving.start, end: c.serving.end })));
+      g.insert(n, c.cost);
     }
   }
 
@@ -84,8 +86,8 @@ export class ModelPlacement<N extends Placed = Placed> {
       const key = spanKey(c.serving);
       const g = this.groups.get(key);
       if (g) {
-        g.nodes.delete(n);
-        if (g.nodes.size === 0) this.groups.delete(key);
+        g.remove(n, c.cost);
+        if (g.size === 0) this.groups.delete(key);
       }
     }
   }
@@ -128,5 +130,63 @@ function addSpan(cov: Coverage, s: Span, tp: number, n: number, numLayers: numbe
   for (let l = Math.max(0, s.start); l < end; l++) {
     cov.count[l]! += n;
     cov.throughput[l]! += tp;
+  }
+}
+
+/**
+ * The serving nodes of one span, kept sorted by their routing cost: a node
+ * whose cost changes (a heartbeat, a chat starting or ending on it) is
+ * taken out and put back in O(log n) + a move of the array's tail, so a
+ * route pick reads the cheapest few without looking at the rest.
+ */
+export class SpanGroup<N> {
+  private readonly items: N[] = [];
+  private readonly costs: number[] = [];
+
+  constructor(readonly span: Span) {}
+
+  get size(): number {
+    return this.items.length;
+  }
+
+  /** Cheapest first. */
+  get nodes(): readonly N[] {
+    return this.items;
+  }
+
+  /** First index whose cost is above `cost` (after its equals: insertion order among equals). */
+  private upper(cost: number): number {
+    let lo = 0;
+    let hi = this.costs.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.costs[mid]! <= cost) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+
+  insert(n: N, cost: number): void {
+    const i = this.upper(cost);
+    this.items.splice(i, 0, n);
+    this.costs.splice(i, 0, cost);
+  }
+
+  /** Remove `n`, inserted with `cost`. */
+  remove(n: N, cost: number): void {
+    // Among its equals: scan back from the end of the run of `cost`.
+    for (let i = this.upper(cost) - 1; i >= 0 && this.costs[i] === cost; i--) {
+      if (this.items[i] === n) {
+        this.items.splice(i, 1);
+        this.costs.splice(i, 1);
+        return;
+      }
+    }
+    // Not where its cost says (NaN, or a bug): find it anyway rather than keep a stale entry.
+    const j = this.items.indexOf(n);
+    if (j >= 0) {
+      this.items.splice(j, 1);
+      this.costs.splice(j, 1);
+    }
   }
 }

@@ -174,9 +174,24 @@ export class NodeRegistry {
     return NodeStatus.Loading;
   }
 
+  /** The cost routing ranks a node by among the nodes of its span (routing.ts hopCostMs per layer). */
+  private routeCost(n: NodeRecord): number {
+    return this.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
+  }
+
   private contributionOf(n: NodeRecord): Contribution {
     const status = this.status(n);
-    return { assignment: n.assignment, serving: n.serving, throughput: this.throughput(n), status, mover: n.serving !== null && status === NodeStatus.Loading };
+    return { assignment: n.assignment, serving: n.serving, throughput: this.throughput(n), cost: this.routeCost(n), status, mover: n.serving !== null && status === NodeStatus.Loading };
+  }
+
+  /** A generation starts (+1) or ends (-1) on `n`: its load, so its place among the nodes of its span. */
+  addInFlight(n: NodeRecord, delta: number): void {
+    if (this.nodes.get(n.peerId) !== n || !n.contribution) {
+      // Gone from the registry meanwhile: only the count.
+      n.inFlight = Math.max(0, n.inFlight + delta);
+      return;
+    }
+    this.edit(n, () => (n.inFlight = Math.max(0, n.inFlight + delta)));
   }
 
   /**
@@ -486,23 +501,14 @@ export class NodeRegistry {
    */
   routeCandidates(model: string, exclude?: ReadonlySet<string>, keep?: (n: NodeRecord) => boolean): ServingNode[] {
     const out: ServingNode[] = [];
-    const best: Array<{ n: NodeRecord; cost: number }> = [];
     for (const g of this.placement(model).groups.values()) {
-      best.length = 0;
+      // Cheapest first: the first K that pass are the K cheapest that pass.
+      let taken = 0;
       for (const n of g.nodes) {
         if (exclude?.has(n.peerId) || !this.routable(n) || (keep && !keep(n))) continue;
-        const cost = this.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
-        if (best.length === ROUTES_KEPT && cost >= best[ROUTES_KEPT - 1]!.cost) continue;
-        // Insertion into the sorted few.
-        let k = Math.min(best.length, ROUTES_KEPT - 1);
-        if (best.length < ROUTES_KEPT) best.push({ n, cost });
-        while (k > 0 && best[k - 1]!.cost > cost) {
-          best[k] = best[k - 1]!;
-          k--;
-        }
-        best[k] = { n, cost };
+        out.push(this.servingNode(n));
+        if (++taken === ROUTES_KEPT) break;
       }
-      for (const b of best) out.push(this.servingNode(b.n));
     }
     return out;
   }

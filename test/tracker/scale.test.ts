@@ -65,6 +65,15 @@ describe('route search over thousands of nodes', () => {
     expect(candidates.length).toBeLessThanOrEqual(5 * 16);
     expect(t.registry.routes('small', 0, L).map((r) => r.costMs)).toEqual(naiveFindRoutes(all, 0, L, 10).map((r) => r.costMs));
     expect(t.registry.routes('small', 4, 12).map((r) => r.costMs)).toEqual(naiveFindRoutes(all, 4, 12, 10).map((r) => r.costMs));
+    // Chats starting and ending move nodes within their span's order; the picks follow.
+    const recs = [...t.registry.nodes.values()];
+    for (let i = 0; i < 300; i++) t.registry.addInFlight(recs[(i * 37) % recs.length]!, i % 3 === 0 ? -1 : 1);
+    const now = t.registry.servingNodes('small');
+    expect(t.registry.routes('small', 0, L).map((r) => r.costMs)).toEqual(naiveFindRoutes(now, 0, L, 10).map((r) => r.costMs));
+    for (const g of t.registry.placement('small').groups.values()) {
+      const costs = g.nodes.map((n) => t.registry.layerMs(n) * (1 + (n.stats?.queue_depth ?? 0) + n.inFlight));
+      expect(costs).toEqual([...costs].sort((a, b) => a - b));
+    }
   });
 });
 
