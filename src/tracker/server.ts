@@ -12,9 +12,8 @@ import type { MeshHandler } from '../node/mesh-types.ts';
 import { RelayClient } from '../node/relay-client.ts';
 import type { WebSocketConstructor } from '../node/socket.ts';
 import { createTracker, type Tracker } from './app.ts';
-import { connectNats, type NatsHandle } from '../cluster/nats.ts';
-import { ClusterStore, relayBase, type ClusterStoreOptions } from './cluster/store.ts';
-import { certifyTracker } from './cluster/trust.ts';
+import type { NatsHandle } from '../cluster/nats.ts';
+import type { ClusterStore, ClusterStoreOptions } from './cluster/store.ts';
 import { encodeBase64Url } from '../protocol/base64.ts';
 import { createHeadTransport } from './head-proxy.ts';
 import { bodySource, serveApp } from './http.ts';
@@ -71,6 +70,11 @@ async function* streamChunks(body: ReadableStream<Uint8Array>): AsyncGenerator<U
   }
 }
 
+async function loadClusterCode() {
+  const [{ connectNats }, { ClusterStore, relayBase }, { certifyTracker }] = await Promise.all([import('../cluster/nats.ts'), import('./cluster/store.ts'), import('./cluster/trust.ts')]);
+  return { connectNats, ClusterStore, relayBase, certifyTracker };
+}
+
 export async function startTracker(partial: Partial<TrackerOptions>, extras: StartTrackerExtras = {}): Promise<RunningTracker> {
   const o = resolveTrackerOptions(partial);
   // Synchronous: a start failure's one line (src/cli/failure.ts) must come after the lines logged before it,
@@ -81,7 +85,9 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   if (!extras.modelSpecs && o.models.length === 0) throw new TypeError('the tracker needs at least one model (--model NAME=URL)');
   // A cluster replica: NATS first, so that an unreachable server fails the start with one line naming it.
   let nats: NatsHandle | undefined;
-  if (o.nats) nats = await connectNats({ servers: o.nats, name: `tracker-${identity.peerId}`, logger });
+  // The NATS client loads only for a cluster: a tracker alone (npm start) needs nothing of it.
+  const clusterCode = o.nats ? await loadClusterCode() : undefined;
+  if (o.nats && clusterCode) nats = await clusterCode.connectNats({ servers: o.nats, name: `tracker-${identity.peerId}`, logger });
   const logModel = (m: ModelSpec) => logger.info({ model: m.name, url: m.url, layers: m.numLayers, layer_mb: +(m.layerBytes[0]! / 2 ** 20).toFixed(2), kv_mb_per_layer: +(m.kvBytesPerLayer / 2 ** 20).toFixed(2), sized_from: m.sizedFrom }, 'model registered');
   // A model whose checkpoint cannot be read is retried with backoff; the others serve meanwhile.
   // Models that load later join the registry the tracker is built with below.
@@ -116,7 +122,8 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     }
   }
   let cluster: ClusterStore | undefined;
-  if (nats) {
+  if (nats && clusterCode) {
+    const { ClusterStore, certifyTracker } = clusterCode;
     try {
       const publicKey = encodeBase64Url(identity.publicKey);
       const cert = o.operatorKeyFile ? await certifyTracker(o.operatorKeyFile, publicKey) : undefined;
@@ -140,8 +147,9 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   }
   const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes);
   await cluster?.setUrl(served.url);
-  if (cluster && relay) {
+  if (cluster && relay && clusterCode) {
     const c = cluster;
+    const { relayBase } = clusterCode;
     const announce = () => void c.setRelay(relayBase(relay.relayAddr)).catch(() => undefined);
     relay.on('state', (e) => e.state === 'registered' && announce());
     announce();
