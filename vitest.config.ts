@@ -1,5 +1,5 @@
 import { defineConfig } from 'vitest/config';
-import { vulkanEnv } from './src/cli/webgpu-node.ts';
+import { vulkanEnv } from './src/host/node/webgpu.ts';
 
 // The WebGPU-in-Node suite (test/gpu) needs a Vulkan loader and driver when dawn.node loads, which
 // only the environment of a new process can give: the test processes are forked after this runs.

@@ -23,7 +23,7 @@
  * serves its span; default one graph for the 4 layers.
  */
 import { fileURLToPath } from 'node:url';
-import { createNodeBackend } from '../src/cli/onnx-node.ts';
+import { createNodeBackend } from '../src/host/node/onnx.ts';
 import { fixtureConfig, makeModel } from '../src/model/fixture.ts';
 import type { ForwardRequest, ForwardResult } from '../src/shard/executor.ts';
 import { ShardExecutor } from '../src/shard/executor.ts';

@@ -21,7 +21,7 @@ import { quantizeQ4, type Q4Scheme } from '../src/model/quantize.ts';
 import { ReferenceModel, newRefCache } from '../src/model/reference.ts';
 import { decodeTensor } from '../src/protocol/tensor.ts';
 import { FusedShardExecutor } from '../src/shard/fused-executor.ts';
-import { createNodeBackend } from '../src/cli/onnx-node.ts';
+import { createNodeBackend } from '../src/host/node/onnx.ts';
 
 const quick = process.argv.includes('--quick');
 const TOKENS = quick ? 32 : 256;

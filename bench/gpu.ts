@@ -29,9 +29,9 @@ import { decodeTensor } from '../src/protocol/tensor.ts';
 import { FusedShardExecutor } from '../src/shard/fused-executor.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
 import type { SamplingParams } from '../src/shard/sampling.ts';
-import { createOrtWebBackend } from '../src/browser/ort-web.ts';
-import { installNodeWebGpu, type NodeGpuInfo } from '../src/cli/webgpu-node.ts';
-import { createWasmBackend } from '../src/cli/onnx-wasm.ts';
+import { createOrtWebBackend } from '../src/host/browser/onnx.ts';
+import { installNodeWebGpu, type NodeGpuInfo } from '../src/host/node/webgpu.ts';
+import { createWasmBackend } from '../src/host/node/onnx-wasm.ts';
 
 const argv = process.argv.slice(2);
 const arg = (name: string) => (argv.includes(name) ? argv[argv.indexOf(name) + 1] : undefined);

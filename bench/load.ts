@@ -40,8 +40,8 @@ import { loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
-import { startRelayProcess, type RelayProcess } from '../test/support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
+import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../test/helpers/mesh.ts';
 import { fmt, printTable, quantile, writeResult } from './lib/stats.ts';
 
 const argv = process.argv.slice(2);

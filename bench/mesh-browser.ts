@@ -30,7 +30,7 @@ import { loadavg } from 'node:os';
 import { startBrowserMesh, serveBuiltApp, type BrowserMesh } from '../src/cli/browser-mesh.ts';
 import { streamChat } from '../src/cli/demo.ts';
 import { ensureModel } from '../src/cli/models.ts';
-import { createNodeBackend } from '../src/cli/onnx-node.ts';
+import { createNodeBackend } from '../src/host/node/onnx.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import { parseModelConfig } from '../src/model/config.ts';
 import { openSafetensors } from '../src/model/safetensors.ts';

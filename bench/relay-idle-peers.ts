@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { WebSocket } from 'ws';
-import { makeKeys, nextJson, registerMessage } from '../test/support/raw-peer.ts';
+import { makeKeys, nextJson, registerMessage } from '../test/helpers/raw-peer.ts';
 import { printTable, writeResult } from './lib/stats.ts';
 
 const root = fileURLToPath(new URL('..', import.meta.url));

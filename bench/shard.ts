@@ -21,8 +21,8 @@ import { SafetensorsReader } from '../src/model/safetensors.ts';
 import { ShardExecutor, type WeightLoader } from '../src/shard/executor.ts';
 import { readerWeightLoader } from '../src/shard/weights.ts';
 import type { OnnxBackend } from '../src/shard/backend.ts';
-import { createNodeBackend } from '../src/cli/onnx-node.ts';
-import { createWasmBackend } from '../src/cli/onnx-wasm.ts';
+import { createNodeBackend } from '../src/host/node/onnx.ts';
+import { createWasmBackend } from '../src/host/node/onnx-wasm.ts';
 import { median } from './lib/stats.ts';
 
 const PRESET = 'small';

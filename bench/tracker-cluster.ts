@@ -22,8 +22,8 @@ import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import { startHaproxy, startNats } from '../test/helpers/cluster.ts';
-import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/mesh/support/mesh.ts';
-import { startRelayProcess } from '../test/support/relay-process.ts';
+import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
+import { startRelayProcess } from '../test/helpers/relay-process.ts';
 import { median, printTable, quantile, writeResult } from './lib/stats.ts';
 
 const argv = process.argv.slice(2);

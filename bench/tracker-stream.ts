@@ -22,11 +22,11 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
-import { Identity } from '../src/node/identity.ts';
+import { Identity } from '../src/net/identity.ts';
 import { encodeBase64Url } from '../src/protocol/base64.ts';
 import type { GenerateEvent, NodeMessage } from '../src/protocol/tracker.ts';
 import { signBody } from '../src/tracker/signing.ts';
-import { startTrackerProc } from '../test/mesh/support/mesh.ts';
+import { startTrackerProc } from '../test/helpers/mesh.ts';
 import { cpuMs } from './lib/proc-cpu.ts';
 import { writeResult } from './lib/stats.ts';
 

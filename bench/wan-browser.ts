@@ -27,8 +27,8 @@ import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
-import { startRelayProcess, type RelayProcess } from '../test/support/relay-process.ts';
-import { chainForwardsAfterHead, startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
+import { chainForwardsAfterHead, startTrackerProc, until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { median, startDelayedRelay, type DelayedRelay } from './lib/wan.ts';
 import { printTable, writeResult } from './lib/stats.ts';
 

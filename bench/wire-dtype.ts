@@ -20,7 +20,7 @@ import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import type { GenerateEvent, RouteHop } from '../src/protocol/tracker.ts';
-import { generateDirect, hopOf, startNode, testSigner, type NodeProc } from '../test/mesh/support/mesh.ts';
+import { generateDirect, hopOf, startNode, testSigner, type NodeProc } from '../test/helpers/mesh.ts';
 import { firstDivergence, median } from './lib/stats.ts';
 
 const quick = process.argv.includes('--quick');

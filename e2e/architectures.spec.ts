@@ -20,7 +20,7 @@ import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { fixture } from '../test/helpers/shard.ts';
-import { startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { startTrackerProc, until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { appUrl, startRelayProcess, type RelayProcess } from './support/mesh.ts';
 
 const PRESETS = ['tiny-qwen3', 'tiny-mistral', 'tiny-phi3'] as const;

@@ -6,7 +6,7 @@
 import { expect, test } from '@playwright/test';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import { startBrowserMesh } from '../src/cli/browser-mesh.ts';
-import { until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { appUrl, type RelayProcess, startTrackerMesh, stopTrackerMesh } from './support/mesh.ts';
 
 let relay: RelayProcess;

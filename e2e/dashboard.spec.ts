@@ -7,7 +7,7 @@
 import { expect, test } from '@playwright/test';
 import pino from 'pino';
 import { startTracker, type RunningTracker } from '../src/tracker/server.ts';
-import { FakeNode, layerMib, smallSpec } from '../test/tracker/support.ts';
+import { FakeNode, layerMib, smallSpec } from '../test/helpers/tracker.ts';
 
 let tracker: RunningTracker | undefined;
 test.afterAll(async () => tracker?.close());

@@ -17,7 +17,7 @@ import { startStaticServer, type StaticServer } from '../src/cli/static-server.t
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../test/helpers/fortunes-tiny.ts';
-import { chainForwardsAfterHead, startTrackerProc, until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import { chainForwardsAfterHead, startTrackerProc, until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { appUrl, startRelayProcess, type RelayProcess } from './support/mesh.ts';
 
 const PROMPTS = ['Tell me a fortune about science.', 'Tell me a short story about a fox who shares her GPU.', 'Tell me a fortune about computers.'];

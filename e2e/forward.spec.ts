@@ -7,7 +7,7 @@ import { expect, test } from '@playwright/test';
 import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
 import { newRefCache } from '../src/model/reference.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
-import type { RelayClient } from '../src/node/relay-client.ts';
+import type { RelayClient } from '../src/net/relay-client.ts';
 import { formatBytes } from '../src/app/format.ts';
 import { forwardFast, forwardRpc, maxAbsDiff, nodeUrl, reference, status, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 

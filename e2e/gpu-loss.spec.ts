@@ -12,7 +12,7 @@ import { CHROMIUM_ARGS } from '../playwright.config.ts';
 import { encodeTensor } from '../src/protocol/tensor.ts';
 import { newRefCache } from '../src/model/reference.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
-import type { RelayClient } from '../src/node/relay-client.ts';
+import type { RelayClient } from '../src/net/relay-client.ts';
 import { replyJson } from '../src/protocol/envelopes.ts';
 import { forwardRpc, nodeUrl, reference, status, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 

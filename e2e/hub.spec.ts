@@ -10,9 +10,9 @@ import { expect, test } from '@playwright/test';
 import OpenAI from 'openai';
 import { makeModel } from '../src/model/fixture.ts';
 import { ModelTokenizer } from '../src/model/tokenizer.ts';
-import type { NodeStatus } from '../src/browser/engine.ts';
-import { spawnMeshnet, until, type Proc } from '../test/mesh/support/mesh.ts';
-import { startHubMimic, type HubMimic } from '../test/support/hub-mimic.ts';
+import type { NodeStatus } from '../src/host/browser/engine.ts';
+import { spawnMeshnet, until, type Proc } from '../test/helpers/mesh.ts';
+import { startHubMimic, type HubMimic } from '../test/helpers/hub-mimic.ts';
 import { appUrl, reference, startRelayProcess, status, type RelayProcess } from './support/mesh.ts';
 
 const MESSAGES = [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }];

@@ -6,7 +6,7 @@
 import { expect, test, type Browser, type BrowserContext, type Page } from '@playwright/test';
 import { decodeTensor, encodeTensor } from '../src/protocol/tensor.ts';
 import type { StaticServer } from '../src/cli/static-server.ts';
-import type { RelayClient } from '../src/node/relay-client.ts';
+import type { RelayClient } from '../src/net/relay-client.ts';
 import { replyJson } from '../src/protocol/envelopes.ts';
 import { forwardFast, nodeUrl, reference, waitForState, type RelayProcess, startRelayMesh, stopRelayMesh } from './support/mesh.ts';
 import { screenshotPath } from './support/screenshots.ts';

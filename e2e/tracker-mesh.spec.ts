@@ -19,8 +19,8 @@ import OpenAI from 'openai';
 import type { StaticServer } from '../src/cli/static-server.ts';
 import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { makeModel } from '../src/model/fixture.ts';
-import type { NodeStatus } from '../src/browser/engine.ts';
-import { until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import type { NodeStatus } from '../src/host/browser/engine.ts';
+import { until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { appUrl, reference, status, type RelayProcess, startTrackerMesh, stopTrackerMesh } from './support/mesh.ts';
 import { screenshotPath } from './support/screenshots.ts';
 

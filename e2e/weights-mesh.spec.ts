@@ -13,8 +13,8 @@ import type { StaticServer } from '../src/cli/static-server.ts';
 import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { makeModel } from '../src/model/fixture.ts';
 import type { ReferenceModel } from '../src/model/reference.ts';
-import type { NodeStatus, WeightFormat } from '../src/browser/engine.ts';
-import { until, type TrackerProc } from '../test/mesh/support/mesh.ts';
+import type { NodeStatus, WeightFormat } from '../src/host/browser/engine.ts';
+import { until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { appUrl, reference, status, type RelayProcess, startTrackerMesh, stopTrackerMesh } from './support/mesh.ts';
 import { q4Reference } from './support/q4-reference.ts';
 

@@ -6,9 +6,9 @@
  * (bench/browser-node.ts bundles it for the page).
  */
 import { encodeRequestFrame } from '../../src/protocol/frames.ts';
-import { FrameMux } from '../../src/node/frame-mux.ts';
-import { resolveRelayClientOptions } from '../../src/node/relay-options.ts';
-import type { WebSocketLike } from '../../src/node/socket.ts';
+import { FrameMux } from '../../src/net/frame-mux.ts';
+import { resolveRelayClientOptions } from '../../src/net/relay-options.ts';
+import type { WebSocketLike } from '../../src/net/socket.ts';
 
 export interface BridgeCost {
   requests: number;

@@ -3,9 +3,9 @@
  * the real RelayClient and answers every request with its own body and
  * headers (what a pass-through shard costs, minus compute).
  */
-import { Identity } from '../../src/node/identity.ts';
-import { RelayClient } from '../../src/node/relay-client.ts';
-import { NodeWebSocketConstructor } from '../../src/cli/node-socket.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { RelayClient } from '../../src/net/relay-client.ts';
+import { NodeWebSocketConstructor } from '../../src/host/node/socket.ts';
 
 const relayUrl = process.argv[2];
 if (!relayUrl) throw new Error('usage: echo-peer.ts <relay url>');

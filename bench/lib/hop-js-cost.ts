@@ -8,16 +8,16 @@
  *
  *   npx tsx bench/lib/hop-js-cost.ts
  */
-import { createChainHop } from '../../src/node/chain-hop.ts';
-import { createForwardHandler } from '../../src/node/forward-handler.ts';
-import { Identity } from '../../src/node/identity.ts';
+import { createChainHop } from '../../src/node/hop/chain-hop.ts';
+import { createForwardHandler } from '../../src/node/hop/forward-handler.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import { encodeRequestFrame, decodeFrame, FLAG_END, FLAG_ONE_WAY } from '../../src/protocol/frames.ts';
 import { hexToBytes } from '../../src/protocol/ids.ts';
 import { encodeTensor } from '../../src/protocol/tensor.ts';
 import { chainReplySigningMessage, routeSigningMessage, type RouteHop } from '../../src/protocol/tracker.ts';
 import type { MeshRequest } from '../../src/protocol/envelopes.ts';
-import { NO_NEWS } from '../../src/node/mux-caller.ts';
+import { NO_NEWS } from '../../src/net/mux-caller.ts';
 
 const hidden = 512;
 const key = await Identity.generate();

@@ -21,9 +21,9 @@
  */
 import { Agent, fetch as undiciFetch } from 'undici';
 import { WebSocket } from 'ws';
-import { Identity } from '../../src/node/identity.ts';
-import { RelayClient } from '../../src/node/relay-client.ts';
-import type { WebSocketConstructor } from '../../src/node/socket.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { RelayClient } from '../../src/net/relay-client.ts';
+import type { WebSocketConstructor } from '../../src/net/socket.ts';
 import { TrackerClient, type TrackerRelay } from '../../src/node/tracker-client.ts';
 import { TrackerSession } from '../../src/node/tracker-session.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';

@@ -4,7 +4,7 @@
  * node → relay → node leg costs the one-way delay, and small helpers.
  */
 import { createServer } from 'node:net';
-import { startRelayProcess, type RelayProcess } from '../../test/support/relay-process.ts';
+import { startRelayProcess, type RelayProcess } from '../../test/helpers/relay-process.ts';
 import { startDelayProxy, type DelayProxy } from './delay-proxy.ts';
 
 export const median = (xs: number[]): number => {

@@ -10,14 +10,14 @@ import { startStaticServer, type StaticServer } from '../../src/cli/static-serve
 import { fixtureConfig, makeModel, type FixturePreset } from '../../src/model/fixture.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import type { MeshReply } from '../../src/protocol/envelopes.ts';
-import { Identity, MemoryKeyStore } from '../../src/node/identity.ts';
-import { RelayClient } from '../../src/node/relay-client.ts';
-import { relayHop } from '../../src/node/relay-hop.ts';
-import type { WebSocketConstructor } from '../../src/node/socket.ts';
-import type { NodeStatus } from '../../src/browser/engine.ts';
+import { Identity, MemoryKeyStore } from '../../src/net/identity.ts';
+import { RelayClient } from '../../src/net/relay-client.ts';
+import { relayHop } from '../../src/net/relay-hop.ts';
+import type { WebSocketConstructor } from '../../src/net/socket.ts';
+import type { NodeStatus } from '../../src/host/browser/engine.ts';
 import { weightsFromFiles } from '../../test/helpers/weights.ts';
-import { startRelayProcess, type RelayProcess } from '../../test/support/relay-process.ts';
-import { startTrackerProc, type TrackerProc } from '../../test/mesh/support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../../test/helpers/relay-process.ts';
+import { startTrackerProc, type TrackerProc } from '../../test/helpers/mesh.ts';
 
 export { startRelayProcess, type RelayProcess };
 

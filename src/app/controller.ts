@@ -4,7 +4,7 @@
  * into engine calls. Knows the interface only, never how the node is hosted.
  */
 import { isMeshErrorCode } from '../protocol/errors.ts';
-import type { NodeConfig, NodeEngine, NodeStatus } from '../browser/engine.ts';
+import type { NodeConfig, NodeEngine, NodeStatus } from '../host/browser/engine.ts';
 import { renderStatus, type ViewRoot } from './view.ts';
 
 export interface ControllerOptions {

@@ -5,8 +5,8 @@
  * worker is up), start the node worker with the URL's span, register the
  * service worker after first paint.
  */
-import type { NodeEngine, NodeStatus } from '../browser/engine.ts';
-import { createWorkerEngine } from '../browser/worker-client.ts';
+import type { NodeEngine, NodeStatus } from '../host/browser/engine.ts';
+import { createWorkerEngine } from '../host/browser/worker-client.ts';
 import { PageController } from './controller.ts';
 import { configFromSearch } from './url-config.ts';
 import { renderNeedsConfig, renderStatus } from './view.ts';

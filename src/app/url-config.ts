@@ -6,11 +6,11 @@
  * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>][&weights=f32|f16|q4][&hop=chain|star]`
  * (`hop`: how the page drives a pipeline when it is the head; absent: chain),
  * and for tests `[&test_lose_gpu=N[,M…]]`: the k-th GPU backend destroys its
- * device before its N-th session run (src/browser/gpu-test-hooks.ts).
+ * device before its N-th session run (src/host/browser/gpu-test-hooks.ts).
  * Parsed with zod: a URL is outside data.
  */
 import { z } from 'zod';
-import type { NodeConfig } from '../browser/engine.ts';
+import type { NodeConfig } from '../host/browser/engine.ts';
 import { WEIGHT_FORMATS } from '../model/weight-format.ts';
 
 const layersRe = /^(\d{1,4})-(\d{1,4})$/;

@@ -3,7 +3,7 @@
  * only what changed, so screen readers announce a state change once and not
  * on every poll.
  */
-import type { NodeStatus } from '../browser/engine.ts';
+import type { NodeStatus } from '../host/browser/engine.ts';
 import { formatBytes, formatCount, percent, sparklinePoints } from './format.ts';
 
 const LABELS: Record<NodeStatus['state'], string> = {

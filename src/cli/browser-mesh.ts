@@ -10,7 +10,7 @@
  * Used by `meshnet mesh` and by `meshnet demo`.
  */
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
-import type { NodeStatus } from '../browser/engine.ts';
+import type { NodeStatus } from '../host/browser/engine.ts';
 import { builtApp } from './app-build.ts';
 import { startStaticServer, type StaticServer } from './static-server.ts';
 

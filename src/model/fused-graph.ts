@@ -295,7 +295,7 @@ export function buildFusedLayersGraph(cfg: ModelConfig, src: WeightSource, start
     }
     if (cfg.qkNorm) qkvInputs = b.qkNorm(l, qkvInputs, qkvSizes);
     // Mistral / Phi-3: local_window_size = sliding_window, as onnxruntime-genai's builder sets it.
-    // Measured on the CPU kernel (test/arch): the query then sees `sliding_window` keys, itself
+    // Measured on the CPU kernel (test/shard/architectures.test.ts): the query then sees `sliding_window` keys, itself
     // included, which is transformers' window; sliding_window - 1 would see one fewer.
     const window: Record<string, number> = cfg.slidingWindow !== null ? { local_window_size: cfg.slidingWindow } : {};
     const [attn] = g.op(

@@ -28,9 +28,9 @@ import {
   type RouteHop,
   type Assignment,
 } from '../protocol/tracker.ts';
-import { verifyEd25519, type Identity } from './identity.ts';
+import { verifyEd25519, type Identity } from '../net/identity.ts';
 import type { MeshReply } from '../protocol/envelopes.ts';
-import type { OutgoingRequest, RequestOptions } from './mesh-types.ts';
+import type { OutgoingRequest, RequestOptions } from '../net/contract.ts';
 import { z } from 'zod';
 
 /** The node's relay connection as the tracker client uses it: heartbeats to the tracker's peer over the socket. */

@@ -21,7 +21,7 @@ export const H = {
   /** On 503 MESH_ERR_BUSY (and the tracker's 429): whole seconds to wait before trying again. */
   retryAfter: 'retry-after',
   /**
-   * Chained hops (src/node/chain-hop.ts): a /forward carrying these runs its
+   * Chained hops (src/node/hop/chain-hop.ts): a /forward carrying these runs its
    * span and pushes the output on to route[index + 1] itself; the last hop
    * POSTs its token to the head's /chain/token. `chainHead` is the head the
    * route is signed for, `chainReply` JSON {relay_addr?, endpoint?} of that

@@ -1,6 +1,6 @@
 /**
  * The seam between the shard executor and an ONNX runtime. Hosts implement
- * it: src/cli/onnx-node.ts (onnxruntime-node), src/cli/onnx-wasm.ts
+ * it: src/host/node/onnx.ts (onnxruntime-node), src/host/node/onnx-wasm.ts
  * (onnxruntime-web's WASM backend), and workers/ for the browser. Tensors
  * cross it as plain typed arrays so src/shard never sees a runtime's classes.
  */

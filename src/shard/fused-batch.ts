@@ -15,7 +15,7 @@
  *
  * Fidelity: rows never mix (GQA bounds each row's attention by its
  * seqlens_k); a wider GEMM may round differently in the last f32 ulps, not
- * enough to change a greedy token (test/fused-batch.test.ts).
+ * enough to change a greedy token (test/shard/fused-batch.test.ts).
  */
 import { IO } from '../model/graph.ts';
 import { FUSED_IO, HEAD_IO } from '../model/fused-graph.ts';

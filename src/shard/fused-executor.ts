@@ -180,7 +180,7 @@ export class FusedShardExecutor {
           ),
       },
       // Under 32 rows on a device backend until a batch of 32 or more is checked on WebGPU (the >= 32-row
-      // prefill fault was flash attention on 4-lane subgroups, now kept off: webgpu-device.ts).
+      // prefill fault was flash attention on 4-lane subgroups, now kept off: src/host/browser/webgpu.ts).
       Math.min(o.maxBatch ?? DEFAULT_MAX_BATCH, o.backend.device ? 31 : Infinity),
     );
   }

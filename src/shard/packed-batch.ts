@@ -24,7 +24,7 @@
  * same sum as alone; the projections and the MLP are row-wise. What can
  * differ from a lone run is the rounding of a wider GEMM and of the softmax
  * reduction (f32 ulps), never the token a greedy step picks
- * (test/shard-batch.test.ts checks both layouts against float64).
+ * (test/shard/batch.test.ts checks both layouts against float64).
  *
  * Cost: the projections and MLP read the weights once for B rows (the win).
  * The pasts are copied into one tensor per layer; the graph's Concat and

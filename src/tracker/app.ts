@@ -11,7 +11,7 @@
 import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
-import type { Identity } from '../node/identity.ts';
+import type { Identity } from '../net/identity.ts';
 import type { MeshResponse } from '../protocol/envelopes.ts';
 import { Admission } from './admission.ts';
 import type { ClusterStore } from './cluster/store.ts';

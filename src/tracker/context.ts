@@ -4,7 +4,7 @@
  * the admission queue, and what a generation needs.
  */
 import type { Logger } from 'pino';
-import type { Identity } from '../node/identity.ts';
+import type { Identity } from '../net/identity.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Admission } from './admission.ts';
 import type { LoadMonitor } from './load.ts';

@@ -23,7 +23,7 @@ import type { HeadTransport } from './head-transport.ts';
 import { H } from '../protocol/headers.ts';
 import { randomHex } from '../protocol/ids.ts';
 import { generateEventSchema, type GenerateRequest, type RouteHop } from '../protocol/tracker.ts';
-import type { Identity } from '../node/identity.ts';
+import type { Identity } from '../net/identity.ts';
 import type { Admission, Lease } from './admission.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { TrackerOptions } from './options.ts';

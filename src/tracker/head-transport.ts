@@ -16,7 +16,7 @@ import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import { MeshError, remoteError } from '../protocol/errors.ts';
 import { concatBytes } from '../protocol/bytes.ts';
-import type { RelayClient } from '../node/relay-client.ts';
+import type { RelayClient } from '../net/relay-client.ts';
 
 export interface HeadTarget {
   peerId: string;

@@ -13,7 +13,7 @@
  * (head, hops, reply address, expiry). A route then lives between its TTL
  * and its TTL + one bucket; what a signature allows is unchanged.
  */
-import type { Identity } from '../node/identity.ts';
+import type { Identity } from '../net/identity.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
 import { signChainReply, signRoute, type SignedRoute } from './signing.ts';
 

@@ -13,7 +13,7 @@ import { decodeBase64, encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { peerIdFromPublicKey } from '../protocol/ids.ts';
 import { canonicalJson, chainReplySigningMessage, routeSigningMessage, type RouteHop } from '../protocol/tracker.ts';
-import { verifyEd25519, type Identity } from '../node/identity.ts';
+import { verifyEd25519, type Identity } from '../net/identity.ts';
 
 const utf8 = new TextEncoder();
 

@@ -13,7 +13,7 @@ import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { loadModelSpec, type ModelSpec } from '../../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
-import { FakeNode, makeTracker } from '../tracker/support.ts';
+import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
 /** Layers nobody holds after `nodes` nodes of `budgetMb` join the tracker one after another. */
 async function bareAfterJoining(spec: ModelSpec, nodes: number, budgetMb: number): Promise<number[]> {

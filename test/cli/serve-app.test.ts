@@ -3,7 +3,7 @@ import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { spawnMeshnet } from '../mesh/support/mesh.ts';
+import { spawnMeshnet } from '../helpers/mesh.ts';
 
 describe('meshnet serve-app --dir', () => {
   const dir = mkdtempSync(join(tmpdir(), 'meshnet-built-app-'));

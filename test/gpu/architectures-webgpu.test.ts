@@ -10,8 +10,8 @@ import type { OnnxBackend } from '../../src/shard/backend.ts';
 import { walkAgainstReference } from '../helpers/fused.ts';
 import { fixture, prompts } from '../helpers/shard.ts';
 
-const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
-const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
+const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
+const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor } = await import('../../src/shard/fused-executor.ts');
 
 const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;

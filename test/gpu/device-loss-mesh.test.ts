@@ -21,8 +21,8 @@ import { startStaticServer, type StaticServer } from '../../src/cli/static-serve
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { fixture } from '../helpers/shard.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { spawnMeshnet, startNode, startTrackerProc, stopMesh, until, type Proc, type TrackerProc } from '../mesh/support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { spawnMeshnet, startNode, startTrackerProc, stopMesh, until, type Proc, type TrackerProc } from '../helpers/mesh.ts';
 
 const f = fixture('tiny');
 const utf8d = new TextDecoder();

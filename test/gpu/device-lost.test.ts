@@ -6,8 +6,8 @@
  * And a buffer the device cannot allocate is a MESH_ERR_DEVICE_MEMORY (507).
  */
 import { describe, expect, it } from 'vitest';
-import { installNodeWebGpu } from '../../src/cli/webgpu-node.ts';
-import { createOrtWebBackend } from '../../src/browser/ort-web.ts';
+import { installNodeWebGpu } from '../../src/host/node/webgpu.ts';
+import { createOrtWebBackend } from '../../src/host/browser/onnx.ts';
 import type { MeshError } from '../../src/protocol/errors.ts';
 import { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import { fixture } from '../helpers/shard.ts';

@@ -6,17 +6,17 @@
  * are narrower than 16 lanes (SwiftShader's are 4): from 32 rows on, every
  * row past the first subgroup gets wrong attention. The backend therefore
  * creates the EP's device without `subgroups` on such adapters
- * (src/browser/webgpu-device.ts). Here: the fault reproduced on one
+ * (src/host/browser/webgpu.ts). Here: the fault reproduced on one
  * GroupQueryAttention node, the backend's device exact on the same node
  * (against onnxruntime-node's CPU kernel), and a 60-row prefill through the
  * fused executor equal to the float64 reference.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type * as OrtTypes from 'onnxruntime-web';
-import { installNodeWebGpu, type NodeGpuInfo } from '../../src/cli/webgpu-node.ts';
-import { createOrtWebBackend, loadOrt } from '../../src/browser/ort-web.ts';
-import { MIN_FLASH_ATTENTION_SUBGROUP, subgroupVerdict } from '../../src/browser/webgpu-device.ts';
-import { createNodeBackend } from '../../src/cli/onnx-node.ts';
+import { installNodeWebGpu, type NodeGpuInfo } from '../../src/host/node/webgpu.ts';
+import { createOrtWebBackend, loadOrt } from '../../src/host/browser/onnx.ts';
+import { MIN_FLASH_ATTENTION_SUBGROUP, subgroupVerdict } from '../../src/host/browser/webgpu.ts';
+import { createNodeBackend } from '../../src/host/node/onnx.ts';
 import { ElemType, GraphBuilder, MS_DOMAIN, writeFloats } from '../../src/model/onnx-builder.ts';
 import type { BackendTensor, OnnxBackend } from '../../src/shard/backend.ts';
 import { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
@@ -140,7 +140,7 @@ describe('GroupQueryAttention prefill of 32 rows or more on WebGPU', () => {
       }
     };
     // 31 rows are exact; from 32 on, the rows after the first subgroup are not. If this starts
-    // failing, onnxruntime fixed its kernel and webgpu-device.ts may keep subgroups again.
+    // failing, onnxruntime fixed its kernel and src/host/browser/webgpu.ts may keep subgroups again.
     expect(await run(31, 0)).toEqual([]);
     const wrong = await run(32, 0);
     expect(wrong).toContain(31);

@@ -18,8 +18,8 @@ import { dequantizedWeights } from '../helpers/fused.ts';
 import { fixture, maxAbsDiff } from '../helpers/shard.ts';
 
 
-const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
-const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
+const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
+const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 
 const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;

@@ -18,8 +18,8 @@ import { decodeTogether } from '../helpers/batch.ts';
 import { dequantizedWeights } from '../helpers/fused.ts';
 import { fixture } from '../helpers/shard.ts';
 
-const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
-const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
+const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
+const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 const { ShardExecutor: Plain } = await import('../../src/shard/executor.ts');
 

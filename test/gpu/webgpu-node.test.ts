@@ -10,7 +10,7 @@
  * of eviction, buffers freed with their session).
  *
  * vitest.config.ts puts chromium's Vulkan loader and SwiftShader's ICD in
- * the environment of the test processes (src/cli/webgpu-node.ts vulkanEnv).
+ * the environment of the test processes (src/host/node/webgpu.ts vulkanEnv).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ortLog } from '../helpers/ort-log-tap.ts';
@@ -22,8 +22,8 @@ import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
 import { fixture, maxAbsDiff } from '../helpers/shard.ts';
 
 
-const { installNodeWebGpu } = await import('../../src/cli/webgpu-node.ts');
-const { createOrtWebBackend } = await import('../../src/browser/ort-web.ts');
+const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
+const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 
 const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;

@@ -6,7 +6,7 @@ import { fixtureConfig, makeModel, type FixturePreset } from '../../src/model/fi
 import type { ModelConfig } from '../../src/model/config.ts';
 import type { WeightSource } from '../../src/model/graph.ts';
 import { ShardExecutor, type ShardExecutorOptions } from '../../src/shard/executor.ts';
-import { createNodeBackend } from '../../src/cli/onnx-node.ts';
+import { createNodeBackend } from '../../src/host/node/onnx.ts';
 import { weightsFromFiles } from './weights.ts';
 import { fixtureTokenizerFiles } from '../../src/cli/real-tokenizers.ts';
 

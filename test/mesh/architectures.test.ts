@@ -19,10 +19,10 @@ import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { fixture } from '../helpers/shard.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../helpers/mesh.ts';
 
 const PRESETS = ['tiny-llama31', 'tiny-smollm2', 'tiny-mistral', 'tiny-qwen2', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini'] as const;
 const TOKENS = 32;

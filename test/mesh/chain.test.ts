@@ -14,13 +14,13 @@ import { startStaticServer, type StaticServer } from '../../src/cli/static-serve
 import { ensureModel } from '../../src/cli/models.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import { encodeTensor } from '../../src/protocol/tensor.ts';
 import { chainReplySigningMessage, routeSigningMessage, type GenerateEvent, type RouteHop } from '../../src/protocol/tracker.ts';
 import { fixture } from '../helpers/shard.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { collectEvents, generateDirect, hopOf, startNode, startTrackerProc, tokenIds, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { collectEvents, generateDirect, hopOf, startNode, startTrackerProc, tokenIds, until, type NodeProc, type TrackerProc } from '../helpers/mesh.ts';
 
 const f = fixture('tiny');
 const utf8d = new TextDecoder();

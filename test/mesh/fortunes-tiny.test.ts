@@ -13,7 +13,7 @@ import { startStaticServer, type StaticServer } from '../../src/cli/static-serve
 import { loadModelSpec } from '../../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../helpers/fortunes-tiny.ts';
-import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../helpers/mesh.ts';
 
 const PROMPTS = ['Tell me a fortune about science.', 'Tell me a short story about a fox who shares her GPU.'];
 const MAX_TOKENS = 48;

@@ -16,9 +16,9 @@ import { cachePath } from '../../src/host/node/hub-cache.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { fixture } from '../helpers/shard.ts';
-import { startHubMimic, type HubMimic } from '../support/hub-mimic.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { spawnMeshnet, until, type Proc } from './support/mesh.ts';
+import { startHubMimic, type HubMimic } from '../helpers/hub-mimic.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { spawnMeshnet, until, type Proc } from '../helpers/mesh.ts';
 
 const TOKEN = 'hf_mesh_token';
 const MESSAGES = [{ role: 'user' as const, content: 'Tell me about the quick brown fox.' }];

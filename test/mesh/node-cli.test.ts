@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { startTracker } from '../../src/tracker/server.ts';
-import { spawnMeshnet, startNode } from './support/mesh.ts';
+import { spawnMeshnet, startNode } from '../helpers/mesh.ts';
 
 describe('meshnet node', () => {
   let st: StaticServer;

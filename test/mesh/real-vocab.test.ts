@@ -15,8 +15,8 @@ import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer, type ChatMessage } from '../../src/model/tokenizer.ts';
 import { memoryFetch } from '../../src/model/memory-fetch.ts';
 import { fixture } from '../helpers/shard.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from './support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from '../helpers/mesh.ts';
 
 const MAX_TOKENS = 24;
 // The second conversation reaches the end-of-turn token within a few steps on both presets' weights (checked below).

@@ -15,7 +15,7 @@ import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
 import { encodeTensor } from '../../src/protocol/tensor.ts';
 import type { GenerateEvent } from '../../src/protocol/tracker.ts';
-import { collectEvents, generateDirect, hopOf, startNode, testSigner, tokenIds, type NodeProc } from './support/mesh.ts';
+import { collectEvents, generateDirect, hopOf, startNode, testSigner, tokenIds, type NodeProc } from '../helpers/mesh.ts';
 
 const NEW_TOKENS = 64;
 const HIDDEN = 512;

@@ -11,7 +11,7 @@ import { SafetensorsReader } from '../../src/model/safetensors.ts';
 import { parseSafetensorsFile } from '../../src/model/safetensors-format.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { ensureModel, hasModel, MARKER_FILE, REPO_ROOT } from '../../src/cli/models.ts';
-import { greedy } from './naive-llama.ts';
+import { greedy } from '../helpers/naive-llama.ts';
 
 const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => Buffer.from(a).equals(Buffer.from(b));
 const text = (files: Map<string, Uint8Array>, name: string): unknown => JSON.parse(new TextDecoder().decode(files.get(name)));

@@ -1,6 +1,6 @@
 /**
  * Loading by hub id against a local hub mimic on two origins
- * (test/support/hub-mimic.ts): revision pinning, the 302 to the CDN with
+ * (test/helpers/hub-mimic.ts): revision pinning, the 302 to the CDN with
  * Range kept and HF_TOKEN never sent there, 401 on a gated repo, 404 naming
  * repo / revision / file, a truncated body as an error, sharded checkpoints
  * through model.safetensors.index.json, and the Node node's disk cache.
@@ -15,7 +15,7 @@ import { openSafetensors } from '../../src/model/safetensors.ts';
 import { decodeTensorBytes } from '../../src/model/safetensors-format.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { fixture } from '../helpers/shard.ts';
-import { startHubMimic, type HubMimic } from '../support/hub-mimic.ts';
+import { startHubMimic, type HubMimic } from '../helpers/hub-mimic.ts';
 
 const TOKEN = 'hf_test_token';
 let mimic: HubMimic;

@@ -5,12 +5,12 @@
  * logs who sent what to whom. Routes are signed by a test tracker key.
  */
 import { beforeAll, describe, expect, it, vi } from 'vitest';
-import { createChainHop, isChainRequest } from '../../src/node/chain-hop.ts';
-import { createForwardHandler } from '../../src/node/forward-handler.ts';
-import { createHeadHandler } from '../../src/node/head-handler.ts';
-import { HopTransport } from '../../src/node/hop-transport.ts';
-import { Identity } from '../../src/node/identity.ts';
-import { PipelineDriver, type HeadTokenizer, type PipelineOptions, type ReplaceSpan } from '../../src/node/pipeline.ts';
+import { createChainHop, isChainRequest } from '../../src/node/hop/chain-hop.ts';
+import { createForwardHandler } from '../../src/node/hop/forward-handler.ts';
+import { createHeadHandler } from '../../src/node/head/head-handler.ts';
+import { HopTransport } from '../../src/net/hop-transport.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { PipelineDriver, type HeadTokenizer, type PipelineOptions, type ReplaceSpan } from '../../src/node/head/pipeline.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { ModelTokenizer } from '../../src/model/tokenizer.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';

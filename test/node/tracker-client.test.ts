@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { Identity, verifyEd25519 } from '../../src/node/identity.ts';
+import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
 import { NotRegisteredError, TrackerClient, TrackerTrust, verifySignedRoute, type TrackerRelay } from '../../src/node/tracker-client.ts';
 import { decodeBase64, encodeBase64Url } from '../../src/protocol/base64.ts';
 import { canonicalJson, routeSigningMessage, trackerCertMessage, type NodeMessage, type RouteHop, type TrackerKey } from '../../src/protocol/tracker.ts';

@@ -4,12 +4,12 @@
  * app.fetch).
  */
 import { describe, expect, it } from 'vitest';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { TrackerClient } from '../../src/node/tracker-client.ts';
 import { TrackerSession } from '../../src/node/tracker-session.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { Assignment, NodeMessage } from '../../src/protocol/tracker.ts';
-import { DEFAULT_INFO, makeTracker, type TestTracker } from '../tracker/support.ts';
+import { DEFAULT_INFO, makeTracker, type TestTracker } from '../helpers/tracker.ts';
 
 async function setup() {
   let tracker: TestTracker = await makeTracker({ now: () => Date.now(), heartbeatIntervalMs: 40 });

@@ -7,8 +7,8 @@ import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { encodeCancelFrame, encodeDataFrame, encodeRequestFrame, encodeResponseFrame, hexToBytes } from '../../src/protocol/index.ts';
-import { makeKeys, nextJson, RawPeer, registerMessage, RpcSocket } from '../support/raw-peer.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
+import { makeKeys, nextJson, RawPeer, registerMessage, RpcSocket } from '../helpers/raw-peer.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
 
 let relay: RelayProcess;
 let echo: RawPeer;

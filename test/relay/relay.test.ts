@@ -5,8 +5,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { decodeTensor, encodeTensor, peerIdFromPublicKey } from '../../src/protocol/index.ts';
-import { makeKeys, nextJson, RawPeer, registerMessage, RpcSocket, once } from '../support/raw-peer.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
+import { makeKeys, nextJson, RawPeer, registerMessage, RpcSocket, once } from '../helpers/raw-peer.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
 
 let relay: RelayProcess;
 beforeAll(async () => {

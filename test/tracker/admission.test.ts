@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest';
 import type { GenerateEvent } from '../../src/protocol/tracker.ts';
 import type { TrackerOptions } from '../../src/tracker/options.ts';
-import { FakeNode, makeTracker, scriptedTransport, smallSpec, tokenEvents, type TestTracker } from './support.ts';
+import { FakeNode, makeTracker, scriptedTransport, smallSpec, tokenEvents, type TestTracker } from '../helpers/tracker.ts';
 
 type Script = Parameters<typeof scriptedTransport>[0][string][number];
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { candidateSpans, chooseSpan, coverage, layersThatFit, rebalance } from '../../src/tracker/assignment.ts';
 import { spanBytes } from '../../src/tracker/model-registry.ts';
-import { FakeNode, MIB, layerMib, makeTracker, smallSpec } from './support.ts';
+import { FakeNode, MIB, layerMib, makeTracker, smallSpec } from '../helpers/tracker.ts';
 
 type Availability = { models: Array<{ complete: boolean; missing_layers: number[]; layers: Array<{ layer: number; count: number; nodes: string[] }>; nodes: Array<{ peer_id: string; status: string; serving: { start_layer: number; end_layer: number } | null }> }> };
 

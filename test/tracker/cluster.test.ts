@@ -16,8 +16,8 @@ import { trackerSubjects } from '../../src/cluster/subjects.ts';
 import type { RegisterAnswer } from '../../src/protocol/tracker.ts';
 import { startTracker, type RunningTracker } from '../../src/tracker/server.ts';
 import { startNats, type NatsServer } from '../helpers/cluster.ts';
-import { startRelayProcess } from '../support/relay-process.ts';
-import { FakeNode, layerMib, smallSpec, type TestTracker } from './support.ts';
+import { startRelayProcess } from '../helpers/relay-process.ts';
+import { FakeNode, layerMib, smallSpec, type TestTracker } from '../helpers/tracker.ts';
 
 const spec = smallSpec();
 const silent = pino({ level: 'silent' });

@@ -9,7 +9,7 @@ import { completionParts, parseCompletion, planCompletion, type CompletionPart }
 import { PromptSizer, type GenerationEvent } from '../../src/tracker/head-proxy.ts';
 import { HttpError } from '../../src/tracker/http.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
-import { FakeNode, makeTracker } from './support.ts';
+import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
 const chat = (extra: Record<string, unknown> = {}) => ({ model: 'small', messages: [{ role: 'user', content: [{ type: 'text', text: 'Say ' }, { type: 'text', text: 'hello' }] }], ...extra });
 

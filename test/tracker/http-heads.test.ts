@@ -9,12 +9,12 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import { generateRequestSchema, type GenerateEvent, type GenerateRequest, type NodeMessage } from '../../src/protocol/tracker.ts';
 import { startTracker, type RunningTracker } from '../../src/tracker/server.ts';
 import { signBody, verifyRoute } from '../../src/tracker/signing.ts';
-import { smallSpec } from './support.ts';
+import { smallSpec } from '../helpers/tracker.ts';
 
 const WORDS = ['The', ' quick', ' brown', ' fox', ' jumps', ' over', ' the', ' lazy', ' dog', '.'];
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));

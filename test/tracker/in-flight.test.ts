@@ -8,8 +8,8 @@ import { getEventListeners } from 'node:events';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { Identity } from '../../src/node/identity.ts';
-import { registerNode, startHead, startMesh, WORDS, type Cleanups } from './relay-heads.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { registerNode, startHead, startMesh, WORDS, type Cleanups } from '../helpers/relay-heads.ts';
 
 const cleanups: Cleanups = [];
 afterEach(async () => {

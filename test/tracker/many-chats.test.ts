@@ -9,8 +9,8 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from '../helpers/mesh.ts';
 
 type Dashboard = { queue: { length: number; running: number }; nodes: Array<{ peer_id: string; status: string; kv: { budget_bytes: number; used_bytes: number } | null }> };
 

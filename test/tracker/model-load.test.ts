@@ -8,8 +8,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer } from '../../src/cli/static-server.ts';
 import { ModelCatalog, type ModelSpec } from '../../src/tracker/model-registry.ts';
-import { spawnMeshnet } from '../mesh/support/mesh.ts';
-import { smallSpec } from './support.ts';
+import { spawnMeshnet } from '../helpers/mesh.ts';
+import { smallSpec } from '../helpers/tracker.ts';
 
 const cleanups: Array<() => Promise<unknown> | unknown> = [];
 afterEach(async () => {

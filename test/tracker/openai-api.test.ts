@@ -3,7 +3,7 @@ import type { GenerateEvent } from '../../src/protocol/tracker.ts';
 import { verifyRoute } from '../../src/tracker/signing.ts';
 import { verifyChainReply } from '../../src/node/tracker-client.ts';
 import { decodeBase64 } from '../../src/protocol/base64.ts';
-import { FakeNode, makeTracker, scriptedTransport, tokenEvents, type TestTracker } from './support.ts';
+import { FakeNode, makeTracker, scriptedTransport, tokenEvents, type TestTracker } from '../helpers/tracker.ts';
 
 type Script = Parameters<typeof scriptedTransport>[0][string][number];
 

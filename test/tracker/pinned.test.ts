@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { NodeStatus } from '../../src/tracker/registry.ts';
-import { FakeNode, makeTracker } from './support.ts';
+import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
 async function pinnedVsFree(pinned: boolean) {
   const t = await makeTracker();

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer } from '../../src/cli/static-server.ts';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { NodeMessage, RegisterAnswer } from '../../src/protocol/tracker.ts';
 import { signBody } from '../../src/tracker/signing.ts';

@@ -8,8 +8,8 @@ import OpenAI from 'openai';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ensureModel } from '../../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../../src/cli/static-server.ts';
-import { startRelayProcess, type RelayProcess } from '../support/relay-process.ts';
-import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from '../mesh/support/mesh.ts';
+import { startRelayProcess, type RelayProcess } from '../helpers/relay-process.ts';
+import { startNode, startTrackerProc, stopMesh, until, type NodeProc, type TrackerProc } from '../helpers/mesh.ts';
 
 type Availability = { models: Array<{ complete: boolean; missing_layers: number[]; nodes: Array<{ peer_id: string; status: string; serving: { start_layer: number; end_layer: number } | null; assignment: { start_layer: number; end_layer: number } | null }> }> };
 

@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { NodeStatus } from '../../src/tracker/registry.ts';
-import { FakeNode, layerMib, makeTracker, smallSpec } from './support.ts';
+import { FakeNode, layerMib, makeTracker, smallSpec } from '../helpers/tracker.ts';
 
 describe('rebalancing, one move at a time', () => {
   it('moves one node per rebalance, none while a moved node still loads, the next once it serves', async () => {

@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { TrackerOptions } from '../../src/tracker/options.ts';
 import { signBody } from '../../src/tracker/signing.ts';
-import { FakeNode, makeTracker } from './support.ts';
+import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
 async function errorOf(res: Response): Promise<{ code: string; message: string }> {
   return ((await res.json()) as { error: { code: string; message: string } }).error;

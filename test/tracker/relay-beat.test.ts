@@ -6,13 +6,13 @@
  */
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
-import { Identity } from '../../src/node/identity.ts';
-import { RelayClient } from '../../src/node/relay-client.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { RelayClient } from '../../src/net/relay-client.ts';
 import { TrackerClient } from '../../src/node/tracker-client.ts';
 import { relayHandlerFor, startTracker } from '../../src/tracker/server.ts';
-import { NodeWebSocket } from '../node/support/ws-host.ts';
-import { startRelayProcess } from '../support/relay-process.ts';
-import { FakeNode, makeTracker, smallSpec } from './support.ts';
+import { NodeWebSocket } from '../helpers/ws-host.ts';
+import { startRelayProcess } from '../helpers/relay-process.ts';
+import { FakeNode, makeTracker, smallSpec } from '../helpers/tracker.ts';
 
 const json = (v: unknown) => new TextEncoder().encode(JSON.stringify(v));
 const parse = (b: Uint8Array | AsyncIterable<Uint8Array>) => JSON.parse(new TextDecoder().decode(b as Uint8Array)) as { assignment?: unknown; heartbeat_interval_ms?: number; error?: { code: string; message: string } };

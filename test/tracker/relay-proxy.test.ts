@@ -5,11 +5,11 @@
  */
 import { afterEach, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
-import { Identity } from '../../src/node/identity.ts';
-import { RelayClient } from '../../src/node/relay-client.ts';
-import type { WebSocketConstructor } from '../../src/node/socket.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { RelayClient } from '../../src/net/relay-client.ts';
+import type { WebSocketConstructor } from '../../src/net/socket.ts';
 import type { TrackerOptions } from '../../src/tracker/options.ts';
-import { startHead as startHeadIn, startMesh, WORDS, type Cleanups, type HeadBehaviour } from './relay-heads.ts';
+import { startHead as startHeadIn, startMesh, WORDS, type Cleanups, type HeadBehaviour } from '../helpers/relay-heads.ts';
 import type { Relay } from '../../src/relay/server.ts';
 import type { RunningTracker } from '../../src/tracker/server.ts';
 

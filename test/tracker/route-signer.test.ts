@@ -5,7 +5,7 @@
  * the route lives at least its TTL.
  */
 import { describe, expect, it } from 'vitest';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { verifyChainReply } from '../../src/node/tracker-client.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { RouteHop } from '../../src/protocol/tracker.ts';

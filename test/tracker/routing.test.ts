@@ -1,11 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { Identity } from '../../src/node/identity.ts';
+import { Identity } from '../../src/net/identity.ts';
 import { replaceAnswerSchema, routeSchema } from '../../src/protocol/tracker.ts';
 import { decodeBase64 } from '../../src/protocol/base64.ts';
 import { verifyChainReply } from '../../src/node/tracker-client.ts';
 import { findRoutes, missingLayers, pickRoute, type ServingNode } from '../../src/tracker/routing.ts';
 import { signBody, verifyRoute } from '../../src/tracker/signing.ts';
-import { FakeNode, makeTracker } from './support.ts';
+import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
 const node = (id: string, start: number, end: number, layerMs = 1, load = 0): ServingNode => ({ id, start, end, layerMs, load });
 

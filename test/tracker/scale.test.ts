@@ -15,8 +15,8 @@ import { serveApp } from '../../src/tracker/http.ts';
 import { LoadMonitor } from '../../src/tracker/load.ts';
 import { NodeStatus } from '../../src/tracker/registry.ts';
 import { findRoutes, type ServingNode } from '../../src/tracker/routing.ts';
-import { naiveCoverage, naiveFindRoutes } from './reference.ts';
-import { FakeNode, MIB, layerMib, makeTracker, smallSpec, type TestTracker } from './support.ts';
+import { naiveCoverage, naiveFindRoutes } from '../helpers/tracker-reference.ts';
+import { FakeNode, MIB, layerMib, makeTracker, smallSpec, type TestTracker } from '../helpers/tracker.ts';
 
 const spec = smallSpec();
 const L = spec.numLayers;

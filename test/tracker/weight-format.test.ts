@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { q4Bytes } from '../../src/model/quantize.ts';
 import { candidateSpans, chooseSpan, layersThatFit, rebalance } from '../../src/tracker/assignment.ts';
 import { sizedFor, spanBytes } from '../../src/tracker/model-registry.ts';
-import { FakeNode, MIB, makeTracker, smallSpec } from './support.ts';
+import { FakeNode, MIB, makeTracker, smallSpec } from '../helpers/tracker.ts';
 
 describe('span sizing by weight format', () => {
   const spec = smallSpec();

@@ -1,11 +1,11 @@
-/** `meshnet node`: options from src/cli/node-options.ts; onnxruntime and the node host load when the command runs. */
+/** `meshnet node`: options from src/host/node/options.ts; onnxruntime and the node host load when the command runs. */
 import type { Command } from 'commander';
 import { InvalidArgumentError } from 'commander';
 import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
 import { KV_DEFAULTS } from '../../shard/kv-ledger.ts';
 import { DEFAULT_MAX_BATCH } from '../../shard/batch-queue.ts';
 import { CliError } from '../failure.ts';
-import { NODE_HOST_DEFAULTS } from '../node-options.ts';
+import { NODE_HOST_DEFAULTS } from '../../host/node/options.ts';
 import { int, onShutdown } from '../util.ts';
 
 function layerRange(value: string): [number, number] {

@@ -16,23 +16,23 @@
  */
 import type { ModelConfig } from '../../model/config.ts';
 import { fusedUnsupportedReason } from '../../model/fused-graph.ts';
-import { withGpuTestHooks } from '../../browser/gpu-test-hooks.ts';
+import { withGpuTestHooks } from './gpu-test-hooks.ts';
 import type { WeightFormat } from '../../model/weight-format.ts';
 import type { SpanGraphs } from '../../shard/span-executor.ts';
-import { indexedDbQ4Cache, type Q4Counters } from '../../browser/q4-store.ts';
+import { indexedDbQ4Cache, type Q4Counters } from './q4-store.ts';
 import { ModelFetchError, ModelFormatError } from '../../model/errors.ts';
 import { generationConfigEosIds, ModelTokenizer } from '../../model/tokenizer.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { BackendFactory, ChosenBackend, RuntimeHost, SpanSpec, WeightStore } from '../../node/runtime/host.ts';
-import type { WebSocketConstructor } from '../../node/socket.ts';
+import type { WebSocketConstructor } from '../../net/socket.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
 import type { WeightLoader } from '../../shard/executor.ts';
-import { calibrate, decide, probeWebGpu, type GpuLike } from '../../browser/backend-select.ts';
-import type { BackendChoice, BackendInfo as PageBackendInfo, BackendKind } from '../../browser/engine.ts';
-import { createOrtWebBackend } from '../../browser/ort-web.ts';
-import { SpanWeights } from '../../browser/span-weights.ts';
-import { NodeStorage } from '../../browser/storage.ts';
-import { warmUp } from '../../browser/warm-up.ts';
+import { calibrate, decide, probeWebGpu, type GpuLike } from './backends.ts';
+import type { BackendChoice, BackendInfo as PageBackendInfo, BackendKind } from './engine.ts';
+import { createOrtWebBackend } from './onnx.ts';
+import { SpanWeights } from './span-weights.ts';
+import { NodeStorage } from './storage.ts';
+import { warmUp } from './warm-up.ts';
 
 /** The worker's globals this host reads; tests give their own. */
 export interface BrowserGlobals {

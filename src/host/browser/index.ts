@@ -14,9 +14,9 @@
  */
 import { MeshError } from '../../protocol/errors.ts';
 import { NodeRuntime } from '../../node/runtime/runtime.ts';
-import { DEFAULT_WEIGHT_FORMAT, type BackendChoice, type NodeConfig, type NodeEngine, type NodeStatus, type WeightFormat } from '../../browser/engine.ts';
-import { newQ4Counters } from '../../browser/q4-store.ts';
-import type { NodeStorage } from '../../browser/storage.ts';
+import { DEFAULT_WEIGHT_FORMAT, type BackendChoice, type NodeConfig, type NodeEngine, type NodeStatus, type WeightFormat } from './engine.ts';
+import { newQ4Counters } from './q4-store.ts';
+import type { NodeStorage } from './storage.ts';
 import { browserAdapter, workerGlobals, type BrowserGlobals, type StorageCounters } from './adapter.ts';
 import { describeError, pageStatus } from './surface.ts';
 

@@ -1,6 +1,6 @@
 /**
  * How the browser node meets its outside world: the donor page, which sees
- * it only as a NodeEngine (src/browser/engine.ts) through the worker. This
+ * it only as a NodeEngine (src/host/browser/engine.ts) through the worker. This
  * file turns the runtime's facts into the page's NodeStatus, and any failure
  * into a code and what the donor can do about it.
  */
@@ -8,9 +8,9 @@ import { ModelFetchError } from '../../model/errors.ts';
 import { isMeshErrorCode, type MeshErrorCode } from '../../protocol/errors.ts';
 import type { NodeRuntime } from '../../node/runtime/runtime.ts';
 import { NodeState } from '../../node/runtime/state.ts';
-import type { BackendInfo, NodeConfig, NodeErrorInfo, NodeStatus } from '../../browser/engine.ts';
-import { isQuotaError } from '../../browser/storage.ts';
-import type { Q4Counters } from '../../browser/q4-store.ts';
+import type { BackendInfo, NodeConfig, NodeErrorInfo, NodeStatus } from './engine.ts';
+import { isQuotaError } from './storage.ts';
+import type { Q4Counters } from './q4-store.ts';
 import type { StorageCounters } from './adapter.ts';
 
 /** What the donor can do about each failure, by code; anything else: Retry. */

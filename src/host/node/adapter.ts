@@ -9,14 +9,14 @@ import { hubFetch } from '../../model/hub.ts';
 import { cachingHubFetch } from './hub-cache.ts';
 import { openSafetensors } from '../../model/safetensors.ts';
 import { ModelTokenizer } from '../../model/tokenizer.ts';
-import { LinkPool } from '../../node/direct-link.ts';
-import { MemoryKeyStore, type KeyStore } from '../../node/identity.ts';
-import { watchWsHandshake } from '../../node/relay-hop.ts';
+import { LinkPool } from '../../net/direct-link.ts';
+import { MemoryKeyStore, type KeyStore } from '../../net/identity.ts';
+import { watchWsHandshake } from '../../net/relay-hop.ts';
 import type { LogLevel, RuntimeHost, WeightStore } from '../../node/runtime/host.ts';
 import { readerWeightLoader } from '../../shard/weights.ts';
-import { FileKeyStore } from '../../tracker/key-file.ts';
-import { createHttpDirect, type HttpDirect } from '../../cli/http-direct.ts';
-import { NodeWebSocketConstructor } from '../../cli/node-socket.ts';
+import { FileKeyStore } from './key-file.ts';
+import { createHttpDirect, type HttpDirect } from './http-direct.ts';
+import { NodeWebSocketConstructor } from './socket.ts';
 import { nodeBackends, type NodeBackendChoice, type NodeTestHooks } from './backends.ts';
 
 export interface NodeAdapterOptions {

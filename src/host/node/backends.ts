@@ -2,7 +2,7 @@
  * The Node.js host's backends (`meshnet node --backend`):
  *
  *   cpu      onnxruntime-node, plain graphs (the default)
- *   webgpu   onnxruntime-web's WebGPU EP on Dawn (src/cli/webgpu-node.ts), the
+ *   webgpu   onnxruntime-web's WebGPU EP on Dawn (src/host/node/webgpu.ts), the
  *            fused graphs: a Node.js node on a GPU, with no browser
  *
  * After the GPU device is lost (device-recovery.ts) the span is built again:
@@ -26,8 +26,8 @@ import type { ModelConfig } from '../../model/config.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { BackendFactory, ChosenBackend, DeviceLoss, LogLevel } from '../../node/runtime/host.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
-import { createNodeBackend } from '../../cli/onnx-node.ts';
-import { deviceOf, withGpuTestHooks } from '../../browser/gpu-test-hooks.ts';
+import { createNodeBackend } from './onnx.ts';
+import { deviceOf, withGpuTestHooks } from '../browser/gpu-test-hooks.ts';
 
 export type NodeBackendChoice = 'cpu' | 'webgpu';
 
@@ -80,8 +80,8 @@ export function nodeBackends(o: NodeBackendOptions): BackendFactory & { close():
     // heartbeats meanwhile. Here that WASM only dispatches GPU work, so baseline code is kept (Liftoff):
     // the stop takes 0.1 s. MESHNET_WASM_TIER_UP=1 leaves V8's default (measure it on a real GPU).
     if (process.env.MESHNET_WASM_TIER_UP !== '1') setFlagsFromString('--liftoff-only');
-    const { installNodeWebGpu } = await import('../../cli/webgpu-node.ts');
-    const { createOrtWebBackend } = await import('../../browser/ort-web.ts');
+    const { installNodeWebGpu } = await import('./webgpu.ts');
+    const { createOrtWebBackend } = await import('../browser/onnx.ts');
     const { info } = await installNodeWebGpu();
     const backend = withGpuTestHooks(await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: ortWebDist() }), o.hooks?.loseGpuAfterRuns?.[gpusCreated], o.hooks?.gpuMemoryBytes);
     gpusCreated++;

@@ -73,7 +73,7 @@ export interface NodeHostOptions {
   hopOrder: 'relay' | 'direct' | 'adaptive';
   /** How this node drives a pipeline as a head (PipelineOptions.hopMode). @defaultValue 'chain' */
   hopMode?: 'chain' | 'star';
-  /** Accept direct links on GET /link and dial them to hops with an endpoint (src/node/direct-link.ts). @defaultValue true */
+  /** Accept direct links on GET /link and dial them to hops with an endpoint (src/net/direct-link.ts). @defaultValue true */
   links?: boolean;
   /** Machine-readable events (stdout). */
   emit: (event: Record<string, unknown>) => void;
@@ -82,7 +82,7 @@ export interface NodeHostOptions {
 }
 
 // Apart from the host so that `meshnet node --help` prints them without loading onnxruntime.
-export { NODE_HOST_DEFAULTS } from '../../cli/node-options.ts';
+export { NODE_HOST_DEFAULTS } from './options.ts';
 
 export interface NodeHost {
   peerId: string;

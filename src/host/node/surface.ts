@@ -1,7 +1,7 @@
 /**
  * How requests reach a Node.js node: its HTTP server (POST /forward,
  * POST /generate, GET /health, GET /info, DELETE /sessions/<id>) and direct
- * links on `GET /link` (the fast path's frames, src/node/direct-link.ts),
+ * links on `GET /link` (the fast path's frames, src/net/direct-link.ts),
  * both into the runtime's handler for that surface.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -11,11 +11,11 @@ import { WebSocketServer } from 'ws';
 import type { MeshRequest } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import { normalizeHeaders } from '../../protocol/headers.ts';
-import { LINK_PATH, acceptLink, type AcceptedLink } from '../../node/direct-link.ts';
-import type { Identity } from '../../node/identity.ts';
-import type { MeshHandler } from '../../node/mesh-types.ts';
+import { LINK_PATH, acceptLink, type AcceptedLink } from '../../net/direct-link.ts';
+import type { Identity } from '../../net/identity.ts';
+import type { MeshHandler } from '../../net/contract.ts';
 import type { LogLevel } from '../../node/runtime/host.ts';
-import type { MuxOptions } from '../../node/relay-options.ts';
+import type { MuxOptions } from '../../net/relay-options.ts';
 
 export interface SurfaceOptions {
   port: number;

@@ -13,11 +13,11 @@
 import { errorReply, jsonReply } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { GenerateEvent } from '../../protocol/tracker.ts';
-import { createChainHop, isChainRequest } from '../chain-hop.ts';
-import { createHeadHandler } from '../head-handler.ts';
-import type { HopTransport } from '../hop-transport.ts';
-import type { MeshHandler } from '../mesh-types.ts';
-import type { PipelineDriver } from '../pipeline.ts';
+import { createChainHop, isChainRequest } from '../hop/chain-hop.ts';
+import { createHeadHandler } from '../head/head-handler.ts';
+import type { HopTransport } from '../../net/hop-transport.ts';
+import type { MeshHandler } from '../../net/contract.ts';
+import type { PipelineDriver } from '../head/pipeline.ts';
 import type { TrackerKeys } from '../tracker-client.ts';
 import { rebuildingError } from './device-recovery.ts';
 import type { LoadedSpan } from './span.ts';

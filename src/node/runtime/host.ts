@@ -20,11 +20,10 @@ import type { WeightFormat } from '../../model/weight-format.ts';
 import type { WeightLoader } from '../../shard/executor.ts';
 import type { Q4Cache } from '../../shard/fused-executor.ts';
 import type { SpanExecutor, SpanGraphs } from '../../shard/span-executor.ts';
-import type { DirectRequest } from '../hop-transport.ts';
-import type { Identity, KeyStore } from '../identity.ts';
-import type { MeshRequestFn } from '../mesh-types.ts';
-import type { HandshakeWatcher } from '../relay-hop.ts';
-import type { WebSocketConstructor } from '../socket.ts';
+import type { Identity, KeyStore } from '../../net/identity.ts';
+import type { DirectRequest, LinkDialer } from '../../net/contract.ts';
+import type { HandshakeWatcher } from '../../net/relay-hop.ts';
+import type { WebSocketConstructor } from '../../net/socket.ts';
 
 /** One span of one model: the tracker's assignment, or a host's static span. */
 export interface SpanSpec {
@@ -105,12 +104,6 @@ export interface BackendFactory {
   choose(span: SpanSpec, config: ModelConfig, weights: WeightLoader, lost?: DeviceLoss): Promise<ChosenBackend>;
   /** After the executor is built, before it serves (a WASM warm-up); a failure here is only logged. */
   prepare?(executor: SpanExecutor, chosen: ChosenBackend): Promise<void>;
-}
-
-/** Direct links the host can dial (a Node.js node's `/link`); undefined while not up, or when the link ends at another peer. */
-export interface LinkDialer {
-  requester(endpoint: string, peerId: string): MeshRequestFn | undefined;
-  close(): void;
 }
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';

@@ -11,8 +11,8 @@
  */
 import { encodeBase64Url } from '../../protocol/base64.ts';
 import { trackerCertMessage, type TrackerCert } from '../../protocol/tracker.ts';
-import { Identity } from '../../node/identity.ts';
-import { FileKeyStore } from '../key-file.ts';
+import { Identity } from '../../net/identity.ts';
+import { FileKeyStore } from '../../host/node/key-file.ts';
 
 /** How long a certificate made at start is valid. A tracker running longer certifies again at its next start. */
 export const CERT_VALIDITY_MS = 30 * 24 * 3600_000;
