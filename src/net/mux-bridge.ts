@@ -12,6 +12,7 @@ import { normalizeHeaders, type HeaderMap } from '../protocol/headers.ts';
 import type { MeshHandler } from './contract.ts';
 import type { MuxPort } from './mux-port.ts';
 import { trace } from '../protocol/trace.ts';
+import { bytesToHex } from '../protocol/ids.ts';
 
 const EMPTY = new Uint8Array(0);
 
@@ -56,17 +57,25 @@ class InboundCall {
  */
 class InboundRequest implements MeshRequest {
   readonly #call: InboundCall;
+  readonly #source: Uint8Array | undefined;
   constructor(
     public method: string,
     public path: string,
     public headers: HeaderMap,
     public body: Uint8Array,
     call: InboundCall,
+    /** The sender's peer id as a relay stamped it (only where the far side vouches for it). */
+    source?: Uint8Array,
   ) {
     this.#call = call;
+    this.#source = source;
   }
   get signal(): AbortSignal {
     return this.#call.signal;
+  }
+  /** Hex only when read: most handlers never ask who sent the request. */
+  get from(): string | undefined {
+    return this.#source && bytesToHex(this.#source);
   }
 }
 
@@ -113,6 +122,8 @@ export class MuxBridge {
   constructor(
     private readonly port: MuxPort,
     public handler: MeshHandler | undefined,
+    /** The far side (a relay) stamps each REQUEST with its checked sender: `req.from`. */
+    private readonly sourceVouched = false,
   ) {}
 
   /** Calls that still owe an answer or a cleanup. */
@@ -184,7 +195,7 @@ export class MuxBridge {
     // One-way: not kept by stream id (the relay keeps no stream for it either, and a CANCEL cannot name it); its answer is dropped.
     if ((frame.flags & FLAG_ONE_WAY) !== 0) call.oneWay = true;
     else this.frames.set(streamId, call);
-    this.run(call, new InboundRequest(frame.method, frame.path, frame.headers, frame.body, call));
+    this.run(call, new InboundRequest(frame.method, frame.path, frame.headers, frame.body, call, this.sourceVouched ? frame.peerId : undefined));
   }
 
   onCancel(streamId: number, flags = 0): void {

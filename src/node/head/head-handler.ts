@@ -28,7 +28,7 @@ import { H } from '../../protocol/headers.ts';
 import { generateRequestSchema, type GenerateEvent, type RouteHop } from '../../protocol/tracker.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import type { PipelineDriver } from './pipeline.ts';
-import { VerifiedRoutes } from '../tracker-client.ts';
+import { VerifiedRoutes, type TrackerKeys } from '../tracker-client.ts';
 import { trace } from '../../protocol/trace.ts';
 import { decodeBase64 as decodeBase64Url } from '../../protocol/base64.ts';
 import { ATTEST_HEADER } from '../../verify/attest.ts';
@@ -43,7 +43,8 @@ export interface HeadHandlerInit {
   /** This node's peer id: routes are signed for one head. */
   peerId: string;
   /** The tracker's route-signing key; undefined until known (then /generate answers 403). */
-  trackerKey(): Uint8Array | undefined;
+  /** The keys routes must be signed with (one tracker's, or every tracker's of its cluster). */
+  trackerKey(): TrackerKeys;
   /** The driver while this node holds layer 0 and the tokenizer; undefined otherwise (then /generate answers 421). */
   pipeline(): PipelineDriver | undefined;
   /** Largest /generate body, bytes. @defaultValue 1048576 */
