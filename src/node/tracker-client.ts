@@ -46,6 +46,12 @@ function keyList(k: TrackerKeys): readonly Uint8Array[] {
   return k === undefined ? [] : k instanceof Uint8Array ? [k] : k;
 }
 
+/** True when any of `keys` verifies `sig` over `message` (a notice, a check plan: signed by one tracker of the cluster). */
+export async function signedByAny(keys: TrackerKeys, message: Uint8Array, sig: Uint8Array, verify: (key: Uint8Array, message: Uint8Array, sig: Uint8Array) => Promise<boolean>): Promise<boolean> {
+  for (const k of keyList(keys)) if (await verify(k, message, sig)) return true;
+  return false;
+}
+
 export interface TrackerClientInit {
   /** Base URL, e.g. http://127.0.0.1:8080 */
   trackerUrl: string;

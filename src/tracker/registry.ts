@@ -132,6 +132,8 @@ export interface RemoteRecord {
   intervalMs: number;
   busyUntil: number;
   kvHeldAtBeat: number;
+  draining: boolean;
+  drainingSince: number | undefined;
 }
 
 export class NodeRegistry {
@@ -459,6 +461,8 @@ export class NodeRegistry {
       target.intervalMs = Math.max(target.intervalMs ?? 0, r.intervalMs);
       target.busyUntil = Math.max(target.busyUntil ?? 0, r.busyUntil);
       target.kvHeldAtBeat = r.kvHeldAtBeat;
+      target.draining = r.draining;
+      target.drainingSince = r.drainingSince;
     };
     if (target.contribution) this.edit(target, apply);
     else {

@@ -39,6 +39,9 @@ export const nodeDocSchema = z
     interval_ms: z.number().positive(),
     busy_until: z.number(),
     kv_held_at_beat: z.number().nonnegative(),
+    /** It takes no new sessions (docs/protocol.md §9 "Draining"), since when (the writer's clock). */
+    draining: z.boolean().optional(),
+    draining_since: z.number().optional(),
     /** The tracker that wrote this version. */
     by: z.string().max(64),
   })
@@ -62,6 +65,7 @@ export function nodeDocOf(n: NodeRecord, by: string): NodeDoc {
     interval_ms: n.intervalMs,
     busy_until: n.busyUntil,
     kv_held_at_beat: n.kvHeldAtBeat,
+    ...(n.draining ? { draining: true, ...(n.drainingSince !== undefined ? { draining_since: n.drainingSince } : {}) } : {}),
     by,
   };
 }
@@ -82,6 +86,8 @@ export function remoteOf(d: NodeDoc): RemoteRecord {
     intervalMs: d.interval_ms,
     busyUntil: d.busy_until,
     kvHeldAtBeat: d.kv_held_at_beat,
+    draining: d.draining === true,
+    drainingSince: d.draining ? d.draining_since : undefined,
   };
 }
 

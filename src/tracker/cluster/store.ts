@@ -125,7 +125,7 @@ function sameSpan(a: { start: number; end: number } | null | undefined, b: { sta
 export function beatNeedsWrite(n: NodeRecord, d: NodeDoc | undefined, now: number, refreshMs: number): boolean {
   if (!d) return true;
   if (!sameSpan(n.serving, d.serving) || n.publicKey !== d.public_key || n.relayAddr !== d.relay_addr || n.endpoint !== d.endpoint) return true;
-  if (JSON.stringify(n.info) !== JSON.stringify(d.info)) return true;
+  if (JSON.stringify(n.info) !== JSON.stringify(d.info) || n.draining !== (d.draining === true)) return true;
   if (now - d.last_seen > refreshMs) return true;
   const a = n.stats;
   const b = d.stats;
