@@ -5,7 +5,12 @@
  */
 import { defineConfig } from '@playwright/test';
 
-export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'];
+// The test's own pages get no UDP for WebRTC, inside the network namespace scripts/netns-run.sh makes too (npm test
+// runs e2e in one): outside one, data channels would send to this machine's own network interface (Chromium offers no
+// loopback candidate); inside, these pages keep to the relay as before, and show that a page whose ICE cannot connect
+// falls back to it. The data channels' own test asks for them (src/cli/browser-mesh.ts, `rtc: true`).
+const NO_WEBRTC_UDP = ['--force-webrtc-ip-handling-policy=disable_non_proxied_udp'];
+export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic', ...NO_WEBRTC_UDP];
 
 export default defineConfig({
   testDir: 'e2e',

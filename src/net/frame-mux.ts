@@ -41,11 +41,6 @@ export interface FrameMuxInit {
    * is the node itself and writes in the caller's id, as a relay would.
    */
   checkRequest?: (frame: Uint8Array) => MeshError | undefined;
-  /**
-   * The far side stamps every REQUEST with its sender's peer id after
-   * checking the sender's key (a relay): handlers see it as `req.from`.
-   */
-  sourceVouched?: boolean;
 }
 
 /** Later deadlines than the armed sweep by less than this do not re-arm it. */
@@ -71,7 +66,7 @@ export class FrameMux implements MuxPort {
     this.options = init.options;
     this.gate = new SendGate(socket, init.options.highWaterBytes, init.options.maxSendWaitMs);
     this.onLog = init.onLog ?? (() => {});
-    this.bridge = new MuxBridge(this, init.handler, init.sourceVouched === true);
+    this.bridge = new MuxBridge(this, init.handler);
     this.caller = new MuxCaller(this);
     socket.onmessage = (ev) => this.onMessage(ev);
     socket.onclose = (ev) => this.close(`socket closed (code ${ev.code ?? '?'}${ev.reason ? `: ${ev.reason}` : ''})`);

@@ -428,8 +428,6 @@ export class RelayClient {
     const mux = new FrameMux(dial.socket, {
       options: this.options,
       name: `relay connection to ${this.wsUrl}`,
-      // The relay wrote each request's sender after checking its key at registration.
-      sourceVouched: true,
       ...(this.handler ? { handler: this.handler } : {}),
       onLog: this.onLog,
       onClose: (reason) => this.onMuxClosed(mux, reason),

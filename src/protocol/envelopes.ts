@@ -110,15 +110,14 @@ export interface MeshRequest {
   path: string;
   headers: HeaderMap;
   body: Uint8Array;
-  /**
-   * The caller's peer id as its relay stamped it on the REQUEST frame: the
-   * relay checked the caller's key at registration, so this is who sent it.
-   * Set only for frames that came through a relay connection; absent for
-   * envelopes, `/rpc` and direct links (nobody vouches for the sender there).
-   */
-  from?: string;
   /** Fires when the caller cancels or its connection drops. */
   signal?: AbortSignal;
+  /**
+   * The sender's peer id as the connection names it: a relay writes it into
+   * every REQUEST frame it forwards, a direct link or data channel the peer
+   * that proved itself at its start. Absent for envelopes and HTTP (anonymous).
+   */
+  readonly from?: string | undefined;
 }
 
 /** A host-neutral answer. `body` may be streamed (several chunks, then end). */

@@ -37,6 +37,7 @@ import { PositionMismatchError } from '../../shard/errors.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { StopMatcher, StreamDecoder } from '../../model/text-stream.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
+import type { RouteProof } from '../../net/rtc-signal.ts';
 import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor, type TokenAnswer } from './pipeline-parts.ts';
 import { MAX_DRAFT, type DraftProposal } from '../../shard/speculative.ts';
 import { encodeDraft } from '../../protocol/draft.ts';
@@ -139,6 +140,8 @@ interface HopState {
   history: History;
   /** False: its cache does not hold the history (new replacement, or a 409): the next send replays from position 0. */
   synced: boolean;
+  /** The signed route with this hop on it: lets the transport open a data channel to it (net/rtc-pool.ts). */
+  proof?: RouteProof;
 }
 
 interface PendingRecovery {
@@ -276,7 +279,8 @@ export class PipelineDriver {
       return;
     }
     const session = sessionIdFor(req.session_id);
-    const hops: HopState[] = plan.hops.map((hop) => ({ hop, history: new History(this.rowBytes, 64), synced: true }));
+    const proof: RouteProof | undefined = opts.signed && { head: headPeerId, route: opts.signed.text, expires: opts.signed.expires, signature: opts.signed.signature };
+    const hops: HopState[] = plan.hops.map((hop) => ({ hop, history: new History(this.rowBytes, 64), synced: true, ...(proof ? { proof } : {}) }));
     const run: Generation = {
       headPeerId,
       session,
@@ -595,7 +599,7 @@ export class PipelineDriver {
     Object.assign(headers, specHeaderMap(spec));
     // A verification's rows each may cost up to a one-row step on a compute-bound hop: its budget counts them.
     const timeout = rows > 1 && !spec.decode ? this.options.prefillTimeoutMs : this.stepBudgetMs(rows);
-    return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1 });
+    return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1, ...(hs.proof ? { proof: hs.proof } : {}) });
   }
 
   /**

@@ -20,6 +20,7 @@ import { StaleSteps, createChainHop, isChainRequest } from '../hop/chain-hop.ts'
 import { createHeadHandler } from '../head/head-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
+import { RTC_SIGNAL_PATH } from '../../net/rtc-signal.ts';
 import type { PipelineDriver } from '../head/pipeline.ts';
 import { rebuildingError, type LoadedSpan } from './span.ts';
 import type { DrainGate } from './drain.ts';
@@ -30,7 +31,7 @@ import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
 import type { SignedPlan } from '../verify/verifier.ts';
 
 /** How a request reached the node. */
-export type Surface = 'relay' | 'link' | 'http';
+export type Surface = 'relay' | 'link' | 'http' | 'rtc';
 
 export interface NodeHandlerInit {
   peerId: string;
@@ -56,6 +57,8 @@ export interface NodeHandlerInit {
   onDistrust?: (notice: Distrust) => void;
   /** The tracker's verified walk of a finished generation (head-verify.ts FinishedStore). */
   onWalk?: (plan: SignedPlan) => boolean;
+  /** POST /rtc/signal (data-channel signalling, net/rtc-pool.ts); absent: 404, as on a node without WebRTC. */
+  signal?: MeshHandler;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -70,7 +73,7 @@ function safeDecode(s: string): string {
 
 export class NodeHandler {
   /** /forward requests served per surface, in /info: which paths hops really take. */
-  readonly served: Record<Surface, number> = { relay: 0, link: 0, http: 0 };
+  readonly served: Record<Surface, number> = { relay: 0, link: 0, http: 0, rtc: 0 };
   /** Chained /forward requests taken part in (GET /info's chain_forwards): whether heads really chain. */
   chained = 0;
   private readonly head: MeshHandler;
@@ -102,7 +105,7 @@ export class NodeHandler {
         init.onGenerateEvent(e, sessionId);
       },
     });
-    this.bySurface = { relay: this.counted('relay'), link: this.counted('link'), http: this.counted('http') };
+    this.bySurface = { relay: this.counted('relay'), link: this.counted('link'), http: this.counted('http'), rtc: this.counted('rtc') };
   }
 
   /** The handler for requests arriving by `surface`. */
@@ -116,6 +119,7 @@ export class NodeHandler {
       const path = req.path.split('?')[0];
       if (path === '/generate' && req.method.toUpperCase() === 'POST') return this.generate(req);
       if (this.init.check && path === CHECK_PATH) return this.init.check(req);
+      if (this.init.signal && path === RTC_SIGNAL_PATH) return this.init.signal(req);
       return this.head(req);
     };
   }

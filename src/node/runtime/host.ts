@@ -25,6 +25,7 @@ import type { Identity, KeyStore } from '../../net/identity.ts';
 import type { DirectRequest, LinkDialer } from '../../net/contract.ts';
 import type { HandshakeWatcher } from '../../net/relay-hop.ts';
 import type { WebSocketConstructor } from '../../net/socket.ts';
+import type { RtcFactory } from '../../net/rtc-peer.ts';
 
 /** One span of one model: the tracker's assignment, or a host's static span. */
 export interface SpanSpec {
@@ -129,6 +130,8 @@ export interface RuntimeHost {
    * through startNodeHost's programmatic options, to make a node that lies (docs/verification.md).
    */
   readonly spanHooks?: SpanHooks;
+  /** WebRTC peer connections (a browser page's): hops between two such nodes go over data channels, signalled over the relay. */
+  readonly rtc?: RtcFactory;
 }
 
 export interface SpanHooks {
