@@ -5,7 +5,12 @@
  */
 import { defineConfig } from '@playwright/test';
 
-export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'];
+// The tests' own pages open with `?rtc=off` (e2e/support/mesh.ts): outside the network namespace scripts/netns-run.sh
+// makes (npm test runs e2e in one), data channels would send to this machine's own network interface (Chromium offers
+// no loopback candidate). Their WebRTC also gets no UDP; that alone is not enough, as Chromium then still offers TCP
+// host candidates. The data channels' own test asks for them (src/cli/browser-mesh.ts, `rtc: true`).
+const NO_WEBRTC_UDP = ['--force-webrtc-ip-handling-policy=disable_non_proxied_udp'];
+export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic', ...NO_WEBRTC_UDP];
 
 export default defineConfig({
   testDir: 'e2e',

@@ -11,13 +11,25 @@
  *   - 3 pages, chain, no delay: the pipeline's own cost (3 pages / 1 page);
  *   - 3 pages, star (`?hop=star`: 2(N−1) = 4 legs a token) and chain
  *     (`?hop=chain`, the default: N = 3 legs) at the delay;
- *   - the floor: legs × one-way delay + the one-page compute.
+ *   - the floor: legs × one-way delay + the one-page compute;
+ *   - each 3-page row twice: every hop through the relay (`?rtc=off`), and
+ *     page to page over WebRTC data channels (docs/protocol.md §12), whose
+ *     legs get the same one-way delay from the page (`?rtc_delay_ms=`: no
+ *     netem here). The data-channel rows need the network namespace
+ *     scripts/netns-run.sh makes (Chromium offers no loopback candidates);
+ *     outside one they are left out, with a note. Their `rtc share` is the
+ *     part of the hops the pages sent during the timed chats that went over
+ *     a channel (the pages' own counters).
  *
  * After each 3-page run the pages after the head are asked for
  * `chain_forwards` (GET /info over the relay): > 0 proves the chain ran,
  * 0 the star. Table on stdout, JSON in bench/results/wan-browser.json.
  *
- *   npx tsx bench/wan-browser.ts [--quick] [--delay-ms 20] [--model small|tiny]
+ *   scripts/netns-run.sh npx tsx bench/wan-browser.ts [--quick] [--delay-ms 20] [--model small|tiny] [--no-relay-rows | --rtc]
+ *
+ * `--no-relay-rows`: only the 1-page row and the data-channel rows; `--rtc`: those and
+ * the no-delay relay row (3 pages / 1 page over either path, chain vs star
+ * over channels, in one run); both write wan-browser-rtc.json.
  */
 import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -28,7 +40,7 @@ import { startStaticServer } from '../src/cli/static-server.ts';
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
-import { chainForwardsAfterHead, startTrackerProc, until, type TrackerProc } from '../test/helpers/mesh.ts';
+import { chainForwardsAfterHead, hopsSent, nodeInfos, startTrackerProc, until, type TrackerProc } from '../test/helpers/mesh.ts';
 import { median, startDelayedRelay, type DelayedRelay } from './lib/wan.ts';
 import { printTable, writeResult } from './lib/stats.ts';
 
@@ -47,6 +59,8 @@ interface Config {
   name: string;
   pages: number;
   hop: 'chain' | 'star';
+  /** Page-to-page hops over data channels (else every hop through the relay). */
+  rtc: boolean;
   delay: number;
   /** Legs a token crosses at the delay (0 for one page). */
   legs: number;
@@ -58,6 +72,8 @@ interface Result {
   routeHops: number;
   chainForwards: number[];
   texts: string[];
+  /** Hops the pages sent during the timed chats, per path. */
+  sent: Record<string, number>;
 }
 
 async function runMesh(c: Config, modelUrl: string, appUrl: string): Promise<Result> {
@@ -73,13 +89,19 @@ async function runMesh(c: Config, modelUrl: string, appUrl: string): Promise<Res
     tracker = await startTrackerProc(['--model', `${MODEL}=${modelUrl}`, '--relay', relay.url, '--heartbeat-interval-ms', '1000']);
     const spec = await loadModelSpec(MODEL, `${modelUrl}/`, fetch, resolveTrackerOptions({}));
     const logs: string[] = [];
-    mesh = await startBrowserMesh({ nodes: c.pages, trackerUrl: tracker.url, relayUrl: delayed?.url ?? relay.url, appUrl, model: MODEL, backend: 'wasm', budgetMb: pageBudget(spec, c.pages, undefined), threads: 1, hop: c.hop, pollMs: 500, log: (m) => logs.push(m) });
+    mesh = await startBrowserMesh({ nodes: c.pages, trackerUrl: tracker.url, relayUrl: delayed?.url ?? relay.url, appUrl, model: MODEL, backend: 'wasm', budgetMb: pageBudget(spec, c.pages, undefined), threads: 1, hop: c.hop, rtc: c.rtc, ...(c.rtc && c.delay > 0 ? { rtcDelayMs: c.delay } : {}), pollMs: 500, log: (m) => logs.push(m) });
     await mesh.waitServing(240_000).catch((e: Error) => {
       throw new Error(`${c.name}: ${e.message}: ${JSON.stringify(mesh!.rows())} ${logs.join('; ')}`);
     });
     await until(async () => ((await (await fetch(`${tracker!.url}/api/availability?model=${MODEL}`)).json()) as { models: Array<{ complete: boolean }> }).models[0]?.complete, 60_000, 'every layer served');
     const spans = mesh.rows().map((r) => (r.layers ? `${r.layers[0]}-${r.layers[1] - 1}` : '?')).join(' ');
-    await streamChat(tracker.url, MODEL, PROMPT, 8, () => {}); // warm-up: graphs, caches, routes
+    await streamChat(tracker.url, MODEL, PROMPT, 8, () => {}); // warm-up: graphs, caches, routes (and the data channels dial)
+    if (c.rtc && c.pages > 1) {
+      await until(async () => (await nodeInfos(tracker!.url)).every((i) => (i.data_channels?.open ?? 0) > 0) || undefined, 30_000, 'a data channel open on every page').catch((e: Error) => {
+        throw new Error(`${c.name}: ${e.message} (${logs.slice(-5).join('; ')})`);
+      });
+    }
+    const sentBefore = c.pages > 1 ? hopsSent(await nodeInfos(tracker.url)) : {};
     const ms: number[] = [];
     const texts: string[] = [];
     for (let i = 0; i < CHATS; i++) {
@@ -90,8 +112,11 @@ async function runMesh(c: Config, modelUrl: string, appUrl: string): Promise<Res
     }
     const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { recent_routes: Array<{ kind: string; hops: unknown[] }> };
     const routeHops = d.recent_routes.find((r) => r.kind === 'generate')?.hops.length ?? 0;
+    const sentAfter = c.pages > 1 ? hopsSent(await nodeInfos(tracker.url)) : {};
+    const sent: Record<string, number> = {};
+    for (const k of Object.keys(sentAfter)) sent[k] = (sentAfter[k] ?? 0) - (sentBefore[k] ?? 0);
     const chainForwards = c.pages > 1 ? await chainForwardsAfterHead(tracker.url) : [];
-    return { msPerToken: median(ms), spans, routeHops, chainForwards, texts };
+    return { msPerToken: median(ms), spans, routeHops, chainForwards, texts, sent };
   } finally {
     await mesh?.close();
     await tracker?.stop();
@@ -104,12 +129,21 @@ async function main(): Promise<void> {
   const loadBefore = loadavg()[0]!;
   const st = await startStaticServer({ root: await ensureModel(MODEL as Parameters<typeof ensureModel>[0]), port: 0, host: '127.0.0.1' });
   const app = await serveBuiltApp();
-  const configs: Config[] = [
-    { name: '1 page', pages: 1, hop: 'chain', delay: 0, legs: 0 },
-    { name: '3 pages, chain', pages: 3, hop: 'chain', delay: 0, legs: 3 },
-    { name: '3 pages, star', pages: 3, hop: 'star', delay: ONE_WAY, legs: 4 },
-    { name: '3 pages, chain', pages: 3, hop: 'chain', delay: ONE_WAY, legs: 3 },
+  const inNetns = process.env.MESHNET_NETNS === '1';
+  if (!inNetns) process.stderr.write('not inside the network namespace scripts/netns-run.sh makes: the data-channel rows are left out\n');
+  const relayRows = !process.argv.includes('--no-relay-rows');
+  const all: Config[] = [
+    { name: '1 page', pages: 1, hop: 'chain', rtc: false, delay: 0, legs: 0 },
+    { name: '3 pages, chain, relay', pages: 3, hop: 'chain', rtc: false, delay: 0, legs: 3 },
+    { name: '3 pages, chain, rtc', pages: 3, hop: 'chain', rtc: true, delay: 0, legs: 3 },
+    { name: '3 pages, star, relay', pages: 3, hop: 'star', rtc: false, delay: ONE_WAY, legs: 4 },
+    { name: '3 pages, chain, relay', pages: 3, hop: 'chain', rtc: false, delay: ONE_WAY, legs: 3 },
+    { name: '3 pages, star, rtc', pages: 3, hop: 'star', rtc: true, delay: ONE_WAY, legs: 4 },
+    { name: '3 pages, chain, rtc', pages: 3, hop: 'chain', rtc: true, delay: ONE_WAY, legs: 3 },
   ];
+  // --rtc: the data-channel rows with the 1-page and the no-delay relay rows beside them (the targets' ratios, one run).
+  const rtcOnly = process.argv.includes('--rtc');
+  const configs = all.filter((c) => (c.rtc ? inNetns : rtcOnly ? c.delay === 0 : relayRows || c.pages === 1));
   const results: Result[] = [];
   try {
     for (const c of configs) {
@@ -126,9 +160,11 @@ async function main(): Promise<void> {
   const rows = configs.map((c, i) => {
     const r = results[i]!;
     const floor = c.legs * c.delay + compute;
+    const page = (r.sent.rtc ?? 0) + (r.sent.fast ?? 0) + (r.sent.rpc ?? 0);
     return {
       config: c.name,
       hop: c.pages > 1 ? c.hop : '-',
+      path: c.pages > 1 ? (c.rtc ? 'rtc' : 'relay') : '-',
       one_way_ms: c.delay,
       legs_per_token: c.legs,
       spans: r.spans,
@@ -138,32 +174,44 @@ async function main(): Promise<void> {
       floor_ms_per_token: +floor.toFixed(2),
       x_floor: +(r.msPerToken / floor).toFixed(3),
       chain_forwards_after_head: r.chainForwards,
+      hops_sent: r.sent,
+      rtc_share: page > 0 ? +((r.sent.rtc ?? 0) / page).toFixed(4) : null,
       same_text_as_1_page: r.texts.every((t) => t === results[0]!.texts[0]),
     };
   });
   printTable(
     `WAN bench, browser pages: ${MODEL}, WASM 1 thread per page, ${CHATS} chats × ${MAX_TOKENS} tokens (after a warm-up), decode medians; load ${loadBefore.toFixed(1)} → ${loadAfter.toFixed(1)} on ${cpus().length} cores`,
-    ['config', 'one-way ms', 'legs', 'spans', 'ms/token', 'tok/s', 'floor ms', '× floor', 'chain_forwards after head', 'text = 1 page'],
-    rows.map((r) => [r.config, r.one_way_ms, String(r.legs_per_token), r.spans, r.ms_per_token, r.tokens_per_s, r.floor_ms_per_token, r.x_floor, r.chain_forwards_after_head.join(' ') || '-', String(r.same_text_as_1_page)]),
+    ['config', 'one-way ms', 'legs', 'spans', 'ms/token', 'tok/s', 'floor ms', '× floor', 'chain_forwards after head', 'rtc share', 'text = 1 page'],
+    rows.map((r) => [r.config, r.one_way_ms, String(r.legs_per_token), r.spans, r.ms_per_token, r.tokens_per_s, r.floor_ms_per_token, r.x_floor, r.chain_forwards_after_head.join(' ') || '-', r.rtc_share === null ? '-' : `${(r.rtc_share * 100).toFixed(2)} %`, String(r.same_text_as_1_page)]),
   );
-  const star = rows[2]!;
-  const chain = rows[3]!;
-  const chainVsStar = chain.tokens_per_s / star.tokens_per_s;
-  const threeOverOne = rows[1]!.tokens_per_s / rows[0]!.tokens_per_s;
-  console.log(`chain vs star tok/s at ${ONE_WAY} ms one-way: ${chainVsStar.toFixed(3)}× (legs 3 vs 4: the floors give ${(star.floor_ms_per_token / chain.floor_ms_per_token).toFixed(3)}×)`);
-  console.log(`chain ms/token vs its floor at ${ONE_WAY} ms: ${chain.x_floor}×`);
-  console.log(`no delay, 3 pages (chain) / 1 page tok/s: ${threeOverOne.toFixed(3)}`);
-  writeResult(fileURLToPath(new URL(MODEL === 'small' ? './results/wan-browser.json' : `./results/wan-browser-${MODEL}.json`, import.meta.url)), {
+  const find = (name: string, delay: number) => rows.find((r) => r.config === name && r.one_way_ms === delay);
+  const ratios: Record<string, number> = {};
+  for (const path of ['relay', 'rtc']) {
+    const star = find(`3 pages, star, ${path}`, ONE_WAY);
+    const chain = find(`3 pages, chain, ${path}`, ONE_WAY);
+    const three = find(`3 pages, chain, ${path}`, 0);
+    if (star && chain) {
+      ratios[`chain_vs_star_tok_s_${path}`] = +(chain.tokens_per_s / star.tokens_per_s).toFixed(3);
+      console.log(`${path}: chain vs star tok/s at ${ONE_WAY} ms one-way: ${(chain.tokens_per_s / star.tokens_per_s).toFixed(3)}× (legs 3 vs 4: the floors give ${(star.floor_ms_per_token / chain.floor_ms_per_token).toFixed(3)}×); chain vs its floor ${chain.x_floor}×`);
+    }
+    if (three) {
+      ratios[`three_over_one_page_no_delay_${path}`] = +(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3);
+      console.log(`${path}: no delay, 3 pages (chain) / 1 page tok/s: ${(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3)}${three.rtc_share !== null && path === 'rtc' ? `; hops on data channels ${(three.rtc_share * 100).toFixed(2)} %` : ''}`);
+    }
+  }
+  // --no-relay-rows and --rtc write a file of their own: the full run's relay rows stay.
+  const file = `wan-browser${MODEL === 'small' ? '' : `-${MODEL}`}${relayRows && !rtcOnly ? '' : '-rtc'}.json`;
+  writeResult(fileURLToPath(new URL(`./results/${file}`, import.meta.url)), {
     bench: 'wan-browser',
     model: MODEL,
     load_average_1m: { before: +loadBefore.toFixed(2), after: +loadAfter.toFixed(2) },
     one_way_ms: ONE_WAY,
     chats: CHATS,
     max_tokens: MAX_TOKENS,
+    in_network_namespace: inNetns,
     compute_ms_per_token_1_page: +compute.toFixed(2),
     rows,
-    chain_vs_star_tok_s: +chainVsStar.toFixed(3),
-    three_over_one_page_no_delay: +threeOverOne.toFixed(3),
+    ...ratios,
   });
 }
 

@@ -6,6 +6,7 @@
  * service worker after first paint.
  */
 import type { NodeEngine, NodeStatus } from '../host/browser/engine.ts';
+import { servePeerConnections, type PagePeers } from '../host/browser/rtc-page.ts';
 import { createWorkerEngine } from '../host/browser/worker-client.ts';
 import { PageController, emptyStatus } from './controller.ts';
 import type { BatteryLike } from './power.ts';
@@ -39,7 +40,7 @@ function saveSnapshot(s: NodeStatus): void {
 declare global {
   interface Window {
     /** Debug and e2e handle: the engine the page drives and its last status. */
-    meshnet?: { engine: NodeEngine; controller: PageController; snapshot: NodeStatus | undefined };
+    meshnet?: { engine: NodeEngine; controller: PageController; snapshot: NodeStatus | undefined; peers: PagePeers };
   }
 }
 
@@ -53,6 +54,10 @@ if (snapshot) {
 const parsed = configFromSearch(location.search);
 const worker = new Worker(new URL('../../workers/node.worker.ts', import.meta.url), { type: 'module', name: 'meshnet-node' });
 const engine = createWorkerEngine(worker);
+// The node's data channels to other pages: the peer connections live here (workers have none), the channels go to the worker.
+const rtcPorts = new MessageChannel();
+const peers = servePeerConnections(rtcPorts.port1);
+void engine.attachPeerConnections(rtcPorts.port2);
 const controller = new PageController(engine, document, {
   onStatus: saveSnapshot,
   page: {
@@ -62,7 +67,7 @@ const controller = new PageController(engine, document, {
     onInstalled: (listener) => addEventListener('appinstalled', listener),
   },
 });
-window.meshnet = { engine, controller, snapshot };
+window.meshnet = { engine, controller, snapshot, peers };
 
 if (parsed.ok) void controller.start(parsed.config);
 else renderNeedsConfig(document, parsed.message);

@@ -5,6 +5,10 @@
  * - without, a fixed span: `?relay=ws://…&model=<base url>&layers=0-6`;
  * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>][&weights=f32|f16|q4][&hop=chain|star]`
  * (`hop`: how the page drives a pipeline when it is the head; absent: chain),
+ * `[&rtc=on|off][&ice=stun:host:port[,…]]` (data channels to other pages: on by
+ * default; `ice`: STUN servers for pages behind NATs), and for benches
+ * `[&rtc_delay_ms=20]` (each message a channel receives is held that long: a
+ * WAN leg's one-way delay),
  * and for tests `[&test_lose_gpu=N[,M…]]`: the k-th GPU backend destroys its
  * device before its N-th session run (src/host/browser/gpu-test-hooks.ts).
  * Parsed with zod: a URL is outside data.
@@ -29,6 +33,14 @@ const paramsSchema = z.object({
   budget: z.coerce.number().min(0.25).max(65536).optional(),
   weights: z.enum(WEIGHT_FORMATS).optional(),
   hop: z.enum(['chain', 'star']).optional(),
+  rtc: z.enum(['on', 'off']).optional(),
+  ice: z
+    .string()
+    .max(2048)
+    .transform((v) => v.split(','))
+    .pipe(z.array(z.string().regex(/^(stun|stuns|turn|turns):[^\s,]{1,200}$/, 'ice must list stun: or turn: URLs, comma-separated')).max(8))
+    .optional(),
+  rtc_delay_ms: z.coerce.number().min(0).max(10_000).optional(),
   test_lose_gpu: z
     .string()
     .regex(/^\d{1,6}(,\d{1,6}){0,7}$/, 'test_lose_gpu must look like 7 or 7,9')
@@ -45,6 +57,9 @@ const trackedSchema = z.object({
   budget: paramsSchema.shape.budget,
   weights: paramsSchema.shape.weights,
   hop: paramsSchema.shape.hop,
+  rtc: paramsSchema.shape.rtc,
+  ice: paramsSchema.shape.ice,
+  rtc_delay_ms: paramsSchema.shape.rtc_delay_ms,
   test_lose_gpu: paramsSchema.shape.test_lose_gpu,
 });
 
@@ -55,7 +70,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   const q = new URLSearchParams(search);
   if (!q.has('relay') && !q.has('model') && !q.has('layers') && !q.has('tracker')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
   const raw: Record<string, string> = {};
-  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights', 'hop', 'test_lose_gpu']) {
+  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights', 'hop', 'rtc', 'ice', 'rtc_delay_ms', 'test_lose_gpu']) {
     const v = q.get(k);
     if (v !== null && v !== '') raw[k] = v;
   }
@@ -78,6 +93,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   if (p.budget !== undefined) config.memoryBudgetBytes = p.budget * 1024 * 1024;
   if (p.weights !== undefined) config.weights = p.weights;
   if (p.hop !== undefined) config.hopMode = p.hop;
+  rtcConfig(config, p);
   if (p.test_lose_gpu !== undefined) config.testLoseGpuAfterRuns = p.test_lose_gpu;
   return { ok: true, config };
 }
@@ -96,6 +112,13 @@ function trackedConfig(raw: Record<string, string>): UrlConfigResult {
   if (p.budget !== undefined) config.memoryBudgetBytes = Math.round(p.budget * 1024 * 1024);
   if (p.weights !== undefined) config.weights = p.weights;
   if (p.hop !== undefined) config.hopMode = p.hop;
+  rtcConfig(config, p);
   if (p.test_lose_gpu !== undefined) config.testLoseGpuAfterRuns = p.test_lose_gpu;
   return { ok: true, config };
+}
+
+function rtcConfig(config: NodeConfig, p: { rtc?: 'on' | 'off' | undefined; ice?: string[] | undefined; rtc_delay_ms?: number | undefined }): void {
+  if (p.rtc !== undefined) config.rtc = p.rtc === 'on';
+  if (p.ice !== undefined) config.iceServers = p.ice.map((urls) => ({ urls }));
+  if (p.rtc_delay_ms !== undefined) config.rtcDelayMs = p.rtc_delay_ms;
 }

@@ -30,6 +30,17 @@ export const CHROMIUM_FLAGS = [
   '--disable-backgrounding-occluded-windows',
 ];
 
+/**
+ * Unless the mesh asked for data channels inside a namespace of ours, WebRTC gets no UDP. Not a guard on its own
+ * (Chromium still offers TCP host candidates): pages not asked for data channels open with `?rtc=off`.
+ */
+export const NO_WEBRTC_UDP = '--force-webrtc-ip-handling-policy=disable_non_proxied_udp';
+
+/** Inside the network namespace scripts/netns-run.sh makes. */
+export function inNetns(): boolean {
+  return process.env.MESHNET_NETNS === '1';
+}
+
 export interface BrowserMeshOptions {
   /** Pages to open. */
   nodes: number;
@@ -46,6 +57,18 @@ export interface BrowserMeshOptions {
   threads?: number;
   /** How a page drives its pipeline when it is a head (`?hop=`); absent: the page's default, chain. */
   hop?: 'chain' | 'star';
+  /**
+   * Data channels between the pages (`?rtc=`). Absent: off, so a mesh's
+   * hops all go by the relay wherever it runs; the tests and benches of the
+   * data channels ask for them, and run inside the network namespace
+   * scripts/netns-run.sh makes (MESHNET_NETNS=1). Outside one, Chromium's
+   * WebRTC gets no UDP at all: on one machine the packets would go to its own
+   * network interface, which tests and demos here must not send to (Chromium
+   * offers no loopback candidate), so the channels fail and the relay serves.
+   */
+  rtc?: boolean;
+  /** Benches: each message a data channel receives is held this long (`?rtc_delay_ms=`), the one-way delay of a WAN leg. */
+  rtcDelayMs?: number;
   /** @defaultValue /usr/bin/chromium (or MESHNET_CHROMIUM) */
   chromium?: string;
   /** More Chromium flags (also from MESHNET_CHROMIUM_EXTRA, space-separated: for experiments such as --enable-features=NetworkServiceInProcess). */
@@ -121,11 +144,13 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   if (o.budgetMb !== undefined) q.set('budget', String(o.budgetMb));
   if (o.threads !== undefined) q.set('threads', String(o.threads));
   if (o.hop !== undefined) q.set('hop', o.hop);
+  q.set('rtc', o.rtc === true ? 'on' : 'off');
+  if (o.rtcDelayMs) q.set('rtc_delay_ms', String(o.rtcDelayMs));
   const pageUrl = `${base}?${q}`;
 
   const executablePath = o.chromium ?? process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium';
   const flags = o.realTab?.throttle ? CHROMIUM_FLAGS.filter((f) => !/background|occluded/.test(f)) : CHROMIUM_FLAGS;
-  const args = [...flags, ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : []), ...(o.extraArgs ?? []), ...(process.env.MESHNET_CHROMIUM_EXTRA?.split(' ').filter(Boolean) ?? [])];
+  const args = [...flags, ...(inNetns() && o.rtc === true ? [] : [NO_WEBRTC_UDP]), ...(o.backend === 'webgpu' ? ['--enable-unsafe-webgpu'] : []), ...(o.extraArgs ?? []), ...(process.env.MESHNET_CHROMIUM_EXTRA?.split(' ').filter(Boolean) ?? [])];
   let cdp: CdpChromium | undefined;
   let browser: Browser | undefined;
   let closing = false;

@@ -58,7 +58,7 @@ export interface RelayLogEntry {
 }
 
 /** The kinds of path a hop can be reached by (hop-transport.ts tries them in turn). */
-export type TransportKind = 'fast' | 'rpc' | 'link' | 'direct';
+export type TransportKind = 'rtc' | 'fast' | 'rpc' | 'link' | 'direct';
 
 /** A peer's requests with, where the path forwards them, one-way pushes (a direct link's). */
 export type PeerRequester = MeshRequestFn & { push?: MeshPushFn };

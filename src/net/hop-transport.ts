@@ -14,10 +14,25 @@ import { MeshError, remoteError } from '../protocol/errors.ts';
 import type { HeaderMap } from '../protocol/headers.ts';
 import type { RouteHop } from '../protocol/tracker.ts';
 import type { DirectRequest, FastPathClient, OutgoingRequest, PeerRequester, RequestOptions, RpcLike, TransportKind } from './contract.ts';
+import { proofFromHeaders, type RouteProof } from './rtc-signal.ts';
 
 /** Kinds that reach the hop without a relay in between. */
 function isDirectKind(k: TransportKind): boolean {
-  return k === 'link' || k === 'direct';
+  return k === 'link' || k === 'direct' || k === 'rtc';
+}
+
+/** Options of send() and push(). */
+export interface SendOptions {
+  /** Its round trip feeds the adaptive order (send only). */
+  sample?: boolean;
+  /** An answer the hop itself gave (a chain hop marks its refusals), passed up whatever its status. */
+  accept?: (reply: MeshReply) => boolean;
+  /**
+   * The signed route that puts this node and the hop together: with it, a
+   * hop with no data channel yet is dialled one in the background
+   * (rtc-pool.ts). Absent: read from the request's chain headers, if any.
+   */
+  proof?: RouteProof;
 }
 
 export interface HopTransportInit {
@@ -33,6 +48,12 @@ export interface HopTransportInit {
    * `peerId` (an endpoint that is wrong, or names a local port on the caller's machine).
    */
   link?: (endpoint: string, peerId: string) => PeerRequester | undefined;
+  /**
+   * A WebRTC data channel to the hop's peer (rtc-pool.ts) when one is open;
+   * undefined meanwhile (with a `proof`, the first call starts dialling).
+   * An open channel leads every order: it is the shortest path there is.
+   */
+  rtc?: (peerId: string, proof?: RouteProof) => PeerRequester | undefined;
   /** Direct HTTP; wins over `fetch` when both are given. */
   direct?: DirectRequest;
   /** Direct HTTP through fetch, when no `direct` is given. */
@@ -68,6 +89,11 @@ export class HopUnreachableError extends MeshError {
 const LINK_RETRY_MS = 10_000;
 /** Between tries of a hop the relay does not know yet, after an outage of our relay: the first, and the most, ms. */
 const PEER_BACK_POLL_MS = [100, 500] as const;
+/**
+ * The same for the data channel that failed a request (a frozen far side keeps its channel open); a new channel
+ * to that peer (the failed one closed and was dialled again) leads at once.
+ */
+const RTC_RETRY_MS = 10_000;
 
 /** Parsed once per address: plan() runs for every hop of every token, and a URL parse there showed up cold. */
 const hostPortCache = new Map<string, string | undefined>();
@@ -92,7 +118,9 @@ function parseHostPort(url: string): string | undefined {
 
 /** Statuses of a reply that mean "this transport did not reach a working hop", as opposed to an answer from the hop. */
 function isTransportFailure(reply: MeshReply): boolean {
-  if (reply.status === 200 || reply.status === 409) return false;
+  // Any 2xx is the hop's (a session dropped answers 204): taken for a failure, it sent the request again by every
+  // other path and set the path that carried it back for LINK_RETRY_MS / RTC_RETRY_MS, after every generation.
+  if ((reply.status >= 200 && reply.status < 300) || reply.status === 409) return false;
   // The hop itself has no KV room, or its GPU span is being rebuilt: another path would reach the same node.
   if (reply.status === 503 && (isBusyReply(reply) || isRebuildingReply(reply))) return false;
   return true;
@@ -123,6 +151,11 @@ export class HopTransport {
   private readonly preferred = new Map<string, TransportKind>();
   /** When a request over each peer's link last failed (ms since epoch): until LINK_RETRY_MS later, a link that is up does not jump the order. */
   private readonly linkFailedAt = new Map<string, number>();
+  /** When a request over each peer's data channel last failed (ms since epoch), and that channel (its requester). */
+  private readonly rtcFailed = new Map<string, { at: number; via: PeerRequester | undefined }>();
+  /** Requests answered (or pushes sent) per path, and per peer the path that last carried one: /info's `hops_sent` and `paths`. */
+  readonly sent: Record<TransportKind, number> = { rtc: 0, fast: 0, rpc: 0, link: 0, direct: 0 };
+  private readonly lastPath = new Map<string, { kind: TransportKind; counts: Partial<Record<TransportKind, number>>; at: number }>();
   /** Adaptive order: per peer, round-trip EWMA (ms) and sample count per path, and requests sent. */
   private readonly rtt = new Map<string, { ms: Partial<Record<TransportKind, number>>; n: Partial<Record<TransportKind, number>>; sent: number }>();
 
@@ -132,8 +165,19 @@ export class HopTransport {
     this.directRequest = init.direct ?? (init.fetch ? fetchDirect(init.fetch) : undefined);
   }
 
-  /** The transports to try for a hop, best first. */
-  plan(hop: RouteHop): TransportKind[] {
+  /** The transports to try for a hop, best first; `proof` lets a missing data channel be dialled. */
+  plan(hop: RouteHop, proof?: RouteProof): TransportKind[] {
+    const order = this.planWithoutRtc(hop);
+    const channel = this.init.rtc?.(hop.peer_id, proof);
+    if (channel !== undefined) {
+      const failed = this.rtcFailed.get(hop.peer_id);
+      if (failed === undefined || failed.via !== channel || Date.now() - failed.at > RTC_RETRY_MS) order.unshift('rtc');
+      else order.push('rtc');
+    }
+    return order;
+  }
+
+  private planWithoutRtc(hop: RouteHop): TransportKind[] {
     const relay: TransportKind[] = [];
     /** Our relay connection is down and being waited out: the fast path holds the request until it is back. */
     let waiting = false;
@@ -163,7 +207,7 @@ export class HopTransport {
     }
     if (mode === 'adaptive' && relay.length > 0 && direct.length > 0) return this.adaptive(hop.peer_id, order);
     const pref = this.preferred.get(hop.peer_id);
-    if (pref !== undefined && order.includes(pref)) return [pref, ...order.filter((k) => k !== pref)];
+    if (pref !== undefined && pref !== 'rtc' && order.includes(pref)) return [pref, ...order.filter((k) => k !== pref)];
     return order;
   }
 
@@ -173,7 +217,7 @@ export class HopTransport {
    * the caller decides); any other outcome on every transport rejects with
    * HopUnreachableError.
    */
-  async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal, opts: { sample?: boolean; accept?: (reply: MeshReply) => boolean } = {}): Promise<MeshReply> {
+  async send(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal?: AbortSignal, opts: SendOptions = {}): Promise<MeshReply> {
     for (let tries = 0; ; tries++) {
       try {
         return await this.sendOnce(hop, req, timeoutMs, signal, opts);
@@ -195,10 +239,10 @@ export class HopTransport {
    * whole try, not of each path: a hop that is silent on one path (a frozen
    * page, a stopped process) is given up on within it, not once per path.
    */
-  private async sendOnce(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal: AbortSignal | undefined, opts: { sample?: boolean; accept?: (reply: MeshReply) => boolean }): Promise<MeshReply> {
+  private async sendOnce(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal: AbortSignal | undefined, opts: SendOptions): Promise<MeshReply> {
     const errors: Array<{ kind: TransportKind; error: MeshError }> = [];
     const deadline = performance.now() + timeoutMs;
-    for (const kind of this.plan(hop)) {
+    for (const kind of this.plan(hop, this.init.rtc ? (opts.proof ?? proofFromHeaders(req.headers)) : undefined)) {
       if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
       // A path that timed out used the budget: the hop is silent, not the path.
       const left = Math.round(deadline - performance.now());
@@ -210,19 +254,20 @@ export class HopTransport {
       } catch (e) {
         if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
         errors.push({ kind, error: asMesh(e, kind) });
-        if (kind === 'link') this.linkFailed(hop.peer_id);
+        this.pathFailed(kind, hop.peer_id);
         continue;
       }
       // `accept`: an answer the hop itself gave (a chain hop marks its refusals), passed up whatever its status.
       if (isTransportFailure(reply) && !opts.accept?.(reply)) {
         errors.push({ kind, error: remoteError(reply.status, reply.body, `HTTP ${reply.status}`) });
-        if (kind === 'link') this.linkFailed(hop.peer_id);
+        this.pathFailed(kind, hop.peer_id);
         continue;
       }
       if (errors.length > 0 && !this.inOutageWindow()) this.init.onLog?.(`hop ${hop.peer_id}: ${errors.map((e) => `${e.kind} failed (${e.error.message})`).join(', ')}; ${kind} answered`);
       // Only like requests are compared (the pipeline samples one-token steps, not prompts or replays).
       if (opts.sample) this.observe(hop.peer_id, kind, performance.now() - t0);
       this.preferred.set(hop.peer_id, kind);
+      this.count(hop.peer_id, kind);
       return reply;
     }
     this.preferred.delete(hop.peer_id);
@@ -240,13 +285,17 @@ export class HopTransport {
    * send() itself: resolves with the hop's answer, rejects with
    * HopUnreachableError.
    */
-  async push(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, windowMs: number, signal?: AbortSignal, opts: { accept?: (reply: MeshReply) => boolean } = {}): Promise<MeshReply> {
-    const first = this.plan(hop)[0];
+  async push(hop: RouteHop, req: OutgoingRequest, timeoutMs: number, windowMs: number, signal?: AbortSignal, opts: SendOptions = {}): Promise<MeshReply> {
+    const proof = this.init.rtc ? (opts.proof ?? proofFromHeaders(req.headers)) : undefined;
+    const first = this.plan(hop, proof)[0];
     const o: RequestOptions = { timeoutMs: Math.min(windowMs, timeoutMs), ...(signal ? { signal } : {}) };
     let oneWay: Promise<MeshReply> | undefined;
-    if (first === 'fast') oneWay = this.init.fast!.push?.(hop.peer_id, req, o);
+    if (first === 'rtc') oneWay = this.init.rtc!(hop.peer_id)?.push?.(hop.peer_id, req, o);
+    else if (first === 'fast') oneWay = this.init.fast!.push?.(hop.peer_id, req, o);
     else if (first === 'link' && hop.endpoint !== undefined) oneWay = this.init.link?.(hop.endpoint, hop.peer_id)?.push?.(hop.peer_id, req, o);
     if (oneWay !== undefined) {
+      // Counted as sent now: a one-way push is out once written; a failure below counts the path that carried it again.
+      this.count(hop.peer_id, first!);
       try {
         const r = await oneWay;
         // 202: no news; a 2xx or the hop's own answer: a far side that answered anyway (it does not know one-way requests).
@@ -257,10 +306,10 @@ export class HopTransport {
         // During a relay outage the relay client logs the outage once; each push it cut is not news.
         if (!this.inOutageWindow()) this.init.onLog?.(`hop ${hop.peer_id}: one-way ${first} request failed (${(e as Error).message}); trying every path`);
       }
-      if (first === 'link') this.linkFailed(hop.peer_id);
+      this.pathFailed(first!, hop.peer_id);
       this.preferred.delete(hop.peer_id);
     }
-    return this.send(hop, req, timeoutMs, signal, opts);
+    return this.send(hop, req, timeoutMs, signal, { ...opts, ...(proof ? { proof } : {}) });
   }
 
   /** Within the window of an outage of our relay (see FastPathClient.outageWindowLeftMs). */
@@ -268,9 +317,34 @@ export class HopTransport {
     return (this.init.fast?.outageWindowLeftMs?.() ?? 0) > 0;
   }
 
-  private linkFailed(peer: string): void {
-    if (this.linkFailedAt.size >= 4096) this.linkFailedAt.clear();
-    this.linkFailedAt.set(peer, Date.now());
+  private pathFailed(kind: TransportKind, peer: string): void {
+    if (kind === 'rtc') {
+      if (this.rtcFailed.size >= 4096) this.rtcFailed.clear();
+      // The channel open now (undefined when the failure closed it): only this one is held back.
+      this.rtcFailed.set(peer, { at: Date.now(), via: this.init.rtc?.(peer) });
+    } else if (kind === 'link') {
+      if (this.linkFailedAt.size >= 4096) this.linkFailedAt.clear();
+      this.linkFailedAt.set(peer, Date.now());
+    }
+  }
+
+  private count(peer: string, kind: TransportKind): void {
+    this.sent[kind]++;
+    let p = this.lastPath.get(peer);
+    if (p === undefined) {
+      if (this.lastPath.size >= 1024) this.lastPath.clear();
+      p = { kind, counts: {}, at: 0 };
+      this.lastPath.set(peer, p);
+    }
+    p.kind = kind;
+    p.at = Date.now();
+    p.counts[kind] = (p.counts[kind] ?? 0) + 1;
+  }
+
+  /** Per peer this node sent hops to: the path the last one took, and how many each path carried (/info `paths`). */
+  paths(): Array<{ peer_id: string; path: TransportKind; sent: Partial<Record<TransportKind, number>>; last_ms_ago: number }> {
+    const t = Date.now();
+    return [...this.lastPath].map(([peer, p]) => ({ peer_id: peer, path: p.kind, sent: { ...p.counts }, last_ms_ago: t - p.at }));
   }
 
   /** Faster measured path first; explores the other one now and then (see HopTransportInit.order). */
@@ -302,6 +376,11 @@ export class HopTransport {
 
   private sendOn(kind: TransportKind, hop: RouteHop, req: OutgoingRequest, timeoutMs: number, signal: AbortSignal | undefined): Promise<MeshReply> {
     const opts: RequestOptions = { timeoutMs, ...(signal ? { signal } : {}) };
+    if (kind === 'rtc') {
+      const request = this.init.rtc?.(hop.peer_id);
+      if (request === undefined) return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', `the data channel to ${hop.peer_id} closed`));
+      return request(hop.peer_id, req, opts);
+    }
     if (kind === 'fast') return this.init.fast!.request(hop.peer_id, req, opts);
     if (kind === 'link') {
       const request = this.init.link?.(hop.endpoint!, hop.peer_id);
@@ -322,7 +401,8 @@ export class HopTransport {
 
   /** Fire-and-forget (errors ignored): dropping a session on a hop that may be gone. */
   bestEffort(hop: RouteHop, req: OutgoingRequest, timeoutMs = 5_000): void {
-    this.send(hop, req, timeoutMs).catch(() => undefined);
+    // The hop's own 404 (it holds no such session) is an answer too: no other path would do better.
+    this.send(hop, req, timeoutMs, undefined, { accept: (r) => r.status === 404 && remoteError(r.status, r.body).code === 'MESH_ERR_NOT_FOUND' }).catch(() => undefined);
   }
 
   /** Close the kept-open `/rpc` sockets. */

@@ -9,6 +9,7 @@ import { bodyFieldsFor, collectBody, meshRequestFromEnvelope, relayHttpRequestSc
 import { MeshError } from '../protocol/errors.ts';
 import { FLAG_CALLER_GONE, FLAG_END, FLAG_ONE_WAY, FrameError, FrameKind, decodeFrame, encodeDataFrame, encodeErrorFrame, encodeResponseFrame, encodeStreamErrorFrame, type RequestFrame } from '../protocol/frames.ts';
 import { normalizeHeaders, type HeaderMap } from '../protocol/headers.ts';
+import { bytesToHex } from '../protocol/ids.ts';
 import type { MeshHandler } from './contract.ts';
 import type { MuxPort } from './mux-port.ts';
 import { trace } from '../protocol/trace.ts';
@@ -56,17 +57,26 @@ class InboundCall {
  */
 class InboundRequest implements MeshRequest {
   readonly #call: InboundCall;
+  readonly #from: Uint8Array | undefined;
+  #fromHex: string | undefined;
   constructor(
     public method: string,
     public path: string,
     public headers: HeaderMap,
     public body: Uint8Array,
     call: InboundCall,
+    from?: Uint8Array,
   ) {
     this.#call = call;
+    this.#from = from;
   }
   get signal(): AbortSignal {
     return this.#call.signal;
+  }
+  /** Hex only when a handler asks (signalling does; a forward step does not). */
+  get from(): string | undefined {
+    if (this.#from === undefined) return undefined;
+    return (this.#fromHex ??= bytesToHex(this.#from));
   }
 }
 
@@ -184,7 +194,7 @@ export class MuxBridge {
     // One-way: not kept by stream id (the relay keeps no stream for it either, and a CANCEL cannot name it); its answer is dropped.
     if ((frame.flags & FLAG_ONE_WAY) !== 0) call.oneWay = true;
     else this.frames.set(streamId, call);
-    this.run(call, new InboundRequest(frame.method, frame.path, frame.headers, frame.body, call));
+    this.run(call, new InboundRequest(frame.method, frame.path, frame.headers, frame.body, call, frame.peerId));
   }
 
   onCancel(streamId: number, flags = 0): void {

@@ -112,6 +112,12 @@ export interface MeshRequest {
   body: Uint8Array;
   /** Fires when the caller cancels or its connection drops. */
   signal?: AbortSignal;
+  /**
+   * The sender's peer id as the connection names it: a relay writes it into
+   * every REQUEST frame it forwards, a direct link or data channel the peer
+   * that proved itself at its start. Absent for envelopes and HTTP (anonymous).
+   */
+  readonly from?: string | undefined;
 }
 
 /** A host-neutral answer. `body` may be streamed (several chunks, then end). */

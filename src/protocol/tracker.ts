@@ -38,6 +38,13 @@ export const nodeInfoSchema = z.object({
 });
 export type NodeInfo = z.infer<typeof nodeInfoSchema>;
 
+/** The paths a hop can take (net/contract.ts TransportKind): a data channel, the relay's fast path, /rpc, a direct link, direct HTTP. */
+export const HOP_PATHS = ['rtc', 'fast', 'rpc', 'link', 'direct'] as const;
+/** A data channel's state towards one peer (net/rtc-pool.ts RtcState). */
+export const RTC_STATES = ['open', 'connecting', 'failed', 'unsupported', 'none'] as const;
+const count = z.number().int().nonnegative();
+const hopCountsSchema = z.object({ rtc: count.optional(), fast: count.optional(), rpc: count.optional(), link: count.optional(), direct: count.optional() });
+
 /** Rolling stats a heartbeat carries (ADR-0013). */
 export const nodeStatsSchema = z.object({
   /** Requests answered in the last 60 s. */
@@ -64,6 +71,13 @@ export const nodeStatsSchema = z.object({
   /** A head's speculative decoding since its span loaded: tokens drafted and accepted, trips through the mesh, tokens those trips gave. */
   speculation: z
     .object({ drafted: z.number().int().nonnegative(), accepted: z.number().int().nonnegative(), trips: z.number().int().nonnegative(), tokens: z.number().int().nonnegative() })
+    .optional(),
+  /** Requests (and one-way pushes) this node sent to other nodes since it started, per path (docs/protocol.md §12). */
+  hops_sent: hopCountsSchema.optional(),
+  /** Per peer this node sent hops to (the most recent 32): the path the last one took, and its data channel's state. */
+  hop_paths: z
+    .array(z.object({ peer_id: z.string().regex(/^[0-9a-f]{32}$/), path: z.enum(HOP_PATHS), rtc: z.enum(RTC_STATES).optional(), sent: hopCountsSchema }))
+    .max(32)
     .optional(),
 });
 export type NodeStats = z.infer<typeof nodeStatsSchema>;

@@ -158,6 +158,20 @@ function specCell(s) {
   return el("span", { title }, Math.round((100 * s.accepted) / s.drafted) + "% · " + (s.tokens / Math.max(1, s.trips)).toFixed(2) + "/trip");
 }
 
+// rtc: a WebRTC data channel straight to the peer; fast / rpc: through the relay; link, direct: straight to a Node.js node.
+const PATH_NAMES = { rtc: "data channel", fast: "relay", rpc: "relay /rpc", link: "link", direct: "HTTP" };
+function pathsCell(paths) {
+  if (!paths || paths.length === 0) return el("span", { class: "dim" }, "–");
+  return el("span", {}, ...paths.map((p, i) => el("span", { class: "mono", title: "sent: " + Object.entries(p.sent).map(([k, v]) => k + " " + v).join(", ") + (p.rtc ? "; data channel " + p.rtc : "") },
+    (i ? " · " : "") + short(p.peer_id) + " " + (PATH_NAMES[p.path] || p.path))));
+}
+// The path the sender of a hop last used to reach "to", from its heartbeat.
+function pathOf(d, from, to) {
+  const n = d.nodes.find((x) => x.peer_id === from);
+  const p = n && n.hop_paths && n.hop_paths.find((x) => x.peer_id === to);
+  return p ? PATH_NAMES[p.path] || p.path : "";
+}
+
 function renderQueue(d) {
   const q = d.queue;
   const stat = (n, label) => el("div", {}, el("b", {}, n), el("span", { class: "dim" }, label));
@@ -178,7 +192,7 @@ function pager(d) {
 function renderNodes(d) {
   const root = $("nodes");
   if (d.page.total === 0) { root.replaceChildren(el("div", { class: "empty" }, "No node has registered yet. Open a donor page, or run meshnet node / meshnet mesh.")); return; }
-  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "drafts", "queue", "budget", "KV cache", "last seen"].map((h) => el("th", {}, h))));
+  const t = el("table", {}, el("tr", {}, ...["peer", "host", "backend", "weights", "status", "assigned", "serving", "layer-steps/s", "ms/layer", "RPM", "RPM (recent)", "tokens", "drafts", "queue", "budget", "KV cache", "hops go by", "last seen"].map((h) => el("th", {}, h))));
   for (const n of d.nodes) {
     t.append(el("tr", {},
       el("td", { class: "mono" }, short(n.peer_id)), el("td", {}, n.host), el("td", {}, n.backend), el("td", { class: "mono" }, n.weight_format),
@@ -188,7 +202,7 @@ function renderNodes(d) {
       el("td", {}, span(n.assignment)), el("td", {}, span(n.serving)),
       el("td", {}, n.throughput.toFixed(0) + (n.duty_cycle < 1 ? " (" + Math.round(n.duty_cycle * 100) + " % cap)" : "")), el("td", {}, n.layer_ms.toFixed(2)), el("td", {}, n.rpm),
       el("td", {}, sparkline(n.rpm_history.map((h) => h.rpm))), el("td", {}, n.tokens_served), el("td", {}, specCell(n.speculation)), el("td", {}, n.queue_depth + n.in_flight),
-      el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
+      el("td", {}, Math.round(n.memory_budget_mb * 10) / 10 + " MiB"), el("td", {}, kvCell(n.kv)), el("td", {}, pathsCell(n.hop_paths)), el("td", { class: "dim" }, ago(n.last_seen_ms_ago))));
   }
   root.replaceChildren(pager(d), t);
 }
@@ -199,7 +213,9 @@ function renderRoutes(d) {
   const t = el("table", {}, el("tr", {}, ...["when", "kind", "model", "route (node [layers])", "est. ms/token"].map((h) => el("th", {}, h))));
   const now = Date.now();
   for (const r of d.recent_routes.slice(0, 12)) {
-    const path = r.hops.map((h) => short(h.peer_id) + " [" + h.start_layer + "–" + (h.end_layer - 1) + "]").join("  →  ");
+    // Each arrow names the path that hop took (the sender's last report), the closing one the way back to the head.
+    const path = r.hops.map((h, i) => (i ? "  →" + (pathOf(d, r.hops[i - 1].peer_id, h.peer_id) ? " " + pathOf(d, r.hops[i - 1].peer_id, h.peer_id) + " →  " : "  ") : "") + short(h.peer_id) + " [" + h.start_layer + "–" + (h.end_layer - 1) + "]").join("")
+      + (r.hops.length > 1 && pathOf(d, r.hops[r.hops.length - 1].peer_id, r.hops[0].peer_id) ? "  ⤺ " + pathOf(d, r.hops[r.hops.length - 1].peer_id, r.hops[0].peer_id) : "");
     t.append(el("tr", {}, el("td", { class: "dim" }, ago(now - r.at)), el("td", {}, r.kind), el("td", {}, r.model), el("td", { class: "route" }, path), el("td", {}, r.cost_ms)));
   }
   root.replaceChildren(t);

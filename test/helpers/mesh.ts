@@ -208,6 +208,38 @@ export async function chainForwardsAfterHead(trackerUrl: string): Promise<number
   return out;
 }
 
+/** What a node's GET /info says of the paths its hops take (docs/protocol.md §12). */
+export interface NodePathInfo {
+  peer_id: string;
+  start_layer: number;
+  hops_sent: Record<string, number>;
+  forwards_served: Record<string, number>;
+  paths: Array<{ peer_id: string; path: string; sent: Record<string, number>; rtc?: string }>;
+  data_channels?: { open: number; opened: number; failed: number; closed: number; refused: number };
+}
+
+/** GET /info of every node the tracker lists as serving, over the relay's /rpc (pages have no HTTP port), by first layer. */
+export async function nodeInfos(trackerUrl: string): Promise<NodePathInfo[]> {
+  const nodes = ((await (await fetch(`${trackerUrl}/api/dashboard`)).json()) as { nodes: Array<{ relay_addr: string | null; serving: unknown }> }).nodes;
+  const out: NodePathInfo[] = [];
+  for (const n of nodes.filter((x) => x.serving && x.relay_addr)) {
+    const conn = new RpcConnection(n.relay_addr!, { WebSocket: NodeWebSocket });
+    try {
+      out.push(JSON.parse(new TextDecoder().decode((await conn.request({ method: 'GET', path: '/info' })).body)) as NodePathInfo);
+    } finally {
+      conn.close();
+    }
+  }
+  return out.sort((a, b) => a.start_layer - b.start_layer);
+}
+
+/** Hops sent by all of `infos`, per path. */
+export function hopsSent(infos: readonly NodePathInfo[]): Record<string, number> {
+  const t: Record<string, number> = {};
+  for (const i of infos) for (const [k, v] of Object.entries(i.hops_sent ?? {})) t[k] = (t[k] ?? 0) + v;
+  return t;
+}
+
 /**
  * Route headers for `head` signed with the tracker's key (tests and benches
  * that hold it send routes themselves), with the head's reply address signed

@@ -184,6 +184,27 @@ describe('POST /api/nodes/heartbeat', () => {
   });
 });
 
+describe('hop paths on the dashboard', () => {
+  it('passes on which path each of a node\'s hops takes (data channel, relay …), and refuses a malformed report', async () => {
+    const t = await makeTracker();
+    const node = await FakeNode.create();
+    await node.register(t, { load: true });
+    node.withStats(4, 1);
+    const peer = 'e'.repeat(32);
+    node.stats!.hops_sent = { rtc: 96, fast: 3 };
+    node.stats!.hop_paths = [{ peer_id: peer, path: 'rtc', rtc: 'open', sent: { rtc: 96, fast: 3 } }];
+    await node.heartbeat(t);
+    const dash = (await (await t.app.request('/api/dashboard')).json()) as { nodes: Array<{ peer_id: string; hops_sent: unknown; hop_paths: unknown }> };
+    const n = dash.nodes.find((x) => x.peer_id === node.peerId)!;
+    expect(n.hops_sent).toEqual({ rtc: 96, fast: 3 });
+    expect(n.hop_paths).toEqual([{ peer_id: peer, path: 'rtc', rtc: 'open', sent: { rtc: 96, fast: 3 } }]);
+    const html = await (await t.app.request('/dashboard')).text();
+    expect(html).toContain('hops go by');
+    node.stats!.hop_paths = [{ peer_id: peer, path: 'carrier-pigeon' as 'rtc', sent: {} }];
+    await expect(node.heartbeat(t)).rejects.toMatchObject({ status: 400 });
+  });
+});
+
 describe('tracker restart', () => {
   it('rebuilds the same availability map from heartbeats: 404 → re-register with serving → spans adopted', async () => {
     const t1 = await makeTracker({ heartbeatIntervalMs: 1000 });

@@ -25,6 +25,7 @@ import { generationConfigEosIds, ModelTokenizer } from '../../model/tokenizer.ts
 import { MeshError } from '../../protocol/errors.ts';
 import type { BackendFactory, ChosenBackend, RuntimeHost, SpanSpec, WeightStore } from '../../node/runtime/host.ts';
 import type { WebSocketConstructor } from '../../net/socket.ts';
+import type { RtcFactory } from '../../net/rtc-peer.ts';
 import type { OnnxBackend } from '../../shard/backend.ts';
 import type { WeightLoader } from '../../shard/contract.ts';
 import { calibrate, decide, probeWebGpu, type GpuLike } from './backends.ts';
@@ -90,6 +91,8 @@ export interface BrowserAdapterOptions {
   q4: Q4Counters;
   /** Test hook: the k-th GPU backend destroys its device before its N-th session run. */
   loseGpuAfterRuns?: number[];
+  /** The page's peer connections (rtc-worker.ts): data channels to other pages. */
+  rtc?: RtcFactory;
 }
 
 export function browserAdapter(g: BrowserGlobals, o: BrowserAdapterOptions): RuntimeHost {
@@ -101,6 +104,7 @@ export function browserAdapter(g: BrowserGlobals, o: BrowserAdapterOptions): Run
     weights: storedWeights(g, o),
     backends: ortWebBackends(g, o),
     log: (level, message) => (level === 'error' || level === 'warn' ? console.warn : console.info)(`meshnet node: ${message}`),
+    ...(o.rtc ? { rtc: o.rtc } : {}),
   };
 }
 

@@ -55,6 +55,12 @@ export interface NodeConfig {
   hopMode?: 'chain' | 'star';
   /** Test hook: the k-th GPU backend destroys its device before its N-th session run (gpu-test-hooks.ts). Not stored. */
   testLoseGpuAfterRuns?: number[];
+  /** Hops to other pages over WebRTC data channels (signalled over the relay). Absent: on, where the page gave the worker its peer connections. */
+  rtc?: boolean;
+  /** STUN/TURN servers for the data channels (pages behind NATs). Absent: none (host candidates only). */
+  iceServers?: Array<{ urls: string }>;
+  /** Benches: every message a data channel receives is held this long (a WAN leg's one-way delay), ms. */
+  rtcDelayMs?: number;
 }
 
 export interface NodeErrorInfo {
@@ -169,4 +175,12 @@ export interface NodeEngine {
   status(): Promise<NodeStatus>;
   /** Close the relay connection and release sessions; the node can be started again. */
   stop(): Promise<void>;
+  /**
+   * The page's end of the peer connections (rtc-page.ts serves it): before
+   * start(), so the node can open data channels to other pages. Without it
+   * every hop goes by the relay.
+   */
+  attachPeerConnections(port: MessagePort): Promise<void>;
+  /** Tests: close the node's data channels now (its hops go by the relay until they are dialled again). */
+  closeDataChannels(): Promise<void>;
 }

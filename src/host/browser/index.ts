@@ -33,6 +33,8 @@ import { newQ4Counters } from './q4-store.ts';
 import type { NodeStorage } from './storage.ts';
 import { browserAdapter, workerGlobals, type BrowserGlobals, type StorageCounters } from './adapter.ts';
 import { describeError, pageStatus } from './surface.ts';
+import type { RtcFactory } from '../../net/rtc-peer.ts';
+import { pageRtcFactory } from './rtc-worker.ts';
 
 export { describeError };
 
@@ -49,7 +51,7 @@ function modelNameOf(url: string): string {
 /** What makes two starts the same node: the same key reuses the runtime (and what it loaded). */
 function runtimeKey(config: NodeConfig, choice: BackendChoice, weights: WeightFormat): string {
   const where = config.trackerUrl ? `tracker ${config.trackerUrl} ${config.modelName ?? ''}` : `span ${config.modelUrl}|${config.startLayer}-${config.endLayer}`;
-  return `${config.relayUrl}|${where}|${choice}|${weights}|${config.threads ?? ''}|${config.hopMode ?? 'chain'}`;
+  return `${config.relayUrl}|${where}|${choice}|${weights}|${config.threads ?? ''}|${config.hopMode ?? 'chain'}|rtc ${config.rtc ?? ''} ${JSON.stringify(config.iceServers ?? [])} ${config.rtcDelayMs ?? 0}`;
 }
 
 export class BrowserNode implements NodeEngine {
@@ -74,6 +76,8 @@ export class BrowserNode implements NodeEngine {
   /** Whether onnxruntime-web's WASM module has had its first (long) warm-up in this worker. */
   private readonly warmed = { wasm: false };
   private readonly g: BrowserGlobals;
+  /** The page's peer connections (rtc-page.ts), once it handed the port over. */
+  private rtc: RtcFactory | undefined;
 
   constructor(globals?: BrowserGlobals) {
     this.g = globals ?? workerGlobals();
@@ -197,6 +201,14 @@ export class BrowserNode implements NodeEngine {
     await this.runtime?.setMemoryBudget(this.memoryBudget);
   }
 
+  async attachPeerConnections(port: MessagePort): Promise<void> {
+    this.rtc = pageRtcFactory(port);
+  }
+
+  async closeDataChannels(): Promise<void> {
+    this.runtime?.closeDataChannels();
+  }
+
   async stop(): Promise<void> {
     this.startSeq++;
     await this.saveContribution();
@@ -243,7 +255,8 @@ export class BrowserNode implements NodeEngine {
     const old = this.runtime;
     this.runtime = undefined;
     await old?.close();
-    const adapter = browserAdapter(this.g, { storage, choice, ...(config.threads !== undefined ? { threads: config.threads } : {}), counters: this.counters, warmed: this.warmed, weights, q4: this.q4, ...(config.testLoseGpuAfterRuns ? { loseGpuAfterRuns: config.testLoseGpuAfterRuns } : {}) });
+    const adapter = browserAdapter(this.g, {
+      ...(this.rtc && config.rtc !== false ? { rtc: this.rtc } : {}), storage, choice, ...(config.threads !== undefined ? { threads: config.threads } : {}), counters: this.counters, warmed: this.warmed, weights, q4: this.q4, ...(config.testLoseGpuAfterRuns ? { loseGpuAfterRuns: config.testLoseGpuAfterRuns } : {}) });
     const runtime = await NodeRuntime.create(adapter, {
       relayUrl: config.relayUrl,
       ...(config.trackerUrl
@@ -260,6 +273,7 @@ export class BrowserNode implements NodeEngine {
       // The page sends it from its freeze and pagehide handlers (src/app/lifecycle.ts).
       drainBeacons: config.trackerUrl !== undefined,
       ...(settings.lastSpan ? { storedSpan: settings.lastSpan } : {}),
+      rtc: { enabled: config.rtc !== false, ...(config.iceServers ? { iceServers: config.iceServers } : {}), ...(config.rtcDelayMs ? { delayMs: config.rtcDelayMs } : {}) },
     });
     if (seq !== this.startSeq) {
       await runtime.close();

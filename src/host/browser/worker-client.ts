@@ -3,7 +3,7 @@
  * through Comlink. Pending calls settle when the worker dies (Comlink's own
  * resolver map never rejects), so the page never waits forever.
  */
-import { proxy, wrap, releaseProxy, type Remote } from 'comlink';
+import { proxy, wrap, releaseProxy, transfer, type Remote } from 'comlink';
 import type { DonorSettings, DrainBeacon, NodeConfig, NodeEngine, NodeStatus, PageLifecycleEvent } from './engine.ts';
 import './transfer.ts';
 
@@ -49,6 +49,8 @@ export function createWorkerEngine(worker: Worker): WorkerEngine {
     onDrainBeacon: (sink: (b: DrainBeacon) => void) => call(() => remote.onDrainBeacon(proxy(sink))),
     status: () => call(() => remote.status() as Promise<NodeStatus>),
     stop: () => call(() => remote.stop()),
+    attachPeerConnections: (port: MessagePort) => call(() => remote.attachPeerConnections(transfer(port, [port]))),
+    closeDataChannels: () => call(() => remote.closeDataChannels()),
     terminate() {
       remote[releaseProxy]();
       worker.terminate();

@@ -316,7 +316,9 @@ export function createChainHop(init: ChainHopInit): MeshHandler {
         const headers: HeaderMap = { [H.session]: h[H.session] ?? '', [H.position]: h[H.position] ?? '0', [H.chainToken]: tokenText, [H.dtype]: h[H.dtype] ?? '', 'content-type': 'application/octet-stream' };
         if (batchFull) headers[H.batchFull] = '1';
         if (attest !== undefined) headers[ATTEST_HEADER] = attest;
-        init.transport.push(headTo, { method: 'POST', path: '/chain/token', headers, body: req.body }, left(), PUSH_WINDOW_MS, undefined, { accept: (r) => r.status === 204 || r.status === 404 }).then(
+        // The token push carries no route headers: the signed route goes along as the proof a data channel to the head needs.
+        const proof = { head, route: text, expires: Number(expires), signature: sig };
+        init.transport.push(headTo, { method: 'POST', path: '/chain/token', headers, body: req.body }, left(), PUSH_WINDOW_MS, undefined, { accept: (r) => r.status === 204 || r.status === 404, proof }).then(
           (got) => {
             if (got.status === 404) pushLog(`chain: the head ${head} waits for no token at position ${h[H.position]} (late, or it gave up on the step)`);
           },

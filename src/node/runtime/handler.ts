@@ -20,6 +20,7 @@ import { StaleSteps, createChainHop, isChainRequest } from '../hop/chain-hop.ts'
 import { createHeadHandler } from '../head/head-handler.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
+import { RTC_SIGNAL_PATH } from '../../net/rtc-signal.ts';
 import type { PipelineDriver } from '../head/pipeline.ts';
 import { rebuildingError, type LoadedSpan } from './span.ts';
 import type { DrainGate } from './drain.ts';
@@ -29,7 +30,7 @@ import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
 import type { SignedPlan } from '../verify/verifier.ts';
 
 /** How a request reached the node. */
-export type Surface = 'relay' | 'link' | 'http';
+export type Surface = 'relay' | 'link' | 'http' | 'rtc';
 
 export interface NodeHandlerInit {
   peerId: string;
@@ -54,6 +55,8 @@ export interface NodeHandlerInit {
   onDistrust?: (notice: Distrust) => void;
   /** The tracker's verified walk of a finished generation (head-verify.ts FinishedStore). */
   onWalk?: (plan: SignedPlan) => boolean;
+  /** POST /rtc/signal (data-channel signalling, net/rtc-pool.ts); absent: 404, as on a node without WebRTC. */
+  signal?: MeshHandler;
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
@@ -68,7 +71,7 @@ function safeDecode(s: string): string {
 
 export class NodeHandler {
   /** /forward requests served per surface, in /info: which paths hops really take. */
-  readonly served: Record<Surface, number> = { relay: 0, link: 0, http: 0 };
+  readonly served: Record<Surface, number> = { relay: 0, link: 0, http: 0, rtc: 0 };
   /** Chained /forward requests taken part in (GET /info's chain_forwards): whether heads really chain. */
   chained = 0;
   private readonly head: MeshHandler;
@@ -100,7 +103,7 @@ export class NodeHandler {
         init.onGenerateEvent(e, sessionId);
       },
     });
-    this.bySurface = { relay: this.counted('relay'), link: this.counted('link'), http: this.counted('http') };
+    this.bySurface = { relay: this.counted('relay'), link: this.counted('link'), http: this.counted('http'), rtc: this.counted('rtc') };
   }
 
   /** The handler for requests arriving by `surface`. */
@@ -114,6 +117,7 @@ export class NodeHandler {
       const path = req.path.split('?')[0];
       if (path === '/generate' && req.method.toUpperCase() === 'POST') return this.generate(req);
       if (this.init.check && path === CHECK_PATH) return this.init.check(req);
+      if (this.init.signal && path === RTC_SIGNAL_PATH) return this.init.signal(req);
       return this.head(req);
     };
   }
@@ -149,11 +153,7 @@ export class NodeHandler {
     // The span's GPU device was lost and it is being rebuilt (device-recovery.ts): come back after about one load.
     if (span.deviceLostReason !== undefined) return errorReply(rebuildingError(span));
     const { activity, drain, duty } = this.init;
-    if (drain.draining) {
-      // A step of a session this node holds is a chat in flight: it may finish. Anything else is new work.
-      const session = req.headers[H.session]?.trim();
-      if (!drain.admitsForward(session !== undefined && session !== '' && span.executor.sessionLength(session) > 0)) return errorReply(drainingError());
-    }
+    if (drain.draining && !drain.admitsForward(holdsSession(req, span.executor))) return errorReply(drainingError());
     activity.inFlight++;
     try {
       if (this.init.injectDelayMs > 0) await sleep(this.init.injectDelayMs);
@@ -162,6 +162,18 @@ export class NodeHandler {
       activity.inFlight--;
     }
   }
+}
+
+/**
+ * Whether `req` is a step of a session this node already holds (a chat in flight, which a drain lets finish).
+ * Its cache is looked up at the first layer the step runs: a route may use only the end of the span (another
+ * node holds its first layers), and then the session has no cache at the span's own first layer.
+ */
+function holdsSession(req: MeshRequest, executor: { startLayer: number; sessionLength(id: string, layer?: number): number }): boolean {
+  const session = req.headers[H.session]?.trim();
+  if (session === undefined || session === '') return false;
+  const from = Number(req.headers[H.startLayer]?.trim() || Number.NaN);
+  return executor.sessionLength(session, Number.isInteger(from) && from >= executor.startLayer ? from : executor.startLayer) > 0;
 }
 
 function drainingError(): MeshError {

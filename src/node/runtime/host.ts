@@ -25,6 +25,7 @@ import type { Identity, KeyStore } from '../../net/identity.ts';
 import type { DirectRequest, LinkDialer } from '../../net/contract.ts';
 import type { HandshakeWatcher } from '../../net/relay-hop.ts';
 import type { WebSocketConstructor } from '../../net/socket.ts';
+import type { RtcFactory } from '../../net/rtc-peer.ts';
 
 /** One span of one model: the tracker's assignment, or a host's static span. */
 export interface SpanSpec {
@@ -120,6 +121,8 @@ export interface RuntimeHost {
   log(level: LogLevel, message: string): void;
   /** Direct HTTP to a hop's endpoint; absent: fetch. */
   readonly direct?: DirectRequest;
+  /** A synchronous SHA-256 (attestations hash every step: a few µs a call, where WebCrypto's digest costs tens); absent: WebCrypto. */
+  readonly sha256?: (bytes: Uint8Array) => Uint8Array;
   /** Direct links to hops' endpoints, dialled with this node's identity. */
   links?(identity: Identity): LinkDialer;
   /** Sees a refused `/rpc` handshake's status (`ws` can, a browser cannot). */
@@ -129,6 +132,8 @@ export interface RuntimeHost {
    * through startNodeHost's programmatic options, to make a node that lies (docs/verification.md).
    */
   readonly spanHooks?: SpanHooks;
+  /** WebRTC peer connections (a browser page's): hops between two such nodes go over data channels, signalled over the relay. */
+  readonly rtc?: RtcFactory;
 }
 
 export interface SpanHooks {

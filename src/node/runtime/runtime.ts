@@ -23,14 +23,18 @@
  */
 import type { WeightFormat } from '../../model/weight-format.ts';
 import { encodeBase64Url } from '../../protocol/base64.ts';
+import { errorReply } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
-import type { Assignment, NodeMessage } from '../../protocol/tracker.ts';
+import type { Assignment, NodeMessage, NodeStats } from '../../protocol/tracker.ts';
 import { HopTransport } from '../../net/hop-transport.ts';
+import type { IceServer } from '../../net/rtc-peer.ts';
+import { RtcPool, type RtcState } from '../../net/rtc-pool.ts';
+import { RTC_SIGNAL_PATH, type RouteProof } from '../../net/rtc-signal.ts';
 import { Identity } from '../../net/identity.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import { RelayClient } from '../../net/relay-client.ts';
 import { RpcConnection } from '../../net/relay-hop.ts';
-import { TrackerClient } from '../tracker-client.ts';
+import { TrackerClient, VerifiedRoutes } from '../tracker-client.ts';
 import { TrackerSession, kvHeartbeat } from '../tracker-session.ts';
 import { NodeHandler, type Surface } from './handler.ts';
 import type { RuntimeHost, SpanSpec } from './host.ts';
@@ -97,6 +101,14 @@ export interface RuntimeConfig {
   drainBeacons?: boolean;
   /** A span the host keeps in its own storage (a page's IndexedDB): told to the tracker at registration, so a reload gets it back with no download. */
   storedSpan?: { model: string; startLayer: number; endLayer: number };
+  /**
+   * Data channels to other nodes (when the host has WebRTC and there is a
+   * relay to signal over): `enabled` false keeps every hop on the relay
+   * (benches compare the two); `iceServers` for nodes behind NATs (STUN,
+   * TURN); `delayMs` (benches) delays every message received on a channel,
+   * as the delaying proxy delays the relay's legs.
+   */
+  rtc?: { enabled?: boolean; iceServers?: IceServer[]; delayMs?: number };
 }
 
 /** A lifecycle event of the host (a browser page): frozen, back, or going away. */
@@ -122,6 +134,10 @@ export class NodeRuntime {
   readonly finished = new FinishedStore();
   private relay: RelayClient | undefined;
   private readonly links: LinkDialer | undefined;
+  /** Data channels to other nodes (pages); undefined on a host without WebRTC, or with them turned off. */
+  private rtc: RtcPool | undefined;
+  /** Routes offered as proof by peers that open data channels, checked once per signature. */
+  private readonly rtcRoutes = new VerifiedRoutes();
   private tracker: TrackerClient | undefined;
   private session: TrackerSession | undefined;
   private started = false;
@@ -206,11 +222,12 @@ export class NodeRuntime {
           }
         : {}),
       ...(links ? { link: (endpoint: string, peerId: string) => links.requester(endpoint, peerId) } : {}),
+      ...(this.rtcEnabled ? { rtc: (peerId: string, proof?: RouteProof) => this.rtc?.requester(peerId, proof) } : {}),
       ...(host.direct ? { direct: host.direct } : { fetch: host.fetch }),
       ...(config.hopOrder ? { order: config.hopOrder } : {}),
       onLog: (m) => host.log('warn', m),
     });
-    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
+    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), ...(host.sha256 ? { sha256: host.sha256 } : {}), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
     this.verifier = new Verifier({
       peerId: identity.peerId,
       transport: this.transport,
@@ -250,7 +267,9 @@ export class NodeRuntime {
       duty: this.duty,
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
+      ...(this.rtcEnabled ? { signal: (req) => this.onRtcSignal(req) } : {}),
     });
+    this.rtc = this.newRtcPool();
     this.slot = new SpanSlot((spec) => (this.recovery.loading(spec), loadSpan(spec, this.loadContext(this.epoch))), {
       onSwap: (next, _old, loadMs) => {
         this.loading = undefined;
@@ -296,6 +315,42 @@ export class NodeRuntime {
   get memoryBudgetBytes(): number {
     return this.budget;
   }
+  /** Whether hops may go over data channels: the host has WebRTC, there is a relay to signal over, and the config does not turn them off. */
+  get rtcEnabled(): boolean {
+    return this.host.rtc !== undefined && this.config.relayUrl !== undefined && this.config.rtc?.enabled !== false;
+  }
+
+  /** The data channels' state as /info and the heartbeat show it; undefined without them. */
+  rtcInfo(): { open: number; opened: number; failed: number; closed: number; refused: number; peers: ReturnType<RtcPool['snapshot']> } | undefined {
+    const p = this.rtc;
+    if (!p) return undefined;
+    return { open: p.openCount, ...p.counts, peers: p.snapshot() };
+  }
+
+  /** Per peer this node sends hops to: the path the last one took, what each path carried, and the data channel's state. */
+  hopPaths(): Array<ReturnType<HopTransport['paths']>[number] & { rtc?: string }> {
+    const p = this.rtc;
+    return this.transport.paths().map((x) => (p ? { ...x, rtc: p.state(x.peer_id) } : x));
+  }
+
+  /** The heartbeat's view of the paths (the dashboard shows which path each hop takes). */
+  private pathStats(): Pick<NodeStats, 'hops_sent' | 'hop_paths'> {
+    const paths = this.hopPaths();
+    if (paths.length === 0) return {};
+    const recent = paths.sort((a, b) => a.last_ms_ago - b.last_ms_ago).slice(0, 32);
+    return {
+      hops_sent: { ...this.transport.sent },
+      hop_paths: recent.map((p) => ({ peer_id: p.peer_id, path: p.path, ...(p.rtc ? { rtc: p.rtc as RtcState } : {}), sent: p.sent })),
+    };
+  }
+
+  /** Close every data channel (tests: a channel that closes mid-generation); they are dialled again on the next hops. */
+  closeDataChannels(): void {
+    const p = this.rtc;
+    if (!p) return;
+    for (const x of p.snapshot()) p.closePeer(x.peer_id, 'closed by this node (test)');
+  }
+
   /** /forward requests served per surface. */
   get served(): Readonly<Record<Surface, number>> {
     return this.handler.served;
@@ -464,7 +519,7 @@ export class NodeRuntime {
         ...(this.config.span ? { pinned: true } : {}),
         ...(duty < 1 ? { duty_cycle: duty } : {}),
       },
-      stats: { ...stats, ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}), ...(s?.pipeline ? { speculation: s.pipeline.speculationStats() } : {}) },
+      stats: { ...stats, ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}), ...(s?.pipeline ? { speculation: s.pipeline.speculationStats() } : {}), ...this.pathStats() },
       // With a lost device it gave up rebuilding, the node answers 503: tell the tracker it serves nothing, so routes avoid it.
       serving: s && !this.recovery.gaveUp(s) ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
       // Paused, frozen or closing: the span stays announced (and assigned), but no new session comes.
@@ -582,6 +637,9 @@ export class NodeRuntime {
         ...(this.endpoint ? { endpoint: this.endpoint } : {}),
         relay_addr: this.relay?.relayAddr ?? null,
         forwards_served: { ...this.handler.served },
+        hops_sent: { ...this.transport.sent },
+        paths: this.hopPaths(),
+        ...(this.rtc ? { data_channels: this.rtcInfo() } : {}),
         chain_forwards: this.handler.chained,
         draining: this.drain.draining,
         duty_cycle: this.duty.fraction,
@@ -617,6 +675,47 @@ export class NodeRuntime {
     this.changed();
   }
 
+  private newRtcPool(): RtcPool | undefined {
+    if (!this.rtcEnabled) return undefined;
+    const utf8 = new TextEncoder();
+    const rtc = this.config.rtc ?? {};
+    return new RtcPool({
+      selfId: this.identity.peerId,
+      factory: this.host.rtc!,
+      handler: this.handler.for('rtc'),
+      iceServers: rtc.iceServers ?? [],
+      ...(rtc.delayMs ? { socket: { delayMs: rtc.delayMs } } : {}),
+      sendSignal: (peerId, msg, timeoutMs) => {
+        const relay = this.relay;
+        if (!relay || relay.state !== 'registered') return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay connection to signal over'));
+        return relay.request(peerId, { method: 'POST', path: RTC_SIGNAL_PATH, headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(msg)) }, { timeoutMs });
+      },
+      authorize: (caller, proof) => this.authorizeRtc(caller, proof),
+      onLog: (level, m) => this.host.log(level, m),
+    });
+  }
+
+  /**
+   * A peer may open a data channel to this node only on a route the
+   * tracker signed with both on it (the head or a hop): a stranger cannot
+   * make a page open connections, nor learn its addresses from an answer.
+   */
+  private async authorizeRtc(caller: string, proof: RouteProof): Promise<void> {
+    const got = this.rtcRoutes.get(this.tracker?.trackerKey ?? this.config.trackerKey, proof.head, proof.route, proof.expires, proof.signature, Date.now());
+    const route = got instanceof Promise ? await got : got;
+    const on = (peer: string) => peer === proof.head || route.hops.some((h) => h.peer_id === peer);
+    if (!on(caller)) throw new MeshError('MESH_ERR_FORBIDDEN', `${caller} is not on the route it offers as proof: only peers on a route together open data channels`);
+    if (!on(this.identity.peerId)) throw new MeshError('MESH_ERR_FORBIDDEN', `this node (${this.identity.peerId}) is not on the route ${caller} offers as proof`);
+  }
+
+  private onRtcSignal(req: Parameters<MeshHandler>[0]): ReturnType<MeshHandler> {
+    const pool = this.rtc;
+    if (!pool) return Promise.resolve(errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'this node has no data channels now')));
+    // The relay (or a link) names the sender; an anonymous path (an /rpc envelope, HTTP) cannot signal.
+    if (req.from === undefined) return Promise.resolve(errorReply(new MeshError('MESH_ERR_FORBIDDEN', 'signalling must come over the relay fast path, which names the sender')));
+    return pool.onSignal(req.from, req);
+  }
+
   private stopNetwork(): void {
     this.session?.close();
     this.session = undefined;
@@ -624,6 +723,9 @@ export class NodeRuntime {
     this.relay = undefined;
     this.transport.close();
     this.links?.close();
+    // A new pool for a restart (retry after an error): a closed one dials no more.
+    this.rtc?.close();
+    this.rtc = this.newRtcPool();
   }
 
   private changed(): void {

@@ -130,6 +130,9 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
         endpoint: n.endpoint ?? null,
         relay_addr: n.relayAddr ?? null,
         ...reach(n),
+        // Which path each of its hops takes (a data channel, the relay, a link …): null for nodes that do not report it.
+        hops_sent: n.stats?.hops_sent ?? null,
+        hop_paths: n.stats?.hop_paths ?? null,
       })),
       queue: queueView(),
       recent_routes: [...ctx.recentRoutes].reverse(),

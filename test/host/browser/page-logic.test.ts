@@ -37,6 +37,16 @@ describe('configFromSearch', () => {
     expect(configFromSearch('?relay=ws://h:1&tracker=ftp://t')).toMatchObject({ ok: false, message: expect.stringMatching(/^tracker/) });
     expect(configFromSearch('?tracker=http://t')).toMatchObject({ ok: false, message: expect.stringMatching(/^relay/) });
   });
+  it('reads the data channels\' settings: rtc=on|off, STUN/TURN servers, a bench delay; refuses other ICE URLs', () => {
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&rtc=off')).toEqual({ ok: true, config: { relayUrl: 'ws://h:1', trackerUrl: 'http://t:2', rtc: false } });
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&ice=stun:s.example:3478,turn:t.example:3478&rtc_delay_ms=20')).toEqual({
+      ok: true,
+      config: { relayUrl: 'ws://h:1', trackerUrl: 'http://t:2', iceServers: [{ urls: 'stun:s.example:3478' }, { urls: 'turn:t.example:3478' }], rtcDelayMs: 20 },
+    });
+    expect(configFromSearch('?relay=ws://h&model=http://m/&layers=0-2&rtc=on')).toMatchObject({ ok: true, config: { rtc: true } });
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&ice=http://evil')).toMatchObject({ ok: false, message: expect.stringMatching(/^ice/) });
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&rtc=maybe')).toMatchObject({ ok: false, message: expect.stringMatching(/^rtc/) });
+  });
   it('reads hop=star|chain into the head\'s hop mode, leaves it unset when absent, and refuses anything else', () => {
     expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&hop=star')).toEqual({ ok: true, config: { relayUrl: 'ws://h:1', trackerUrl: 'http://t:2', hopMode: 'star' } });
     expect(configFromSearch('?relay=ws://h&model=http://m/&layers=0-2&hop=chain')).toMatchObject({ ok: true, config: { hopMode: 'chain' } });
