@@ -102,7 +102,9 @@ export class Donor {
   private session: TrackerSession | undefined;
   /** Its tracker client (how many beats went over the relay, how many as HTTP). */
   client: TrackerClient | undefined;
-  private readonly agent = new Agent({ connections: 1, pipelining: 1 });
+  // Two connections, as a node has: its tracker session holds GET /api/nodes/watch open on one, and
+  // its heartbeats go on the other (with one, every beat queued behind the watch and timed out).
+  private readonly agent = new Agent({ connections: 2, pipelining: 1 });
   private assignment: Assignment | null = null;
   private serving: { start_layer: number; end_layer: number } | null = null;
   private loadTimer: ReturnType<typeof setTimeout> | undefined;

@@ -67,7 +67,17 @@ export interface StepDigest {
   output: Uint8Array;
 }
 
-export async function chainStep(acc: Uint8Array, step: StepDigest): Promise<Uint8Array> {
+/** The digest after one more step; `digest`: a synchronous SHA-256 to use instead of WebCrypto's. */
+export async function chainStep(acc: Uint8Array, step: StepDigest, digest?: (bytes: Uint8Array) => Uint8Array): Promise<Uint8Array> {
+  return digest ? chainStepWith(acc, step, digest) : sha256(stepBytes(acc, step));
+}
+
+/** chainStep with a synchronous SHA-256 (no promise per step). */
+export function chainStepWith(acc: Uint8Array, step: StepDigest, digest: (bytes: Uint8Array) => Uint8Array): Uint8Array {
+  return digest(stepBytes(acc, step));
+}
+
+function stepBytes(acc: Uint8Array, step: StepDigest): Uint8Array {
   const buf = new Uint8Array(32 + 8 + 32 + 32);
   buf.set(acc, 0);
   const dv = new DataView(buf.buffer);
@@ -75,7 +85,7 @@ export async function chainStep(acc: Uint8Array, step: StepDigest): Promise<Uint
   dv.setUint32(36, step.rows, true);
   buf.set(step.input, 40);
   buf.set(step.output, 72);
-  return sha256(buf);
+  return buf;
 }
 
 /** The accumulated digest over `steps` from the scope's seed. */
@@ -100,6 +110,32 @@ export function tokenBytes(tokenId: number, logprob: number): Uint8Array {
   dv.setUint32(0, tokenId >>> 0, true);
   dv.setFloat64(4, logprob, true);
   return b;
+}
+
+/**
+ * A last hop's output bytes for a step: one token, `tokenBytes`; several (a
+ * verification that accepted drafts: the accepted drafts, then the token
+ * after them), u32 count ‖ (u32 token id ‖ f64 logprob) per token (LE).
+ */
+export function stepTokenBytes(tokens: ReadonlyArray<{ tokenId: number; logprob: number }>): Uint8Array {
+  if (tokens.length === 1) return tokenBytes(tokens[0]!.tokenId, tokens[0]!.logprob);
+  const b = new Uint8Array(4 + 12 * tokens.length);
+  const dv = new DataView(b.buffer);
+  dv.setUint32(0, tokens.length, true);
+  tokens.forEach((t, i) => {
+    dv.setUint32(4 + 12 * i, t.tokenId >>> 0, true);
+    dv.setFloat64(8 + 12 * i, t.logprob, true);
+  });
+  return b;
+}
+
+/** stepTokenBytes read back; RangeError for bytes of another shape. */
+export function readStepTokens(b: Uint8Array): Array<{ tokenId: number; logprob: number }> {
+  const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
+  if (b.byteLength === 12) return [{ tokenId: dv.getUint32(0, true), logprob: dv.getFloat64(4, true) }];
+  const n = b.byteLength >= 4 ? dv.getUint32(0, true) : 0;
+  if (n < 2 || b.byteLength !== 4 + 12 * n) throw new RangeError('a step\'s tokens are 12 bytes, or a count of at least 2 and 12 bytes per token');
+  return Array.from({ length: n }, (_, i) => ({ tokenId: dv.getUint32(4 + 12 * i, true), logprob: dv.getFloat64(8 + 12 * i, true) }));
 }
 
 /** A head span's input bytes: its token ids. */

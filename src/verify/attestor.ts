@@ -1,31 +1,60 @@
 /**
  * A hop's side of attestations (attest.ts): per session the running digest
- * of every step it ran, signed after each step, off the step's critical
- * path. The step's answer (or push) goes out first; hashing and signing run
- * behind it, so an answer carries the latest attestation already finished —
- * normally the previous step's — and the session's last one is handed out
- * when the session ends (`finish`, the answer to DELETE /sessions/<id>).
+ * of every step it ran, signed off the step's critical path.
+ *
+ * Cheap by design (docs/verification.md §1): a step only keeps references
+ * to its wire bytes. Every `signEvery` steps of a session
+ * (or once `signBytes` of rows wait), and when the session ends, the waiting
+ * steps are hashed into the chain and ONE signature is made over the chain's
+ * head — the chain binds every earlier step, so that signature vouches for
+ * all of them. An answer (or push) carries the latest attestation already
+ * finished; the session's last one covers every step and is handed out when
+ * the session ends (`finish`, the answer to DELETE /sessions/<id>). Hashing
+ * is synchronous when the host gives a SHA-256 (node:crypto: a few µs per
+ * call, where WebCrypto's asynchronous digest costs tens).
  *
  * Steps of one session arrive in order (the executor refuses any other with
- * 409), and a step at position 0 restarts the chain as it restarts the KV
- * cache (a replay). Bounded: at most `maxSessions` chains, the least
- * recently used dropped first (its session's KV is long gone by then).
+ * 409). A step at position 0 restarts the chain as it restarts the KV cache
+ * (a replay); a step that starts before the previous one ended is a cut (the
+ * rows past its position were rolled back, as after rejected speculative
+ * drafts) and is chained like any other: the chain records each step as
+ * computed, so the rows it covers are all rows computed, cut ones included.
+ * Bounded: at most `maxSessions` chains, the least recently used dropped
+ * first (its session's KV is long gone by then).
  */
-import { attestMessage, attestSeed, chainStep, formatAttestation, sha256, type AttestScope } from './attest.ts';
+import { attestMessage, attestSeed, chainStep, chainStepWith, formatAttestation, sha256, type AttestScope } from './attest.ts';
 
 export interface AttestorInit {
   peerId: string;
   sign(bytes: Uint8Array): Promise<Uint8Array>;
+  /** A synchronous SHA-256 (the host's, e.g. node:crypto); absent: WebCrypto's digest. */
+  sha256?(bytes: Uint8Array): Uint8Array;
+  /** Sign once every this many steps of a session (and at its end). 1: every step. @defaultValue 32 */
+  signEvery?: number;
+  /** Sign as soon as this many bytes of steps wait to be hashed (a long prompt is vouched for at once). @defaultValue 1048576 */
+  signBytes?: number;
   /** Chains kept at most. @defaultValue 4096 */
   maxSessions?: number;
   onError?(e: unknown): void;
 }
 
+interface Step {
+  position: number;
+  rows: number;
+  input: Uint8Array;
+  output: Uint8Array;
+}
+
 interface Chain {
   scope: AttestScope;
-  /** Rows the chain will cover once every recorded step is digested. */
+  /** Rows the chain covers once every recorded step is digested (all computed rows, cut ones included). */
   rows: number;
-  /** The digest after the last recorded step (resolves once hashed). */
+  /** Where the last recorded step ended: the next step starts there, or before it (a cut). */
+  end: number;
+  /** Steps recorded but not hashed yet, and their bytes. */
+  pending: Step[];
+  pendingBytes: number;
+  /** The digest after the last hashed step (resolves once hashed). */
   acc: Promise<Uint8Array>;
   /** The last finished attestation's header entry, and the signing still running. */
   latest?: string;
@@ -36,9 +65,13 @@ interface Chain {
 export class Attestor {
   private readonly chains = new Map<string, Chain>();
   private readonly max: number;
+  private readonly every: number;
+  private readonly bytes: number;
 
   constructor(private readonly init: AttestorInit) {
     this.max = init.maxSessions ?? 4096;
+    this.every = Math.max(1, init.signEvery ?? 32);
+    this.bytes = init.signBytes ?? 1 << 20;
   }
 
   get sessions(): number {
@@ -47,14 +80,14 @@ export class Attestor {
 
   /**
    * A step ran: `input` and `output` are its wire bytes (they must not be
-   * changed afterwards). Returns at once; the digest and signature follow.
+   * changed afterwards: they are hashed later). Returns at once.
    */
   record(scope: AttestScope, position: number, rows: number, input: Uint8Array, output: Uint8Array): void {
     let c = this.chains.get(scope.session);
     if (position === 0) {
       // A new session, or a replay from 0: the chain restarts where the KV cache did.
-      c = { scope, rows: 0, acc: attestSeed(scope), latestRows: 0, signing: Promise.resolve() };
-    } else if (!c || position !== c.rows || !sameScope(c.scope, scope)) {
+      c = { scope, rows: 0, end: 0, pending: [], pendingBytes: 0, acc: attestSeed(scope), latestRows: 0, signing: Promise.resolve() };
+    } else if (!c || position > c.end || !sameScope(c.scope, scope)) {
       // Nothing attested leads up to this step (the chain was dropped): nothing can be signed for it.
       if (c) this.chains.delete(scope.session);
       return;
@@ -63,31 +96,11 @@ export class Attestor {
     this.chains.set(scope.session, c); // most recently used last
     if (this.chains.size > this.max) this.chains.delete(this.chains.keys().next().value!);
 
-    const prev = c.acc;
-    const covered = position + rows;
-    c.rows = covered;
-    const chain = c;
-    c.acc = (async () => {
-      // After the answer is on its way: hashing starts on the next turn of the event loop.
-      await later();
-      const [acc, ih, oh] = await Promise.all([prev, sha256(input), sha256(output)]);
-      return chainStep(acc, { position, rows, input: ih, output: oh });
-    })();
-    const acc = c.acc;
-    const before = c.signing;
-    c.signing = (async () => {
-      try {
-        const sig = await this.init.sign(attestMessage(scope.session, covered, await acc));
-        // The furthest signature wins: an older one finishing late must not replace a newer one.
-        if (covered > chain.latestRows) {
-          chain.latestRows = covered;
-          chain.latest = formatAttestation({ peer: this.init.peerId, rows: covered, signature: sig });
-        }
-      } catch (e) {
-        this.init.onError?.(e);
-      }
-      await before;
-    })();
+    c.rows += rows;
+    c.end = position + rows;
+    c.pending.push({ position, rows, input, output });
+    c.pendingBytes += input.byteLength + output.byteLength;
+    if (c.pending.length >= this.every || c.pendingBytes >= this.bytes) this.flush(c, true);
   }
 
   /** The latest finished attestation of the session (an X-Meshnet-Attest entry), if any. */
@@ -95,18 +108,59 @@ export class Attestor {
     return this.chains.get(session)?.latest;
   }
 
-  /** The session's final attestation (waits for the signing in flight); forgets the session. */
+  /** The session's final attestation, covering every step (signs what waits); forgets the session. */
   async finish(session: string): Promise<string | undefined> {
     const c = this.chains.get(session);
     if (!c) return undefined;
-    await c.signing;
     this.chains.delete(session);
+    if (c.pending.length > 0) this.flush(c, false);
+    await c.signing;
     return c.latest;
   }
 
   /** Forget a session without waiting (its KV was dropped). */
   drop(session: string): void {
     this.chains.delete(session);
+  }
+
+  /** Hash the waiting steps into the chain and sign its head; `defer`: after the current answer is on its way. */
+  private flush(c: Chain, defer: boolean): void {
+    const steps = c.pending;
+    c.pending = [];
+    c.pendingBytes = 0;
+    const covered = c.rows;
+    const prev = c.acc;
+    const digest = this.init.sha256;
+    const acc = (async () => {
+      if (defer) await later();
+      let a = await prev;
+      if (digest) {
+        // Synchronous: three hashes a step, no promise between them.
+        for (const s of steps) a = chainStepWith(a, { position: s.position, rows: s.rows, input: digest(s.input), output: digest(s.output) }, digest);
+        return a;
+      }
+      for (const s of steps) {
+        const [ih, oh] = await Promise.all([sha256(s.input), sha256(s.output)]);
+        a = await chainStep(a, { position: s.position, rows: s.rows, input: ih, output: oh });
+      }
+      return a;
+    })();
+    c.acc = acc;
+    const before = c.signing;
+    const session = c.scope.session;
+    c.signing = (async () => {
+      try {
+        const sig = await this.init.sign(attestMessage(session, covered, await acc));
+        // The furthest signature wins: an older one finishing late must not replace a newer one.
+        if (covered > c.latestRows) {
+          c.latestRows = covered;
+          c.latest = formatAttestation({ peer: this.init.peerId, rows: covered, signature: sig });
+        }
+      } catch (e) {
+        this.init.onError?.(e);
+      }
+      await before;
+    })();
   }
 }
 

@@ -39,6 +39,7 @@ export function formatSteps(steps: readonly number[]): string {
   return parts.join(',');
 }
 
+/** Row counts of steps that all kept every row (a step cut back is refused here: see parseStepShapes). */
 export function parseSteps(text: string | undefined): number[] {
   if (!text || text.length > 65_536) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_STEPS_HEADER} must list the row count of every step (run-length: 37,1x120)`);
   const out: number[] = [];
@@ -54,6 +55,59 @@ export function parseSteps(text: string | undefined): number[] {
     for (let k = 0; k < count; k++) out.push(rows);
   }
   return out;
+}
+
+/**
+ * A session's steps as a check sees them: the rows each computed, and the rows of it that stayed (a
+ * speculative step's rejected draft rows were cut back after it: the next step started at its
+ * position + kept). Wire: `ROWS` for a step that kept every row (run-length `ROWSxCOUNT`), `ROWS:KEPT`
+ * for one cut back. The chain's position of a step is the sum of the kept rows before it.
+ */
+export interface StepShapes {
+  rows: number[];
+  kept: number[];
+}
+
+export function formatStepShapes(s: StepShapes): string {
+  if (s.kept.every((k, i) => k === s.rows[i])) return formatSteps(s.rows);
+  return s.rows.map((n, i) => (s.kept[i] === n ? String(n) : `${n}:${s.kept[i]}`)).join(',');
+}
+
+export function parseStepShapes(text: string | undefined): StepShapes {
+  if (!text || text.length > 65_536) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_STEPS_HEADER} must list the row count of every step (run-length: 37,1x120; a step cut back: 5:2)`);
+  const rows: number[] = [];
+  const kept: number[] = [];
+  let total = 0;
+  for (const part of text.split(',')) {
+    const m = /^\s*(\d{1,6})(?:x(\d{1,6})|:(\d{1,6}))?\s*$/.exec(part);
+    if (!m) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_STEPS_HEADER}: "${part.slice(0, 20)}" is not ROWS, ROWSxCOUNT or ROWS:KEPT`);
+    const n = Number(m[1]);
+    const count = m[2] === undefined ? 1 : Number(m[2]);
+    const k = m[3] === undefined ? n : Number(m[3]);
+    if (n < 1 || count < 1) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_STEPS_HEADER}: steps have at least one row`);
+    if (k < 1 || k > n) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_STEPS_HEADER}: a step keeps 1..${n} of its ${n} rows, not ${k}`);
+    total += n * count;
+    if (total > MAX_CHECK_ROWS) throw new MeshError('MESH_ERR_TOO_LARGE', `a check covers at most ${MAX_CHECK_ROWS} rows`);
+    for (let j = 0; j < count; j++) {
+      rows.push(n);
+      kept.push(k);
+    }
+  }
+  return { rows, kept };
+}
+
+/** The tokens a last hop emitted per step, in order (a verification's accepted drafts, then its token): `a+b+c` per step, steps comma-separated. */
+export function formatStepTokens(groups: ReadonlyArray<readonly number[]>): string {
+  return groups.map((g) => g.join('+')).join(',');
+}
+
+/** formatStepTokens read back: `steps` groups of 1..kept[s] token ids below `vocab` each. */
+export function parseStepTokens(text: string | undefined, kept: readonly number[], vocab: number): number[][] {
+  const groups = (text ?? '').split(',').map((g) => g.split('+').map((t) => (/^\d{1,9}$/.test(t.trim()) ? Number(t.trim()) : NaN)));
+  if (groups.length !== kept.length || groups.some((g, s) => g.length > kept[s]! || g.some((x) => !(x >= 0 && x < vocab)))) {
+    throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_TOKENS_HEADER} must give, for each of ${kept.length} steps, the token ids it emitted (below ${vocab}, at most its kept rows), a+b per step`);
+  }
+  return groups;
 }
 
 export function formatTokens(ids: readonly number[]): string {

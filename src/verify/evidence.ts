@@ -21,8 +21,8 @@ import { z } from 'zod';
 import { decodeBase64 as decodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { decodeTensor, isDtype } from '../protocol/tensor.ts';
-import { attestMessage, chainDigest, checkMessage, sha256, type AttestScope, type StepDigest } from './attest.ts';
-import { parseSteps, readTokenBytes, readTokenCheck, TOKEN_CHECK_BYTES } from './check-wire.ts';
+import { attestMessage, chainDigest, checkMessage, readStepTokens, sha256, type AttestScope, type StepDigest } from './attest.ts';
+import { parseStepShapes, readTokenCheck, TOKEN_CHECK_BYTES } from './check-wire.ts';
 import { rowDistances, worst } from './distance.ts';
 import { checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan, type PlanPeer } from './plan.ts';
 import { checkToken } from './token-check.ts';
@@ -49,7 +49,7 @@ export const checkReportSchema = z.object({
     start_layer: z.number().int().nonnegative(),
     end_layer: z.number().int().positive(),
     dtype: z.string().max(8),
-    /** Row counts of the steps covered (run-length, check-wire.ts). */
+    /** Row counts of the steps covered, and the rows each kept when cut back (check-wire.ts formatStepShapes). */
     steps: z.string().max(65_536),
     inputs: z.array(hash).max(65_536),
     outputs: z.array(hash).max(65_536),
@@ -159,7 +159,8 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
   if (!isDtype(c.dtype)) throw new MeshError('MESH_ERR_BAD_REQUEST', `dtype ${c.dtype} is not a wire dtype`);
 
   // The chains: the claim's and every check's, over the same inputs.
-  const steps = parseSteps(c.steps);
+  const shapes = parseStepShapes(c.steps);
+  const steps = shapes.rows;
   const n = steps.length;
   if (c.inputs.length !== n || c.outputs.length !== n || r.checks.some((k) => k.outputs.length !== n)) throw new MeshError('MESH_ERR_BAD_REQUEST', `every hash list must have one hash per step (${n})`);
   const rows = steps.reduce((a, b) => a + b, 0);
@@ -167,11 +168,12 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
   const scope: AttestScope = { model: plan.model, session: c.session, startLayer: c.start_layer, endLayer: c.end_layer, dtype: c.dtype, ...(r.kind === 'tokens' ? { sampling: r.sampling! } : {}) };
   const temperature = r.kind === 'tokens' ? temperatureOf(r.sampling!) : 0;
   const inputs = c.inputs.map((h) => bytesOf(h, 'a hash'));
+  // A step's position in the chain: the rows kept before it (a step cut back kept only its first rows).
   const digests = (outs: readonly string[]): StepDigest[] => {
     let pos = 0;
     return steps.map((rowsOf, i) => {
       const d = { position: pos, rows: rowsOf, input: inputs[i]!, output: bytesOf(outs[i]!, 'a hash') };
-      pos += rowsOf;
+      pos += shapes.kept[i]!;
       return d;
     });
   };
@@ -207,32 +209,47 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
       checkBytes.push(bytes);
     }
     if (kind === 'rows') {
-      const d = (a: Uint8Array, b: Uint8Array) => {
-        const hidden = r.hidden!;
-        const da = decodeTensor(a, c.dtype as 'bf16');
-        const db = decodeTensor(b, c.dtype as 'bf16');
-        if (da.length !== steps[s.step]! * hidden || db.length !== da.length) throw new MeshError('MESH_ERR_BAD_REQUEST', `sample step ${s.step} is not ${steps[s.step]} rows of ${hidden}`);
-        return worst(rowDistances(da, db, hidden).rel);
+      // The claim holds every row the step computed; a check, the rows that stayed: those are compared.
+      const hidden = r.hidden!;
+      const keptRows = shapes.kept[s.step]!;
+      const decode = (b: Uint8Array, rowsOf: number, who: string) => {
+        const d = decodeTensor(b, c.dtype as 'bf16');
+        if (d.length !== rowsOf * hidden) throw new MeshError('MESH_ERR_BAD_REQUEST', `${who}'s sample of step ${s.step} is not ${rowsOf} rows of ${hidden}`);
+        return d.subarray(0, keptRows * hidden);
       };
-      dist.checker = Math.max(dist.checker, d(claimBytes, checkBytes[0]!));
-      if (checkBytes[1]) {
-        dist.arbiter = Math.max(dist.arbiter, d(claimBytes, checkBytes[1]));
-        dist.between = Math.max(dist.between, d(checkBytes[0]!, checkBytes[1]));
+      const claimRows = decode(claimBytes, steps[s.step]!, 'the claim');
+      const checkRows = checkBytes.map((b, i) => decode(b, keptRows, r.checks[i]!.role));
+      const d = (a: Float32Array, b: Float32Array) => worst(rowDistances(a, b, hidden).rel);
+      dist.checker = Math.max(dist.checker, d(claimRows, checkRows[0]!));
+      if (checkRows[1]) {
+        dist.arbiter = Math.max(dist.arbiter, d(claimRows, checkRows[1]));
+        dist.between = Math.max(dist.between, d(checkRows[0]!, checkRows[1]));
       }
     } else {
-      const claim = readTokenBytes(claimBytes);
+      // Every token the step emitted (a verification's accepted drafts, then its token), one record each.
+      let claim: Array<{ tokenId: number; logprob: number }>;
+      try {
+        claim = readStepTokens(claimBytes);
+      } catch (e) {
+        throw new MeshError('MESH_ERR_BAD_REQUEST', `the claim's sample of step ${s.step}: ${(e as Error).message}`);
+      }
+      if (claim.length > shapes.kept[s.step]!) throw new MeshError('MESH_ERR_BAD_REQUEST', `step ${s.step} emitted ${claim.length} tokens from ${shapes.kept[s.step]} kept rows`);
       const recs = checkBytes.map((b) => {
-        if (b.byteLength !== TOKEN_CHECK_BYTES) throw new MeshError('MESH_ERR_BAD_REQUEST', `a token check record is ${TOKEN_CHECK_BYTES} bytes`);
-        const rec = readTokenCheck(b);
-        if (rec.claimed !== claim.tokenId) throw forbidden(`a checker judged token ${rec.claimed} at step ${s.step}, but the hop claimed ${claim.tokenId}`);
-        return rec;
+        if (b.byteLength !== TOKEN_CHECK_BYTES * claim.length) throw new MeshError('MESH_ERR_BAD_REQUEST', `a token check record is ${TOKEN_CHECK_BYTES} bytes, one per token the step emitted`);
+        return claim.map((t, j) => {
+          const rec = readTokenCheck(b, j * TOKEN_CHECK_BYTES);
+          if (rec.claimed !== t.tokenId) throw forbidden(`a checker judged token ${rec.claimed} at step ${s.step}, but the hop claimed ${t.tokenId}`);
+          return rec;
+        });
       });
       const sampled = temperature > 0;
-      dist.checker = Math.max(dist.checker, tokenDistance(th[0]!, sampled, recs[0]!, claim.logprob));
-      if (recs[1]) {
-        dist.arbiter = Math.max(dist.arbiter, tokenDistance(th[1]!, sampled, recs[1], claim.logprob));
-        dist.between = Math.max(dist.between, recordsDistance(between!, recs[0]!, recs[1]));
-      }
+      claim.forEach((t, j) => {
+        dist.checker = Math.max(dist.checker, tokenDistance(th[0]!, sampled, recs[0]![j]!, t.logprob));
+        if (recs[1]) {
+          dist.arbiter = Math.max(dist.arbiter, tokenDistance(th[1]!, sampled, recs[1][j]!, t.logprob));
+          dist.between = Math.max(dist.between, recordsDistance(between!, recs[0]![j]!, recs[1][j]!));
+        }
+      });
     }
   }
   // Rows: relative L2 against the pair's threshold; tokens: already in units of the thresholds (tokenDistance).
@@ -264,7 +281,7 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
     distance: { checker: dist.checker, ...(r.checks.length === 2 ? { arbiter: dist.arbiter, between: dist.between } : {}) },
     threshold: pick(th[0]!),
     compared: seen.size,
-    comparedRows: kind === 'rows' ? [...seen].reduce((n, i) => n + steps[i]!, 0) : seen.size,
+    comparedRows: kind === 'rows' ? [...seen].reduce((n, i) => n + shapes.kept[i]!, 0) : seen.size,
     pair: pairClass(checked, { format: checkers[0]!.format, backend: checkers[0]!.backend }),
     plan,
   };

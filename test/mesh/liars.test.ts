@@ -82,7 +82,8 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     relay = await startRelayProcess();
     tracker = await startTrackerProc(['--model', `fortunes-tiny=${st.url}`, '--relay', relay.url, '--wire-dtype', 'f32', '--heartbeat-interval-ms', '500']);
     const common = ['--tracker', tracker.url, '--relay', relay.url, '--model-url', st.url, '--wire-dtype', 'f32', '--max-context', '256'];
-    for (const layers of layout.honest) nodes.push(await startNode([...common, '--layers', layers]));
+    // Started together (each waits for its own span): the order of `nodes` is the order of `honest`.
+    nodes.push(...(await Promise.all(layout.honest.map((layers) => startNode([...common, '--layers', layers])))));
   }, 180_000);
 
   afterAll(async () => {
@@ -104,14 +105,14 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     return { at: Date.now(), prompt, ids: body.choices![0]!.token_ids, verification: body.usage?.verification };
   }
 
-  /** Chats, three at a time, until `stop()` says so (or `ms` pass). */
-  async function traffic(stop: () => Promise<boolean>, ms: number): Promise<ChatResult[]> {
+  /** Chats, three at a time, until `stop()` says so (or `ms` pass, or `max` chats are done). */
+  async function traffic(stop: () => Promise<boolean>, ms: number, max = Infinity): Promise<ChatResult[]> {
     const out: ChatResult[] = [];
     const deadline = Date.now() + ms;
     let done = false;
     let n = 0;
     const worker = async () => {
-      while (!done && Date.now() < deadline) {
+      while (!done && Date.now() < deadline && n < max) {
         const topic = TOPICS[n++ % TOPICS.length]!;
         out.push(await chat(`Tell me a fortune about ${topic}.`));
       }
@@ -123,7 +124,7 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
       }
       done = true;
     })();
-    await Promise.all([worker(), worker(), worker(), watcher]);
+    await Promise.all([Promise.all([worker(), worker(), worker()]).then(() => (done = true)), watcher]);
     return out;
   }
 
@@ -191,9 +192,9 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     }
     expect(wrong).toBeGreaterThan(0);
 
-    // Afterwards: no route through the liar, and greedy answers are the reference's.
-    const after = await traffic(async () => false, 4_000);
-    expect(after.length).toBeGreaterThan(0);
+    // Afterwards: no route through the liar, and greedy answers are the reference's (9 chats, every topic's route drawn afresh).
+    const after = await traffic(async () => false, 30_000, 9);
+    expect(after.length).toBe(9);
     for (const c of after) {
       expect(c.verification!.generations[0]!.hops.map((h) => h.peer_id)).not.toContain(liar.peerId);
       expect(c.ids).toEqual(ref(c.prompt));

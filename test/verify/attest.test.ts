@@ -4,6 +4,7 @@
  * recomputation of that chain from the bytes, and against nothing else
  * (another session, other bytes, another span, a forged signature).
  */
+import { hash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
 import { appendAttestation, attestMessage, chainDigest, formatAttestation, parseAttestations, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../src/verify/attest.ts';
@@ -43,7 +44,7 @@ describe('a hop attests every step it ran', () => {
 
   it('hands out the latest finished attestation while the session runs, and restarts the chain on a replay from 0', async () => {
     const id = await Identity.generate();
-    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) });
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 });
     att.record(scope, 0, 3, bytes(24, 1), bytes(24, 2));
     expect(att.latest(scope.session)).toBeUndefined(); // signing runs behind the answer
     await new Promise((r) => setTimeout(r, 50));
@@ -54,6 +55,59 @@ describe('a hop attests every step it ran', () => {
     expect(a!.rows).toBe(2);
     const acc = await chainDigest(scope, await digests([[0, 2, bytes(16, 7), bytes(16, 8)]]));
     expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 2, acc), a!.signature)).toBe(true);
+  });
+
+  it('signs once every signEvery steps over the chain head, and the final signature covers every step', async () => {
+    const id = await Identity.generate();
+    const signed: number[] = [];
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => (signed.push(1), id.sign(b)), signEvery: 4 });
+    const steps: Array<[number, number, Uint8Array, Uint8Array]> = [[0, 6, bytes(48, 1), bytes(48, 2)]];
+    for (let p = 6; p < 15; p++) steps.push([p, 1, bytes(8, p), bytes(8, p + 50)]);
+    for (const [p, n, i, o] of steps.slice(0, 3)) att.record(scope, p, n, i, o);
+    await new Promise((r) => setTimeout(r, 30));
+    expect(att.latest(scope.session)).toBeUndefined(); // 3 steps: nothing signed yet
+    expect(signed).toHaveLength(0);
+    att.record(scope, ...steps[3]!);
+    await new Promise((r) => setTimeout(r, 30));
+    // The 4th step: one signature over the chain head, vouching for all 4 steps (9 rows).
+    const [mid] = parseAttestations(att.latest(scope.session));
+    expect(mid!.rows).toBe(9);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 9, await chainDigest(scope, await digests(steps.slice(0, 4)))), mid!.signature)).toBe(true);
+    for (const s of steps.slice(4)) att.record(scope, ...s);
+    const [fin] = parseAttestations(await att.finish(scope.session));
+    expect(fin!.rows).toBe(15);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 15, await chainDigest(scope, await digests(steps))), fin!.signature)).toBe(true);
+    // 10 steps: one signature after steps 4 and 8, one at the end.
+    expect(signed).toHaveLength(3);
+  });
+
+  it('signs a long prompt at once (signBytes), and hashes with the host SHA-256 to the same chain', async () => {
+    const id = await Identity.generate();
+    const calls: number[] = [];
+    const hostSha = (b: Uint8Array) => (calls.push(b.byteLength), new Uint8Array(hash('sha256', b, 'buffer')));
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), sha256: hostSha, signBytes: 1000 });
+    const prompt: [number, number, Uint8Array, Uint8Array] = [0, 80, bytes(640, 3), bytes(640, 4)];
+    att.record(scope, ...prompt);
+    await new Promise((r) => setTimeout(r, 30));
+    const [a] = parseAttestations(att.latest(scope.session));
+    expect(a!.rows).toBe(80);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 80, await chainDigest(scope, await digests([prompt]))), a!.signature)).toBe(true);
+    expect(calls).toEqual([640, 640, 104]); // input, output, the chain step
+  });
+
+  it('chains a step that starts before the previous one ended (rows cut back) as computed: it covers every computed row', async () => {
+    const id = await Identity.generate();
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) });
+    // A prompt of 4, a verification of 5 rows [4, 9) of which 2 were kept, the next step at 6.
+    const steps: Array<[number, number, Uint8Array, Uint8Array]> = [
+      [0, 4, bytes(32, 1), bytes(32, 2)],
+      [4, 5, bytes(40, 3), bytes(40, 4)],
+      [6, 3, bytes(24, 5), bytes(24, 6)],
+    ];
+    for (const s of steps) att.record(scope, ...s);
+    const [a] = parseAttestations(await att.finish(scope.session));
+    expect(a!.rows).toBe(12);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 12, await chainDigest(scope, await digests(steps))), a!.signature)).toBe(true);
   });
 
   it('signs nothing for a step that does not follow the chain (it could not be verified)', async () => {

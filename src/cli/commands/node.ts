@@ -75,7 +75,7 @@ export function configure(cmd: Command): void {
     .option('--max-batch <n>', 'most sessions\' one-token steps run together as one batch at this node (1: batching off)', int, DEFAULT_MAX_BATCH)
     .option('--hop-order <order>', 'path first for a hop with both a relay address and an endpoint: relay (ADR-0014), direct, or adaptive (the faster measured one)', hopOrder, NODE_HOST_DEFAULTS.hopOrder)
     .option('--no-links', 'neither accept nor dial direct links (GET /link: the fast path\'s frames without a relay); direct hops then use HTTP')
-    .option('--draft <model-url>', 'as a head: draft with this model (a smaller checkpoint with the target\'s tokenizer, run whole on this node\'s backend; refused when its vocabulary differs). Without it: prompt lookup')
+    .option('--draft <model-url>', 'as a head: draft with this model (a smaller checkpoint with the target\'s tokenizer, run whole on this node\'s backend; refused when its vocabulary differs), or self:N (self-speculation: the target\'s own first N layers with its final norm and LM head). Without it: prompt lookup')
     .option('--no-speculation', 'as a head: never draft (speculative decoding off; requests may also turn it off with "speculative": false)')
     .option('--no-endpoint', 'advertise no HTTP endpoint (a node behind NAT): the tracker and other nodes reach it over the relay only (needs --relay); its HTTP port still answers locally')
     .action(async (o: Record<string, unknown>) => {

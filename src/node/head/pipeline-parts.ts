@@ -50,9 +50,20 @@ export class History {
   view(): Uint8Array {
     return this.buf.subarray(0, this.rows * this.rowBytes);
   }
-  /** Keep the first `rows` rows (a verification's rejected rows go). */
-  truncate(rows: number): void {
-    this.rows = Math.min(this.rows, Math.max(0, rows));
+  /**
+   * Keep the first `rows` rows (a verification's rejected rows go). The rows cut are kept aside, by
+   * the row they started at, while `keepCut` is set: the hop signed them, and a spot-check rebuilds
+   * each step as it was computed (`cutAt`).
+   */
+  truncate(rows: number, keepCut = false): void {
+    const to = Math.min(this.rows, Math.max(0, rows));
+    if (keepCut && to < this.rows) this.cuts.set(to, this.buf.slice(to * this.rowBytes, this.rows * this.rowBytes));
+    this.rows = to;
+  }
+  private readonly cuts = new Map<number, Uint8Array>();
+  /** The rows a cut at `row` dropped (truncate with keepCut), if any. */
+  cutAt(row: number): Uint8Array | undefined {
+    return this.cuts.get(row);
   }
 }
 

@@ -181,6 +181,8 @@ interface Generation {
   signal: AbortSignal | undefined;
   /** What the spot-checks need of this generation (attestations, steps, tokens); absent: no checks. */
   checks: GenerationTrace | undefined;
+  /** Rows were cut back after a speculative step (the next step started before the previous one ended). */
+  cut?: boolean;
 }
 
 export interface GenerateOptions {
@@ -311,10 +313,8 @@ export class PipelineDriver {
 
     let finish: 'stop' | 'length' = 'length';
     const history: number[] = [...promptIds, ...req.prefix_token_ids];
-    // A generation the tracker planned to check runs without drafts: rejected draft rows are cut back, and a check
-    // cannot rebuild what the hops signed from the accepted rows the head keeps (docs/architecture.md, Trust).
-    const checked = (opts.plan?.plan.checks.length ?? 0) > 0;
-    const speculator = checked ? undefined : this.speculatorFor(req, session, run.declared, promptIds.length);
+    // Drafts and checks go together: the hops' histories keep rows cut back aside, and a check rebuilds each step as computed.
+    const speculator = this.speculatorFor(req, session, run.declared, promptIds.length);
     let completed = false;
     try {
       let next: number[] = history.slice();
@@ -326,8 +326,8 @@ export class PipelineDriver {
         // A one-row step sets the step budget; one that recovered a hop is no measure of the usual one.
         if (sp.tokens.length === 1 && run.pending.length === 0) this.observeStep(performance.now() - t0);
         speculator?.settle(sp, answer, { batchFull: answer.batchFull });
-        // The checks judge a step's token from its last row: what a verification answers when every draft was accepted.
-        run.checks?.step(sp.tokens.length, { tokenId: answer.tokens.at(-1)!, logprob: answer.logprobs.at(-1) ?? 0 });
+        // The checks judge every token the step emitted, each from its row, over the rows that stay.
+        run.checks?.step(sp.tokens.length, answer.tokens.map((tokenId, i) => ({ tokenId, logprob: answer.logprobs[i] ?? 0 })), next.length + answer.accepted);
         // A stochastic draft's tokens come from the acceptance rule's own draws, not the sampler a check replays.
         if (sp.draft?.q !== undefined) run.checks?.uncheckable('a draft model sampled the drafts (the acceptance rule drew the tokens)');
         // How each step was computed: a replay resends the history in these same chunks (a verification's
@@ -336,8 +336,9 @@ export class PipelineDriver {
         // The rows that stay: the unfed tokens and the accepted drafts; the hops cut the rest at the next step.
         run.position += next.length + answer.accepted;
         if (answer.accepted < sp.tokens.length - next.length) {
-          for (const hs of run.hops) hs.history.truncate(run.position);
-          run.checks?.uncheckable('rejected draft rows were cut back');
+          // The cut rows are kept aside while checks may need them: the hops signed them.
+          for (const hs of run.hops) hs.history.truncate(run.position, run.checks !== undefined);
+          run.cut = true;
         }
         while (run.pending.length > 0) yield run.pending.shift()!;
         const drafted = sp.draft?.ids.length ?? 0;
@@ -487,6 +488,8 @@ export class PipelineDriver {
       let replayed: Uint8Array[] | null = null;
       let reply;
       try {
+        // A replay after a cut sends padded rows in place of the rejected ones: the hop's new chain is not what the head kept.
+        if (!hs.synced && run.cut) run.checks?.uncheckable('a hop was rebuilt after rows were cut back');
         if (!hs.synced) replayed = await this.replayHop(hs, [...run.steps, { start: position, width: 0 }], session, last, sampling, declared, signal);
         reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal, { ...spec, draft: last ? spec.draft : undefined, decode: isDecodeStep(position, seq) });
       } catch (e) {

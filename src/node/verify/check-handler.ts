@@ -18,7 +18,7 @@ import { decodeTensor, dtypeBytes, encodeTensor, isDtype, parseShape, type Dtype
 import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { attestSeed, chainStep, checkMessage, CHECK_ATTEST_HEADER, formatAttestation, sha256, type AttestScope } from '../../verify/attest.ts';
-import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseSteps, parseTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
+import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseStepShapes, parseStepTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
 import { signedByAny, type TrackerKeys } from '../tracker-client.ts';
 import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan } from '../../verify/plan.ts';
 import { checkToken } from '../../verify/token-check.ts';
@@ -172,8 +172,11 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
     if (!(Number.isInteger(start) && Number.isInteger(end) && ex.startLayer <= start && start < end && end <= ex.endLayer)) {
       throw new MeshError('MESH_ERR_LAYER_RANGE', `layers [${h[H.startLayer]}, ${h[H.endLayer]}) are not within the held range [${ex.startLayer}, ${ex.endLayer})`, { start_layer: ex.startLayer, end_layer: ex.endLayer });
     }
-    const steps = parseSteps(h[CHECK_STEPS_HEADER]);
+    const shapes = parseStepShapes(h[CHECK_STEPS_HEADER]);
+    const steps = shapes.rows;
     const rows = steps.reduce((a, b) => a + b, 0);
+    /** Rows that stayed (a step cut back after it keeps its first `kept` rows): the sequence the prefill runs. */
+    const keptRows = shapes.kept.reduce((a, b) => a + b, 0);
     const dtypeText = (h[H.dtype] ?? 'bf16').trim();
     if (!isDtype(dtypeText)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.dtype} must be bf16, f16 or f32`);
     const dtype: Dtype = dtypeText;
@@ -186,7 +189,8 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
     }
     if (req.body.byteLength !== rows * rowBytes) throw new MeshError('MESH_ERR_BAD_SHAPE', `body is ${req.body.byteLength} bytes; ${rows} rows need ${rows * rowBytes}`);
     const last = end === ex.config.numLayers;
-    const claimed = last ? parseTokens(h[CHECK_TOKENS_HEADER], steps.length, ex.config.vocabSize) : [];
+    // Per step, the tokens the last hop emitted: judged at the step's last kept rows, one each.
+    const claimed = last ? parseStepTokens(h[CHECK_TOKENS_HEADER], shapes.kept, ex.config.vocabSize) : [];
     const params = last ? sampling(h[H.sampling]) : {};
 
     if (running >= max) throw new MeshError('MESH_ERR_BUSY', 'this node runs as many checks as it takes; ask another checker or retry later', { retry_after_ms: 1000 });
@@ -194,51 +198,65 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
     uses.set(useKey, used + 1);
     if (uses.size > 4096) uses.clear();
     try {
+      // Each step's input as the hop received it, and the kept rows of them all (one prefill).
+      const stepIn: Uint8Array[] = [];
+      const keptIn: Uint8Array[] = [];
+      /** Where each step starts in the kept sequence (its position in the session's chain). */
+      const at: number[] = [];
+      let o = 0;
+      let k = 0;
+      for (const [s, n] of steps.entries()) {
+        stepIn.push(req.body.subarray(o * rowBytes, (o + n) * rowBytes));
+        keptIn.push(req.body.subarray(o * rowBytes, (o + shapes.kept[s]!) * rowBytes));
+        at.push(k);
+        o += n;
+        k += shapes.kept[s]!;
+      }
+      const input = keptRows === rows ? req.body : concatBytes(keptIn);
       const fr: ForwardRequest = { startLayer: start, endLayer: end };
       if (tokensIn) {
-        const dv = new DataView(req.body.buffer, req.body.byteOffset, req.body.byteLength);
-        fr.tokenIds = Array.from({ length: rows }, (_, i) => dv.getUint32(i * 4, true));
-      } else fr.activation = { data: decodeTensor(req.body, dtype), shape: [1, rows, hidden] };
-      const ends: number[] = [];
-      let at = 0;
-      for (const n of steps) ends.push((at += n) - 1);
-      if (last) fr.logitRows = ends;
-      const result = rows <= CHUNK_ROWS ? await ex.forward(fr) : await chunked(ex, fr, rows, ends);
+        const dv = new DataView(input.buffer, input.byteOffset, input.byteLength);
+        fr.tokenIds = Array.from({ length: keptRows }, (_, i) => dv.getUint32(i * 4, true));
+      } else fr.activation = { data: decodeTensor(input, dtype), shape: [1, keptRows, hidden] };
+      // A last hop: the rows whose next token each step emitted (its last kept rows).
+      const judged: number[] = [];
+      if (last) for (const [s, g] of claimed.entries()) for (let j = 0; j < g.length; j++) judged.push(at[s]! + shapes.kept[s]! - g.length + j);
+      if (last) fr.logitRows = judged;
+      const result = keptRows <= CHUNK_ROWS ? await ex.forward(fr) : await chunked(ex, fr, keptRows, judged);
 
-      // One output block per step: the rows the hop would have answered, or the last hop's check record.
+      // One output block per step: the kept rows the hop would have answered, or the last hop's check records.
       const outs: Uint8Array[] = [];
       if (last) {
-        if (result.kind !== 'logits' || result.rows.length !== steps.length) throw new MeshError('MESH_ERR_INTERNAL', 'the span gave no logits for the steps');
+        if (result.kind !== 'logits' || result.rows.length !== judged.length) throw new MeshError('MESH_ERR_INTERNAL', 'the span gave no logits for the steps');
         const V = ex.config.vocabSize;
-        for (let s = 0; s < steps.length; s++) {
-          const logits = result.data.subarray(s * V, (s + 1) * V);
-          const t = checkToken(logits, claimed[s]!, params, ends[s]! + 1);
-          outs.push(tokenCheckBytes({ claimed: claimed[s]!, sampled: t.sampled, argmax: argmaxOf(logits), deficit: t.deficit, gap: t.gap, logprob: t.logprob }));
+        let r = 0;
+        for (const g of claimed) {
+          const recs: Uint8Array[] = [];
+          for (const id of g) {
+            const logits = result.data.subarray(r * V, (r + 1) * V);
+            const t = checkToken(logits, id, params, judged[r]! + 1);
+            recs.push(tokenCheckBytes({ claimed: id, sampled: t.sampled, argmax: argmaxOf(logits), deficit: t.deficit, gap: t.gap, logprob: t.logprob }));
+            r++;
+          }
+          outs.push(concatBytes(recs));
         }
       } else {
         if (result.kind !== 'activation') throw new MeshError('MESH_ERR_INTERNAL', 'the span answered no activation');
         const all = encodeTensor(result.data, dtype);
         const ob = hidden * dtypeBytes(dtype);
-        let o = 0;
-        for (const n of steps) {
-          outs.push(all.subarray(o * ob, (o + n) * ob));
-          o += n;
-        }
+        for (const [s, p] of at.entries()) outs.push(all.subarray(p * ob, (p + shapes.kept[s]!) * ob));
       }
-      // The chain: the same input hashes as the checked hop's, this node's outputs.
+      // The chain: the same steps and input hashes as the checked hop's, this node's outputs.
       const scope: AttestScope = { model: plan.model, session, startLayer: start, endLayer: end, dtype, ...(last ? { sampling: h[H.sampling] ?? '' } : {}) };
       let acc = await attestSeed(scope);
-      let pos = 0;
       for (const [s, n] of steps.entries()) {
-        const input = await sha256(req.body.subarray(pos * rowBytes, (pos + n) * rowBytes));
-        acc = await chainStep(acc, { position: pos, rows: n, input, output: await sha256(outs[s]!) });
-        pos += n;
+        acc = await chainStep(acc, { position: at[s]!, rows: n, input: await sha256(stepIn[s]!), output: await sha256(outs[s]!) });
       }
       const sig = await init.sign(checkMessage(checked, session, rows, acc));
       const body = concatBytes(outs);
       return {
         status: 200,
-        headers: { 'content-type': 'application/octet-stream', [CHECK_ATTEST_HEADER]: formatAttestation({ peer: init.peerId, rows, signature: sig }), ...(last ? {} : { [H.dtype]: dtype, [H.shape]: `1,${rows},${hidden}` }) },
+        headers: { 'content-type': 'application/octet-stream', [CHECK_ATTEST_HEADER]: formatAttestation({ peer: init.peerId, rows, signature: sig }), ...(last ? {} : { [H.dtype]: dtype, [H.shape]: `1,${keptRows},${hidden}` }) },
         body,
       };
     } finally {

@@ -12,7 +12,8 @@ import type { MeshReply } from '../../protocol/envelopes.ts';
 import type { HeaderMap } from '../../protocol/headers.ts';
 import type { RouteHop } from '../../protocol/tracker.ts';
 import { dtypeBytes, type Dtype } from '../../protocol/tensor.ts';
-import { ATTEST_HEADER, parseAttestations, tokenBytes, tokenIdBytes, formatAttestation } from '../../verify/attest.ts';
+import { concatBytes } from '../../protocol/bytes.ts';
+import { ATTEST_HEADER, parseAttestations, stepTokenBytes, tokenBytes, tokenIdBytes, formatAttestation } from '../../verify/attest.ts';
 import type { Attestor } from '../../verify/attestor.ts';
 import type { Distrust } from '../../verify/plan.ts';
 import type { FinishedGeneration, FinishedSpan, SignedPlan, Verifier } from './verifier.ts';
@@ -74,7 +75,8 @@ export interface TraceStart {
 /** What the pipeline holds of a hop at the end. */
 export interface TraceHop {
   hop: RouteHop;
-  history: { view(): Uint8Array };
+  /** Its input rows kept (accepted), and the rows cut back at a row (History.truncate with keepCut). */
+  history: { view(): Uint8Array; cutAt?(row: number): Uint8Array | undefined };
 }
 
 /** A finished generation as the checks need it, kept a while for a walk (a head audit contradicted it). */
@@ -126,7 +128,14 @@ export class GenerationTrace {
   /** The latest attestation entry each peer sent (the newest chain: a hop restarted by a replay signs a new one). */
   private readonly latest = new Map<string, string>();
   private readonly steps: number[] = [];
+  /** Rows each step kept (fewer than it computed when rejected draft rows were cut back after it). */
+  private readonly kept: number[] = [];
+  /** The token of each step's last row (what a plain step emits). */
   private readonly tokens: Array<{ tokenId: number; logprob: number }> = [];
+  /** Every token each step emitted (a verification's accepted drafts, then its token). */
+  private readonly stepTokens: Array<Array<{ tokenId: number; logprob: number }>> = [];
+  /** The head's own span's steps as it signed them (restarted by a rebuild from position 0). */
+  private own: Array<{ input: Uint8Array; output: Uint8Array }> = [];
   /** Set when rows the hops signed were cut back (a rejected speculative draft): the history no longer holds them. */
   private cut: string | undefined;
 
@@ -141,10 +150,13 @@ export class GenerationTrace {
     return { model: this.init.model, session: this.s.session, startLayer: 0, endLayer: this.s.localEnd, dtype: this.s.dtype, ...(last ? { sampling: this.s.sampling } : {}) };
   }
 
-  /** The head's own span ran a step: token ids in, its wire rows (or, holding every layer, the token) out. */
-  local(position: number, ids: readonly number[], out: Uint8Array | { tokenId: number; logprob: number }): void {
-    const bytes = out instanceof Uint8Array ? out : tokenBytes(out.tokenId, out.logprob);
-    this.init.attestor.record(this.scope, position, ids.length, tokenIdBytes(ids), bytes);
+  /** The head's own span ran a step: token ids in, its wire rows (or, holding every layer, the tokens it emitted) out. */
+  local(position: number, ids: readonly number[], out: Uint8Array | { tokenId: number; logprob: number; spec?: { tokenIds: readonly number[]; logprobs: readonly number[] } }): void {
+    const bytes = out instanceof Uint8Array ? out : out.spec ? stepTokenBytes(out.spec.tokenIds.map((tokenId, i) => ({ tokenId, logprob: out.spec!.logprobs[i] ?? 0 }))) : tokenBytes(out.tokenId, out.logprob);
+    const input = tokenIdBytes(ids);
+    this.init.attestor.record(this.scope, position, ids.length, input, bytes);
+    if (position === 0) this.own = [];
+    this.own.push({ input, output: bytes });
   }
 
   /** An answer's or a chained token's X-Meshnet-Attest entries, filed by the peer each names. */
@@ -154,10 +166,16 @@ export class GenerationTrace {
     for (const a of parseAttestations(v)) this.latest.set(a.peer, formatAttestation(a));
   }
 
-  /** A step is done: its rows and the token the last hop sampled. */
-  step(rows: number, token: { tokenId: number; logprob: number }): void {
+  /**
+   * A step is done: the rows it computed, the tokens it emitted (a verification: its accepted drafts,
+   * then the token after them), and the rows that stay (fewer when rejected draft rows are cut back:
+   * the hops' histories keep the cut rows aside, so the check rebuilds each step as computed).
+   */
+  step(rows: number, tokens: ReadonlyArray<{ tokenId: number; logprob: number }>, kept = rows): void {
     this.steps.push(rows);
-    this.tokens.push(token);
+    this.kept.push(kept);
+    this.tokens.push(tokens.at(-1)!);
+    this.stepTokens.push([...tokens]);
   }
 
   /**
@@ -170,19 +188,14 @@ export class GenerationTrace {
   }
 
   /**
-   * The generation is over: drop the session on every hop (reading the final attestation of every
-   * hop the plan checks), and queue the checks. Returns at once; nothing waits for it.
+   * The generation is over: drop the session on every hop, reading each hop's final attestation (hops
+   * sign every few steps, so only the final one vouches for every step — a walk after a head audit
+   * checks hops no plan named), and queue the checks. Returns at once; nothing waits for it.
    */
   end(hops: readonly TraceHop[], fed: readonly number[]): void {
-    const { plan } = this.s;
-    const planned = new Set(plan?.plan.checks.map((c) => c.peer.peer_id) ?? []);
     const drop = { method: 'DELETE', path: `/sessions/${encodeURIComponent(this.s.session)}` };
     const finals: Array<Promise<void>> = [];
     for (const h of hops) {
-      if (!planned.has(h.hop.peer_id)) {
-        this.init.transport.bestEffort(h.hop, drop);
-        continue;
-      }
       finals.push(
         this.init.transport
           .send(h.hop, drop, 5_000, undefined, { accept: () => true })
@@ -213,10 +226,58 @@ export class GenerationTrace {
       const input = h.history.view();
       spans.push({ peer: h.hop.peer_id, start: h.hop.start_layer, end: h.hop.end_layer, input, inputRowBytes: rowBytes, output: output(k + 1), ...att(h.hop.peer_id) });
     });
+    const cut = this.kept.some((k, i) => k < this.steps[i]!);
+    if (cut) this.full(spans, hops);
     const generation = this.s.session.slice(0, Math.max(0, this.s.session.lastIndexOf('.')));
     const bytes = spans.reduce((n, sp) => n + sp.input.byteLength, 0);
-    const finished: Finished = { session: this.s.session, steps: this.steps, spans, dtype: this.s.dtype, hidden: this.s.hidden, sampling: this.s.sampling, generation, at: Date.now(), bytes, ...(this.cut !== undefined ? { uncheckable: this.cut } : {}) };
+    const finished: Finished = {
+      session: this.s.session,
+      steps: this.steps,
+      ...(cut ? { kept: this.kept, stepTokens: this.stepTokens } : {}),
+      spans,
+      dtype: this.s.dtype,
+      hidden: this.s.hidden,
+      sampling: this.s.sampling,
+      generation,
+      at: Date.now(),
+      bytes,
+      ...(this.cut !== undefined ? { uncheckable: this.cut } : {}),
+    };
     this.onFinished(finished);
     if (plan) this.init.verifier.finished({ ...finished, plan });
+  }
+
+  /**
+   * Steps were cut back: give every span its steps as computed (what it signed) — the kept rows of each
+   * step, then the rows cut after it (its history kept them aside). A span whose rows cannot be rebuilt
+   * gets none (its check is then skipped as uncheckable, never held against it).
+   */
+  private full(spans: FinishedSpan[], hops: readonly TraceHop[]): void {
+    const rowBytes = this.s.hidden * dtypeBytes(this.s.dtype);
+    const at: number[] = [];
+    this.kept.reduce((p, k) => (at.push(p), p + k), 0);
+    const stepsOf = (h: TraceHop['history']): Uint8Array[] | undefined => {
+      const view = h.view();
+      const out: Uint8Array[] = [];
+      for (const [s, n] of this.steps.entries()) {
+        const k = this.kept[s]!;
+        const keptRows = view.subarray(at[s]! * rowBytes, (at[s]! + k) * rowBytes);
+        const cutRows = k < n ? h.cutAt?.(at[s]! + k) : new Uint8Array(0);
+        if (keptRows.byteLength !== k * rowBytes || cutRows?.byteLength !== (n - k) * rowBytes) return undefined;
+        out.push(k < n ? concatBytes([keptRows, cutRows]) : keptRows);
+      }
+      return out;
+    };
+    const inputs = hops.map((h) => stepsOf(h.history));
+    const tokenOut = this.stepTokens.map((t) => stepTokenBytes(t));
+    const outputsOf = (k: number): Uint8Array[] | undefined => (k >= hops.length ? tokenOut : inputs[k]);
+    // The head's own span: what it signed, step by step.
+    const own = this.own.length === this.steps.length ? this.own : undefined;
+    if (own) spans[0]!.full = { inputs: own.map((x) => x.input), outputs: own.map((x) => x.output) };
+    hops.forEach((_, k) => {
+      const i = inputs[k];
+      const o = outputsOf(k + 1);
+      if (i && o) spans[k + 1]!.full = { inputs: i, outputs: o };
+    });
   }
 }

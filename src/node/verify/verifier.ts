@@ -24,8 +24,8 @@ import { MeshError, remoteError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
 import type { RouteHop } from '../../protocol/tracker.ts';
 import { decodeTensor, dtypeBytes, type Dtype } from '../../protocol/tensor.ts';
-import { attestMessage, chainDigest, checkMessage, CHECK_ATTEST_HEADER, parseAttestations, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../verify/attest.ts';
-import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, formatSteps, formatTokens, readTokenBytes, readTokenCheck, TOKEN_CHECK_BYTES } from '../../verify/check-wire.ts';
+import { attestMessage, chainDigest, checkMessage, CHECK_ATTEST_HEADER, parseAttestations, readStepTokens, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../verify/attest.ts';
+import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, formatStepShapes, formatStepTokens, readTokenCheck, TOKEN_CHECK_BYTES } from '../../verify/check-wire.ts';
 import { rowDistances, worst } from '../../verify/distance.ts';
 import { temperatureOf, type CheckReport, type SkippedCheck } from '../../verify/evidence.ts';
 import { CHECK_PATH, CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, type CheckPlan, type PlanCheck, type PlanPeer } from '../../verify/plan.ts';
@@ -50,13 +50,25 @@ export interface FinishedSpan {
   output: { kind: 'rows'; bytes: Uint8Array; rowBytes: number } | { kind: 'tokens'; tokens: ReadonlyArray<{ tokenId: number; logprob: number }> };
   /** The span's latest attestation entry (X-Meshnet-Attest), if it gave one. */
   attestation?: string;
+  /**
+   * When steps were cut back (FinishedGeneration.kept): each step's input and output bytes as computed,
+   * cut rows included — what the span signed. Absent there: the head does not hold them (uncheckable).
+   */
+  full?: { inputs: readonly Uint8Array[]; outputs: readonly Uint8Array[] };
 }
 
 export interface FinishedGeneration {
   plan: SignedPlan;
   session: string;
-  /** Row counts of the steps, in order (the prompt, then one a step). */
+  /** Row counts of the steps as computed, in order (the prompt, then one a step; a verification's drafts included). */
   steps: readonly number[];
+  /**
+   * Rows each step kept, when any step was cut back (a speculative step's rejected draft rows): the
+   * spans then give `full`, and a check compares the kept rows (or, at the last hop, every emitted token).
+   */
+  kept?: readonly number[];
+  /** Tokens each step emitted (a verification's accepted drafts, then its token), when `kept` is given. */
+  stepTokens?: ReadonlyArray<ReadonlyArray<{ tokenId: number; logprob: number }>>;
   spans: readonly FinishedSpan[];
   dtype: Dtype;
   hidden: number;
@@ -172,20 +184,34 @@ export class Verifier {
     if (covered !== att.rows || steps.length === 0) return this.skip(job, 'refused', `its attestation covers ${att.rows} rows, not a whole number of steps`);
     const last = span.output.kind === 'tokens';
     const scope: AttestScope = { model: gen.plan.plan.model, session: gen.session, startLayer: span.start, endLayer: span.end, dtype: gen.dtype, ...(last ? { sampling: gen.sampling } : {}) };
+    /** Rows each step kept (all of them, unless the generation cut steps back), and each step's position in the chain. */
+    const kept = steps.map((n, s) => gen.kept?.[s] ?? n);
+    const positions: number[] = [];
+    kept.reduce((p, k) => (positions.push(p), p + k), 0);
+    /** Tokens each step emitted, as the last hop claims them. */
+    const emitted = steps.map((_, s) => gen.stepTokens?.[s] ?? (span.output.kind === 'tokens' && span.output.tokens[s] ? [span.output.tokens[s]] : []));
 
     // The claim as the head saw it: per step, the input and output bytes.
     const inputs: Uint8Array[] = [];
     const outputs: Uint8Array[] = [];
-    let row = 0;
-    for (const [s, n] of steps.entries()) {
-      inputs.push(span.input.subarray(row * span.inputRowBytes, (row + n) * span.inputRowBytes));
-      if (span.output.kind === 'rows') outputs.push(span.output.bytes.subarray(row * span.output.rowBytes, (row + n) * span.output.rowBytes));
-      else {
-        const t = span.output.tokens[s];
-        if (!t) return this.skip(job, 'refused', `no token for step ${s}`);
-        outputs.push(tokenBytes(t.tokenId, t.logprob));
+    if (gen.kept) {
+      // Steps were cut back: the hop signed each step's rows as computed, which the head kept aside.
+      if (!span.full || span.full.inputs.length < steps.length || span.full.outputs.length < steps.length) return this.skip(job, 'uncheckable', 'the head does not hold the rows of the steps cut back');
+      inputs.push(...span.full.inputs.slice(0, steps.length));
+      outputs.push(...span.full.outputs.slice(0, steps.length));
+      if (last && emitted.some((e, s) => e.length === 0 || e.length > kept[s]!)) return this.skip(job, 'uncheckable', 'the head does not hold the tokens of every step');
+    } else {
+      let row = 0;
+      for (const [s, n] of steps.entries()) {
+        inputs.push(span.input.subarray(row * span.inputRowBytes, (row + n) * span.inputRowBytes));
+        if (span.output.kind === 'rows') outputs.push(span.output.bytes.subarray(row * span.output.rowBytes, (row + n) * span.output.rowBytes));
+        else {
+          const t = span.output.tokens[s];
+          if (!t) return this.skip(job, 'refused', `no token for step ${s}`);
+          outputs.push(tokenBytes(t.tokenId, t.logprob));
+        }
+        row += n;
       }
-      row += n;
     }
     if (inputs.some((b, s) => b.byteLength !== steps[s]! * span.inputRowBytes) || outputs.some((b) => b.byteLength === 0)) {
       // The head's own history falls short (not the hop's doing): no verdict either way.
@@ -193,14 +219,7 @@ export class Verifier {
     }
     const inHashes = await Promise.all(inputs.map(sha256));
     const outHashes = await Promise.all(outputs.map(sha256));
-    const digests = (outs: readonly Uint8Array[]): StepDigest[] => {
-      let pos = 0;
-      return steps.map((n, s) => {
-        const d = { position: pos, rows: n, input: inHashes[s]!, output: outs[s]! };
-        pos += n;
-        return d;
-      });
-    };
+    const digests = (outs: readonly Uint8Array[]): StepDigest[] => steps.map((n, s) => ({ position: positions[s]!, rows: n, input: inHashes[s]!, output: outs[s]! }));
     if (!(await this.init.verify(decodeBase64Url(entry.peer.public_key), attestMessage(gen.session, covered, await chainDigest(scope, digests(outHashes))), att.signature))) {
       return this.skip(job, 'refused', 'its attestation does not verify over what it answered');
     }
@@ -214,13 +233,13 @@ export class Verifier {
       [H.startLayer]: String(span.start),
       [H.endLayer]: String(span.end),
       [H.dtype]: gen.dtype,
-      [CHECK_STEPS_HEADER]: formatSteps(steps),
+      [CHECK_STEPS_HEADER]: formatStepShapes({ rows: steps, kept }),
       'content-type': 'application/octet-stream',
     };
     if (span.start !== 0) headers[H.shape] = `1,${covered},${gen.hidden}`;
     if (last) {
       headers[H.sampling] = gen.sampling;
-      headers[CHECK_TOKENS_HEADER] = formatTokens((span.output as { tokens: ReadonlyArray<{ tokenId: number }> }).tokens.slice(0, steps.length).map((t) => t.tokenId));
+      headers[CHECK_TOKENS_HEADER] = formatStepTokens(emitted.map((e) => e.map((t) => t.tokenId)));
     }
 
     // Checker, then (on a mismatch) the arbiter: the first planned holders that answer.
@@ -239,7 +258,7 @@ export class Verifier {
         for (const c of entry.checkers) {
           if (tried.has(c.peer_id) || answers.some((a) => a.peer.peer_id === c.peer_id)) continue;
           tried.add(c.peer_id);
-          const got = await this.ask(c, headers, body, steps, scope, gen, peer, covered, inHashes, last).catch((e: unknown) => {
+          const got = await this.ask(c, headers, body, { steps, kept, positions, emitted: emitted.map((e) => e.length) }, scope, gen, peer, covered, inHashes, last).catch((e: unknown) => {
             if (e instanceof MeshError && e.code === 'MESH_ERR_BUSY') busy.add(c.peer_id);
             return undefined;
           });
@@ -257,11 +276,12 @@ export class Verifier {
     const classOf = (p: PlanPeer) => ({ format: p.format, backend: p.backend });
     const limit = (t: Thresholds) => (last ? 1 : t.rowRel);
     const t0 = thresholdsFor(classOf(entry.peer), classOf(answers[0]!.peer));
-    const stepDistance = (claim: Uint8Array, check: Uint8Array): number => {
-      if (!last) return worst(rowDistances(decodeTensor(claim, gen.dtype), decodeTensor(check, gen.dtype), gen.hidden).rel);
-      return tokenDistance(t0, temperature > 0, readTokenCheck(check), readTokenBytes(claim).logprob);
+    // The claim's step holds every row it computed; a check's, the rows that stayed: those are compared.
+    const stepDistance = (claim: Uint8Array, check: Uint8Array, s: number): number => {
+      if (!last) return worst(rowDistances(decodeTensor(claim, gen.dtype).subarray(0, kept[s]! * gen.hidden), decodeTensor(check, gen.dtype), gen.hidden).rel);
+      return Math.max(...readStepTokens(claim).map((t, j) => tokenDistance(t0, temperature > 0, readTokenCheck(check, j * TOKEN_CHECK_BYTES), t.logprob)));
     };
-    const perStep = (k: number) => outputs.map((o, s) => nanInf(stepDistance(o, answers[k]!.outs[s]!)));
+    const perStep = (k: number) => outputs.map((o, s) => nanInf(stepDistance(o, answers[k]!.outs[s]!, s)));
     const d0 = perStep(0);
     const th0 = limit(t0);
     const local = Math.max(...d0);
@@ -292,7 +312,7 @@ export class Verifier {
         start_layer: span.start,
         end_layer: span.end,
         dtype: gen.dtype,
-        steps: formatSteps(steps),
+        steps: formatStepShapes({ rows: steps, kept }),
         inputs: inHashes.map(encodeBase64Url),
         outputs: outHashes.map(encodeBase64Url),
         attestation: encodeBase64Url(att.signature),
@@ -313,7 +333,7 @@ export class Verifier {
   }
 
   /** One checker's answer, verified; undefined when it did not answer usably (a timeout is not a verdict). */
-  private async ask(c: PlanPeer, headers: Record<string, string>, body: Uint8Array, steps: readonly number[], scope: AttestScope, gen: FinishedGeneration, checked: string, covered: number, inHashes: readonly Uint8Array[], last: boolean): Promise<{ peer: PlanPeer; outs: Uint8Array[]; outHashes: Uint8Array[]; attestation: string } | undefined> {
+  private async ask(c: PlanPeer, headers: Record<string, string>, body: Uint8Array, shape: { steps: readonly number[]; kept: readonly number[]; positions: readonly number[]; emitted: readonly number[] }, scope: AttestScope, gen: FinishedGeneration, checked: string, covered: number, inHashes: readonly Uint8Array[], last: boolean): Promise<{ peer: PlanPeer; outs: Uint8Array[]; outHashes: Uint8Array[]; attestation: string } | undefined> {
     const hop: RouteHop = { peer_id: c.peer_id, start_layer: scope.startLayer, end_layer: scope.endLayer, ...(c.endpoint ? { endpoint: c.endpoint } : {}), ...(c.relay_addr ? { relay_addr: c.relay_addr } : {}) };
     const reply = await this.init.transport.send(hop, { method: 'POST', path: CHECK_PATH, headers, body }, this.init.checkTimeoutMs ?? 60_000, undefined, { accept: () => true });
     if (reply.status !== 200) {
@@ -323,8 +343,9 @@ export class Verifier {
     const outs: Uint8Array[] = [];
     let o = 0;
     const rowBytes = gen.hidden * dtypeBytes(gen.dtype);
-    for (const n of steps) {
-      const size = last ? TOKEN_CHECK_BYTES : n * rowBytes;
+    // Per step: the kept rows, or one record per token the step emitted.
+    for (const [s, k] of shape.kept.entries()) {
+      const size = last ? TOKEN_CHECK_BYTES * shape.emitted[s]! : k * rowBytes;
       outs.push(reply.body.subarray(o, o + size));
       o += size;
     }
@@ -332,12 +353,7 @@ export class Verifier {
     const outHashes = await Promise.all(outs.map(sha256));
     const att = parseAttestations(reply.headers[CHECK_ATTEST_HEADER]).find((a) => a.peer === c.peer_id && a.rows === covered);
     if (!att) return undefined;
-    let pos = 0;
-    const digests = steps.map((n, s) => {
-      const d = { position: pos, rows: n, input: inHashes[s]!, output: outHashes[s]! };
-      pos += n;
-      return d;
-    });
+    const digests = shape.steps.map((n, s) => ({ position: shape.positions[s]!, rows: n, input: inHashes[s]!, output: outHashes[s]! }));
     if (!(await this.init.verify(decodeBase64Url(c.public_key), checkMessage(checked, gen.session, covered, await chainDigest(scope, digests)), att.signature))) return undefined;
     return { peer: c, outs, outHashes, attestation: encodeBase64Url(att.signature) };
   }
