@@ -38,13 +38,13 @@ export interface SpecMeshOptions {
   /** The three spans' ends: [0, a) [a, b) [b, layers). */
   cuts: [number, number, number];
   oneWayMs: number;
-  /** One head per entry: the seed of the draft model it holds (`--draft`, the same preset), or null for none. */
-  heads: Array<number | null>;
+  /** One head per entry: the seed of the draft model it holds (`--draft`, the same preset), a `--draft` value as it is (`self:N`), or null for none. */
+  heads: Array<number | string | null>;
 }
 
 export async function startSpecMesh(o: SpecMeshOptions): Promise<SpecMesh> {
   const [a, b, n] = o.cuts;
-  const seeds = [...new Set([0, ...o.heads.filter((s): s is number => s !== null)])];
+  const seeds = [...new Set([0, ...o.heads.filter((s): s is number => typeof s === 'number')])];
   const statics = new Map<number, Awaited<ReturnType<typeof startStaticServer>>>();
   const work = mkdtempSync(join(tmpdir(), 'meshnet-bench-spec-'));
   const nodes: NodeProc[] = [];
@@ -70,7 +70,7 @@ export async function startSpecMesh(o: SpecMeshOptions): Promise<SpecMesh> {
     const started = await Promise.all([
       startNode([...base, '--layers', `${a}-${b}`]),
       startNode([...base, '--layers', `${b}-${n}`]),
-      ...o.heads.map((seed) => startNode([...base, '--layers', `0-${a}`, ...(seed === null ? [] : ['--draft', statics.get(seed)!.url])])),
+      ...o.heads.map((d) => startNode([...base, '--layers', `0-${a}`, ...(d === null ? [] : ['--draft', typeof d === 'number' ? statics.get(d)!.url : d])])),
     ]);
     nodes.push(...started);
     await Promise.all(nodes.map((x) => x.waitFor((e) => e.event === 'registered')));

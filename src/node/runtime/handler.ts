@@ -25,6 +25,7 @@ import type { PipelineDriver } from '../head/pipeline.ts';
 import { rebuildingError, type LoadedSpan } from './span.ts';
 import type { DrainGate } from './drain.ts';
 import type { DutyCycle } from './duty-cycle.ts';
+import type { TrackerKeys } from '../tracker-client.ts';
 import type { NodeActivity } from './stats.ts';
 import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
 import type { SignedPlan } from '../verify/verifier.ts';
@@ -38,7 +39,8 @@ export interface NodeHandlerInit {
   span(): LoadedSpan | undefined;
   /** /info while no span is in. */
   loadingInfo(): Record<string, unknown>;
-  trackerKey(): Uint8Array | undefined;
+  /** The keys routes must be signed with (one tracker's, or every tracker's of its cluster). */
+  trackerKey(): TrackerKeys;
   /** How a chained /forward reaches the next hop (and the last one the head). */
   transport: Pick<HopTransport, 'send' | 'push' | 'inOutageWindow'>;
   /** Test hook: every /forward waits this long first (a slow donor). */
@@ -153,11 +155,7 @@ export class NodeHandler {
     // The span's GPU device was lost and it is being rebuilt (device-recovery.ts): come back after about one load.
     if (span.deviceLostReason !== undefined) return errorReply(rebuildingError(span));
     const { activity, drain, duty } = this.init;
-    if (drain.draining) {
-      // A step of a session this node holds is a chat in flight: it may finish. Anything else is new work.
-      const session = req.headers[H.session]?.trim();
-      if (!drain.admitsForward(session !== undefined && session !== '' && span.executor.sessionLength(session) > 0)) return errorReply(drainingError());
-    }
+    if (drain.draining && !drain.admitsForward(holdsSession(req, span.executor))) return errorReply(drainingError());
     activity.inFlight++;
     try {
       if (this.init.injectDelayMs > 0) await sleep(this.init.injectDelayMs);
@@ -166,6 +164,18 @@ export class NodeHandler {
       activity.inFlight--;
     }
   }
+}
+
+/**
+ * Whether `req` is a step of a session this node already holds (a chat in flight, which a drain lets finish).
+ * Its cache is looked up at the first layer the step runs: a route may use only the end of the span (another
+ * node holds its first layers), and then the session has no cache at the span's own first layer.
+ */
+function holdsSession(req: MeshRequest, executor: { startLayer: number; sessionLength(id: string, layer?: number): number }): boolean {
+  const session = req.headers[H.session]?.trim();
+  if (session === undefined || session === '') return false;
+  const from = Number(req.headers[H.startLayer]?.trim() || Number.NaN);
+  return executor.sessionLength(session, Number.isInteger(from) && from >= executor.startLayer ? from : executor.startLayer) > 0;
 }
 
 function drainingError(): MeshError {

@@ -38,7 +38,7 @@ export interface LoadedSpan {
   /** Present when the span starts at layer 0 and the tokenizer loaded: this node heads pipelines. */
   pipeline: PipelineDriver | undefined;
   /** A head's draft model (--draft): a whole model on the span's backend, released with the span. */
-  draft?: { name: string; executor: SpanExecutor };
+  draft?: { name: string; executor: SpanExecutor; /** The target's own first layers (self-speculation). */ self?: boolean };
   /** Weight bytes fetched and kept by the host for this span. */
   fetchedBytes: number;
   storedBytes: number;
@@ -123,7 +123,7 @@ function drafterFor(span: LoadedSpan): DrafterFactory {
   return (req, c) => {
     const d = span.draft;
     if (!d || (req.draft_model !== undefined && req.draft_model !== d.name)) return lookup(req);
-    return new DraftModelDrafter(d.executor, { session: `${c.session}.draft`, sampling: { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) }, declared: c.declared, name: d.name });
+    return new DraftModelDrafter(d.executor, { session: `${c.session}.draft`, sampling: { temperature: req.temperature, topP: req.top_p, topK: req.top_k, ...(req.seed !== undefined ? { seed: req.seed } : {}) }, declared: c.declared, name: d.name, ...(d.self ? { kind: 'self' as const } : {}) });
   };
 }
 
@@ -194,7 +194,7 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   let draft: LoadedSpan['draft'];
   if (tokenizer && ctx.draftModelUrl && ctx.speculation !== false) {
     try {
-      draft = await loadDraftModel(ctx.draftModelUrl, config, tokenizer, ctx, lost);
+      draft = await loadDraftModel(ctx.draftModelUrl, { url: modelUrl, config }, tokenizer, ctx, lost);
     } catch (e) {
       // Refused (another vocabulary) or unloadable: the head serves without it, drafting by prompt lookup.
       host.log('error', `draft model ${ctx.draftModelUrl} refused: ${(e as Error).message}`);
@@ -206,18 +206,33 @@ export async function loadSpan(spec: SpanSpec, ctx: SpanLoadContext): Promise<Lo
   return span;
 }
 
+/** `--draft self:N`: the target's first N layers with its final norm and LM head as the draft model. */
+export const SELF_DRAFT_RE = /^self:(\d+)$/;
+
 /**
  * A head's draft model: the whole checkpoint on a backend the host chooses
  * as for a span (the head's engine, so the numerics agree as far as the
  * models do), with KV room of its own; refused when its vocabulary is not
  * the target's. Its memory is outside the announced budget.
  */
-async function loadDraftModel(url: string, target: ModelConfig, tokenizer: ModelTokenizer, ctx: SpanLoadContext, lost: DeviceLoss | undefined): Promise<NonNullable<LoadedSpan['draft']>> {
+async function loadDraftModel(url: string, targetModel: { url: string; config: ModelConfig }, tokenizer: ModelTokenizer, ctx: SpanLoadContext, lost: DeviceLoss | undefined): Promise<NonNullable<LoadedSpan['draft']>> {
   const { host } = ctx;
-  const modelUrl = baseUrl(url);
-  const config = parseModelConfig(await host.weights.config(modelUrl), `${modelUrl}config.json`);
-  const draftTok = await host.weights.tokenizer(modelUrl, config);
-  checkDraftVocabulary(url, { vocabSize: config.vocabSize, ...(draftTok ? { idToToken: (id: number) => draftTok.idToToken(id) } : {}) }, { vocabSize: target.vocabSize, idToToken: (id) => tokenizer.idToToken(id) });
+  const target = targetModel.config;
+  const self = SELF_DRAFT_RE.exec(url);
+  let modelUrl: string;
+  let config: ModelConfig;
+  if (self) {
+    // Self-speculation: the target's own first N layers, then its final norm and LM head (an early exit).
+    const n = Number(self[1]);
+    if (!(n >= 1 && n < target.numLayers)) throw new MeshError('MESH_ERR_BAD_REQUEST', `self-speculation takes 1 to ${target.numLayers - 1} of this model's ${target.numLayers} layers, not ${n}`);
+    modelUrl = targetModel.url;
+    config = { ...target, numLayers: n };
+  } else {
+    modelUrl = baseUrl(url);
+    config = parseModelConfig(await host.weights.config(modelUrl), `${modelUrl}config.json`);
+    const draftTok = await host.weights.tokenizer(modelUrl, config);
+    checkDraftVocabulary(url, { vocabSize: config.vocabSize, ...(draftTok ? { idToToken: (id: number) => draftTok.idToToken(id) } : {}) }, { vocabSize: target.vocabSize, idToToken: (id) => tokenizer.idToToken(id) });
+  }
   const spec: SpanSpec = { model: `draft:${url}`, modelUrl, startLayer: 0, endLayer: config.numLayers };
   const weights = await host.weights.open(spec, config, () => undefined);
   const chosen = await host.backends.choose(spec, config, weights.loader, lost);
@@ -235,7 +250,7 @@ async function loadDraftModel(url: string, target: ModelConfig, tokenizer: Model
   // Sampled drafts need the draft's logits on the host (a device keeps them otherwise).
   if ('returnLogits' in executor) (executor as { returnLogits: boolean }).returnLogits = true;
   host.log('info', `draft model ${url}: ${config.numLayers} layers on ${chosen.info.name}`);
-  return { name: url, executor };
+  return { name: url, executor, ...(self ? { self: true } : {}) };
 }
 
 /** A span's executors (its draft model's too), after their queues. */

@@ -103,6 +103,34 @@ describe('NodeRuntime', () => {
     expect(stats.layer_ms).toBeGreaterThan(0);
   });
 
+  it('self-speculation (--draft self:N): the span\'s own first layers and its head draft, the reference tokens come out; self:N past the model is refused', async () => {
+    const tracker = await Identity.generate();
+    const generate = async (rt: NodeRuntime) => {
+      const route = '[]';
+      const expires = Date.now() + 60_000;
+      const signature = encodeBase64Url(await tracker.sign(routeSigningMessage(rt.peerId, expires, route)));
+      const res = await rt.handlerFor('relay')({
+        method: 'POST',
+        path: '/generate',
+        headers: { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': signature },
+        body: utf8.encode(JSON.stringify({ session_id: 's', prompt: 'The quick brown fox', max_tokens: 12, temperature: 0, speculative_k: 3 })),
+      });
+      let text = '';
+      for await (const chunk of res.body as AsyncIterable<Uint8Array>) text += utf8d.decode(chunk);
+      return text.trim().split('\n').map((l) => JSON.parse(l) as GenerateEvent);
+    };
+    const { rt } = await runtime(fakeHost(), { span: staticSpan(0, 4), trackerKey: tracker.publicKey, draftModelUrl: 'self:2' });
+    await rt.start();
+    expect(rt.span!.draft).toMatchObject({ name: 'self:2', self: true });
+    const got = await generate(rt);
+    expect(got.flatMap((e) => (e.type === 'token' ? [e.token_id] : []))).toEqual(ref.greedy(rt.span!.tokenizer!.encode('The quick brown fox'), 12));
+    expect(got.at(-1)).toMatchObject({ type: 'done' });
+    expect((got.at(-1) as { drafted?: number }).drafted).toBeGreaterThan(0);
+    const refused = await runtime(fakeHost(), { span: staticSpan(0, 4), trackerKey: tracker.publicKey, draftModelUrl: 'self:4' });
+    await refused.rt.start();
+    expect(refused.rt.span!.draft).toBeUndefined();
+  });
+
   it('answers loading and 503 before a span, and 503 to new sessions with "draining" (span kept) in heartbeats while paused', async () => {
     const host = fakeHost();
     host.hold(1, 3);
@@ -135,7 +163,12 @@ describe('NodeRuntime', () => {
     const x = activation(3);
     const open = await h(forward(x, 3, { 'x-meshnet-session': 'live', 'x-meshnet-position': '0' }));
     expect(open.status).toBe(200);
+    // A route may use only the end of the span (another node holds layers 0-1): that session has no cache at layer 0.
+    const tail = { 'x-meshnet-session': 'tail', 'x-meshnet-start-layer': '2', 'x-meshnet-end-layer': '4' };
+    expect((await h(forward(x, 3, { ...tail, 'x-meshnet-position': '0' }))).status).toBe(200);
     rt.pause();
+    expect((await h(forward(activation(1), 1, { ...tail, 'x-meshnet-position': '3' }))).status).toBe(200);
+    expect((await h(forward(x, 3, { 'x-meshnet-session': 'tail2', 'x-meshnet-start-layer': '2', 'x-meshnet-end-layer': '4', 'x-meshnet-position': '0' }))).status).toBe(503);
     expect(rt.drainStatus()).toMatchObject({ draining: true, reasons: ['donor'], done: false });
     expect(rt.drainStatus().graceLeftMs).toBeGreaterThan(400);
     // The live session's next step runs; a new session, a stateless call and a new generation do not.

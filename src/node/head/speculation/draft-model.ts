@@ -65,10 +65,12 @@ export interface DraftModelOptions {
   declared: number;
   /** The draft model's name: a head carries its acceptance from one generation to the next under it (Drafter.memoryKey). */
   name?: string;
+  /** 'self': the draft is the target's own first layers with its head (self-speculation). @defaultValue 'model' */
+  kind?: 'model' | 'self';
 }
 
 export class DraftModelDrafter implements Drafter {
-  readonly kind = 'model' as const;
+  readonly kind: 'model' | 'self';
   readonly memoryKey: string | undefined;
   /** Tokens the draft cache holds, position by position. */
   private fed: number[] = [];
@@ -84,6 +86,7 @@ export class DraftModelDrafter implements Drafter {
     private readonly o: DraftModelOptions,
   ) {
     this.stochastic = (o.sampling.temperature ?? 0) > 0;
+    this.kind = o.kind ?? 'model';
     // Greedy and sampled drafts are judged by different rules: their acceptance is kept apart.
     this.memoryKey = o.name === undefined ? undefined : `model:${o.name}:${this.stochastic ? 'sampled' : 'greedy'}`;
   }

@@ -274,4 +274,22 @@ describe('speculative decoding through the pipeline', () => {
       await draftEx.release();
     }
   });
+
+  it('self-speculation (the target\'s first layers with its final norm and LM head as the draft): the reference tokens', async () => {
+    // What `--draft self:2` loads: the same weights, a config cut to 2 layers, so the span [0, 2) ends at the head.
+    const early = await executor({ ...f, cfg: { ...f.cfg, numLayers: 2 } }, 0, 2);
+    try {
+      const kinds = new Set<string>();
+      const d = driver({ drafter: (req, ctx) => { const x = new DraftModelDrafter(early, { session: `${ctx.session}.draft`, sampling: { temperature: req.temperature }, declared: ctx.declared, name: 'self:2', kind: 'self' }); kinds.add(x.kind); return x; } });
+      const ev = await run(d, route(), { prompt: PROMPT, max_tokens: 24, speculative_k: 3, session_id: 'self-spec' });
+      expect(ids(ev)).toEqual(want);
+      expect(kinds).toEqual(new Set(['self']));
+      const done = ev.at(-1) as { drafted?: number; accepted?: number };
+      expect(done.drafted).toBeGreaterThan(0);
+      // An early exit of a random-weight model agrees with the whole model now and then, not always.
+      expect(done.accepted!).toBeLessThan(done.drafted!);
+    } finally {
+      await early.release();
+    }
+  });
 });
