@@ -27,6 +27,16 @@ const LOST_RETRY_MS = [250, 1_000] as const;
 /** …for this long; then at the heartbeat period (a tracker down for long is not hammered by every node each second). */
 const LOST_FAST_FOR_MS = 15_000;
 
+/** Longest a message waits for the host to take its drain beacon (a frozen page never answers), ms. */
+const BEACON_HANDOFF_MS = 250;
+
+/** Resolves when `p` settles or after `ms`, whichever is first; never rejects. */
+async function settledWithin(p: Promise<unknown>, ms: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  await Promise.race([p.then(() => undefined, () => undefined), new Promise<void>((r) => (timer = setTimeout(r, ms)))]);
+  clearTimeout(timer);
+}
+
 export interface TrackerSessionInit {
   client: TrackerClient;
   /** The message to send now (peer, info, stats, the span served). */
@@ -40,7 +50,7 @@ export interface TrackerSessionInit {
    * A draining heartbeat signed with each message's timestamp, ready to send as it is (the tracker
    * applies a drain at an equal timestamp, so it holds even when it overtakes the message it was signed beside).
    */
-  onDrainBeacon?(beacon: { url: string; body: string }): void;
+  onDrainBeacon?(beacon: { url: string; body: string }): void | Promise<void>;
   /** Until the first answer tells us. @defaultValue 5000 */
   heartbeatMs?: number;
 }
@@ -105,7 +115,10 @@ export class TrackerSession {
     const msg = this.init.message();
     if (this.init.onDrainBeacon) {
       try {
-        this.init.onDrainBeacon(await this.init.client.signedHeartbeat({ ...msg, draining: true }));
+        const handed = this.init.onDrainBeacon(await this.init.client.signedHeartbeat({ ...msg, draining: true }));
+        // The message leaves once the host holds its beacon (or after BEACON_HANDOFF_MS): a tracker that applied
+        // this message ignores any older beacon, so a page frozen between the two would send one it ignores.
+        if (handed) await settledWithin(handed, BEACON_HANDOFF_MS);
       } catch (e) {
         this.init.onLog?.('warn', `signing the drain beacon failed: ${(e as Error).message}`);
       }

@@ -11,7 +11,7 @@ import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { Assignment, NodeMessage } from '../../src/protocol/tracker.ts';
 import { DEFAULT_INFO, makeTracker, type TestTracker } from '../helpers/tracker.ts';
 
-async function setup() {
+async function setup(onDrainBeacon?: (b: { url: string; body: string }) => void | Promise<void>) {
   let tracker: TestTracker = await makeTracker({ now: () => Date.now(), heartbeatIntervalMs: 40 });
   const identity = await Identity.generate();
   const fetchFn = ((url: string, init?: RequestInit) => tracker.app.fetch(new Request(url, init))) as typeof fetch;
@@ -26,8 +26,10 @@ async function setup() {
       return { peer_id: identity.peerId, public_key: encodeBase64Url(identity.publicKey), info: { ...DEFAULT_INFO, host: 'browser', backend: 'wasm' }, serving, timestamp: Date.now() };
     },
     onAssignment: (a) => assignments.push(a),
+    ...(onDrainBeacon ? { onDrainBeacon } : {}),
   });
   return {
+    fetchFn,
     identity,
     session,
     assignments,
@@ -142,6 +144,44 @@ describe('TrackerSession', () => {
       expect(logs.filter((l) => l.includes('went away'))).toHaveLength(1);
     } finally {
       session.close();
+    }
+  });
+
+  it('a message leaves only once the host holds its drain beacon: a page frozen right after a heartbeat sends a beacon the tracker applies', async () => {
+    // The page's sink answers late (a busy page's message loop); the beacon that reaches it is the one the tracker applies.
+    let held: { url: string; body: string } | undefined;
+    const t = await setup(async (b) => {
+      await new Promise((r) => setTimeout(r, 60));
+      held = b;
+    });
+    await t.session.start();
+    try {
+      const rec = () => t.tracker().registry.nodes.get(t.identity.peerId)!;
+      t.serve({ start_layer: 0, end_layer: 2 });
+      await t.session.beatNow();
+      // Whatever beat the tracker applied last, the page already holds a beacon at least as new.
+      const ts = rec().lastTimestamp;
+      expect((JSON.parse(held!.body) as { body: { timestamp: number } }).body.timestamp).toBeGreaterThanOrEqual(ts);
+      // Frozen now: the page sends what it holds, and the tracker takes the drain.
+      const res = await t.fetchFn(held!.url, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: held!.body });
+      expect(res.status).toBe(200);
+      expect(rec().draining).toBe(true);
+    } finally {
+      t.session.close();
+    }
+  });
+
+  it('a host that never takes the beacon (a frozen page) holds a message back at most 250 ms', async () => {
+    const t = await setup(() => new Promise<void>(() => undefined));
+    await t.session.start();
+    try {
+      const t0 = Date.now();
+      await t.session.beatNow();
+      const waited = Date.now() - t0;
+      expect(waited).toBeGreaterThanOrEqual(240);
+      expect(waited).toBeLessThan(2_000);
+    } finally {
+      t.session.close();
     }
   });
 

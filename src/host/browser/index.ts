@@ -161,16 +161,22 @@ export class BrowserNode implements NodeEngine {
 
   async onDrainBeacon(sink: (b: DrainBeacon) => void): Promise<void> {
     this.beaconSink = sink;
-    if (this.lastBeacon) this.handBeacon(this.lastBeacon);
+    if (this.lastBeacon) void this.handBeacon(this.lastBeacon);
   }
 
-  /** Across the worker boundary the sink is a Comlink proxy: its call is a promise that fails when the page is gone. */
-  private handBeacon(b: DrainBeacon): void {
+  /**
+   * Across the worker boundary the sink is a Comlink proxy: its call is a promise that settles once the
+   * page holds the beacon (the runtime's heartbeat waits for it), and fails when the page is gone.
+   */
+  private async handBeacon(b: DrainBeacon): Promise<void> {
+    this.lastBeacon = b;
     const sink = this.beaconSink;
     if (!sink) return;
-    Promise.resolve(sink(b) as unknown).catch(() => {
+    try {
+      await (sink(b) as unknown);
+    } catch {
       if (this.beaconSink === sink) this.beaconSink = undefined;
-    });
+    }
   }
 
   /** Off the charger with "charging only" on: drain (the battery reason); otherwise lift it. */
@@ -271,7 +277,7 @@ export class BrowserNode implements NodeEngine {
       hopMode: config.hopMode ?? 'chain',
       dutyCycle: this.donor.dutyCycle,
       // The page sends it from its freeze and pagehide handlers (src/app/lifecycle.ts).
-      drainBeacons: config.trackerUrl !== undefined,
+      drainBeacons: config.trackerUrl !== undefined && ((b: DrainBeacon) => this.handBeacon(b)),
       ...(settings.lastSpan ? { storedSpan: settings.lastSpan } : {}),
       rtc: { enabled: config.rtc !== false, ...(config.iceServers ? { iceServers: config.iceServers } : {}), ...(config.icePolicy ? { icePolicy: config.icePolicy } : {}), ...(config.rtcDelayMs ? { delayMs: config.rtcDelayMs } : {}) },
     });
@@ -280,10 +286,7 @@ export class BrowserNode implements NodeEngine {
       return undefined;
     }
     runtime.on((e) => {
-      if (e.type === 'drain-beacon') {
-        this.lastBeacon = { url: e.url, body: e.body };
-        this.handBeacon(this.lastBeacon);
-      } else if (e.type === 'serving') {
+      if (e.type === 'serving') {
         void storage.saveSettings({ lastSpan: { model: e.span.model, modelUrl: e.span.modelUrl, startLayer: e.span.startLayer, endLayer: e.span.endLayer } }).catch(() => undefined);
       }
     });

@@ -99,8 +99,12 @@ export interface RuntimeConfig {
   drainGraceMs?: number;
   /** The donor's cap on the device's busy time, in [0.05, 1]. @defaultValue 1 */
   dutyCycle?: number;
-  /** Sign a draining heartbeat beside each heartbeat (a 'drain-beacon' event): a page sends it when it is frozen or closed. */
-  drainBeacons?: boolean;
+  /**
+   * Sign a draining heartbeat beside each heartbeat (a 'drain-beacon' event): a page sends it when it is
+   * frozen or closed. A function takes each beacon too, and the heartbeat waits (briefly) for its promise:
+   * the host's proof that whoever sends the beacon holds it before the tracker sees the newer heartbeat.
+   */
+  drainBeacons?: boolean | ((beacon: { url: string; body: string }) => Promise<void>);
   /** A span the host keeps in its own storage (a page's IndexedDB): told to the tracker at registration, so a reload gets it back with no download. */
   storedSpan?: { model: string; startLayer: number; endLayer: number };
   /**
@@ -599,7 +603,7 @@ export class NodeRuntime {
       onRegistered: (ans) => this.emit({ type: 'registered', assignment: ans.assignment }),
       onAssignment: (a) => this.onAssignment(a),
       onLog: (level, m) => this.host.log(level, m),
-      ...(this.config.drainBeacons ? { onDrainBeacon: (b: { url: string; body: string }) => this.emit({ type: 'drain-beacon', ...b }) } : {}),
+      ...(this.config.drainBeacons ? { onDrainBeacon: (b: { url: string; body: string }) => this.handDrainBeacon(b) } : {}),
     });
     this.session = session;
     try {
@@ -609,6 +613,12 @@ export class NodeRuntime {
       if (!this.config.retryFailedLoads) throw err;
       this.host.log('warn', `${err.message}; trying again every heartbeat`);
     }
+  }
+
+  private handDrainBeacon(b: { url: string; body: string }): Promise<void> | undefined {
+    this.emit({ type: 'drain-beacon', ...b });
+    const take = this.config.drainBeacons;
+    return typeof take === 'function' ? take(b) : undefined;
   }
 
   private onAssignment(a: Assignment | null): void {
