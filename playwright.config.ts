@@ -5,10 +5,10 @@
  */
 import { defineConfig } from '@playwright/test';
 
-// The test's own pages get no UDP for WebRTC, inside the network namespace scripts/netns-run.sh makes too (npm test
-// runs e2e in one): outside one, data channels would send to this machine's own network interface (Chromium offers no
-// loopback candidate); inside, these pages keep to the relay as before, and show that a page whose ICE cannot connect
-// falls back to it. The data channels' own test asks for them (src/cli/browser-mesh.ts, `rtc: true`).
+// The tests' own pages open with `?rtc=off` (e2e/support/mesh.ts): outside the network namespace scripts/netns-run.sh
+// makes (npm test runs e2e in one), data channels would send to this machine's own network interface (Chromium offers
+// no loopback candidate). Their WebRTC also gets no UDP; that alone is not enough, as Chromium then still offers TCP
+// host candidates. The data channels' own test asks for them (src/cli/browser-mesh.ts, `rtc: true`).
 const NO_WEBRTC_UDP = ['--force-webrtc-ip-handling-policy=disable_non_proxied_udp'];
 export const CHROMIUM_ARGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic', ...NO_WEBRTC_UDP];
 

@@ -30,8 +30,13 @@
  *     and whether any heartbeat was refused meanwhile.
  * The simulator's own CPU is measured apart (process.cpuUsage).
  *
+ * With --trackers K (K > 1 implies --nats): a nats-server, K trackers as
+ * replicas of one cluster, relays in the cluster too; donors spread over the
+ * trackers and relays, chats through each tracker in turn; memory per donor
+ * at NATS too, and route picks timed inside the trackers.
+ *
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15]
- *                          [--relays 1] [--churn 0.05] [--relay-restart] [--no-mesh]
+ *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
  *
  * `--bin` (repeatable) runs every donor count with each given bin/meshnet.js
@@ -49,6 +54,7 @@ import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/m
 import { cpuMs } from './lib/proc-cpu.ts';
 import { printTable, quantile, writeResult } from './lib/stats.ts';
 import { Donor, SwarmStats } from './lib/swarm-donors.ts';
+import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
 
 const argv = process.argv.slice(2);
 if (argv.includes('--help')) {
@@ -67,11 +73,17 @@ const MINUTES = Number(opt('minutes') ?? (quick ? 0.5 : 1));
 const RAMP_S = Number(opt('ramp-s') ?? (quick ? 10 : 30));
 const SETTLE_S = Number(opt('settle-s') ?? (quick ? 5 : 15));
 const RELAYS = Number(opt('relays') ?? 1);
+const TRACKERS = Number(opt('trackers') ?? 1);
+const NATS = flag('nats') || TRACKERS > 1;
+/** Relays join the cluster too (their federation: a donor on one relay reaches a tracker on another over the fast path). */
+const RELAY_NATS = NATS && !flag('no-relay-nats');
 const CHURN = Number(opt('churn') ?? 0);
 const RELAY_RESTART = flag('relay-restart');
 const MESH = !flag('no-mesh');
 const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
 const LABEL = opt('label') ?? 'current';
+/** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
+const PROF = opt('prof');
 const here = fileURLToPath(new URL('.', import.meta.url));
 const OUT = opt('out') ?? join(here, 'results', 'swarm.json');
 const BINS = opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../bin/meshnet.js', import.meta.url))];
@@ -128,13 +140,14 @@ interface Chats {
   stop(): Promise<void>;
 }
 
-/** Streamed chats one after another through the tracker until stopped. */
-function chatLoop(trackerUrl: string): Chats {
+/** Streamed chats one after another, through each tracker in turn, until stopped. */
+function chatLoop(trackerUrls: string[]): Chats {
   const c: Chats = { ok: 0, failed: 0, tokensPerS: [], ttftMs: [], errors: [], stop: async () => {} };
   let running = true;
   const done = (async () => {
     for (let i = 0; running; i++) {
       const t0 = performance.now();
+      const trackerUrl = trackerUrls[i % trackerUrls.length]!;
       try {
         const res = await fetch(`${trackerUrl}/v1/chat/completions`, {
           method: 'POST',
@@ -193,6 +206,11 @@ interface RunResult {
   tracker_removals_missed: number;
   shed_answers: number;
   tracker_kib_per_donor: number;
+  nats_kib_per_donor: number;
+  tracker_cpu_pct_each: number[];
+  route_pick_tracker_p50_ms: number;
+  route_pick_tracker_p99_ms: number;
+  route_picks: number;
   relay_kib_per_donor: number;
   tracker_rss_mib: number;
   relay_cpu_pct: number;
@@ -205,6 +223,9 @@ interface RunResult {
   chat_tokens_per_s: number;
   chat_ttft_ms: number;
   chat_errors: string[];
+  /** Heartbeats sent over the relay socket / as signed HTTP (all donors, whole run). */
+  beats_relay: number;
+  beats_http: number;
   churn_left: number;
   churn_joined: number;
   relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number };
@@ -223,42 +244,87 @@ async function metricValue(url: string, name: string, labels: Record<string, str
   return sum;
 }
 
+interface Hist {
+  /** Upper bounds (s) and cumulative counts. */
+  buckets: Array<[number, number]>;
+  count: number;
+}
+
+async function histogram(url: string, name: string): Promise<Hist> {
+  const text = await (await fetch(`${url}/metrics`)).text().catch(() => '');
+  const buckets: Array<[number, number]> = [];
+  let count = 0;
+  for (const line of text.split('\n')) {
+    const b = new RegExp(`^${name}_bucket\\{le="([^"]+)"\\} ([0-9.e+-]+)$`).exec(line);
+    if (b) buckets.push([b[1] === '+Inf' ? Infinity : Number(b[1]), Number(b[2])]);
+    const c = new RegExp(`^${name}_count ([0-9.e+-]+)$`).exec(line);
+    if (c) count = Number(c[1]);
+  }
+  return { buckets, count };
+}
+
+/** The window's histogram: each tracker's after minus before, summed. */
+function mergeHist(after: Hist[], before: Hist[]): Hist {
+  const out: Hist = { buckets: (after[0]?.buckets ?? []).map(([le]) => [le, 0]), count: 0 };
+  after.forEach((h, i) => {
+    const b = before[i]!;
+    out.count += h.count - b.count;
+    h.buckets.forEach(([, v], k) => (out.buckets[k]![1] += v - (b.buckets[k]?.[1] ?? 0)));
+  });
+  return out;
+}
+
+/** The bucket bound under which fraction q of the observations lie (an upper bound on the quantile). */
+function quantileOfHist(h: Hist, q: number): number {
+  if (h.count === 0) return NaN;
+  for (const [le, v] of h.buckets) if (v >= q * h.count) return le;
+  return Infinity;
+}
+
 async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallUrl: string): Promise<RunResult> {
   const relays: RelayProcess[] = [];
   const relayPorts: number[] = [];
-  let tracker: (Proc & { url: string }) | undefined;
+  const trackers: Array<Proc & { url: string }> = [];
   const nodes: NodeProc[] = [];
   const donors: Donor[] = [];
   const stats = new SwarmStats();
   let chats: Chats | undefined;
+  let nats: NatsServer | undefined;
   try {
+    if (NATS) nats = await startNats();
+    const cluster = nats ? ['--nats', nats.url, '--cluster', 'swarm'] : [];
     for (let i = 0; i < RELAYS; i++) {
-      const r = await startRelayProcess([], bin);
+      const r = await startRelayProcess(RELAY_NATS ? cluster : [], bin);
       relays.push(r);
       relayPorts.push(r.port);
     }
-    const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[0]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS)], {}, bin);
-    const l = await tp.waitFor((e) => e.event === 'listening');
-    tracker = Object.assign(tp, { url: l.url as string });
-    const trackerUrl = tracker.url;
+    for (let i = 0; i < TRACKERS; i++) {
+      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], PROF ? { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${PROF}` } : {}, bin);
+      const l = await tp.waitFor((e) => e.event === 'listening');
+      trackers.push(Object.assign(tp, { url: l.url as string }));
+    }
+    const trackerFor = (i: number) => trackers[i % TRACKERS]!.url;
 
     if (MESH) {
       for (let i = 0; i < 3; i++) {
-        const p = spawnMeshnet(['node', '--port', '0', '--threads', '1', '--relay', relays[0]!.url, '--tracker', trackerUrl, '--model', 'small', '--budget-mb', '60'], {}, bin);
+        const p = spawnMeshnet(['node', '--port', '0', '--threads', '1', '--relay', relays[0]!.url, '--tracker', trackerFor(i), '--model', 'small', '--budget-mb', '60'], {}, bin);
         const nl = await p.waitFor((e) => e.event === 'listening');
         const n = Object.assign(p, { peerId: nl.peer_id as string, endpoint: nl.endpoint as string, relayAddr: (nl.relay_addr as string | null) ?? null });
         nodes.push(n);
         await n.waitFor((e) => e.event === 'serving', 120_000);
       }
-      await until(async () => {
-        const r = await fetch(`${trackerUrl}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }) });
-        return r.status === 200;
-      }, 60_000, 'the 3-node mesh serving a chat');
+      for (const t of trackers) {
+        await until(async () => {
+          const r = await fetch(`${t.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }) });
+          return r.status === 200;
+        }, 60_000, 'the 3-node mesh serving a chat');
+      }
     }
 
     const procs: ProcRef[] = [
-      { name: 'tracker', pid: () => tracker?.child.pid },
+      ...trackers.map((t, i) => ({ name: `tracker${i + 1}`, pid: () => t.child.pid })),
       ...relays.map((_, i) => ({ name: `relay${i + 1}`, pid: () => relays[i]!.child.pid })),
+      ...(nats ? [{ name: 'nats', pid: () => nats!.pid }] : []),
     ];
     await sleep(1000);
     const rssBefore = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
@@ -267,7 +333,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     let made = 0;
     const makeDonor = async (i: number): Promise<Donor> => {
       const [mb, format] = BUDGETS[i % BUDGETS.length]!;
-      return Donor.create({ relayUrl: relays[i % RELAYS]!.url, trackerUrl, model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats });
+      return Donor.create({ relayUrl: relays[i % RELAYS]!.url, trackerUrl: trackerFor(i), model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats });
     };
     const startFailures: string[] = [];
     const starting: Array<Promise<void>> = [];
@@ -291,8 +357,10 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     const rssAfter = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
 
     // The measured window.
-    if (MESH) chats = chatLoop(trackerUrl);
-    const removalsBefore = await metricValue(trackerUrl, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN);
+    if (MESH) chats = chatLoop(trackers.map((t) => t.url));
+    const removals = async () => (await Promise.all(trackers.map((t) => metricValue(t.url, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN)))).reduce((a, b) => a + b, 0);
+    const removalsBefore = await removals();
+    const picksBefore = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
     stats.reset();
     stats.recording = true;
     const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
@@ -304,10 +372,11 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     const picks: number[] = [];
     let pickFailures = 0;
     let probing = true;
+    let probes = 0;
     const probe = (async () => {
       while (probing) {
         const p0 = performance.now();
-        const r = await fetch(`${trackerUrl}/api/route?model=swarm`).catch(() => undefined);
+        const r = await fetch(`${trackerFor(probes++)}/api/route?model=swarm`).catch(() => undefined);
         if (r?.status === 200) picks.push(performance.now() - p0);
         else pickFailures++;
         await r?.arrayBuffer().catch(() => {});
@@ -378,9 +447,12 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     const sim = process.cpuUsage(simBefore);
     stats.recording = false;
     await chats?.stop();
-    const removalsAfter = await metricValue(trackerUrl, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN);
+    const removalsAfter = await removals();
+    const picksAfter = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
+    const pickHist = mergeHist(picksAfter, picksBefore);
 
-    const trackerCpuMs = cpuAfter.tracker! - cpuBefore.tracker!;
+    const trackerCpus = trackers.map((_, i) => cpuAfter[`tracker${i + 1}`]! - cpuBefore[`tracker${i + 1}`]!);
+    const trackerCpuMs = trackerCpus.reduce((a, b) => a + b, 0);
     const relayCpuMs = relays.reduce((s, _, i) => s + (cpuAfter[`relay${i + 1}`]! - cpuBefore[`relay${i + 1}`]!), 0);
     const calls = stats.count('heartbeat') + stats.count('register');
     const hb = [...stats.latency.heartbeat].sort((a, b) => a - b);
@@ -405,9 +477,15 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       // Removals of donors that never left (those that did are expected to go).
       tracker_removals_missed: removalsAfter - removalsBefore - departed.size,
       shed_answers: stats.shed,
-      tracker_kib_per_donor: (rssAfter.tracker! - rssBefore.tracker!) / donorCount,
+      // Every tracker holds the whole registry: the largest growth of one.
+      tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
+      nats_kib_per_donor: nats ? (rssAfter.nats! - rssBefore.nats!) / donorCount : NaN,
+      tracker_cpu_pct_each: trackerCpus.map((ms) => (ms / (windowS * 1000)) * 100),
+      route_pick_tracker_p50_ms: quantileOfHist(pickHist, 0.5) * 1000,
+      route_pick_tracker_p99_ms: quantileOfHist(pickHist, 0.99) * 1000,
+      route_picks: pickHist.count,
       relay_kib_per_donor: relayRssGrowth / donorCount,
-      tracker_rss_mib: rssAfter.tracker! / 1024,
+      tracker_rss_mib: rssAfter.tracker1! / 1024,
       relay_cpu_pct: (relayCpuMs / (windowS * 1000)) * 100,
       sim_cpu_pct: ((sim.user + sim.system) / 1000 / (windowS * 1000)) * 100,
       route_pick_p50_ms: quantile(pk, 0.5),
@@ -418,6 +496,8 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       chat_tokens_per_s: quantile(tps, 0.5),
       chat_ttft_ms: quantile(ttft, 0.5),
       chat_errors: chats?.errors ?? [],
+      beats_relay: donors.reduce((a, d) => a + (d.client?.beats.relay ?? 0), 0),
+      beats_http: donors.reduce((a, d) => a + (d.client?.beats.http ?? 0), 0),
       churn_left: left,
       churn_joined: joined,
       ...(restart ? { relay_restart: restart } : {}),
@@ -426,8 +506,9 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     await chats?.stop().catch(() => {});
     for (const d of donors) d.close();
     await Promise.all(nodes.map((n) => n.stop()));
-    await tracker?.stop();
+    await Promise.all(trackers.map((t) => t.stop()));
     await Promise.all(relays.map((r) => r.stop()));
+    await nats?.stop();
   }
 }
 
@@ -453,7 +534,7 @@ try {
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js$/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'relay KiB/donor', 'route p99 ms', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
@@ -467,12 +548,14 @@ printTable(
     r.shed_answers,
     r.tracker_kib_per_donor,
     r.relay_kib_per_donor,
+    r.nats_kib_per_donor,
     r.route_pick_p99_ms,
+    r.route_pick_tracker_p99_ms,
     `${r.chats_ok}/${r.chats_failed}`,
     r.chat_tokens_per_s,
     r.sim_cpu_pct,
   ]),
 );
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
-writeResult(OUT, { bench: 'swarm', label: LABEL, minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, mesh: MESH, runs: results });
+writeResult(OUT, { bench: 'swarm', label: LABEL, minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
 process.exit(0);

@@ -12,8 +12,9 @@
  *   steady  each node's run of passes set to `--steady` (default 50: the
  *           BOINC odds are max(2 %, 1/50) = 2 % per session);
  *   all     every session checked (the run of passes reset before each chat).
- * Per phase: tokens/s through the tracker, CPU ms per token of the node
- * processes (the mesh's compute: /proc/<pid>/stat), the checks judged.
+ * Per phase: tokens/s through the tracker (the traffic's wall time), CPU ms
+ * per token of the node processes (the mesh's compute: /proc/<pid>/stat)
+ * and the checks judged, both read once the phase's checks have landed.
  * Ratios are taken per round against that round's "off" (phases next to each
  * other share the machine's load), medians over the rounds. At 2 % a check
  * is rare, so its cost hides in the noise of a few phases: "all" measures
@@ -115,6 +116,15 @@ async function checksPart(): Promise<void> {
       }),
     );
     const wallMs = performance.now() - t0;
+    // The phase's checks run after its generations: let them land (no new verdict for 1.5 s) before the CPU is read,
+    // so each phase pays for its own checks and none leaks into the next.
+    let last = totalChecks();
+    for (let quiet = 0, waited = 0; quiet < 3 && waited < 20_000; waited += 500) {
+      await new Promise((r) => setTimeout(r, 500));
+      const now = totalChecks();
+      quiet = now === last ? quiet + 1 : 0;
+      last = now;
+    }
     return { tokens, wallMs, cpuMs: nodes.reduce((s, x) => s + cpuMs(x.child.pid).all, 0) - cpu0, checks: totalChecks() - checks0 };
   }
 
@@ -144,9 +154,7 @@ async function checksPart(): Promise<void> {
       console.log(`round ${r + 1} ${mode.padEnd(6)}: ${(p.tokens / (p.wallMs / 1000)).toFixed(1)} tokens/s, ${(p.cpuMs / Math.max(1, p.tokens)).toFixed(2)} node CPU ms/token, ${p.checks} checks`);
     }
   }
-  // Checks in flight at the end of a phase land in the next; let the last ones land before stopping.
   mode = 'off';
-  await new Promise((r) => setTimeout(r, 2000));
   await Promise.all(nodes.map((x) => x.stop()));
   await tracker.close();
   await relay.stop();

@@ -25,9 +25,11 @@
  * `chain_forwards` (GET /info over the relay): > 0 proves the chain ran,
  * 0 the star. Table on stdout, JSON in bench/results/wan-browser.json.
  *
- *   scripts/netns-run.sh npx tsx bench/wan-browser.ts [--quick] [--delay-ms 20] [--model small|tiny] [--no-relay-rows]
+ *   scripts/netns-run.sh npx tsx bench/wan-browser.ts [--quick] [--delay-ms 20] [--model small|tiny] [--no-relay-rows | --rtc]
  *
- * `--no-relay-rows`: only the 1-page row and the data-channel rows, written to wan-browser-rtc.json.
+ * `--no-relay-rows`: only the 1-page row and the data-channel rows; `--rtc`: those and
+ * the no-delay relay row (3 pages / 1 page over either path, chain vs star
+ * over channels, in one run); both write wan-browser-rtc.json.
  */
 import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -139,7 +141,9 @@ async function main(): Promise<void> {
     { name: '3 pages, star, rtc', pages: 3, hop: 'star', rtc: true, delay: ONE_WAY, legs: 4 },
     { name: '3 pages, chain, rtc', pages: 3, hop: 'chain', rtc: true, delay: ONE_WAY, legs: 3 },
   ];
-  const configs = all.filter((c) => (c.rtc ? inNetns : relayRows || c.pages === 1));
+  // --rtc: the data-channel rows with the 1-page and the no-delay relay rows beside them (the targets' ratios, one run).
+  const rtcOnly = process.argv.includes('--rtc');
+  const configs = all.filter((c) => (c.rtc ? inNetns : rtcOnly ? c.delay === 0 : relayRows || c.pages === 1));
   const results: Result[] = [];
   try {
     for (const c of configs) {
@@ -195,8 +199,8 @@ async function main(): Promise<void> {
       console.log(`${path}: no delay, 3 pages (chain) / 1 page tok/s: ${(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3)}${three.rtc_share !== null && path === 'rtc' ? `; hops on data channels ${(three.rtc_share * 100).toFixed(2)} %` : ''}`);
     }
   }
-  // --no-relay-rows writes a file of its own: the full run's relay rows stay.
-  const file = `wan-browser${MODEL === 'small' ? '' : `-${MODEL}`}${relayRows ? '' : '-rtc'}.json`;
+  // --no-relay-rows and --rtc write a file of their own: the full run's relay rows stay.
+  const file = `wan-browser${MODEL === 'small' ? '' : `-${MODEL}`}${relayRows && !rtcOnly ? '' : '-rtc'}.json`;
   writeResult(fileURLToPath(new URL(`./results/${file}`, import.meta.url)), {
     bench: 'wan-browser',
     model: MODEL,

@@ -46,7 +46,7 @@ test('a browser node loads its span from the pinned hub URL by Range through the
 
   const context = await browser.newContext({ serviceWorkers: 'block' });
   const page = await context.newPage();
-  const q = new URLSearchParams({ relay: relay.url, tracker: trackerUrl, model: 'tiny', budget: '64', backend: 'wasm', threads: '1' });
+  const q = new URLSearchParams({ relay: relay.url, tracker: trackerUrl, model: 'tiny', budget: '64', backend: 'wasm', threads: '1', rtc: 'off' });
   await page.goto(`${appUrl()}?${q}`);
   await until(async () => {
     const st: NodeStatus = await status(page);

@@ -56,7 +56,7 @@ test.beforeAll(async ({ browser }) => {
   // The page: a budget that holds the whole model, so the tracker gives it every layer.
   context = await browser.newContext({ serviceWorkers: 'block' });
   page = await context.newPage();
-  await page.goto(`${appUrl()}?${new URLSearchParams({ relay: relay.url, tracker: tracker.url, model: 'fortunes-tiny', budget: '96', backend: 'wasm', threads: '1' })}`);
+  await page.goto(`${appUrl()}?${new URLSearchParams({ relay: relay.url, tracker: tracker.url, model: 'fortunes-tiny', budget: '96', backend: 'wasm', threads: '1', rtc: 'off' })}`);
   const s = await until(async () => {
     const x: NodeStatus = await status(page);
     if (x.state === 'error') throw new Error(`page failed: ${x.error?.code}: ${x.error?.message}`);

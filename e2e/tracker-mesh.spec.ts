@@ -45,7 +45,7 @@ interface BrowserNodePage {
 async function openTrackedNode(browser: Browser, budgetMib: number): Promise<BrowserNodePage> {
   const context = await browser.newContext({ serviceWorkers: 'block' });
   const page = await context.newPage();
-  const q = new URLSearchParams({ relay: relay.url, tracker: tracker.url, model: 'tiny', budget: String(budgetMib), backend: 'wasm', threads: '1' });
+  const q = new URLSearchParams({ relay: relay.url, tracker: tracker.url, model: 'tiny', budget: String(budgetMib), backend: 'wasm', threads: '1', rtc: 'off' });
   await page.goto(`${appUrl()}?${q}`);
   // Registered and assigned: the next page's assignment depends on this one's.
   const s = await until(async () => {

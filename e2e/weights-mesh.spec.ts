@@ -38,7 +38,7 @@ interface NodePage {
 async function openNode(browser: Browser, budgetMib: number, weights: WeightFormat): Promise<NodePage> {
   const context = await browser.newContext({ serviceWorkers: 'block' });
   const page = await context.newPage();
-  const q = new URLSearchParams({ relay: relay.url, tracker: tracker.url, model: 'tiny', budget: String(budgetMib), backend: 'wasm', threads: '1', weights });
+  const q = new URLSearchParams({ relay: relay.url, tracker: tracker.url, model: 'tiny', budget: String(budgetMib), backend: 'wasm', threads: '1', weights, rtc: 'off' });
   await page.goto(`${appUrl()}?${q}`);
   const s = await until(async () => {
     const st: NodeStatus = await status(page);

@@ -24,7 +24,7 @@ import { WebSocket } from 'ws';
 import { Identity } from '../../src/net/identity.ts';
 import { RelayClient } from '../../src/net/relay-client.ts';
 import type { WebSocketConstructor } from '../../src/net/socket.ts';
-import { TrackerClient } from '../../src/node/tracker-client.ts';
+import { TrackerClient, type TrackerRelay } from '../../src/node/tracker-client.ts';
 import { TrackerSession } from '../../src/node/tracker-session.ts';
 import { encodeBase64Url } from '../../src/protocol/base64.ts';
 import type { Assignment, NodeMessage } from '../../src/protocol/tracker.ts';
@@ -100,7 +100,11 @@ function outcomeOf(e: unknown): string {
 export class Donor {
   private relay: RelayClient | undefined;
   private session: TrackerSession | undefined;
-  private readonly agent = new Agent({ connections: 1, pipelining: 1 });
+  /** Its tracker client (how many beats went over the relay, how many as HTTP). */
+  client: TrackerClient | undefined;
+  // Two connections, as a node has: its tracker session holds GET /api/nodes/watch open on one, and
+  // its heartbeats go on the other (with one, every beat queued behind the watch and timed out).
+  private readonly agent = new Agent({ connections: 2, pipelining: 1 });
   private assignment: Assignment | null = null;
   private serving: { start_layer: number; end_layer: number } | null = null;
   private loadTimer: ReturnType<typeof setTimeout> | undefined;
@@ -166,7 +170,26 @@ export class Donor {
         throw e;
       }
     }) as typeof fetch;
-    const client = new TrackerClient({ trackerUrl: this.c.trackerUrl, fetch: timed, identity: this.identity });
+    // Heartbeats over the relay socket, timed like the HTTP ones (the client falls back to HTTP when they fail).
+    const timedRelay: TrackerRelay = {
+      get state() {
+        return relay.state;
+      },
+      async request(peer, req, opts) {
+        const t0 = performance.now();
+        try {
+          const r = await relay.request(peer, req, opts);
+          const notFound = r.status === 404 && new TextDecoder().decode(r.body).includes('MESH_ERR_NOT_FOUND');
+          stats.record('heartbeat', performance.now() - t0, r.status === 200 ? 'ok' : notFound ? 'http-404' : `relay-${r.status}`);
+          return r;
+        } catch (e) {
+          stats.record('heartbeat', performance.now() - t0, `relay-${(e as { code?: string }).code ?? 'error'}`);
+          throw e;
+        }
+      },
+    };
+    const client = new TrackerClient({ trackerUrl: this.c.trackerUrl, fetch: timed, identity: this.identity, relay: timedRelay });
+    this.client = client;
     this.session = new TrackerSession({
       client,
       message: () => this.message(),

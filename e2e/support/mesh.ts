@@ -45,7 +45,8 @@ export function reference(preset: FixturePreset): ReferenceModel {
 }
 
 export function nodeUrl(relay: RelayProcess, model: StaticServer, layers: [number, number], extra: Record<string, string> = {}): string {
-  const q = new URLSearchParams({ relay: relay.url, model: model.url.endsWith('/') ? model.url : `${model.url}/`, layers: `${layers[0]}-${layers[1]}`, ...extra });
+  // rtc=off: no data channels (their test asks for them inside a network namespace; out of one they would reach past loopback).
+  const q = new URLSearchParams({ relay: relay.url, model: model.url.endsWith('/') ? model.url : `${model.url}/`, layers: `${layers[0]}-${layers[1]}`, rtc: 'off', ...extra });
   return `${appUrl()}?${q}`;
 }
 

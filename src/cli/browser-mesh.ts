@@ -30,7 +30,10 @@ export const CHROMIUM_FLAGS = [
   '--disable-backgrounding-occluded-windows',
 ];
 
-/** Unless the mesh asked for data channels inside a namespace of ours, WebRTC gets no UDP at all: a page that tries anyway gathers no ICE candidate and stays on the relay, sending nothing past loopback. */
+/**
+ * Unless the mesh asked for data channels inside a namespace of ours, WebRTC gets no UDP. Not a guard on its own
+ * (Chromium still offers TCP host candidates): pages not asked for data channels open with `?rtc=off`.
+ */
 export const NO_WEBRTC_UDP = '--force-webrtc-ip-handling-policy=disable_non_proxied_udp';
 
 /** Inside the network namespace scripts/netns-run.sh makes. */

@@ -40,3 +40,19 @@ export function relaySubjects(cluster: string): RelaySubjects {
     relayPrefix: `${p}relay.`,
   };
 }
+
+export interface TrackerSubjects {
+  /** Broadcast: the peers a tracker heard from in the last second (and its sign of life). */
+  readonly seen: string;
+  /** The JetStream KV bucket holding the registry (nodes, routes in flight, trackers, the leader lease). */
+  readonly registryBucket: string;
+}
+
+export function trackerSubjects(cluster: string): TrackerSubjects {
+  const c = checkClusterName(cluster);
+  return {
+    seen: `meshnet.${c}.trk.seen`,
+    // Bucket names allow letters, digits, "-" and "_": the cluster name is one of those already.
+    registryBucket: `meshnet_${c}_registry`,
+  };
+}

@@ -18,6 +18,9 @@ import {
   routeSigningMessage,
   chainReplySigningMessage,
   assignmentSchema,
+  trackerCertMessage,
+  trackerKeySchema,
+  type TrackerKey,
   type NodeMessage,
   type RegisterAnswer,
   type ReplaceRequest,
@@ -26,13 +29,47 @@ import {
   type Assignment,
 } from '../protocol/tracker.ts';
 import { verifyEd25519, type Identity } from '../net/identity.ts';
+import type { MeshReply } from '../protocol/envelopes.ts';
+import type { OutgoingRequest, RequestOptions } from '../net/contract.ts';
 import { z } from 'zod';
+
+/** The node's relay connection as the tracker client uses it: heartbeats to the tracker's peer over the socket. */
+export interface TrackerRelay {
+  readonly state: string;
+  request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
+}
+
+/** The keys a node takes routes from: one tracker's, or every tracker of its cluster. */
+export type TrackerKeys = Uint8Array | readonly Uint8Array[] | undefined;
+
+function keyList(k: TrackerKeys): readonly Uint8Array[] {
+  return k === undefined ? [] : k instanceof Uint8Array ? [k] : k;
+}
+
+/** True when any of `keys` verifies `sig` over `message` (a notice, a check plan: signed by one tracker of the cluster). */
+export async function signedByAny(keys: TrackerKeys, message: Uint8Array, sig: Uint8Array, verify: (key: Uint8Array, message: Uint8Array, sig: Uint8Array) => Promise<boolean>): Promise<boolean> {
+  for (const k of keyList(keys)) if (await verify(k, message, sig)) return true;
+  return false;
+}
 
 export interface TrackerClientInit {
   /** Base URL, e.g. http://127.0.0.1:8080 */
   trackerUrl: string;
   fetch: typeof fetch;
   identity: Identity;
+  /**
+   * The node's relay connection: once a tracker has answered (it names its
+   * peer id), heartbeats go to it over this socket, unsigned, and fall back
+   * to the signed HTTP request when that fails.
+   */
+  relay?: TrackerRelay;
+  /**
+   * The cluster operator's key (base64url): routes are taken only from
+   * trackers whose keys it certified. Absent: pinned from the first answer
+   * that carries a certificate; a tracker alone (no certificates) is trusted
+   * as the tracker URL says.
+   */
+  operatorKey?: string;
   /** Per request. @defaultValue 10000 */
   requestTimeoutMs?: number;
   /** How long a head keeps asking for a replacement span while the tracker answers 503 (no node covers it yet). @defaultValue 30000 */
@@ -48,6 +85,8 @@ const heartbeatAnswerSchema = z
     heartbeat_interval_ms: z.number().int().positive().optional(),
     tracker_public_key: z.string().optional(),
     distrust: z.array(z.object({ peer_id: z.string(), until: z.number() })).max(10_000).optional(),
+    tracker_peer_id: z.string().regex(/^[0-9a-f]{32}$/).optional(),
+    tracker_keys: z.array(trackerKeySchema).max(64).optional(),
   })
   .loose();
 const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
@@ -79,8 +118,14 @@ export async function signBody<T>(identity: Identity, body: T): Promise<{ body: 
 }
 
 /** Verify a tracker-signed route text for `headPeerId`; returns the parsed hops or throws MESH_ERR_FORBIDDEN. */
-export async function verifySignedRoute(trackerKey: Uint8Array | undefined, headPeerId: string, routeText: string, expiresAt: number, signature: string, now: number): Promise<RouteHop[]> {
-  if (!trackerKey) throw new MeshError('MESH_ERR_FORBIDDEN', 'this head has no tracker key yet (not registered with a tracker, and none configured): it accepts no route');
+export async function verifySignedRoute(trackerKey: TrackerKeys, headPeerId: string, routeText: string, expiresAt: number, signature: string, now: number): Promise<RouteHop[]> {
+  return (await verifyRouteWith(trackerKey, headPeerId, routeText, expiresAt, signature, now)).hops;
+}
+
+/** verifySignedRoute, and which key it verified with (any tracker of the cluster may have signed). */
+async function verifyRouteWith(trackerKey: TrackerKeys, headPeerId: string, routeText: string, expiresAt: number, signature: string, now: number): Promise<{ hops: RouteHop[]; key: Uint8Array }> {
+  const keys = keyList(trackerKey);
+  if (keys.length === 0) throw new MeshError('MESH_ERR_FORBIDDEN', 'this head has no tracker key yet (not registered with a tracker, and none configured): it accepts no route');
   if (!Number.isSafeInteger(expiresAt)) throw new MeshError('MESH_ERR_FORBIDDEN', 'route expiry is not an integer (ms since epoch)');
   if (expiresAt < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expiresAt} ms ago; ask the tracker for a fresh one`);
   let sig: Uint8Array;
@@ -89,9 +134,15 @@ export async function verifySignedRoute(trackerKey: Uint8Array | undefined, head
   } catch {
     throw new MeshError('MESH_ERR_FORBIDDEN', 'route signature is not base64url');
   }
-  if (!(await verifyEd25519(trackerKey, routeSigningMessage(headPeerId, expiresAt, routeText), sig))) {
-    throw new MeshError('MESH_ERR_FORBIDDEN', 'the route is not signed by the tracker for this head; a head accepts routes only from its tracker');
+  const message = routeSigningMessage(headPeerId, expiresAt, routeText);
+  let by: Uint8Array | undefined;
+  for (const k of keys) {
+    if (await verifyEd25519(k, message, sig)) {
+      by = k;
+      break;
+    }
   }
+  if (!by) throw new MeshError('MESH_ERR_FORBIDDEN', 'the route is not signed by the tracker for this head; a head accepts routes only from its tracker (or a tracker of its cluster)');
   let raw: unknown;
   try {
     raw = JSON.parse(routeText);
@@ -101,7 +152,7 @@ export async function verifySignedRoute(trackerKey: Uint8Array | undefined, head
   // A route whose head runs every layer itself lists no downstream hop: accept the empty list too.
   const p = (Array.isArray(raw) && raw.length === 0 ? routeSchema.or(z.array(z.never()).max(0)) : routeSchema).safeParse(raw);
   if (!p.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `the signed route is not a hop list: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
-  return p.data;
+  return { hops: p.data, key: by };
 }
 
 /** A route the tracker's signature was checked on; one object per signature while it stays cached. */
@@ -120,20 +171,21 @@ export interface VerifiedRoute {
 export class VerifiedRoutes {
   private readonly map = new Map<string, { key: Uint8Array; head: string; text: string; expires: number; route: VerifiedRoute }>();
 
-  get(key: Uint8Array | undefined, head: string, text: string, expires: number, signature: string, now: number): VerifiedRoute | Promise<VerifiedRoute> {
+  get(key: TrackerKeys, head: string, text: string, expires: number, signature: string, now: number): VerifiedRoute | Promise<VerifiedRoute> {
     const hit = this.map.get(signature);
-    if (key && hit && hit.head === head && hit.text === text && hit.expires === expires && sameBytes(hit.key, key)) {
+    // Valid while the key that verified it is still one this node takes routes from.
+    if (hit && hit.head === head && hit.text === text && hit.expires === expires && keyList(key).some((k) => sameBytes(hit.key, k))) {
       if (expires < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expires} ms ago; ask the tracker for a fresh one`);
       return hit.route;
     }
     return this.verify(key, head, text, expires, signature, now);
   }
 
-  private async verify(key: Uint8Array | undefined, head: string, text: string, expires: number, signature: string, now: number): Promise<VerifiedRoute> {
-    const hops = await verifySignedRoute(key, head, text, expires, signature, now);
+  private async verify(key: TrackerKeys, head: string, text: string, expires: number, signature: string, now: number): Promise<VerifiedRoute> {
+    const { hops, key: by } = await verifyRouteWith(key, head, text, expires, signature, now);
     if (this.map.size >= 256) this.map.clear();
     const route: VerifiedRoute = { hops };
-    this.map.set(signature, { key: key!, head, text, expires, route });
+    this.map.set(signature, { key: by, head, text, expires, route });
     return route;
   }
 }
@@ -146,15 +198,94 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
 }
 
 /** True when `signature` is the tracker's over `replyText` as `headPeerId`'s reply address for a route expiring at `expiresAt` (chainReplySigningMessage). */
-export async function verifyChainReply(trackerKey: Uint8Array | undefined, headPeerId: string, expiresAt: number, replyText: string, signature: string): Promise<boolean> {
-  if (!trackerKey) return false;
+export async function verifyChainReply(trackerKey: TrackerKeys, headPeerId: string, expiresAt: number, replyText: string, signature: string): Promise<boolean> {
+  const keys = keyList(trackerKey);
+  if (keys.length === 0) return false;
   let sig: Uint8Array;
   try {
     sig = decodeBase64Url(signature);
   } catch {
     return false;
   }
-  return verifyEd25519(trackerKey, chainReplySigningMessage(headPeerId, expiresAt, replyText), sig);
+  const message = chainReplySigningMessage(headPeerId, expiresAt, replyText);
+  for (const k of keys) if (await verifyEd25519(k, message, sig)) return true;
+  return false;
+}
+
+/**
+ * The tracker keys a node takes routes from. A tracker alone: the key it
+ * answers with. A cluster: every tracker's key its answers list, and, once
+ * an operator key is known (configured, or pinned from the first answer
+ * with a certificate), only those the operator certified. A key stays
+ * usable for a while after its tracker stops being listed (routes it signed
+ * live on for their TTL).
+ */
+export class TrackerTrust {
+  private readonly keys = new Map<string, { key: Uint8Array; listedAt: number }>();
+  private readonly certified = new Set<string>();
+  private list: Uint8Array[] = [];
+  operatorKey: string | undefined;
+
+  constructor(
+    operatorKey?: string,
+    /** How long an unlisted key stays trusted, ms. */
+    private readonly keepMs = 10 * 60_000,
+  ) {
+    this.operatorKey = operatorKey;
+  }
+
+  /** The keys to check a route against, the answering tracker's first. */
+  get current(): readonly Uint8Array[] {
+    return this.list;
+  }
+
+  /** Exactly this key (or none) from now on, until a tracker answers. */
+  only(key: Uint8Array | undefined): void {
+    this.keys.clear();
+    this.list = key ? [key] : [];
+    if (key) this.keys.set(encodeBase64Url(key), { key, listedAt: Date.now() });
+  }
+
+  /** What a tracker answered: its own key, and the cluster's list when it is in one. */
+  async absorb(answering: string | undefined, listed: readonly TrackerKey[] | undefined, now = Date.now()): Promise<void> {
+    const accepted: string[] = [];
+    if (listed && listed.length > 0) {
+      if (!this.operatorKey) this.operatorKey = listed.find((k) => k.cert)?.cert?.operator_key;
+      for (const k of listed) if (!this.operatorKey || (await this.certifiedKey(k, now))) accepted.push(k.public_key);
+      if (!this.operatorKey && answering) accepted.push(answering);
+    } else if (answering && !this.operatorKey) accepted.push(answering);
+    for (const k of accepted) {
+      let key: Uint8Array;
+      try {
+        key = decodeBase64Url(k);
+      } catch {
+        continue;
+      }
+      if (key.byteLength === 32) this.keys.set(k, { key, listedAt: now });
+    }
+    for (const [k, v] of this.keys) if (now - v.listedAt > this.keepMs) this.keys.delete(k);
+    const first = answering ? this.keys.get(answering) : undefined;
+    this.list = [...(first ? [first.key] : []), ...[...this.keys.entries()].filter(([k]) => k !== answering).map(([, v]) => v.key)];
+  }
+
+  private async certifiedKey(k: TrackerKey, now: number): Promise<boolean> {
+    const c = k.cert;
+    if (!c || c.operator_key !== this.operatorKey || c.expires_at < now) return false;
+    const id = `${k.public_key}:${c.expires_at}:${c.signature}`;
+    if (this.certified.has(id)) return true;
+    let op: Uint8Array;
+    let sig: Uint8Array;
+    try {
+      op = decodeBase64Url(c.operator_key);
+      sig = decodeBase64Url(c.signature);
+    } catch {
+      return false;
+    }
+    if (!(await verifyEd25519(op, trackerCertMessage(k.public_key, c.expires_at), sig))) return false;
+    if (this.certified.size > 1024) this.certified.clear();
+    this.certified.add(id);
+    return true;
+  }
 }
 
 /** A replacement span, and (when the tracker signed one) the head's whole route with it in place, for chained hops. */
@@ -167,13 +298,29 @@ export class TrackerClient {
   private readonly base: string;
   private readonly timeoutMs: number;
   private readonly replaceDeadlineMs: number;
-  /** Raw Ed25519 key the tracker signs routes with (from the last registration, or configured). */
-  trackerKey: Uint8Array | undefined;
+  /** The tracker keys routes are taken from (the answering tracker's, its cluster's). */
+  readonly trust: TrackerTrust;
+  /** The peer id of the tracker that answered last: heartbeats go to it over the relay. */
+  trackerPeerId: string | undefined;
+  /** Heartbeats sent over the relay socket / as signed HTTP requests. */
+  readonly beats = { relay: 0, http: 0 };
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
     this.timeoutMs = init.requestTimeoutMs ?? 10_000;
     this.replaceDeadlineMs = init.replaceDeadlineMs ?? 30_000;
+    this.trust = new TrackerTrust(init.operatorKey);
+  }
+
+  /** The keys a route must be signed with (one of them); undefined before any tracker answered. */
+  get trackerKey(): readonly Uint8Array[] | undefined {
+    const k = this.trust.current;
+    return k.length > 0 ? k : undefined;
+  }
+
+  /** Take routes from this key alone (a configured tracker key). */
+  set trackerKey(key: Uint8Array | undefined) {
+    this.trust.only(key);
   }
 
   private async post(path: string, payload: unknown, signal?: AbortSignal): Promise<{ status: number; json: unknown }> {
@@ -223,7 +370,8 @@ export class TrackerClient {
     if (status !== 200 && status !== 201) this.fail('/api/nodes/register', status, json);
     const p = registerAnswerSchema.safeParse(json);
     if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker register answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
-    this.trackerKey = decodeBase64Url(p.data.tracker_public_key);
+    await this.trust.absorb(p.data.tracker_public_key, p.data.tracker_keys);
+    this.trackerPeerId = p.data.tracker_peer_id;
     if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     return p.data;
   }
@@ -249,14 +397,51 @@ export class TrackerClient {
     return json;
   }
 
-  /** Throws NotRegisteredError on 404 (the tracker restarted and forgot us). */
+  /**
+   * Throws NotRegisteredError on 404 (the tracker restarted and forgot us).
+   * Over the relay socket when a tracker named its peer id and the relay is
+   * up (unsigned: the relay vouches for us); else, or when that fails, the
+   * signed HTTP request.
+   */
   async heartbeat(msg: NodeMessage): Promise<HeartbeatAnswer> {
+    const overRelay = await this.relayBeat(msg);
+    if (overRelay) return overRelay;
+    this.beats.http++;
     const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg));
     if (status === 404) throw new NotRegisteredError();
     if (status !== 200) this.fail('/api/nodes/heartbeat', status, json);
+    return this.beatAnswer(json);
+  }
+
+  /** The beat over the relay; undefined when it could not be (no relay, no tracker peer, a relay or tracker error): send it signed. */
+  private async relayBeat(msg: NodeMessage): Promise<HeartbeatAnswer | undefined> {
+    const relay = this.init.relay;
+    const peer = this.trackerPeerId;
+    if (!relay || !peer || relay.state !== 'registered') return undefined;
+    let reply: MeshReply;
+    try {
+      reply = await relay.request(peer, { method: 'POST', path: '/api/nodes/beat', headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(msg)) }, { timeoutMs: this.timeoutMs });
+    } catch {
+      return undefined;
+    }
+    let json: unknown;
+    try {
+      json = JSON.parse(new TextDecoder().decode(reply.body));
+    } catch {
+      return undefined;
+    }
+    // The tracker's own 404 (it forgot us), not the relay's (no such peer: that tracker is gone).
+    if (reply.status === 404 && (json as { error?: { code?: string } })?.error?.code === 'MESH_ERR_NOT_FOUND') throw new NotRegisteredError();
+    if (reply.status !== 200) return undefined;
+    this.beats.relay++;
+    return this.beatAnswer(json);
+  }
+
+  private async beatAnswer(json: unknown): Promise<HeartbeatAnswer> {
     const p = heartbeatAnswerSchema.safeParse(json ?? {});
     if (!p.success) return {};
-    if (p.data.tracker_public_key) this.trackerKey = decodeBase64Url(p.data.tracker_public_key);
+    if (p.data.tracker_public_key) await this.trust.absorb(p.data.tracker_public_key, p.data.tracker_keys);
+    if (p.data.tracker_peer_id) this.trackerPeerId = p.data.tracker_peer_id;
     if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     const out: HeartbeatAnswer = {};
     if (p.data.assignment !== undefined) out.assignment = p.data.assignment;

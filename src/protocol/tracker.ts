@@ -137,6 +137,31 @@ export type NodeMessage = z.infer<typeof nodeMessageSchema>;
 /** A signed message: `signature` is base64url Ed25519 over canonicalJson(body). */
 export const signedSchema = <T extends z.ZodTypeAny>(body: T) => z.object({ body, signature: z.string().min(40).max(200) });
 
+/** An operator's certificate of a tracker key: Ed25519 by `operator_key` over trackerCertMessage(key, expires_at). */
+export const trackerCertSchema = z.object({
+  operator_key: z.string().min(40).max(64),
+  expires_at: z.number().int(),
+  signature: z.string().min(40).max(200),
+});
+export type TrackerCert = z.infer<typeof trackerCertSchema>;
+
+/** One tracker of a cluster as nodes learn it: its route-signing key, certified by the operator when the cluster has one. */
+export const trackerKeySchema = z.object({
+  public_key: z.string().min(40).max(64),
+  cert: trackerCertSchema.optional(),
+});
+export type TrackerKey = z.infer<typeof trackerKeySchema>;
+
+/**
+ * What an operator signs to make a key one of its trackers:
+ * `tracker-cert-v1:` + the tracker's base64url public key + `:` + expires_at.
+ * A node that knows the operator key accepts routes signed by any key so
+ * certified (docs/protocol.md §9, "Clusters of trackers").
+ */
+export function trackerCertMessage(trackerPublicKey: string, expiresAt: number): Uint8Array {
+  return new TextEncoder().encode(`tracker-cert-v1:${trackerPublicKey}:${expiresAt}`);
+}
+
 export const registerAnswerSchema = z.object({
   assignment: assignmentSchema.nullable(),
   heartbeat_interval_ms: z.number().int().positive(),
@@ -147,6 +172,10 @@ export const registerAnswerSchema = z.object({
    * at once (it replaces the hop by its usual replay). Optional: older trackers send none.
    */
   distrust: z.array(z.object({ peer_id: peerId, until: z.number().int() })).max(10_000).optional(),
+  /** The answering tracker's peer id: heartbeats may go to it over the relay (optional: older trackers). */
+  tracker_peer_id: peerId.optional(),
+  /** Every tracker of its cluster (a tracker alone: absent). A route signed by any of them is the cluster's. */
+  tracker_keys: z.array(trackerKeySchema).max(64).optional(),
 });
 export type RegisterAnswer = z.infer<typeof registerAnswerSchema>;
 

@@ -32,6 +32,16 @@ export type AdmissionOptions = Pick<TrackerOptions, 'queueMaxLength' | 'queueMax
   waitForNodesUntil?: number;
 };
 
+/**
+ * Told of every lease's KV holdings (a cluster store writes them where the
+ * other trackers count them): per node of the route, the bytes held.
+ */
+export interface LeaseObserver {
+  leaseOpened(id: string, model: string, held: ReadonlyMap<string, number>): void;
+  leaseChanged(id: string, model: string, held: ReadonlyMap<string, number>): void;
+  leaseClosed(id: string): void;
+}
+
 /** KV room one chat holds on its route's nodes, as the tracker counts it. */
 export interface Lease {
   readonly plan: RoutePlan;
@@ -71,10 +81,16 @@ export class Admission {
   /** Smoothed lease duration, ms: the Retry-After estimate. */
   private leaseMs: number | undefined;
 
+  /** Set by a cluster store: every lease's holdings, as they change. */
+  observer: LeaseObserver | undefined;
+  /** Lease ids unique across trackers and restarts: a random prefix per process. */
+  private readonly idPrefix = Math.random().toString(36).slice(2, 10);
+  private leases = 0;
+
   constructor(
     private readonly registry: NodeRegistry,
     private readonly o: AdmissionOptions,
-    private readonly metrics?: Pick<TrackerMetrics, 'queueWait' | 'queueRejections'>,
+    private readonly metrics?: Pick<TrackerMetrics, 'queueWait' | 'queueRejections'> & Partial<Pick<TrackerMetrics, 'routePick'>>,
   ) {}
 
   /** Chats waiting now. */
@@ -106,11 +122,11 @@ export class Admission {
     if (opts.front || !this.queue.some((w) => w.model === model)) {
       let plan: RoutePlan | undefined;
       try {
-        plan = this.registry.pickWithRoom(model, tokens, opts.exclude);
+        plan = this.pick(model, tokens, opts.exclude);
       } catch (e) {
         if (!this.waitingForNodes(e)) return Promise.reject(e);
       }
-      if (plan) return Promise.resolve(this.lease(plan, tokens));
+      if (plan) return Promise.resolve(this.lease(plan, tokens, model));
     }
     if (!opts.front && this.queue.length >= this.o.queueMaxLength) return Promise.reject(this.tooMany('queue_full'));
     return new Promise<Lease>((resolve, reject) => {
@@ -152,7 +168,7 @@ export class Admission {
       }
       let plan: RoutePlan | undefined;
       try {
-        plan = this.registry.pickWithRoom(w.model, w.tokens, w.exclude);
+        plan = this.pick(w.model, w.tokens, w.exclude);
       } catch (e) {
         if (this.waitingForNodes(e)) {
           blocked.add(w.model);
@@ -173,7 +189,7 @@ export class Admission {
       this.queue.splice(i, 1);
       w.cleanup();
       this.metrics?.queueWait.observe((this.o.now() - w.since) / 1000);
-      w.resolve(this.lease(plan, w.tokens));
+      w.resolve(this.lease(plan, w.tokens, w.model));
     }
     if (this.queue.length === 0) this.stopPolling();
   }
@@ -182,6 +198,15 @@ export class Admission {
   private waitingForNodes(e: unknown): boolean {
     const until = this.o.waitForNodesUntil;
     return until !== undefined && this.o.now() < until && e instanceof MeshError && e.code === 'MESH_ERR_UNAVAILABLE';
+  }
+
+  private pick(model: string, tokens: number, exclude: ReadonlySet<string> | undefined): RoutePlan | undefined {
+    const t0 = performance.now();
+    try {
+      return this.registry.pickWithRoom(model, tokens, exclude);
+    } finally {
+      this.metrics?.routePick?.observe((performance.now() - t0) / 1000);
+    }
   }
 
   /** Stop the poll timer and refuse every waiting chat (the tracker is closing). */
@@ -209,9 +234,10 @@ export class Admission {
     return new MeshError('MESH_ERR_TOO_MANY_REQUESTS', message, { retry_after_ms: this.retryAfterMs(), reason, queue_length: this.queue.length });
   }
 
-  private lease(plan: RoutePlan, tokens: number): Lease {
+  private lease(plan: RoutePlan, tokens: number, model: string): Lease {
     const registry = this.registry;
     const held = new Map<string, number>();
+    const id = `${this.idPrefix}${(++this.leases).toString(36)}`;
     const hold = (t: number) => {
       for (const h of plan.hops) {
         const n = registry.nodes.get(h.id);
@@ -221,6 +247,7 @@ export class Admission {
       }
     };
     hold(tokens);
+    this.observer?.leaseOpened(id, model, held);
     this.active++;
     const t0 = this.o.now();
     let released = false;
@@ -234,12 +261,14 @@ export class Admission {
         if (released || t === current) return;
         current = t;
         hold(t);
+        this.observer?.leaseChanged(id, model, held);
         this.kick();
       },
       release: () => {
         if (released) return;
         released = true;
         for (const [id, bytes] of held) registry.holdKv(id, -bytes);
+        this.observer?.leaseClosed(id);
         this.active--;
         const ms = this.o.now() - t0;
         this.leaseMs = this.leaseMs === undefined ? ms : this.leaseMs + 0.2 * (ms - this.leaseMs);

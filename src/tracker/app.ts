@@ -13,7 +13,9 @@ import type { Logger } from 'pino';
 import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Identity } from '../net/identity.ts';
+import type { MeshResponse } from '../protocol/envelopes.ts';
 import { Admission } from './admission.ts';
+import type { ClusterStore } from './cluster/store.ts';
 import { LoadMonitor } from './load.ts';
 import { NodeKeys } from './node-keys.ts';
 import type { RecentRoute, TrackerContext } from './context.ts';
@@ -59,7 +61,14 @@ export interface Tracker {
   sweep(): string[];
   /** Is the tracker keeping up (the server starts its timer). */
   load: LoadMonitor;
+  /** A heartbeat over the relay (POST /api/nodes/beat, unsigned): `from` is the sender the relay vouches for. */
+  relayBeat(from: string | undefined, body: Uint8Array): MeshResponse;
+  /** Join a cluster: from now on the registry is mirrored in `store` (server.ts starts it once the tracker listens). */
+  attachCluster(store: ClusterStore): void;
+  readonly cluster: ClusterStore | undefined;
 }
+
+const encoder = new TextEncoder();
 
 export function createTracker(deps: TrackerDeps): Tracker {
   const { options: o, logger, metrics, identity } = deps;
@@ -67,8 +76,14 @@ export function createTracker(deps: TrackerDeps): Tracker {
 
   const load = new LoadMonitor({ baseIntervalMs: o.heartbeatIntervalMs });
   const nodeKeys = new NodeKeys();
-  const registry = new NodeRegistry(deps.models, { ...o, lateMs: () => load.lateMs() }, {
-    onRemoved(n, reason) {
+  const link: { cluster?: ClusterStore } = {};
+  // Late time excused from nodes' deadlines: this tracker's own, and the cluster's (a tracker behind or unheard, NATS lost).
+  const registry = new NodeRegistry(deps.models, { ...o, lateMs: () => load.lateMs() + (link.cluster?.lateMs() ?? 0) }, {
+    onChanged(n, kind) {
+      link.cluster?.onChanged(n, kind);
+    },
+    onRemoved(n, reason, remote) {
+      link.cluster?.onRemoved(n, remote);
       metrics.removals.inc({ reason });
       nodeKeys.forget(n.publicKey);
       logger.info({ peer_id: n.peerId, model: n.info.model, reason }, 'node removed');
@@ -118,6 +133,12 @@ export function createTracker(deps: TrackerDeps): Tracker {
     recordRoute,
     load,
     nodeKeys,
+    get cluster() {
+      return link.cluster;
+    },
+    relayBeat() {
+      throw new MeshError('MESH_ERR_NOT_FOUND', 'no heartbeat route');
+    },
     updateNodeGauge() {
       // From the counts the registry keeps per model (O(models)), not a walk over every node.
       metrics.nodes.reset();
@@ -153,9 +174,26 @@ export function createTracker(deps: TrackerDeps): Tracker {
     verification,
     load,
     sweep() {
-      const removed = registry.sweep();
+      // In a cluster only the leader removes and moves nodes; the others keep their sums exact.
+      const removed = registry.sweep({ decide: !link.cluster || link.cluster.isLeader() });
       ctx.updateNodeGauge();
       return removed;
+    },
+    relayBeat(from, body) {
+      try {
+        return { status: 200, headers: { 'content-type': 'application/json' }, body: encoder.encode(JSON.stringify(ctx.relayBeat(from, body))) };
+      } catch (e) {
+        const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving');
+        if (!(e instanceof MeshError)) logger.error({ err: e }, 'relay heartbeat failed');
+        return { status: err.status, headers: { 'content-type': 'application/json' }, body: encoder.encode(JSON.stringify(err.toBody())) };
+      }
+    },
+    attachCluster(store) {
+      link.cluster = store;
+      admission.observer = store;
+    },
+    get cluster() {
+      return link.cluster;
     },
   };
 }

@@ -9,6 +9,7 @@ import { MeshError } from '../protocol/errors.ts';
 import type { Admission } from './admission.ts';
 import type { LoadMonitor } from './load.ts';
 import type { NodeKeys } from './node-keys.ts';
+import type { ClusterStore } from './cluster/store.ts';
 import type { GenerationDeps } from './head-proxy.ts';
 import type { TrackerMetrics } from './metrics.ts';
 import type { PendingModel } from './model-registry.ts';
@@ -16,6 +17,7 @@ import type { TrackerOptions } from './options.ts';
 import type { NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 import type { VerificationService } from './verify/service.ts';
+import type { RegisterAnswer } from '../protocol/tracker.ts';
 
 export interface RecentRoute {
   at: number;
@@ -46,6 +48,10 @@ export interface TrackerContext {
   load: LoadMonitor;
   /** Nodes' keys, parsed once, for their signed messages. */
   nodeKeys: NodeKeys;
+  /** A heartbeat that came over the relay from `from` (routes/nodes.ts): the answer, or a MeshError. */
+  relayBeat(from: string | undefined, body: Uint8Array): RegisterAnswer;
+  /** The cluster store when the tracker runs as one replica of several (`--nats`); undefined alone. */
+  readonly cluster: ClusterStore | undefined;
   /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */
   admission: Admission;
   generation: GenerationDeps;

@@ -48,6 +48,14 @@ export function createTrackerMetrics() {
   });
   const checks = new Counter({ name: 'meshnet_tracker_checks_total', help: 'Spot-checks judged from heads\' reports, by outcome (pass, offence, checker-offence, inconclusive)', labelNames: ['outcome'] as const, registers: [registry] });
   const quarantined = new Gauge({ name: 'meshnet_tracker_quarantined_nodes', help: 'Nodes under quarantine now (found lying by a check)', registers: [registry] });
-  return { registry, checks, quarantined, nodeBatches, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
+  const clusterDropped = new Counter({ name: 'meshnet_tracker_cluster_dropped_total', help: 'Malformed cluster messages (KV documents, seen batches) dropped, by kind', labelNames: ['kind'] as const, registers: [registry] });
+  const clusterWrites = new Counter({ name: 'meshnet_tracker_cluster_writes_total', help: 'Registry writes to the cluster store, by kind and result (ok, conflict: lost a compare-and-swap, failed)', labelNames: ['kind', 'result'] as const, registers: [registry] });
+  const routePick = new Histogram({
+    name: 'meshnet_tracker_route_pick_seconds',
+    help: 'Time to pick a route (KV room, the K cheapest routes, the draw)',
+    buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1],
+    registers: [registry],
+  });
+  return { registry, checks, quarantined, clusterDropped, clusterWrites, routePick, nodeBatches, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
 }
 export type TrackerMetrics = ReturnType<typeof createTrackerMetrics>;

@@ -106,6 +106,12 @@ export interface TrackerOptions {
   auditWalkMs: number;
   /** /metrics has per-node series (KV, batch sizes) while at most this many nodes are registered. @defaultValue 500 */
   perNodeMetricsLimit: number;
+  /** NATS servers (`nats://host:port`) of the cluster this tracker is one replica of; absent: a tracker alone, its registry in memory. */
+  nats: string[] | undefined;
+  /** The cluster's name: its NATS subjects and registry bucket. @defaultValue 'meshnet' */
+  cluster: string;
+  /** File holding the cluster operator's Ed25519 key (JWK, created when missing): the tracker certifies its own key with it at start. */
+  operatorKeyFile: string | undefined;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
   /** Clock, ms since epoch (tests pin it). */
@@ -148,6 +154,9 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   quarantineMs: 15 * 60_000,
   auditWalkMs: 60_000,
   perNodeMetricsLimit: 500,
+  nats: undefined,
+  cluster: 'meshnet',
+  operatorKeyFile: undefined,
   logLevel: 'info',
   now: () => Date.now(),
   random: () => Math.random(),

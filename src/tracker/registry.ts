@@ -132,6 +132,8 @@ export interface RemoteRecord {
   intervalMs: number;
   busyUntil: number;
   kvHeldAtBeat: number;
+  draining: boolean;
+  drainingSince: number | undefined;
 }
 
 export class NodeRegistry {
@@ -459,6 +461,8 @@ export class NodeRegistry {
       target.intervalMs = Math.max(target.intervalMs ?? 0, r.intervalMs);
       target.busyUntil = Math.max(target.busyUntil ?? 0, r.busyUntil);
       target.kvHeldAtBeat = r.kvHeldAtBeat;
+      target.draining = r.draining;
+      target.drainingSince = r.drainingSince;
     };
     if (target.contribution) this.edit(target, apply);
     else {
@@ -838,8 +842,10 @@ export class NodeRegistry {
       const key = `${s.start}:${s.end}`;
       let g = bySpan.get(key);
       if (!g) bySpan.set(key, (g = { start_layer: s.start, end_layer: s.end, serving: 0, loading: 0 }));
-      if (this.status(n) === NodeStatus.Serving) g.serving++;
-      else g.loading++;
+      const st = this.status(n);
+      // A draining node counts as neither: it serves no new chat, and loads nothing.
+      if (st === NodeStatus.Serving) g.serving++;
+      else if (st === NodeStatus.Loading) g.loading++;
     }
     return [...bySpan.values()].sort((a, b) => a.start_layer - b.start_layer || a.end_layer - b.end_layer);
   }

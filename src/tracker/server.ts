@@ -12,6 +12,9 @@ import type { MeshHandler } from '../net/contract.ts';
 import { RelayClient } from '../net/relay-client.ts';
 import type { WebSocketConstructor } from '../net/socket.ts';
 import { createTracker, type Tracker } from './app.ts';
+import type { NatsHandle } from '../cluster/nats.ts';
+import type { ClusterStore, ClusterStoreOptions } from './cluster/store.ts';
+import { encodeBase64Url } from '../protocol/base64.ts';
 import { createHeadTransport } from './head-proxy.ts';
 import { bodySource, serveApp } from './http.ts';
 import { FileKeyStore } from '../host/node/key-file.ts';
@@ -36,11 +39,19 @@ export interface StartTrackerExtras {
   logger?: Logger;
   /** Backoff of model loads that fail (tests shorten it). */
   modelRetry?: ModelRetryOptions;
+  /** Cluster timings (tests shorten the lease and the silences). */
+  cluster?: Partial<ClusterStoreOptions>;
 }
 
-/** The app as a relay bridge handler: tracker API calls may arrive over the relay too. */
-export function relayHandlerFor(fetchFn: (req: Request) => Promise<Response>): MeshHandler {
+/**
+ * The app as a relay bridge handler: tracker API calls may arrive over the
+ * relay too. Heartbeats over the relay (`POST /api/nodes/beat`) skip the
+ * web Request/Response: at thousands of donors they are most of what a
+ * tracker does.
+ */
+export function relayHandlerFor(fetchFn: (req: Request) => Promise<Response>, beat?: Tracker['relayBeat']): MeshHandler {
   return async (req: MeshRequest): Promise<MeshResponse> => {
+    if (beat && req.method === 'POST' && req.path === '/api/nodes/beat') return beat(req.from, req.body);
     const body = req.method === 'GET' || req.method === 'HEAD' ? undefined : (req.body as Uint8Array<ArrayBuffer>);
     const res = await fetchFn(new Request(new URL(req.path, 'http://tracker.relay'), { method: req.method, headers: req.headers, body, signal: req.signal }));
     const headers: Record<string, string> = {};
@@ -59,6 +70,11 @@ async function* streamChunks(body: ReadableStream<Uint8Array>): AsyncGenerator<U
   }
 }
 
+async function loadClusterCode() {
+  const [{ connectNats }, { ClusterStore, relayBase }, { certifyTracker }] = await Promise.all([import('../cluster/nats.ts'), import('./cluster/store.ts'), import('./cluster/trust.ts')]);
+  return { connectNats, ClusterStore, relayBase, certifyTracker };
+}
+
 export async function startTracker(partial: Partial<TrackerOptions>, extras: StartTrackerExtras = {}): Promise<RunningTracker> {
   const o = resolveTrackerOptions(partial);
   // Synchronous: a start failure's one line (src/cli/failure.ts) must come after the lines logged before it,
@@ -67,6 +83,11 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   const fetchFn = extras.fetch ?? globalThis.fetch;
   const identity = extras.identity ?? (await Identity.loadOrCreate(o.keyFile ? new FileKeyStore(o.keyFile) : new MemoryKeyStore()));
   if (!extras.modelSpecs && o.models.length === 0) throw new TypeError('the tracker needs at least one model (--model NAME=URL)');
+  // A cluster replica: NATS first, so that an unreachable server fails the start with one line naming it.
+  let nats: NatsHandle | undefined;
+  // The NATS client loads only for a cluster: a tracker alone (npm start) needs nothing of it.
+  const clusterCode = o.nats ? await loadClusterCode() : undefined;
+  if (o.nats && clusterCode) nats = await clusterCode.connectNats({ servers: o.nats, name: `tracker-${identity.peerId}`, logger });
   const logModel = (m: ModelSpec) => logger.info({ model: m.name, url: m.url, layers: m.numLayers, layer_mb: +(m.layerBytes[0]! / 2 ** 20).toFixed(2), kv_mb_per_layer: +(m.kvBytesPerLayer / 2 ** 20).toFixed(2), sized_from: m.sizedFrom }, 'model registered');
   // A model whose checkpoint cannot be read is retried with backoff; the others serve meanwhile.
   // Models that load later join the registry the tracker is built with below.
@@ -90,7 +111,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay }), logger, metrics, pendingModels: catalog.pending });
   late.registry = tracker.registry;
   if (relay) {
-    relay.setHandler(relayHandlerFor(tracker.app.fetch));
+    relay.setHandler(relayHandlerFor(tracker.app.fetch, tracker.relayBeat));
     // One line per event: the connection lost, and back (not every attempt in between).
     relay.on('state', (e) => {
       if (e.state === 'disconnected' && e.lost) logger.warn({ reason: e.reason, wait_ms: relay!.options.outageBudgetMs }, 'relay connection lost; reconnecting (chats over it wait)');
@@ -104,7 +125,39 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
       logger.warn({ err: (e as Error).message }, 'relay not reachable yet; retrying in the background');
     }
   }
+  let cluster: ClusterStore | undefined;
+  if (nats && clusterCode) {
+    const { ClusterStore, certifyTracker } = clusterCode;
+    try {
+      const publicKey = encodeBase64Url(identity.publicKey);
+      const cert = o.operatorKeyFile ? await certifyTracker(o.operatorKeyFile, publicKey) : undefined;
+      // The registry's snapshot is loaded before the tracker listens: it never answers from an empty copy.
+      cluster = await ClusterStore.start({
+        nats,
+        cluster: o.cluster,
+        registry: tracker.registry,
+        self: { peerId: identity.peerId, publicKey, url: '', ...(cert ? { cert } : {}) },
+        options: { ...extras.cluster, heartbeatIntervalMs: o.heartbeatIntervalMs, now: o.now },
+        logger,
+        metrics,
+        load: tracker.load,
+      });
+      tracker.attachCluster(cluster);
+      logger.info({ cluster: o.cluster, nats: o.nats, nodes: tracker.registry.nodes.size, leader: cluster.leader() }, 'joined the cluster');
+    } catch (e) {
+      await nats.close();
+      throw e;
+    }
+  }
   const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes);
+  await cluster?.setUrl(served.url);
+  if (cluster && relay && clusterCode) {
+    const c = cluster;
+    const { relayBase } = clusterCode;
+    const announce = () => void c.setRelay(relayBase(relay.relayAddr)).catch(() => undefined);
+    relay.on('state', (e) => e.state === 'registered' && announce());
+    announce();
+  }
   tracker.load.start();
   const sweeper = setInterval(() => {
     try {
@@ -125,6 +178,8 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
       catalog.close();
       clearInterval(sweeper);
       tracker.load.stop();
+      await cluster?.close();
+      await nats?.close();
       tracker.admission.close();
       relay?.close();
       await served.close();

@@ -29,7 +29,7 @@ const MAY_IMPORT: Record<string, readonly string[]> = {
   // The Node.js host's WebGPU path runs the browser host's onnxruntime-web backend on Dawn.
   'src/host/node': ['src/protocol', 'src/model', 'src/shard', 'src/net', 'src/node', 'src/host/browser'],
   // The tracker keeps its key in the Node.js host's key file.
-  'src/tracker': ['src/protocol', 'src/model', 'src/net', 'src/host/node', 'src/verify'],
+  'src/tracker': ['src/protocol', 'src/model', 'src/net', 'src/host/node', 'src/verify', 'src/cluster'],
   'src/app': ['src/protocol', 'src/model', 'src/host/browser'],
   'src/cli': ['src/protocol', 'src/model', 'src/shard', 'src/net', 'src/node', 'src/host/browser', 'src/host/node', 'src/cluster', 'src/relay', 'src/tracker', 'src/verify'],
 };

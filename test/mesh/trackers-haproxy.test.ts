@@ -1,12 +1,15 @@
 /**
- * One address for clients: Debian's haproxy in front of three trackers,
- * health-checked on /healthz (test/helpers/cluster.ts, the configuration of
- * docs/cluster.md). Real processes: nats-server, a relay, three trackers,
- * two `meshnet node`s per tracker (head and a slowed tail), haproxy, and the official OpenAI client with
- * one base URL. A tracker killed mid-chat cuts only the chats it carried:
- * chats on the other trackers finish with the float64 reference's tokens,
- * the client's retry through haproxy succeeds, and new chats are served
- * within 2 s.
+ * One address for clients: Debian's haproxy in front of three trackers that
+ * share one registry (`--nats`: JetStream KV), health-checked on /healthz
+ * (test/helpers/cluster.ts, the configuration of docs/cluster.md). Real
+ * processes: nats-server, a relay, three trackers, six `meshnet node`s (three
+ * heads and three slowed tails) registered through haproxy — each at
+ * whichever tracker haproxy picked —, haproxy, and the official OpenAI client
+ * with one base URL. Every tracker routes every node. A tracker killed
+ * mid-chat cuts only the chats it carried: chats on the other trackers finish
+ * with the float64 reference's tokens, the client's retry through haproxy
+ * succeeds, new chats are served within 2 s, and the survivors keep every
+ * node (their beats reach a survivor).
  */
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -34,6 +37,12 @@ async function streamIds(client: OpenAI, onFirst?: () => void): Promise<{ ids: n
   }
 }
 
+/** Nodes a tracker lists as serving `tiny`. */
+async function servingAt(trackerUrl: string): Promise<number> {
+  const a = (await (await fetch(`${trackerUrl}/api/availability?model=tiny`)).json()) as { models: Array<{ nodes: Array<{ status: string }> }> };
+  return a.models[0]!.nodes.filter((n) => n.status === 'serving').length;
+}
+
 async function chatsRunning(trackerUrl: string): Promise<number> {
   const text = await (await fetch(`${trackerUrl}/metrics`)).text();
   const line = text.split('\n').find((l) => l.startsWith('meshnet_tracker_chats_running'));
@@ -47,13 +56,13 @@ describe('haproxy in front of three trackers', () => {
 
   beforeAll(async () => {
     st = await startStaticServer({ root: await ensureModel('tiny') });
-    c = await startCluster({ relays: 1, trackers: 3, model: { name: 'tiny', url: st.url }, trackerArgs: ['--heartbeat-interval-ms', '1000'] });
-    // Two nodes per tracker, head and tail; the tail is slowed (--inject-delay-ms delays each /forward it
-    // answers, a head's own layers never) so that a chat lasts ~2.4 s, long enough to kill its tracker mid-chat.
+    c = await startCluster({ relays: 1, trackers: 3, trackerNats: true, model: { name: 'tiny', url: st.url }, trackerArgs: ['--heartbeat-interval-ms', '1000'] });
+    // Three heads and three tails, all through haproxy; the tails are slowed (--inject-delay-ms delays each /forward
+    // they answer, a head's own layers never) so that a chat lasts ~2.4 s, long enough to kill its tracker mid-chat.
     await Promise.all(
-      [0, 1, 2].flatMap((t) => [
-        c.addNode({ relay: 0, tracker: t, args: ['--budget-mb', '64', '--layers', '0-2'] }),
-        c.addNode({ relay: 0, tracker: t, args: ['--budget-mb', '64', '--layers', '2-4', '--inject-delay-ms', '100'] }),
+      [0, 1, 2].flatMap(() => [
+        c.addNode({ relay: 0, tracker: 'front', args: ['--budget-mb', '64', '--layers', '0-2'] }),
+        c.addNode({ relay: 0, tracker: 'front', args: ['--budget-mb', '64', '--layers', '2-4', '--inject-delay-ms', '100'] }),
       ]),
     );
     await Promise.all(c.nodes.map((n) => n.waitFor((e) => e.event === 'registered')));
@@ -65,7 +74,8 @@ describe('haproxy in front of three trackers', () => {
     await st?.close();
   });
 
-  it('serves chats through one base URL, round robin over the trackers, with the reference tokens', async () => {
+  it('every tracker knows every node, wherever it registered, and serves chats through one base URL with the reference tokens', async () => {
+    for (const t of c.trackers) await until(async () => (await servingAt(t.url)) === 6, 15_000, 'all six nodes serving at every tracker');
     const client = new OpenAI({ baseURL: `${c.baseUrl}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
     const results = await Promise.all([0, 1, 2].map(() => streamIds(client)));
     for (const r of results) expect(r).toEqual({ ids: want });
@@ -104,5 +114,9 @@ describe('haproxy in front of three trackers', () => {
     expect(servedWithinMs).toBeLessThan(2_000);
     const after = await Promise.all(clients.slice(0, 3).map((cl) => streamIds(cl)));
     for (const r of after) expect(r).toEqual({ ids: want });
+    // Past three heartbeat periods the survivors still hold all six nodes: the beats of those that beat to the dead
+    // tracker over the relay went to a survivor through haproxy, and nobody was removed.
+    await new Promise((r) => setTimeout(r, 3_500));
+    for (const [i, t] of c.trackers.entries()) if (i !== victim) expect(await servingAt(t.url)).toBe(6);
   });
 });

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
-import { NotRegisteredError, TrackerClient } from '../../src/node/tracker-client.ts';
+import { NotRegisteredError, TrackerClient, TrackerTrust, verifySignedRoute, type TrackerRelay } from '../../src/node/tracker-client.ts';
 import { decodeBase64, encodeBase64Url } from '../../src/protocol/base64.ts';
-import { canonicalJson, routeSigningMessage, type NodeMessage, type RouteHop } from '../../src/protocol/tracker.ts';
+import { canonicalJson, routeSigningMessage, trackerCertMessage, type NodeMessage, type RouteHop, type TrackerKey } from '../../src/protocol/tracker.ts';
 
 const FAILED: RouteHop = { peer_id: 'f'.repeat(32), start_layer: 1, end_layer: 3 };
 const REPL: RouteHop = { peer_id: 'e'.repeat(32), start_layer: 1, end_layer: 3, endpoint: 'http://e' };
@@ -40,7 +40,7 @@ describe('TrackerClient', () => {
     expect(t.sent[0]!.url).toBe('http://tracker/api/nodes/register');
     const ok = await verifyEd25519(node.publicKey, new TextEncoder().encode(canonicalJson(t.sent[0]!.body.body)), decodeBase64(t.sent[0]!.body.signature));
     expect(ok).toBe(true);
-    expect([...c.trackerKey!]).toEqual([...trackerKey.publicKey]);
+    expect(c.trackerKey!.map((k) => [...k])).toEqual([[...trackerKey.publicKey]]);
   });
 
   it('reports a heartbeat 404 as NotRegisteredError (the tracker restarted)', async () => {
@@ -83,5 +83,112 @@ describe('TrackerClient', () => {
     const t0 = Date.now();
     await expect(c.replace('tiny', FAILED)).rejects.toMatchObject({ code: 'MESH_ERR_UNAVAILABLE' });
     expect(Date.now() - t0).toBeLessThan(2_000);
+  });
+});
+
+/** A tracker key certified by `operator` until `expires`. */
+async function certified(operator: Identity, key: Identity, expires = Date.now() + 60_000): Promise<TrackerKey> {
+  const pub = encodeBase64Url(key.publicKey);
+  return { public_key: pub, cert: { operator_key: encodeBase64Url(operator.publicKey), expires_at: expires, signature: encodeBase64Url(await operator.sign(trackerCertMessage(pub, expires))) } };
+}
+
+describe('tracker keys of a cluster', () => {
+  it('takes routes signed by any tracker of the cluster: keys from the answers, the answering one first', async () => {
+    const [a, b, c] = await Promise.all([Identity.generate(), Identity.generate(), Identity.generate()]);
+    const trust = new TrackerTrust();
+    await trust.absorb(encodeBase64Url(b.publicKey), [{ public_key: encodeBase64Url(a.publicKey) }, { public_key: encodeBase64Url(b.publicKey) }]);
+    expect(trust.current.map((k) => encodeBase64Url(k))).toEqual([encodeBase64Url(b.publicKey), encodeBase64Url(a.publicKey)]);
+    const head = 'd'.repeat(32);
+    const route = JSON.stringify([REPL]);
+    const expires = Date.now() + 60_000;
+    const by = async (id: Identity) => encodeBase64Url(await id.sign(routeSigningMessage(head, expires, route)));
+    expect(await verifySignedRoute(trust.current, head, route, expires, await by(a), Date.now())).toEqual([REPL]);
+    expect(await verifySignedRoute(trust.current, head, route, expires, await by(b), Date.now())).toEqual([REPL]);
+    await expect(verifySignedRoute(trust.current, head, route, expires, await by(c), Date.now())).rejects.toMatchObject({ code: 'MESH_ERR_FORBIDDEN' });
+  });
+
+  it('with an operator key: only certified keys, the operator pinned from the first certificate; expired, forged and other operators\' certificates refused', async () => {
+    const [op, other, a, b, rogue] = await Promise.all([Identity.generate(), Identity.generate(), Identity.generate(), Identity.generate(), Identity.generate()]);
+    const trust = new TrackerTrust();
+    const ka = await certified(op, a);
+    await trust.absorb(ka.public_key, [ka, await certified(op, b)]);
+    expect(trust.operatorKey).toBe(encodeBase64Url(op.publicKey));
+    expect(trust.current).toHaveLength(2);
+    // A rogue tracker answering behind the same URL: not certified, or certified by another operator, or expired, or forged.
+    const forged = { ...(await certified(op, rogue)), public_key: encodeBase64Url(rogue.publicKey) };
+    forged.cert!.signature = (await certified(op, a)).cert!.signature;
+    await trust.absorb(encodeBase64Url(rogue.publicKey), [{ public_key: encodeBase64Url(rogue.publicKey) }, await certified(other, rogue), await certified(op, rogue, Date.now() - 1), forged, ka]);
+    expect(trust.current.map((k) => encodeBase64Url(k)).sort()).toEqual([ka.public_key, encodeBase64Url(b.publicKey)].sort());
+    // Configured: a cluster certified by someone else is not trusted at all.
+    const strict = new TrackerTrust(encodeBase64Url(other.publicKey));
+    await strict.absorb(ka.public_key, [ka]);
+    expect(strict.current).toHaveLength(0);
+    // A tracker alone (no list) is trusted as its URL says, unless an operator is required.
+    const alone = new TrackerTrust();
+    await alone.absorb(ka.public_key, undefined);
+    expect(alone.current).toHaveLength(1);
+    await strict.absorb(ka.public_key, undefined);
+    expect(strict.current).toHaveLength(0);
+  });
+
+  it('forgets a key a while after its tracker stops being listed', async () => {
+    const [a, b] = await Promise.all([Identity.generate(), Identity.generate()]);
+    const trust = new TrackerTrust(undefined, 1000);
+    const [ka, kb] = [encodeBase64Url(a.publicKey), encodeBase64Url(b.publicKey)];
+    await trust.absorb(ka, [{ public_key: ka }, { public_key: kb }], 0);
+    await trust.absorb(ka, [{ public_key: ka }], 500);
+    expect(trust.current).toHaveLength(2);
+    await trust.absorb(ka, [{ public_key: ka }], 1600);
+    expect(trust.current.map((k) => encodeBase64Url(k))).toEqual([ka]);
+  });
+});
+
+describe('heartbeats over the relay socket', () => {
+  const msg = (node: Identity): NodeMessage => ({ peer_id: node.peerId, public_key: encodeBase64Url(node.publicKey), info: { model: 'tiny', backend: 'cpu', memory_budget_mb: 1, host: 'node' }, timestamp: Date.now() });
+  const reply = (status: number, v: unknown) => ({ status, headers: {}, body: new TextEncoder().encode(JSON.stringify(v)) });
+
+  it('sends the beat unsigned to the tracker that answered, over the relay; falls back to the signed request when that fails', async () => {
+    const node = await Identity.generate();
+    const tracker = await Identity.generate();
+    const answer = { assignment: null, heartbeat_interval_ms: 1000, tracker_public_key: encodeBase64Url(tracker.publicKey), tracker_peer_id: tracker.peerId };
+    const http = scripted([() => json(200, answer)]);
+    const sentOverRelay: Array<{ peer: string; path: string; body: unknown }> = [];
+    const answers: Array<() => ReturnType<typeof reply>> = [];
+    const relay: TrackerRelay & { state: string } = {
+      state: 'registered',
+      async request(peer, req) {
+        sentOverRelay.push({ peer, path: req.path, body: JSON.parse(new TextDecoder().decode(req.body)) });
+        const a = answers.shift();
+        if (!a) throw new Error('relay down');
+        return a();
+      },
+    };
+    const c = new TrackerClient({ trackerUrl: 'http://tracker', fetch: http.fetch, identity: node, relay });
+    // Before any tracker answered: signed HTTP.
+    await c.heartbeat(msg(node));
+    expect(http.sent).toHaveLength(1);
+    expect(c.trackerPeerId).toBe(tracker.peerId);
+    // Now over the relay, the NodeMessage itself, to that tracker.
+    answers.push(() => reply(200, { ...answer, heartbeat_interval_ms: 2000 }));
+    expect((await c.heartbeat(msg(node))).heartbeatIntervalMs).toBe(2000);
+    expect(http.sent).toHaveLength(1);
+    expect(sentOverRelay[0]).toMatchObject({ peer: tracker.peerId, path: '/api/nodes/beat', body: { peer_id: node.peerId } });
+    expect(c.beats).toEqual({ relay: 1, http: 1 });
+    // The relay cannot reach that tracker (gone): signed HTTP again, whoever answers.
+    answers.push(() => reply(404, { error: { code: 'MESH_ERR_NO_SUCH_PEER', message: 'not connected' } }));
+    await c.heartbeat(msg(node));
+    expect(http.sent).toHaveLength(2);
+    // The relay itself is down: signed HTTP.
+    await c.heartbeat(msg(node));
+    expect(http.sent).toHaveLength(3);
+    relay.state = 'disconnected';
+    answers.push(() => reply(200, answer));
+    await c.heartbeat(msg(node));
+    expect(http.sent).toHaveLength(4);
+    // The tracker forgot us: register again.
+    relay.state = 'registered';
+    answers.push(() => reply(404, { error: { code: 'MESH_ERR_NOT_FOUND', message: 'register again' } }));
+    answers.shift();
+    await expect(c.heartbeat(msg(node))).rejects.toBeInstanceOf(NotRegisteredError);
   });
 });

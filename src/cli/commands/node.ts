@@ -67,6 +67,7 @@ export function configure(cmd: Command): void {
     .option('--duty-cycle <fraction>', 'share of the device\'s time given, 0.05..1: the node rests between its steps, and the tracker counts on that much less throughput from it', dutyCycle, NODE_HOST_DEFAULTS.dutyCycle)
     .option('--inject-delay-ms <n>', 'test hook: delay every /forward by this many ms (a slow donor)', int, NODE_HOST_DEFAULTS.injectDelayMs)
     .option('--tracker-key <base64url>', 'route-signing public key for a head without a tracker (tests, static meshes)')
+    .option('--operator-key <base64url>', 'the tracker cluster\'s operator key: take routes only from trackers it certified (default: pinned from the first tracker answer that carries a certificate)')
     .option('--max-body-bytes <n>', 'largest request body, bytes (413 above)', int, NODE_HOST_DEFAULTS.maxBodyBytes)
     .option('--max-context <n>', 'positions one session may reach (its KV cache is sized by what the head declares, up to this)', int, NODE_HOST_DEFAULTS.maxContext)
     .option('--kv-idle-ttl-ms <n>', 'a KV session idle this long may be dropped when a new one needs its room (live sessions never are)', int, KV_DEFAULTS.idleTtlMs)
@@ -118,6 +119,7 @@ export function configure(cmd: Command): void {
         injectDelayMs: o.injectDelayMs as number,
         dutyCycle: o.dutyCycle as number,
         trackerKey: o.trackerKey as string | undefined,
+        operatorKey: o.operatorKey as string | undefined,
         maxBodyBytes: o.maxBodyBytes as number,
         maxContext: o.maxContext as number,
         kvIdleTtlMs: o.kvIdleTtlMs as number,

@@ -5,6 +5,12 @@ import { DTYPES, isDtype, type Dtype } from '../../protocol/tensor.ts';
 import { CliError } from '../failure.ts';
 import { int, nonNegative, onShutdown } from '../util.ts';
 import { isHubRef, parseHubRef } from '../../model/hub.ts';
+import { checkClusterName } from '../../cluster/subjects.ts';
+
+/** `--nats a,b`: the URLs (checked when the command runs: the NATS client loads only for a cluster). */
+function natsArg(value: string, previous: string[] = []): string[] {
+  return [...previous, ...value.split(',').map((v) => v.trim()).filter(Boolean)];
+}
 
 function modelArg(value: string, previous: TrackerModelSource[] = []): TrackerModelSource[] {
   const i = value.indexOf('=');
@@ -77,8 +83,18 @@ export function configure(cmd: Command): void {
     .option('--check-min-rate <p>', 'smallest share of a proven node\'s sessions still checked (BOINC\'s adaptive replication: a new node\'s every session until 10 checks pass in a row, then max(p, 1/passes in a row))', Number, d.checkMinRate)
     .option('--quarantine-ms <n>', 'first quarantine of a node found lying, doubled for each further offence', int, d.quarantineMs)
     .option('--audit-walk-ms <n>', 'after two disjoint routes contradict a head\'s generation, how long the walk of its hops may take to name one before the head is quarantined', int, d.auditWalkMs)
+    .option('--nats <urls>', 'join a cluster of trackers: NATS server URL(s), comma-separated (nats://host:4222); the registry lives in JetStream KV and any tracker answers any node or chat. Without it the tracker runs alone, its registry in memory', natsArg)
+    .option('--cluster <name>', 'the cluster\'s name (its NATS subjects and registry bucket), with --nats', d.cluster)
+    .option('--operator-key-file <path>', 'with --nats: the cluster operator\'s Ed25519 key file (created when missing); the tracker certifies its own key with it, and nodes that know the operator key accept routes from any tracker so certified')
     .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', d.logLevel)
     .action(async (o: Record<string, unknown>) => {
+      const nats = o.nats ? await import('../../cluster/nats.ts') : undefined;
+      try {
+        checkClusterName(o.cluster as string);
+        if (nats) o.nats = nats.parseNatsServers(o.nats as string[]);
+      } catch (e) {
+        throw new CliError(`${(e as Error).message} (--nats nats://host:4222[,nats://host2:4222], --cluster NAME)`);
+      }
       if (o.relay) await (await import('../preflight.ts')).reachRelay(o.relay as string);
       const { startTracker } = await import('../../tracker/server.ts');
       const wire = applyWireDtypes(o.model as TrackerModelSource[], o.wireDtype as Array<{ model?: string; dtype: Dtype }>);
@@ -105,6 +121,13 @@ export function configure(cmd: Command): void {
         quarantineMs: o.quarantineMs as number,
         auditWalkMs: o.auditWalkMs as number,
         logLevel: o.logLevel as string,
+        nats: o.nats as string[] | undefined,
+        cluster: o.cluster as string,
+        operatorKeyFile: o.operatorKeyFile as string | undefined,
+      }).catch((e: unknown) => {
+        // NATS unreachable at start: its one line, naming the URL(s).
+        if (nats && e instanceof nats.NatsUnreachableError) throw new CliError(e.message);
+        throw e;
       });
       // One machine-readable line first: scripts and tests wait for it.
       process.stdout.write(`${JSON.stringify({ event: 'listening', role: 'tracker', url: tracker.url, port: tracker.port, peer_id: tracker.identity.peerId, public_key: tracker.publicKey })}\n`);

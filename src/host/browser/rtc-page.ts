@@ -101,7 +101,7 @@ export function servePeerConnections(port: MessagePort, opts: { forceBridge?: bo
         post({ op: 'signal', id, signal: { type: 'candidate', candidate: e.candidate.candidate, sdpMid: e.candidate.sdpMid, sdpMLineIndex: e.candidate.sdpMLineIndex } });
       }
     };
-    // No candidate at all (no network interface but loopback, or WebRTC's UDP turned off): no pair can ever form, so
+    // No candidate at all (no network interface but loopback): no pair can ever form, so
     // say so now rather than after the pool's open timeout; the node stays on the relay.
     pc.onicegatheringstatechange = () => {
       if (pc.iceGatheringState === 'complete' && candidates === 0) failed(id, 'ICE gathered no candidate (no network path for WebRTC here)');

@@ -66,6 +66,8 @@ export interface NodeHostOptions {
   dutyCycle?: number;
   /** base64url raw Ed25519 key that signs routes, for a head without a tracker (tests). */
   trackerKey?: string;
+  /** base64url operator key of the tracker cluster: routes only from trackers it certified. */
+  operatorKey?: string;
   /** Largest request body, bytes (413 above). */
   maxBodyBytes: number;
   /** Positions one session may reach (its KV cache grows to at most this). */
@@ -123,6 +125,7 @@ export async function startNodeHost(o: NodeHostOptions): Promise<NodeHost> {
     model: o.model,
     ...(o.layers ? { span: { model: o.model, modelUrl: modelUrl!, startLayer: o.layers[0], endLayer: o.layers[1], ...(o.wireDtype ? { wireDtype: o.wireDtype } : {}) } } : {}),
     ...(o.trackerKey ? { trackerKey: decodeBase64(o.trackerKey) } : {}),
+    ...(o.operatorKey ? { operatorKey: o.operatorKey } : {}),
     memoryBudgetBytes: o.budgetMb * 2 ** 20,
     maxContext: o.maxContext,
     ...(o.kvIdleTtlMs !== undefined ? { kvIdleTtlMs: o.kvIdleTtlMs } : {}),

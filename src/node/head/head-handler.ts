@@ -28,7 +28,7 @@ import { H } from '../../protocol/headers.ts';
 import { generateRequestSchema, type GenerateEvent, type RouteHop } from '../../protocol/tracker.ts';
 import type { MeshHandler } from '../../net/contract.ts';
 import type { PipelineDriver } from './pipeline.ts';
-import { VerifiedRoutes } from '../tracker-client.ts';
+import { signedByAny, VerifiedRoutes, type TrackerKeys } from '../tracker-client.ts';
 import { trace } from '../../protocol/trace.ts';
 import { decodeBase64 as decodeBase64Url } from '../../protocol/base64.ts';
 import { ATTEST_HEADER } from '../../verify/attest.ts';
@@ -43,7 +43,8 @@ export interface HeadHandlerInit {
   /** This node's peer id: routes are signed for one head. */
   peerId: string;
   /** The tracker's route-signing key; undefined until known (then /generate answers 403). */
-  trackerKey(): Uint8Array | undefined;
+  /** The keys routes must be signed with (one tracker's, or every tracker's of its cluster). */
+  trackerKey(): TrackerKeys;
   /** The driver while this node holds layer 0 and the tokenizer; undefined otherwise (then /generate answers 421). */
   pipeline(): PipelineDriver | undefined;
   /** Largest /generate body, bytes. @defaultValue 1048576 */
@@ -315,7 +316,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     } catch {
       return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the notice signature is not base64url'));
     }
-    if (!key || !(await verifyEd25519(key, distrustMessage(p.data.notice), sig))) return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the notice is not signed by this node\'s tracker'));
+    if (!(await signedByAny(key, distrustMessage(p.data.notice), sig, verifyEd25519))) return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the notice is not signed by this node\'s tracker'));
     init.onDistrust?.(p.data.notice);
     return { status: 204, headers: {}, body: new Uint8Array(0) };
   }
@@ -338,7 +339,7 @@ export function createHeadHandler(init: HeadHandlerInit): MeshHandler {
     } catch {
       return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the walk\'s plan signature is not base64url'));
     }
-    if (!plan || plan.plan.head !== init.peerId || !key || !(await verifyEd25519(key, checkPlanMessage(init.peerId, raw.plan), sig))) return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the walk\'s plan is not signed by this node\'s tracker for this head'));
+    if (!plan || plan.plan.head !== init.peerId || !(await signedByAny(key, checkPlanMessage(init.peerId, raw.plan), sig, verifyEd25519))) return errorReply(new MeshError('MESH_ERR_UNAUTHORIZED', 'the walk\'s plan is not signed by this node\'s tracker for this head'));
     if (!init.onWalk?.(plan)) return errorReply(new MeshError('MESH_ERR_NOT_FOUND', `generation ${plan.plan.generation} is not kept here any more`));
     return { status: 202, headers: {}, body: new Uint8Array(0) };
   }

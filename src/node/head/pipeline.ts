@@ -488,8 +488,8 @@ export class PipelineDriver {
       let replayed: Uint8Array[] | null = null;
       let reply;
       try {
-        // A replay after a cut sends padded rows in place of the rejected ones: the hop's new chain is not what the head kept.
-        if (!hs.synced && run.cut) run.checks?.uncheckable('a hop was rebuilt after rows were cut back');
+        // A replay after a cut sends padded rows in place of the rejected ones: this hop's new chain is not what the head kept.
+        if (!hs.synced && run.cut) run.checks?.uncheckableHop(hs.hop.peer_id, 'it was rebuilt after rows were cut back (a replay pads the cut rows)');
         if (!hs.synced) replayed = await this.replayHop(hs, [...run.steps, { start: position, width: 0 }], session, last, sampling, declared, signal);
         reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal, { ...spec, draft: last ? spec.draft : undefined, decode: isDecodeStep(position, seq) });
       } catch (e) {

@@ -30,7 +30,7 @@ import { H, type HeaderMap } from '../../protocol/headers.ts';
 import type { RouteHop } from '../../protocol/tracker.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { MeshHandler } from '../../net/contract.ts';
-import { VerifiedRoutes, verifyChainReply, type VerifiedRoute } from '../tracker-client.ts';
+import { VerifiedRoutes, verifyChainReply, type VerifiedRoute, type TrackerKeys } from '../tracker-client.ts';
 import { dtypeBytes, isDtype } from '../../protocol/tensor.ts';
 import { z } from 'zod';
 import { trace } from '../../protocol/trace.ts';
@@ -38,7 +38,8 @@ import { appendAttestation, ATTEST_HEADER } from '../../verify/attest.ts';
 
 export interface ChainHopInit {
   peerId: string;
-  trackerKey(): Uint8Array | undefined;
+  /** The keys routes must be signed with (one tracker's, or every tracker's of its cluster). */
+  trackerKey(): TrackerKeys;
   transport: Pick<HopTransport, 'send' | 'push'> & Partial<Pick<HopTransport, 'inOutageWindow'>>;
   /** This node's own /forward (runs the span). */
   local: MeshHandler;
@@ -162,13 +163,13 @@ class VerifiedReplies {
   /** By signature: what it was checked for, and the address it parses to (a generation's every step carries the same one). */
   private readonly map = new Map<string, { head: string; expires: number; text: string; address: ReplyAddress }>();
   /** The address (synchronously when known), or false when the tracker did not sign it for this head; 400 when it is signed but not an address. */
-  check(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): ReplyAddress | Promise<ReplyAddress | false> {
+  check(key: TrackerKeys, head: string, expires: number, text: string, sig: string): ReplyAddress | Promise<ReplyAddress | false> {
     const hit = this.map.get(sig);
     if (hit && hit.head === head && hit.expires === expires && hit.text === text) return hit.address;
     return this.verify(key, head, expires, text, sig);
   }
 
-  private async verify(key: Uint8Array | undefined, head: string, expires: number, text: string, sig: string): Promise<ReplyAddress | false> {
+  private async verify(key: TrackerKeys, head: string, expires: number, text: string, sig: string): Promise<ReplyAddress | false> {
     if (!(await verifyChainReply(key, head, expires, text, sig))) return false;
     const reply = replySchema.safeParse(safeJson(text));
     if (!reply.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `${H.chainReply} must be JSON {relay_addr?, endpoint?}`);

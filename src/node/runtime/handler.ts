@@ -25,6 +25,7 @@ import type { PipelineDriver } from '../head/pipeline.ts';
 import { rebuildingError, type LoadedSpan } from './span.ts';
 import type { DrainGate } from './drain.ts';
 import type { DutyCycle } from './duty-cycle.ts';
+import type { TrackerKeys } from '../tracker-client.ts';
 import type { NodeActivity } from './stats.ts';
 import { CHECK_PATH, type Distrust } from '../../verify/plan.ts';
 import type { SignedPlan } from '../verify/verifier.ts';
@@ -38,7 +39,8 @@ export interface NodeHandlerInit {
   span(): LoadedSpan | undefined;
   /** /info while no span is in. */
   loadingInfo(): Record<string, unknown>;
-  trackerKey(): Uint8Array | undefined;
+  /** The keys routes must be signed with (one tracker's, or every tracker's of its cluster). */
+  trackerKey(): TrackerKeys;
   /** How a chained /forward reaches the next hop (and the last one the head). */
   transport: Pick<HopTransport, 'send' | 'push' | 'inOutageWindow'>;
   /** Test hook: every /forward waits this long first (a slow donor). */

@@ -31,7 +31,7 @@ import type { IceServer } from '../../net/rtc-peer.ts';
 import { RtcPool, type RtcState } from '../../net/rtc-pool.ts';
 import { RTC_SIGNAL_PATH, type RouteProof } from '../../net/rtc-signal.ts';
 import { Identity } from '../../net/identity.ts';
-import type { MeshHandler } from '../../net/contract.ts';
+import type { MeshHandler, OutgoingRequest, RequestOptions } from '../../net/contract.ts';
 import { RelayClient } from '../../net/relay-client.ts';
 import { RpcConnection } from '../../net/relay-hop.ts';
 import { TrackerClient, VerifiedRoutes } from '../tracker-client.ts';
@@ -65,6 +65,8 @@ export interface RuntimeConfig {
   span?: SpanSpec;
   /** Route-signing key of a head without a tracker (tests, static meshes). */
   trackerKey?: Uint8Array;
+  /** The tracker cluster's operator key (base64url): routes only from trackers it certified (docs/protocol.md §9). */
+  operatorKey?: string;
   /** Memory the donor gives, bytes: the span's weights, and the KV caches get the rest (the meaning the tracker sizes spans by). */
   memoryBudgetBytes: number;
   /** Positions one session may reach (its KV cache is sized by what the head declares, up to this). @defaultValue 2048 */
@@ -575,7 +577,15 @@ export class NodeRuntime {
       return;
     }
     const trackerUrl = this.config.trackerUrl!;
-    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, onDistrust: (list) => this.distrust.replace(list) });
+    // Heartbeats ride the relay socket whenever it is up (the relay vouches for us: no signature, no connection).
+    const relay = () => this.relay;
+    const relayLink = {
+      get state() {
+        return relay()?.state ?? 'none';
+      },
+      request: (peer: string, req: OutgoingRequest, opts?: RequestOptions) => relay()?.request(peer, req, opts) ?? Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay')),
+    };
+    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, relay: relayLink, onDistrust: (list) => this.distrust.replace(list), ...(this.config.operatorKey ? { operatorKey: this.config.operatorKey } : {}) });
     if (this.model === undefined) {
       const models = await client.models();
       if (models.length === 0) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} names no model`);

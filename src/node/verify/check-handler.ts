@@ -19,6 +19,7 @@ import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { attestSeed, chainStep, checkMessage, CHECK_ATTEST_HEADER, formatAttestation, sha256, type AttestScope } from '../../verify/attest.ts';
 import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseStepShapes, parseStepTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
+import { signedByAny, type TrackerKeys } from '../tracker-client.ts';
 import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan } from '../../verify/plan.ts';
 import { checkToken } from '../../verify/token-check.ts';
 
@@ -37,7 +38,8 @@ export interface CheckHandlerInit {
   /** The model this node serves now, as the tracker names it. */
   model: string | (() => string);
   executor(): CheckExecutor | undefined;
-  trackerKey(): Uint8Array | undefined;
+  /** The keys check plans must be signed with (one tracker's, or every tracker's of its cluster). */
+  trackerKey(): TrackerKeys;
   sign(bytes: Uint8Array): Promise<Uint8Array>;
   verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): Promise<boolean>;
   /** Checks run at once at most; more are answered 503. @defaultValue 1 */
@@ -142,7 +144,7 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
     } catch {
       throw new MeshError('MESH_ERR_FORBIDDEN', 'the plan signature is not base64url');
     }
-    if (!key || !(await init.verify(key, checkPlanMessage(plan.head, text), sigBytes))) throw new MeshError('MESH_ERR_FORBIDDEN', 'the check plan is not signed by this node\'s tracker');
+    if (!(await signedByAny(key, checkPlanMessage(plan.head, text), sigBytes, init.verify))) throw new MeshError('MESH_ERR_FORBIDDEN', 'the check plan is not signed by this node\'s tracker');
     if (plans.size >= 256) plans.clear();
     plans.set(sig, { head: plan.head, plan });
     return plan;

@@ -134,6 +134,8 @@ export class GenerationTrace {
   private readonly tokens: Array<{ tokenId: number; logprob: number }> = [];
   /** Every token each step emitted (a verification's accepted drafts, then its token). */
   private readonly stepTokens: Array<Array<{ tokenId: number; logprob: number }>> = [];
+  /** Hops whose chain the head cannot rebuild, and why. */
+  private readonly rebuilt = new Map<string, string>();
   /** The head's own span's steps as it signed them (restarted by a rebuild from position 0). */
   private own: Array<{ input: Uint8Array; output: Uint8Array }> = [];
   /** Set when rows the hops signed were cut back (a rejected speculative draft): the history no longer holds them. */
@@ -187,6 +189,11 @@ export class GenerationTrace {
     this.cut ??= why;
   }
 
+  /** One hop's signed chain is no longer what the head holds (it was rebuilt after a cut): its check is skipped, as `uncheckable`. */
+  uncheckableHop(peer: string, why: string): void {
+    if (!this.rebuilt.has(peer)) this.rebuilt.set(peer, why);
+  }
+
   /**
    * The generation is over: drop the session on every hop, reading each hop's final attestation (hops
    * sign every few steps, so only the final one vouches for every step — a walk after a head audit
@@ -228,6 +235,10 @@ export class GenerationTrace {
     });
     const cut = this.kept.some((k, i) => k < this.steps[i]!);
     if (cut) this.full(spans, hops);
+    for (const sp of spans) {
+      const why = this.rebuilt.get(sp.peer);
+      if (why !== undefined) sp.uncheckable = why;
+    }
     const generation = this.s.session.slice(0, Math.max(0, this.s.session.lastIndexOf('.')));
     const bytes = spans.reduce((n, sp) => n + sp.input.byteLength, 0);
     const finished: Finished = {

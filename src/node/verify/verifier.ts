@@ -55,6 +55,8 @@ export interface FinishedSpan {
    * cut rows included — what the span signed. Absent there: the head does not hold them (uncheckable).
    */
   full?: { inputs: readonly Uint8Array[]; outputs: readonly Uint8Array[] };
+  /** Why the head cannot check this span (its chain was rebuilt after a cut): its check is reported skipped. */
+  uncheckable?: string;
 }
 
 export interface FinishedGeneration {
@@ -131,8 +133,9 @@ export class Verifier {
     for (const entry of gen.plan.plan.checks) {
       const span = gen.spans.find((s) => s.peer === entry.peer.peer_id && s.start === entry.start_layer && s.end === entry.end_layer);
       if (!span) continue; // the hop was replaced, or the route changed: not checked this time
-      if (gen.uncheckable !== undefined) {
-        void this.skip({ gen, span, entry }, 'uncheckable', gen.uncheckable);
+      const why = gen.uncheckable ?? span.uncheckable;
+      if (why !== undefined) {
+        void this.skip({ gen, span, entry }, 'uncheckable', why);
         continue;
       }
       if (this.queue.length >= (this.init.maxQueued ?? 32)) {

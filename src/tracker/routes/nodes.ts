@@ -15,6 +15,7 @@ import type { NodeRecord } from '../registry.ts';
 
 const nodeMessage = signedSchema(nodeMessageSchema);
 const utf8 = new TextEncoder();
+const utf8Decoder = new TextDecoder();
 /** A comment on each watch stream this often, ms (below the idle timeouts of common proxies). */
 const WATCH_KEEPALIVE_MS = 20_000;
 
@@ -26,11 +27,15 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     // Longer than configured while the tracker is behind (load.ts); the node's deadline counts in what it was told.
     const interval = ctx.load.intervalMs();
     registry.toldInterval(n, interval);
+    const keys = ctx.cluster?.trackerKeys();
     return {
       assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url, wire_dtype: wireDtypeOf(o, model.name) },
       heartbeat_interval_ms: interval,
       tracker_public_key: ctx.publicKey,
       ...(ctx.verification.enabled ? { distrust: ctx.verification.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until })) } : {}),
+      // In a cluster: a tracker on the node's own relay, so its beats never cross between relays.
+      tracker_peer_id: ctx.cluster?.beatTarget(n) ?? ctx.identity.peerId,
+      ...(keys ? { tracker_keys: keys } : {}),
     };
   }
 
@@ -66,6 +71,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       if (pending) throw pending;
     }
     const n = registry.register(msg);
+    // In a cluster the stored registration is the answer: another tracker may have decided this node's span first.
+    await ctx.cluster?.commitRegistration(n);
     metrics.registrations.inc({ kind: 'register', result: 'ok' });
     logger.info({ peer_id: n.peerId, model: n.info.model, budget_mb: n.info.memory_budget_mb, assignment: n.assignment, serving: n.serving, ...(n.draining ? { draining: true } : {}) }, 'node registered');
     ctx.updateNodeGauge();
@@ -85,6 +92,50 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     }
     return streamResponse(events(), { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' } });
   });
+
+  /**
+   * A heartbeat over the relay socket (`POST /api/nodes/beat`, body: the
+   * NodeMessage itself, unsigned): the relay vouches for the sender (`from`,
+   * stamped on the frame), so no signature is checked and no connection is
+   * opened. Only for a node this tracker knows with the same key: anything
+   * else registers (signed) first.
+   */
+  ctx.relayBeat = (from, body) => {
+    if (!from) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'an unsigned heartbeat needs the relay to vouch for its sender (a fast-path frame through a relay); otherwise sign it and POST /api/nodes/heartbeat');
+    let raw: unknown;
+    try {
+      raw = JSON.parse(utf8Decoder.decode(body));
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'body is not JSON: send the NodeMessage');
+    }
+    const parsed = nodeMessageSchema.safeParse(raw);
+    if (!parsed.success) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'malformed' });
+      const issue = parsed.error.issues[0]!;
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected a NodeMessage`);
+    }
+    const msg = parsed.data;
+    if (msg.peer_id !== from) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'refused' });
+      throw new MeshError('MESH_ERR_FORBIDDEN', `this heartbeat speaks for ${msg.peer_id}, but the relay says it comes from ${from}`);
+    }
+    const known = registry.nodes.get(from);
+    if (!known) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'unknown' });
+      throw new MeshError('MESH_ERR_NOT_FOUND', `peer ${from} is not registered here (tracker restarted or node expired); register again`);
+    }
+    if (known.publicKey !== msg.public_key) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'refused' });
+      throw new MeshError('MESH_ERR_FORBIDDEN', 'public_key differs from the registered one: register again (signed)');
+    }
+    const wasDraining = known.draining;
+    const n = registry.heartbeat(msg);
+    metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
+    if (n.draining !== wasDraining) logger.info({ peer_id: n.peerId, serving: n.serving }, n.draining ? 'node draining: no new sessions routed to it' : 'node takes sessions again');
+    ctx.updateNodeGauge();
+    ctx.admission.kick();
+    return answerFor(n);
+  };
 
   app.post('/api/nodes/heartbeat', async ({ req }) => {
     const msg = await signedNodeMessage(req, 'heartbeat');

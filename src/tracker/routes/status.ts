@@ -142,7 +142,8 @@ export function statusRoutes(app: App, ctx: TrackerContext): void {
 
   app.get('/dashboard', () => new Response(DASHBOARD_HTML, { status: 200, headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-cache' } }));
 
-  app.get('/healthz', () => json(200, { status: 'ok', nodes: registry.nodes.size, models: [...registry.models.keys()], heartbeat_interval_ms: ctx.load.intervalMs(), behind: ctx.load.current.behind }));
+  // 200 while this tracker serves, from its copy of the registry even when NATS is lost (it says so): a load balancer keeps it.
+  app.get('/healthz', () => json(200, { status: 'ok', nodes: registry.nodes.size, models: [...registry.models.keys()], heartbeat_interval_ms: ctx.load.intervalMs(), behind: ctx.load.current.behind, ...(ctx.cluster ? { cluster: ctx.cluster.status() } : {}) }));
 
   app.get('/metrics', async () => {
     ctx.updateNodeGauge();

@@ -43,8 +43,15 @@ describe('speculation with spot-checks', () => {
   const forward = new Map<string, (r: MeshRequest) => Promise<MeshResponse>>();
   const check = new Map<string, (r: MeshRequest) => Promise<MeshResponse>>();
   const ids = new Map<string, Identity>();
+  /** A host that fails its /forward calls once it has answered `n` of them (a hop dying mid-generation). */
+  const dieAfter = new Map<string, number>();
   const fetchFn: typeof fetch = async (input, init) => {
     const url = new URL(String(input));
+    if (url.pathname === '/forward' && dieAfter.has(url.host)) {
+      const left = dieAfter.get(url.host)!;
+      if (left <= 0) throw new TypeError('fetch failed', { cause: { code: 'ECONNREFUSED' } });
+      dieAfter.set(url.host, left - 1);
+    }
     const h = (url.pathname === '/check' ? check : forward).get(url.host)!;
     const headers: Record<string, string> = {};
     new Headers(init?.headers).forEach((v, k) => (headers[k] = v));
@@ -77,7 +84,7 @@ describe('speculation with spot-checks', () => {
     }
   });
 
-  async function generate(session: string, prediction: number[]): Promise<{ events: GenerateEvent[]; verdicts: Verdict[]; reports: CheckReport[]; skipped: string[] }> {
+  async function generate(session: string, prediction: number[], replace?: (h: RouteHop) => Promise<RouteHop[]>): Promise<{ events: GenerateEvent[]; verdicts: Verdict[]; reports: CheckReport[]; skipped: string[] }> {
     const headId = await Identity.generate();
     const transport = new HopTransport({ fetch: fetchFn });
     const verdicts: Verdict[] = [];
@@ -96,7 +103,7 @@ describe('speculation with spot-checks', () => {
       skipped: async (s) => (skipped.push(`${s.reason}: ${s.why}`), {}),
     });
     const verify = new HeadVerify({ peerId: HEAD, model: 'tiny', attestor: new Attestor({ peerId: HEAD, sign: (x) => headId.sign(x) }), verifier, distrust: new DistrustSet(), transport });
-    const driver = new PipelineDriver({ executor: head, tokenizer: tok as HeadTokenizer, transport, verify });
+    const driver = new PipelineDriver({ executor: head, tokenizer: tok as HeadTokenizer, transport, verify, ...(replace ? { replace } : {}) });
     const plan: CheckPlan = {
       head: HEAD,
       model: 'tiny',
@@ -105,6 +112,8 @@ describe('speculation with spot-checks', () => {
       checks: [
         { peer: peer('b', false), start_layer: 1, end_layer: 3, checkers: [peer('d'), peer('e')] },
         { peer: peer('c', false), start_layer: 3, end_layer: 4, checkers: [peer('f'), peer('9')] },
+        // d is b's replacement when b dies.
+        ...(replace ? [{ peer: peer('d', false), start_layer: 1, end_layer: 3, checkers: [peer('e')] }] : []),
       ],
     };
     const signed = await signPlan(tracker, plan);
@@ -158,5 +167,19 @@ describe('speculation with spot-checks', () => {
     expect((r.events.at(-1) as { drafted?: number }).drafted).toBeGreaterThan(0);
     expect(r.verdicts.find((x) => x.checked === pid('c'))).toMatchObject({ outcome: 'offence', guilty: pid('c'), kind: 'tokens' });
     expect(r.verdicts.find((x) => x.checked === pid('b'))).toMatchObject({ outcome: 'pass' });
+  }, 60_000);
+
+  it('a hop rebuilt after rows were cut back (its replay pads the cut rows) is left unchecked, never refused; the others are checked', async () => {
+    const want = ref.greedy(tok.encode(PROMPT), 20);
+    dieAfter.set('b.test', 3); // b dies at its 4th step, after verification steps cut rows back
+    const asked: RouteHop[] = [];
+    const r = await generate('spec4', want.map((t, i) => (i % 3 === 2 ? (t + 1) % f.cfg.vocabSize : t)), async (h) => (asked.push(h), [hop('d', 1, 3)]));
+    dieAfter.delete('b.test');
+    expect(asked.map((h) => h.peer_id)).toEqual([pid('b')]);
+    expect(r.events.flatMap((e) => (e.type === 'token' ? [e.token_id] : []))).toEqual(want);
+    // b left the route (not checked this time); its replacement d, rebuilt by a replay, is reported uncheckable
+    // (not refused); c, never rebuilt, is checked and passes.
+    expect(r.skipped).toEqual(['uncheckable: it was rebuilt after rows were cut back (a replay pads the cut rows)']);
+    expect(r.verdicts.map((v) => [v.checked, v.outcome])).toEqual([[pid('c'), 'pass']]);
   }, 60_000);
 });

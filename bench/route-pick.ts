@@ -1,0 +1,157 @@
+/**
+ * bench/route-pick — one route pick at swarm scale, in process (no HTTP).
+ *
+ * A NodeRegistry holds N donors of a 32-layer model (Llama-3-8B's shape,
+ * the budgets and formats bench/swarm.ts uses), each serving the span it was
+ * assigned, with its own speed, queue and KV room. For each N it times, side
+ * by side in one run:
+ *   - now: `registry.pickWithRoom` (KV room checked on the K cheapest of each
+ *     span, read off the span groups kept sorted by cost, then the K-best
+ *     search and the draw);
+ *   - every node: the same pick over every serving node with room (the
+ *     registry's O(N) list of serving nodes into the plain route search of
+ *     test/helpers/tracker-reference.ts, as the tracker searched before it
+ *     kept its sums: every node at every boundary).
+ * Both pick among the same cheapest routes (test/tracker/scale.test.ts checks
+ * the searches agree); the ratio is what keeping the groups sorted saves.
+ *
+ *   npx tsx bench/route-pick.ts [--donors 1000,5000,10000] [--picks 2000]
+ */
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseModelConfig } from '../src/model/config.ts';
+import type { NodeMessage } from '../src/protocol/tracker.ts';
+import { sizeModel } from '../src/tracker/model-registry.ts';
+import { resolveTrackerOptions } from '../src/tracker/options.ts';
+import { NodeRegistry } from '../src/tracker/registry.ts';
+import { pickRoute } from '../src/tracker/routing.ts';
+import { naiveFindRoutes } from '../test/helpers/tracker-reference.ts';
+import { printTable, quantile, writeResult } from './lib/stats.ts';
+
+const argv = process.argv.slice(2);
+const opt = (name: string) => {
+  const i = argv.indexOf(`--${name}`);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const DONORS = (opt('donors') ?? '1000,5000,10000').split(',').map(Number);
+const PICKS = Number(opt('picks') ?? 2000);
+const OUT = opt('out') ?? join(fileURLToPath(new URL('.', import.meta.url)), 'results', 'route-pick.json');
+
+/** Llama-3-8B's shape (as bench/swarm.ts): the tracker sizes spans from the config alone. */
+const CONFIG = {
+  architectures: ['LlamaForCausalLM'],
+  vocab_size: 128256,
+  hidden_size: 4096,
+  intermediate_size: 14336,
+  num_hidden_layers: 32,
+  num_attention_heads: 32,
+  num_key_value_heads: 8,
+  head_dim: 128,
+  max_position_embeddings: 8192,
+  rms_norm_eps: 1e-5,
+  rope_theta: 500000,
+  tie_word_embeddings: false,
+  bos_token_id: 128000,
+  eos_token_id: 128001,
+};
+const BUDGETS: Array<[number, 'q4' | 'f16']> = [
+  [1024, 'q4'],
+  [2048, 'q4'],
+  [3072, 'q4'],
+  [4096, 'f16'],
+  [6144, 'f16'],
+];
+
+/** A seeded generator, so both ways see the same swarm. */
+function mulberry(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function swarm(n: number): NodeRegistry {
+  const o = resolveTrackerOptions({ logLevel: 'silent' });
+  const spec = sizeModel('swarm', 'http://models.test/swarm', parseModelConfig(CONFIG), o);
+  const rnd = mulberry(n);
+  const reg = new NodeRegistry([spec], { ...o, random: mulberry(7) });
+  const now = Date.now();
+  for (let i = 0; i < n; i++) {
+    const [mb, format] = BUDGETS[i % BUDGETS.length]!;
+    const peer = i.toString(16).padStart(32, '0');
+    const base: NodeMessage = {
+      peer_id: peer,
+      public_key: 'k'.repeat(43),
+      timestamp: now,
+      info: { model: 'swarm', backend: 'webgpu', memory_budget_mb: mb, host: 'browser', weight_format: format },
+    } as NodeMessage;
+    const rec = reg.register(base);
+    if (!rec.assignment) continue;
+    const budget = mb * 1024 * 1024;
+    const used = Math.floor(rnd() * 0.9 * budget);
+    reg.heartbeat({
+      ...base,
+      timestamp: now + 1,
+      serving: { start_layer: rec.assignment.start, end_layer: rec.assignment.end },
+      stats: { rpm: 0, layer_ms: 2 + rnd() * 20, queue_depth: Math.floor(rnd() * 3), kv_free_bytes: budget - used, tokens_served: 0, kv_budget_bytes: budget, kv_used_bytes: used, kv_bytes_per_token: 4096 },
+    } as NodeMessage);
+  }
+  return reg;
+}
+
+interface Row {
+  donors: number;
+  serving: number;
+  now_p50_us: number;
+  now_p99_us: number;
+  every_node_p50_us: number;
+  every_node_p99_us: number;
+  ratio_p50: number;
+}
+
+const TOKENS = 512;
+const rows: Row[] = [];
+for (const n of DONORS) {
+  const reg = swarm(n);
+  const end = reg.model('swarm').numLayers;
+  const o = resolveTrackerOptions({});
+  const random = mulberry(11);
+  const fast: number[] = [];
+  const slow: number[] = [];
+  // Alternate the two ways, so both see the same machine load.
+  for (let i = 0; i < PICKS; i++) {
+    let t0 = performance.now();
+    if (!reg.pickWithRoom('swarm', TOKENS)) throw new Error('no route with room');
+    fast.push((performance.now() - t0) * 1000);
+    if (i % 20 === 0) {
+      t0 = performance.now();
+      const all = reg.servingNodes('swarm', new Set(), (x) => reg.kvNeed(x, TOKENS) <= reg.kvFree(x));
+      if (!pickRoute(naiveFindRoutes(all, 0, end, o.hopLatencyMs), o.routeSlack, random)) throw new Error('no route (every node)');
+      slow.push((performance.now() - t0) * 1000);
+    }
+  }
+  fast.sort((a, b) => a - b);
+  slow.sort((a, b) => a - b);
+  const row: Row = {
+    donors: n,
+    serving: reg.servingNodes('swarm').length,
+    now_p50_us: quantile(fast, 0.5),
+    now_p99_us: quantile(fast, 0.99),
+    every_node_p50_us: quantile(slow, 0.5),
+    every_node_p99_us: quantile(slow, 0.99),
+    ratio_p50: quantile(slow, 0.5) / quantile(fast, 0.5),
+  };
+  rows.push(row);
+  console.log(JSON.stringify(row));
+}
+
+printTable(
+  `route pick with KV room, one process (${PICKS} picks per size; "every node": 1 in 20), shared 2-core machine`,
+  ['donors', 'serving', 'now p50 µs', 'now p99 µs', 'every node p50 µs', 'every node p99 µs', 'every node / now (p50)'],
+  rows.map((r) => [r.donors, r.serving, r.now_p50_us, r.now_p99_us, r.every_node_p50_us, r.every_node_p99_us, r.ratio_p50]),
+);
+writeResult(OUT, { bench: 'route-pick', picks: PICKS, tokens: TOKENS, runs: rows });

@@ -1,0 +1,203 @@
+/**
+ * Trackers as replicas of one cluster, on a real nats-server (JetStream KV):
+ * in-process trackers (startTracker with --nats), nodes as signed fake
+ * nodes over HTTP. Any tracker answers any node; two trackers racing on one
+ * node's span cannot both win; one leader removes and moves nodes, and
+ * another takes over when it goes; liveness heard by one tracker holds at
+ * the leader; malformed cluster documents are dropped and counted; NATS
+ * lost: trackers keep serving from their copy and catch up; the bucket
+ * lost: rebuilt from what the trackers know.
+ */
+import { Kvm } from '@nats-io/kv';
+import pino from 'pino';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { connectNats, type NatsHandle } from '../../src/cluster/nats.ts';
+import { trackerSubjects } from '../../src/cluster/subjects.ts';
+import type { RegisterAnswer } from '../../src/protocol/tracker.ts';
+import { startTracker, type RunningTracker } from '../../src/tracker/server.ts';
+import { startNats, type NatsServer } from '../helpers/cluster.ts';
+import { startRelayProcess } from '../helpers/relay-process.ts';
+import { FakeNode, layerMib, smallSpec, type TestTracker } from '../helpers/tracker.ts';
+
+const spec = smallSpec();
+const silent = pino({ level: 'silent' });
+let nats: NatsServer;
+let cluster = 0;
+const running: RunningTracker[] = [];
+
+beforeAll(async () => {
+  nats = await startNats();
+});
+afterAll(async () => {
+  await nats?.stop();
+});
+afterEach(async () => {
+  await Promise.all(running.splice(0).map((t) => t.close().catch(() => undefined)));
+});
+
+/** A tracker of cluster `name`, with short silences so the test waits seconds, not minutes. */
+async function tracker(name: string, o: { heartbeatIntervalMs?: number; relayUrl?: string } = {}): Promise<RunningTracker> {
+  const t = await startTracker(
+    { port: 0, nats: [nats.url], cluster: name, heartbeatIntervalMs: o.heartbeatIntervalMs ?? 1000, logLevel: 'silent', models: [], ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}) },
+    { modelSpecs: [spec], logger: silent, cluster: { leaseMs: 1500, overdueMs: 1500, trackerGoneMs: 4000 } },
+  );
+  running.push(t);
+  return t;
+}
+
+/** What FakeNode needs of a tracker: its app, and a clock that is the real one. */
+function asTest(t: RunningTracker): TestTracker {
+  return Object.assign(Object.create(t) as RunningTracker, { clock: { get now() { return Date.now(); } } }) as unknown as TestTracker;
+}
+
+async function until<T>(f: () => T | undefined | false | Promise<T | undefined | false>, ms = 15_000, what = 'condition'): Promise<T> {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await f();
+    if (v) return v;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const span = (a: RegisterAnswer) => a.assignment && `${a.assignment.start_layer}-${a.assignment.end_layer}`;
+const mb = Math.ceil(4.2 * layerMib(spec));
+
+describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
+  it('any tracker answers a node registered at another, with the same span; the cluster\'s keys come with every answer', async () => {
+    const name = `c${++cluster}`;
+    const [a, b] = [await tracker(name), await tracker(name)];
+    const n = await FakeNode.create({ memory_budget_mb: mb });
+    const reg = await n.register(asTest(a), { load: true });
+    expect(reg.assignment).not.toBeNull();
+    await until(() => b.registry.nodes.get(n.peerId), 5000, 'the node at the second tracker');
+    const beat = await n.heartbeat(asTest(b));
+    expect(span(beat)).toBe(span(reg));
+    // Each answer names its tracker and lists every tracker's key.
+    expect(beat.tracker_peer_id).toBe(b.identity.peerId);
+    await until(async () => ((await n.heartbeat(asTest(b))).tracker_keys ?? []).length === 2, 5000, 'both keys listed');
+    const keys = (await n.heartbeat(asTest(a))).tracker_keys!.map((k) => k.public_key).sort();
+    expect(keys).toEqual([a.publicKey, b.publicKey].sort());
+    // The served span reported to b reaches a's copy (it changed what routing reads).
+    await until(() => a.registry.status(a.registry.nodes.get(n.peerId)!) === 'serving', 5000, 'serving at the first tracker');
+  });
+
+  it('two trackers racing on one node\'s span cannot both win: both answer the span stored first', async () => {
+    const name = `c${++cluster}`;
+    const [a, b] = [await tracker(name), await tracker(name)];
+    // Make the two copies disagree on where a new node should go: nodes only a's copy holds (never stored).
+    for (let i = 0; i < 3; i++) {
+      const f = await FakeNode.create({ memory_budget_mb: mb });
+      f.serving = { start_layer: 0, end_layer: 4 };
+      a.registry.register(f.message(Date.now()));
+    }
+    const viewA = a.registry.placement('small').assigned.count.join();
+    const viewB = b.registry.placement('small').assigned.count.join();
+    expect(viewA).not.toBe(viewB);
+    for (let round = 0; round < 4; round++) {
+      const n = await FakeNode.create({ memory_budget_mb: mb });
+      const [ra, rb] = await Promise.all([n.register(asTest(a)), n.register(asTest(b))]);
+      expect(span(ra)).toBe(span(rb));
+      await until(() => a.registry.nodes.get(n.peerId) && b.registry.nodes.get(n.peerId), 5000, 'the node at both trackers');
+      const sa = a.registry.nodes.get(n.peerId)!.assignment;
+      const sb = b.registry.nodes.get(n.peerId)!.assignment;
+      expect(sa).toEqual(sb);
+      expect(`${sa!.start}-${sa!.end}`).toBe(span(ra));
+    }
+  });
+
+  it('decides a race deterministically: both trackers decided a span for one node at once, one store wins, both copies take it', async () => {
+    const name = `c${++cluster}`;
+    const [a, b] = [await tracker(name), await tracker(name)];
+    for (let i = 0; i < 3; i++) {
+      const f = await FakeNode.create({ memory_budget_mb: mb });
+      f.serving = { start_layer: 0, end_layer: 4 };
+      a.registry.register(f.message(Date.now()));
+    }
+    const n = await FakeNode.create({ memory_budget_mb: mb });
+    // Both decide in the same tick, neither has seen the other's write: their choices differ.
+    const ra = a.registry.register(n.message(Date.now()));
+    const rb = b.registry.register(n.message(Date.now()));
+    const chose = [`${ra.assignment!.start}-${ra.assignment!.end}`, `${rb.assignment!.start}-${rb.assignment!.end}`];
+    expect(chose[0]).not.toBe(chose[1]);
+    // What each tracker answers the node: its copy as its own write returns.
+    const answer = (t: RunningTracker) => () => `${t.registry.nodes.get(n.peerId)!.assignment!.start}-${t.registry.nodes.get(n.peerId)!.assignment!.end}`;
+    const after = await Promise.all([a.cluster!.commitRegistration(ra).then(answer(a)), b.cluster!.commitRegistration(rb).then(answer(b))]);
+    expect(after[0]).toBe(after[1]);
+    expect(chose).toContain(after[0]);
+    const conflicts = async (t: RunningTracker) => Number(/meshnet_tracker_cluster_writes_total\{kind="register",result="conflict"\} (\d+)/.exec(await (await fetch(`${t.url}/metrics`)).text())?.[1] ?? 0);
+    expect((await conflicts(a)) + (await conflicts(b))).toBe(1);
+    // The store holds the winner.
+    const h = await connectNats({ servers: nats.url, name: 'check' });
+    try {
+      const e = await (await new Kvm(h.nc).open(trackerSubjects(name).registryBucket)).get(`node.${n.peerId}`);
+      const doc = e!.json<{ assignment: { start: number; end: number } }>();
+      expect(`${doc.assignment.start}-${doc.assignment.end}`).toBe(after[0]);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('names a tracker on the node\'s own relay for its beats, so they never cross between relays', async () => {
+    const name = `c${++cluster}`;
+    const [r1, r2] = [await startRelayProcess(), await startRelayProcess()];
+    try {
+      const [a, b] = [await tracker(name, { relayUrl: r1.url }), await tracker(name, { relayUrl: r2.url })];
+      await until(() => a.cluster!.trackerKeys().length === 2 && b.cluster!.trackerKeys().length === 2, 5000, 'both trackers known');
+      await until(async () => {
+        const n = await FakeNode.create({ memory_budget_mb: mb });
+        n.relayAddr = `${r2.url}/rpc/${n.peerId}`;
+        const onR2 = await n.register(asTest(a));
+        const m = await FakeNode.create({ memory_budget_mb: mb });
+        m.relayAddr = `${r1.url}/rpc/${m.peerId}`;
+        const onR1 = await m.register(asTest(b));
+        return onR2.tracker_peer_id === b.identity.peerId && onR1.tracker_peer_id === a.identity.peerId;
+      }, 8000, 'beats sent to the tracker of the node\'s relay');
+      // A node with no relay (or a relay no tracker is on) beats to whoever answered.
+      const n = await FakeNode.create({ memory_budget_mb: mb });
+      expect((await n.register(asTest(a))).tracker_peer_id).toBe(a.identity.peerId);
+    } finally {
+      await r1.stop();
+      await r2.stop();
+    }
+  });
+
+  it('drops and counts malformed cluster documents and batches; keeps serving', async () => {
+    const name = `c${++cluster}`;
+    const a = await tracker(name);
+    const h: NatsHandle = await connectNats({ servers: nats.url, name: 'vandal' });
+    try {
+      const kv = await new Kvm(h.nc).open(trackerSubjects(name).registryBucket);
+      await kv.put(`node.${'a'.repeat(32)}`, 'not json');
+      await kv.put(`node.${'b'.repeat(32)}`, JSON.stringify({ v: 1, peer_id: 'b'.repeat(32) }));
+      await kv.put('route.x', JSON.stringify({ v: 2 }));
+      await kv.put('weird.key', '{}');
+      h.nc.publish(trackerSubjects(name).seen, 'garbage');
+      h.nc.publish(trackerSubjects(name).seen, JSON.stringify({ v: 1, by: 'nope', ids: [1] }));
+      await until(() => a.cluster!.dropped >= 6, 5000, 'six drops');
+      const metrics = await (await fetch(`${a.url}/metrics`)).text();
+      expect(metrics).toMatch(/meshnet_tracker_cluster_dropped_total\{kind="node"\} 2/);
+      expect(a.registry.nodes.size).toBe(0);
+      const n = await FakeNode.create({ memory_budget_mb: mb });
+      expect((await n.register(asTest(a))).assignment).not.toBeNull();
+    } finally {
+      await h.close();
+    }
+  });
+});
+
+describe('meshnet tracker --nats', () => {
+  it('fails at start with one line naming the NATS URL when no server answers, and exits non-zero', async () => {
+    const { spawnSync } = await import('node:child_process');
+    const { fileURLToPath } = await import('node:url');
+    const bin = fileURLToPath(new URL('../../bin/meshnet.js', import.meta.url));
+    const r = spawnSync(process.execPath, [bin, 'tracker', '--port', '0', '--model', 'x=http://127.0.0.1:9/m', '--nats', 'nats://127.0.0.1:9,nats://127.0.0.1:10'], { encoding: 'utf8', timeout: 60_000 });
+    expect(r.status).toBe(1);
+    const lines = r.stderr.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^meshnet tracker: cannot reach NATS at nats:\/\/127\.0\.0\.1:9, nats:\/\/127\.0\.0\.1:10/);
+    const bad = spawnSync(process.execPath, [bin, 'tracker', '--port', '0', '--model', 'x=http://127.0.0.1:9/m', '--nats', 'http://nope', '--cluster', 'a b'], { encoding: 'utf8', timeout: 60_000 });
+    expect(bad.status).toBe(1);
+    expect(bad.stderr.trim().split('\n')).toHaveLength(1);
+  }, 90_000);
+});
