@@ -183,7 +183,7 @@ test('in a network namespace the pages chain over WebRTC data channels: ≥ 99 %
   await until(async () => (await infos()).every((i) => i.paths.every((p) => p.rtc === 'open')) || undefined, 10_000, 'the channels open again');
 });
 
-test('three ?hop=star pages: the head drives every hop, the pages after it count no chained step, same answer', async () => {
+test('three ?hop=star pages: the head drives every hop, the pages after it count no chained step, same answer; with relay-only ICE and no TURN server their data channels cannot open, and every hop goes by the relay', async () => {
   test.setTimeout(240_000);
   await mesh?.close();
   mesh = undefined;
@@ -192,7 +192,9 @@ test('three ?hop=star pages: the head drives every hop, the pages after it count
   const t = starTracker;
   const budgetMb = pageBudget(await loadModelSpec('fortunes-tiny', `${model.url}/`, fetch, resolveTrackerOptions({})), 3, undefined);
   const logs: string[] = [];
-  mesh = await startBrowserMesh({ nodes: 3, trackerUrl: t.url, relayUrl: relay.url, appUrl: appUrl(), model: 'fortunes-tiny', backend: 'wasm', budgetMb, threads: 1, hop: 'star', pollMs: 200, log: (m) => logs.push(m) });
+  // These pages dial data channels too, with relay-only ICE and no TURN server: no candidate, no packet, no channel (in or
+  // out of a namespace), the case of pages whose ICE cannot connect.
+  mesh = await startBrowserMesh({ nodes: 3, trackerUrl: t.url, relayUrl: relay.url, appUrl: appUrl(), model: 'fortunes-tiny', backend: 'wasm', budgetMb, threads: 1, hop: 'star', rtc: true, icePolicy: 'relay', pollMs: 200, log: (m) => logs.push(m) });
   await mesh.waitServing(120_000).catch((e: Error) => {
     throw new Error(`${e.message}: ${JSON.stringify(mesh!.rows())} ${logs.join('; ')}`);
   });
@@ -204,4 +206,14 @@ test('three ?hop=star pages: the head drives every hop, the pages after it count
   // Three hops: with two downstream hops the default would have chained (one downstream hop is a star either way).
   expect(d.recent_routes.find((r) => r.kind === 'generate')?.hops).toHaveLength(3);
   expect(await chainForwardsAfterHead(t.url)).toEqual([0, 0]);
+  // The head dialled its hops and gave up at once (no candidate gathered): no hop went by a channel, none was lost.
+  const t0 = performance.now();
+  const head = await until(async () => (await nodeInfos(t.url)).find((i) => (i.data_channels?.failed ?? 0) > 0), 15_000, 'the head\'s dials given up').catch(async (e: Error) => {
+    throw new Error(`${e.message}: ${JSON.stringify(await nodeInfos(t.url))}`);
+  });
+  console.log(`[fortunes-tiny, star, no ICE path] data channels: ${JSON.stringify({ ...head.data_channels, peers: undefined })}, seen ${(performance.now() - t0).toFixed(0)} ms after the chat`);
+  expect(head.data_channels!.opened).toBe(0);
+  const sent = hopsSent(await nodeInfos(t.url));
+  expect(sent.rtc ?? 0).toBe(0);
+  expect(sent.fast ?? 0).toBeGreaterThan(MAX_TOKENS);
 });

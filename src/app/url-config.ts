@@ -6,7 +6,10 @@
  * both `[&backend=wasm|webgpu|auto][&threads=2][&budget=<MiB>][&weights=f32|f16|q4][&hop=chain|star]`
  * (`hop`: how the page drives a pipeline when it is the head; absent: chain),
  * `[&rtc=on|off][&ice=stun:host:port[,…]]` (data channels to other pages: on by
- * default; `ice`: STUN servers for pages behind NATs), and for benches
+ * default; `ice`: STUN servers for pages behind NATs), `[&ice_policy=relay]`
+ * (ICE through the `ice` TURN servers only: the page's own addresses are never
+ * offered; with none, no channel can open and every hop goes by the relay),
+ * and for benches
  * `[&rtc_delay_ms=20]` (each message a channel receives is held that long: a
  * WAN leg's one-way delay),
  * and for tests `[&test_lose_gpu=N[,M…]]`: the k-th GPU backend destroys its
@@ -40,6 +43,7 @@ const paramsSchema = z.object({
     .transform((v) => v.split(','))
     .pipe(z.array(z.string().regex(/^(stun|stuns|turn|turns):[^\s,]{1,200}$/, 'ice must list stun: or turn: URLs, comma-separated')).max(8))
     .optional(),
+  ice_policy: z.enum(['all', 'relay']).optional(),
   rtc_delay_ms: z.coerce.number().min(0).max(10_000).optional(),
   test_lose_gpu: z
     .string()
@@ -59,6 +63,7 @@ const trackedSchema = z.object({
   hop: paramsSchema.shape.hop,
   rtc: paramsSchema.shape.rtc,
   ice: paramsSchema.shape.ice,
+  ice_policy: paramsSchema.shape.ice_policy,
   rtc_delay_ms: paramsSchema.shape.rtc_delay_ms,
   test_lose_gpu: paramsSchema.shape.test_lose_gpu,
 });
@@ -70,7 +75,7 @@ export function configFromSearch(search: string): UrlConfigResult {
   const q = new URLSearchParams(search);
   if (!q.has('relay') && !q.has('model') && !q.has('layers') && !q.has('tracker')) return { ok: false, missing: true, message: 'This page needs a span to serve.' };
   const raw: Record<string, string> = {};
-  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights', 'hop', 'rtc', 'ice', 'rtc_delay_ms', 'test_lose_gpu']) {
+  for (const k of ['relay', 'tracker', 'model', 'layers', 'backend', 'threads', 'budget', 'weights', 'hop', 'rtc', 'ice', 'ice_policy', 'rtc_delay_ms', 'test_lose_gpu']) {
     const v = q.get(k);
     if (v !== null && v !== '') raw[k] = v;
   }
@@ -117,8 +122,9 @@ function trackedConfig(raw: Record<string, string>): UrlConfigResult {
   return { ok: true, config };
 }
 
-function rtcConfig(config: NodeConfig, p: { rtc?: 'on' | 'off' | undefined; ice?: string[] | undefined; rtc_delay_ms?: number | undefined }): void {
+function rtcConfig(config: NodeConfig, p: { rtc?: 'on' | 'off' | undefined; ice?: string[] | undefined; ice_policy?: 'all' | 'relay' | undefined; rtc_delay_ms?: number | undefined }): void {
   if (p.rtc !== undefined) config.rtc = p.rtc === 'on';
   if (p.ice !== undefined) config.iceServers = p.ice.map((urls) => ({ urls }));
+  if (p.ice_policy === 'relay') config.icePolicy = 'relay';
   if (p.rtc_delay_ms !== undefined) config.rtcDelayMs = p.rtc_delay_ms;
 }

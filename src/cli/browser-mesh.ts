@@ -69,6 +69,8 @@ export interface BrowserMeshOptions {
   rtc?: boolean;
   /** Benches: each message a data channel receives is held this long (`?rtc_delay_ms=`), the one-way delay of a WAN leg. */
   rtcDelayMs?: number;
+  /** `?ice_policy=relay`: ICE through TURN servers only; with none given, no channel can open (the fallback's test). */
+  icePolicy?: 'relay';
   /** @defaultValue /usr/bin/chromium (or MESHNET_CHROMIUM) */
   chromium?: string;
   /** More Chromium flags (also from MESHNET_CHROMIUM_EXTRA, space-separated: for experiments such as --enable-features=NetworkServiceInProcess). */
@@ -146,6 +148,7 @@ export async function startBrowserMesh(o: BrowserMeshOptions): Promise<BrowserMe
   if (o.hop !== undefined) q.set('hop', o.hop);
   q.set('rtc', o.rtc === true ? 'on' : 'off');
   if (o.rtcDelayMs) q.set('rtc_delay_ms', String(o.rtcDelayMs));
+  if (o.icePolicy) q.set('ice_policy', o.icePolicy);
   const pageUrl = `${base}?${q}`;
 
   const executablePath = o.chromium ?? process.env.MESHNET_CHROMIUM ?? '/usr/bin/chromium';

@@ -40,6 +40,8 @@ export interface RtcPeerInit {
   /** True: this side creates the channel and the offer. */
   initiator: boolean;
   iceServers: readonly IceServer[];
+  /** 'relay': ICE through the TURN servers only; the host's own addresses are never offered. */
+  icePolicy?: 'relay';
   /** A signal for the far side (offer/answer/candidates), in the order the peer connection produced them. */
   onSignal(signal: RtcSignal): void;
   /** The peer connection failed or closed (ICE failed, the host shut it): the channel will not open, or is gone. */

@@ -47,6 +47,8 @@ export interface RtcPoolInit {
   /** Serves the requests that arrive over channels. */
   handler: MeshHandler;
   iceServers?: readonly IceServer[];
+  /** 'relay': ICE through the TURN servers only (RTCIceTransportPolicy). */
+  icePolicy?: 'relay';
   /** Limits of each channel's multiplexer (as a direct link's). */
   options?: Partial<MuxOptions>;
   socket?: ChannelSocketOptions;
@@ -242,6 +244,7 @@ export class RtcPool {
       handle = this.init.factory.create({
         initiator: conn.initiator,
         iceServers: this.init.iceServers ?? [],
+        ...(this.init.icePolicy ? { icePolicy: this.init.icePolicy } : {}),
         onSignal: (s) => this.send(conn, s, s.type === 'offer' ? proof : undefined),
         onFailed: (reason) => this.fail(conn, reason),
       });

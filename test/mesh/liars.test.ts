@@ -58,20 +58,21 @@ const LAYOUTS: Layout[] = [
   { title: 'a middle hop of a chained 5-node mesh', honest: ['0-2', '2-4', '2-4', '4-6'], liar: [2, 4], holders: [1, 2], modes: ['noise', 'zero'], chained: true },
 ];
 
+const fortunes = fortunesTiny();
+/** The float64 reference's greedy answers, by prompt (over half a second of work each: once for both layouts). */
+const refs = new Map<string, number[]>();
+const ref = (prompt: string) => {
+  let ids = refs.get(prompt);
+  if (!ids) refs.set(prompt, (ids = fortunes.greedy(prompt, 16).ids));
+  return ids;
+};
+
 describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
   let st: StaticServer;
   let relay: RelayProcess;
   let tracker: TrackerProc;
   const nodes: NodeProc[] = [];
   const liars: Proc[] = [];
-  const fortunes = fortunesTiny();
-  /** The float64 reference's greedy answers, by prompt (seconds of work each: once). */
-  const refs = new Map<string, number[]>();
-  const ref = (prompt: string) => {
-    let ids = refs.get(prompt);
-    if (!ids) refs.set(prompt, (ids = fortunes.greedy(prompt, 16).ids));
-    return ids;
-  };
   /** Detection time per mode, s (printed at the end for docs/verification.md). */
   const detections: Array<{ mode: string; seconds: number; chats: number; checks: number }> = [];
 

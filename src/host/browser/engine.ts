@@ -59,6 +59,8 @@ export interface NodeConfig {
   rtc?: boolean;
   /** STUN/TURN servers for the data channels (pages behind NATs). Absent: none (host candidates only). */
   iceServers?: Array<{ urls: string }>;
+  /** 'relay': ICE through TURN servers only (the page's addresses are never offered). Absent: 'all'. */
+  icePolicy?: 'relay';
   /** Benches: every message a data channel receives is held this long (a WAN leg's one-way delay), ms. */
   rtcDelayMs?: number;
 }

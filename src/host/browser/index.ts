@@ -51,7 +51,7 @@ function modelNameOf(url: string): string {
 /** What makes two starts the same node: the same key reuses the runtime (and what it loaded). */
 function runtimeKey(config: NodeConfig, choice: BackendChoice, weights: WeightFormat): string {
   const where = config.trackerUrl ? `tracker ${config.trackerUrl} ${config.modelName ?? ''}` : `span ${config.modelUrl}|${config.startLayer}-${config.endLayer}`;
-  return `${config.relayUrl}|${where}|${choice}|${weights}|${config.threads ?? ''}|${config.hopMode ?? 'chain'}|rtc ${config.rtc ?? ''} ${JSON.stringify(config.iceServers ?? [])} ${config.rtcDelayMs ?? 0}`;
+  return `${config.relayUrl}|${where}|${choice}|${weights}|${config.threads ?? ''}|${config.hopMode ?? 'chain'}|rtc ${config.rtc ?? ''} ${JSON.stringify(config.iceServers ?? [])} ${config.icePolicy ?? 'all'} ${config.rtcDelayMs ?? 0}`;
 }
 
 export class BrowserNode implements NodeEngine {
@@ -273,7 +273,7 @@ export class BrowserNode implements NodeEngine {
       // The page sends it from its freeze and pagehide handlers (src/app/lifecycle.ts).
       drainBeacons: config.trackerUrl !== undefined,
       ...(settings.lastSpan ? { storedSpan: settings.lastSpan } : {}),
-      rtc: { enabled: config.rtc !== false, ...(config.iceServers ? { iceServers: config.iceServers } : {}), ...(config.rtcDelayMs ? { delayMs: config.rtcDelayMs } : {}) },
+      rtc: { enabled: config.rtc !== false, ...(config.iceServers ? { iceServers: config.iceServers } : {}), ...(config.icePolicy ? { icePolicy: config.icePolicy } : {}), ...(config.rtcDelayMs ? { delayMs: config.rtcDelayMs } : {}) },
     });
     if (seq !== this.startSeq) {
       await runtime.close();

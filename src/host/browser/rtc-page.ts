@@ -10,7 +10,7 @@
  * browser that cannot transfer one keeps it here and bridges it over a
  * MessagePort of its own (docs/benchmarks.md measures both).
  *
- *   worker → page  {op:'create', id, initiator, iceServers} | {op:'signal', id, seq, signal} | {op:'close', id}
+ *   worker → page  {op:'create', id, initiator, iceServers, icePolicy?} | {op:'signal', id, seq, signal} | {op:'close', id}
  *   page → worker  {op:'signal', id, signal} | {op:'channel', id, channel} | {op:'bridge', id, port}
  *                  | {op:'failed', id, reason} | {op:'ack', seq, error?}
  */
@@ -27,7 +27,7 @@ export type PageToWorker =
   | { op: 'ack'; seq: number; error?: string };
 
 export type WorkerToPage =
-  | { op: 'create'; id: string; initiator: boolean; iceServers: IceServer[] }
+  | { op: 'create'; id: string; initiator: boolean; iceServers: IceServer[]; icePolicy?: 'relay' }
   | { op: 'signal'; id: string; seq: number; signal: RtcSignal }
   | { op: 'close'; id: string };
 
@@ -91,8 +91,8 @@ export function servePeerConnections(port: MessagePort, opts: { forceBridge?: bo
     if (dc.readyState === 'open') tell({ t: 'open' });
   }
 
-  async function create(id: string, initiator: boolean, iceServers: IceServer[]): Promise<void> {
-    const pc = new RTCPeerConnection({ iceServers: iceServers.map((s) => ({ ...s })) });
+  async function create(id: string, initiator: boolean, iceServers: IceServer[], icePolicy: 'relay' | undefined): Promise<void> {
+    const pc = new RTCPeerConnection({ iceServers: iceServers.map((s) => ({ ...s })), ...(icePolicy ? { iceTransportPolicy: icePolicy } : {}) });
     pcs.set(id, pc);
     let candidates = 0;
     pc.onicecandidate = (e) => {
@@ -154,7 +154,7 @@ export function servePeerConnections(port: MessagePort, opts: { forceBridge?: bo
   port.onmessage = (e: MessageEvent<WorkerToPage>) => {
     const m = e.data;
     if (m.op === 'create') {
-      create(m.id, m.initiator, m.iceServers).catch((err: Error) => failed(m.id, `the peer connection could not start: ${err.message}`));
+      create(m.id, m.initiator, m.iceServers, m.icePolicy).catch((err: Error) => failed(m.id, `the peer connection could not start: ${err.message}`));
     } else if (m.op === 'signal') {
       signal(m.id, m.signal).then(
         () => post({ op: 'ack', seq: m.seq }),

@@ -64,7 +64,7 @@ export function pageRtcFactory(port: MessagePort): RtcFactory {
       // Nobody may be listening yet when it fails at once.
       channel.catch(() => undefined);
       peers.set(id, { init, resolve, reject, settled: false });
-      post({ op: 'create', id, initiator: init.initiator, iceServers: init.iceServers.map((s) => ({ ...s })) as IceServer[] });
+      post({ op: 'create', id, initiator: init.initiator, iceServers: init.iceServers.map((s) => ({ ...s })) as IceServer[], ...(init.icePolicy ? { icePolicy: init.icePolicy } : {}) });
       return {
         channel,
         signal(signal: RtcSignal): Promise<void> {

@@ -110,7 +110,7 @@ export interface RuntimeConfig {
    * TURN); `delayMs` (benches) delays every message received on a channel,
    * as the delaying proxy delays the relay's legs.
    */
-  rtc?: { enabled?: boolean; iceServers?: IceServer[]; delayMs?: number };
+  rtc?: { enabled?: boolean; iceServers?: IceServer[]; icePolicy?: 'relay'; delayMs?: number };
 }
 
 /** A lifecycle event of the host (a browser page): frozen, back, or going away. */
@@ -694,6 +694,7 @@ export class NodeRuntime {
       factory: this.host.rtc!,
       handler: this.handler.for('rtc'),
       iceServers: rtc.iceServers ?? [],
+      ...(rtc.icePolicy ? { icePolicy: rtc.icePolicy } : {}),
       ...(rtc.delayMs ? { socket: { delayMs: rtc.delayMs } } : {}),
       sendSignal: (peerId, msg, timeoutMs) => {
         const relay = this.relay;

@@ -46,6 +46,10 @@ describe('configFromSearch', () => {
     expect(configFromSearch('?relay=ws://h&model=http://m/&layers=0-2&rtc=on')).toMatchObject({ ok: true, config: { rtc: true } });
     expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&ice=http://evil')).toMatchObject({ ok: false, message: expect.stringMatching(/^ice/) });
     expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&rtc=maybe')).toMatchObject({ ok: false, message: expect.stringMatching(/^rtc/) });
+    // Relay-only ICE (TURN only: the page's own addresses are never offered).
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&ice_policy=relay')).toMatchObject({ ok: true, config: { icePolicy: 'relay' } });
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&ice_policy=all')).toEqual({ ok: true, config: { relayUrl: 'ws://h:1', trackerUrl: 'http://t:2' } });
+    expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&ice_policy=none')).toMatchObject({ ok: false, message: expect.stringMatching(/^ice_policy/) });
   });
   it('reads hop=star|chain into the head\'s hop mode, leaves it unset when absent, and refuses anything else', () => {
     expect(configFromSearch('?relay=ws://h:1&tracker=http://t:2&hop=star')).toEqual({ ok: true, config: { relayUrl: 'ws://h:1', trackerUrl: 'http://t:2', hopMode: 'star' } });
