@@ -10,13 +10,16 @@
  *                     the chat ends with the float64 reference's tokens,
  *                     and after `active` the page is routed to and answers
  *                     again within 5 s, with no weight byte downloaded
- *
- * Not here yet: a spare joining while the page is frozen, Pause (drain with
- * the grace countdown), the duty cycle's throughput and closing/reopening
- * were written as page tests too but did not pass on this harness (the
- * second freeze's drain was not seen; Pause's button never read Resume);
- * the node-side behaviour they cover is tested in test/node/runtime/
- * (drain, duty-cycle, runtime) and test/tracker/draining.test.ts.
+ *   then, one test    Pause mid-chat drains: that chat finishes through the
+ *                     page, a new one finds no route, the button counts the
+ *                     grace down, then reads Resume (the Web Lock let go);
+ *                     a 50 % duty cycle halves the throughput the tracker
+ *                     counts on; Resume serves again. Closed, the pagehide
+ *                     beacon drains it at once; reopened after the tracker
+ *                     dropped it, it restores identity and span from
+ *                     IndexedDB with no download. Frozen mid-chat again, a
+ *                     Node.js spare holding its layers joins and takes the
+ *                     chat on while the page is still frozen.
  */
 import { expect, test, type Page } from '@playwright/test';
 import OpenAI from 'openai';
@@ -30,7 +33,7 @@ import { encodeTensor } from '../src/protocol/tensor.ts';
 import { loadModelSpec } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../test/helpers/fortunes-tiny.ts';
-import { startTrackerProc, until, type TrackerProc } from '../test/helpers/mesh.ts';
+import { startNode, startTrackerProc, until, type NodeProc, type TrackerProc } from '../test/helpers/mesh.ts';
 import { appUrl, startCaller, startRelayProcess, type RelayProcess } from './support/mesh.ts';
 
 // The reference's greedy answer to this prompt runs past 64 tokens: long enough to freeze a page in the middle of it.
@@ -45,6 +48,7 @@ let model: StaticServer;
 let tracker: TrackerProc;
 let mesh: BrowserMesh | undefined;
 let caller: RelayClient | undefined;
+let spare: NodeProc | undefined;
 let want: number[] = [];
 let mid: { page: Page; peer: string; span: [number, number] };
 
@@ -84,6 +88,39 @@ async function chat(during?: (tokens: number) => Promise<void>): Promise<number[
   return ids;
 }
 
+/** A chat the tracker must refuse at once: no route (the only holder of some layers takes no new session). */
+async function refused(): Promise<number> {
+  const r = await fetch(`${tracker.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'fortunes-tiny', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }) });
+  return r.status;
+}
+
+/** What the node announced per layer in its latest heartbeat, ms (the dashboard's history of them). */
+async function announcedLayerMs(peer: string): Promise<number> {
+  const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ peer_id: string; rpm_history: Array<{ layer_ms: number }> }> };
+  return d.nodes.find((n) => n.peer_id === peer)!.rpm_history.at(-1)!.layer_ms;
+}
+
+/*
+ * A tab frozen and resumed by CDP stays hidden (bringToFront does not show it again here), and a hidden
+ * tab draws no frames, so Playwright's click, which waits for the element to be stable across frames,
+ * never returns. The donor's controls are worked by their DOM events instead: the same listeners run.
+ */
+async function press(page: Page, id: string): Promise<void> {
+  await page.locator(`#${id}`).dispatchEvent('click');
+}
+
+async function setDuty(page: Page, pct: number): Promise<void> {
+  await page.locator('#duty').evaluate((e, v) => {
+    (e as HTMLInputElement).value = v;
+    e.dispatchEvent(new Event('change'));
+  }, String(pct));
+  await expect(page.locator('#duty-value')).toHaveText(`${pct} %`);
+}
+
+async function holdsLock(page: Page): Promise<boolean> {
+  return page.evaluate(async () => (await navigator.locks.query()).held?.some((l) => l.name === 'meshnet:donating') ?? false);
+}
+
 test.describe.configure({ mode: 'serial' });
 
 test.beforeAll(async () => {
@@ -111,6 +148,7 @@ test.beforeAll(async () => {
 });
 
 test.afterAll(async () => {
+  await spare?.stop();
   caller?.close();
   await mesh?.close();
   await tracker?.stop();
@@ -153,4 +191,107 @@ test('frozen mid-chat: routed around within 1 s, the chat ends with the referenc
     ['frozen', true],
     ['resumed', false],
   ]);
+});
+
+
+test('the donor in control, then the tab closed and frozen again: Pause drains and a 50 % duty cycle halves the throughput; closed, it drains at once and reopens with its span and no download; frozen again, a spare that joins takes the chat on', async () => {
+  test.setTimeout(180_000);
+  const t0 = Date.now();
+  const laps: string[] = [];
+  const lap = (what: string) => laps.push(`${what} ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+  const bytes0 = model.stats.bytesSent;
+  const fetched0 = (await status(mid.page)).fetchedBytes;
+
+  // Pause mid-chat. The chat in flight holds a session on the page, so it finishes through it (the route
+  // may use only the end of the page's span); a new chat finds no route; the button counts the grace down.
+  const pause = mid.page.locator('#pause');
+  let newChat = 0;
+  const inFlight = await chat(async () => {
+    await press(mid.page, 'pause');
+    await until(async () => (await node(mid.peer))?.draining, 5_000, 'the tracker to see the drain');
+    await expect(pause).toHaveText(/^Pausing… \d+ s$/, { timeout: 5_000 });
+    newChat = await refused();
+  });
+  expect(inFlight).toEqual(want);
+  expect(newChat).toBe(503);
+  lap('paused chat done');
+
+  // Nothing runs now, so what the page measures per layer stays put: a 50 % cap doubles what it announces,
+  // and the tracker's throughput for it halves. The drain finishes meanwhile (no step for a few seconds).
+  await new Promise((r) => setTimeout(r, HEARTBEAT_MS + 200));
+  const full = await announcedLayerMs(mid.peer);
+  expect(full).toBeGreaterThan(0);
+  await setDuty(mid.page, 50);
+  await expect(mid.page.locator('#state')).toHaveText('Paused');
+  await expect(pause).toHaveText('Resume', { timeout: 15_000 });
+  lap('Resume shown');
+  expect(await holdsLock(mid.page), 'a paused tab lets go of the Web Lock').toBe(false);
+  const halved = await until(async () => {
+    const n = await node(mid.peer);
+    return n && n.duty_cycle === 0.5 && Math.abs(n.throughput / (1000 / full) - 0.5) < 0.05 ? n : undefined;
+  }, 20_000, 'the tracker to count half the throughput');
+  console.log(`[lifecycle] duty 100 % → 50 %: throughput ${(1000 / full).toFixed(1)} → ${halved.throughput} layer-steps/s (${(halved.throughput / (1000 / full)).toFixed(3)}×)`);
+  lap('throughput halved');
+  await setDuty(mid.page, 100);
+  await press(mid.page, 'pause');
+  await until(async () => {
+    const n = await node(mid.peer);
+    return n && !n.draining && n.duty_cycle === 1;
+  }, 5_000, 'routable again at full duty');
+  await until(() => holdsLock(mid.page), 5_000, 'the Web Lock again');
+  expect((await status(mid.page)).donor.paused).toBe(false);
+  // Paused and resumed, nothing was downloaded by anyone.
+  expect(model.stats.bytesSent - bytes0).toBe(0);
+  expect((await status(mid.page)).fetchedBytes).toBe(fetched0);
+  lap('resumed');
+
+  // Closed: the pagehide beacon drains it at once; silent from then on, the tracker drops it as any page
+  // that vanishes. Reopened, it restores identity and span from IndexedDB without a download.
+  const ctx = mid.page.context();
+  const url = mid.page.url();
+  const tClose = Date.now();
+  await mid.page.close({ runBeforeUnload: true });
+  const closedDrain = await until(async () => (await node(mid.peer))?.draining_since ?? undefined, 10_000, 'the drain on close');
+  expect(closedDrain - tClose).toBeLessThanOrEqual(1_000);
+  await until(async () => !(await node(mid.peer)), 3 * HEARTBEAT_MS + 10_000, 'the tracker to drop it');
+  lap('closed and dropped');
+  const page = await ctx.newPage();
+  await page.goto(url);
+  const back = await until(async () => {
+    const s = await status(page).catch(() => undefined);
+    return s?.state === 'serving' ? s : undefined;
+  }, 60_000, 'the page serving again');
+  expect(back.peerId).toBe(mid.peer);
+  expect([back.model!.startLayer, back.model!.endLayer]).toEqual(mid.span);
+  expect(back.fetchedBytes).toBe(0);
+  mid = { ...mid, page };
+  await until(async () => {
+    const n = await node(mid.peer);
+    return n && n.status === 'serving' && !n.draining;
+  }, 10_000, 'registered again, serving');
+  // Only the page's own bytes: while it was gone its layers lay bare, and the tracker may grow another page
+  // over them (a vanished node's layers must be covered), which downloads that page's new layers.
+  lap('reopened');
+
+  // Frozen mid-chat again (its beacon: this is the second freeze of this tab's peer), and a Node.js node
+  // holding the same layers joins meanwhile: the head replaces the frozen hop with it and the chat
+  // ends with the reference's tokens while the page is still frozen.
+  let continued = 0;
+  const ids = await chat(async (n) => {
+    await setLifecycle(mid.page, 'frozen');
+    await until(async () => (await node(mid.peer))?.draining, 5_000, 'the tracker to see the second freeze');
+    spare = await startNode(['--relay', relay.url, '--tracker', tracker.url, '--model', 'fortunes-tiny', '--layers', `${mid.span[0]}-${mid.span[1]}`, '--model-url', `${model.url}/`]);
+    await until(async () => (await node(spare!.peerId))?.status === 'serving', 30_000, 'the spare serving');
+    continued = n;
+  });
+  // Done while still frozen. The page is still draining, or, frozen past 3 heartbeats, dropped: no route uses it.
+  const frozen = await node(mid.peer);
+  expect(frozen === undefined || frozen.draining).toBe(true);
+  lap('spare took the chat');
+  await setLifecycle(mid.page, 'active');
+  expect(continued).toBeGreaterThan(0);
+  expect(ids).toEqual(want);
+  await until(async () => (await node(mid.peer))?.status === 'serving', 10_000, 'the page back');
+  lap('back');
+  console.log(`[lifecycle] ${laps.join('; ')}`);
 });
