@@ -7,62 +7,18 @@
  * rebuilt from what the trackers know.
  */
 import { Kvm } from '@nats-io/kv';
-import pino from 'pino';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { connectNats } from '../../src/cluster/nats.ts';
 import { trackerSubjects } from '../../src/cluster/subjects.ts';
-import type { RegisterAnswer } from '../../src/protocol/tracker.ts';
-import { startTracker, type RunningTracker } from '../../src/tracker/server.ts';
-import { startNats, type NatsServer } from '../helpers/cluster.ts';
-import { FakeNode, layerMib, smallSpec, type TestTracker } from '../helpers/tracker.ts';
+import { FakeNode } from '../helpers/tracker.ts';
+import { asTest, mb, span, trackerCluster, until } from '../helpers/tracker-cluster.ts';
 
-const spec = smallSpec();
-const silent = pino({ level: 'silent' });
-let nats: NatsServer;
-let cluster = 0;
-const running: RunningTracker[] = [];
-
-beforeAll(async () => {
-  nats = await startNats();
-});
-afterAll(async () => {
-  await nats?.stop();
-});
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((t) => t.close().catch(() => undefined)));
-});
-
-/** A tracker of cluster `name`, with short silences so the test waits seconds, not minutes. */
-async function tracker(name: string, o: { heartbeatIntervalMs?: number; relayUrl?: string } = {}): Promise<RunningTracker> {
-  const t = await startTracker(
-    { port: 0, nats: [nats.url], cluster: name, heartbeatIntervalMs: o.heartbeatIntervalMs ?? 1000, logLevel: 'silent', models: [], ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}) },
-    { modelSpecs: [spec], logger: silent, cluster: { leaseMs: 1500, overdueMs: 1500, trackerGoneMs: 4000 } },
-  );
-  running.push(t);
-  return t;
-}
-
-/** What FakeNode needs of a tracker: its app, and a clock that is the real one. */
-function asTest(t: RunningTracker): TestTracker {
-  return Object.assign(Object.create(t) as RunningTracker, { clock: { get now() { return Date.now(); } } }) as unknown as TestTracker;
-}
-
-async function until<T>(f: () => T | undefined | false | Promise<T | undefined | false>, ms = 15_000, what = 'condition'): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await f();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-const span = (a: RegisterAnswer) => a.assignment && `${a.assignment.start_layer}-${a.assignment.end_layer}`;
-const mb = Math.ceil(4.2 * layerMib(spec));
+const c = trackerCluster();
+const tracker = c.tracker;
 
 describe('a tracker or NATS lost', () => {
   it('one leader removes silent nodes; a node heard only by a follower stays; the other tracker leads once the leader goes', async () => {
-    const name = `c${++cluster}`;
+    const name = c.name();
     const [a, b] = [await tracker(name), await tracker(name)];
     const leaderOf = () => [a, b].find((t) => t.cluster!.isLeader());
     const leader = await until(leaderOf, 8000, 'a leader');
@@ -80,7 +36,7 @@ describe('a tracker or NATS lost', () => {
       expect(follower.registry.nodes.has(chatty.peerId)).toBe(true);
       // The leader goes; the follower takes the lease and keeps serving the node.
       await leader.close();
-      running.splice(running.indexOf(leader), 1);
+      c.release(leader);
       await until(() => follower.cluster!.isLeader(), 10_000, 'the follower leading');
       expect((await chatty.heartbeat(asTest(follower))).assignment).not.toBeNull();
     } finally {
@@ -91,7 +47,7 @@ describe('a tracker or NATS lost', () => {
 
 describe('NATS lost and restarted', () => {
   it('serves from its copy while NATS is down (and says so), catches up after; rebuilds the registry when the bucket was lost', async () => {
-    const name = `c${++cluster}`;
+    const name = c.name();
     const [a, b] = [await tracker(name), await tracker(name)];
     const n = await FakeNode.create({ memory_budget_mb: mb });
     const first = await n.register(asTest(a), { load: true });
@@ -101,7 +57,7 @@ describe('NATS lost and restarted', () => {
     const beat = setInterval(() => {
       for (const [i, x] of beating.entries()) void x.heartbeat(asTest(i % 2 ? b : a)).catch(() => undefined);
     }, 400);
-    await nats.kill();
+    await c.nats().kill();
     try {
       const health = await until(async () => {
         const h = (await (await fetch(`${a.url}/healthz`)).json()) as { status: string; cluster: { nats: string } };
@@ -118,12 +74,12 @@ describe('NATS lost and restarted', () => {
       const late = await FakeNode.create({ memory_budget_mb: mb });
       expect((await late.register(asTest(b))).assignment).not.toBeNull();
       beating.push(late);
-      await nats.restart();
+      await c.nats().restart();
       await until(() => a.registry.nodes.has(late.peerId), 15_000, 'the node registered while NATS was down, at the other tracker');
       await until(async () => ((await (await fetch(`${a.url}/healthz`)).json()) as { cluster: { nats: string } }).cluster.nats === 'connected', 10_000);
       // The bucket lost (NATS restarted with an empty store): rebuilt, every node still answered.
-      await nats.restart({ wipe: true });
-      const h2 = await connectNats({ servers: nats.url, name: 'check' });
+      await c.nats().restart({ wipe: true });
+      const h2 = await connectNats({ servers: c.nats().url, name: 'check' });
       try {
         await until(async () => {
           const kv = await new Kvm(h2.nc).open(trackerSubjects(name).registryBucket).catch(() => undefined);
@@ -139,7 +95,7 @@ describe('NATS lost and restarted', () => {
       expect(span(await n.heartbeat(asTest(b)))).toBe(span(first));
     } finally {
       clearInterval(beat);
-      await nats.restart().catch(() => undefined);
+      await c.nats().restart().catch(() => undefined);
     }
   }, 90_000);
 });

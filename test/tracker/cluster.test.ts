@@ -9,63 +9,20 @@
  * lost: rebuilt from what the trackers know.
  */
 import { Kvm } from '@nats-io/kv';
-import pino from 'pino';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { connectNats, type NatsHandle } from '../../src/cluster/nats.ts';
 import { trackerSubjects } from '../../src/cluster/subjects.ts';
-import type { RegisterAnswer } from '../../src/protocol/tracker.ts';
-import { startTracker, type RunningTracker } from '../../src/tracker/server.ts';
-import { startNats, type NatsServer } from '../helpers/cluster.ts';
 import { startRelayProcess } from '../helpers/relay-process.ts';
-import { FakeNode, layerMib, smallSpec, type TestTracker } from '../helpers/tracker.ts';
+import type { RunningTracker } from '../../src/tracker/server.ts';
+import { FakeNode } from '../helpers/tracker.ts';
+import { asTest, mb, span, trackerCluster, until } from '../helpers/tracker-cluster.ts';
 
-const spec = smallSpec();
-const silent = pino({ level: 'silent' });
-let nats: NatsServer;
-let cluster = 0;
-const running: RunningTracker[] = [];
-
-beforeAll(async () => {
-  nats = await startNats();
-});
-afterAll(async () => {
-  await nats?.stop();
-});
-afterEach(async () => {
-  await Promise.all(running.splice(0).map((t) => t.close().catch(() => undefined)));
-});
-
-/** A tracker of cluster `name`, with short silences so the test waits seconds, not minutes. */
-async function tracker(name: string, o: { heartbeatIntervalMs?: number; relayUrl?: string } = {}): Promise<RunningTracker> {
-  const t = await startTracker(
-    { port: 0, nats: [nats.url], cluster: name, heartbeatIntervalMs: o.heartbeatIntervalMs ?? 1000, logLevel: 'silent', models: [], ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}) },
-    { modelSpecs: [spec], logger: silent, cluster: { leaseMs: 1500, overdueMs: 1500, trackerGoneMs: 4000 } },
-  );
-  running.push(t);
-  return t;
-}
-
-/** What FakeNode needs of a tracker: its app, and a clock that is the real one. */
-function asTest(t: RunningTracker): TestTracker {
-  return Object.assign(Object.create(t) as RunningTracker, { clock: { get now() { return Date.now(); } } }) as unknown as TestTracker;
-}
-
-async function until<T>(f: () => T | undefined | false | Promise<T | undefined | false>, ms = 15_000, what = 'condition'): Promise<T> {
-  const end = Date.now() + ms;
-  for (;;) {
-    const v = await f();
-    if (v) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-const span = (a: RegisterAnswer) => a.assignment && `${a.assignment.start_layer}-${a.assignment.end_layer}`;
-const mb = Math.ceil(4.2 * layerMib(spec));
+const c = trackerCluster();
+const tracker = c.tracker;
 
 describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
   it('any tracker answers a node registered at another, with the same span; the cluster\'s keys come with every answer', async () => {
-    const name = `c${++cluster}`;
+    const name = c.name();
     const [a, b] = [await tracker(name), await tracker(name)];
     const n = await FakeNode.create({ memory_budget_mb: mb });
     const reg = await n.register(asTest(a), { load: true });
@@ -83,7 +40,7 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
   });
 
   it('two trackers racing on one node\'s span cannot both win: both answer the span stored first', async () => {
-    const name = `c${++cluster}`;
+    const name = c.name();
     const [a, b] = [await tracker(name), await tracker(name)];
     // Make the two copies disagree on where a new node should go: nodes only a's copy holds (never stored).
     for (let i = 0; i < 3; i++) {
@@ -107,7 +64,7 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
   });
 
   it('decides a race deterministically: both trackers decided a span for one node at once, one store wins, both copies take it', async () => {
-    const name = `c${++cluster}`;
+    const name = c.name();
     const [a, b] = [await tracker(name), await tracker(name)];
     for (let i = 0; i < 3; i++) {
       const f = await FakeNode.create({ memory_budget_mb: mb });
@@ -128,7 +85,7 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
     const conflicts = async (t: RunningTracker) => Number(/meshnet_tracker_cluster_writes_total\{kind="register",result="conflict"\} (\d+)/.exec(await (await fetch(`${t.url}/metrics`)).text())?.[1] ?? 0);
     expect((await conflicts(a)) + (await conflicts(b))).toBe(1);
     // The store holds the winner.
-    const h = await connectNats({ servers: nats.url, name: 'check' });
+    const h = await connectNats({ servers: c.nats().url, name: 'check' });
     try {
       const e = await (await new Kvm(h.nc).open(trackerSubjects(name).registryBucket)).get(`node.${n.peerId}`);
       const doc = e!.json<{ assignment: { start: number; end: number } }>();
@@ -139,7 +96,7 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
   });
 
   it('names a tracker on the node\'s own relay for its beats, so they never cross between relays', async () => {
-    const name = `c${++cluster}`;
+    const name = c.name();
     const [r1, r2] = [await startRelayProcess(), await startRelayProcess()];
     try {
       const [a, b] = [await tracker(name, { relayUrl: r1.url }), await tracker(name, { relayUrl: r2.url })];
@@ -163,9 +120,9 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
   });
 
   it('drops and counts malformed cluster documents and batches; keeps serving', async () => {
-    const name = `c${++cluster}`;
+    const name = c.name();
     const a = await tracker(name);
-    const h: NatsHandle = await connectNats({ servers: nats.url, name: 'vandal' });
+    const h: NatsHandle = await connectNats({ servers: c.nats().url, name: 'vandal' });
     try {
       const kv = await new Kvm(h.nc).open(trackerSubjects(name).registryBucket);
       await kv.put(`node.${'a'.repeat(32)}`, 'not json');
