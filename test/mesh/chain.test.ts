@@ -60,6 +60,14 @@ describe('chained hops between meshnet node processes', () => {
     const read = (kind: string) => Number(new RegExp(`^meshnet_relay_messages_total\\{kind="${kind}"\\} (\\d+)`, 'm').exec(text)?.[1] ?? NaN);
     return { all: read('all'), oneWay: read('one_way') };
   };
+  /**
+   * Heartbeats the tracker took. Nodes beat over the relay socket (a request to the tracker and its answer: two
+   * relay messages), so a window's relay count holds two per beat besides the generation's own.
+   */
+  const beats = async (): Promise<number> => {
+    const text = await (await fetch(`${tracker.url}/metrics`)).text();
+    return Number(/^meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} (\d+)/m.exec(text)?.[1] ?? 0);
+  };
   // One row per step: the counts below are per token (speculative steps: test/mesh/speculative.test.ts).
   const body = { prompt: PROMPT, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'chain-test', speculative: false };
 
@@ -94,22 +102,22 @@ describe('chained hops between meshnet node processes', () => {
     expect(wantIds.length).toBeGreaterThan(5);
     const route = [hopOf(m1, 1, 3, 'relay'), hopOf(tail, 3, 4, 'relay')];
     const before = await chainForwards(tail);
-    const m0 = await relayMessages();
+    const [m0, b0] = [await relayMessages(), await beats()];
     const chained = await collectEvents(generateDirect(chainHead.endpoint, await sign(chainHead.peerId, route), body));
-    const m1c = await relayMessages();
+    const [m1c, b1] = [await relayMessages(), await beats()];
     expect(tokenIds(chained)).toEqual(wantIds);
     const steps = tokenIds(chained).length + (cut >= 0 ? 1 : 0);
     expect((await chainForwards(tail)) - before).toBe(steps);
     const mid = await chainForwards(tail);
     const star = await collectEvents(generateDirect(starHead.endpoint, await sign(starHead.peerId, route), body));
-    const m2s = await relayMessages();
+    const [m2s, b2] = [await relayMessages(), await beats()];
     expect(tokenIds(star)).toEqual(wantIds);
     expect(await chainForwards(tail)).toBe(mid);
     // Messages per token through the relay: the chain's 3 one-way pushes (head → middle → tail → head), against the
     // star's 4 (two requests, two answers). Besides the steps, each generation drops its sessions on both hops (2 requests + 2 answers).
-    const chainMsgs = m1c.all - m0.all;
-    const starMsgs = m2s.all - m1c.all;
-    console.log(`[chain mesh] relay messages for ${steps} steps: chain ${chainMsgs} (${(m1c.oneWay - m0.oneWay)} one-way), star ${starMsgs}`);
+    const chainMsgs = m1c.all - m0.all - 2 * (b1 - b0);
+    const starMsgs = m2s.all - m1c.all - 2 * (b2 - b1);
+    console.log(`[chain mesh] relay messages for ${steps} steps, heartbeats left out: chain ${chainMsgs} (${(m1c.oneWay - m0.oneWay)} one-way; ${b1 - b0} beats), star ${starMsgs} (${b2 - b1} beats)`);
     expect(m1c.oneWay - m0.oneWay).toBe(3 * steps);
     // (The session drops are fire-and-forget: some may still be on their way when the counters are read, and a
     // relay control message of another test's node can land in the window: the one-way count above is the exact one.)
