@@ -37,6 +37,10 @@ test('a storage quota failure shows what to do, and Retry recovers once space is
     await expect(page.locator('#retry')).toBeVisible();
 
     await cdp.send('Storage.overrideQuotaForOrigin', { origin });
+    // The donor freed space: IndexedDB's own quota check follows the override's removal later than
+    // navigator.storage.estimate() does (a CI run: Retry at once failed again with the estimate already at 10 GiB).
+    // Wait until a 16 MiB write fits, as it would on a disk with room, then Retry.
+    await expect.poll(() => page.evaluate(probeWrite), { timeout: 15_000 }).toBe(true);
     await page.locator('#retry').click();
     await waitForState(page, 'serving');
     await expect(page.locator('#state')).toHaveText('Serving');
@@ -87,3 +91,24 @@ test('the model server killed mid-download shows the failure, and Retry resumes 
     await model.close();
   }
 });
+
+/** Whether a 16 MiB IndexedDB write fits now (in a database of its own, deleted after). */
+async function probeWrite(): Promise<boolean> {
+  const req = <T>(r: IDBRequest<T>) => new Promise<T>((res, rej) => ((r.onsuccess = () => res(r.result)), (r.onerror = () => rej(r.error))));
+  try {
+    const open = indexedDB.open('quota-probe', 1);
+    open.onupgradeneeded = () => open.result.createObjectStore('x');
+    const db = await req(open);
+    try {
+      const tx = db.transaction('x', 'readwrite');
+      tx.objectStore('x').put(new Uint8Array(16 * 1024 * 1024), 'k');
+      await new Promise<void>((res, rej) => ((tx.oncomplete = () => res()), (tx.onerror = () => rej(tx.error)), (tx.onabort = () => rej(tx.error))));
+      return true;
+    } finally {
+      db.close();
+      await req(indexedDB.deleteDatabase('quota-probe')).catch(() => undefined);
+    }
+  } catch {
+    return false;
+  }
+}

@@ -2,7 +2,7 @@
 // `npm test`: typecheck, lint, unit + integration (vitest), e2e (Playwright in
 // Debian Chromium). Every runner's counts are summed into one closing line,
 // `N passed, N failed`, which CI reads.
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { ensureChromium, ensureClusterTools } from './setup.mjs';
 
@@ -20,16 +20,30 @@ function run(name, cmd, args, env = {}) {
   return { ok: r.status === 0, seconds: ((Date.now() - t0) / 1000).toFixed(1) };
 }
 
-function check(name, cmd, args) {
-  const r = run(name, cmd, args);
-  if (r.ok) passed++;
-  else failed++;
-  rows.push(`${name.padEnd(10)} ${r.ok ? 'ok' : 'FAILED'} (${r.seconds}s)`);
+/** A check run beside others (its output buffered, printed whole when it ends); resolves with its row. */
+function checkAsync(name, cmd, args) {
+  const t0 = Date.now();
+  return new Promise((resolve) => {
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (out += d));
+    child.on('close', (code) => {
+      const ok = code === 0;
+      console.log(`\n▶ ${name}: ${cmd} ${args.join(' ')}\n${out}`);
+      if (ok) passed++;
+      else failed++;
+      resolve(`${name.padEnd(10)} ${ok ? 'ok' : 'FAILED'} (${((Date.now() - t0) / 1000).toFixed(1)}s)`);
+    });
+  });
 }
 
 mkdirSync('test-results', { recursive: true });
-if (want('typecheck')) check('typecheck', 'npx', ['tsc', '-p', 'tsconfig.json', '--noEmit']);
-if (want('lint')) check('lint', 'npx', ['eslint', '.']);
+// Typecheck and lint are one thread each: side by side they take the time of the longer one.
+const checks = [];
+if (want('typecheck')) checks.push(checkAsync('typecheck', 'npx', ['tsc', '-p', 'tsconfig.json', '--noEmit']));
+if (want('lint')) checks.push(checkAsync('lint', 'npx', ['eslint', '.']));
+rows.push(...(await Promise.all(checks)));
 
 if (want('unit')) {
   // The cluster suites start real nats-server and haproxy processes.
