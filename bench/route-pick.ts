@@ -20,6 +20,7 @@
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseModelConfig } from '../src/model/config.ts';
+import { mulberry32 } from '../src/model/fixture.ts';
 import type { NodeMessage } from '../src/protocol/tracker.ts';
 import { sizeModel } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
@@ -62,23 +63,11 @@ const BUDGETS: Array<[number, 'q4' | 'f16']> = [
   [6144, 'f16'],
 ];
 
-/** A seeded generator, so both ways see the same swarm. */
-function mulberry(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 function swarm(n: number): NodeRegistry {
   const o = resolveTrackerOptions({ logLevel: 'silent' });
   const spec = sizeModel('swarm', 'http://models.test/swarm', parseModelConfig(CONFIG), o);
-  const rnd = mulberry(n);
-  const reg = new NodeRegistry([spec], { ...o, random: mulberry(7) });
+  const rnd = mulberry32(n);
+  const reg = new NodeRegistry([spec], { ...o, random: mulberry32(7) });
   const now = Date.now();
   for (let i = 0; i < n; i++) {
     const [mb, format] = BUDGETS[i % BUDGETS.length]!;
@@ -119,7 +108,7 @@ for (const n of DONORS) {
   const reg = swarm(n);
   const end = reg.model('swarm').numLayers;
   const o = resolveTrackerOptions({});
-  const random = mulberry(11);
+  const random = mulberry32(11);
   const fast: number[] = [];
   const slow: number[] = [];
   // Alternate the two ways, so both see the same machine load.
