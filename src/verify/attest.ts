@@ -17,8 +17,12 @@
  * is `u32 token id ‖ f64 logprob` (LE); a last-hop checker's is its
  * per-step record (tokenCheckBytes).
  *
- * Host-free: SHA-256 and Ed25519 through WebCrypto (Node 20, browsers).
+ * Host-free and synchronous: SHA-256 is @noble/hashes' pure-JS one, the same
+ * on every host (WebCrypto's digest is asynchronous, costs tens of µs a call
+ * in its promise alone, and is absent from pages served over plain http from
+ * a LAN address). Ed25519 stays with the caller (the node's Identity).
  */
+import { sha256 as nobleSha256 } from '@noble/hashes/sha2.js';
 import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
 
 const utf8 = new TextEncoder();
@@ -26,8 +30,9 @@ export const ATTEST_HEADER = 'x-meshnet-attest';
 /** A checker's signature over its answer (POST /check). */
 export const CHECK_ATTEST_HEADER = 'x-meshnet-check-attest';
 
-export async function sha256(bytes: Uint8Array): Promise<Uint8Array> {
-  return new Uint8Array(await crypto.subtle.digest('SHA-256', bytes as Uint8Array<ArrayBuffer>));
+/** SHA-256 of `bytes` (FIPS 180-4; the digest node:crypto and WebCrypto give). */
+export function sha256(bytes: Uint8Array): Uint8Array {
+  return nobleSha256(bytes);
 }
 
 export function hex(bytes: Uint8Array): string {
@@ -54,7 +59,7 @@ export interface AttestScope {
   sampling?: string;
 }
 
-export function attestSeed(s: AttestScope): Promise<Uint8Array> {
+export function attestSeed(s: AttestScope): Uint8Array {
   const tail = s.sampling !== undefined ? `\0${s.sampling}` : '';
   return sha256(utf8.encode(`meshnet-attest-v1\0${s.model}\0${s.session}\0${s.startLayer}:${s.endLayer}:${s.dtype}${tail}`));
 }
@@ -67,14 +72,9 @@ export interface StepDigest {
   output: Uint8Array;
 }
 
-/** The digest after one more step; `digest`: a synchronous SHA-256 to use instead of WebCrypto's. */
-export async function chainStep(acc: Uint8Array, step: StepDigest, digest?: (bytes: Uint8Array) => Uint8Array): Promise<Uint8Array> {
-  return digest ? chainStepWith(acc, step, digest) : sha256(stepBytes(acc, step));
-}
-
-/** chainStep with a synchronous SHA-256 (no promise per step). */
-export function chainStepWith(acc: Uint8Array, step: StepDigest, digest: (bytes: Uint8Array) => Uint8Array): Uint8Array {
-  return digest(stepBytes(acc, step));
+/** The digest after one more step. */
+export function chainStep(acc: Uint8Array, step: StepDigest): Uint8Array {
+  return sha256(stepBytes(acc, step));
 }
 
 function stepBytes(acc: Uint8Array, step: StepDigest): Uint8Array {
@@ -89,9 +89,9 @@ function stepBytes(acc: Uint8Array, step: StepDigest): Uint8Array {
 }
 
 /** The accumulated digest over `steps` from the scope's seed. */
-export async function chainDigest(scope: AttestScope, steps: readonly StepDigest[]): Promise<Uint8Array> {
-  let acc = await attestSeed(scope);
-  for (const s of steps) acc = await chainStep(acc, s);
+export function chainDigest(scope: AttestScope, steps: readonly StepDigest[]): Uint8Array {
+  let acc = attestSeed(scope);
+  for (const s of steps) acc = chainStep(acc, s);
   return acc;
 }
 

@@ -177,12 +177,12 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
       return d;
     });
   };
-  const claimAcc = await chainDigest(scope, digests(c.outputs));
+  const claimAcc = chainDigest(scope, digests(c.outputs));
   if (!(await deps.verify(bytesOf(entry.peer.public_key, 'public_key'), attestMessage(c.session, rows, claimAcc), bytesOf(c.attestation, 'attestation')))) {
     throw new MeshError('MESH_ERR_UNAUTHORIZED', `the checked hop's attestation does not verify over these hashes`);
   }
   for (const [i, k] of r.checks.entries()) {
-    const acc = await chainDigest(scope, digests(k.outputs));
+    const acc = chainDigest(scope, digests(k.outputs));
     if (!(await deps.verify(bytesOf(checkers[i]!.public_key, 'public_key'), checkMessage(c.peer_id, c.session, rows, acc), bytesOf(k.attestation, 'attestation')))) {
       throw new MeshError('MESH_ERR_UNAUTHORIZED', `the answer of ${k.role} ${k.peer_id} does not verify over these hashes`);
     }
@@ -201,11 +201,11 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
     seen.add(s.step);
     if (s.checks.length !== r.checks.length) throw new MeshError('MESH_ERR_BAD_REQUEST', 'a sample gives the bytes of every check');
     const claimBytes = bytesOf(s.claim, 'a sample');
-    if (!equal(await sha256(claimBytes), bytesOf(c.outputs[s.step]!, 'a hash'))) throw forbidden(`the claim's sample of step ${s.step} does not hash to its listed output`);
+    if (!equal(sha256(claimBytes), bytesOf(c.outputs[s.step]!, 'a hash'))) throw forbidden(`the claim's sample of step ${s.step} does not hash to its listed output`);
     const checkBytes: Uint8Array[] = [];
     for (const [i, b] of s.checks.entries()) {
       const bytes = bytesOf(b, 'a sample');
-      if (!equal(await sha256(bytes), bytesOf(r.checks[i]!.outputs[s.step]!, 'a hash'))) throw forbidden(`the ${r.checks[i]!.role}'s sample of step ${s.step} does not hash to its listed output`);
+      if (!equal(sha256(bytes), bytesOf(r.checks[i]!.outputs[s.step]!, 'a hash'))) throw forbidden(`the ${r.checks[i]!.role}'s sample of step ${s.step} does not hash to its listed output`);
       checkBytes.push(bytes);
     }
     if (kind === 'rows') {

@@ -248,10 +248,8 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
       }
       // The chain: the same steps and input hashes as the checked hop's, this node's outputs.
       const scope: AttestScope = { model: plan.model, session, startLayer: start, endLayer: end, dtype, ...(last ? { sampling: h[H.sampling] ?? '' } : {}) };
-      let acc = await attestSeed(scope);
-      for (const [s, n] of steps.entries()) {
-        acc = await chainStep(acc, { position: at[s]!, rows: n, input: await sha256(stepIn[s]!), output: await sha256(outs[s]!) });
-      }
+      let acc = attestSeed(scope);
+      for (const [s, n] of steps.entries()) acc = chainStep(acc, { position: at[s]!, rows: n, input: sha256(stepIn[s]!), output: sha256(outs[s]!) });
       const sig = await init.sign(checkMessage(checked, session, rows, acc));
       const body = concatBytes(outs);
       return {

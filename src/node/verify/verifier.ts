@@ -220,10 +220,10 @@ export class Verifier {
       // The head's own history falls short (not the hop's doing): no verdict either way.
       return this.skip(job, 'uncheckable', 'the head does not hold every row the attestation covers');
     }
-    const inHashes = await Promise.all(inputs.map(sha256));
-    const outHashes = await Promise.all(outputs.map(sha256));
+    const inHashes = inputs.map(sha256);
+    const outHashes = outputs.map(sha256);
     const digests = (outs: readonly Uint8Array[]): StepDigest[] => steps.map((n, s) => ({ position: positions[s]!, rows: n, input: inHashes[s]!, output: outs[s]! }));
-    if (!(await this.init.verify(decodeBase64Url(entry.peer.public_key), attestMessage(gen.session, covered, await chainDigest(scope, digests(outHashes))), att.signature))) {
+    if (!(await this.init.verify(decodeBase64Url(entry.peer.public_key), attestMessage(gen.session, covered, chainDigest(scope, digests(outHashes))), att.signature))) {
       return this.skip(job, 'refused', 'its attestation does not verify over what it answered');
     }
 
@@ -353,11 +353,11 @@ export class Verifier {
       o += size;
     }
     if (o !== reply.body.byteLength) return undefined;
-    const outHashes = await Promise.all(outs.map(sha256));
+    const outHashes = outs.map(sha256);
     const att = parseAttestations(reply.headers[CHECK_ATTEST_HEADER]).find((a) => a.peer === c.peer_id && a.rows === covered);
     if (!att) return undefined;
     const digests = shape.steps.map((n, s) => ({ position: shape.positions[s]!, rows: n, input: inHashes[s]!, output: outHashes[s]! }));
-    if (!(await this.init.verify(decodeBase64Url(c.public_key), checkMessage(checked, gen.session, covered, await chainDigest(scope, digests)), att.signature))) return undefined;
+    if (!(await this.init.verify(decodeBase64Url(c.public_key), checkMessage(checked, gen.session, covered, chainDigest(scope, digests)), att.signature))) return undefined;
     return { peer: c, outs, outHashes, attestation: encodeBase64Url(att.signature) };
   }
 }
