@@ -14,8 +14,9 @@
  *
  * Bytes are the wire bytes: input and output rows in the wire dtype as
  * sent; a head's own span takes token ids (u32 LE each); a last hop's output
- * is `u32 token id ‖ f64 logprob` (LE); a last-hop checker's is its
- * per-step record (tokenCheckBytes).
+ * is `u32 token id ‖ f64 logprob` (LE), or the tokens of a verification step
+ * (stepTokenBytes); a last-hop checker's is its per-step records
+ * (tokenCheckBytes), and the draft's digest after a sampled draft's.
  *
  * Host-free and synchronous: SHA-256 is @noble/hashes' pure-JS one, the same
  * on every host (WebCrypto's digest is asynchronous, costs tens of µs a call
@@ -24,6 +25,7 @@
  */
 import { sha256 as nobleSha256 } from '@noble/hashes/sha2.js';
 import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
+import { encodeDraft } from '../protocol/draft.ts';
 
 const utf8 = new TextEncoder();
 export const ATTEST_HEADER = 'x-meshnet-attest';
@@ -112,30 +114,53 @@ export function tokenBytes(tokenId: number, logprob: number): Uint8Array {
   return b;
 }
 
+/** A draft's digest as a last hop binds it: SHA-256 of its X-Meshnet-Draft JSON in the canonical form encodeDraft writes. */
+export function draftDigest(draft: Parameters<typeof encodeDraft>[0]): Uint8Array {
+  return sha256(utf8.encode(encodeDraft(draft)));
+}
+
+/** Set in a step's token count when the step was judged by a sampling drafter's rule: its draft's digest follows the tokens. */
+const DRAFTED = 0x8000_0000;
+
 /**
  * A last hop's output bytes for a step: one token, `tokenBytes`; several (a
  * verification that accepted drafts: the accepted drafts, then the token
- * after them), u32 count ‖ (u32 token id ‖ f64 logprob) per token (LE).
+ * after them), u32 count ‖ (u32 token id ‖ f64 logprob) per token (LE). A
+ * step whose draft was sampled (Leviathan's rule drew its tokens from the
+ * draft's q: src/shard/speculative.ts) binds that draft too — `draft`, its
+ * draftDigest: u32 (count | 0x80000000) ‖ the tokens ‖ the 32-byte digest —
+ * so a check judges the tokens against the very draft the hop judged.
  */
-export function stepTokenBytes(tokens: ReadonlyArray<{ tokenId: number; logprob: number }>): Uint8Array {
-  if (tokens.length === 1) return tokenBytes(tokens[0]!.tokenId, tokens[0]!.logprob);
-  const b = new Uint8Array(4 + 12 * tokens.length);
+export function stepTokenBytes(tokens: ReadonlyArray<{ tokenId: number; logprob: number }>, draft?: Uint8Array): Uint8Array {
+  if (tokens.length === 1 && !draft) return tokenBytes(tokens[0]!.tokenId, tokens[0]!.logprob);
+  const b = new Uint8Array(4 + 12 * tokens.length + (draft ? 32 : 0));
   const dv = new DataView(b.buffer);
-  dv.setUint32(0, tokens.length, true);
+  dv.setUint32(0, (tokens.length | (draft ? DRAFTED : 0)) >>> 0, true);
   tokens.forEach((t, i) => {
     dv.setUint32(4 + 12 * i, t.tokenId >>> 0, true);
     dv.setFloat64(8 + 12 * i, t.logprob, true);
   });
+  if (draft) b.set(draft, 4 + 12 * tokens.length);
   return b;
 }
 
 /** stepTokenBytes read back; RangeError for bytes of another shape. */
-export function readStepTokens(b: Uint8Array): Array<{ tokenId: number; logprob: number }> {
+export function readStepClaim(b: Uint8Array): { tokens: Array<{ tokenId: number; logprob: number }>; draft?: Uint8Array } {
   const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
-  if (b.byteLength === 12) return [{ tokenId: dv.getUint32(0, true), logprob: dv.getFloat64(4, true) }];
-  const n = b.byteLength >= 4 ? dv.getUint32(0, true) : 0;
-  if (n < 2 || b.byteLength !== 4 + 12 * n) throw new RangeError('a step\'s tokens are 12 bytes, or a count of at least 2 and 12 bytes per token');
-  return Array.from({ length: n }, (_, i) => ({ tokenId: dv.getUint32(4 + 12 * i, true), logprob: dv.getFloat64(8 + 12 * i, true) }));
+  if (b.byteLength === 12) return { tokens: [{ tokenId: dv.getUint32(0, true), logprob: dv.getFloat64(4, true) }] };
+  const head = b.byteLength >= 4 ? dv.getUint32(0, true) : 0;
+  const drafted = (head & DRAFTED) !== 0;
+  const n = head & ~DRAFTED;
+  if (n < (drafted ? 1 : 2) || n > 1024 || b.byteLength !== 4 + 12 * n + (drafted ? 32 : 0)) {
+    throw new RangeError('a step\'s tokens are 12 bytes, or a count and 12 bytes per token (and a sampled draft\'s 32-byte digest when the count says so)');
+  }
+  const tokens = Array.from({ length: n }, (_, i) => ({ tokenId: dv.getUint32(4 + 12 * i, true), logprob: dv.getFloat64(8 + 12 * i, true) }));
+  return drafted ? { tokens, draft: b.slice(4 + 12 * n) } : { tokens };
+}
+
+/** The tokens of stepTokenBytes. */
+export function readStepTokens(b: Uint8Array): Array<{ tokenId: number; logprob: number }> {
+  return readStepClaim(b).tokens;
 }
 
 /** A head span's input bytes: its token ids. */

@@ -21,7 +21,7 @@ import { z } from 'zod';
 import { decodeBase64 as decodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { decodeTensor, isDtype } from '../protocol/tensor.ts';
-import { attestMessage, chainDigest, checkMessage, readStepTokens, sha256, type AttestScope, type StepDigest } from './attest.ts';
+import { attestMessage, chainDigest, checkMessage, readStepClaim, sha256, type AttestScope, type StepDigest } from './attest.ts';
 import { parseStepShapes, readTokenCheck, TOKEN_CHECK_BYTES } from './check-wire.ts';
 import { rowDistances, worst } from './distance.ts';
 import { checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan, type PlanPeer } from './plan.ts';
@@ -228,14 +228,17 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
     } else {
       // Every token the step emitted (a verification's accepted drafts, then its token), one record each.
       let claim: Array<{ tokenId: number; logprob: number }>;
+      let draft: Uint8Array | undefined;
       try {
-        claim = readStepTokens(claimBytes);
+        ({ tokens: claim, draft } = readStepClaim(claimBytes));
       } catch (e) {
         throw new MeshError('MESH_ERR_BAD_REQUEST', `the claim's sample of step ${s.step}: ${(e as Error).message}`);
       }
       if (claim.length > shapes.kept[s.step]!) throw new MeshError('MESH_ERR_BAD_REQUEST', `step ${s.step} emitted ${claim.length} tokens from ${shapes.kept[s.step]} kept rows`);
-      const recs = checkBytes.map((b) => {
-        if (b.byteLength !== TOKEN_CHECK_BYTES * claim.length) throw new MeshError('MESH_ERR_BAD_REQUEST', `a token check record is ${TOKEN_CHECK_BYTES} bytes, one per token the step emitted`);
+      const recs = checkBytes.map((b, i) => {
+        if (b.byteLength !== TOKEN_CHECK_BYTES * claim.length + (draft ? 32 : 0)) throw new MeshError('MESH_ERR_BAD_REQUEST', `a token check record is ${TOKEN_CHECK_BYTES} bytes, one per token the step emitted (then the digest of a sampled draft the hop signed)`);
+        // A sampling drafter's step: the check must have judged the very draft the hop signed (the head cannot swap it).
+        if (draft && !equal(b.subarray(TOKEN_CHECK_BYTES * claim.length), draft)) throw forbidden(`the ${r.checks[i]!.role} judged step ${s.step} against another draft than the hop signed`);
         return claim.map((t, j) => {
           const rec = readTokenCheck(b, j * TOKEN_CHECK_BYTES);
           if (rec.claimed !== t.tokenId) throw forbidden(`a checker judged token ${rec.claimed} at step ${s.step}, but the hop claimed ${t.tokenId}`);
