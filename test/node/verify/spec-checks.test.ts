@@ -164,6 +164,16 @@ describe('speculation with spot-checks', () => {
     expect(v.distance.between).toBeLessThan(v.threshold);
   }, 60_000);
 
+  it('a generation whose every draft was accepted (several tokens a step, nothing cut back) is checked, its last hop passes', async () => {
+    const want = ref.greedy(tok.encode(PROMPT), 20);
+    const r = await generate('spec7', want);
+    const done = r.events.at(-1) as { drafted: number; accepted: number };
+    expect(done.accepted).toBe(done.drafted);
+    expect(done.accepted).toBeGreaterThan(0);
+    expect(r.skipped).toEqual([]);
+    expect(r.verdicts.find((x) => x.checked === pid('c'))).toMatchObject({ outcome: 'pass', kind: 'tokens' });
+  }, 60_000);
+
   it('a last hop that answers the second-best token after the drafts it accepted is found lying (it signed what it answered)', async () => {
     const want = ref.greedy(tok.encode(PROMPT), 20);
     lies.c = true;
