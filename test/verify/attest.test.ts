@@ -129,6 +129,17 @@ describe('a hop attests every step it ran', () => {
     expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 80, refChain(scope, digests([prompt]))), a!.signature)).toBe(true);
   });
 
+  it('hashes a long prompt in pieces (between turns of the event loop) to the same chain', async () => {
+    const id = await Identity.generate();
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 2 });
+    // 1 MiB in and out (a 128-row prompt of a 4096-wide bf16 model), then a decode step.
+    const steps: Array<[number, number, Uint8Array, Uint8Array]> = [[0, 128, bytes(1 << 20, 1), bytes(1 << 20, 2)], [128, 1, bytes(8192, 3), bytes(8192, 4)]];
+    for (const s of steps) att.record(scope, ...s);
+    const [a] = parseAttestations(await att.finish(scope.session));
+    expect(a!.rows).toBe(129);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 129, refChain(scope, digests(steps))), a!.signature)).toBe(true);
+  });
+
   it('chains a step that starts before the previous one ended (rows cut back) as computed: it covers every computed row', async () => {
     const id = await Identity.generate();
     const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) });
