@@ -75,7 +75,10 @@ async function stall(steps: Array<[number, number, Uint8Array, Uint8Array]>): Pr
   // The same wait with nothing to do: what the shared machine's scheduling alone costs the timer.
   const idleMs = await worstWait(() => new Promise((r) => setTimeout(r, took)));
   const sync = performance.now();
-  for (const [, , i, o] of steps) (nobleSha(i), nobleSha(o));
+  for (const [, , i, o] of steps) {
+    nobleSha(i);
+    nobleSha(o);
+  }
   return { hashMs: performance.now() - sync, stallMs, idleMs };
 }
 const rowsOf = (n: number) => new Uint8Array(n).map((_, i) => i * 7);
