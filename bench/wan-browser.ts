@@ -152,7 +152,7 @@ async function runMesh(c: Config, modelUrl: string, appUrl: string): Promise<Res
     const sent: Record<string, number> = {};
     for (const k of Object.keys(sentAfter)) sent[k] = (sentAfter[k] ?? 0) - (sentBefore[k] ?? 0);
     const chainForwards = c.pages > 1 && !c.idle ? await chainForwardsAfterHead(tracker.url) : [];
-    const trace = TRACE && c.delay === 0 ? await tracedChat(mesh, tracker.url) : undefined;
+    const trace = TRACE && c.delay === 0 && !c.idle ? await tracedChat(mesh, tracker.url) : undefined;
     return { msPerToken: median(ms), spans, routeHops, chainForwards, texts, sent, ...(trace ? { trace } : {}) };
   } finally {
     await mesh?.close();
