@@ -232,7 +232,7 @@ export class NodeRuntime {
       ...(config.hopOrder ? { order: config.hopOrder } : {}),
       onLog: (m) => host.log('warn', m),
     });
-    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), ...(host.sha256 ? { sha256: host.sha256 } : {}), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
+    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
     this.verifier = new Verifier({
       peerId: identity.peerId,
       transport: this.transport,
