@@ -87,6 +87,10 @@ interface Config {
 
 interface Result {
   msPerToken: number;
+  /** First to last token's text (the stream's end left out: the head's end of generation, usage, [DONE]). */
+  msPerTokenToLast: number;
+  /** From the last token's text to the stream's end, ms (median). */
+  endMs: number;
   spans: string;
   routeHops: number;
   chainForwards: number[];
@@ -139,11 +143,15 @@ async function runMesh(c: Config, modelUrl: string, appUrl: string): Promise<Res
     }
     const sentBefore = c.pages > 1 ? hopsSent(await nodeInfos(tracker.url)) : {};
     const ms: number[] = [];
+    const toLast: number[] = [];
+    const ends: number[] = [];
     const texts: string[] = [];
     for (let i = 0; i < CHATS; i++) {
       const r = await streamChat(tracker.url, MODEL, PROMPT, MAX_TOKENS, () => {});
       // Decode only: the time after the first token over the tokens after it (prefill and routing excluded).
       ms.push((r.ms - r.firstTokenMs) / (r.tokens - 1));
+      toLast.push((r.lastTokenMs - r.firstTokenMs) / (r.tokens - 1));
+      ends.push(r.ms - r.lastTokenMs);
       texts.push(r.text);
     }
     const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { recent_routes: Array<{ kind: string; hops: unknown[] }> };
@@ -153,7 +161,7 @@ async function runMesh(c: Config, modelUrl: string, appUrl: string): Promise<Res
     for (const k of Object.keys(sentAfter)) sent[k] = (sentAfter[k] ?? 0) - (sentBefore[k] ?? 0);
     const chainForwards = c.pages > 1 && !c.idle ? await chainForwardsAfterHead(tracker.url) : [];
     const trace = TRACE && c.delay === 0 && !c.idle ? await tracedChat(mesh, tracker.url) : undefined;
-    return { msPerToken: median(ms), spans, routeHops, chainForwards, texts, sent, ...(trace ? { trace } : {}) };
+    return { msPerToken: median(ms), msPerTokenToLast: median(toLast), endMs: median(ends), spans, routeHops, chainForwards, texts, sent, ...(trace ? { trace } : {}) };
   } finally {
     await mesh?.close();
     await tracker?.stop();
@@ -210,6 +218,8 @@ async function main(): Promise<void> {
       spans: r.spans,
       route_hops: r.routeHops,
       ms_per_token: +r.msPerToken.toFixed(2),
+      ms_per_token_to_last: +r.msPerTokenToLast.toFixed(2),
+      end_of_stream_ms: +r.endMs.toFixed(1),
       tokens_per_s: +(1000 / r.msPerToken).toFixed(2),
       floor_ms_per_token: +floor.toFixed(2),
       x_floor: +(r.msPerToken / floor).toFixed(3),
@@ -223,10 +233,11 @@ async function main(): Promise<void> {
   for (const r of rows) {
     if (!r.trace) continue;
     const a = r.trace;
-    printTable(`${r.config}: traced chat, step ${a.stepMs.toFixed(2)} ms (median of ${a.steps} decode steps): consecutive stamps`, ['from', 'to', 'p50 ms', 'p90 ms'], a.gaps.map((g) => [g.from, g.to, g.p50.toFixed(3), g.p90.toFixed(3)]));
+    printTable(`${r.config}: traced chat, step ${a.stepMs.toFixed(2)} ms (median of ${a.steps} decode steps; mean ${a.stepMeanMs.toFixed(2)}): consecutive stamps`, ['from', 'to', 'p50 ms', 'p90 ms'], a.gaps.map((g) => [g.from, g.to, g.p50.toFixed(3), g.p90.toFixed(3)]));
     printTable(`${r.config}: per step, summed (medians over steps)`, ['where', 'p50 ms'], a.grouped.map((g) => [g.group, g.p50.toFixed(3)]));
   }
   const idle = rows.find((r) => r.config === '1 page serving, 2 idle');
+  printTable('decode without the stream\'s end (first to last token\'s text), and the end (last text to [DONE])', ['config', 'ms/token', 'ms/token to last', 'end of stream ms', 'traced step p50 ms', 'traced step mean ms'], rows.map((r) => [r.config, r.ms_per_token, r.ms_per_token_to_last, r.end_of_stream_ms, r.trace ? r.trace.stepMs.toFixed(2) : '-', r.trace ? r.trace.stepMeanMs.toFixed(2) : '-']));
   if (idle) console.log(`2 more pages idle beside the serving one: ${(rows[0]!.tokens_per_s / idle.tokens_per_s).toFixed(3)}× the 1-page ms/token (${idle.ms_per_token} vs ${rows[0]!.ms_per_token})`);
   printTable(
     `WAN bench, browser pages: ${MODEL}, WASM 1 thread per page, ${CHATS} chats × ${MAX_TOKENS} tokens (after a warm-up), decode medians; load ${loadBefore.toFixed(1)} → ${loadAfter.toFixed(1)} on ${cpus().length} cores`,
@@ -245,6 +256,8 @@ async function main(): Promise<void> {
     }
     if (three) {
       ratios[`three_over_one_page_no_delay_${path}`] = +(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3);
+      ratios[`three_over_one_page_no_delay_to_last_${path}`] = +(rows[0]!.ms_per_token_to_last / three.ms_per_token_to_last).toFixed(3);
+      console.log(`${path}: no delay, 3 pages / 1 page, first to last token: ${(rows[0]!.ms_per_token_to_last / three.ms_per_token_to_last).toFixed(3)}`);
       console.log(`${path}: no delay, 3 pages (chain) / 1 page tok/s: ${(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3)}${three.rtc_share !== null && path === 'rtc' ? `; hops on data channels ${(three.rtc_share * 100).toFixed(2)} %` : ''}`);
     }
   }

@@ -26,7 +26,9 @@ export interface Analysis {
   steps: number;
   gaps: Gap[];
   grouped: Array<{ group: string; p50: number }>;
+  /** Step to step: the median, and the mean (stalls show as mean > median). */
   stepMs: number;
+  stepMeanMs: number;
 }
 
 /**
@@ -92,6 +94,6 @@ export function analyse(stamps: Stamp[], names: Map<number, string>, headPid: nu
     for (const [g, v] of sums) groups.set(g, [...(groups.get(g) ?? []), v]);
   }
   const grouped = [...groups.entries()].map(([group, vs]) => ({ group, p50: median(vs) })).sort((a, b) => a.group.localeCompare(b.group));
-  return { steps: decode.length, gaps, grouped, stepMs: quantile(lens, 0.5) };
+  return { steps: decode.length, gaps, grouped, stepMs: quantile(lens, 0.5), stepMeanMs: lens.reduce((a, b) => a + b, 0) / Math.max(1, lens.length) };
 }
 
