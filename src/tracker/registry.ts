@@ -10,7 +10,7 @@
  */
 import { MeshError } from '../protocol/errors.ts';
 import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
-import { bestMove, chooseSpanIn, type Move, type RebalanceNode, type Span } from './assignment.ts';
+import { bestMove, chooseSpanIn, type Coverage, type Move, type RebalanceNode, type Span } from './assignment.ts';
 import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
 import type { TrackerOptions } from './options.ts';
 import { ModelPlacement, type Contribution } from './placement.ts';
@@ -95,7 +95,8 @@ const EXACT_REBALANCE_NODES = 256;
 /** Routes kept per boundary (routing.ts) and so the nodes of one span routing needs at most. */
 const ROUTES_KEPT = 16;
 
-export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'> & {
+export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'> &
+  Partial<Pick<TrackerOptions, 'rejoinGraceMs'>> & {
   /**
    * How long the tracker has been late in all, ms, a counter that only grows
    * (LoadMonitor.lateMs): a stalled loop or a backlog of unanswered
@@ -157,6 +158,15 @@ export class NodeRegistry {
    * re-registering after a tracker restart, so the span it still serves is not simply adopted.
    */
   private readonly dropped = new Set<string>();
+  /**
+   * Spans of nodes dropped for silence, by peer id, until their rejoin grace
+   * ends: a closed tab reopened, a laptop woken, comes back with its span
+   * and no download, so no serving node is moved onto those layers meanwhile
+   * (new and idle nodes still take them). Only moves see them.
+   */
+  private readonly vacated = new Map<string, { model: string; span: Span; throughput: number; until: number }>();
+  /** Per model, when the next rejoin grace ends (a rebalance is due then). */
+  private readonly graceEnds = new Map<string, number>();
 
   constructor(
     models: readonly ModelSpec[],
@@ -314,6 +324,7 @@ export class NodeRegistry {
     rec.lastTimestamp = msg.timestamp;
     this.byId.set(rec.peerId, rec);
     this.dropped.delete(rec.peerId);
+    this.vacated.delete(rec.peerId);
     this.absorbStats(rec, msg.stats, now);
     const p = this.placement(model.name);
     if (keep) {
@@ -520,7 +531,15 @@ export class NodeRegistry {
     return true;
   }
 
-  private drop(rec: NodeRecord, reason: string, remote = false): void {
+  /** `grace`: the node went silent and may come back (its span is kept from moves for the rejoin grace). */
+  private drop(rec: NodeRecord, reason: string, remote = false, grace = false): void {
+    const graceMs = this.rejoinGraceMs();
+    if (grace && rec.assignment && graceMs > 0) {
+      // A node that drained first (a closed tab's beacon) stopped counting when its drain cover ended.
+      const from = rec.draining && rec.drainingSince !== undefined ? Math.min(this.o.now(), rec.drainingSince + this.drainCoverMs()) : this.o.now();
+      this.vacated.set(rec.peerId, { model: rec.info.model, span: rec.assignment, throughput: this.throughput(rec), until: from + graceMs });
+      if (this.vacated.size > 10_000) this.vacated.delete(this.vacated.keys().next().value!);
+    }
     this.byId.delete(rec.peerId);
     this.placement(rec.info.model).forget(rec);
     this.dropped.add(rec.peerId);
@@ -555,14 +574,15 @@ export class NodeRegistry {
       if (decide && this.silentTooLong(n, now, late)) dead.push(n);
       else if (!this.contributionCurrent(n)) stale.push(n);
     }
-    for (const n of dead) this.drop(n, 'missed heartbeats');
+    for (const n of dead) this.drop(n, 'missed heartbeats', false, true);
     // A drain past its grace, a quarantine begun or ended: the sums follow.
     for (const n of stale) this.edit(n, () => {});
     this.sweeps++;
     for (const m of this.models.keys()) {
       const p = this.placement(m);
       p.recount();
-      if (decide && (p.dirty || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
+      const graceEnded = now >= (this.graceEnds.get(m) ?? Infinity);
+      if (decide && (p.dirty || graceEnded || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
     }
     return dead.map((n) => n.peerId);
   }
@@ -613,13 +633,66 @@ export class NodeRegistry {
       const had = candidates.get(key);
       if (!had || c.throughput > had.throughput) candidates.set(key, c);
     }
-    const mv = bestMove(model, p.assigned, candidates.values(), this.o.balanceQuality);
+    // Nodes in their rejoin grace: a spare (a node none of whose layers it alone holds) may be moved onto their
+    // layers at once; any other move is judged as if they were still there.
+    const absent = this.absentSpans(modelName, p);
+    const spares = absent ? [...candidates.values()].filter((c) => isSpare(c, p.assigned.count)) : [];
+    const mv = (spares.length > 0 ? bestMove(model, p.assigned, spares, this.o.balanceQuality) : null) ?? bestMove(model, p.assigned, candidates.values(), this.o.balanceQuality, absent);
     if (!mv) return [];
     const n = this.nodes.get(mv.id)!;
     this.edit(n, () => (n.assignment = mv.to));
     this.events.onMoved?.(n, mv);
     this.events.onChanged?.(n, 'moved');
     return [mv];
+  }
+
+  private rejoinGraceMs(): number {
+    return this.o.rejoinGraceMs ?? 0;
+  }
+
+  /**
+   * The spans of nodes in their rejoin grace — dropped for silence, or
+   * draining past their drain cover (a page paused or frozen for long) —
+   * which moves judge as still held: moving a node that serves others onto
+   * those layers costs it a download and doubles them once the absent node
+   * is back, so it is the last resort, after the grace. Notes when the next
+   * grace ends (a rebalance is due then). Undefined: none.
+   */
+  private absentSpans(modelName: string, p: ModelPlacement<NodeRecord>): Coverage | undefined {
+    const now = this.o.now();
+    const graceMs = this.rejoinGraceMs();
+    const extra: Array<{ span: Span; throughput: number }> = [];
+    let next = Infinity;
+    for (const [id, v] of this.vacated) {
+      if (v.model !== modelName) continue;
+      if (v.until <= now) {
+        this.vacated.delete(id);
+        continue;
+      }
+      extra.push(v);
+      next = Math.min(next, v.until);
+    }
+    if (graceMs > 0) {
+      for (const n of p.nodes) {
+        // Still counted (a short drain), or quarantined (never reserved), or nothing assigned.
+        if (!n.draining || n.drainingSince === undefined || !n.assignment || n.contribution?.assignment || this.excluded(n.peerId)) continue;
+        const until = n.drainingSince + this.drainCoverMs() + graceMs;
+        if (until <= now) continue;
+        extra.push({ span: n.assignment, throughput: this.throughput(n) });
+        next = Math.min(next, until);
+      }
+    }
+    if (next === Infinity) this.graceEnds.delete(modelName);
+    else this.graceEnds.set(modelName, next);
+    if (extra.length === 0) return undefined;
+    const absent: Coverage = { count: new Array<number>(p.numLayers).fill(0), throughput: new Array<number>(p.numLayers).fill(0) };
+    for (const x of extra) {
+      for (let l = Math.max(0, x.span.start); l < Math.min(p.numLayers, x.span.end); l++) {
+        absent.count[l]!++;
+        absent.throughput[l]! += x.throughput;
+      }
+    }
+    return absent;
   }
 
   /**
@@ -882,4 +955,10 @@ export function budgetBytes(info: NodeInfo): number {
 function validSpan(s: { start_layer: number; end_layer: number } | null | undefined, model: ModelSpec): Span | null {
   if (!s || s.start_layer >= s.end_layer || s.end_layer > model.numLayers) return null;
   return { start: s.start_layer, end: s.end_layer };
+}
+
+/** A node every layer of whose span another node holds too: moving it bares nothing. */
+function isSpare(n: Span, count: readonly number[]): boolean {
+  for (let l = n.start; l < n.end; l++) if ((count[l] ?? 0) < 2) return false;
+  return true;
 }
