@@ -69,7 +69,7 @@ describe('heartbeats that change nothing', () => {
     expect(order()).toEqual(['b', 'a']);
 
     // A node that serves another span now is counted there.
-    reg.heartbeat(parsed(message('a', 3, t++, { start_layer: 0, end_layer: L / 2 })));
+    reg.heartbeat(parsed(message('a', 3, t, { start_layer: 0, end_layer: L / 2 })));
     expect(reg.nodes.get('a')!.serving).toEqual({ start: 0, end: L / 2 });
     expect(reg.servingNodes(spec.name).find((n) => n.id === 'a')).toMatchObject({ start: 0, end: L / 2 });
     const p = reg.placement(spec.name);
