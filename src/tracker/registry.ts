@@ -288,9 +288,12 @@ export class NodeRegistry {
   private edit(n: NodeRecord, change: () => void): void {
     const p = this.placement(n.info.model);
     const before = n.contribution;
-    p.detach(n);
+    // The sums hold `before` (not the record's fields), so the change can be made first: most heartbeats
+    // change nothing the sums count, and then the record stays where it is (no re-sort, no new share kept).
     change();
     const after = this.contributionOf(n);
+    if (before && sameContribution(before, after) && p.nodes.has(n)) return;
+    p.detach(n);
     p.attach(n, after);
     if (!before || !sameSpan(before.assignment, after.assignment) || !sameSpan(before.serving, after.serving) || before.status !== after.status) p.dirty = true;
   }
@@ -387,14 +390,19 @@ export class NodeRegistry {
       rec.lastTimestamp = msg.timestamp;
       rec.lastSeen = now;
       rec.lateAtSeen = this.lateMs();
-      rec.info = msg.info;
-      rec.publicKey = msg.public_key;
+      // What did not change keeps its old object: a beat's parsed copies then die young instead of
+      // replacing thousands of long-lived objects a second, which the GC would copy and promote.
+      if (!sameFlat(rec.info, msg.info)) rec.info = msg.info;
+      if (rec.publicKey !== msg.public_key) rec.publicKey = msg.public_key;
       setAddresses(rec, msg);
       if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;
       else delete rec.relayConnected;
       // Back on its relay (it beats at once when it is): the tracker's way to it is there again.
       if (msg.relay_connected === true) delete rec.unreachable;
-      if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, model);
+      if (msg.serving !== undefined) {
+        const serving = validSpan(msg.serving, model);
+        if (!sameSpan(rec.serving, serving)) rec.serving = serving;
+      }
       if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
       this.absorbStats(rec, msg.stats, now);
     });
@@ -525,9 +533,14 @@ export class NodeRegistry {
 
   private absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number): void {
     if (!stats) return;
-    rec.stats = stats;
+    if (!rec.stats || !sameFlat(rec.stats, stats)) rec.stats = stats;
     rec.kvHeldAtBeat = this.kvHeld.get(rec.peerId) ?? 0;
-    rec.history.push({ at: now, rpm: stats.rpm, layer_ms: stats.layer_ms });
+    // The oldest sample is reused once the history is full (no new long-lived object per beat).
+    const sample = rec.history.length >= HISTORY ? rec.history.shift()! : ({} as StatsSample);
+    sample.at = now;
+    sample.rpm = stats.rpm;
+    sample.layer_ms = stats.layer_ms;
+    rec.history.push(sample);
     if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
     // A node that has not run a step yet reports 0: keep the estimate until it has.
     if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
@@ -992,10 +1005,28 @@ function missingIn(nodes: readonly ServingNode[], from: number, to: number): num
 }
 
 function setAddresses(rec: NodeRecord, msg: NodeMessage): void {
-  if (msg.relay_addr !== undefined) rec.relayAddr = msg.relay_addr;
-  else delete rec.relayAddr;
-  if (msg.endpoint !== undefined) rec.endpoint = msg.endpoint;
-  else delete rec.endpoint;
+  if (msg.relay_addr !== undefined) {
+    if (rec.relayAddr !== msg.relay_addr) rec.relayAddr = msg.relay_addr;
+  } else delete rec.relayAddr;
+  if (msg.endpoint !== undefined) {
+    if (rec.endpoint !== msg.endpoint) rec.endpoint = msg.endpoint;
+  } else delete rec.endpoint;
+}
+
+/** Same keys, and each value the same primitive (an object-valued field counts as a change). */
+function sameFlat(a: object, b: object): boolean {
+  const ka = Object.keys(a);
+  if (ka.length !== Object.keys(b).length) return false;
+  for (const k of ka) {
+    const x = (a as Record<string, unknown>)[k];
+    if (typeof x === 'object' && x !== null) return false;
+    if (x !== (b as Record<string, unknown>)[k] || !(k in b)) return false;
+  }
+  return true;
+}
+
+function sameContribution(a: Contribution, b: Contribution): boolean {
+  return sameSpan(a.assignment, b.assignment) && sameSpan(a.serving, b.serving) && a.throughput === b.throughput && a.cost === b.cost && a.status === b.status && a.mover === b.mover;
 }
 
 export function budgetBytes(info: NodeInfo): number {

@@ -192,7 +192,7 @@ export class VerificationService {
     const reg = this.d.registry;
     const plan = planChecks(
       {
-        nodes: () => [...reg.nodes.keys()].map((p) => this.plannerNode(p)!).filter(Boolean),
+        nodes: (m) => [...(reg.models.has(m) ? reg.placement(m).nodes : [])].map((n) => this.plannerNode(n.peerId)!).filter(Boolean),
         node: (p) => this.plannerNode(p),
         trust: this.trust,
         random: this.d.options.random,
