@@ -9,7 +9,11 @@
  *
  * Cases: one decode step's rows for fortunes-tiny (hidden 64, f32 wire),
  * `small` (hidden 512, bf16), an 8B-class model (hidden 4096, bf16 and f32)
- * and a 70B-class one (hidden 8192, bf16); a 128-row 8B prompt.
+ * and a 70B-class one (hidden 8192, bf16); a 128-row 8B prompt. And, in
+ * Node.js, what the attestor's hashing does to the event loop: a session's
+ * 32 waiting 8B steps (and a 128-row prompt) hashed in one flush — the
+ * hashing's total time, and the longest the event loop waited meanwhile
+ * (the attestor hashes in slices of ~1 ms, giving the loop a turn between).
  *
  *   npx tsx bench/attest-hash.ts [--quick] [--no-browser]
  * Table on stdout, JSON in bench/results/attest-hash.json.
@@ -22,7 +26,10 @@ import { build } from 'esbuild';
 import { chromium } from 'playwright-core';
 import { CHROMIUM_ARGS } from '../playwright.config.ts';
 import { measureHashCost, nobleSha, type HashCostCase, type HashCostRow } from './lib/hash-cost.ts';
-import { printTable, writeResult } from './lib/stats.ts';
+import { Identity } from '../src/net/identity.ts';
+import { Attestor } from '../src/verify/attestor.ts';
+import { median, printTable, writeResult } from './lib/stats.ts';
+
 
 const quick = process.argv.includes('--quick');
 const browser = !process.argv.includes('--no-browser');
@@ -38,6 +45,51 @@ const CASES: HashCostCase[] = [
 ];
 
 const nodeRows = await measureHashCost(CASES, { 'noble (now, every host)': nobleSha, 'node:crypto (Node.js hosts before)': (b) => hash('sha256', b, 'buffer') }, opts);
+
+// The event loop during a flush: a 0 ms timer re-armed all along; its longest wait is the longest stall.
+/** The longest wait of a re-armed 0 ms timer while `work` runs. */
+async function worstWait(work: () => Promise<unknown>): Promise<number> {
+  let last = performance.now();
+  let worst = 0;
+  let on = true;
+  const tick = () => {
+    const now = performance.now();
+    worst = Math.max(worst, now - last);
+    last = now;
+    if (on) setTimeout(tick, 0);
+  };
+  setTimeout(tick, 0);
+  await work();
+  on = false;
+  return worst;
+}
+
+async function stall(steps: Array<[number, number, Uint8Array, Uint8Array]>): Promise<{ hashMs: number; stallMs: number; idleMs: number }> {
+  const id = await Identity.generate();
+  const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1024, signBytes: 1 << 30 });
+  const scope = { model: 'm', session: `s${Math.random()}`, startLayer: 0, endLayer: 4, dtype: 'bf16' };
+  for (const s of steps) att.record(scope, ...s);
+  const t0 = performance.now();
+  const stallMs = await worstWait(() => att.finish(scope.session));
+  const took = performance.now() - t0;
+  // The same wait with nothing to do: what the shared machine's scheduling alone costs the timer.
+  const idleMs = await worstWait(() => new Promise((r) => setTimeout(r, took)));
+  const sync = performance.now();
+  for (const [, , i, o] of steps) {
+    nobleSha(i);
+    nobleSha(o);
+  }
+  return { hashMs: performance.now() - sync, stallMs, idleMs };
+}
+const rowsOf = (n: number) => new Uint8Array(n).map((_, i) => i * 7);
+const decode32: Array<[number, number, Uint8Array, Uint8Array]> = Array.from({ length: 32 }, (_, k) => [k, 1, rowsOf(8192), rowsOf(8192)]);
+const prompt: Array<[number, number, Uint8Array, Uint8Array]> = [[0, 128, rowsOf(1 << 20), rowsOf(1 << 20)]];
+type Stall = { hashMs: number; stallMs: number; idleMs: number };
+const stalls = { decode32: [] as Stall[], prompt: [] as Stall[] };
+for (let r = 0; r < opts.repeats; r++) {
+  stalls.decode32.push(await stall(decode32));
+  stalls.prompt.push(await stall(prompt));
+}
 
 let pageRows: HashCostRow[] = [];
 let chromiumVersion: string | undefined;
@@ -71,5 +123,9 @@ const table = (rows: HashCostRow[]) =>
     return [k.name, k.bytes, of('noble'), of('node:crypto'), of('WebCrypto')];
   });
 printTable(`Node.js ${process.version}: one step's three digests (input rows, output rows, chain step), µs, medians of ${opts.repeats}`, ['case', 'row bytes', 'noble', 'node:crypto', 'WebCrypto (awaited)'], table(nodeRows));
+printTable(`Node.js: the event loop while the attestor hashes one flush, ms, medians of ${opts.repeats}`, ['flush', 'hashing (pure JS, one go)', 'longest timer wait during the flush', 'the same, idle'], [
+  ['32 decode steps, 8B bf16 rows', median(stalls.decode32.map((x) => x.hashMs)), median(stalls.decode32.map((x) => x.stallMs)), median(stalls.decode32.map((x) => x.idleMs))],
+  ['a 128-row 8B bf16 prompt (1 MiB in, 1 MiB out)', median(stalls.prompt.map((x) => x.hashMs)), median(stalls.prompt.map((x) => x.stallMs)), median(stalls.prompt.map((x) => x.idleMs))],
+]);
 if (browser) printTable(`Chromium ${chromiumVersion}: the same, µs`, ['case', 'row bytes', 'noble', 'node:crypto', 'WebCrypto (awaited)'], table(pageRows));
-writeResult(fileURLToPath(new URL('./results/attest-hash.json', import.meta.url)), { quick, repeats: opts.repeats, node: nodeRows, chromium: chromiumVersion ? { version: chromiumVersion, rows: pageRows } : null });
+writeResult(fileURLToPath(new URL('./results/attest-hash.json', import.meta.url)), { quick, repeats: opts.repeats, node: nodeRows, event_loop: { decode32_hash_ms: median(stalls.decode32.map((x) => x.hashMs)), decode32_stall_ms: median(stalls.decode32.map((x) => x.stallMs)), decode32_idle_ms: median(stalls.decode32.map((x) => x.idleMs)), prompt_hash_ms: median(stalls.prompt.map((x) => x.hashMs)), prompt_stall_ms: median(stalls.prompt.map((x) => x.stallMs)), prompt_idle_ms: median(stalls.prompt.map((x) => x.idleMs)) }, chromium: chromiumVersion ? { version: chromiumVersion, rows: pageRows } : null });

@@ -245,6 +245,7 @@ interface RunResult {
   tracker_removals_missed: number;
   shed_answers: number;
   tracker_kib_per_donor: number;
+  tracker_kib_per_donor_end: number;
   nats_kib_per_donor: number;
   tracker_cpu_pct_each: number[];
   route_pick_tracker_p50_ms: number;
@@ -527,6 +528,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     await probe;
     const windowS = (performance.now() - w0) / 1000;
     const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
     const sim = process.cpuUsage(simBefore);
     stats.recording = false;
     await chats?.stop();
@@ -566,6 +568,8 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       shed_answers: stats.shed,
       // Every tracker holds the whole registry: the largest growth of one.
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
+      // The same at the window's end: steady state, the ramp's registration connections closed (65 s keep-alive) or closing.
+      tracker_kib_per_donor_end: Math.max(...trackers.map((_, i) => rssEnd[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
       nats_kib_per_donor: nats ? (rssAfter.nats! - rssBefore.nats!) / donorCount : NaN,
       tracker_cpu_pct_each: trackerCpus.map((ms) => (ms / (windowS * 1000)) * 100),
       route_pick_tracker_p50_ms: quantileOfHist(pickHist, 0.5) * 1000,
@@ -622,7 +626,7 @@ try {
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js$/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
@@ -635,6 +639,7 @@ printTable(
     r.tracker_removals_missed,
     r.shed_answers,
     r.tracker_kib_per_donor,
+    r.tracker_kib_per_donor_end,
     r.relay_kib_per_donor,
     r.nats_kib_per_donor,
     r.route_pick_p99_ms,

@@ -37,6 +37,11 @@ export function sha256(bytes: Uint8Array): Uint8Array {
   return nobleSha256(bytes);
 }
 
+/** The same SHA-256 fed in pieces (a long input hashed between other work). */
+export function sha256Stream(): { update(bytes: Uint8Array): unknown; digest(): Uint8Array } {
+  return nobleSha256.create();
+}
+
 export function hex(bytes: Uint8Array): string {
   let s = '';
   for (const b of bytes) s += b.toString(16).padStart(2, '0');

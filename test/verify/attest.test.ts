@@ -15,6 +15,12 @@ import { Attestor } from '../../src/verify/attestor.ts';
 const scope: AttestScope = { model: 'm', session: 'sess.1', startLayer: 2, endLayer: 4, dtype: 'bf16' };
 const bytes = (n: number, seed: number) => Uint8Array.from({ length: n }, (_, i) => (i * 31 + seed) & 0xff);
 
+/** Waits (up to 5 s) until the session's latest attestation is out: signing runs behind the answers, a few timer turns later. */
+async function latestOf(att: Attestor, session: string): Promise<string | undefined> {
+  for (let i = 0; i < 500 && att.latest(session) === undefined; i++) await new Promise((r) => setTimeout(r, 10));
+  return att.latest(session);
+}
+
 const nodeSha = (b: Uint8Array): Uint8Array => new Uint8Array(hash('sha256', b, 'buffer'));
 
 function digests(steps: Array<[number, number, Uint8Array, Uint8Array]>): StepDigest[] {
@@ -84,8 +90,7 @@ describe('a hop attests every step it ran', () => {
     const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 });
     att.record(scope, 0, 3, bytes(24, 1), bytes(24, 2));
     expect(att.latest(scope.session)).toBeUndefined(); // signing runs behind the answer
-    await new Promise((r) => setTimeout(r, 50));
-    expect(parseAttestations(att.latest(scope.session))[0]!.rows).toBe(3);
+    expect(parseAttestations(await latestOf(att, scope.session))[0]!.rows).toBe(3);
     // A replay from position 0 (after a 409): the chain starts over, covering only what was replayed.
     att.record(scope, 0, 2, bytes(16, 7), bytes(16, 8));
     const [a] = parseAttestations(await att.finish(scope.session));
@@ -105,9 +110,8 @@ describe('a hop attests every step it ran', () => {
     expect(att.latest(scope.session)).toBeUndefined(); // 3 steps: nothing signed yet
     expect(signed).toHaveLength(0);
     att.record(scope, ...steps[3]!);
-    await new Promise((r) => setTimeout(r, 30));
     // The 4th step: one signature over the chain head, vouching for all 4 steps (9 rows).
-    const [mid] = parseAttestations(att.latest(scope.session));
+    const [mid] = parseAttestations(await latestOf(att, scope.session));
     expect(mid!.rows).toBe(9);
     expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 9, refChain(scope, digests(steps.slice(0, 4)))), mid!.signature)).toBe(true);
     for (const s of steps.slice(4)) att.record(scope, ...s);
@@ -123,10 +127,20 @@ describe('a hop attests every step it ran', () => {
     const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signBytes: 1000 });
     const prompt: [number, number, Uint8Array, Uint8Array] = [0, 80, bytes(640, 3), bytes(640, 4)];
     att.record(scope, ...prompt);
-    await new Promise((r) => setTimeout(r, 30));
-    const [a] = parseAttestations(att.latest(scope.session));
+    const [a] = parseAttestations(await latestOf(att, scope.session));
     expect(a!.rows).toBe(80);
     expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 80, refChain(scope, digests([prompt]))), a!.signature)).toBe(true);
+  });
+
+  it('hashes a long prompt in pieces (between turns of the event loop) to the same chain', async () => {
+    const id = await Identity.generate();
+    const att = new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 2 });
+    // 1 MiB in and out (a 128-row prompt of a 4096-wide bf16 model), then a decode step.
+    const steps: Array<[number, number, Uint8Array, Uint8Array]> = [[0, 128, bytes(1 << 20, 1), bytes(1 << 20, 2)], [128, 1, bytes(8192, 3), bytes(8192, 4)]];
+    for (const s of steps) att.record(scope, ...s);
+    const [a] = parseAttestations(await att.finish(scope.session));
+    expect(a!.rows).toBe(129);
+    expect(await verifyEd25519(id.publicKey, attestMessage(scope.session, 129, refChain(scope, digests(steps))), a!.signature)).toBe(true);
   });
 
   it('chains a step that starts before the previous one ended (rows cut back) as computed: it covers every computed row', async () => {
