@@ -76,6 +76,11 @@ export interface NodeRecord {
   unreachable?: { since: number; why: string };
   /** The node takes no new sessions (its last message said `draining`): no route, replacement or failover picks it. */
   draining: boolean;
+  /**
+   * Until when a tracker of the cluster quarantined it (a check proved it wrong), ms since epoch; absent when
+   * none did. Shared through the cluster's registry, so every tracker routes around it, not only the judge.
+   */
+  quarantinedUntil?: number;
   /** When this tracker saw it start draining, ms since epoch (tracker clock). */
   drainingSince: number | undefined;
   /** The newest message timestamp applied (the node's clock): older messages are ignored. */
@@ -107,7 +112,7 @@ export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'dead
 };
 
 /** Why a record changed here (not from another tracker): what a cluster store mirrors. */
-export type ChangeKind = 'register' | 'heartbeat' | 'assigned' | 'moved' | 'busy';
+export type ChangeKind = 'register' | 'heartbeat' | 'assigned' | 'moved' | 'busy' | 'quarantined';
 
 export interface RegistryEvents {
   /** `remote`: another tracker of the cluster removed it (nothing to tell anyone). */
@@ -135,6 +140,7 @@ export interface RemoteRecord {
   kvHeldAtBeat: number;
   draining: boolean;
   drainingSince: number | undefined;
+  quarantinedUntil?: number | undefined;
 }
 
 export class NodeRegistry {
@@ -147,6 +153,8 @@ export class NodeRegistry {
   private sweeps = 0;
   /** Failures by peer id, registered or not (bounded: the oldest entries go first). */
   private readonly failureCounts = new Map<string, number>();
+  /** Quarantines known here (judged here or by another tracker of the cluster): until when, by peer id, registered or not. */
+  private readonly quarantineLedger = new Map<string, number>();
   /**
    * Nodes routing and coverage leave out while it says so (a quarantined node: docs/verification.md).
    * It stays registered and keeps its assignment; others are assigned around it (from the next sweep on;
@@ -319,6 +327,9 @@ export class NodeRegistry {
     rec.intervalMs = rec.intervalMs ?? this.o.heartbeatIntervalMs;
     rec.kvHeldAtBeat = 0;
     rec.failures = this.failureCounts.get(msg.peer_id) ?? 0;
+    // A quarantine outlives the record: a node cannot wash it by registering again.
+    const quarantined = this.quarantineLedger.get(msg.peer_id);
+    if (quarantined !== undefined && quarantined > now) rec.quarantinedUntil = quarantined;
     if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;
     else delete rec.relayConnected;
     delete rec.unreachable;
@@ -482,6 +493,10 @@ export class NodeRegistry {
       target.kvHeldAtBeat = r.kvHeldAtBeat;
       target.draining = r.draining;
       target.drainingSince = r.drainingSince;
+      if (r.quarantinedUntil !== undefined && r.quarantinedUntil > (target.quarantinedUntil ?? 0)) {
+        target.quarantinedUntil = r.quarantinedUntil;
+        if (r.quarantinedUntil > (this.quarantineLedger.get(r.peerId) ?? 0)) this.noteQuarantine(r.peerId, r.quarantinedUntil);
+      }
     };
     if (target.contribution) this.edit(target, apply);
     else {
@@ -794,6 +809,41 @@ export class NodeRegistry {
   }
 
   /** The node answered MESH_ERR_BUSY: route no new session to it for `ms`. */
+  /**
+   * A quarantine (a check proved the node wrong) until `until`: routing leaves the node out
+   * (`isQuarantined`), and in a cluster every tracker learns it through the node's document.
+   */
+  quarantine(peerId: string, until: number): void {
+    if ((this.quarantineLedger.get(peerId) ?? 0) >= until) return;
+    this.noteQuarantine(peerId, until);
+    const n = this.nodes.get(peerId);
+    if (!n) return;
+    n.quarantinedUntil = until;
+    this.events.onChanged?.(n, 'quarantined');
+  }
+
+  /** Quarantined now, by this tracker's judgement or another's. */
+  isQuarantined(peerId: string): boolean {
+    return (this.quarantineLedger.get(peerId) ?? 0) > this.o.now();
+  }
+
+  /** Nodes quarantined now, with the end of it (expired entries are forgotten). */
+  quarantines(): Array<{ peer_id: string; until: number }> {
+    const now = this.o.now();
+    const out: Array<{ peer_id: string; until: number }> = [];
+    for (const [peer, until] of this.quarantineLedger) {
+      if (until > now) out.push({ peer_id: peer, until });
+      else this.quarantineLedger.delete(peer);
+    }
+    return out;
+  }
+
+  private noteQuarantine(peerId: string, until: number): void {
+    this.quarantineLedger.delete(peerId);
+    if (this.quarantineLedger.size >= FAILURE_LEDGER) this.quarantineLedger.delete(this.quarantineLedger.keys().next().value!);
+    this.quarantineLedger.set(peerId, until);
+  }
+
   markBusy(peerId: string, ms: number): void {
     const n = this.nodes.get(peerId);
     if (!n) return;
