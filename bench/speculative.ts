@@ -26,6 +26,15 @@
  *     target's first 4 layers, its final norm and LM head) at adaptive k
  *     and at k = 4.
  *
+ * `--first-generation`: only a draft model's first generations on a head
+ * (nothing carried: the policy's start), each on a head of its own. Per
+ * draft model (another seed: α ≈ 0, three heads; the target itself: α = 1,
+ * two heads) each head gives speculation off, the first generation and the
+ * second (carried),
+ * interleaved; with `--baseline DIR` as many heads run DIR's checkout
+ * (DIR/bin/meshnet.js; the hops are this checkout's) side by side. JSON in
+ * bench/results/speculative-first.json.
+ *
  * For each: α (maximum likelihood: accepted / (accepted + rejecting
  * trips)), the mean k drafted, tokens per decode trip against the theory
  * (1 − α^(k+1)) / (1 − α) averaged over the trips' k, tokens/s and its ratio
@@ -33,9 +42,10 @@
  * equal speculation off. Table on stdout, JSON in
  * bench/results/speculative.json.
  *
- *   npx tsx bench/speculative.ts [--quick] [--delay-ms 20]
+ *   npx tsx bench/speculative.ts [--quick] [--delay-ms 20] [--first-generation [--baseline DIR]]
  */
 import { cpus, loadavg } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { GenerateRequest } from '../src/protocol/tracker.ts';
 import { median } from './lib/wan.ts';
@@ -48,6 +58,8 @@ if (process.argv.includes('--help') || process.argv.includes('-h')) {
 
   --quick          2 runs of 32 tokens (default: 3 runs of 48)
   --delay-ms N     one-way delay of a leg (default 20)
+  --first-generation  only draft models' first generations on fresh heads (the policy's start), 3 heads each
+  --baseline DIR   with --first-generation: as many heads run from DIR's checkout (DIR/bin/meshnet.js), side by side
   --help           this text
 
   Table on stdout; JSON in bench/results/speculative.json.
@@ -59,6 +71,8 @@ const RUNS = quick ? 2 : 3;
 const NEW_TOKENS = quick ? 32 : 48;
 const delayArg = process.argv.indexOf('--delay-ms');
 const ONE_WAY = delayArg > 0 ? Number(process.argv[delayArg + 1]) : 20;
+const baselineArg = process.argv.indexOf('--baseline');
+const BASELINE = baselineArg > 0 ? process.argv[baselineArg + 1] : undefined;
 const MODEL = 'small';
 const PROMPT = [{ role: 'user', content: 'Write a short story about a lighthouse keeper and a storm at sea.' }];
 
@@ -149,4 +163,94 @@ async function main(): Promise<void> {
   }
 }
 
-await main();
+/**
+ * A draft model's first generation on a head (nothing carried) against off
+ * and its second generation, three fresh heads per draft model and variant.
+ */
+async function firstGeneration(): Promise<void> {
+  const loadBefore = loadavg()[0]!;
+  // Three fresh heads for the draft model that disagrees (its ratio to off is near 1: the noisier case), two for the target.
+  const variants = [{ name: 'this checkout', bin: undefined as string | undefined }, ...(BASELINE ? [{ name: `baseline ${BASELINE}`, bin: join(BASELINE, 'bin', 'meshnet.js') }] : [])];
+  const drafts = [
+    { name: 'draft model = another seed (α ≈ 0)', seed: 1, heads: quick ? 1 : 3 },
+    { name: 'draft model = the target (α = 1)', seed: 0, heads: quick ? 1 : 2 },
+  ];
+  // heads[v][d][i]: variant v, draft model d, the i-th fresh head.
+  const layout = variants.flatMap((v, vi) => drafts.flatMap((d, di) => Array.from({ length: d.heads }, (_, i) => ({ vi, di, i, seed: d.seed, bin: v.bin }))));
+  const mesh = await startSpecMesh({ model: MODEL, cuts: [4, 8, 12], oneWayMs: ONE_WAY, heads: layout.map((h) => h.seed), headBins: layout.map((h) => h.bin) });
+  try {
+    const viaMesh = (extra: Partial<GenerateRequest>, via: number): Promise<SpecRun> => mesh.generate({ messages: PROMPT, max_tokens: NEW_TOKENS, ...extra }, via);
+    const reference = (await viaMesh({ speculative: false }, 0)).ids;
+    // Warm every head without touching its greedy draft model's memory: a sampled generation at k = 4 runs its
+    // span's verification shapes and its draft model's graphs (sampled drafts are remembered apart).
+    for (let h = 0; h < layout.length; h++) {
+      process.stderr.write(`warming head ${h + 1}/${layout.length}\n`);
+      await viaMesh({ temperature: 0.8, seed: 7, speculative_k: 4 }, h);
+    }
+    const kinds = ['off', '1st generation (nothing carried)', '2nd generation (carried)'] as const;
+    const results = new Map<string, SpecRun[]>();
+    const key = (vi: number, di: number, kind: string) => `${vi}|${di}|${kind}`;
+    for (let i = 0; i < Math.max(...drafts.map((d) => d.heads)); i++) {
+      for (let vi = 0; vi < variants.length; vi++) {
+        for (let di = 0; di < drafts.length; di++) {
+          const h = layout.findIndex((x) => x.vi === vi && x.di === di && x.i === i);
+          if (h < 0) continue;
+          for (const kind of kinds) {
+            process.stderr.write(`head ${h + 1}: ${variants[vi]!.name}, ${drafts[di]!.name}, ${kind}\n`);
+            const r = await viaMesh(kind === 'off' ? { speculative: false } : {}, h);
+            if (r.headLog.length > 0) process.stderr.write(`  head logged: ${r.headLog.join(' | ')}\n`);
+            results.set(key(vi, di, kind), [...(results.get(key(vi, di, kind)) ?? []), r]);
+          }
+        }
+      }
+    }
+    const rows = variants.flatMap((v, vi) =>
+      drafts.flatMap((d, di) => {
+        const off = results.get(key(vi, di, 'off'))!;
+        const offTokS = median(off.map((x) => x.tokS));
+        return kinds.map((kind) => {
+          const rs = results.get(key(vi, di, kind))!;
+          return {
+            variant: v.name,
+            drafter: d.name,
+            generation: kind,
+            ...specRow(rs, offTokS),
+            // Each head's run against off through that same head.
+            x_off_each: rs.map((x, i) => +(x.tokS / off[i]!.tokS).toFixed(3)),
+            first_token_ms: Math.round(median(rs.map((x) => x.firstTokenMs))),
+            // Tokens per second from the request (the first token's wait included).
+            end_to_end_tokens_per_s: +median(rs.map((x) => (1000 * x.ids.length) / (x.firstTokenMs + (1000 * (x.ids.length - 1)) / x.tokS))).toFixed(2),
+            max_gap_ms: Math.round(Math.max(...rs.map((x) => x.maxGapMs))),
+            same_tokens_as_off: rs.every((x) => x.ids.join() === reference.join()),
+          };
+        });
+      }),
+    );
+    printTable(
+      `a draft model's first generation on a head: ${MODEL}, 3 nodes [0,4) [4,8) [8,12) chained, ${ONE_WAY} ms one-way a leg, 1 ONNX thread each, ${NEW_TOKENS} new tokens greedy, medians over fresh heads (${drafts.map((d) => `${d.heads} for ${d.name.replace('draft model = ', '')}`).join(', ')}); load ${loadBefore.toFixed(1)} → ${loadavg()[0]!.toFixed(1)} on ${cpus().length} cores (shared machine)`,
+      ['variant', 'drafter', 'generation', 'mean k', 'α', 'tokens/trip', 'tok/s', '× off', '× off per head', '1st token ms', 'tok/s from request', 'max gap ms', 'tokens = off'],
+      rows.map((r) => [r.variant, r.drafter, r.generation, r.mean_k, r.alpha ?? '-', r.tokens_per_trip, r.tokens_per_s, r.x_off, r.x_off_each.join(' '), r.first_token_ms, r.end_to_end_tokens_per_s, r.max_gap_ms, String(r.same_tokens_as_off)]),
+    );
+    for (const v of variants) {
+      const first = rows.find((r) => r.variant === v.name && r.drafter.startsWith('draft model = another seed') && r.generation.startsWith('1st'))!.x_off;
+      console.log(`${v.name}: a disagreeing draft model's first generation ${first}× of off (target ≥ 0.97: ${first >= 0.97 ? 'met' : 'NOT met'})`);
+    }
+    writeResult(fileURLToPath(new URL('./results/speculative-first.json', import.meta.url)), {
+      bench: 'speculative --first-generation',
+      date: new Date().toISOString(),
+      model: MODEL,
+      cpus: cpus().length,
+      load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
+      one_way_ms: ONE_WAY,
+      new_tokens: NEW_TOKENS,
+      heads_each: Object.fromEntries(drafts.map((d) => [d.name, d.heads])),
+      baseline: BASELINE ?? null,
+      rows,
+    });
+  } finally {
+    await mesh.stop();
+  }
+}
+
+if (process.argv.includes('--first-generation')) await firstGeneration();
+else await main();

@@ -38,6 +38,14 @@
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15]
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
+ *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
+ *
+ * `--loop-probe`: event-loop delay, stalls and GC pauses of every process over
+ * the window (bench/lib/loop-probe.mjs), printed and kept in the JSON; `--prof`:
+ * a CPU profile of each tracker; `--heap-snapshot`: tracker heap snapshots
+ * before the ramp and after the window, for bench/heap-diff.ts (the snapshot
+ * before the ramp adds to the RSS read as the baseline: take memory per donor
+ * from a run without it).
  *
  * `--bin` (repeatable) runs every donor count with each given bin/meshnet.js
  * in turn (a baseline checkout's and this one's), so before/after figures
@@ -245,6 +253,7 @@ interface RunResult {
   tracker_removals_missed: number;
   shed_answers: number;
   tracker_kib_per_donor: number;
+  tracker_kib_per_donor_end: number;
   nats_kib_per_donor: number;
   tracker_cpu_pct_each: number[];
   route_pick_tracker_p50_ms: number;
@@ -527,6 +536,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     await probe;
     const windowS = (performance.now() - w0) / 1000;
     const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
     const sim = process.cpuUsage(simBefore);
     stats.recording = false;
     await chats?.stop();
@@ -566,6 +576,8 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       shed_answers: stats.shed,
       // Every tracker holds the whole registry: the largest growth of one.
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
+      // The same at the window's end: steady state, the ramp's registration connections closed (65 s keep-alive) or closing.
+      tracker_kib_per_donor_end: Math.max(...trackers.map((_, i) => rssEnd[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
       nats_kib_per_donor: nats ? (rssAfter.nats! - rssBefore.nats!) / donorCount : NaN,
       tracker_cpu_pct_each: trackerCpus.map((ms) => (ms / (windowS * 1000)) * 100),
       route_pick_tracker_p50_ms: quantileOfHist(pickHist, 0.5) * 1000,
@@ -622,7 +634,7 @@ try {
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js$/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
@@ -635,6 +647,7 @@ printTable(
     r.tracker_removals_missed,
     r.shed_answers,
     r.tracker_kib_per_donor,
+    r.tracker_kib_per_donor_end,
     r.relay_kib_per_donor,
     r.nats_kib_per_donor,
     r.route_pick_p99_ms,

@@ -23,6 +23,12 @@ export interface SpecRun {
   tokS: number;
   /** Per decode trip: drafted, accepted (trips without drafts: 0, 0), tokens emitted. */
   trips: Array<{ drafted: number; accepted: number; tokens: number }>;
+  /** From the request to the first token, ms (the prompt's step, with whatever it drafted). */
+  firstTokenMs: number;
+  /** The longest wait between two tokens, ms (a stall shows here). */
+  maxGapMs: number;
+  /** What the head logged at warn level or above during the generation (star fallbacks, replays). */
+  headLog: string[];
 }
 
 export interface SpecMesh {
@@ -40,6 +46,8 @@ export interface SpecMeshOptions {
   oneWayMs: number;
   /** One head per entry: the seed of the draft model it holds (`--draft`, the same preset), a `--draft` value as it is (`self:N`), or null for none. */
   heads: Array<number | string | null>;
+  /** Per head, another checkout's bin/meshnet.js to run it from (a baseline); absent: this checkout's. */
+  headBins?: Array<string | undefined>;
 }
 
 export async function startSpecMesh(o: SpecMeshOptions): Promise<SpecMesh> {
@@ -70,7 +78,7 @@ export async function startSpecMesh(o: SpecMeshOptions): Promise<SpecMesh> {
     const started = await Promise.all([
       startNode([...base, '--layers', `${a}-${b}`]),
       startNode([...base, '--layers', `${b}-${n}`]),
-      ...o.heads.map((d) => startNode([...base, '--layers', `0-${a}`, ...(d === null ? [] : ['--draft', typeof d === 'number' ? statics.get(d)!.url : d])])),
+      ...o.heads.map((d, i) => startNode([...base, '--layers', `0-${a}`, ...(d === null ? [] : ['--draft', typeof d === 'number' ? statics.get(d)!.url : d])], o.headBins?.[i])),
     ]);
     nodes.push(...started);
     await Promise.all(nodes.map((x) => x.waitFor((e) => e.event === 'registered')));
@@ -88,9 +96,14 @@ export async function startSpecMesh(o: SpecMeshOptions): Promise<SpecMesh> {
       let tLast = 0;
       const ids: number[] = [];
       const trips: SpecRun['trips'] = [];
+      let maxGapMs = 0;
+      const tStart = performance.now();
+      const logFrom = head.stderr().length;
       for await (const ev of generateDirect(head.endpoint, headers, { temperature: 0, session_id: `spec-${++runId}`, ...body }) as AsyncIterable<GenerateEvent>) {
         if (ev.type === 'token') {
-          tLast = performance.now();
+          const now = performance.now();
+          if (ids.length > 0) maxGapMs = Math.max(maxGapMs, now - tLast);
+          tLast = now;
           if (ids.length === 0) tFirst = tLast;
           ids.push(ev.token_id);
           // A trip's first token carries its counts; tokens without them continue the trip (or are plain trips).
@@ -101,7 +114,9 @@ export async function startSpecMesh(o: SpecMeshOptions): Promise<SpecMesh> {
       }
       // The prompt's step is no decode trip.
       trips.shift();
-      return { ids, tokS: (1000 * (ids.length - 1)) / (tLast - tFirst), trips };
+      // The node logs JSON lines on stderr.
+      const headLog = head.stderr().slice(logFrom).split('\n').filter((l) => /"level":"(warn|error)"/.test(l)).map((l) => l.slice(0, 300));
+      return { ids, tokS: (1000 * (ids.length - 1)) / (tLast - tFirst), trips, firstTokenMs: tFirst - tStart, maxGapMs, headLog };
     };
     return { heads, generate, stop };
   } catch (e) {

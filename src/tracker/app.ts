@@ -10,7 +10,7 @@
  *   routes/verify.ts        POST /api/checks/report, /api/checks/skipped, GET /v1/verifications/:id (verify/service.ts)
  */
 import type { Logger } from 'pino';
-import { encodeBase64Url } from '../protocol/base64.ts';
+import { decodeBase64, encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Identity } from '../net/identity.ts';
 import type { MeshResponse } from '../protocol/envelopes.ts';
@@ -120,6 +120,10 @@ export function createTracker(deps: TrackerDeps): Tracker {
     logger,
     options: { enabled: o.checks, minRate: o.checkMinRate, quarantineMs: o.quarantineMs, auditWalkMs: o.auditWalkMs, now: o.now, random: o.random },
     onVerdict: (v) => metrics.checks.inc({ outcome: v.outcome }),
+    peerTrackerKeys: () => {
+      const own = encodeBase64Url(identity.publicKey);
+      return (link.cluster?.trackerKeys() ?? []).filter((k) => k.public_key !== own).map((k) => decodeBase64(k.public_key));
+    },
   });
   registry.excluded = (peer) => verification.excluded(peer);
   const publicKey = encodeBase64Url(identity.publicKey);

@@ -115,7 +115,8 @@ export interface Verdict {
 }
 
 export interface JudgeDeps {
-  trackerKey: Uint8Array;
+  /** Keys the check plan may be signed with: the judging tracker's, and its cluster's other trackers'. */
+  trackerKeys: readonly Uint8Array[];
   now: number;
   verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): Promise<boolean>;
   /** Largest age of a report past its plan's expiry, ms. @defaultValue 10 minutes */
@@ -136,8 +137,12 @@ function forbidden(message: string): MeshError {
 
 /** Verify a report's plan, chains, attestations and samples; then judge it. Throws 400/401/403 for evidence that does not hold up. */
 export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verdict> {
-  // The plan: signed by this tracker, for this head, still (nearly) fresh.
-  if (!(await deps.verify(deps.trackerKey, checkPlanMessage(r.head, r.plan), bytesOf(r.plan_signature, 'plan_signature')))) throw forbidden('the check plan is not signed by this tracker for this head');
+  // The plan: signed by this tracker (or another of its cluster), for this head, still (nearly) fresh.
+  const planMessage = checkPlanMessage(r.head, r.plan);
+  const planSignature = bytesOf(r.plan_signature, 'plan_signature');
+  let signed = false;
+  for (const key of deps.trackerKeys) if (!signed && (await deps.verify(key, planMessage, planSignature))) signed = true;
+  if (!signed) throw forbidden('the check plan is not signed by a tracker of this cluster for this head');
   let plan: CheckPlan;
   try {
     plan = checkPlanSchema.parse(JSON.parse(r.plan));

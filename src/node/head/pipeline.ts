@@ -401,7 +401,9 @@ export class PipelineDriver {
     const drafter: Drafter | undefined = (this.init.drafter ?? promptLookupFor(this.init.tokenizer))(req, { session, declared, promptTokens });
     if (!drafter) return undefined;
     const prior = drafter.memoryKey === undefined ? undefined : this.carried.get(drafter.memoryKey);
-    const policy = new AdaptiveK({ ...(req.speculative_k !== undefined ? { fixedK: req.speculative_k } : {}), ...(prior ? { prior } : {}) });
+    // A draft model this head knows nothing of yet probes before it drafts: each of its drafts costs a forward.
+    const probeFirst = drafter.kind === 'model' || drafter.kind === 'self';
+    const policy = new AdaptiveK({ ...(req.speculative_k !== undefined ? { fixedK: req.speculative_k } : {}), ...(prior ? { prior } : {}), probeFirst });
     return new Speculator({ drafter, policy, maxTokens: req.max_tokens, declared });
   }
 

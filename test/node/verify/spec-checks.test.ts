@@ -102,7 +102,7 @@ describe('speculation with spot-checks', () => {
       verify: verifyEd25519,
       report: async (r) => {
         reports.push(r);
-        const v = await judgeReport(r, { trackerKey: tracker.publicKey, now: Date.now(), verify: verifyEd25519 });
+        const v = await judgeReport(r, { trackerKeys: [tracker.publicKey], now: Date.now(), verify: verifyEd25519 });
         verdicts.push(v);
         return v;
       },

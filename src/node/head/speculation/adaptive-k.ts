@@ -27,6 +27,17 @@
  * A hop that reports full batches turns speculation off for `fullHoldTrips`
  * trips: batching already amortises the trip, and drafts would only add rows.
  *
+ * How a generation starts, with nothing carried: a free drafter (prompt
+ * lookup, a prediction) drafts a moderate k = 4 at once (a wrong guess costs
+ * only rows); a drafter that computes (a draft model new to this head:
+ * `probeFirst`) drafts nothing until its catch-up has run beside the prompt's
+ * step, then probes one token on the first decode trip, so a draft model
+ * that disagrees costs a probe or two, not a few trips of k losing forwards.
+ * The probe also measures the draft's cost. While every draft is accepted
+ * the next trip drafts at least four times as many (1, 4, 16), but never
+ * longer than a plain trip takes (a wrong guess costs at most one trip); the
+ * first rejection leaves k to α̂ and the costs alone.
+ *
  * What a generation learnt can start the next one (`carry()` → `prior`): a
  * draft model's α is a property of the pair of models more than of the text,
  * so a head whose draft model keeps losing starts its next generation at
@@ -53,6 +64,12 @@ export interface AdaptiveKOptions {
   decay?: number;
   /** What earlier generations with the same drafter learnt (`carry()`); absent: a prior of a quarter accepted, one rejected. */
   prior?: CarriedPolicy;
+  /**
+   * Nothing carried: start with a one-token probe on the first decode trip instead of k = 4
+   * (a drafter whose cost and acceptance are unknown, such as a draft model new to this head).
+   * Ignored with a `prior` (it says what to do) or a fixed k.
+   */
+  probeFirst?: boolean;
 }
 
 export interface TripRecord {
@@ -60,7 +77,7 @@ export interface TripRecord {
   drafted: number;
   /** Of those, accepted. */
   accepted: number;
-  /** From the step's start at the head to its tokens, ms. */
+  /** From the step's start at the head to its tokens, ms (NaN: not a decode trip's time, e.g. the prompt's step: only its drafts count). */
   tripMs: number;
 }
 
@@ -121,6 +138,10 @@ export class AdaptiveK {
   private draftMs = 0;
   private lastK = 0;
   private probeWait: number;
+  /** Nothing measured yet: probe (true) or draft the moderate k = 4. */
+  private readonly probeFirst: boolean;
+  /** After a probe-first start, until the first rejected draft: the least k of the next speculating trip (0: none yet; −1: over). */
+  private ramp = 0;
 
   constructor(o: AdaptiveKOptions = {}) {
     this.maxK = o.maxK ?? 16;
@@ -133,6 +154,9 @@ export class AdaptiveK {
     this.margin = o.margin ?? 0.03;
     this.perRowPrior = o.perRowPrior ?? 0.05;
     this.decay = o.decay ?? 0.95;
+    this.probeFirst = o.prior === undefined && o.fixedK === undefined && o.probeFirst === true;
+    // The first decode trip probes: the step before it (the prompt's) is the one that lets the drafter catch up.
+    if (this.probeFirst) this.sinceSpeculated = this.probeWait - 1;
     if (o.prior) this.start(o.prior);
   }
 
@@ -215,19 +239,25 @@ export class AdaptiveK {
   next(): number {
     if (this.fixedK !== undefined) return (this.lastK = this.fixedK);
     if (this.trips < this.heldUntil) return (this.lastK = 0);
-    if (this.s0 === 0) return (this.lastK = Math.min(4, this.maxK)); // nothing measured yet: a moderate start
-    const a = this.alpha;
-    const { baseMs, perRowMs } = this.costs();
+    // Nothing timed yet: a moderate start, or (a drafter that computes) a probe as soon as it is due.
+    if (this.s0 === 0 && !this.probeFirst) return (this.lastK = Math.min(4, this.maxK));
     let best = 0;
-    let bestRate = 1 / baseMs;
-    for (let k = 1; k <= this.maxK; k++) {
-      const rate = expectedTokens(a, k) / (baseMs + k * (perRowMs + this.draftMs));
-      if (rate > bestRate) {
-        best = k;
-        bestRate = rate;
+    if (this.s0 > 0) {
+      const a = this.alpha;
+      const { baseMs, perRowMs } = this.costs();
+      // The ramp's k drafts no longer than a plain trip takes: a wrong guess costs at most one trip.
+      const ramp = Math.min(this.ramp, Math.floor(baseMs / (perRowMs + this.draftMs)));
+      let bestRate = 1 / baseMs;
+      for (let k = 1; k <= this.maxK; k++) {
+        const rate = expectedTokens(a, k) / (baseMs + k * (perRowMs + this.draftMs));
+        if (rate > bestRate) {
+          best = k;
+          bestRate = rate;
+        }
       }
+      if (best > 0 && bestRate < (1 + this.margin) / baseMs) best = 0;
+      if (best > 0 && ramp > best) best = Math.min(this.maxK, ramp);
     }
-    if (best > 0 && bestRate < (1 + this.margin) / baseMs) best = 0;
     if (best === 0) {
       // Probe: each one that still finds speculation not paying doubles the wait for the next (to 8×).
       if (this.sinceSpeculated < this.probeWait) return (this.lastK = 0);
@@ -237,7 +267,7 @@ export class AdaptiveK {
     this.probeWait = this.probeEvery;
     // Every 4th trip one row fewer or more (alternately): the rows must vary for the per-row cost
     // to be measured at all, and near the best k the rate is flat, so this costs little.
-    if (this.trips % 4 === 3) best = Math.max(0, Math.min(this.maxK, best + ((this.trips >> 2) % 2 === 0 ? -1 : 1)));
+    if (this.trips % 4 === 3 && this.ramp <= 0) best = Math.max(0, Math.min(this.maxK, best + ((this.trips >> 2) % 2 === 0 ? -1 : 1)));
     return (this.lastK = best);
   }
 
@@ -248,6 +278,10 @@ export class AdaptiveK {
       // A probe accepted where α̂ said it would almost surely fail: the estimate is stale (the text or,
       // after a carried prior, the task changed), so look again soon, whatever the back-off had reached.
       if (t.accepted === t.drafted && this.alpha < 0.25) this.probeWait = this.probeEvery;
+      // A probe-first start ramps up while every draft is accepted (1, 4, 16 within what a plain trip's time pays
+      // for: α̂ alone, on a few trips' noisy costs, grows k more slowly than a good draft model deserves); the
+      // first rejection hands k to α̂ alone.
+      if (this.probeFirst && this.ramp >= 0) this.ramp = t.accepted === t.drafted ? 4 * t.drafted : -1;
       this.sinceSpeculated = 0;
       this.accepted = this.accepted * g + t.accepted;
       this.rejected = this.rejected * g + (t.accepted < t.drafted ? 1 : 0);

@@ -137,10 +137,13 @@ export class Speculator {
     const c = this.counters;
     c.drafted += drafted;
     c.accepted += outcome.accepted;
+    // A prompt's step (several unfed rows) is no decode trip: its time would skew the per-row cost, but
+    // its drafts are evidence of α like any, and it counts towards the first probe.
+    const prefill = this.last?.prefill === true;
+    this.init.policy.record({ drafted, accepted: outcome.accepted, tripMs: prefill ? Number.NaN : this.last ? performance.now() - this.last.t0 : 0 });
+    // After the record: the trips held back are the ones after this.
     if (opts.batchFull) this.init.policy.batchFull();
-    // A prompt's step (several unfed rows) is no decode trip: its time would skew the per-row cost.
-    if (this.last?.prefill) return;
-    this.init.policy.record({ drafted, accepted: outcome.accepted, tripMs: this.last ? performance.now() - this.last.t0 : 0 });
+    if (prefill) return;
     c.trips++;
     c.tokens += outcome.tokens.length;
   }

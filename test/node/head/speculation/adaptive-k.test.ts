@@ -135,6 +135,62 @@ describe('AdaptiveK', () => {
     expect(ks.slice(-50).reduce((a, b) => a + b, 0) / 50).toBeGreaterThan(2);
   });
 
+  /**
+   * A head's first generation with a draft model: the prompt's step (its drafts judged, not timed), then
+   * decode trips until 48 tokens; the draft's cost is measured from its first draft on, as a drafter does.
+   */
+  function firstGeneration(world: World & { alpha: () => number }, policy: AdaptiveK, seed: number): { rate: number; ks: number[]; drafted: number } {
+    const r = mulberry32(seed);
+    const ks: number[] = [];
+    let tokens = 0;
+    let ms = 0;
+    let drafted = 0;
+    for (let trip = 0; tokens < 48; trip++) {
+      const k = Math.min(policy.next(), 47 - tokens);
+      ks.push(k);
+      let accepted = 0;
+      while (accepted < k && r() < world.alpha()) accepted++;
+      const tripMs = (world.baseMs + k * world.perRowMs) * (0.9 + 0.2 * r());
+      tokens += accepted + 1;
+      drafted += k;
+      if (trip > 0) ms += tripMs + k * (world.draftMs ?? 0);
+      policy.record({ drafted: k, accepted, tripMs: trip === 0 ? Number.NaN : tripMs });
+      if (drafted > 0) policy.setDraftCost(world.draftMs ?? 0);
+    }
+    return { rate: (tokens - 1) / ms, ks, drafted };
+  }
+
+  it('a draft model new to the head probes first: a losing one costs a probe, a winning one ramps up from the first generation', () => {
+    const p = new AdaptiveK({ probeFirst: true });
+    // The prompt's step drafts nothing, and the drafter catches up beside it; the first decode trip probes one token.
+    expect(p.next()).toBe(0);
+    expect(p.probeComesNext()).toBe(true);
+    p.record({ drafted: 0, accepted: 0, tripMs: Number.NaN });
+    expect(p.next()).toBe(1);
+
+    const wan = { baseMs: 80, perRowMs: 2, draftMs: 7 };
+    for (const seed of [1, 2, 3, 4, 5]) {
+      // Never agrees: one probe at the start and one 32 trips on (the wait doubled), ≤ 3 % of plain steps.
+      const losing = firstGeneration({ ...wan, alpha: () => 0 }, new AdaptiveK({ probeFirst: true }), seed);
+      expect(losing.drafted).toBeLessThanOrEqual(2);
+      expect(losing.rate).toBeGreaterThan(0.97 / wan.baseMs);
+      // Started at k = 4 instead, it pays two trips of four losing drafts first.
+      expect(firstGeneration({ ...wan, alpha: () => 0 }, new AdaptiveK(), seed).drafted).toBeGreaterThanOrEqual(8);
+      // Always agrees: the probe, then four times as many while every draft is accepted (α̂ alone would draft
+      // 2 after one accepted probe), up to what a plain trip's time pays for (80 / (2 + 7) → 8).
+      const winning = firstGeneration({ ...wan, alpha: () => 1 }, new AdaptiveK({ probeFirst: true }), seed);
+      expect(winning.ks.slice(0, 3)).toEqual([0, 1, 4]);
+      expect(winning.ks[3]).toBeGreaterThanOrEqual(5);
+      expect(winning.rate).toBeGreaterThan(3.5 / wan.baseMs);
+      // Against a k = 4 start (whose prompt's step yields five tokens untimed here): not much less.
+      expect(winning.rate).toBeGreaterThan(0.75 * firstGeneration({ ...wan, alpha: () => 1 }, new AdaptiveK(), seed).rate);
+    }
+    // A prior (what earlier generations learnt) or a fixed k overrides the probe-first start.
+    expect(new AdaptiveK({ probeFirst: true, fixedK: 3 }).next()).toBe(3);
+    const carried = new AdaptiveK({ probeFirst: true, prior: { accepted: 6, rejected: 1, sums: { s0: 4, sx: 4, sy: 320, sxx: 4, sxy: 320 }, draftMs: 1 } });
+    expect(carried.next()).toBeGreaterThan(1);
+  });
+
   it('a carried prior is bounded: it weighs at most a few trips, and nonsense is ignored', () => {
     const p = new AdaptiveK({ prior: { accepted: 0, rejected: 1e6, sums: { s0: 1e6, sx: 0, sy: 1e8, sxx: 0, sxy: 0 }, draftMs: 5, probe: { wait: 1e9, since: 0 } } });
     expect(p.alpha).toBe(0);

@@ -251,7 +251,7 @@ describe('speculative decoding through the pipeline', () => {
     }
   });
 
-  it('a head carries a losing draft model\'s acceptance to its next generation: it starts without drafting, and probes caught up', async () => {
+  it('a draft model new to the head probes before it drafts, and the head carries a losing one\'s acceptance to its next generation', async () => {
     // The same preset made with another seed: the same vocabulary, a draft that (nearly) never agrees.
     const other = fixture('tiny', 1);
     const draftEx = await executor(other, 0, other.cfg.numLayers);
@@ -262,12 +262,21 @@ describe('speculative decoding through the pipeline', () => {
       const draftedTrips = (ev: GenerateEvent[]) => ev.filter((e) => e.type === 'token' && (e.drafted ?? 0) > 0).length;
       const perGeneration: number[] = [];
       for (let g = 0; g < 4; g++) {
+        net.log.length = 0;
+        forwards.length = 0;
         const ev = await run(d, route(), { prompt: PROMPT, max_tokens: 24, session_id: `carry-${g}` });
         expect(ids(ev)).toEqual(want);
         perGeneration.push(draftedTrips(ev));
+        if (g === 0) {
+          // New to this head, it probes first: the prompt's step drafts nothing (the draft model reads the prompt
+          // beside it, in one forward), the first decode trip drafts one token (one forward: the token emitted).
+          // (What follows depends on trip times: in process a draft costs next to nothing against a trip.)
+          const drafts = net.log.filter((l) => l.host === 'c.test').map((l) => (l.headers['x-meshnet-draft'] ? JSON.parse(l.headers['x-meshnet-draft']).ids.length : 0));
+          expect(drafts.slice(0, 2)).toEqual([0, 1]);
+          expect(forwards.slice(0, 2)).toEqual([promptIds.length, 1]);
+        }
       }
-      // The first generation learns it (a few losing trips); the next ones start from what it learnt.
-      expect(perGeneration[0]).toBeGreaterThanOrEqual(2);
+      // The next generations start from what the first learnt: a probe or two in all.
       expect(perGeneration.slice(1).reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(2);
       expect(draftEx.kvStats().sessions).toBe(0);
     } finally {
