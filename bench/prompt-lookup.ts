@@ -13,11 +13,14 @@
  * adaptive k (the default), and at k = 4; medians of 3, interleaved in one
  * run. Every run's tokens are compared with speculation off, and off's with
  * the float64 reference (src/model/reference.ts). Table on stdout, JSON in
- * bench/results/prompt-lookup.json.
+ * bench/results/prompt-lookup.json. With `--baseline DIR` a second head runs
+ * DIR's checkout (DIR/bin/meshnet.js) beside this one's, off and adaptive
+ * interleaved on both (the hops are this checkout's).
  *
- *   npx tsx bench/prompt-lookup.ts [--quick] [--delay-ms 20]
+ *   npx tsx bench/prompt-lookup.ts [--quick] [--delay-ms 20] [--baseline DIR]
  */
 import { cpus, loadavg } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { fixtureConfig, makeModel } from '../src/model/fixture.ts';
 import { ReferenceModel } from '../src/model/reference.ts';
@@ -33,6 +36,7 @@ if (process.argv.includes('--help') || process.argv.includes('-h')) {
 
   --quick          2 runs of 32 tokens (default: 3 runs of 48)
   --delay-ms N     one-way delay of a leg (default 20)
+  --baseline DIR   a second head from DIR's checkout (DIR/bin/meshnet.js): off and adaptive on both, side by side
   --help           this text
 
   Table on stdout; JSON in bench/results/prompt-lookup.json.
@@ -44,6 +48,8 @@ const RUNS = quick ? 2 : 3;
 const NEW_TOKENS = quick ? 32 : 48;
 const delayArg = process.argv.indexOf('--delay-ms');
 const ONE_WAY = delayArg > 0 ? Number(process.argv[delayArg + 1]) : 20;
+const baselineArg = process.argv.indexOf('--baseline');
+const BASELINE = baselineArg > 0 ? process.argv[baselineArg + 1] : undefined;
 const MODEL = 'tiny-copy';
 
 const PROMPTS: Array<{ name: string; text: string }> = [
@@ -80,14 +86,21 @@ async function main(): Promise<void> {
   const ref = new ReferenceModel(cfg, weightsFromFiles(files));
   const reference = prompts.map((p) => ref.greedy(p.ids, NEW_TOKENS));
 
-  const mesh = await startSpecMesh({ model: MODEL, cuts: [2, 4, 6], oneWayMs: ONE_WAY, heads: [null] });
+  const heads = BASELINE ? [undefined, join(BASELINE, 'bin', 'meshnet.js')] : [undefined];
+  const mesh = await startSpecMesh({ model: MODEL, cuts: [2, 4, 6], oneWayMs: ONE_WAY, heads: heads.map(() => null), headBins: heads });
   try {
+    // With a baseline: off and the adaptive k through each head (a fixed k's policy is the same in both).
     const configs = [
-      { name: 'off', k: '-', req: { speculative: false } },
-      { name: 'prompt lookup', k: 'adaptive', req: {} },
-      { name: 'prompt lookup', k: '4', req: { speculative_k: 4 } },
+      { name: 'off', k: '-', req: { speculative: false }, via: 0 },
+      { name: 'prompt lookup', k: 'adaptive', req: {}, via: 0 },
+      ...(BASELINE
+        ? [
+            { name: 'off (baseline head)', k: '-', req: { speculative: false }, via: 1 },
+            { name: 'prompt lookup (baseline head)', k: 'adaptive', req: {}, via: 1 },
+          ]
+        : [{ name: 'prompt lookup', k: '4', req: { speculative_k: 4 }, via: 0 }]),
     ];
-    const runOf = (p: (typeof prompts)[number], c: (typeof configs)[number]) => mesh.generate({ prompt_token_ids: p.ids, max_tokens: NEW_TOKENS, ...c.req });
+    const runOf = (p: (typeof prompts)[number], c: (typeof configs)[number]) => mesh.generate({ prompt_token_ids: p.ids, max_tokens: NEW_TOKENS, ...c.req }, c.via);
     for (const p of prompts) for (const c of configs) await runOf(p, c); // warm-up: graphs, sockets
     const results = new Map<string, SpecRun[]>();
     for (let r = 0; r < RUNS; r++) {
@@ -100,11 +113,13 @@ async function main(): Promise<void> {
       }
     }
     const rows = prompts.flatMap((p, i) => {
-      const off = results.get(`${p.name}|off|-`)!;
-      const offTokS = median(off.map((x) => x.tokS));
+      const offOf = (via: number) => results.get(`${p.name}|${configs.find((c) => c.k === '-' && c.via === via)!.name}|-`)!;
+      const off = offOf(0);
       const offIds = off[0]!.ids;
       return configs.map((c) => {
         const rs = results.get(`${p.name}|${c.name}|${c.k}`)!;
+        // × off against off through the same head.
+        const offTokS = median(offOf(c.via).map((x) => x.tokS));
         return {
           prompt: p.name,
           prompt_tokens: p.ids.length,
@@ -124,6 +139,10 @@ async function main(): Promise<void> {
     );
     for (const p of prompts) console.log(`${p.name}: writes ${rows.find((r) => r.prompt === p.name)!.copied}`);
     const lookup = rows.filter((r) => r.drafter === 'prompt lookup' && r.k === 'adaptive');
+    if (BASELINE) {
+      const base = rows.filter((r) => r.drafter === 'prompt lookup (baseline head)');
+      console.log(`baseline ${BASELINE}, adaptive k: ${base.map((r) => `${r.prompt} ${r.x_off}×`).join(', ')} of off through its head`);
+    }
     const worst = Math.min(...lookup.map((r) => r.x_off));
     console.log(`prompt lookup (default, adaptive k) on input-grounded prompts: ${lookup.map((r) => `${r.prompt} ${r.x_off}×`).join(', ')} of off (target ≥ 1.5: ${worst >= 1.5 ? 'met' : 'NOT met'} by the worst)`);
     writeResult(fileURLToPath(new URL('./results/prompt-lookup.json', import.meta.url)), {
@@ -135,6 +154,7 @@ async function main(): Promise<void> {
       one_way_ms: ONE_WAY,
       new_tokens: NEW_TOKENS,
       runs: RUNS,
+      baseline: BASELINE ?? null,
       rows,
     });
   } finally {

@@ -43,7 +43,7 @@
  * in turn (a baseline checkout's and this one's), so before/after figures
  * come from one run on the same machine.
  */
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -55,6 +55,7 @@ import { cpuMs } from './lib/proc-cpu.ts';
 import { printTable, quantile, writeResult } from './lib/stats.ts';
 import { Donor, SwarmStats } from './lib/swarm-donors.ts';
 import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
+import { startLoopProbe } from './lib/loop-probe.mjs';
 
 const argv = process.argv.slice(2);
 if (argv.includes('--help')) {
@@ -84,9 +85,47 @@ const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
 const LABEL = opt('label') ?? 'current';
 /** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
 const PROF = opt('prof');
+/**
+ * Event-loop probes (bench/lib/loop-probe.mjs) in the tracker, relay and
+ * mesh processes and in this simulator: delay percentiles, stalls and GC
+ * pauses over the window, so a heartbeat tail can be pinned on a process.
+ */
+const LOOP_DIR = opt('loop-probe');
+/** Heap snapshots of the tracker into this directory: before the ramp and after the window (bench/heap-diff.ts compares them). */
+const HEAP_DIR = opt('heap-snapshot');
 const here = fileURLToPath(new URL('.', import.meta.url));
 const OUT = opt('out') ?? join(here, 'results', 'swarm.json');
+const LOOP_IMPORT = `--import ${new URL('./lib/loop-probe.mjs', import.meta.url).href}`;
+if (LOOP_DIR) {
+  mkdirSync(LOOP_DIR, { recursive: true });
+  // Children inherit it (the relay helper passes this process's environment on).
+  process.env.MESHNET_LOOP_PROBE_DIR = LOOP_DIR;
+  process.env.NODE_OPTIONS = `${process.env.NODE_OPTIONS ?? ''} ${LOOP_IMPORT}`.trim();
+}
+const simProbe = LOOP_DIR ? startLoopProbe('sim', LOOP_DIR) : undefined;
 const BINS = opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../bin/meshnet.js', import.meta.url))];
+
+/** The tracker's node flags: a CPU profile, a heap snapshot on SIGTTIN. */
+function trackerNodeArgs(): string[] {
+  return [...(PROF ? ['--cpu-prof', `--cpu-prof-dir=${PROF}`] : []), ...(HEAP_DIR ? ['--heapsnapshot-signal=SIGTTIN', `--diagnostic-dir=${HEAP_DIR}`] : [])];
+}
+
+/** Signal each tracker for a heap snapshot and wait until every file is written (its size stops changing). */
+async function heapSnapshots(pids: Array<number | undefined>): Promise<void> {
+  if (!HEAP_DIR) return;
+  mkdirSync(HEAP_DIR, { recursive: true });
+  const before = new Set(readdirSync(HEAP_DIR));
+  for (const pid of pids) if (pid !== undefined) process.kill(pid, 'SIGTTIN');
+  const size = (f: string) => statSync(join(HEAP_DIR, f)).size;
+  let last = '';
+  for (const t0 = Date.now(); Date.now() - t0 < 120_000; ) {
+    await sleep(1000);
+    const fresh = readdirSync(HEAP_DIR).filter((f) => !before.has(f));
+    const now = fresh.map((f) => `${f}:${size(f)}`).join(',');
+    if (fresh.length >= pids.length && now === last) return;
+    last = now;
+  }
+}
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -206,6 +245,7 @@ interface RunResult {
   tracker_removals_missed: number;
   shed_answers: number;
   tracker_kib_per_donor: number;
+  tracker_kib_per_donor_end: number;
   nats_kib_per_donor: number;
   tracker_cpu_pct_each: number[];
   route_pick_tracker_p50_ms: number;
@@ -228,7 +268,46 @@ interface RunResult {
   beats_http: number;
   churn_left: number;
   churn_joined: number;
+  /** Per process (with --loop-probe): event-loop delay, stalls and GC pauses over the window. */
+  loop?: Record<string, LoopSummary>;
   relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number };
+}
+
+interface LoopSummary {
+  delay_ms: { p50: number; p99: number; max: number };
+  elu: number;
+  stalls: number;
+  stall_ms: number;
+  worst_stalls: Array<{ at: number; ms: number }>;
+  gc_pauses: number;
+  gc_ms: number;
+  gc_max_ms: number;
+  heap_used_mib: number;
+}
+
+/** Each probed process's window, read from its probe file (written every 2 s). */
+async function loopSummary(procs: Array<{ name: string; pid: number | undefined }>): Promise<Record<string, LoopSummary>> {
+  simProbe?.write();
+  await sleep(2200);
+  const files = readdirSync(LOOP_DIR!);
+  const out: Record<string, LoopSummary> = {};
+  for (const p of procs) {
+    const f = files.find((x) => x.endsWith(`-${p.pid}.json`));
+    if (!f) continue;
+    const d = JSON.parse(readFileSync(join(LOOP_DIR!, f), 'utf8')) as { delay_ms: { p50: number; p99: number; max: number }; elu: number; stalls: Array<{ at: number; ms: number }>; gcs: Array<{ ms: number }>; heap_used_mib: number };
+    out[p.name] = {
+      delay_ms: { p50: d.delay_ms.p50, p99: d.delay_ms.p99, max: d.delay_ms.max },
+      elu: d.elu,
+      stalls: d.stalls.length,
+      stall_ms: d.stalls.reduce((a, s) => a + s.ms, 0),
+      worst_stalls: [...d.stalls].sort((a, b) => b.ms - a.ms).slice(0, 10),
+      gc_pauses: d.gcs.length,
+      gc_ms: d.gcs.reduce((a, g) => a + g.ms, 0),
+      gc_max_ms: Math.max(0, ...d.gcs.map((g) => g.ms)),
+      heap_used_mib: d.heap_used_mib,
+    };
+  }
+  return out;
 }
 
 async function metricValue(url: string, name: string, labels: Record<string, string> = {}): Promise<number> {
@@ -299,7 +378,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       relayPorts.push(r.port);
     }
     for (let i = 0; i < TRACKERS; i++) {
-      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], PROF ? { NODE_OPTIONS: `--cpu-prof --cpu-prof-dir=${PROF}` } : {}, bin);
+      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], {}, bin, trackerNodeArgs());
       const l = await tp.waitFor((e) => e.event === 'listening');
       trackers.push(Object.assign(tp, { url: l.url as string }));
     }
@@ -327,6 +406,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       ...(nats ? [{ name: 'nats', pid: () => nats!.pid }] : []),
     ];
     await sleep(1000);
+    await heapSnapshots(trackers.map((t) => t.child.pid));
     const rssBefore = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
 
     // Ramp: donors join at a steady rate, spread over the relays.
@@ -361,6 +441,10 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     const removals = async () => (await Promise.all(trackers.map((t) => metricValue(t.url, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN)))).reduce((a, b) => a + b, 0);
     const removalsBefore = await removals();
     const picksBefore = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
+    if (LOOP_DIR) {
+      for (const p of procs) if (p.pid() !== undefined) process.kill(p.pid()!, 'SIGUSR2');
+      simProbe?.reset();
+    }
     stats.reset();
     stats.recording = true;
     const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
@@ -444,10 +528,15 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     await probe;
     const windowS = (performance.now() - w0) / 1000;
     const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
     const sim = process.cpuUsage(simBefore);
     stats.recording = false;
     await chats?.stop();
     const removalsAfter = await removals();
+    const loop = LOOP_DIR ? await loopSummary([...procs.map((p) => ({ name: p.name, pid: p.pid() })), { name: 'sim', pid: process.pid }]) : undefined;
+    const heapDonors = donors.filter((d) => !d.closed).length;
+    await heapSnapshots(trackers.map((t) => t.child.pid));
+    if (HEAP_DIR) console.log(`  heap snapshots in ${HEAP_DIR}: the last pair is before the ramp and after the window, ${heapDonors} donors`);
     const picksAfter = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
     const pickHist = mergeHist(picksAfter, picksBefore);
 
@@ -479,6 +568,8 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       shed_answers: stats.shed,
       // Every tracker holds the whole registry: the largest growth of one.
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
+      // The same at the window's end: steady state, the ramp's registration connections closed (65 s keep-alive) or closing.
+      tracker_kib_per_donor_end: Math.max(...trackers.map((_, i) => rssEnd[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
       nats_kib_per_donor: nats ? (rssAfter.nats! - rssBefore.nats!) / donorCount : NaN,
       tracker_cpu_pct_each: trackerCpus.map((ms) => (ms / (windowS * 1000)) * 100),
       route_pick_tracker_p50_ms: quantileOfHist(pickHist, 0.5) * 1000,
@@ -501,6 +592,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       churn_left: left,
       churn_joined: joined,
       ...(restart ? { relay_restart: restart } : {}),
+      ...(loop ? { loop } : {}),
     };
   } finally {
     await chats?.stop().catch(() => {});
@@ -534,7 +626,7 @@ try {
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js$/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
@@ -547,6 +639,7 @@ printTable(
     r.tracker_removals_missed,
     r.shed_answers,
     r.tracker_kib_per_donor,
+    r.tracker_kib_per_donor_end,
     r.relay_kib_per_donor,
     r.nats_kib_per_donor,
     r.route_pick_p99_ms,
@@ -556,6 +649,9 @@ printTable(
     r.sim_cpu_pct,
   ]),
 );
+for (const r of results) {
+  for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${binName(r.bin)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
+}
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
 writeResult(OUT, { bench: 'swarm', label: LABEL, minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
 process.exit(0);

@@ -24,9 +24,10 @@
  * Signing (`--part sign`), side by side in this process: one hop's real
  * forward handler on fortunes-tiny [3, 6) (onnxruntime-node), the same
  * sessions stepped in alternating blocks without an Attestor, with one that
- * signs every step through WebCrypto (how it was first built), and with the
- * default one (a signature every 32 steps over the chain head, the host's
- * SHA-256) — the answer's latency per decode step (the critical path) and
+ * signs every step (as first built), and with the default one (a signature
+ * every 32 steps over the chain head); both hash with the node core's pure-JS
+ * SHA-256 (bench/attest-hash.ts compares it with node:crypto and WebCrypto)
+ * — the answer's latency per decode step (the critical path) and
  * the process CPU per step, every signature of a session awaited inside its
  * block (the DELETE that ends it answers the final attestation).
  *
@@ -43,7 +44,6 @@ import { Attestor } from '../src/verify/attestor.ts';
 import { parseAttestations, tokenBytes } from '../src/verify/attest.ts';
 import { FORTUNES_DIR, fortunesTiny } from '../test/helpers/fortunes-tiny.ts';
 import { existsSync, readFileSync } from 'node:fs';
-import { hash } from 'node:crypto';
 import { ShardExecutor } from '../src/shard/executor.ts';
 import { createForwardHandler } from '../src/node/hop/forward-handler.ts';
 import { encodeTensor } from '../src/protocol/tensor.ts';
@@ -194,7 +194,7 @@ async function checksPart(): Promise<void> {
 
 async function signPart(): Promise<void> {
   // Signing side by side: one hop's forward handler without an Attestor, with one signing every step
-  // through WebCrypto (as first built), and with the default one; the same steps.
+  // (as first built), and with the default one; the same steps.
   const f = fortunesTiny();
   const H = f.cfg.hiddenSize;
   const fw = weightsFromFiles(new Map([['model.safetensors', new Uint8Array(readFileSync(join(FORTUNES_DIR, 'model.safetensors')))]]));
@@ -206,7 +206,7 @@ async function signPart(): Promise<void> {
   const handlers: Record<SignMode, ReturnType<typeof createForwardHandler>> = {
     off: createForwardHandler(hopEx, info),
     'every step': createForwardHandler(hopEx, { ...info, attestor: new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 }) }),
-    default: createForwardHandler(hopEx, { ...info, attestor: new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), sha256: (b) => hash('sha256', b, 'buffer') }) }),
+    default: createForwardHandler(hopEx, { ...info, attestor: new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) }) }),
   };
   const PROMPT_ROWS = 24;
   const DECODE_STEPS = quick ? 32 : 64;
@@ -259,7 +259,7 @@ async function signPart(): Promise<void> {
   // The attestor alone, on the same steps' bytes (a 24-row f32 prompt, then one row; the last hop's token out):
   // onnxruntime's threads make a step's CPU vary by more than signing costs, so this isolates what signing adds.
   const alone = async (m: SignMode): Promise<number> => {
-    const a = m === 'every step' ? new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 }) : new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), sha256: (b) => hash('sha256', b, 'buffer') });
+    const a = m === 'every step' ? new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b), signEvery: 1 }) : new Attestor({ peerId: id.peerId, sign: (b) => id.sign(b) });
     const c0 = process.cpuUsage();
     let steps = 0;
     for (let k = 0; k < 16; k++) {

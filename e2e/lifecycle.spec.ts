@@ -16,8 +16,9 @@
  *                     a 50 % duty cycle halves the throughput the tracker
  *                     counts on; Resume serves again. Closed, the pagehide
  *                     beacon drains it at once; reopened after the tracker
- *                     dropped it, it restores identity and span from
- *                     IndexedDB with no download. Frozen mid-chat again, a
+ *                     dropped it (within its rejoin grace: no other page is
+ *                     grown over its layers meanwhile), it restores identity
+ *                     and span from IndexedDB, and nobody downloads a byte. Frozen mid-chat again, a
  *                     Node.js spare holding its layers joins and takes the
  *                     chat on while the page is still frozen.
  */
@@ -269,8 +270,9 @@ test('the donor in control, then the tab closed and frozen again: Pause drains a
     const n = await node(mid.peer);
     return n && n.status === 'serving' && !n.draining;
   }, 10_000, 'registered again, serving');
-  // Only the page's own bytes: while it was gone its layers lay bare, and the tracker may grow another page
-  // over them (a vanished node's layers must be covered), which downloads that page's new layers.
+  // Nobody downloaded: while it was gone its layers lay bare, and within the tracker's rejoin grace no other
+  // page was grown over them (a move is the last resort; the page came back with its span).
+  expect(model.stats.bytesSent - bytes0).toBe(0);
   lap('reopened');
 
   // Frozen mid-chat again (its beacon: this is the second freeze of this tab's peer), and a Node.js node

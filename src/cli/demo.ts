@@ -154,7 +154,8 @@ async function waitComplete(trackerUrl: string, model: string, timeoutMs: number
 }
 
 /** POST /v1/chat/completions with stream: true; `onText` gets each content delta. */
-export async function streamChat(trackerUrl: string, model: string, prompt: string, maxTokens: number, onText: (text: string) => void): Promise<{ tokens: number; ms: number; firstTokenMs: number; text: string }> {
+/** `ms`: until the stream ended (usage and [DONE] included); `firstTokenMs`, `lastTokenMs`: when the first and the last text arrived. */
+export async function streamChat(trackerUrl: string, model: string, prompt: string, maxTokens: number, onText: (text: string) => void): Promise<{ tokens: number; ms: number; firstTokenMs: number; lastTokenMs: number; text: string }> {
   const t0 = performance.now();
   const res = await fetch(`${trackerUrl}/v1/chat/completions`, {
     method: 'POST',
@@ -165,6 +166,7 @@ export async function streamChat(trackerUrl: string, model: string, prompt: stri
   let text = '';
   let tokens = 0;
   let firstTokenMs = 0;
+  let lastTokenMs = 0;
   let buf = '';
   const dec = new TextDecoder();
   for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
@@ -183,14 +185,15 @@ export async function streamChat(trackerUrl: string, model: string, prompt: stri
         if (msg.usage) tokens = msg.usage.completion_tokens;
         const d = msg.choices?.[0]?.delta?.content;
         if (d) {
-          if (!firstTokenMs) firstTokenMs = performance.now() - t0;
+          lastTokenMs = performance.now() - t0;
+          if (!firstTokenMs) firstTokenMs = lastTokenMs;
           text += d;
           onText(d);
         }
       }
     }
   }
-  return { tokens, ms: performance.now() - t0, firstTokenMs, text };
+  return { tokens, ms: performance.now() - t0, firstTokenMs, lastTokenMs, text };
 }
 
 async function lastRoute(trackerUrl: string): Promise<string | undefined> {

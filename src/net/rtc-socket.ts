@@ -16,6 +16,7 @@
  */
 import { WS_OPEN, type SocketCloseEvent, type SocketMessageEvent, type WebSocketLike } from './socket.ts';
 import type { DataChannelLike } from './rtc-peer.ts';
+import { trace } from '../protocol/trace.ts';
 
 export const FRAGMENT_MARK = 0xff;
 /** Below Chromium's SCTP maxMessageSize (256 KiB) with room for the 2-byte fragment head. */
@@ -69,6 +70,7 @@ export class ChannelSocket implements WebSocketLike {
   }
 
   send(data: string | Uint8Array): void {
+    trace?.('ch-send');
     if (typeof data === 'string' || data.byteLength <= this.fragmentBytes) {
       this.channel.send(data);
       return;
@@ -106,6 +108,7 @@ export class ChannelSocket implements WebSocketLike {
 
   private receive(data: unknown): void {
     if (this.closedOnce) return;
+    trace?.('ch-recv');
     if (typeof data === 'string') return this.deliver(data);
     const bytes = data instanceof ArrayBuffer ? new Uint8Array(data) : ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : undefined;
     if (bytes === undefined) return this.deliver(data);

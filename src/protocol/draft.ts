@@ -34,6 +34,11 @@ export function parseDraft(text: string): DraftJson {
   } catch {
     throw new MeshError('MESH_ERR_BAD_REQUEST', 'X-Meshnet-Draft is not JSON');
   }
+  return draftFromJson(raw);
+}
+
+/** A draft already parsed from JSON (e.g. an entry of a check's drafts), or a 400 saying what is wrong with it. */
+export function draftFromJson(raw: unknown): DraftJson {
   const p = draftSchema.safeParse(raw);
   if (!p.success) {
     const issue = p.error.issues[0]!;

@@ -289,6 +289,11 @@ export const generateEventSchema = z.discriminatedUnion('type', [
     /** On the first token of a speculative trip: tokens the trip drafted, and how many of them were accepted. */
     drafted: z.number().int().nonnegative().optional(),
     accepted: z.number().int().nonnegative().optional(),
+    /**
+     * On the first token of such a trip: a sampling draft model drafted it (T > 0), so Leviathan's rule drew
+     * its tokens from drafts only the head holds — a head audit's replay cannot confirm them.
+     */
+    drafts_sampled: z.literal(true).optional(),
   }),
   z.object({ type: z.literal('recovered'), failed_peer_id: z.string(), replacement_peer_id: z.string(), recovery_ms: z.number() }),
   z.object({

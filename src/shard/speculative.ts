@@ -134,11 +134,21 @@ export function targetDistribution(logits: Float32Array, params: SamplingParams)
   return nucleus(sortedCandidates(logits, params.topK ?? 0), (i) => logits[i]!, temperature, params.topP ?? 1);
 }
 
+/** Whether a step's draft is judged by Leviathan's rule (a sampling drafter's, at T > 0), not by the plain sampler's draw. */
+export function isStochasticDraft(draft: DraftProposal | undefined, params: SamplingParams): boolean {
+  return draft?.q !== undefined && (params.temperature ?? 0) > 0;
+}
+
+/** A draft's proposals in row order: the fed drafts, then `next`. */
+export function draftProposals(d: DraftProposal): readonly number[] {
+  return proposals(d);
+}
+
 /**
  * Leviathan's rule for one proposal `d` drawn from `q` against row logits:
  * the accepted proposal, or the residual draw.
  */
-function judgeStochastic(logits: Float32Array, params: SamplingParams, d: number, q: SparseDist, position: number): { token: number; accepted: boolean } {
+export function judgeStochastic(logits: Float32Array, params: SamplingParams, d: number, q: SparseDist, position: number): { token: number; accepted: boolean } {
   const seed = params.seed ?? 0;
   const { order, weights, total } = targetDistribution(logits, params);
   const qOf = new Map<number, number>();
@@ -174,7 +184,7 @@ export function verifyDraft(rowLogits: (row: number) => Float32Array, draft: Dra
   const rows = draft.ids.length + 1;
   checkDraft(draft, rows, vocabSize);
   const all = proposals(draft);
-  const stochastic = draft.q !== undefined && (params.temperature ?? 0) > 0;
+  const stochastic = isStochasticDraft(draft, params);
   const tokenIds: number[] = [];
   const logprobs: number[] = [];
   let accepted = 0;

@@ -10,7 +10,7 @@
  *   routes/verify.ts        POST /api/checks/report, /api/checks/skipped, GET /v1/verifications/:id (verify/service.ts)
  */
 import type { Logger } from 'pino';
-import { encodeBase64Url } from '../protocol/base64.ts';
+import { decodeBase64, encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import type { Identity } from '../net/identity.ts';
 import type { MeshResponse } from '../protocol/envelopes.ts';
@@ -33,6 +33,7 @@ import { routeRoutes } from './routes/mesh-routes.ts';
 import { statusRoutes } from './routes/status.ts';
 import { verifyRoutes } from './routes/verify.ts';
 import { VerificationService } from './verify/service.ts';
+import { WatchHub } from './watch-hub.ts';
 
 export type { RecentRoute } from './context.ts';
 
@@ -63,6 +64,8 @@ export interface Tracker {
   load: LoadMonitor;
   /** A heartbeat over the relay (POST /api/nodes/beat, unsigned): `from` is the sender the relay vouches for. */
   relayBeat(from: string | undefined, body: Uint8Array): MeshResponse;
+  /** The nodes' watch streams: Node's http host serves GET /api/nodes/watch from here (server.ts). */
+  watch: WatchHub;
   /** Join a cluster: from now on the registry is mirrored in `store` (server.ts starts it once the tracker listens). */
   attachCluster(store: ClusterStore): void;
   readonly cluster: ClusterStore | undefined;
@@ -117,17 +120,24 @@ export function createTracker(deps: TrackerDeps): Tracker {
     logger,
     options: { enabled: o.checks, minRate: o.checkMinRate, quarantineMs: o.quarantineMs, auditWalkMs: o.auditWalkMs, now: o.now, random: o.random },
     onVerdict: (v) => metrics.checks.inc({ outcome: v.outcome }),
+    peerTrackerKeys: () => {
+      const own = encodeBase64Url(identity.publicKey);
+      return (link.cluster?.trackerKeys() ?? []).filter((k) => k.public_key !== own).map((k) => decodeBase64(k.public_key));
+    },
   });
   registry.excluded = (peer) => verification.excluded(peer);
+  const publicKey = encodeBase64Url(identity.publicKey);
+  const startedAt = o.now();
+  const watch = new WatchHub({ hello: () => JSON.stringify({ tracker_public_key: publicKey, started_at: startedAt, heartbeat_interval_ms: o.heartbeatIntervalMs }) });
   const admission = new Admission(registry, { ...o, ...(o.startupWaitMs > 0 ? { waitForNodesUntil: o.now() + o.startupWaitMs } : {}) }, metrics);
   const ctx: TrackerContext = {
     options: o,
     registry,
     identity,
-    publicKey: encodeBase64Url(identity.publicKey),
+    publicKey,
     metrics,
     logger,
-    startedAt: o.now(),
+    startedAt,
     recentRoutes,
     pendingModels: deps.pendingModels ?? new Map(),
     recordRoute,
@@ -149,6 +159,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     admission,
     generation: { registry, admission, sizer: new PromptSizer(), transport: deps.transport, identity, signer, options: o, logger, metrics, onRoute: recordRoute, verification },
     verification,
+    watch,
   };
 
   const app = new App();
@@ -173,6 +184,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     recentRoutes,
     verification,
     load,
+    watch,
     sweep() {
       // In a cluster only the leader removes and moves nodes; the others keep their sums exact.
       const removed = registry.sweep({ decide: !link.cluster || link.cluster.isLeader() });

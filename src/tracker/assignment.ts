@@ -274,18 +274,23 @@ function baresALayer(n: Span, to: Span, count: readonly number[]): boolean {
  * span, so a rebalance costs O(nodes × layers²) instead of
  * O(nodes² × layers) per round, and only one round is computed (the
  * registry applies one move at a time and waits for it to load).
+ *
+ * `absent`: the spans of nodes away for now but expected back (their
+ * rejoin grace): judged as held, so no move is made to cover them, but never
+ * counted as another holder of a layer a mover alone holds.
  */
-export function bestMove(model: ModelSpec, assigned: Coverage, nodes: Iterable<RebalanceNode>, balanceQuality: number): Move | null {
+export function bestMove(model: ModelSpec, assigned: Coverage, nodes: Iterable<RebalanceNode>, balanceQuality: number, absent?: Coverage): Move | null {
   const L = model.numLayers;
-  const cur = balanceOf(assigned);
+  const held = absent ? { count: assigned.count.map((c, l) => c + absent.count[l]!), throughput: assigned.throughput.map((t, l) => t + absent.throughput[l]!) } : assigned;
+  const cur = balanceOf(held);
   const others: Coverage = { count: new Array<number>(L), throughput: new Array<number>(L) };
   let best: { n: RebalanceNode; to: Span; balance: Balance } | null = null;
   for (const n of nodes) {
     if (!n.movable) continue;
     for (let l = 0; l < L; l++) {
       const mine = l >= n.start && l < n.end;
-      others.count[l] = assigned.count[l]! - (mine ? 1 : 0);
-      others.throughput[l] = assigned.throughput[l]! - (mine ? n.throughput : 0);
+      others.count[l] = held.count[l]! - (mine ? 1 : 0);
+      others.throughput[l] = held.throughput[l]! - (mine ? n.throughput : 0);
     }
     // As rebalance: never bare a layer the mover alone holds.
     const allowed = cachedCandidates(model, n.budgetBytes, n.format).filter((c) => !baresALayer(n, c, assigned.count));

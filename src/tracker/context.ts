@@ -17,6 +17,7 @@ import type { TrackerOptions } from './options.ts';
 import type { NodeRegistry } from './registry.ts';
 import type { RoutePlan } from './routing.ts';
 import type { VerificationService } from './verify/service.ts';
+import type { WatchHub } from './watch-hub.ts';
 import type { RegisterAnswer } from '../protocol/tracker.ts';
 
 export interface RecentRoute {
@@ -57,6 +58,8 @@ export interface TrackerContext {
   generation: GenerationDeps;
   /** Spot-checks, trust counters, quarantines and each generation's verification record. */
   verification: VerificationService;
+  /** The nodes' open watch streams (GET /api/nodes/watch). */
+  watch: WatchHub;
 }
 
 /** 503 for a model whose checkpoint is still being retried; undefined for a model the tracker never had. */

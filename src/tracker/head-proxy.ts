@@ -187,6 +187,8 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
   const tokens: number[] = [...(opts.prefix ?? [])];
   /** The log-probability the head reported for each token (a head audit compares them). */
   const logprobs: number[] = [];
+  /** A sampling draft model drafted some of the tokens: Leviathan's rule drew them from drafts only the head holds. */
+  let draftsSampled = false;
   let promptTokens = 0;
   const failedHeads = new Set<string>(opts.exclude ?? []);
   let lastError: MeshError | undefined;
@@ -311,6 +313,7 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
           if (ev.index < tokens.length) continue;
           tokens.push(ev.token_id);
           logprobs.push(ev.logprob);
+          if (ev.drafts_sampled) draftsSampled = true;
           deps.metrics.tokens.inc();
           yield { type: 'token', tokenId: ev.token_id, text: ev.text, ...(ev.drafted !== undefined ? { drafted: ev.drafted, accepted: ev.accepted ?? 0 } : {}) };
           if (tokens.length >= input.max_tokens) {
@@ -385,8 +388,9 @@ export async function* runGeneration(deps: GenerationDeps, model: string, input:
       for (const n of routeNodes) deps.registry.addInFlight(n, -1);
     }
     if (finished) {
-      // One head, one route from start to end: a head audit can judge it (verify/audit.ts).
-      if (verify && failovers === 0 && opts.audit !== false && !opts.prefix?.length) {
+      // One head, one route from start to end: a head audit can judge it (verify/audit.ts) — unless a sampling
+      // draft model drafted: a replay has no drafts to judge the rule's tokens by (the last hop's checks do).
+      if (verify && failovers === 0 && opts.audit !== false && !opts.prefix?.length && !draftsSampled) {
         verify.audit({ model, input, tokens: [...tokens], logprobs, head: headId, route: plan.hops.map((h) => h.id), generation, record });
       }
       yield finished;

@@ -160,13 +160,23 @@ export interface ServedApp {
   close(): Promise<void>;
 }
 
+/**
+ * Requests answered on Node's own objects, skipping the web Request and
+ * Response (by `METHOD /path`, the query ignored): for the few routes held
+ * open by every node, where those objects are most of what a connection
+ * costs (watch-hub.ts).
+ */
+export type NativeRoutes = Record<string, (req: IncomingMessage, res: ServerResponse) => void>;
+
 /** Serve `fetchFn` on Node's http server; a client going away aborts the Request's signal (and so the generation). */
-export async function serveApp(fetchFn: (req: Request) => Promise<Response>, port: number, host: string, maxBodyBytes: number): Promise<ServedApp> {
+export async function serveApp(fetchFn: (req: Request) => Promise<Response>, port: number, host: string, maxBodyBytes: number, native: NativeRoutes = {}): Promise<ServedApp> {
   // Idle connections are kept past the longest heartbeat period handed out (60 s): clients honour the
   // server's Keep-Alive hint, so a node's next heartbeat reuses its connection instead of opening one
   // (with the default 5 s, equal to the heartbeat period, every beat was a new TCP connection).
   const server = createServer({ keepAliveTimeout: 65_000, headersTimeout: 70_000 }, (req, res) => {
-    void handleNode(fetchFn, req, res, host, maxBodyBytes);
+    const own = native[`${req.method} ${(req.url ?? '/').split('?')[0]}`];
+    if (own) own(req, res);
+    else void handleNode(fetchFn, req, res, host, maxBodyBytes);
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);

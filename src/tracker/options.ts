@@ -88,6 +88,14 @@ export interface TrackerOptions {
   maxBusyReroutes: number;
   /** A rebalance moves a node only when the worst layer's throughput improves below this ratio (Petals' balance_quality). @defaultValue 0.75 */
   balanceQuality: number;
+  /**
+   * A node dropped for silence (a tab closed, a laptop asleep) may come back
+   * with its span and no download: for this long its layers count as held
+   * when the tracker weighs moving a serving node onto them. New and idle
+   * nodes still take bare layers at once; moving a node that serves others
+   * is the last resort. 0: no grace. @defaultValue 30000
+   */
+  rejoinGraceMs: number;
   /** Largest JSON body accepted, bytes. @defaultValue 1048576 */
   maxBodyBytes: number;
   /** Routes kept for the dashboard. @defaultValue 50 */
@@ -147,6 +155,7 @@ export const TRACKER_DEFAULTS: TrackerOptions = {
   startupWaitMs: 0,
   maxBusyReroutes: 16,
   balanceQuality: 0.75,
+  rejoinGraceMs: 30_000,
   maxBodyBytes: 1 << 20,
   recentRoutes: 50,
   checks: true,
@@ -175,7 +184,7 @@ export function resolveTrackerOptions(partial: Partial<TrackerOptions>): Tracker
     const v = o[k];
     if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) throw new TypeError(`tracker option ${k} must be a positive number, got ${String(v)}`);
   }
-  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes', 'relayOutageBudgetMs', 'startupWaitMs'] as const) {
+  for (const k of ['kvReserveSessions', 'hopLatencyMs', 'routeSlack', 'maxHeadFailovers', 'queueMaxLength', 'maxBusyReroutes', 'relayOutageBudgetMs', 'startupWaitMs', 'rejoinGraceMs'] as const) {
     if (!Number.isFinite(o[k]) || o[k] < 0) throw new TypeError(`tracker option ${k} must be a non-negative number, got ${o[k]}`);
   }
   if (!(o.checkMinRate > 0 && o.checkMinRate <= 1)) throw new TypeError(`tracker option checkMinRate must be in (0, 1], got ${o.checkMinRate}`);

@@ -10,7 +10,7 @@
  */
 import { MeshError } from '../protocol/errors.ts';
 import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
-import { bestMove, chooseSpanIn, type Move, type RebalanceNode, type Span } from './assignment.ts';
+import { bestMove, chooseSpanIn, type Coverage, type Move, type RebalanceNode, type Span } from './assignment.ts';
 import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
 import type { TrackerOptions } from './options.ts';
 import { ModelPlacement, type Contribution } from './placement.ts';
@@ -76,6 +76,11 @@ export interface NodeRecord {
   unreachable?: { since: number; why: string };
   /** The node takes no new sessions (its last message said `draining`): no route, replacement or failover picks it. */
   draining: boolean;
+  /**
+   * Until when a tracker of the cluster quarantined it (a check proved it wrong), ms since epoch; absent when
+   * none did. Shared through the cluster's registry, so every tracker routes around it, not only the judge.
+   */
+  quarantinedUntil?: number;
   /** When this tracker saw it start draining, ms since epoch (tracker clock). */
   drainingSince: number | undefined;
   /** The newest message timestamp applied (the node's clock): older messages are ignored. */
@@ -95,7 +100,8 @@ const EXACT_REBALANCE_NODES = 256;
 /** Routes kept per boundary (routing.ts) and so the nodes of one span routing needs at most. */
 const ROUTES_KEPT = 16;
 
-export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'> & {
+export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'> &
+  Partial<Pick<TrackerOptions, 'rejoinGraceMs'>> & {
   /**
    * How long the tracker has been late in all, ms, a counter that only grows
    * (LoadMonitor.lateMs): a stalled loop or a backlog of unanswered
@@ -106,7 +112,7 @@ export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'dead
 };
 
 /** Why a record changed here (not from another tracker): what a cluster store mirrors. */
-export type ChangeKind = 'register' | 'heartbeat' | 'assigned' | 'moved' | 'busy';
+export type ChangeKind = 'register' | 'heartbeat' | 'assigned' | 'moved' | 'busy' | 'quarantined';
 
 export interface RegistryEvents {
   /** `remote`: another tracker of the cluster removed it (nothing to tell anyone). */
@@ -134,6 +140,7 @@ export interface RemoteRecord {
   kvHeldAtBeat: number;
   draining: boolean;
   drainingSince: number | undefined;
+  quarantinedUntil?: number | undefined;
 }
 
 export class NodeRegistry {
@@ -146,6 +153,8 @@ export class NodeRegistry {
   private sweeps = 0;
   /** Failures by peer id, registered or not (bounded: the oldest entries go first). */
   private readonly failureCounts = new Map<string, number>();
+  /** Quarantines known here (judged here or by another tracker of the cluster): until when, by peer id, registered or not. */
+  private readonly quarantineLedger = new Map<string, number>();
   /**
    * Nodes routing and coverage leave out while it says so (a quarantined node: docs/verification.md).
    * It stays registered and keeps its assignment; others are assigned around it (from the next sweep on;
@@ -157,6 +166,15 @@ export class NodeRegistry {
    * re-registering after a tracker restart, so the span it still serves is not simply adopted.
    */
   private readonly dropped = new Set<string>();
+  /**
+   * Spans of nodes dropped for silence, by peer id, until their rejoin grace
+   * ends: a closed tab reopened, a laptop woken, comes back with its span
+   * and no download, so no serving node is moved onto those layers meanwhile
+   * (new and idle nodes still take them). Only moves see them.
+   */
+  private readonly vacated = new Map<string, { model: string; span: Span; throughput: number; until: number }>();
+  /** Per model, when the next rejoin grace ends (a rebalance is due then). */
+  private readonly graceEnds = new Map<string, number>();
 
   constructor(
     models: readonly ModelSpec[],
@@ -270,9 +288,12 @@ export class NodeRegistry {
   private edit(n: NodeRecord, change: () => void): void {
     const p = this.placement(n.info.model);
     const before = n.contribution;
-    p.detach(n);
+    // The sums hold `before` (not the record's fields), so the change can be made first: most heartbeats
+    // change nothing the sums count, and then the record stays where it is (no re-sort, no new share kept).
     change();
     const after = this.contributionOf(n);
+    if (before && sameContribution(before, after) && p.nodes.has(n)) return;
+    p.detach(n);
     p.attach(n, after);
     if (!before || !sameSpan(before.assignment, after.assignment) || !sameSpan(before.serving, after.serving) || before.status !== after.status) p.dirty = true;
   }
@@ -306,6 +327,9 @@ export class NodeRegistry {
     rec.intervalMs = rec.intervalMs ?? this.o.heartbeatIntervalMs;
     rec.kvHeldAtBeat = 0;
     rec.failures = this.failureCounts.get(msg.peer_id) ?? 0;
+    // A quarantine outlives the record: a node cannot wash it by registering again.
+    const quarantined = this.quarantineLedger.get(msg.peer_id);
+    if (quarantined !== undefined && quarantined > now) rec.quarantinedUntil = quarantined;
     if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;
     else delete rec.relayConnected;
     delete rec.unreachable;
@@ -314,6 +338,7 @@ export class NodeRegistry {
     rec.lastTimestamp = msg.timestamp;
     this.byId.set(rec.peerId, rec);
     this.dropped.delete(rec.peerId);
+    this.vacated.delete(rec.peerId);
     this.absorbStats(rec, msg.stats, now);
     const p = this.placement(model.name);
     if (keep) {
@@ -365,14 +390,19 @@ export class NodeRegistry {
       rec.lastTimestamp = msg.timestamp;
       rec.lastSeen = now;
       rec.lateAtSeen = this.lateMs();
-      rec.info = msg.info;
-      rec.publicKey = msg.public_key;
+      // What did not change keeps its old object: a beat's parsed copies then die young instead of
+      // replacing thousands of long-lived objects a second, which the GC would copy and promote.
+      if (!sameFlat(rec.info, msg.info)) rec.info = msg.info;
+      if (rec.publicKey !== msg.public_key) rec.publicKey = msg.public_key;
       setAddresses(rec, msg);
       if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;
       else delete rec.relayConnected;
       // Back on its relay (it beats at once when it is): the tracker's way to it is there again.
       if (msg.relay_connected === true) delete rec.unreachable;
-      if (msg.serving !== undefined) rec.serving = validSpan(msg.serving, model);
+      if (msg.serving !== undefined) {
+        const serving = validSpan(msg.serving, model);
+        if (!sameSpan(rec.serving, serving)) rec.serving = serving;
+      }
       if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
       this.absorbStats(rec, msg.stats, now);
     });
@@ -463,6 +493,10 @@ export class NodeRegistry {
       target.kvHeldAtBeat = r.kvHeldAtBeat;
       target.draining = r.draining;
       target.drainingSince = r.drainingSince;
+      if (r.quarantinedUntil !== undefined && r.quarantinedUntil > (target.quarantinedUntil ?? 0)) {
+        target.quarantinedUntil = r.quarantinedUntil;
+        if (r.quarantinedUntil > (this.quarantineLedger.get(r.peerId) ?? 0)) this.noteQuarantine(r.peerId, r.quarantinedUntil);
+      }
     };
     if (target.contribution) this.edit(target, apply);
     else {
@@ -499,9 +533,14 @@ export class NodeRegistry {
 
   private absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number): void {
     if (!stats) return;
-    rec.stats = stats;
+    if (!rec.stats || !sameFlat(rec.stats, stats)) rec.stats = stats;
     rec.kvHeldAtBeat = this.kvHeld.get(rec.peerId) ?? 0;
-    rec.history.push({ at: now, rpm: stats.rpm, layer_ms: stats.layer_ms });
+    // The oldest sample is reused once the history is full (no new long-lived object per beat).
+    const sample = rec.history.length >= HISTORY ? rec.history.shift()! : ({} as StatsSample);
+    sample.at = now;
+    sample.rpm = stats.rpm;
+    sample.layer_ms = stats.layer_ms;
+    rec.history.push(sample);
     if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
     // A node that has not run a step yet reports 0: keep the estimate until it has.
     if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
@@ -520,7 +559,15 @@ export class NodeRegistry {
     return true;
   }
 
-  private drop(rec: NodeRecord, reason: string, remote = false): void {
+  /** `grace`: the node went silent and may come back (its span is kept from moves for the rejoin grace). */
+  private drop(rec: NodeRecord, reason: string, remote = false, grace = false): void {
+    const graceMs = this.rejoinGraceMs();
+    if (grace && rec.assignment && graceMs > 0) {
+      // A node that drained first (a closed tab's beacon) stopped counting when its drain cover ended.
+      const from = rec.draining && rec.drainingSince !== undefined ? Math.min(this.o.now(), rec.drainingSince + this.drainCoverMs()) : this.o.now();
+      this.vacated.set(rec.peerId, { model: rec.info.model, span: rec.assignment, throughput: this.throughput(rec), until: from + graceMs });
+      if (this.vacated.size > 10_000) this.vacated.delete(this.vacated.keys().next().value!);
+    }
     this.byId.delete(rec.peerId);
     this.placement(rec.info.model).forget(rec);
     this.dropped.add(rec.peerId);
@@ -555,14 +602,15 @@ export class NodeRegistry {
       if (decide && this.silentTooLong(n, now, late)) dead.push(n);
       else if (!this.contributionCurrent(n)) stale.push(n);
     }
-    for (const n of dead) this.drop(n, 'missed heartbeats');
+    for (const n of dead) this.drop(n, 'missed heartbeats', false, true);
     // A drain past its grace, a quarantine begun or ended: the sums follow.
     for (const n of stale) this.edit(n, () => {});
     this.sweeps++;
     for (const m of this.models.keys()) {
       const p = this.placement(m);
       p.recount();
-      if (decide && (p.dirty || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
+      const graceEnded = now >= (this.graceEnds.get(m) ?? Infinity);
+      if (decide && (p.dirty || graceEnded || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
     }
     return dead.map((n) => n.peerId);
   }
@@ -613,13 +661,66 @@ export class NodeRegistry {
       const had = candidates.get(key);
       if (!had || c.throughput > had.throughput) candidates.set(key, c);
     }
-    const mv = bestMove(model, p.assigned, candidates.values(), this.o.balanceQuality);
+    // Nodes in their rejoin grace: a spare (a node none of whose layers it alone holds) may be moved onto their
+    // layers at once; any other move is judged as if they were still there.
+    const absent = this.absentSpans(modelName, p);
+    const spares = absent ? [...candidates.values()].filter((c) => isSpare(c, p.assigned.count)) : [];
+    const mv = (spares.length > 0 ? bestMove(model, p.assigned, spares, this.o.balanceQuality) : null) ?? bestMove(model, p.assigned, candidates.values(), this.o.balanceQuality, absent);
     if (!mv) return [];
     const n = this.nodes.get(mv.id)!;
     this.edit(n, () => (n.assignment = mv.to));
     this.events.onMoved?.(n, mv);
     this.events.onChanged?.(n, 'moved');
     return [mv];
+  }
+
+  private rejoinGraceMs(): number {
+    return this.o.rejoinGraceMs ?? 0;
+  }
+
+  /**
+   * The spans of nodes in their rejoin grace — dropped for silence, or
+   * draining past their drain cover (a page paused or frozen for long) —
+   * which moves judge as still held: moving a node that serves others onto
+   * those layers costs it a download and doubles them once the absent node
+   * is back, so it is the last resort, after the grace. Notes when the next
+   * grace ends (a rebalance is due then). Undefined: none.
+   */
+  private absentSpans(modelName: string, p: ModelPlacement<NodeRecord>): Coverage | undefined {
+    const now = this.o.now();
+    const graceMs = this.rejoinGraceMs();
+    const extra: Array<{ span: Span; throughput: number }> = [];
+    let next = Infinity;
+    for (const [id, v] of this.vacated) {
+      if (v.model !== modelName) continue;
+      if (v.until <= now) {
+        this.vacated.delete(id);
+        continue;
+      }
+      extra.push(v);
+      next = Math.min(next, v.until);
+    }
+    if (graceMs > 0) {
+      for (const n of p.nodes) {
+        // Still counted (a short drain), or quarantined (never reserved), or nothing assigned.
+        if (!n.draining || n.drainingSince === undefined || !n.assignment || n.contribution?.assignment || this.excluded(n.peerId)) continue;
+        const until = n.drainingSince + this.drainCoverMs() + graceMs;
+        if (until <= now) continue;
+        extra.push({ span: n.assignment, throughput: this.throughput(n) });
+        next = Math.min(next, until);
+      }
+    }
+    if (next === Infinity) this.graceEnds.delete(modelName);
+    else this.graceEnds.set(modelName, next);
+    if (extra.length === 0) return undefined;
+    const absent: Coverage = { count: new Array<number>(p.numLayers).fill(0), throughput: new Array<number>(p.numLayers).fill(0) };
+    for (const x of extra) {
+      for (let l = Math.max(0, x.span.start); l < Math.min(p.numLayers, x.span.end); l++) {
+        absent.count[l]!++;
+        absent.throughput[l]! += x.throughput;
+      }
+    }
+    return absent;
   }
 
   /**
@@ -708,6 +809,41 @@ export class NodeRegistry {
   }
 
   /** The node answered MESH_ERR_BUSY: route no new session to it for `ms`. */
+  /**
+   * A quarantine (a check proved the node wrong) until `until`: routing leaves the node out
+   * (`isQuarantined`), and in a cluster every tracker learns it through the node's document.
+   */
+  quarantine(peerId: string, until: number): void {
+    if ((this.quarantineLedger.get(peerId) ?? 0) >= until) return;
+    this.noteQuarantine(peerId, until);
+    const n = this.nodes.get(peerId);
+    if (!n) return;
+    n.quarantinedUntil = until;
+    this.events.onChanged?.(n, 'quarantined');
+  }
+
+  /** Quarantined now, by this tracker's judgement or another's. */
+  isQuarantined(peerId: string): boolean {
+    return (this.quarantineLedger.get(peerId) ?? 0) > this.o.now();
+  }
+
+  /** Nodes quarantined now, with the end of it (expired entries are forgotten). */
+  quarantines(): Array<{ peer_id: string; until: number }> {
+    const now = this.o.now();
+    const out: Array<{ peer_id: string; until: number }> = [];
+    for (const [peer, until] of this.quarantineLedger) {
+      if (until > now) out.push({ peer_id: peer, until });
+      else this.quarantineLedger.delete(peer);
+    }
+    return out;
+  }
+
+  private noteQuarantine(peerId: string, until: number): void {
+    this.quarantineLedger.delete(peerId);
+    if (this.quarantineLedger.size >= FAILURE_LEDGER) this.quarantineLedger.delete(this.quarantineLedger.keys().next().value!);
+    this.quarantineLedger.set(peerId, until);
+  }
+
   markBusy(peerId: string, ms: number): void {
     const n = this.nodes.get(peerId);
     if (!n) return;
@@ -869,10 +1005,28 @@ function missingIn(nodes: readonly ServingNode[], from: number, to: number): num
 }
 
 function setAddresses(rec: NodeRecord, msg: NodeMessage): void {
-  if (msg.relay_addr !== undefined) rec.relayAddr = msg.relay_addr;
-  else delete rec.relayAddr;
-  if (msg.endpoint !== undefined) rec.endpoint = msg.endpoint;
-  else delete rec.endpoint;
+  if (msg.relay_addr !== undefined) {
+    if (rec.relayAddr !== msg.relay_addr) rec.relayAddr = msg.relay_addr;
+  } else delete rec.relayAddr;
+  if (msg.endpoint !== undefined) {
+    if (rec.endpoint !== msg.endpoint) rec.endpoint = msg.endpoint;
+  } else delete rec.endpoint;
+}
+
+/** Same keys, and each value the same primitive (an object-valued field counts as a change). */
+function sameFlat(a: object, b: object): boolean {
+  const ka = Object.keys(a);
+  if (ka.length !== Object.keys(b).length) return false;
+  for (const k of ka) {
+    const x = (a as Record<string, unknown>)[k];
+    if (typeof x === 'object' && x !== null) return false;
+    if (x !== (b as Record<string, unknown>)[k] || !(k in b)) return false;
+  }
+  return true;
+}
+
+function sameContribution(a: Contribution, b: Contribution): boolean {
+  return sameSpan(a.assignment, b.assignment) && sameSpan(a.serving, b.serving) && a.throughput === b.throughput && a.cost === b.cost && a.status === b.status && a.mover === b.mover;
 }
 
 export function budgetBytes(info: NodeInfo): number {
@@ -882,4 +1036,10 @@ export function budgetBytes(info: NodeInfo): number {
 function validSpan(s: { start_layer: number; end_layer: number } | null | undefined, model: ModelSpec): Span | null {
   if (!s || s.start_layer >= s.end_layer || s.end_layer > model.numLayers) return null;
   return { start: s.start_layer, end: s.end_layer };
+}
+
+/** A node every layer of whose span another node holds too: moving it bares nothing. */
+function isSpare(n: Span, count: readonly number[]): boolean {
+  for (let l = n.start; l < n.end; l++) if ((count[l] ?? 0) < 2) return false;
+  return true;
 }

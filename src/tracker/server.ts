@@ -149,7 +149,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
       throw e;
     }
   }
-  const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes);
+  const served = await serveApp(tracker.app.fetch, o.port, o.host, o.maxBodyBytes, { 'GET /api/nodes/watch': (req, res) => tracker.watch.serve(req, res) });
   await cluster?.setUrl(served.url);
   if (cluster && relay && clusterCode) {
     const c = cluster;
@@ -182,6 +182,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
       await nats?.close();
       tracker.admission.close();
       relay?.close();
+      tracker.watch.close();
       await served.close();
     },
   };

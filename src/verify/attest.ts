@@ -14,20 +14,32 @@
  *
  * Bytes are the wire bytes: input and output rows in the wire dtype as
  * sent; a head's own span takes token ids (u32 LE each); a last hop's output
- * is `u32 token id ‖ f64 logprob` (LE); a last-hop checker's is its
- * per-step record (tokenCheckBytes).
+ * is `u32 token id ‖ f64 logprob` (LE), or the tokens of a verification step
+ * (stepTokenBytes); a last-hop checker's is its per-step records
+ * (tokenCheckBytes), and the draft's digest after a sampled draft's.
  *
- * Host-free: SHA-256 and Ed25519 through WebCrypto (Node 20, browsers).
+ * Host-free and synchronous: SHA-256 is @noble/hashes' pure-JS one, the same
+ * on every host (WebCrypto's digest is asynchronous, costs tens of µs a call
+ * in its promise alone, and is absent from pages served over plain http from
+ * a LAN address). Ed25519 stays with the caller (the node's Identity).
  */
+import { sha256 as nobleSha256 } from '@noble/hashes/sha2.js';
 import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
+import { encodeDraft } from '../protocol/draft.ts';
 
 const utf8 = new TextEncoder();
 export const ATTEST_HEADER = 'x-meshnet-attest';
 /** A checker's signature over its answer (POST /check). */
 export const CHECK_ATTEST_HEADER = 'x-meshnet-check-attest';
 
-export async function sha256(bytes: Uint8Array): Promise<Uint8Array> {
-  return new Uint8Array(await crypto.subtle.digest('SHA-256', bytes as Uint8Array<ArrayBuffer>));
+/** SHA-256 of `bytes` (FIPS 180-4; the digest node:crypto and WebCrypto give). */
+export function sha256(bytes: Uint8Array): Uint8Array {
+  return nobleSha256(bytes);
+}
+
+/** The same SHA-256 fed in pieces (a long input hashed between other work). */
+export function sha256Stream(): { update(bytes: Uint8Array): unknown; digest(): Uint8Array } {
+  return nobleSha256.create();
 }
 
 export function hex(bytes: Uint8Array): string {
@@ -54,7 +66,7 @@ export interface AttestScope {
   sampling?: string;
 }
 
-export function attestSeed(s: AttestScope): Promise<Uint8Array> {
+export function attestSeed(s: AttestScope): Uint8Array {
   const tail = s.sampling !== undefined ? `\0${s.sampling}` : '';
   return sha256(utf8.encode(`meshnet-attest-v1\0${s.model}\0${s.session}\0${s.startLayer}:${s.endLayer}:${s.dtype}${tail}`));
 }
@@ -67,14 +79,9 @@ export interface StepDigest {
   output: Uint8Array;
 }
 
-/** The digest after one more step; `digest`: a synchronous SHA-256 to use instead of WebCrypto's. */
-export async function chainStep(acc: Uint8Array, step: StepDigest, digest?: (bytes: Uint8Array) => Uint8Array): Promise<Uint8Array> {
-  return digest ? chainStepWith(acc, step, digest) : sha256(stepBytes(acc, step));
-}
-
-/** chainStep with a synchronous SHA-256 (no promise per step). */
-export function chainStepWith(acc: Uint8Array, step: StepDigest, digest: (bytes: Uint8Array) => Uint8Array): Uint8Array {
-  return digest(stepBytes(acc, step));
+/** The digest after one more step. */
+export function chainStep(acc: Uint8Array, step: StepDigest): Uint8Array {
+  return sha256(stepBytes(acc, step));
 }
 
 function stepBytes(acc: Uint8Array, step: StepDigest): Uint8Array {
@@ -89,9 +96,9 @@ function stepBytes(acc: Uint8Array, step: StepDigest): Uint8Array {
 }
 
 /** The accumulated digest over `steps` from the scope's seed. */
-export async function chainDigest(scope: AttestScope, steps: readonly StepDigest[]): Promise<Uint8Array> {
-  let acc = await attestSeed(scope);
-  for (const s of steps) acc = await chainStep(acc, s);
+export function chainDigest(scope: AttestScope, steps: readonly StepDigest[]): Uint8Array {
+  let acc = attestSeed(scope);
+  for (const s of steps) acc = chainStep(acc, s);
   return acc;
 }
 
@@ -112,30 +119,53 @@ export function tokenBytes(tokenId: number, logprob: number): Uint8Array {
   return b;
 }
 
+/** A draft's digest as a last hop binds it: SHA-256 of its X-Meshnet-Draft JSON in the canonical form encodeDraft writes. */
+export function draftDigest(draft: Parameters<typeof encodeDraft>[0]): Uint8Array {
+  return sha256(utf8.encode(encodeDraft(draft)));
+}
+
+/** Set in a step's token count when the step was judged by a sampling drafter's rule: its draft's digest follows the tokens. */
+const DRAFTED = 0x8000_0000;
+
 /**
  * A last hop's output bytes for a step: one token, `tokenBytes`; several (a
  * verification that accepted drafts: the accepted drafts, then the token
- * after them), u32 count ‖ (u32 token id ‖ f64 logprob) per token (LE).
+ * after them), u32 count ‖ (u32 token id ‖ f64 logprob) per token (LE). A
+ * step whose draft was sampled (Leviathan's rule drew its tokens from the
+ * draft's q: src/shard/speculative.ts) binds that draft too — `draft`, its
+ * draftDigest: u32 (count | 0x80000000) ‖ the tokens ‖ the 32-byte digest —
+ * so a check judges the tokens against the very draft the hop judged.
  */
-export function stepTokenBytes(tokens: ReadonlyArray<{ tokenId: number; logprob: number }>): Uint8Array {
-  if (tokens.length === 1) return tokenBytes(tokens[0]!.tokenId, tokens[0]!.logprob);
-  const b = new Uint8Array(4 + 12 * tokens.length);
+export function stepTokenBytes(tokens: ReadonlyArray<{ tokenId: number; logprob: number }>, draft?: Uint8Array): Uint8Array {
+  if (tokens.length === 1 && !draft) return tokenBytes(tokens[0]!.tokenId, tokens[0]!.logprob);
+  const b = new Uint8Array(4 + 12 * tokens.length + (draft ? 32 : 0));
   const dv = new DataView(b.buffer);
-  dv.setUint32(0, tokens.length, true);
+  dv.setUint32(0, (tokens.length | (draft ? DRAFTED : 0)) >>> 0, true);
   tokens.forEach((t, i) => {
     dv.setUint32(4 + 12 * i, t.tokenId >>> 0, true);
     dv.setFloat64(8 + 12 * i, t.logprob, true);
   });
+  if (draft) b.set(draft, 4 + 12 * tokens.length);
   return b;
 }
 
 /** stepTokenBytes read back; RangeError for bytes of another shape. */
-export function readStepTokens(b: Uint8Array): Array<{ tokenId: number; logprob: number }> {
+export function readStepClaim(b: Uint8Array): { tokens: Array<{ tokenId: number; logprob: number }>; draft?: Uint8Array } {
   const dv = new DataView(b.buffer, b.byteOffset, b.byteLength);
-  if (b.byteLength === 12) return [{ tokenId: dv.getUint32(0, true), logprob: dv.getFloat64(4, true) }];
-  const n = b.byteLength >= 4 ? dv.getUint32(0, true) : 0;
-  if (n < 2 || b.byteLength !== 4 + 12 * n) throw new RangeError('a step\'s tokens are 12 bytes, or a count of at least 2 and 12 bytes per token');
-  return Array.from({ length: n }, (_, i) => ({ tokenId: dv.getUint32(4 + 12 * i, true), logprob: dv.getFloat64(8 + 12 * i, true) }));
+  if (b.byteLength === 12) return { tokens: [{ tokenId: dv.getUint32(0, true), logprob: dv.getFloat64(4, true) }] };
+  const head = b.byteLength >= 4 ? dv.getUint32(0, true) : 0;
+  const drafted = (head & DRAFTED) !== 0;
+  const n = head & ~DRAFTED;
+  if (n < (drafted ? 1 : 2) || n > 1024 || b.byteLength !== 4 + 12 * n + (drafted ? 32 : 0)) {
+    throw new RangeError('a step\'s tokens are 12 bytes, or a count and 12 bytes per token (and a sampled draft\'s 32-byte digest when the count says so)');
+  }
+  const tokens = Array.from({ length: n }, (_, i) => ({ tokenId: dv.getUint32(4 + 12 * i, true), logprob: dv.getFloat64(8 + 12 * i, true) }));
+  return drafted ? { tokens, draft: b.slice(4 + 12 * n) } : { tokens };
+}
+
+/** The tokens of stepTokenBytes. */
+export function readStepTokens(b: Uint8Array): Array<{ tokenId: number; logprob: number }> {
+  return readStepClaim(b).tokens;
 }
 
 /** A head span's input bytes: its token ids. */

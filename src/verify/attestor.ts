@@ -10,8 +10,10 @@
  * all of them. An answer (or push) carries the latest attestation already
  * finished; the session's last one covers every step and is handed out when
  * the session ends (`finish`, the answer to DELETE /sessions/<id>). Hashing
- * is synchronous when the host gives a SHA-256 (node:crypto: a few µs per
- * call, where WebCrypto's asynchronous digest costs tens).
+ * is synchronous and the same on every host (attest.ts: pure-JS SHA-256), one
+ * timer turn after the answer that triggered it, in slices of at most ~1 ms
+ * (32 steps of a big model's rows are milliseconds of pure-JS hashing: the
+ * node's next answer must not wait behind them).
  *
  * Steps of one session arrive in order (the executor refuses any other with
  * 409). A step at position 0 restarts the chain as it restarts the KV cache
@@ -22,13 +24,11 @@
  * Bounded: at most `maxSessions` chains, the least recently used dropped
  * first (its session's KV is long gone by then).
  */
-import { attestMessage, attestSeed, chainStep, chainStepWith, formatAttestation, sha256, type AttestScope } from './attest.ts';
+import { attestMessage, attestSeed, chainStep, formatAttestation, sha256, sha256Stream, type AttestScope } from './attest.ts';
 
 export interface AttestorInit {
   peerId: string;
   sign(bytes: Uint8Array): Promise<Uint8Array>;
-  /** A synchronous SHA-256 (the host's, e.g. node:crypto); absent: WebCrypto's digest. */
-  sha256?(bytes: Uint8Array): Uint8Array;
   /** Sign once every this many steps of a session (and at its end). 1: every step. @defaultValue 32 */
   signEvery?: number;
   /** Sign as soon as this many bytes of steps wait to be hashed (a long prompt is vouched for at once). @defaultValue 1048576 */
@@ -86,7 +86,7 @@ export class Attestor {
     let c = this.chains.get(scope.session);
     if (position === 0) {
       // A new session, or a replay from 0: the chain restarts where the KV cache did.
-      c = { scope, rows: 0, end: 0, pending: [], pendingBytes: 0, acc: attestSeed(scope), latestRows: 0, signing: Promise.resolve() };
+      c = { scope, rows: 0, end: 0, pending: [], pendingBytes: 0, acc: Promise.resolve(attestSeed(scope)), latestRows: 0, signing: Promise.resolve() };
     } else if (!c || position > c.end || !sameScope(c.scope, scope)) {
       // Nothing attested leads up to this step (the chain was dropped): nothing can be signed for it.
       if (c) this.chains.delete(scope.session);
@@ -130,18 +130,14 @@ export class Attestor {
     c.pendingBytes = 0;
     const covered = c.rows;
     const prev = c.acc;
-    const digest = this.init.sha256;
     const acc = (async () => {
       if (defer) await later();
       let a = await prev;
-      if (digest) {
-        // Synchronous: three hashes a step, no promise between them.
-        for (const s of steps) a = chainStepWith(a, { position: s.position, rows: s.rows, input: digest(s.input), output: digest(s.output) }, digest);
-        return a;
-      }
+      const slice = new Slice();
       for (const s of steps) {
-        const [ih, oh] = await Promise.all([sha256(s.input), sha256(s.output)]);
-        a = await chainStep(a, { position: s.position, rows: s.rows, input: ih, output: oh });
+        const input = await digestSliced(s.input, slice);
+        const output = await digestSliced(s.output, slice);
+        a = chainStep(a, { position: s.position, rows: s.rows, input, output });
       }
       return a;
     })();
@@ -165,6 +161,36 @@ export class Attestor {
 }
 
 const later = (): Promise<void> => new Promise((r) => setTimeout(r, 0));
+
+/** Longest stretch of hashing between two turns of the event loop, ms. */
+const SLICE_MS = 1;
+/** Bytes hashed between two looks at the clock. */
+const CHUNK_BYTES = 64 * 1024;
+
+/** When a stretch of hashing has held the event loop long enough to give it back. */
+class Slice {
+  private since = performance.now();
+  due(): boolean {
+    if (performance.now() - this.since < SLICE_MS) return false;
+    this.since = performance.now();
+    return true;
+  }
+}
+
+/** SHA-256 of `bytes`, giving the event loop a turn whenever a slice is used up (a long prompt's rows in pieces). */
+async function digestSliced(bytes: Uint8Array, slice: Slice): Promise<Uint8Array> {
+  if (bytes.byteLength <= CHUNK_BYTES) {
+    const d = sha256(bytes);
+    if (slice.due()) await later();
+    return d;
+  }
+  const h = sha256Stream();
+  for (let o = 0; o < bytes.byteLength; o += CHUNK_BYTES) {
+    h.update(bytes.subarray(o, o + CHUNK_BYTES));
+    if (slice.due()) await later();
+  }
+  return h.digest();
+}
 
 function sameScope(a: AttestScope, b: AttestScope): boolean {
   return a.model === b.model && a.session === b.session && a.startLayer === b.startLayer && a.endLayer === b.endLayer && a.dtype === b.dtype && a.sampling === b.sampling;

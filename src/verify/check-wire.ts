@@ -8,18 +8,26 @@
  * `x-meshnet-shape` (1, rows, hidden), `x-meshnet-check-steps` (row counts per
  * step, run-length: `37,1x120`), and for a last hop `x-meshnet-sampling` and
  * `x-meshnet-check-tokens` (the claimed token per step, comma-separated).
- * Body: the input rows in the wire dtype, exactly as the hop received them.
+ * Body: the input rows in the wire dtype, exactly as the hop received them;
+ * for a last hop whose steps a sampling drafter drafted, followed by
+ * `x-meshnet-check-drafts` bytes of JSON: one entry per step, the draft the
+ * step carried (X-Meshnet-Draft's value) where Leviathan's rule drew its
+ * tokens, else null.
  *
  * Answer 200: a span's output rows in the wire dtype (as the hop would have
- * answered), or for a last hop one record per step (tokenCheckBytes), with
+ * answered), or for a last hop one record per token each step emitted
+ * (tokenCheckBytes; after a drafted step's records, its draft's digest), with
  * `x-meshnet-check-attest` (check-v1 signature over the chain of the same
  * input hashes and its own output hashes).
  */
+import { draftFromJson, encodeDraft, type DraftJson } from '../protocol/draft.ts';
 import { MeshError } from '../protocol/errors.ts';
 
 export const CHECK_PEER_HEADER = 'x-meshnet-check-peer';
 export const CHECK_STEPS_HEADER = 'x-meshnet-check-steps';
 export const CHECK_TOKENS_HEADER = 'x-meshnet-check-tokens';
+/** Bytes of per-step drafts after a last hop's check rows (formatStepDrafts). */
+export const CHECK_DRAFTS_HEADER = 'x-meshnet-check-drafts';
 /** A head audit's last hop: the first row (0-based) whose next token is judged; the rest of the rows follow. */
 export const CHECK_FROM_HEADER = 'x-meshnet-check-from';
 /** On a last hop's audit answer: how many records the body holds. */
@@ -108,6 +116,23 @@ export function parseStepTokens(text: string | undefined, kept: readonly number[
     throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_TOKENS_HEADER} must give, for each of ${kept.length} steps, the token ids it emitted (below ${vocab}, at most its kept rows), a+b per step`);
   }
   return groups;
+}
+
+/** Per step, the draft a sampling drafter's rule judged (null for the other steps): a check body's tail. */
+export function formatStepDrafts(drafts: ReadonlyArray<Parameters<typeof encodeDraft>[0] | undefined>): Uint8Array {
+  return new TextEncoder().encode(`[${drafts.map((d) => (d ? encodeDraft(d) : 'null')).join(',')}]`);
+}
+
+/** formatStepDrafts read back: one entry per step, each a valid draft or undefined. */
+export function parseStepDrafts(bytes: Uint8Array, steps: number): Array<DraftJson | undefined> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(new TextDecoder().decode(bytes));
+  } catch {
+    throw new MeshError('MESH_ERR_BAD_REQUEST', `the drafts after the rows (${CHECK_DRAFTS_HEADER}) are not JSON`);
+  }
+  if (!Array.isArray(raw) || raw.length !== steps) throw new MeshError('MESH_ERR_BAD_REQUEST', `the drafts after the rows must list one entry per step (${steps})`);
+  return raw.map((d) => (d === null ? undefined : draftFromJson(d)));
 }
 
 export function formatTokens(ids: readonly number[]): string {

@@ -21,7 +21,7 @@ import { z } from 'zod';
 import { decodeBase64 as decodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { decodeTensor, isDtype } from '../protocol/tensor.ts';
-import { attestMessage, chainDigest, checkMessage, readStepTokens, sha256, type AttestScope, type StepDigest } from './attest.ts';
+import { attestMessage, chainDigest, checkMessage, readStepClaim, sha256, type AttestScope, type StepDigest } from './attest.ts';
 import { parseStepShapes, readTokenCheck, TOKEN_CHECK_BYTES } from './check-wire.ts';
 import { rowDistances, worst } from './distance.ts';
 import { checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan, type PlanPeer } from './plan.ts';
@@ -115,7 +115,8 @@ export interface Verdict {
 }
 
 export interface JudgeDeps {
-  trackerKey: Uint8Array;
+  /** Keys the check plan may be signed with: the judging tracker's, and its cluster's other trackers'. */
+  trackerKeys: readonly Uint8Array[];
   now: number;
   verify(publicKey: Uint8Array, message: Uint8Array, signature: Uint8Array): Promise<boolean>;
   /** Largest age of a report past its plan's expiry, ms. @defaultValue 10 minutes */
@@ -136,8 +137,12 @@ function forbidden(message: string): MeshError {
 
 /** Verify a report's plan, chains, attestations and samples; then judge it. Throws 400/401/403 for evidence that does not hold up. */
 export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verdict> {
-  // The plan: signed by this tracker, for this head, still (nearly) fresh.
-  if (!(await deps.verify(deps.trackerKey, checkPlanMessage(r.head, r.plan), bytesOf(r.plan_signature, 'plan_signature')))) throw forbidden('the check plan is not signed by this tracker for this head');
+  // The plan: signed by this tracker (or another of its cluster), for this head, still (nearly) fresh.
+  const planMessage = checkPlanMessage(r.head, r.plan);
+  const planSignature = bytesOf(r.plan_signature, 'plan_signature');
+  let signed = false;
+  for (const key of deps.trackerKeys) if (!signed && (await deps.verify(key, planMessage, planSignature))) signed = true;
+  if (!signed) throw forbidden('the check plan is not signed by a tracker of this cluster for this head');
   let plan: CheckPlan;
   try {
     plan = checkPlanSchema.parse(JSON.parse(r.plan));
@@ -177,12 +182,12 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
       return d;
     });
   };
-  const claimAcc = await chainDigest(scope, digests(c.outputs));
+  const claimAcc = chainDigest(scope, digests(c.outputs));
   if (!(await deps.verify(bytesOf(entry.peer.public_key, 'public_key'), attestMessage(c.session, rows, claimAcc), bytesOf(c.attestation, 'attestation')))) {
     throw new MeshError('MESH_ERR_UNAUTHORIZED', `the checked hop's attestation does not verify over these hashes`);
   }
   for (const [i, k] of r.checks.entries()) {
-    const acc = await chainDigest(scope, digests(k.outputs));
+    const acc = chainDigest(scope, digests(k.outputs));
     if (!(await deps.verify(bytesOf(checkers[i]!.public_key, 'public_key'), checkMessage(c.peer_id, c.session, rows, acc), bytesOf(k.attestation, 'attestation')))) {
       throw new MeshError('MESH_ERR_UNAUTHORIZED', `the answer of ${k.role} ${k.peer_id} does not verify over these hashes`);
     }
@@ -201,11 +206,11 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
     seen.add(s.step);
     if (s.checks.length !== r.checks.length) throw new MeshError('MESH_ERR_BAD_REQUEST', 'a sample gives the bytes of every check');
     const claimBytes = bytesOf(s.claim, 'a sample');
-    if (!equal(await sha256(claimBytes), bytesOf(c.outputs[s.step]!, 'a hash'))) throw forbidden(`the claim's sample of step ${s.step} does not hash to its listed output`);
+    if (!equal(sha256(claimBytes), bytesOf(c.outputs[s.step]!, 'a hash'))) throw forbidden(`the claim's sample of step ${s.step} does not hash to its listed output`);
     const checkBytes: Uint8Array[] = [];
     for (const [i, b] of s.checks.entries()) {
       const bytes = bytesOf(b, 'a sample');
-      if (!equal(await sha256(bytes), bytesOf(r.checks[i]!.outputs[s.step]!, 'a hash'))) throw forbidden(`the ${r.checks[i]!.role}'s sample of step ${s.step} does not hash to its listed output`);
+      if (!equal(sha256(bytes), bytesOf(r.checks[i]!.outputs[s.step]!, 'a hash'))) throw forbidden(`the ${r.checks[i]!.role}'s sample of step ${s.step} does not hash to its listed output`);
       checkBytes.push(bytes);
     }
     if (kind === 'rows') {
@@ -228,14 +233,17 @@ export async function judgeReport(r: CheckReport, deps: JudgeDeps): Promise<Verd
     } else {
       // Every token the step emitted (a verification's accepted drafts, then its token), one record each.
       let claim: Array<{ tokenId: number; logprob: number }>;
+      let draft: Uint8Array | undefined;
       try {
-        claim = readStepTokens(claimBytes);
+        ({ tokens: claim, draft } = readStepClaim(claimBytes));
       } catch (e) {
         throw new MeshError('MESH_ERR_BAD_REQUEST', `the claim's sample of step ${s.step}: ${(e as Error).message}`);
       }
       if (claim.length > shapes.kept[s.step]!) throw new MeshError('MESH_ERR_BAD_REQUEST', `step ${s.step} emitted ${claim.length} tokens from ${shapes.kept[s.step]} kept rows`);
-      const recs = checkBytes.map((b) => {
-        if (b.byteLength !== TOKEN_CHECK_BYTES * claim.length) throw new MeshError('MESH_ERR_BAD_REQUEST', `a token check record is ${TOKEN_CHECK_BYTES} bytes, one per token the step emitted`);
+      const recs = checkBytes.map((b, i) => {
+        if (b.byteLength !== TOKEN_CHECK_BYTES * claim.length + (draft ? 32 : 0)) throw new MeshError('MESH_ERR_BAD_REQUEST', `a token check record is ${TOKEN_CHECK_BYTES} bytes, one per token the step emitted (then the digest of a sampled draft the hop signed)`);
+        // A sampling drafter's step: the check must have judged the very draft the hop signed (the head cannot swap it).
+        if (draft && !equal(b.subarray(TOKEN_CHECK_BYTES * claim.length), draft)) throw forbidden(`the ${r.checks[i]!.role} judged step ${s.step} against another draft than the hop signed`);
         return claim.map((t, j) => {
           const rec = readTokenCheck(b, j * TOKEN_CHECK_BYTES);
           if (rec.claimed !== t.tokenId) throw forbidden(`a checker judged token ${rec.claimed} at step ${s.step}, but the hop claimed ${t.tokenId}`);

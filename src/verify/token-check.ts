@@ -11,8 +11,14 @@
  *   token's interval of cumulative probability, as a fraction of the mass.
  *   An honest claim draws u inside its own token's interval; a checker on
  *   slightly different logits sees the intervals move by about the rounding.
+ *
+ * A token a sampling drafter's verification emitted (src/shard/speculative.ts,
+ * Leviathan's rule) is judged by that rule instead (checkRuleToken): `gap`
+ * is then how far the acceptance draw and the residual draw lie from giving
+ * the claimed token, in the same units (probability mass).
  */
 import { drawUniform, validateSampling, type SamplingParams } from '../shard/sampling.ts';
+import { judgeStochastic, speculativeUniform, targetDistribution, type SparseDist } from '../shard/speculative.ts';
 
 export interface TokenCheck {
   /** Top logit minus the claimed token's (≥ 0). */
@@ -92,4 +98,41 @@ export function argmax(xs: ArrayLike<number>): number {
   let best = 0;
   for (let i = 1; i < xs.length; i++) if (xs[i]! > xs[best]!) best = i;
   return best;
+}
+
+/**
+ * A token that Leviathan's rule emitted at a row whose proposal `proposal`
+ * was drawn from `q` (a sampling drafter's step, src/shard/speculative.ts):
+ * `accepted` says what the claim means — the proposal was accepted here (an
+ * accepted draft, or the last row's accepted `next`), or it was rejected and
+ * `claimed` is the residual draw. The checker recomputes the rule on its own
+ * logits with the request's seed: `sampled` is its token, `gap` how far the
+ * acceptance draw v lies on the wrong side of min(1, p(d)/q(d)), plus (a
+ * rejection) how far the residual draw lies from the claimed token's interval
+ * of the residual mass max(0, p − q); 0 for the token the rule gives, at most 1.
+ */
+export function checkRuleToken(logits: Float32Array, claimed: number, proposal: number, q: SparseDist, params: SamplingParams, position: number, accepted: boolean): TokenCheck {
+  const plain = checkToken(logits, claimed, { ...params, temperature: 0 }, position);
+  const judged = judgeStochastic(logits, params, proposal, q, position);
+  const seed = params.seed ?? 0;
+  const { order, weights, total } = targetDistribution(logits, params);
+  const qOf = new Map<number, number>();
+  q.ids.forEach((id, i) => qOf.set(id, q.probs[i]!));
+  const at = order.indexOf(proposal);
+  const a = Math.min(1, (at < 0 ? 0 : weights[at]! / total) / qOf.get(proposal)!);
+  const v = speculativeUniform(seed, 'accept', position);
+  const out = (gap: number): TokenCheck => ({ deficit: plain.deficit, gap: Number.isNaN(gap) ? 1 : Math.min(1, gap), sampled: judged.token, logprob: plain.logprob });
+  if (accepted) return out(claimed !== proposal ? 1 : v < a ? 0 : v - a);
+  // A rejection never draws the proposal again (its residual mass is 0 once p(d) < q(d)).
+  if (claimed === proposal) return out(1);
+  const rejectGap = v >= a ? 0 : a - v;
+  const resid = order.map((id, i) => Math.max(0, weights[i]! / total - (qOf.get(id) ?? 0)));
+  const mass = resid.reduce((x, y) => x + y, 0);
+  const k = order.indexOf(claimed);
+  if (!(mass > 0) || k < 0 || !(resid[k]! > 0)) return out(1);
+  let lo = 0;
+  for (let i = 0; i < k; i++) lo += resid[i]!;
+  const hi = lo + resid[k]!;
+  const u = speculativeUniform(seed, 'residual', position) * mass;
+  return out(rejectGap + (u < lo ? lo - u : u >= hi ? u - hi : 0));
 }

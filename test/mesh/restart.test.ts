@@ -160,8 +160,10 @@ describe('relay and tracker restarts on a relay-only Node.js mesh', () => {
     expect(st.stats.bytesSent - bytes0).toBe(0);
     // The tracker counted no failure against the head: the relay went away, not the head.
     const d = (await (await fetch(`${tracker.url}/api/dashboard`)).json()) as { nodes: Array<{ failures: number }> };
-    const why = nodes.flatMap((n) => n.events.filter((e) => /fail|replac|unreachable|gave up/i.test(JSON.stringify(e))).map((e) => `${n.peerId.slice(0, 8)} ${JSON.stringify(e).slice(0, 400)}`));
-    expect(d.nodes.map((n) => n.failures), `failures counted; the nodes said:\n${why.join('\n')}`).toEqual([0, 0, 0]);
+    const said = (name: string, p: NodeProc | TrackerProc) =>
+      [...p.events.map((e) => JSON.stringify(e)), ...p.stderr().split('\n')].filter((l) => /fail|replac|unreachable|gave up/i.test(l)).map((l) => `${name} ${l.slice(0, 400)}`);
+    const why = [...nodes.flatMap((n) => said(n.peerId.slice(0, 8), n)), ...said('tracker', tracker)];
+    expect(d.nodes.map((n) => n.failures), `failures counted; the nodes and the tracker said:\n${why.join('\n')}`).toEqual([0, 0, 0]);
   }, 90_000);
 
   it('a tracker killed and back on its port 1 s later (same key, then a new key) has a new chat succeed within a few seconds of its return', async () => {

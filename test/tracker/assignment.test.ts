@@ -117,30 +117,56 @@ describe('assignment through the tracker', () => {
     expect((await availability(t)).complete).toBe(true);
   });
 
-  it('when a node leaves, reassigns another so its layers are covered again', async () => {
-    const t = await makeTracker({ heartbeatIntervalMs: 1000 });
-    const budgetMb = Math.ceil(4 * layerMib(smallSpec()));
+  it('when a node goes silent, grows no serving node over its layers during the rejoin grace (it comes back with its span, or a joiner takes them), then grows one', async () => {
+    const t = await makeTracker({ heartbeatIntervalMs: 1000, rejoinGraceMs: 10_000 });
+    // Four nodes, each the only holder of its quarter, each able to hold the whole model (a neighbour could grow over a gap).
     const nodes: FakeNode[] = [];
-    for (let i = 0; i < 5; i++) {
-      const n = await FakeNode.create({ memory_budget_mb: budgetMb });
-      await n.join(t);
+    for (const [s0, e0] of [[0, 3], [3, 6], [6, 9], [9, 12]] as const) {
+      const n = (await FakeNode.create({ memory_budget_mb: 4096 })).withStats(1);
+      n.serving = { start_layer: s0, end_layer: e0 };
+      await n.register(t);
       nodes.push(n);
     }
     expect((await availability(t)).complete).toBe(true);
-    // Find a node that is the only holder of some layer, and stop its heartbeats.
-    const av = await availability(t);
-    const sole = av.layers.find((l) => l.count === 1)!.nodes[0]!;
-    const leaving = nodes.find((n) => n.peerId === sole)!;
-    const lost = [leaving.serving!.start_layer, leaving.serving!.end_layer];
+    const leaving = nodes[2]!;
     const staying = nodes.filter((n) => n !== leaving);
-    t.clock.now += 2000;
-    for (const n of staying) await n.heartbeat(t);
-    t.clock.now += 1500;
+    const spans = () => staying.map((n) => { const a = t.registry.nodes.get(n.peerId)!.assignment!; return `${a.start}-${a.end}`; });
+    const held = spans();
+    /** The staying nodes beat for `ms` (fake time, sweeping as the tracker does): the spans they are told to hold. */
+    const live = async (ms: number) => {
+      for (let left = ms; left > 0; left -= 500) {
+        t.clock.now += Math.min(500, left);
+        for (const n of staying) await n.heartbeat(t);
+        t.sweep();
+      }
+      return spans();
+    };
+    await live(2_000);
+    t.clock.now += 1_500;
     expect(t.sweep()).toEqual([leaving.peerId]);
-    const gap = await availability(t);
-    expect(gap.complete).toBe(false);
-    expect(gap.missing_layers.length).toBeGreaterThan(0);
-    for (const l of gap.missing_layers) expect(l >= lost[0]! && l < lost[1]!).toBe(true);
+    expect((await availability(t)).missing_layers).toEqual([6, 7, 8]);
+    // Within the grace nobody that serves is grown over the gap (a download), however often the tracker looks.
+    expect(await live(8_000)).toEqual(held);
+    // The node comes back (a tab reopened): its span again, no download, nobody moved.
+    expect((await leaving.register(t)).assignment).toMatchObject({ start_layer: 6, end_layer: 9 });
+    expect((await availability(t)).complete).toBe(true);
+    expect(await live(1_000)).toEqual(held);
+
+    // Silent again. A node that joins during the grace is given the bare layers at once.
+    t.clock.now += 3_600;
+    for (const n of staying) await n.heartbeat(t);
+    expect(t.sweep()).toEqual([leaving.peerId]);
+    const joiner = await FakeNode.create({ memory_budget_mb: Math.ceil(4 * layerMib(smallSpec())) });
+    const got = (await joiner.join(t)).assignment!;
+    expect(got.start_layer).toBeLessThanOrEqual(6);
+    expect(got.end_layer).toBeGreaterThanOrEqual(9);
+    expect((await availability(t)).complete).toBe(true);
+    expect(await live(1_000)).toEqual(held);
+
+    // Silent for good, and the joiner leaves too: past the grace, the last resort — a serving node grows over the gap.
+    t.registry.remove(joiner.peerId, 'left');
+    expect(await live(8_000)).toEqual(held);
+    await live(3_000);
     // The next heartbeats carry a new assignment for some node; it loads it and the map is whole again.
     let moved = 0;
     for (const n of staying) {

@@ -14,6 +14,11 @@ import { connectNats, type NatsHandle } from '../../src/cluster/nats.ts';
 import { trackerSubjects } from '../../src/cluster/subjects.ts';
 import { startRelayProcess } from '../helpers/relay-process.ts';
 import type { RunningTracker } from '../../src/tracker/server.ts';
+import { Identity } from '../../src/net/identity.ts';
+import { encodeBase64Url } from '../../src/protocol/base64.ts';
+import { signBody } from '../../src/tracker/signing.ts';
+import { signPlan } from '../../src/tracker/verify/planner.ts';
+import type { CheckPlan } from '../../src/verify/plan.ts';
 import { FakeNode } from '../helpers/tracker.ts';
 import { asTest, mb, span, trackerCluster, until } from '../helpers/tracker-cluster.ts';
 
@@ -117,6 +122,50 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
       await r1.stop();
       await r2.stop();
     }
+  });
+
+  it('a quarantine judged at one tracker is routed around by every tracker and outlives a re-registration; a check plan one tracker signed is taken by another', async () => {
+    const name = c.name();
+    const [a, b] = [await tracker(name), await tracker(name)];
+    const nodes: FakeNode[] = [];
+    for (const [from, to] of [[0, 4], [4, 8], [4, 8], [8, 12]] as const) {
+      const n = await FakeNode.create({ pinned: true });
+      n.serving = { start_layer: from, end_layer: to };
+      await n.register(asTest(a));
+      nodes.push(n);
+    }
+    const [h, x, y] = nodes as [FakeNode, FakeNode, FakeNode];
+    await until(() => nodes.every((n) => b.registry.status(b.registry.nodes.get(n.peerId) ?? ({} as never)) === 'serving'), 5000, 'every node serving at the second tracker');
+    const routedAt = (t: RunningTracker) => {
+      const seen = new Set<string>();
+      for (let i = 0; i < 40; i++) for (const hop of t.registry.pick('small').hops) seen.add(hop.id);
+      return seen;
+    };
+    expect(routedAt(b).has(x.peerId)).toBe(true);
+    // The first tracker judges x wrong (as a report's verdict does): the second routes around it at once it hears.
+    const off = a.verification.trust.offence({ peer: x.peerId, role: 'hop', model: 'small', start_layer: 4, end_layer: 8, generation: 'g-0', session: 'g-0.x', kind: 'rows', rows: 4, steps: 2, threshold: 0.003, claim: { peer: x.peerId, attestation: 'a' }, checker: { peer: y.peerId, attestation: 'b', distance: 0.1 }, reported_by: h.peerId });
+    await until(() => b.verification.excluded(x.peerId), 5000, 'the quarantine at the second tracker');
+    expect(routedAt(b).has(x.peerId)).toBe(false);
+    expect((await h.heartbeat(asTest(b))).distrust).toEqual([{ peer_id: x.peerId, until: off.until }]);
+    // A heartbeat of x's own, written by the second tracker, keeps the quarantine in the shared document.
+    await x.heartbeat(asTest(b));
+    await x.register(asTest(b));
+    const c2 = await tracker(name);
+    await until(() => c2.registry.nodes.get(x.peerId), 5000, 'x at a third tracker');
+    expect(c2.verification.excluded(x.peerId)).toBe(true);
+    expect(routedAt(c2).has(x.peerId)).toBe(false);
+    // A planned check the head could not run, reported to the tracker that did not plan it: taken (the plan is
+    // signed by a tracker of the cluster); a plan signed by a key outside the cluster is refused.
+    const peer = (n: FakeNode) => ({ peer_id: n.peerId, public_key: encodeBase64Url(n.identity.publicKey), format: 'f32' as const, backend: 'onnxruntime-node' });
+    const plan: CheckPlan = { head: h.peerId, model: 'small', generation: 'req-0', expires_at: Date.now() + 60_000, checks: [{ peer: peer(y), start_layer: 4, end_layer: 8, checkers: [peer(x)] }] };
+    const skipped = async (signer: Identity) => {
+      const signed = await signPlan(signer, plan);
+      const body = { head: h.peerId, timestamp: Date.now(), plan: signed.text, plan_signature: signed.signature, session: 'req-0.abc', peer_id: y.peerId, start_layer: 4, end_layer: 8, reason: 'refused' as const, why: 'it gave no attestation' };
+      return b.app.request('/api/checks/skipped', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(await signBody(h.identity, body)) });
+    };
+    expect((await skipped(a.identity)).status).toBe(200);
+    expect(b.verification.trust.peek(y.peerId)?.refusals).toBe(1);
+    expect((await skipped(await Identity.generate())).status).toBe(401);
   });
 
   it('drops and counts malformed cluster documents and batches; keeps serving', async () => {

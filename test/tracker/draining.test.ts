@@ -116,6 +116,47 @@ describe('draining nodes on the tracker', () => {
     expect(t.registry.sweep()).toEqual([small.peerId]);
   });
 
+  it('moves no serving node onto the layers of a node paused past its cover until the rejoin grace ends', async () => {
+    const t = await makeTracker({ heartbeatIntervalMs: 1000, deadAfterMissedHeartbeats: 3, rejoinGraceMs: 5_000 });
+    // a can grow over 6-11 (its budget holds the whole model); b, paused, is their only holder.
+    const a = await serving(t, 0, 6);
+    const b = await serving(t, 6, 12);
+    t.clock.now += 10;
+    await beat(t, b, t.clock.now, true);
+    const assigned = () => t.registry.nodes.get(a.peerId)!.assignment;
+    for (let i = 0; i < 7; i++) {
+      t.clock.now += 1000;
+      await beat(t, b, t.clock.now, true);
+      await beat(t, a, t.clock.now);
+      t.registry.sweep();
+    }
+    // 3 s of cover + 5 s of grace not yet over (7 s): a keeps its span.
+    expect(assigned()).toEqual({ start: 0, end: 6 });
+    t.clock.now += 1500;
+    await beat(t, b, t.clock.now, true);
+    await beat(t, a, t.clock.now);
+    t.registry.sweep();
+    expect(assigned()!.end).toBe(12);
+  });
+
+  it('moves a spare (a node whose every layer another holds too) onto a silent node\'s layers at once, within the grace', async () => {
+    const t = await makeTracker({ heartbeatIntervalMs: 1000, deadAfterMissedHeartbeats: 3, rejoinGraceMs: 60_000 });
+    const a = await serving(t, 0, 6);
+    const spare = await serving(t, 0, 6);
+    const b = await serving(t, 6, 12);
+    t.clock.now += 3_500;
+    await beat(t, a, t.clock.now);
+    await beat(t, spare, t.clock.now);
+    expect(t.registry.sweep()).toEqual([b.peerId]);
+    const moved = [a, spare].filter((n) => t.registry.nodes.get(n.peerId)!.assignment!.end === 12);
+    expect(moved).toHaveLength(1);
+    // Whichever of the two it was, the other keeps 0-5 alone now: it is no spare, and stays.
+    t.clock.now += 1000;
+    for (const n of [a, spare]) await beat(t, n, t.clock.now);
+    t.registry.sweep();
+    expect([a, spare].filter((n) => t.registry.nodes.get(n.peerId)!.assignment!.end === 12)).toEqual(moved);
+  });
+
   it('gives a reloaded node the span it keeps in storage, unless others hold it while layers lie bare', async () => {
     const t = await makeTracker();
     const n = await FakeNode.create({ memory_budget_mb: 4096 });

@@ -143,7 +143,7 @@ async function run(start: number, end: number, opts: { hopLie?: Lie; checkerLie?
     verify: verifyEd25519,
     async report(r) {
       out.report = r;
-      const v = await judgeReport(r, { trackerKey: tracker.publicKey, now: Date.now(), verify: verifyEd25519 });
+      const v = await judgeReport(r, { trackerKeys: [tracker.publicKey], now: Date.now(), verify: verifyEd25519 });
       out.verdicts.push(v);
       return v;
     },
@@ -223,7 +223,7 @@ describe('a spot-check, end to end in one process', () => {
     const judge = (edit: (x: CheckReport) => void) => {
       const copy = structuredClone(r.report!);
       edit(copy);
-      return judgeReport(copy, { trackerKey: tracker.publicKey, now: Date.now(), verify: verifyEd25519 });
+      return judgeReport(copy, { trackerKeys: [tracker.publicKey], now: Date.now(), verify: verifyEd25519 });
     };
     await expect(judge(() => undefined)).resolves.toMatchObject({ outcome: 'offence' });
     await expect(judge((x) => (x.samples[0]!.claim = x.samples[0]!.checks[0]!))).rejects.toMatchObject({ code: 'MESH_ERR_FORBIDDEN' });

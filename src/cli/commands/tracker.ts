@@ -71,6 +71,7 @@ export function configure(cmd: Command): void {
     .option('--max-tokens-limit <n>', 'largest max_tokens a client may ask for', int, d.maxTokensLimit)
     .option('--default-max-tokens <n>', 'max_tokens when a request gives none', int, d.defaultMaxTokens)
     .option('--heartbeat-interval-ms <n>', 'heartbeat period given to nodes; a node missing 3 is removed', int, d.heartbeatIntervalMs)
+    .option('--rejoin-grace-ms <n>', 'a node removed for silence may come back with its span: for this long no serving node is moved onto its layers (new and idle nodes still take them)', int, d.rejoinGraceMs)
     .option('--kv-context <n>', 'tokens of KV cache reserved per node when sizing spans', int, d.kvReserveContextTokens)
     .option('--hop-latency-ms <n>', 'estimated network cost of one hop, for routing', int, d.hopLatencyMs)
     .option('--route-slack <x>', 'routes costing up to (1 + x) × the cheapest share the traffic, each in proportion to its throughput (0: always the cheapest)', nonNegative, d.routeSlack)
@@ -108,6 +109,7 @@ export function configure(cmd: Command): void {
         maxTokensLimit: o.maxTokensLimit as number,
         defaultMaxTokens: o.defaultMaxTokens as number,
         heartbeatIntervalMs: o.heartbeatIntervalMs as number,
+        rejoinGraceMs: o.rejoinGraceMs as number,
         kvReserveContextTokens: o.kvContext as number,
         hopLatencyMs: o.hopLatencyMs as number,
         routeSlack: o.routeSlack as number,

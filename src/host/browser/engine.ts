@@ -185,4 +185,14 @@ export interface NodeEngine {
   attachPeerConnections(port: MessagePort): Promise<void>;
   /** Tests: close the node's data channels now (its hops go by the relay until they are dialled again). */
   closeDataChannels(): Promise<void>;
+  /**
+   * Benches: `true` starts stamping each stage of every step in this worker
+   * (src/protocol/trace.ts; off by default), `false` stops; either hands over
+   * the stamps taken since the last call, on the clock every page shares
+   * (`performance.timeOrigin + performance.now()`, ms).
+   */
+  trace(on: boolean): Promise<TraceStampRow[]>;
 }
+
+/** One stamp: when (ms since the epoch), the stage, and the step's session and position when known there. */
+export type TraceStampRow = [t: number, stage: string, session?: string, position?: string | number];

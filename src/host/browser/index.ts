@@ -28,13 +28,17 @@ import { NodeRuntime } from '../../node/runtime/runtime.ts';
 import { ContributionMeter } from '../../node/runtime/contribution.ts';
 import { MIN_DUTY_CYCLE } from '../../node/runtime/duty-cycle.ts';
 import { NodeState } from '../../node/runtime/state.ts';
-import { DEFAULT_WEIGHT_FORMAT, type BackendChoice, type DonorSettings, type DrainBeacon, type NodeConfig, type NodeEngine, type NodeStatus, type PageLifecycleEvent, type WeightFormat } from './engine.ts';
+import { DEFAULT_WEIGHT_FORMAT, type BackendChoice, type DonorSettings, type DrainBeacon, type NodeConfig, type NodeEngine, type NodeStatus, type PageLifecycleEvent, type TraceStampRow, type WeightFormat } from './engine.ts';
 import { newQ4Counters } from './q4-store.ts';
 import type { NodeStorage } from './storage.ts';
 import { browserAdapter, workerGlobals, type BrowserGlobals, type StorageCounters } from './adapter.ts';
 import { describeError, pageStatus } from './surface.ts';
 import type { RtcFactory } from '../../net/rtc-peer.ts';
 import { pageRtcFactory } from './rtc-worker.ts';
+import { setTrace } from '../../protocol/trace.ts';
+
+/** Stamps a bench may collect between two trace() calls (a few minutes of steps). */
+const MAX_TRACE_STAMPS = 500_000;
 
 export { describeError };
 
@@ -78,6 +82,8 @@ export class BrowserNode implements NodeEngine {
   private readonly g: BrowserGlobals;
   /** The page's peer connections (rtc-page.ts), once it handed the port over. */
   private rtc: RtcFactory | undefined;
+  /** trace(true): the stamps taken since. */
+  private stamps: TraceStampRow[] = [];
 
   constructor(globals?: BrowserGlobals) {
     this.g = globals ?? workerGlobals();
@@ -213,6 +219,20 @@ export class BrowserNode implements NodeEngine {
 
   async closeDataChannels(): Promise<void> {
     this.runtime?.closeDataChannels();
+  }
+
+  async trace(on: boolean): Promise<TraceStampRow[]> {
+    const taken = this.stamps;
+    this.stamps = [];
+    const origin = performance.timeOrigin;
+    setTrace(
+      on
+        ? (stage, session, position) => {
+            if (this.stamps.length < MAX_TRACE_STAMPS) this.stamps.push([origin + performance.now(), stage, session, position]);
+          }
+        : undefined,
+    );
+    return taken;
   }
 
   async stop(): Promise<void> {

@@ -9,6 +9,7 @@
 import type * as OrtTypes from 'onnxruntime-web';
 import { isDeviceTensor, type BackendTensor, type DeviceMemory, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue, type TensorType } from '../../shard/backend.ts';
 import { MeshError } from '../../protocol/errors.ts';
+import { trace } from '../../protocol/trace.ts';
 import { requestOrtGpuDevice } from './webgpu.ts';
 import { bufferRegistrySymbol, pinBuffer } from './onnx-capture.ts';
 import type { BackendKind } from './engine.ts';
@@ -205,8 +206,13 @@ function wrap(ort: Ort, session: OrtTypes.InferenceSession, memory: WebGpuMemory
         const given = outputs[name];
         fetches[name] = given && isDeviceTensor(given) ? toOrt(given) : null;
       }
+      trace?.('ort');
       out = await session.run(input, fetches as OrtTypes.InferenceSession.FetchesType);
-    } else out = await session.run(input);
+    } else {
+      trace?.('ort');
+      out = await session.run(input);
+    }
+    trace?.('ort-done');
     const result: Record<string, RunValue> = {};
     for (const [name, t] of Object.entries(out)) {
       const given = outputs?.[name];

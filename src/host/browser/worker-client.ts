@@ -51,6 +51,7 @@ export function createWorkerEngine(worker: Worker): WorkerEngine {
     stop: () => call(() => remote.stop()),
     attachPeerConnections: (port: MessagePort) => call(() => remote.attachPeerConnections(transfer(port, [port]))),
     closeDataChannels: () => call(() => remote.closeDataChannels()),
+    trace: (on: boolean) => call(() => remote.trace(on)),
     terminate() {
       remote[releaseProxy]();
       worker.terminate();

@@ -4,7 +4,6 @@
  * key file, weights read by Range straight from the model host into the
  * graphs, onnxruntime-node, node:http for direct hops, and direct links.
  */
-import { hash } from 'node:crypto';
 import { ModelFetchError, ModelFormatError } from '../../model/errors.ts';
 import { hubFetch } from '../../model/hub.ts';
 import { cachingHubFetch } from './hub-cache.ts';
@@ -84,8 +83,6 @@ export function nodeAdapter(o: NodeAdapterOptions): NodeAdapter {
     backends,
     log: o.log,
     direct: httpDirect.send,
-    // A Buffer is a Uint8Array: used as is.
-    sha256: (bytes) => hash('sha256', bytes, 'buffer'),
     watchHandshake: watchWsHandshake,
     // Frames straight to hops that accept links (Node.js nodes): no relay in between, cheaper than HTTP.
     ...(o.links ? { links: (identity) => new LinkPool({ identity, WebSocket: NodeWebSocketConstructor, onLog: (m) => o.log('warn', m) }) } : {}),

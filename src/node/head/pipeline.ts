@@ -39,7 +39,7 @@ import { StopMatcher, StreamDecoder } from '../../model/text-stream.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { RouteProof } from '../../net/rtc-signal.ts';
 import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor, type TokenAnswer } from './pipeline-parts.ts';
-import { MAX_DRAFT, type DraftProposal } from '../../shard/speculative.ts';
+import { isStochasticDraft, MAX_DRAFT, type DraftProposal } from '../../shard/speculative.ts';
 import { encodeDraft } from '../../protocol/draft.ts';
 import { AdaptiveK, type CarriedPolicy } from './speculation/adaptive-k.ts';
 import type { Drafter } from './speculation/drafter.ts';
@@ -307,9 +307,9 @@ export class PipelineDriver {
         if (sp.tokens.length === 1 && run.pending.length === 0) this.observeStep(performance.now() - t0);
         speculator?.settle(sp, answer, { batchFull: answer.batchFull });
         // The checks judge every token the step emitted, each from its row, over the rows that stay.
-        run.checks?.step(sp.tokens.length, answer.tokens.map((tokenId, i) => ({ tokenId, logprob: answer.logprobs[i] ?? 0 })), next.length + answer.accepted);
-        // A stochastic draft's tokens come from the acceptance rule's own draws, not the sampler a check replays.
-        if (sp.draft?.q !== undefined) run.checks?.uncheckable('a draft model sampled the drafts (the acceptance rule drew the tokens)');
+        // A sampling drafter's step: the acceptance rule drew its tokens, and a check replays that rule against its draft.
+        const sampledDraft = isStochasticDraft(sp.draft, run.localSampling) ? sp.draft : undefined;
+        run.checks?.step(sp.tokens.length, answer.tokens.map((tokenId, i) => ({ tokenId, logprob: answer.logprobs[i] ?? 0 })), next.length + answer.accepted, sampledDraft);
         // How each step was computed: a replay resends the history in these same chunks (a verification's
         // kept rows padded back to its width, so the rebuilt cache is bit for bit the same).
         run.steps.push({ start: run.position, width: sp.tokens.length });
@@ -333,7 +333,7 @@ export class PipelineDriver {
           let text = pushed.text;
           // The last token of a length-limited run lets go of text held for a stop string that can no longer complete.
           if (!pushed.stopped && (index + 1 >= req.max_tokens || history.length > ex.maxContext)) text += stop.flush();
-          const counts = t === 0 && drafted > 0 ? { drafted, accepted: answer.accepted } : {};
+          const counts = t === 0 && drafted > 0 ? { drafted, accepted: answer.accepted, ...(sampledDraft ? { drafts_sampled: true } : {}) } : {};
           yield { type: 'token', index, token_id: tokenId, text, logprob: answer.logprobs[t] ?? 0, ...counts };
           index++;
           if (pushed.stopped) {
@@ -398,7 +398,7 @@ export class PipelineDriver {
     // What the head's own span computed, for its attestation: this step's tokens, or every token when its cache was rebuilt.
     const fed = local.kind === 'token' || local.data.length / this.init.executor.config.hiddenSize === seq ? { at: run.position, ids: sp.tokens } : { at: 0, ids: allTokens() };
     if (local.kind === 'token') {
-      run.checks?.local(fed.at, fed.ids, local);
+      run.checks?.local(fed.at, fed.ids, local, isStochasticDraft(sp.draft, run.localSampling) ? sp.draft : undefined);
       const v = local.spec;
       return v ? { tokens: v.tokenIds, logprobs: v.logprobs, accepted: v.accepted, batchFull: false } : { tokens: [local.tokenId], logprobs: [local.logprob], accepted: 0, batchFull: false };
     }

@@ -23,7 +23,8 @@ import type { KvStats } from '../../shard/kv-store.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
 import { trace } from '../../protocol/trace.ts';
 import { parseDraft } from '../../protocol/draft.ts';
-import { ATTEST_HEADER, stepTokenBytes, tokenBytes } from '../../verify/attest.ts';
+import { ATTEST_HEADER, draftDigest, stepTokenBytes, tokenBytes } from '../../verify/attest.ts';
+import { isStochasticDraft } from '../../shard/speculative.ts';
 import { CHECK_FROM_HEADER, CHECK_RECORDS_HEADER, CHECK_TOKENS_HEADER, parseTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
 import { argmax, checkToken } from '../../verify/token-check.ts';
 import { concatBytes } from '../../protocol/bytes.ts';
@@ -237,9 +238,11 @@ export function createForwardHandler(executor: ForwardExecutor, info: ForwardHan
       const spec = result.spec ? { accepted: result.spec.accepted, logprobs: result.spec.logprobs } : {};
       res = jsonReply(200, { token_id: result.tokenId, text, logprob: result.logprob, ...spec });
       // What it signs is what it answered: every token the step emitted (the accepted drafts, then token_id,
-      // with the logprobs it sent; one token: tokenBytes), each judged from its row by a check.
+      // with the logprobs it sent; one token: tokenBytes), each judged from its row by a check — and, when a
+      // sampling drafter's rule drew them, the draft it judged them against.
       const v = result.spec;
-      out = v ? stepTokenBytes([...v.tokenIds.slice(0, v.accepted), result.tokenId].map((tokenId, i) => ({ tokenId, logprob: v.logprobs[i] ?? 0 }))) : tokenBytes(result.tokenId, result.logprob);
+      const sampledDraft = draft && isStochasticDraft(draft, sampling ?? {}) ? draftDigest(draft) : undefined;
+      out = v ? stepTokenBytes([...v.tokenIds.slice(0, v.accepted), result.tokenId].map((tokenId, i) => ({ tokenId, logprob: v.logprobs[i] ?? 0 })), sampledDraft) : tokenBytes(result.tokenId, result.logprob);
     } else {
       // Answer in the caller's dtype: the next hop expects what this one received.
       out = encodeTensor(result.data, dtype);

@@ -121,8 +121,6 @@ export interface RuntimeHost {
   log(level: LogLevel, message: string): void;
   /** Direct HTTP to a hop's endpoint; absent: fetch. */
   readonly direct?: DirectRequest;
-  /** A synchronous SHA-256 (attestations hash every step: a few µs a call, where WebCrypto's digest costs tens); absent: WebCrypto. */
-  readonly sha256?: (bytes: Uint8Array) => Uint8Array;
   /** Direct links to hops' endpoints, dialled with this node's identity. */
   links?(identity: Identity): LinkDialer;
   /** Sees a refused `/rpc` handshake's status (`ws` can, a browser cannot). */

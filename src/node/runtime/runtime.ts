@@ -23,23 +23,22 @@
  */
 import type { WeightFormat } from '../../model/weight-format.ts';
 import { encodeBase64Url } from '../../protocol/base64.ts';
-import { errorReply } from '../../protocol/envelopes.ts';
 import { MeshError } from '../../protocol/errors.ts';
 import type { Assignment, NodeMessage, NodeStats } from '../../protocol/tracker.ts';
 import { HopTransport } from '../../net/hop-transport.ts';
-import type { IceServer } from '../../net/rtc-peer.ts';
-import { RtcPool, type RtcState } from '../../net/rtc-pool.ts';
-import { RTC_SIGNAL_PATH, type RouteProof } from '../../net/rtc-signal.ts';
+import type { RtcState } from '../../net/rtc-pool.ts';
+import type { RouteProof } from '../../net/rtc-signal.ts';
 import { Identity } from '../../net/identity.ts';
 import type { MeshHandler, OutgoingRequest, RequestOptions } from '../../net/contract.ts';
 import { RelayClient } from '../../net/relay-client.ts';
 import { RpcConnection } from '../../net/relay-hop.ts';
-import { TrackerClient, VerifiedRoutes } from '../tracker-client.ts';
+import { TrackerClient } from '../tracker-client.ts';
 import { TrackerSession, kvHeartbeat } from '../tracker-session.ts';
 import { NodeHandler, type Surface } from './handler.ts';
 import type { RuntimeHost, SpanSpec } from './host.ts';
 import type { LinkDialer } from '../../net/contract.ts';
 import { SpanSlot, baseUrl, loadSpan, type LoadedSpan, type SpanLoadContext } from './span.ts';
+import { DataChannels, type DataChannelsInfo, type RtcConfig } from './data-channels.ts';
 import { DeviceRecovery } from './device-recovery.ts';
 import { DrainGate, type DrainReason, type DrainStatus } from './drain.ts';
 import { DutyCycle } from './duty-cycle.ts';
@@ -107,14 +106,8 @@ export interface RuntimeConfig {
   drainBeacons?: boolean | ((beacon: { url: string; body: string }) => Promise<void>);
   /** A span the host keeps in its own storage (a page's IndexedDB): told to the tracker at registration, so a reload gets it back with no download. */
   storedSpan?: { model: string; startLayer: number; endLayer: number };
-  /**
-   * Data channels to other nodes (when the host has WebRTC and there is a
-   * relay to signal over): `enabled` false keeps every hop on the relay
-   * (benches compare the two); `iceServers` for nodes behind NATs (STUN,
-   * TURN); `delayMs` (benches) delays every message received on a channel,
-   * as the delaying proxy delays the relay's legs.
-   */
-  rtc?: { enabled?: boolean; iceServers?: IceServer[]; icePolicy?: 'relay'; delayMs?: number };
+  /** Data channels to other nodes (data-channels.ts). */
+  rtc?: RtcConfig;
 }
 
 /** A lifecycle event of the host (a browser page): frozen, back, or going away. */
@@ -140,10 +133,8 @@ export class NodeRuntime {
   readonly finished = new FinishedStore();
   private relay: RelayClient | undefined;
   private readonly links: LinkDialer | undefined;
-  /** Data channels to other nodes (pages); undefined on a host without WebRTC, or with them turned off. */
-  private rtc: RtcPool | undefined;
-  /** Routes offered as proof by peers that open data channels, checked once per signature. */
-  private readonly rtcRoutes = new VerifiedRoutes();
+  /** Data channels to other nodes (pages); none on a host without WebRTC, or with them turned off. */
+  private readonly channels: DataChannels;
   private tracker: TrackerClient | undefined;
   private session: TrackerSession | undefined;
   private started = false;
@@ -192,6 +183,14 @@ export class NodeRuntime {
     });
     if (config.dutyCycle !== undefined) this.duty.set(config.dutyCycle);
     this.model = config.model ?? config.span?.model;
+    this.channels = new DataChannels({
+      peerId: identity.peerId,
+      host,
+      config: config.rtc,
+      hasRelay: config.relayUrl !== undefined,
+      relay: () => this.relay,
+      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+    });
     const links = host.links?.(identity);
     this.links = links;
     const relayFast = config.relayUrl
@@ -228,12 +227,12 @@ export class NodeRuntime {
           }
         : {}),
       ...(links ? { link: (endpoint: string, peerId: string) => links.requester(endpoint, peerId) } : {}),
-      ...(this.rtcEnabled ? { rtc: (peerId: string, proof?: RouteProof) => this.rtc?.requester(peerId, proof) } : {}),
+      ...(this.rtcEnabled ? { rtc: (peerId: string, proof?: RouteProof) => this.channels.requester(peerId, proof) } : {}),
       ...(host.direct ? { direct: host.direct } : { fetch: host.fetch }),
       ...(config.hopOrder ? { order: config.hopOrder } : {}),
       onLog: (m) => host.log('warn', m),
     });
-    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), ...(host.sha256 ? { sha256: host.sha256 } : {}), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
+    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
     this.verifier = new Verifier({
       peerId: identity.peerId,
       transport: this.transport,
@@ -273,9 +272,9 @@ export class NodeRuntime {
       duty: this.duty,
       onLog: (m) => host.log('warn', m),
       onGenerateEvent: (event, sessionId) => this.emit({ type: 'generate', event, sessionId }),
-      ...(this.rtcEnabled ? { signal: (req) => this.onRtcSignal(req) } : {}),
+      ...(this.rtcEnabled ? { signal: (req) => this.channels.onSignal(req) } : {}),
     });
-    this.rtc = this.newRtcPool();
+    this.channels.attach(this.handler.for('rtc'));
     this.slot = new SpanSlot((spec) => (this.recovery.loading(spec), loadSpan(spec, this.loadContext(this.epoch))), {
       onSwap: (next, _old, loadMs) => {
         this.loading = undefined;
@@ -323,20 +322,20 @@ export class NodeRuntime {
   }
   /** Whether hops may go over data channels: the host has WebRTC, there is a relay to signal over, and the config does not turn them off. */
   get rtcEnabled(): boolean {
-    return this.host.rtc !== undefined && this.config.relayUrl !== undefined && this.config.rtc?.enabled !== false;
+    return this.channels.enabled;
   }
 
   /** The data channels' state as /info and the heartbeat show it; undefined without them. */
-  rtcInfo(): { open: number; opened: number; failed: number; closed: number; refused: number; peers: ReturnType<RtcPool['snapshot']> } | undefined {
-    const p = this.rtc;
-    if (!p) return undefined;
-    return { open: p.openCount, ...p.counts, peers: p.snapshot() };
+  rtcInfo(): DataChannelsInfo | undefined {
+    return this.channels.info();
   }
 
   /** Per peer this node sends hops to: the path the last one took, what each path carried, and the data channel's state. */
   hopPaths(): Array<ReturnType<HopTransport['paths']>[number] & { rtc?: string }> {
-    const p = this.rtc;
-    return this.transport.paths().map((x) => (p ? { ...x, rtc: p.state(x.peer_id) } : x));
+    return this.transport.paths().map((x) => {
+      const rtc = this.channels.state(x.peer_id);
+      return rtc ? { ...x, rtc } : x;
+    });
   }
 
   /** The heartbeat's view of the paths (the dashboard shows which path each hop takes). */
@@ -352,9 +351,7 @@ export class NodeRuntime {
 
   /** Close every data channel (tests: a channel that closes mid-generation); they are dialled again on the next hops. */
   closeDataChannels(): void {
-    const p = this.rtc;
-    if (!p) return;
-    for (const x of p.snapshot()) p.closePeer(x.peer_id, 'closed by this node (test)');
+    this.channels.closeAll();
   }
 
   /** /forward requests served per surface. */
@@ -659,7 +656,7 @@ export class NodeRuntime {
         forwards_served: { ...this.handler.served },
         hops_sent: { ...this.transport.sent },
         paths: this.hopPaths(),
-        ...(this.rtc ? { data_channels: this.rtcInfo() } : {}),
+        ...optional('data_channels', this.rtcInfo()),
         chain_forwards: this.handler.chained,
         draining: this.drain.draining,
         duty_cycle: this.duty.fraction,
@@ -695,48 +692,6 @@ export class NodeRuntime {
     this.changed();
   }
 
-  private newRtcPool(): RtcPool | undefined {
-    if (!this.rtcEnabled) return undefined;
-    const utf8 = new TextEncoder();
-    const rtc = this.config.rtc ?? {};
-    return new RtcPool({
-      selfId: this.identity.peerId,
-      factory: this.host.rtc!,
-      handler: this.handler.for('rtc'),
-      iceServers: rtc.iceServers ?? [],
-      ...(rtc.icePolicy ? { icePolicy: rtc.icePolicy } : {}),
-      ...(rtc.delayMs ? { socket: { delayMs: rtc.delayMs } } : {}),
-      sendSignal: (peerId, msg, timeoutMs) => {
-        const relay = this.relay;
-        if (!relay || relay.state !== 'registered') return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay connection to signal over'));
-        return relay.request(peerId, { method: 'POST', path: RTC_SIGNAL_PATH, headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(msg)) }, { timeoutMs });
-      },
-      authorize: (caller, proof) => this.authorizeRtc(caller, proof),
-      onLog: (level, m) => this.host.log(level, m),
-    });
-  }
-
-  /**
-   * A peer may open a data channel to this node only on a route the
-   * tracker signed with both on it (the head or a hop): a stranger cannot
-   * make a page open connections, nor learn its addresses from an answer.
-   */
-  private async authorizeRtc(caller: string, proof: RouteProof): Promise<void> {
-    const got = this.rtcRoutes.get(this.tracker?.trackerKey ?? this.config.trackerKey, proof.head, proof.route, proof.expires, proof.signature, Date.now());
-    const route = got instanceof Promise ? await got : got;
-    const on = (peer: string) => peer === proof.head || route.hops.some((h) => h.peer_id === peer);
-    if (!on(caller)) throw new MeshError('MESH_ERR_FORBIDDEN', `${caller} is not on the route it offers as proof: only peers on a route together open data channels`);
-    if (!on(this.identity.peerId)) throw new MeshError('MESH_ERR_FORBIDDEN', `this node (${this.identity.peerId}) is not on the route ${caller} offers as proof`);
-  }
-
-  private onRtcSignal(req: Parameters<MeshHandler>[0]): ReturnType<MeshHandler> {
-    const pool = this.rtc;
-    if (!pool) return Promise.resolve(errorReply(new MeshError('MESH_ERR_NOT_FOUND', 'this node has no data channels now')));
-    // The relay (or a link) names the sender; an anonymous path (an /rpc envelope, HTTP) cannot signal.
-    if (req.from === undefined) return Promise.resolve(errorReply(new MeshError('MESH_ERR_FORBIDDEN', 'signalling must come over the relay fast path, which names the sender')));
-    return pool.onSignal(req.from, req);
-  }
-
   private stopNetwork(): void {
     this.session?.close();
     this.session = undefined;
@@ -744,9 +699,7 @@ export class NodeRuntime {
     this.relay = undefined;
     this.transport.close();
     this.links?.close();
-    // A new pool for a restart (retry after an error): a closed one dials no more.
-    this.rtc?.close();
-    this.rtc = this.newRtcPool();
+    this.channels.reset();
   }
 
   private changed(): void {
@@ -776,4 +729,9 @@ export class NodeRuntime {
 
 function formatMib(bytes: number): string {
   return `${Math.round((bytes / 2 ** 20) * 10) / 10} MiB`;
+}
+
+/** `{ [key]: value }`, or nothing when the value is undefined. */
+function optional<K extends string, V>(key: K, value: V | undefined): { [k in K]?: V } {
+  return value === undefined ? {} : ({ [key]: value } as { [k in K]?: V });
 }

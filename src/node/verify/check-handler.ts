@@ -17,11 +17,12 @@ import { concatBytes } from '../../protocol/bytes.ts';
 import { decodeTensor, dtypeBytes, encodeTensor, isDtype, parseShape, type Dtype } from '../../protocol/tensor.ts';
 import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
 import type { SamplingParams } from '../../shard/sampling.ts';
-import { attestSeed, chainStep, checkMessage, CHECK_ATTEST_HEADER, formatAttestation, sha256, type AttestScope } from '../../verify/attest.ts';
-import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseStepShapes, parseStepTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
+import { attestSeed, chainStep, checkMessage, CHECK_ATTEST_HEADER, draftDigest, formatAttestation, sha256, type AttestScope } from '../../verify/attest.ts';
+import { CHECK_DRAFTS_HEADER, CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, parseStepDrafts, parseStepShapes, parseStepTokens, tokenCheckBytes } from '../../verify/check-wire.ts';
+import { checkDraft, draftProposals, isStochasticDraft } from '../../shard/speculative.ts';
 import { signedByAny, type TrackerKeys } from '../tracker-client.ts';
 import { CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, checkPlanMessage, checkPlanSchema, sessionOfGeneration, type CheckPlan } from '../../verify/plan.ts';
-import { checkToken } from '../../verify/token-check.ts';
+import { checkRuleToken, checkToken } from '../../verify/token-check.ts';
 
 /** What a check needs of the span's executor: a stateless forward, and the logits of chosen rows at the last layer (ForwardRequest.logitRows). */
 export interface CheckExecutor {
@@ -187,11 +188,23 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
       const shape = parseShape(h[H.shape]);
       if (!shape || shape[0] !== 1 || shape[1] !== rows || shape[2] !== hidden) throw new MeshError('MESH_ERR_BAD_SHAPE', `${H.shape} must be 1,${rows},${hidden} (the steps' rows)`);
     }
-    if (req.body.byteLength !== rows * rowBytes) throw new MeshError('MESH_ERR_BAD_SHAPE', `body is ${req.body.byteLength} bytes; ${rows} rows need ${rows * rowBytes}`);
     const last = end === ex.config.numLayers;
+    // A last hop's drafted steps: the drafts follow the rows in the body.
+    const draftBytes = h[CHECK_DRAFTS_HEADER] === undefined ? 0 : Number(h[CHECK_DRAFTS_HEADER]);
+    if (!(Number.isInteger(draftBytes) && draftBytes >= 0 && draftBytes <= req.body.byteLength) || (draftBytes > 0 && !last)) throw new MeshError('MESH_ERR_BAD_REQUEST', `${CHECK_DRAFTS_HEADER} must count the bytes of drafts after a last hop's rows`);
+    const body = req.body.subarray(0, req.body.byteLength - draftBytes);
+    if (body.byteLength !== rows * rowBytes) throw new MeshError('MESH_ERR_BAD_SHAPE', `body is ${body.byteLength} bytes; ${rows} rows need ${rows * rowBytes}`);
     // Per step, the tokens the last hop emitted: judged at the step's last kept rows, one each.
     const claimed = last ? parseStepTokens(h[CHECK_TOKENS_HEADER], shapes.kept, ex.config.vocabSize) : [];
     const params = last ? sampling(h[H.sampling]) : {};
+    // Per step, the draft whose rule drew its tokens (a sampling drafter's at T > 0), if any.
+    const drafts = draftBytes > 0 ? parseStepDrafts(req.body.subarray(body.byteLength), steps.length) : [];
+    for (const [s, d] of drafts.entries()) {
+      if (!d) continue;
+      if (!isStochasticDraft(d, params)) throw new MeshError('MESH_ERR_BAD_REQUEST', `step ${s}'s draft was not judged by the sampling rule (it has no q, or the sampling is greedy)`);
+      checkDraft(d, steps[s]!, ex.config.vocabSize);
+      if (claimed[s]!.length > d.ids.length + 1) throw new MeshError('MESH_ERR_BAD_REQUEST', `step ${s} emitted ${claimed[s]!.length} tokens from a draft of ${d.ids.length}`);
+    }
 
     if (running >= max) throw new MeshError('MESH_ERR_BUSY', 'this node runs as many checks as it takes; ask another checker or retry later', { retry_after_ms: 1000 });
     running++;
@@ -206,13 +219,13 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
       let o = 0;
       let k = 0;
       for (const [s, n] of steps.entries()) {
-        stepIn.push(req.body.subarray(o * rowBytes, (o + n) * rowBytes));
-        keptIn.push(req.body.subarray(o * rowBytes, (o + shapes.kept[s]!) * rowBytes));
+        stepIn.push(body.subarray(o * rowBytes, (o + n) * rowBytes));
+        keptIn.push(body.subarray(o * rowBytes, (o + shapes.kept[s]!) * rowBytes));
         at.push(k);
         o += n;
         k += shapes.kept[s]!;
       }
-      const input = keptRows === rows ? req.body : concatBytes(keptIn);
+      const input = keptRows === rows ? body : concatBytes(keptIn);
       const fr: ForwardRequest = { startLayer: start, endLayer: end };
       if (tokensIn) {
         const dv = new DataView(input.buffer, input.byteOffset, input.byteLength);
@@ -230,14 +243,21 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
         if (result.kind !== 'logits' || result.rows.length !== judged.length) throw new MeshError('MESH_ERR_INTERNAL', 'the span gave no logits for the steps');
         const V = ex.config.vocabSize;
         let r = 0;
-        for (const g of claimed) {
+        for (const [s, g] of claimed.entries()) {
           const recs: Uint8Array[] = [];
-          for (const id of g) {
+          const d = drafts[s];
+          const proposed = d ? draftProposals(d) : [];
+          for (const [j, id] of g.entries()) {
             const logits = result.data.subarray(r * V, (r + 1) * V);
-            const t = checkToken(logits, id, params, judged[r]! + 1);
+            // A drafted row: the rule's claim is "accepted" for every token before the last, and for a last
+            // token that is the accepted `next`; otherwise the last token is the residual draw after a rejection.
+            const accepted = j < g.length - 1 || (d !== undefined && j === d.ids.length && id === d.next);
+            const t = d && j < proposed.length ? checkRuleToken(logits, id, proposed[j]!, d.q![j]!, params, judged[r]! + 1, accepted) : checkToken(logits, id, params, judged[r]! + 1);
             recs.push(tokenCheckBytes({ claimed: id, sampled: t.sampled, argmax: argmaxOf(logits), deficit: t.deficit, gap: t.gap, logprob: t.logprob }));
             r++;
           }
+          // A drafted step's records end with the digest of the draft they were judged against (what the hop signed).
+          if (d) recs.push(draftDigest(d));
           outs.push(concatBytes(recs));
         }
       } else {
@@ -248,16 +268,13 @@ export function createCheckHandler(init: CheckHandlerInit): (req: MeshRequest) =
       }
       // The chain: the same steps and input hashes as the checked hop's, this node's outputs.
       const scope: AttestScope = { model: plan.model, session, startLayer: start, endLayer: end, dtype, ...(last ? { sampling: h[H.sampling] ?? '' } : {}) };
-      let acc = await attestSeed(scope);
-      for (const [s, n] of steps.entries()) {
-        acc = await chainStep(acc, { position: at[s]!, rows: n, input: await sha256(stepIn[s]!), output: await sha256(outs[s]!) });
-      }
+      let acc = attestSeed(scope);
+      for (const [s, n] of steps.entries()) acc = chainStep(acc, { position: at[s]!, rows: n, input: sha256(stepIn[s]!), output: sha256(outs[s]!) });
       const sig = await init.sign(checkMessage(checked, session, rows, acc));
-      const body = concatBytes(outs);
       return {
         status: 200,
         headers: { 'content-type': 'application/octet-stream', [CHECK_ATTEST_HEADER]: formatAttestation({ peer: init.peerId, rows, signature: sig }), ...(last ? {} : { [H.dtype]: dtype, [H.shape]: `1,${keptRows},${hidden}` }) },
-        body,
+        body: concatBytes(outs),
       };
     } finally {
       running--;

@@ -13,7 +13,8 @@ import type { HeaderMap } from '../../protocol/headers.ts';
 import type { RouteHop } from '../../protocol/tracker.ts';
 import { dtypeBytes, type Dtype } from '../../protocol/tensor.ts';
 import { concatBytes } from '../../protocol/bytes.ts';
-import { ATTEST_HEADER, parseAttestations, stepTokenBytes, tokenBytes, tokenIdBytes, formatAttestation } from '../../verify/attest.ts';
+import { ATTEST_HEADER, draftDigest, parseAttestations, stepTokenBytes, tokenBytes, tokenIdBytes, formatAttestation } from '../../verify/attest.ts';
+import type { DraftProposal } from '../../shard/speculative.ts';
 import type { Attestor } from '../../verify/attestor.ts';
 import type { Distrust } from '../../verify/plan.ts';
 import type { FinishedGeneration, FinishedSpan, SignedPlan, Verifier } from './verifier.ts';
@@ -134,6 +135,8 @@ export class GenerationTrace {
   private readonly tokens: Array<{ tokenId: number; logprob: number }> = [];
   /** Every token each step emitted (a verification's accepted drafts, then its token). */
   private readonly stepTokens: Array<Array<{ tokenId: number; logprob: number }>> = [];
+  /** Each step's draft when a sampling drafter's rule drew its tokens (the last hop signed its digest). */
+  private readonly drafts: Array<DraftProposal | undefined> = [];
   /** Hops whose chain the head cannot rebuild, and why. */
   private readonly rebuilt = new Map<string, string>();
   /** The head's own span's steps as it signed them (restarted by a rebuild from position 0). */
@@ -152,9 +155,13 @@ export class GenerationTrace {
     return { model: this.init.model, session: this.s.session, startLayer: 0, endLayer: this.s.localEnd, dtype: this.s.dtype, ...(last ? { sampling: this.s.sampling } : {}) };
   }
 
-  /** The head's own span ran a step: token ids in, its wire rows (or, holding every layer, the tokens it emitted) out. */
-  local(position: number, ids: readonly number[], out: Uint8Array | { tokenId: number; logprob: number; spec?: { tokenIds: readonly number[]; logprobs: readonly number[] } }): void {
-    const bytes = out instanceof Uint8Array ? out : out.spec ? stepTokenBytes(out.spec.tokenIds.map((tokenId, i) => ({ tokenId, logprob: out.spec!.logprobs[i] ?? 0 }))) : tokenBytes(out.tokenId, out.logprob);
+  /**
+   * The head's own span ran a step: token ids in, its wire rows (or, holding every layer, the tokens it
+   * emitted) out; `sampledDraft`: the step's draft, when a sampling drafter's rule drew those tokens.
+   */
+  local(position: number, ids: readonly number[], out: Uint8Array | { tokenId: number; logprob: number; spec?: { tokenIds: readonly number[]; logprobs: readonly number[] } }, sampledDraft?: DraftProposal): void {
+    const digest = sampledDraft ? draftDigest(sampledDraft) : undefined;
+    const bytes = out instanceof Uint8Array ? out : out.spec ? stepTokenBytes(out.spec.tokenIds.map((tokenId, i) => ({ tokenId, logprob: out.spec!.logprobs[i] ?? 0 })), digest) : tokenBytes(out.tokenId, out.logprob);
     const input = tokenIdBytes(ids);
     this.init.attestor.record(this.scope, position, ids.length, input, bytes);
     if (position === 0) this.own = [];
@@ -172,12 +179,15 @@ export class GenerationTrace {
    * A step is done: the rows it computed, the tokens it emitted (a verification: its accepted drafts,
    * then the token after them), and the rows that stay (fewer when rejected draft rows are cut back:
    * the hops' histories keep the cut rows aside, so the check rebuilds each step as computed).
+   * `sampledDraft`: the step's draft when a sampling drafter's rule drew its tokens (a check judges
+   * them by that rule, against that draft).
    */
-  step(rows: number, tokens: ReadonlyArray<{ tokenId: number; logprob: number }>, kept = rows): void {
+  step(rows: number, tokens: ReadonlyArray<{ tokenId: number; logprob: number }>, kept = rows, sampledDraft?: DraftProposal): void {
     this.steps.push(rows);
     this.kept.push(kept);
     this.tokens.push(tokens.at(-1)!);
     this.stepTokens.push([...tokens]);
+    this.drafts.push(sampledDraft);
   }
 
   /**
@@ -244,7 +254,9 @@ export class GenerationTrace {
     const finished: Finished = {
       session: this.s.session,
       steps: this.steps,
-      ...(cut ? { kept: this.kept, stepTokens: this.stepTokens } : {}),
+      stepTokens: this.stepTokens,
+      ...(cut ? { kept: this.kept } : {}),
+      ...(this.drafts.some((d) => d !== undefined) ? { drafts: this.drafts } : {}),
       spans,
       dtype: this.s.dtype,
       hidden: this.s.hidden,
@@ -280,7 +292,7 @@ export class GenerationTrace {
       return out;
     };
     const inputs = hops.map((h) => stepsOf(h.history));
-    const tokenOut = this.stepTokens.map((t) => stepTokenBytes(t));
+    const tokenOut = this.stepTokens.map((t, s) => stepTokenBytes(t, this.drafts[s] ? draftDigest(this.drafts[s]) : undefined));
     const outputsOf = (k: number): Uint8Array[] | undefined => (k >= hops.length ? tokenOut : inputs[k]);
     // The head's own span: what it signed, step by step.
     const own = this.own.length === this.steps.length ? this.own : undefined;

@@ -24,8 +24,9 @@ import { MeshError, remoteError } from '../../protocol/errors.ts';
 import { H } from '../../protocol/headers.ts';
 import type { RouteHop } from '../../protocol/tracker.ts';
 import { decodeTensor, dtypeBytes, type Dtype } from '../../protocol/tensor.ts';
-import { attestMessage, chainDigest, checkMessage, CHECK_ATTEST_HEADER, parseAttestations, readStepTokens, sha256, tokenBytes, type AttestScope, type StepDigest } from '../../verify/attest.ts';
-import { CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, formatStepShapes, formatStepTokens, readTokenCheck, TOKEN_CHECK_BYTES } from '../../verify/check-wire.ts';
+import { attestMessage, chainDigest, checkMessage, CHECK_ATTEST_HEADER, draftDigest, parseAttestations, readStepTokens, sha256, stepTokenBytes, type AttestScope, type StepDigest } from '../../verify/attest.ts';
+import { CHECK_DRAFTS_HEADER, CHECK_PEER_HEADER, CHECK_STEPS_HEADER, CHECK_TOKENS_HEADER, formatStepDrafts, formatStepShapes, formatStepTokens, readTokenCheck, TOKEN_CHECK_BYTES } from '../../verify/check-wire.ts';
+import type { DraftProposal } from '../../shard/speculative.ts';
 import { rowDistances, worst } from '../../verify/distance.ts';
 import { temperatureOf, type CheckReport, type SkippedCheck } from '../../verify/evidence.ts';
 import { CHECK_PATH, CHECK_PLAN_HEADER, CHECK_PLAN_SIGNATURE_HEADER, type CheckPlan, type PlanCheck, type PlanPeer } from '../../verify/plan.ts';
@@ -69,8 +70,13 @@ export interface FinishedGeneration {
    * spans then give `full`, and a check compares the kept rows (or, at the last hop, every emitted token).
    */
   kept?: readonly number[];
-  /** Tokens each step emitted (a verification's accepted drafts, then its token), when `kept` is given. */
+  /** Tokens each step emitted (a verification's accepted drafts, then its token); absent: each step's one token (the last span's output). */
   stepTokens?: ReadonlyArray<ReadonlyArray<{ tokenId: number; logprob: number }>>;
+  /**
+   * Per step, the draft a sampling drafter's rule (Leviathan's, at T > 0) judged, where it drew the step's
+   * tokens: the last hop signed its digest, and its check replays that rule against it.
+   */
+  drafts?: ReadonlyArray<DraftProposal | undefined>;
   spans: readonly FinishedSpan[];
   dtype: Dtype;
   hidden: number;
@@ -211,7 +217,8 @@ export class Verifier {
         else {
           const t = span.output.tokens[s];
           if (!t) return this.skip(job, 'refused', `no token for step ${s}`);
-          outputs.push(tokenBytes(t.tokenId, t.logprob));
+          const d = gen.drafts?.[s];
+          outputs.push(stepTokenBytes(emitted[s]!.length > 0 ? emitted[s]! : [t], d ? draftDigest(d) : undefined));
         }
         row += n;
       }
@@ -220,14 +227,17 @@ export class Verifier {
       // The head's own history falls short (not the hop's doing): no verdict either way.
       return this.skip(job, 'uncheckable', 'the head does not hold every row the attestation covers');
     }
-    const inHashes = await Promise.all(inputs.map(sha256));
-    const outHashes = await Promise.all(outputs.map(sha256));
+    const inHashes = inputs.map(sha256);
+    const outHashes = outputs.map(sha256);
     const digests = (outs: readonly Uint8Array[]): StepDigest[] => steps.map((n, s) => ({ position: positions[s]!, rows: n, input: inHashes[s]!, output: outs[s]! }));
-    if (!(await this.init.verify(decodeBase64Url(entry.peer.public_key), attestMessage(gen.session, covered, await chainDigest(scope, digests(outHashes))), att.signature))) {
+    if (!(await this.init.verify(decodeBase64Url(entry.peer.public_key), attestMessage(gen.session, covered, chainDigest(scope, digests(outHashes))), att.signature))) {
       return this.skip(job, 'refused', 'its attestation does not verify over what it answered');
     }
 
-    const body = concatBytes(inputs);
+    // A last hop's drafted steps: their drafts follow the rows.
+    const drafted = steps.map((_, s) => (last ? gen.drafts?.[s] : undefined));
+    const draftTail = drafted.some((d) => d !== undefined) ? formatStepDrafts(drafted) : undefined;
+    const body = draftTail ? concatBytes([...inputs, draftTail]) : concatBytes(inputs);
     const headers: Record<string, string> = {
       [CHECK_PLAN_HEADER]: gen.plan.text,
       [CHECK_PLAN_SIGNATURE_HEADER]: gen.plan.signature,
@@ -243,6 +253,7 @@ export class Verifier {
     if (last) {
       headers[H.sampling] = gen.sampling;
       headers[CHECK_TOKENS_HEADER] = formatStepTokens(emitted.map((e) => e.map((t) => t.tokenId)));
+      if (draftTail) headers[CHECK_DRAFTS_HEADER] = String(draftTail.byteLength);
     }
 
     // Checker, then (on a mismatch) the arbiter: the first planned holders that answer.
@@ -261,7 +272,7 @@ export class Verifier {
         for (const c of entry.checkers) {
           if (tried.has(c.peer_id) || answers.some((a) => a.peer.peer_id === c.peer_id)) continue;
           tried.add(c.peer_id);
-          const got = await this.ask(c, headers, body, { steps, kept, positions, emitted: emitted.map((e) => e.length) }, scope, gen, peer, covered, inHashes, last).catch((e: unknown) => {
+          const got = await this.ask(c, headers, body, { steps, kept, positions, emitted: emitted.map((e) => e.length), drafted: drafted.map((d) => d !== undefined) }, scope, gen, peer, covered, inHashes, last).catch((e: unknown) => {
             if (e instanceof MeshError && e.code === 'MESH_ERR_BUSY') busy.add(c.peer_id);
             return undefined;
           });
@@ -336,7 +347,7 @@ export class Verifier {
   }
 
   /** One checker's answer, verified; undefined when it did not answer usably (a timeout is not a verdict). */
-  private async ask(c: PlanPeer, headers: Record<string, string>, body: Uint8Array, shape: { steps: readonly number[]; kept: readonly number[]; positions: readonly number[]; emitted: readonly number[] }, scope: AttestScope, gen: FinishedGeneration, checked: string, covered: number, inHashes: readonly Uint8Array[], last: boolean): Promise<{ peer: PlanPeer; outs: Uint8Array[]; outHashes: Uint8Array[]; attestation: string } | undefined> {
+  private async ask(c: PlanPeer, headers: Record<string, string>, body: Uint8Array, shape: { steps: readonly number[]; kept: readonly number[]; positions: readonly number[]; emitted: readonly number[]; drafted: readonly boolean[] }, scope: AttestScope, gen: FinishedGeneration, checked: string, covered: number, inHashes: readonly Uint8Array[], last: boolean): Promise<{ peer: PlanPeer; outs: Uint8Array[]; outHashes: Uint8Array[]; attestation: string } | undefined> {
     const hop: RouteHop = { peer_id: c.peer_id, start_layer: scope.startLayer, end_layer: scope.endLayer, ...(c.endpoint ? { endpoint: c.endpoint } : {}), ...(c.relay_addr ? { relay_addr: c.relay_addr } : {}) };
     const reply = await this.init.transport.send(hop, { method: 'POST', path: CHECK_PATH, headers, body }, this.init.checkTimeoutMs ?? 60_000, undefined, { accept: () => true });
     if (reply.status !== 200) {
@@ -346,18 +357,18 @@ export class Verifier {
     const outs: Uint8Array[] = [];
     let o = 0;
     const rowBytes = gen.hidden * dtypeBytes(gen.dtype);
-    // Per step: the kept rows, or one record per token the step emitted.
+    // Per step: the kept rows, or one record per token the step emitted (then a drafted step's draft digest).
     for (const [s, k] of shape.kept.entries()) {
-      const size = last ? TOKEN_CHECK_BYTES * shape.emitted[s]! : k * rowBytes;
+      const size = last ? TOKEN_CHECK_BYTES * shape.emitted[s]! + (shape.drafted[s] ? 32 : 0) : k * rowBytes;
       outs.push(reply.body.subarray(o, o + size));
       o += size;
     }
     if (o !== reply.body.byteLength) return undefined;
-    const outHashes = await Promise.all(outs.map(sha256));
+    const outHashes = outs.map(sha256);
     const att = parseAttestations(reply.headers[CHECK_ATTEST_HEADER]).find((a) => a.peer === c.peer_id && a.rows === covered);
     if (!att) return undefined;
     const digests = shape.steps.map((n, s) => ({ position: shape.positions[s]!, rows: n, input: inHashes[s]!, output: outHashes[s]! }));
-    if (!(await this.init.verify(decodeBase64Url(c.public_key), checkMessage(checked, gen.session, covered, await chainDigest(scope, digests)), att.signature))) return undefined;
+    if (!(await this.init.verify(decodeBase64Url(c.public_key), checkMessage(checked, gen.session, covered, chainDigest(scope, digests)), att.signature))) return undefined;
     return { peer: c, outs, outHashes, attestation: encodeBase64Url(att.signature) };
   }
 }

@@ -42,6 +42,8 @@ export const nodeDocSchema = z
     /** It takes no new sessions (docs/protocol.md §9 "Draining"), since when (the writer's clock). */
     draining: z.boolean().optional(),
     draining_since: z.number().optional(),
+    /** A tracker of the cluster quarantined it until then (docs/verification.md): every tracker routes around it. */
+    quarantined_until: z.number().optional(),
     /** The tracker that wrote this version. */
     by: z.string().max(64),
   })
@@ -66,6 +68,7 @@ export function nodeDocOf(n: NodeRecord, by: string): NodeDoc {
     busy_until: n.busyUntil,
     kv_held_at_beat: n.kvHeldAtBeat,
     ...(n.draining ? { draining: true, ...(n.drainingSince !== undefined ? { draining_since: n.drainingSince } : {}) } : {}),
+    ...(n.quarantinedUntil !== undefined ? { quarantined_until: n.quarantinedUntil } : {}),
     by,
   };
 }
@@ -88,6 +91,7 @@ export function remoteOf(d: NodeDoc): RemoteRecord {
     kvHeldAtBeat: d.kv_held_at_beat,
     draining: d.draining === true,
     drainingSince: d.draining ? d.draining_since : undefined,
+    quarantinedUntil: d.quarantined_until,
   };
 }
 

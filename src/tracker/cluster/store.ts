@@ -511,18 +511,21 @@ export class ClusterStore implements LeaseObserver {
     const key = keys.node(peerId);
     for (let attempt = 0; attempt < 4; attempt++) {
       const cur = this.nodes.get(peerId);
-      const next = build(cur?.doc);
-      if (!next) return 'none';
+      const built = build(cur?.doc);
+      if (!built) return 'none';
+      // A quarantine stored by any tracker stays until it ends, whatever this write is about.
+      const quarantined = Math.max(cur?.doc.quarantined_until ?? 0, built.quarantined_until ?? 0);
+      const next = quarantined > 0 ? { ...built, quarantined_until: quarantined } : built;
       try {
         const body = JSON.stringify(next);
         const rev = cur ? await this.kv.update(key, body, cur.rev) : await this.kv.create(key, body);
         const now = this.nodes.get(peerId);
         if (!now || now.rev < rev) {
           this.nodes.set(peerId, { doc: next, rev });
-          // What we wrote may carry another tracker's decision (a move we had not seen yet): our copy takes it,
+          // What we wrote may carry another tracker's decision (a move or a quarantine we had not seen yet): our copy takes it,
           // since the watch will not bring back an older revision than ours.
           const local = this.init.registry.nodes.get(peerId);
-          if (local && !sameSpan(local.assignment, next.assignment)) this.init.registry.applyRemote(remoteOf(next));
+          if (local && (!sameSpan(local.assignment, next.assignment) || (next.quarantined_until ?? 0) > (local.quarantinedUntil ?? 0))) this.init.registry.applyRemote(remoteOf(next));
         }
         this.init.metrics.clusterWrites.inc({ kind, result: 'ok' });
         return 'ok';
@@ -642,6 +645,8 @@ export class ClusterStore implements LeaseObserver {
             return { ...stored, assignment: mine.assignment, by: this.me };
           case 'busy':
             return { ...stored, busy_until: Math.max(stored.busy_until, mine.busy_until), by: this.me };
+          case 'quarantined':
+            return { ...stored, quarantined_until: Math.max(stored.quarantined_until ?? 0, mine.quarantined_until ?? 0), by: this.me };
           default:
             // What the node says over the stored; the span it was given stays the stored one.
             return { ...mine, assignment: stored.assignment, busy_until: Math.max(stored.busy_until, mine.busy_until), last_seen: Math.max(stored.last_seen, mine.last_seen) };

@@ -56,23 +56,25 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
     if (body.start_layer >= body.end_layer || body.end_layer > model.numLayers) {
       throw new MeshError('MESH_ERR_BAD_REQUEST', `span [${body.start_layer}, ${body.end_layer}) is not inside the model's 0..${model.numLayers}`);
     }
-    // Against the node the head names, registered or not (a node removed meanwhile finds it when it comes back).
-    registry.countFailure(body.failed_peer_id);
     const failed = registry.nodes.get(body.failed_peer_id);
     let plan: RoutePlan;
     let again = false;
     try {
       // The head already runs its own layers in this session; the failed node is what we replace.
       plan = registry.pick(body.model, new Set([body.head_peer_id, body.failed_peer_id]), body.start_layer, body.end_layer);
+      // Against the node the head names, registered or not (a node removed meanwhile finds it when it comes back).
+      registry.countFailure(body.failed_peer_id);
     } catch (e) {
       // Nobody else holds these layers: the failed node itself, if it answers now (it was away for a
       // moment: a relay restart, a network blip). Then the head resumes on it as soon as it is back,
       // instead of waiting for a spare that does not exist.
       const back = failed && (await reachable(ctx, failed)) ? pickThrough(body.model, body.head_peer_id, body.start_layer, body.end_layer) : undefined;
       if (!back) {
+        registry.countFailure(body.failed_peer_id);
         metrics.replacements.inc({ result: 'unavailable' });
         throw e;
       }
+      // It answers us now: the head lost its way to it for a moment (a relay restarting), not the node's failure.
       plan = back;
       again = true;
     }

@@ -12,6 +12,7 @@ import { notLoadedYet, type TrackerContext } from '../context.ts';
 import { wireDtypeOf } from '../options.ts';
 import { json, readJson, streamResponse, type App } from '../http.ts';
 import type { NodeRecord } from '../registry.ts';
+import { WATCH_HEADERS } from '../watch-hub.ts';
 
 const nodeMessage = signedSchema(nodeMessageSchema);
 const utf8 = new TextEncoder();
@@ -80,8 +81,9 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     return json(200, answerFor(n));
   });
 
+  // Node's http host serves this route from ctx.watch (watch-hub.ts); this one answers other hosts (the relay bridge, tests).
   app.get('/api/nodes/watch', () => {
-    const hello = JSON.stringify({ tracker_public_key: ctx.publicKey, started_at: ctx.startedAt, heartbeat_interval_ms: o.heartbeatIntervalMs });
+    const hello = ctx.watch.hello();
     async function* events(): AsyncGenerator<Uint8Array> {
       yield utf8.encode(`event: hello\ndata: ${hello}\n\n`);
       // Nothing else to say: the stream's end is the news. A comment now and then keeps proxies from cutting it.
@@ -90,7 +92,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
         yield utf8.encode(': keep-alive\n\n');
       }
     }
-    return streamResponse(events(), { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-accel-buffering': 'no' } });
+    return streamResponse(events(), { status: 200, headers: WATCH_HEADERS });
   });
 
   /**

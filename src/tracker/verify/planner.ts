@@ -36,7 +36,8 @@ export interface PlanInput {
 }
 
 export interface PlannerDeps {
-  nodes(): Iterable<PlannerNode>;
+  /** The nodes of `model` (more is fine: the planner keeps those of the model). */
+  nodes(model: string): Iterable<PlannerNode>;
   node(peer: string): PlannerNode | undefined;
   trust: TrustBook;
   random(): number;
@@ -62,13 +63,15 @@ export function planPeer(n: PlannerNode): PlanPeer {
 /** The plan, or undefined when no span is drawn (or none can be checked by anyone). */
 export function planChecks(d: PlannerDeps, input: PlanInput): CheckPlan | undefined {
   const onRoute = new Set(input.spans.map((s) => s.peer));
-  const all = [...d.nodes()].filter((n) => n.model === input.model && n.serving && !d.trust.quarantined(n.peerId));
+  // Read only once a span is drawn: most chats draw none, and a swarm holds thousands of nodes.
+  let candidates: PlannerNode[] | undefined;
+  const serving = () => (candidates ??= [...d.nodes(input.model)].filter((n) => n.model === input.model && n.serving && !d.trust.quarantined(n.peerId)));
   const checks: PlanCheck[] = [];
   for (const s of input.spans) {
     const node = d.node(s.peer);
     if (!node) continue;
     if (!input.force && !d.trust.draw(s.peer)) continue;
-    const holders = all.filter((n) => !onRoute.has(n.peerId) && n.serving!.start <= s.start && s.end <= n.serving!.end);
+    const holders = serving().filter((n) => !onRoute.has(n.peerId) && n.serving!.start <= s.start && s.end <= n.serving!.end);
     if (holders.length === 0) continue;
     // Same weight format first (random order within), then the rest.
     const shuffled = holders.map((n) => ({ n, k: (n.format === 'q4') === (node.format === 'q4') ? d.random() : 1 + d.random() })).sort((a, b) => a.k - b.k);

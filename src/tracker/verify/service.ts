@@ -50,6 +50,11 @@ export interface VerificationDeps {
   options: VerificationOptions;
   /** Checks judged, by outcome (metrics). */
   onVerdict?(v: Verdict): void;
+  /**
+   * The route-signing keys of the cluster's other trackers (`--nats`): a head's check plan may come from any
+   * of them (its report reaches whichever tracker haproxy picks). Alone: none.
+   */
+  peerTrackerKeys?(): readonly Uint8Array[];
 }
 
 export interface ReportAnswer {
@@ -78,7 +83,13 @@ export class VerificationService {
   private readonly seen = new Set<string>();
 
   constructor(private readonly d: VerificationDeps) {
-    this.trust = new TrustBook({ minRate: d.options.minRate, quarantineMs: d.options.quarantineMs, now: d.options.now, random: d.options.random });
+    this.trust = new TrustBook({
+      minRate: d.options.minRate,
+      quarantineMs: d.options.quarantineMs,
+      now: d.options.now,
+      random: d.options.random,
+      onQuarantine: (peer, until) => d.registry.quarantine(peer, until),
+    });
     this.log = new VerificationLog({ now: d.options.now });
     this.audits = new HeadAuditor({
       registry: d.registry,
@@ -150,9 +161,14 @@ export class VerificationService {
     this.d.options.enabled = on;
   }
 
-  /** Routing leaves these out. */
+  /** Routing leaves these out: quarantined here, or by another tracker of the cluster. */
   excluded(peer: string): boolean {
-    return this.trust.quarantined(peer);
+    return this.trust.quarantined(peer) || this.d.registry.isQuarantined(peer);
+  }
+
+  /** Keys a check plan may be signed with: this tracker's, and in a cluster every other tracker's. */
+  private planKeys(): Uint8Array[] {
+    return [this.d.identity.publicKey, ...(this.d.peerTrackerKeys?.() ?? [])];
   }
 
   private plannerNode(peer: string): PlannerNode | undefined {
@@ -176,7 +192,7 @@ export class VerificationService {
     const reg = this.d.registry;
     const plan = planChecks(
       {
-        nodes: () => [...reg.nodes.keys()].map((p) => this.plannerNode(p)!).filter(Boolean),
+        nodes: (m) => [...(reg.models.has(m) ? reg.placement(m).nodes : [])].map((n) => this.plannerNode(n.peerId)!).filter(Boolean),
         node: (p) => this.plannerNode(p),
         trust: this.trust,
         random: this.d.options.random,
@@ -209,7 +225,7 @@ export class VerificationService {
     if (!(await verifyEd25519(decodeBase64Url(head.publicKey), new TextEncoder().encode(canonicalJson(body)), sig))) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'the report is not signed by its head');
     const key = `${r.claim.attestation}:${r.checks.map((c) => c.attestation).join(':')}`;
     if (this.seen.has(key)) throw new MeshError('MESH_ERR_BAD_REQUEST', 'this evidence was reported already');
-    const v = await judgeReport(r, { trackerKey: this.d.identity.publicKey, now: this.d.options.now(), verify: verifyEd25519 });
+    const v = await judgeReport(r, { trackerKeys: this.planKeys(), now: this.d.options.now(), verify: verifyEd25519 });
     if (this.seen.size >= SEEN_MAX) this.seen.clear();
     this.seen.add(key);
     this.apply(v, r.head, r.claim.attestation, r.checks);
@@ -226,8 +242,8 @@ export class VerificationService {
     const s = p.data;
     const head = this.d.registry.nodes.get(s.head);
     if (!head) throw new MeshError('MESH_ERR_NOT_FOUND', `head ${s.head} is not registered here`);
-    const ok = await verifyEd25519(decodeBase64Url(head.publicKey), new TextEncoder().encode(canonicalJson(body)), bytes(signature)) && (await verifyEd25519(this.d.identity.publicKey, checkPlanMessage(s.head, s.plan), bytes(s.plan_signature)));
-    if (!ok) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'the skipped check is not signed by its head, or its plan not by this tracker');
+    const ok = (await verifyEd25519(decodeBase64Url(head.publicKey), new TextEncoder().encode(canonicalJson(body)), bytes(signature))) && (await signedByAny(this.planKeys(), checkPlanMessage(s.head, s.plan), bytes(s.plan_signature)));
+    if (!ok) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'the skipped check is not signed by its head, or its plan not by a tracker of this cluster');
     let plan: CheckPlan;
     try {
       plan = checkPlanSchema.parse(JSON.parse(s.plan));
@@ -253,8 +269,11 @@ export class VerificationService {
     for (const p of peers) this.trust.get(p).forceNext = true;
   }
 
+  /** Nodes under quarantine now: judged here, or by another tracker of the cluster. */
   distrusted(): Distrust[] {
-    return this.trust.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until }));
+    const out = new Map<string, number>();
+    for (const d of [...this.trust.distrusted(), ...this.d.registry.quarantines()]) out.set(d.peer_id, Math.max(out.get(d.peer_id) ?? 0, d.until));
+    return [...out].map(([peer_id, until]) => ({ peer_id, until }));
   }
 
   private apply(v: Verdict, reporter: string, claimAttestation: string, checks: ReadonlyArray<{ role: string; peer_id: string; attestation: string }>): void {
@@ -358,6 +377,11 @@ function bytes(text: string): Uint8Array {
   } catch {
     throw new MeshError('MESH_ERR_UNAUTHORIZED', 'a signature is not base64url');
   }
+}
+
+async function signedByAny(keys: readonly Uint8Array[], message: Uint8Array, signature: Uint8Array): Promise<boolean> {
+  for (const k of keys) if (await verifyEd25519(k, message, signature)) return true;
+  return false;
 }
 
 function fmt(x: number): string {

@@ -68,6 +68,8 @@ export interface TrustOptions {
   quarantineMs: number;
   /** Offences kept for the dashboard. @defaultValue 64 */
   keepOffences: number;
+  /** A quarantine began or grew (the registry shares it with the cluster's other trackers). */
+  onQuarantine?(peer: string, until: number): void;
   now(): number;
   random(): number;
 }
@@ -144,6 +146,7 @@ export class TrustBook {
     const rec: OffenceRecord = { id: `off-${now.toString(36)}-${Math.floor(this.o.random() * 1e9).toString(36)}`, at: now, until, ...o };
     this.offenceLog.push(rec);
     if (this.offenceLog.length > this.o.keepOffences) this.offenceLog.splice(0, this.offenceLog.length - this.o.keepOffences);
+    this.o.onQuarantine?.(o.peer, until);
     return rec;
   }
 

@@ -8,7 +8,10 @@
  * rows in one prefill; the judge compares the kept rows (a middle hop) and
  * every emitted token, accepted drafts included (the last hop). Honest hops
  * pass; a hop adding 1 % noise, and a last hop answering the second-best
- * token after the drafts it accepted, are found lying.
+ * token after the drafts it accepted, are found lying. At T > 0 with a
+ * sampling draft model (Leviathan's rule drew the tokens), the checker
+ * replays that rule against the draft the last hop signed: an honest last
+ * hop passes, one answering the second-best token is found lying.
  */
 import { beforeAll, describe, expect, it } from 'vitest';
 import { createForwardHandler } from '../../../src/node/hop/forward-handler.ts';
@@ -30,6 +33,8 @@ import { generateRequestSchema, type GenerateEvent, type RouteHop } from '../../
 import type { ShardExecutor } from '../../../src/shard/executor.ts';
 import { executor, fixture } from '../../helpers/shard.ts';
 import { lyingForward } from '../../helpers/faults.ts';
+import { DraftModelDrafter } from '../../../src/node/head/speculation/draft-model.ts';
+import { readStepClaim } from '../../../src/verify/attest.ts';
 
 const f = fixture('tiny');
 const ref = new ReferenceModel(f.cfg, f.weights);
@@ -84,7 +89,8 @@ describe('speculation with spot-checks', () => {
     }
   });
 
-  async function generate(session: string, prediction: number[], replace?: (h: RouteHop) => Promise<RouteHop[]>): Promise<{ events: GenerateEvent[]; verdicts: Verdict[]; reports: CheckReport[]; skipped: string[] }> {
+  type Drafter = NonNullable<ConstructorParameters<typeof PipelineDriver>[0]['drafter']>;
+  async function generate(session: string, prediction: number[], replace?: (h: RouteHop) => Promise<RouteHop[]>, o: { temperature?: number; seed?: number; drafter?: Drafter } = {}): Promise<{ events: GenerateEvent[]; verdicts: Verdict[]; reports: CheckReport[]; skipped: string[] }> {
     const headId = await Identity.generate();
     const transport = new HopTransport({ fetch: fetchFn });
     const verdicts: Verdict[] = [];
@@ -96,14 +102,14 @@ describe('speculation with spot-checks', () => {
       verify: verifyEd25519,
       report: async (r) => {
         reports.push(r);
-        const v = await judgeReport(r, { trackerKey: tracker.publicKey, now: Date.now(), verify: verifyEd25519 });
+        const v = await judgeReport(r, { trackerKeys: [tracker.publicKey], now: Date.now(), verify: verifyEd25519 });
         verdicts.push(v);
         return v;
       },
       skipped: async (s) => (skipped.push(`${s.reason}: ${s.why}`), {}),
     });
     const verify = new HeadVerify({ peerId: HEAD, model: 'tiny', attestor: new Attestor({ peerId: HEAD, sign: (x) => headId.sign(x) }), verifier, distrust: new DistrustSet(), transport });
-    const driver = new PipelineDriver({ executor: head, tokenizer: tok as HeadTokenizer, transport, verify, ...(replace ? { replace } : {}) });
+    const driver = new PipelineDriver({ executor: head, tokenizer: tok as HeadTokenizer, transport, verify, ...(replace ? { replace } : {}), ...(o.drafter ? { drafter: o.drafter } : {}) });
     const plan: CheckPlan = {
       head: HEAD,
       model: 'tiny',
@@ -117,7 +123,7 @@ describe('speculation with spot-checks', () => {
       ],
     };
     const signed = await signPlan(tracker, plan);
-    const req = generateRequestSchema.parse({ session_id: session, temperature: 0, prompt: PROMPT, max_tokens: 20, speculative_k: 4, prediction_token_ids: prediction });
+    const req = generateRequestSchema.parse({ session_id: session, temperature: o.temperature ?? 0, ...(o.seed !== undefined ? { seed: o.seed } : {}), prompt: PROMPT, max_tokens: 20, speculative_k: 4, prediction_token_ids: prediction });
     const events: GenerateEvent[] = [];
     for await (const e of driver.generate(HEAD, req, [hop('b', 1, 3), hop('c', 3, 4)], { plan: { ...signed, plan } })) events.push(e);
     // The checks run after the generation, off its path.
@@ -158,6 +164,16 @@ describe('speculation with spot-checks', () => {
     expect(v.distance.between).toBeLessThan(v.threshold);
   }, 60_000);
 
+  it('a generation whose every draft was accepted (several tokens a step, nothing cut back) is checked, its last hop passes', async () => {
+    const want = ref.greedy(tok.encode(PROMPT), 20);
+    const r = await generate('spec7', want);
+    const done = r.events.at(-1) as { drafted: number; accepted: number };
+    expect(done.accepted).toBe(done.drafted);
+    expect(done.accepted).toBeGreaterThan(0);
+    expect(r.skipped).toEqual([]);
+    expect(r.verdicts.find((x) => x.checked === pid('c'))).toMatchObject({ outcome: 'pass', kind: 'tokens' });
+  }, 60_000);
+
   it('a last hop that answers the second-best token after the drafts it accepted is found lying (it signed what it answered)', async () => {
     const want = ref.greedy(tok.encode(PROMPT), 20);
     lies.c = true;
@@ -181,5 +197,36 @@ describe('speculation with spot-checks', () => {
     // (not refused); c, never rebuilt, is checked and passes.
     expect(r.skipped).toEqual(['uncheckable: it was rebuilt after rows were cut back (a replay pads the cut rows)']);
     expect(r.verdicts.map((v) => [v.checked, v.outcome])).toEqual([[pid('c'), 'pass']]);
+  }, 60_000);
+
+  it('at T > 0 with a sampling draft model, the checker replays the acceptance rule against the draft the last hop signed: honest passes, second-best is found lying', async () => {
+    const other = fixture('tiny', 1);
+    const draftEx = await executor(other, 0, other.cfg.numLayers);
+    const drafter: Drafter = (req, ctx) => new DraftModelDrafter(draftEx, { session: `${ctx.session}.draft`, sampling: { temperature: req.temperature, ...(req.seed !== undefined ? { seed: req.seed } : {}) }, declared: ctx.declared });
+    try {
+      const sampled = { temperature: 0.8, seed: 5, drafter };
+      const honest = await generate('spec5', [], undefined, sampled);
+      expect(honest.skipped).toEqual([]);
+      const trips = honest.events.filter((e) => e.type === 'token' && e.drafted !== undefined);
+      expect(trips.length).toBeGreaterThan(0);
+      expect(trips.every((e) => (e as { drafts_sampled?: boolean }).drafts_sampled === true)).toBe(true);
+      const c = honest.verdicts.find((x) => x.checked === pid('c'))!;
+      expect(c).toMatchObject({ outcome: 'pass', kind: 'tokens' });
+      expect(c.distance.checker).toBeLessThan(0.1);
+      // The last hop signed each drafted step's draft digest; the checker judged against the same one.
+      const cReport = honest.reports.find((r) => r.claim.peer_id === pid('c'))!;
+      const drafted = cReport.samples.filter((x) => readStepClaim(Buffer.from(x.claim, 'base64url')).draft !== undefined);
+      expect(drafted.length).toBeGreaterThan(0);
+      for (const x of drafted) expect(Buffer.from(x.checks[0]!, 'base64url').subarray(-32)).toEqual(Buffer.from(readStepClaim(Buffer.from(x.claim, 'base64url')).draft!));
+      expect(honest.verdicts.find((x) => x.checked === pid('b'))).toMatchObject({ outcome: 'pass' });
+
+      lies.c = true;
+      const lying = await generate('spec6', [], undefined, sampled);
+      lies.c = false;
+      expect(lying.skipped).toEqual([]);
+      expect(lying.verdicts.find((x) => x.checked === pid('c'))).toMatchObject({ outcome: 'offence', guilty: pid('c'), kind: 'tokens' });
+    } finally {
+      await draftEx.release();
+    }
   }, 60_000);
 });
