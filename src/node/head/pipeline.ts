@@ -13,7 +13,7 @@
  * history to the replacement at position 0 together with the current step,
  * which rebuilds the replacement's cache in one request without re-running a
  * single upstream layer (petals' inference_session keeps the same history for
- * the same reason). A 409 from a hop (its cache vanished after a real fault:
+ * the same reason; hop-failover.ts). A 409 from a hop (its cache vanished after a real fault:
  * a restart, an idle TTL, or a transport retry ran the step twice) is
  * repaired the same way on the same hop, once per step. The
  * sampled token of the step does not change, so greedy output is the same
