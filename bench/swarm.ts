@@ -38,6 +38,14 @@
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15]
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
+ *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
+ *
+ * `--loop-probe`: event-loop delay, stalls and GC pauses of every process over
+ * the window (bench/lib/loop-probe.mjs), printed and kept in the JSON; `--prof`:
+ * a CPU profile of each tracker; `--heap-snapshot`: tracker heap snapshots
+ * before the ramp and after the window, for bench/heap-diff.ts (the snapshot
+ * before the ramp adds to the RSS read as the baseline: take memory per donor
+ * from a run without it).
  *
  * `--bin` (repeatable) runs every donor count with each given bin/meshnet.js
  * in turn (a baseline checkout's and this one's), so before/after figures

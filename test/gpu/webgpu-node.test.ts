@@ -32,17 +32,18 @@ const TOL = 1e-4;
 const f = fixture('tiny');
 const CHUNKS = [[5, 9, 33, 100, 7], [44], [12, 13, 14], [200]];
 
+// One backend (one GPUDevice) for every test: SwiftShader compiles each GPU program once per
+// device (tens of seconds for a first prefill or decode step), not once per executor. Its info
+// log (programs counted by two tests) is dropped unless a test taps it.
 let backend: OnnxBackend;
-let counting: OnnxBackend;
 let q4: FusedShardExecutor;
 
 beforeAll(async () => {
   const { info } = await installNodeWebGpu();
   expect(info.isFallbackAdapter || info.features.length > 0).toBe(true);
-  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
-  counting = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM, infoLog: true });
+  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM, infoLog: true });
   ortLog.tapping = true;
-  q4 = await Fused.create({ config: f.cfg, backend: counting, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'q4', maxContext: 128, returnLogits: true });
+  q4 = await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'q4', maxContext: 128, returnLogits: true });
   ortLog.tapping = false;
 }, 600_000);
 

@@ -28,9 +28,11 @@ async function through(hops: Hops, session: string, position: number, ids: numbe
  * steps where every session's step is submitted to a hop at once (all but
  * the first queue, and run as one batch when the hop frees). Every step's
  * logits are checked against the reference on `weights` (relative to their
- * scale); returns each session's greedy tokens.
+ * scale); returns each session's greedy tokens. With `together` false every
+ * step is awaited before the next is submitted: each session runs alone
+ * (batches of one), the reference a batched run's tokens are compared with.
  */
-export async function decodeTogether(f: Fixture, weights: WeightSource, hops: Hops, sessions: number, steps: number, tol: number, tag = 's'): Promise<number[][]> {
+export async function decodeTogether(f: Fixture, weights: WeightSource, hops: Hops, sessions: number, steps: number, tol: number, tag = 's', together = true): Promise<number[][]> {
   const V = f.cfg.vocabSize;
   const ps = prompts(V, sessions, 7);
   const ref = new ReferenceModel(f.cfg, weights);
@@ -47,6 +49,15 @@ export async function decodeTogether(f: Fixture, weights: WeightSource, hops: Ho
     tokens[s]!.push(r.tokenId);
   }
   for (let t = 0; t < steps; t++) {
+    if (!together) {
+      for (let s = 0; s < sessions; s++) {
+        const o = await through(hops, `${tag}${s}`, pos[s]!, [tokens[s]!.at(-1)!]);
+        close(o.logits, ref.forward([tokens[s]!.at(-1)!], pos[s]!, caches[s]!), `session ${s} step ${t} alone`);
+        tokens[s]!.push(o.tokenId);
+        pos[s]!++;
+      }
+      continue;
+    }
     let outs: ForwardResult[] = await Promise.all(tokens.map((tk, s) => hops[0]!.forward({ session: `${tag}${s}`, position: pos[s]!, tokenIds: [tk.at(-1)!] })));
     for (const hop of hops.slice(1)) {
       outs = await Promise.all(
