@@ -117,7 +117,11 @@ export function nucleus(order: readonly number[], logitOf: (id: number) => numbe
  * exactly this arithmetic to pick the same token.
  */
 export function drawFromSorted(order: readonly number[], logitOf: (id: number) => number, temperature: number, topP: number, seed: number, position: number): number {
-  const { order: kept, weights, total } = nucleus(order, logitOf, temperature, topP);
+  return drawFromNucleus(nucleus(order, logitOf, temperature, topP), seed, position);
+}
+
+/** drawFromSorted's draw on a nucleus already cut (one nucleus serves every seed and position). */
+export function drawFromNucleus({ order: kept, weights, total }: ReturnType<typeof nucleus>, seed: number, position: number): number {
   const u = drawUniform(seed, position) * total;
   let acc = 0;
   let chosen = kept[kept.length - 1]!;

@@ -3,13 +3,15 @@
  * sampler: for one row of logits, every (temperature, seed, top_k, top_p)
  * combination decided from the sampler graph's candidates must be the token
  * sampling.ts draws over the full logits. sampleToken sorts the whole
- * vocabulary per call (~150k ids); the sweep sorts once per row and calls
- * sampling.ts's own drawFromSorted on that order (what sampleToken does),
- * and checks that shortcut against sampleToken itself on a sample.
+ * vocabulary per call (~150k ids); the sweep sorts once per row, cuts
+ * sampling.ts's own nucleus on that order once per (temperature, top_k,
+ * top_p) and draws each seed from it with drawFromNucleus (drawFromSorted's
+ * two halves: what sampleToken does), and checks that shortcut against
+ * sampleToken itself on a sample.
  */
 import type { Candidates } from '../../src/shard/candidate-sampling.ts';
 import { sampleFromCandidates } from '../../src/shard/candidate-sampling.ts';
-import { drawFromSorted, sampleToken, type SamplingParams } from '../../src/shard/sampling.ts';
+import { drawFromNucleus, nucleus, sampleToken, type SamplingParams } from '../../src/shard/sampling.ts';
 
 export const SWEEP = {
   temperatures: [0.05, 0.3, 0.7, 1, 1.5],
@@ -39,12 +41,14 @@ export async function sweepRow(logits: Float32Array, position: number, candidate
     let total = 0;
     for (const i of order) total += Math.exp(logits[i]! / temperature - max);
     r.worstNormalizerError = Math.max(r.worstNormalizerError, Math.abs(Math.exp(c.logSumExpT) / total - 1));
-    for (const seed of SWEEP.seeds) {
-      for (const topK of SWEEP.topKs) {
-        for (const topP of SWEEP.topPs) {
+    for (const topK of SWEEP.topKs) {
+      const kept = topK > 0 && topK < order.length ? order.slice(0, topK) : order;
+      for (const topP of SWEEP.topPs) {
+        // drawFromSorted's nucleus, cut once for all seeds (it does not depend on the seed).
+        const cut = nucleus(kept, (i) => logits[i]!, temperature, topP);
+        for (const seed of SWEEP.seeds) {
           const params: SamplingParams = { temperature, seed, topK, topP };
-          const kept = topK > 0 && topK < order.length ? order.slice(0, topK) : order;
-          const want = drawFromSorted(kept, (i) => logits[i]!, temperature, topP, seed, position);
+          const want = drawFromNucleus(cut, seed, position);
           if (seed === SWEEP.seeds[0] && checked++ < 30) {
             const full = sampleToken(logits, params, position).tokenId;
             if (full !== want) throw new Error(`the sweep's shortcut disagrees with sampleToken at ${JSON.stringify(params)}`);

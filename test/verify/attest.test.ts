@@ -13,7 +13,11 @@ import { appendAttestation, attestMessage, attestSeed, chainDigest, chainStep, f
 import { Attestor } from '../../src/verify/attestor.ts';
 
 const scope: AttestScope = { model: 'm', session: 'sess.1', startLayer: 2, endLayer: 4, dtype: 'bf16' };
-const bytes = (n: number, seed: number) => Uint8Array.from({ length: n }, (_, i) => (i * 31 + seed) & 0xff);
+function bytes(n: number, seed: number): Uint8Array {
+  const b = new Uint8Array(n);
+  for (let i = 0; i < n; i++) b[i] = (i * 31 + seed) & 0xff;
+  return b;
+}
 
 /** Waits (up to 5 s) until the session's latest attestation is out: signing runs behind the answers, a few timer turns later. */
 async function latestOf(att: Attestor, session: string): Promise<string | undefined> {
