@@ -13,7 +13,7 @@
  * history to the replacement at position 0 together with the current step,
  * which rebuilds the replacement's cache in one request without re-running a
  * single upstream layer (petals' inference_session keeps the same history for
- * the same reason). A 409 from a hop (its cache vanished after a real fault:
+ * the same reason; hop-failover.ts). A 409 from a hop (its cache vanished after a real fault:
  * a restart, an idle TTL, or a transport retry ran the step twice) is
  * repaired the same way on the same hop, once per step. The
  * sampled token of the step does not change, so greedy output is the same
@@ -46,6 +46,7 @@ import type { Drafter } from './speculation/drafter.ts';
 import { promptLookupFor } from './speculation/prompt-lookup.ts';
 import { Speculator, addCounters, emptyCounters, type SpeculationCounters, type StepOutcome, type StepPlan } from './speculation/speculator.ts';
 import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
+import { HopFailover, ReplayMismatch, recoveredEvent, type Chunk, type HopState, type PendingRecovery, type ReplaceSpan, type SendRows } from './hop-failover.ts';
 import { trace } from '../../protocol/trace.ts';
 import type { GenerationTrace, HeadVerify } from '../verify/head-verify.ts';
 import { ATTEST_HEADER } from '../../verify/attest.ts';
@@ -69,14 +70,7 @@ export interface HeadTokenizer {
   isEos(id: number): boolean;
 }
 
-/** A replacement span; with `chain`, the head's whole route with it in place as the tracker re-signed it (chained hops resume on it). */
-export interface Replacement {
-  hops: RouteHop[];
-  chain?: { hops: RouteHop[]; signed: SignedRouteText };
-}
-
-/** Asks the tracker for hops covering exactly [failed.start_layer, failed.end_layer); `route`: the hops the head runs now (the tracker then re-signs the whole route). */
-export type ReplaceSpan = (failed: RouteHop, signal?: AbortSignal, route?: readonly RouteHop[]) => Promise<RouteHop[] | Replacement>;
+export type { ReplaceSpan, Replacement } from './hop-failover.ts';
 
 export interface PipelineOptions {
   /** Wire dtype of activations between hops. @defaultValue 'bf16' */
@@ -135,23 +129,6 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   drafter?: DrafterFactory;
 }
 
-interface HopState {
-  hop: RouteHop;
-  history: History;
-  /** False: its cache does not hold the history (new replacement, or a 409): the next send replays from position 0. */
-  synced: boolean;
-  /** The signed route with this hop on it: lets the transport open a data channel to it (net/rtc-pool.ts). */
-  proof?: RouteProof;
-}
-
-interface PendingRecovery {
-  t0: number;
-  failed: string;
-  replacements: string[];
-  /** Emit once the hop at this index answered. */
-  untilIndex: number;
-}
-
 /** One generation's state, shared by its steps. */
 interface Generation {
   headPeerId: string;
@@ -172,7 +149,7 @@ interface Generation {
   pending: GenerateEvent[];
   /** Replacements so far (up to maxRecoveries). */
   recoveries: number;
-  /** Resumes on a failed hop the tracker found answering again (up to MAX_SAME_NODE_RESUMES). */
+  /** Resumes on a failed hop the tracker found answering again (up to MAX_SAME_NODE_RESUMES, hop-failover.ts). */
   sameNode: number;
   /** Tokens every hop's cache holds before the current step. */
   position: number;
@@ -198,6 +175,8 @@ export class PipelineDriver {
   /** Where last hops hand back chained steps' tokens (POST /chain/token). */
   readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
+  /** A failed hop's replacement and a hop's replay (hop-failover.ts). */
+  private readonly failover: HopFailover;
   private readonly specTotals = emptyCounters();
   /** What each drafter's generations learnt (Drafter.memoryKey → the k policy's state): the next one starts from it. */
   private readonly carried = new Map<string, CarriedPolicy>();
@@ -209,6 +188,7 @@ export class PipelineDriver {
     for (const k of Object.keys(PIPELINE_DEFAULTS) as Array<keyof PipelineOptions>) if (init[k] !== undefined) (o as Record<string, unknown>)[k] = init[k];
     this.options = o;
     this.rowBytes = init.executor.config.hiddenSize * dtypeBytes(o.wireDtype);
+    this.failover = new HopFailover({ replace: init.replace, maxRecoveries: o.maxRecoveries, rowBytes: this.rowBytes, onLog: init.onLog });
   }
 
   /** What a head audit (verify/audit.ts) runs on: this head's executor, tokenizer, transport and wire dtype. */
@@ -480,7 +460,7 @@ export class PipelineDriver {
       if (this.init.verify?.distrusted(hs.hop.peer_id)) {
         // Its caches and everything after it hold rows derived from its lies: replace it, and replay every later hop.
         this.init.onLog?.(`hop ${hs.hop.peer_id} is distrusted by the tracker (a check found it lying); replacing it`);
-        recovery = await this.recover(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), run.headPeerId, recovery, performance.now(), signal, run, run.chain);
+        recovery = await this.failover.replace(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), { headPeerId: run.headPeerId, current: recovery, t0: performance.now(), signal, count: run, chain: run.chain });
         for (let k = i + 1; k < hops.length; k++) hops[k]!.synced = false;
         continue;
       }
@@ -492,7 +472,10 @@ export class PipelineDriver {
       try {
         // A replay after a cut sends padded rows in place of the rejected ones: this hop's new chain is not what the head kept.
         if (!hs.synced && run.cut) run.checks?.uncheckableHop(hs.hop.peer_id, 'it was rebuilt after rows were cut back (a replay pads the cut rows)');
-        if (!hs.synced) replayed = await this.replayHop(hs, [...run.steps, { start: position, width: 0 }], session, last, sampling, declared, signal);
+        if (!hs.synced) {
+          const send: SendRows = (body, pos, rows, rollbackFrom) => this.sendRows(hs, body, pos, rows, session, last, sampling, declared, signal, rollbackFrom !== undefined ? { rollbackFrom } : {});
+          replayed = await this.failover.replay(hs, [...run.steps, { start: position, width: 0 }], last, send);
+        }
         reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal, { ...spec, draft: last ? spec.draft : undefined, decode: isDecodeStep(position, seq) });
       } catch (e) {
         if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
@@ -501,7 +484,7 @@ export class PipelineDriver {
           replayed409.add(hs);
           continue;
         }
-        recovery = await this.recover(hops, i, e, run.headPeerId, recovery, t0, signal, run, run.chain);
+        recovery = await this.failover.replace(hops, i, e, { headPeerId: run.headPeerId, current: recovery, t0, signal, count: run, chain: run.chain });
         continue; // retry index i, now the first replacement hop
       }
       const rowsSent = seq;
@@ -517,7 +500,7 @@ export class PipelineDriver {
       hs.synced = true;
       run.checks?.attest(reply.headers);
       if (recovery && i >= recovery.untilIndex) {
-        run.pending.push({ type: 'recovered', failed_peer_id: recovery.failed, replacement_peer_id: recovery.replacements.join(','), recovery_ms: Math.round(performance.now() - recovery.t0) });
+        run.pending.push(recoveredEvent(recovery));
         recovery = undefined;
       }
       if (last) return stepAnswer(parseTokenAnswer(reply.body, hs.hop), spec, reply.headers[H.batchFull] === '1');
@@ -607,46 +590,6 @@ export class PipelineDriver {
     return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1, ...(hs.proof ? { proof: hs.proof } : {}) });
   }
 
-  /**
-   * Rebuild a hop's cache from its input history, in the chunks the rows were
-   * first computed in (the prompt, then one row per step): a kernel run on
-   * [1, n] rows rounds differently from n runs on [1, 1], and replaying in
-   * the original shapes keeps the cache, and so every later token, bit for
-   * bit what it would have been. Returns the outputs (null for the last hop,
-   * whose answers are tokens).
-   */
-  private async replayHop(hs: HopState, chunks: Chunk[], session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined): Promise<Uint8Array[] | null> {
-    const outs: Uint8Array[] = [];
-    const hist = hs.history.view();
-    const rb = this.rowBytes;
-    let written = 0;
-    for (let k = 0; k + 1 < chunks.length; k++) {
-      const a = chunks[k]!.start;
-      const b = chunks[k + 1]!.start;
-      // A verification kept b − a of its rows: the kept ones, padded back to its width with copies of
-      // the last (a row never changes an earlier one: causal attention, row-wise projections).
-      const width = Math.max(b - a, chunks[k]!.width);
-      let rows = hist.subarray(a * rb, b * rb);
-      if (width > b - a) {
-        const padded = new Uint8Array(width * rb);
-        padded.set(rows);
-        for (let r = b - a; r < width; r++) padded.set(hist.subarray((b - 1) * rb, b * rb), r * rb);
-        rows = padded;
-      }
-      const spec: SpecHeaders = written > a ? { rollbackFrom: written } : {};
-      const reply = await this.sendRows(hs, rows, a, width, session, last, sampling, declared, signal, spec);
-      written = Math.max(written, a + width);
-      if (reply.status === 409) throw new ReplayMismatch();
-      if (reply.status === 503) throw busyError(hs.hop, reply);
-      if (!last) {
-        if (reply.body.byteLength !== width * rb) throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes replaying ${width} rows`);
-        outs.push(reply.body.subarray(0, (b - a) * rb));
-      }
-    }
-    hs.synced = true;
-    return last ? null : outs;
-  }
-
   /** How long one hop may take to answer a one-token step (all its paths together) before it counts as failed. */
   stepBudgetMs(rows = 1): number {
     const max = this.options.decodeTimeoutMs;
@@ -658,52 +601,6 @@ export class PipelineDriver {
     this.recentStepMs = this.recentStepMs === undefined ? ms : this.recentStepMs + 0.2 * (ms - this.recentStepMs);
   }
 
-  /** Replace hops[i] by the tracker's answer; returns the recovery to report once the replacement answers. */
-  private async recover(
-    hops: HopState[],
-    i: number,
-    cause: unknown,
-    headPeerId: string,
-    current: PendingRecovery | undefined,
-    t0: number,
-    signal: AbortSignal | undefined,
-    count: { recoveries: number; sameNode: number },
-    chain: ChainState,
-  ): Promise<PendingRecovery> {
-    const failed = hops[i]!;
-    const reason = cause instanceof Error ? cause.message : String(cause);
-    if (!this.init.replace) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; no tracker to ask for a replacement`);
-    if (count.recoveries >= this.options.maxRecoveries) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; gave up after ${this.options.maxRecoveries} replacements`);
-    this.init.onLog?.(`hop ${failed.hop.peer_id} [${failed.hop.start_layer}, ${failed.hop.end_layer}) failed (${reason}); asking the tracker for a replacement`);
-    const answer = await this.init.replace(failed.hop, signal, hops.map((h) => h.hop));
-    const got = Array.isArray(answer) ? answer : answer.hops;
-    // The failed node itself (the tracker found nobody else, and it answers again: back from a relay restart, a
-    // freeze): its cache most likely holds the session still, so it is sent the step as is; a 409 replays it.
-    const same = got.length === 1 && got[0]!.peer_id === failed.hop.peer_id && got[0]!.start_layer === failed.hop.start_layer && got[0]!.end_layer === failed.hop.end_layer;
-    if (same) {
-      if (++count.sameNode > MAX_SAME_NODE_RESUMES) throw new MeshError('MESH_ERR_UPSTREAM', `${reason}; hop ${failed.hop.peer_id} keeps failing after answering the tracker (${MAX_SAME_NODE_RESUMES} times)`);
-    } else count.recoveries++;
-    let at = failed.hop.start_layer;
-    for (const h of got) {
-      if (h.start_layer !== at || h.end_layer <= at || h.peer_id === headPeerId) {
-        throw new MeshError('MESH_ERR_UPSTREAM', `the tracker's replacement does not chain over [${failed.hop.start_layer}, ${failed.hop.end_layer})`);
-      }
-      at = h.end_layer;
-    }
-    if (got.length === 0 || at !== failed.hop.end_layer) throw new MeshError('MESH_ERR_UPSTREAM', `the tracker's replacement does not cover [${failed.hop.start_layer}, ${failed.hop.end_layer})`);
-    // The first replacement inherits the failed hop's input history; the others get theirs from the replay's outputs.
-    const fresh: HopState[] = got.map((hop, k) => ({ hop, history: k === 0 ? failed.history : new History(this.rowBytes, failed.history.rows), synced: same && failed.synced }));
-    hops.splice(i, 1, ...fresh);
-    // The tracker re-signed the route with the replacement in place: once every hop is in sync again, steps chain again.
-    if (!Array.isArray(answer) && answer.chain) chain.renew(answer.chain.signed, answer.chain.hops);
-    const failedIds = current ? current.failed : failed.hop.peer_id;
-    return {
-      t0: current?.t0 ?? t0,
-      failed: failedIds,
-      replacements: got.map((h) => h.peer_id),
-      untilIndex: i + got.length - 1,
-    };
-  }
 }
 
 interface ChainStepArgs {
@@ -720,12 +617,6 @@ interface ChainStepArgs {
   spec: SpecHeaders;
   /** A decode step (a verification's few rows included): timed as one. */
   decode: boolean;
-}
-
-/** How a step was first computed: where it started and how many rows it fed (a verification's drafts included). */
-interface Chunk {
-  start: number;
-  width: number;
 }
 
 /** What a step emits. */
@@ -765,9 +656,3 @@ function stepAnswer(ans: TokenAnswer, spec: SpecHeaders, batchFull: boolean): St
   const logprobs = ans.logprobs && ans.logprobs.length === tokens.length ? ans.logprobs : [...new Array<number>(accepted).fill(0), ans.logprob];
   return { tokens, logprobs, accepted, batchFull };
 }
-
-/** Times one generation resumes on a failed hop that the tracker finds answering again (no spare holds its layers). */
-const MAX_SAME_NODE_RESUMES = 8;
-
-/** A hop answered 409 in the middle of its replay (it lost the cache again): start its replay over. */
-class ReplayMismatch extends Error {}
