@@ -41,7 +41,7 @@ import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
 import { SPLIT_QUEUE, TOPICS, chat, round, startMesh, type Mesh, type Round } from './lib/load-mesh.ts';
-import { fmt, printTable, writeResult } from './lib/stats.ts';
+import { fmt, loadAverage1m, printTable, writeResult } from './lib/stats.ts';
 
 const argv = process.argv.slice(2);
 if (argv.includes('--help') && /bench[\\/]load\.ts$/.test(process.argv[1] ?? '')) {
@@ -226,7 +226,7 @@ async function main(): Promise<void> {
       console.log(`  RSS after / before: ${Object.entries(s.rss_ratio).map(([k, v]) => `${k} ${v}`).join(', ')} (target within 10 %: ${s.within_10_percent ? 'met' : 'NOT met'})`);
     }
   }
-  writeResult(`${here}results/load.json`, { bench: 'load', label, quick, max_tokens: MAX_TOKENS, load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) }, meshes: results });
+  writeResult(`${here}results/load.json`, { bench: 'load', label, quick, max_tokens: MAX_TOKENS, load_average_1m: loadAverage1m(loadBefore), meshes: results });
 }
 
 main().catch((e: unknown) => {

@@ -31,7 +31,7 @@ import { ShardExecutor } from '../src/shard/executor.ts';
 import { readerWeightLoader } from '../src/shard/weights.ts';
 import { startRelayProcess } from '../test/helpers/relay-process.ts';
 import { generateDirect, hopOf, signedRouteHeaders, startNode, startTrackerProc, until, type NodeProc } from '../test/helpers/mesh.ts';
-import { firstDivergence, median } from './lib/stats.ts';
+import { firstDivergence, loadAverage1m, median } from './lib/stats.ts';
 
 const quick = process.argv.includes('--quick');
 // Machine speed drifts by 20-30 % over minutes here: more interleaved runs, medians.
@@ -217,7 +217,7 @@ async function main(): Promise<void> {
           date: new Date().toISOString(),
           model: 'small',
           cpus: cpus().length,
-          load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
+          load_average_1m: loadAverage1m(loadBefore),
           onnx_threads_per_process: threads,
           new_tokens: NEW_TOKENS,
           runs: RUNS,

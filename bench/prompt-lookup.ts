@@ -28,7 +28,7 @@ import { ModelTokenizer } from '../src/model/tokenizer.ts';
 import { weightsFromFiles } from '../test/helpers/weights.ts';
 import { median } from './lib/wan.ts';
 import { specRow, startSpecMesh, type SpecRun } from './lib/spec-mesh.ts';
-import { printTable, writeResult } from './lib/stats.ts';
+import { loadAverage1m, printTable, writeResult } from './lib/stats.ts';
 
 if (process.argv.includes('--help') || process.argv.includes('-h')) {
   process.stdout.write(`npx tsx bench/prompt-lookup.ts [options]
@@ -147,10 +147,8 @@ async function main(): Promise<void> {
     console.log(`prompt lookup (default, adaptive k) on input-grounded prompts: ${lookup.map((r) => `${r.prompt} ${r.x_off}×`).join(', ')} of off (target ≥ 1.5: ${worst >= 1.5 ? 'met' : 'NOT met'} by the worst)`);
     writeResult(fileURLToPath(new URL('./results/prompt-lookup.json', import.meta.url)), {
       bench: 'prompt-lookup',
-      date: new Date().toISOString(),
       model: MODEL,
-      cpus: cpus().length,
-      load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
+      load_average_1m: loadAverage1m(loadBefore),
       one_way_ms: ONE_WAY,
       new_tokens: NEW_TOKENS,
       runs: RUNS,

@@ -50,7 +50,7 @@ import { fileURLToPath } from 'node:url';
 import type { GenerateRequest } from '../src/protocol/tracker.ts';
 import { median } from './lib/wan.ts';
 import { specRow, startSpecMesh, type SpecRun } from './lib/spec-mesh.ts';
-import { printTable, writeResult } from './lib/stats.ts';
+import { loadAverage1m, printTable, writeResult } from './lib/stats.ts';
 
 if (process.argv.includes('--help') || process.argv.includes('-h')) {
   process.stdout.write(`npx tsx bench/speculative.ts [options]
@@ -149,10 +149,8 @@ async function main(): Promise<void> {
     console.log(`tokens per trip against theory: ${rows.filter((r) => r.alpha !== null).map((r) => `${r.drafter} k ${r.k}: ${r.x_theory}×`).join('; ')} (target ≥ 0.9)`);
     writeResult(fileURLToPath(new URL('./results/speculative.json', import.meta.url)), {
       bench: 'speculative',
-      date: new Date().toISOString(),
       model: MODEL,
-      cpus: cpus().length,
-      load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
+      load_average_1m: loadAverage1m(loadBefore),
       one_way_ms: ONE_WAY,
       new_tokens: NEW_TOKENS,
       runs: RUNS,
@@ -237,10 +235,8 @@ async function firstGeneration(): Promise<void> {
     }
     writeResult(fileURLToPath(new URL('./results/speculative-first.json', import.meta.url)), {
       bench: 'speculative --first-generation',
-      date: new Date().toISOString(),
       model: MODEL,
-      cpus: cpus().length,
-      load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
+      load_average_1m: loadAverage1m(loadBefore),
       one_way_ms: ONE_WAY,
       new_tokens: NEW_TOKENS,
       heads_each: Object.fromEntries(drafts.map((d) => [d.name, d.heads])),

@@ -40,7 +40,7 @@ import { readerWeightLoader } from '../src/shard/weights.ts';
 import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
 import { generateDirect, signedRouteHeaders, startNode, startTrackerProc, until, type NodeProc } from '../test/helpers/mesh.ts';
 import { median, startDelayedRelay, type DelayedRelay } from './lib/wan.ts';
-import { printTable, writeResult } from './lib/stats.ts';
+import { loadAverage1m, printTable, writeResult } from './lib/stats.ts';
 
 if (process.argv.includes('--help') || process.argv.includes('-h')) {
   process.stdout.write(`npx tsx bench/wan.ts [options]
@@ -229,10 +229,8 @@ async function main(): Promise<void> {
     console.log(`recovery (middle killed after token 8, chain, ${ONE_WAY} ms): recovery_ms ${rec.recoveryMs ?? 'none'}, next token ${rec.nextTokenAfterKillMs?.toFixed(0)} ms after the kill; tokens unchanged: ${rec.ids.join() === undisturbed}`);
     writeResult(fileURLToPath(new URL(MODEL === 'small' && inject.length === 0 ? './results/wan.json' : `./results/wan-${MODEL}.json`, import.meta.url)), {
       bench: 'wan',
-      date: new Date().toISOString(),
       model: MODEL,
-      cpus: cpus().length,
-      load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) },
+      load_average_1m: loadAverage1m(loadBefore),
       one_way_ms: ONE_WAY,
       new_tokens: NEW_TOKENS,
       runs: RUNS,

@@ -21,7 +21,7 @@ import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer } from '../src/cli/static-server.ts';
 import type { GenerateEvent, RouteHop } from '../src/protocol/tracker.ts';
 import { generateDirect, hopOf, startNode, testSigner, type NodeProc } from '../test/helpers/mesh.ts';
-import { firstDivergence, median } from './lib/stats.ts';
+import { firstDivergence, loadAverage1m, median } from './lib/stats.ts';
 
 const quick = process.argv.includes('--quick');
 const RUNS = quick ? 2 : 5;
@@ -110,7 +110,7 @@ async function main(): Promise<void> {
     mkdirSync(join(here, 'results'), { recursive: true });
     writeFileSync(
       join(here, 'results', 'wire-dtype.json'),
-      JSON.stringify({ bench: 'wire-dtype', date: new Date().toISOString(), model: 'small', cpus: cpus().length, load_average_1m: { before: +loadBefore.toFixed(2), after: +loadavg()[0]!.toFixed(2) }, new_tokens: NEW_TOKENS, runs: RUNS, rows }, null, 2) + '\n',
+      JSON.stringify({ bench: 'wire-dtype', date: new Date().toISOString(), model: 'small', cpus: cpus().length, load_average_1m: loadAverage1m(loadBefore), new_tokens: NEW_TOKENS, runs: RUNS, rows }, null, 2) + '\n',
     );
   } finally {
     await Promise.all(nodes.map((n) => n.stop()));

@@ -1,5 +1,5 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import { dirname } from 'node:path';
 
 export function quantile(sorted: number[], q: number): number {
@@ -46,6 +46,12 @@ export function fmt(n: number): string {
   return Math.abs(n) >= 0.01 ? n.toFixed(3) : n.toPrecision(2);
 }
 
+/** The machine's 1-minute load average when a bench began (`before`, from `loadavg()[0]`) and now: how shared the machine was. */
+export function loadAverage1m(before: number): { before: number; after: number } {
+  return { before: +before.toFixed(2), after: +loadavg()[0]!.toFixed(2) };
+}
+
+/** Writes a bench's JSON result; `date` and `machine` (cores, CPU, Node) are added here. */
 export function writeResult(file: string, data: unknown): void {
   mkdirSync(dirname(file), { recursive: true });
   const machine = { cpus: cpus().length, cpu: cpus()[0]?.model ?? 'unknown', node: process.version };
