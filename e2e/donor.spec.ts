@@ -167,8 +167,10 @@ test('the donor\'s controls: the Web Lock, keep my shard (refused, then granted)
 });
 
 test(`hidden ${REAL ? '6 minutes' : `past a ${GRACE_S} s intensive-throttling grace`}: it heartbeats every second and serves`, async () => {
-  // Past the throttling grace and 20 s more (REAL: Chromium's own 5 minutes and more).
-  const holdMs = REAL ? 6 * 60_000 + 10_000 : (GRACE_S + 20) * 1000;
+  // Past the throttling grace and 10 s more (REAL: Chromium's own 5 minutes and 70 s more); the page's own timer is
+  // counted over the last 10 s (REAL: 20 s).
+  const lateMs = REAL ? 20_000 : 10_000;
+  const holdMs = REAL ? 6 * 60_000 + 10_000 : GRACE_S * 1000 + lateMs;
   test.setTimeout(holdMs + 120_000);
   // Another tab in the same window hides it, as switching tabs does.
   const cover = await page.context().newPage();
@@ -177,7 +179,7 @@ test(`hidden ${REAL ? '6 minutes' : `past a ${GRACE_S} s intensive-throttling gr
   const t0 = Date.now();
   let worstSilenceMs = 0;
   let pollsAtLateStart: number | undefined;
-  const lateFrom = holdMs - 20_000;
+  const lateFrom = holdMs - lateMs;
   while (Date.now() - t0 < holdMs) {
     const r = await row();
     expect(r, 'the tracker still knows the page').toBeTruthy();
@@ -186,11 +188,10 @@ test(`hidden ${REAL ? '6 minutes' : `past a ${GRACE_S} s intensive-throttling gr
     await new Promise((r) => setTimeout(r, 1_000));
   }
   const latePolls = (await page.evaluate(() => window.meshnet!.controller.polls)) - pollsAtLateStart!;
-  console.log(`[hidden] ${Math.round(holdMs / 1000)} s hidden: longest heartbeat silence ${worstSilenceMs} ms; the page's 0.5 s status timer ran ${latePolls} times in the last 20 s (40 unthrottled)`);
-  // Whether Chromium throttled the page's own timers (about once a minute under intensive throttling,
-  // 80 times unthrottled) is the browser's choice and not ours: headless Chromium attached over CDP here
-  // did not throttle. What the node promises is below: heartbeats (from the worker) at their period.
-  // Heartbeats from the worker went on at their period.
+  console.log(`[hidden] ${Math.round(holdMs / 1000)} s hidden: longest heartbeat silence ${worstSilenceMs} ms; the page's 0.5 s status timer ran ${latePolls} times in the last ${lateMs / 1000} s (${lateMs / 500} unthrottled)`);
+  // Whether Chromium throttles the page's own timers is the browser's choice and not ours: held hidden 6 minutes
+  // (REAL) it ran them once a second, Chromium's hidden-tab throttling, not intensive throttling's once a minute.
+  // What the node promises is below: heartbeats (from the worker) at their period.
   expect(worstSilenceMs).toBeLessThanOrEqual(2.5 * HEARTBEAT_MS);
   expect(await page.evaluate(() => document.visibilityState)).toBe('hidden');
   expect(await chat()).toEqual(want);
