@@ -20,6 +20,9 @@ import { z } from 'zod';
 import { nodeInfoSchema, nodeStatsSchema } from '../../protocol/tracker.ts';
 import type { NodeRecord, RemoteRecord } from '../registry.ts';
 
+const count = z.number().int().nonnegative();
+const trustCountersSchema = z.object({ consecutive: count, checks: count, passes: count, offences: count, inconclusive: count, refusals: count, force_next: z.boolean() });
+
 const span = z.object({ start: z.number().int().nonnegative(), end: z.number().int().positive() }).nullable();
 const peerId = z.string().regex(/^[0-9a-f]{32}$/);
 
@@ -51,6 +54,8 @@ export const nodeDocSchema = z
      * counts it as registered; it is deleted when the grace ends, or rewritten live when the node registers again.
      */
     vacated_until: z.number().optional(),
+    /** Its check counters, summed over every tracker's judgements (verify/trust.ts): a node proven on one tracker is proven on all. */
+    trust: trustCountersSchema.optional(),
     /** The tracker that wrote this version. */
     by: z.string().max(64),
   })
