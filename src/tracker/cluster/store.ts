@@ -25,6 +25,11 @@
  *   leader's deadlines hold whichever tracker a node beats to. A heartbeat
  *   writes the node's document only when what routing reads moved (served
  *   span, addresses, info, queue, KV room, speed) or the stored one is old.
+ * - A node the leader drops for silence keeps its document through its
+ *   rejoin grace, marked `vacated_until` (a tombstone): every tracker drops
+ *   its copy and holds the span from moves until then, as the leader does,
+ *   so a leader elected meanwhile keeps the grace. The node registering
+ *   again rewrites it live; the leader deletes it when the grace ends.
  * - A chat's KV room (admission lease) is `route.<id>`, written by the
  *   tracker running it and removed when it ends; every tracker counts every
  *   route's bytes against the nodes' KV. A tracker that stops answering is
@@ -297,6 +302,12 @@ export class ClusterStore implements LeaseObserver {
           return;
         }
         this.nodes.set(id, { doc, rev: e.revision });
+        if (doc.vacated_until !== undefined) {
+          // Dropped for silence by the leader, in its rejoin grace: gone here too, its span held from moves till then.
+          registry.vacateRemote(remoteOf(doc), doc.vacated_until);
+          if (doc.trust) this.onTrust?.(id, doc.trust);
+          return;
+        }
         const r = remoteOf(doc);
         // A tracker (re)starting: everything stored counts as just seen, until the batches tell it otherwise.
         if (snapshot) r.lastSeen = Math.max(r.lastSeen, this.o.now());
@@ -417,7 +428,28 @@ export class ClusterStore implements LeaseObserver {
     const dt = now - this.lastLateTick;
     this.lastLateTick = now;
     if (!this.calm(now)) this.lateTotal += Math.max(0, dt);
-    if (this.isLeader()) void this.cleanupTrackers(now);
+    if (this.isLeader()) {
+      void this.cleanupTrackers(now);
+      this.cleanupTombstones(now);
+    }
+  }
+
+  /** Tombstones being deleted (by peer id): one delete each at a time. */
+  private readonly burying = new Set<string>();
+
+  /** The leader deletes the documents of nodes whose rejoin grace ended (unless rewritten since: then they are back). */
+  private cleanupTombstones(now: number): void {
+    for (const [id, { doc, rev }] of this.nodes) {
+      if (doc.vacated_until === undefined || doc.vacated_until > now || this.burying.has(id)) continue;
+      this.burying.add(id);
+      void this.kv
+        .delete(keys.node(id), { previousSeq: rev })
+        .then(() => {
+          if (this.nodes.get(id)?.rev === rev) this.nodes.delete(id);
+        })
+        .catch(() => undefined)
+        .finally(() => this.burying.delete(id));
+    }
   }
 
   /** This tracker holds the leader lease (and NATS): it removes and moves nodes. */
@@ -582,7 +614,8 @@ export class ClusterStore implements LeaseObserver {
     const r = await this.writeNode(
       n.peerId,
       (stored) => {
-        const same = stored && stored.info.model === n.info.model && stored.info.memory_budget_mb === n.info.memory_budget_mb && stored.info.weight_format === n.info.weight_format;
+        // A tombstone's span (a node back within its rejoin grace) is not adopted: the registry placed it as a node back after a drop.
+        const same = stored && stored.vacated_until === undefined && stored.info.model === n.info.model && stored.info.memory_budget_mb === n.info.memory_budget_mb && stored.info.weight_format === n.info.weight_format;
         return same && stored.assignment && !n.info.pinned ? { ...mine, assignment: stored.assignment } : mine;
       },
       'register',
@@ -633,9 +666,18 @@ export class ClusterStore implements LeaseObserver {
     if (kind === 'remove') {
       const cur = this.nodes.get(peer);
       if (!cur) return;
+      // Dropped for silence with a rejoin grace: the document stays through it, as a tombstone every tracker (and
+      // the next leader) reads; else it goes.
+      const until = registry.nodes.has(peer) ? undefined : registry.vacatedUntil(peer);
       try {
-        await this.kv.delete(keys.node(peer), { previousSeq: cur.rev });
-        this.nodes.delete(peer);
+        if (until !== undefined) {
+          const doc: NodeDoc = { ...cur.doc, vacated_until: until, by: this.me };
+          const rev = await this.kv.update(keys.node(peer), JSON.stringify(doc), cur.rev);
+          if ((this.nodes.get(peer)?.rev ?? 0) < rev) this.nodes.set(peer, { doc, rev });
+        } else {
+          await this.kv.delete(keys.node(peer), { previousSeq: cur.rev });
+          this.nodes.delete(peer);
+        }
         this.init.metrics.clusterWrites.inc({ kind: 'remove', result: 'ok' });
       } catch (e) {
         if (!isConflict(e)) {
