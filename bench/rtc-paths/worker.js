@@ -1,4 +1,4 @@
-/* global postMessage */
+/* global postMessage, MessageChannel */
 // Worker: a ws to the forwarder, and a port from the page (bridge), maybe a transferred data channel.
 
 let ws, port, dc;
