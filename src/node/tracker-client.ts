@@ -31,12 +31,16 @@ import {
 import { verifyEd25519, type Identity } from '../net/identity.ts';
 import type { MeshReply } from '../protocol/envelopes.ts';
 import type { OutgoingRequest, RequestOptions } from '../net/contract.ts';
+import type { PeerWatchEnd } from '../net/relay-client.ts';
 import { z } from 'zod';
 
 /** The node's relay connection as the tracker client uses it: heartbeats to the tracker's peer over the socket. */
 export interface TrackerRelay {
+  /** RelayClient's state ('registered' …), or 'none' when the node has no relay. */
   readonly state: string;
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
+  /** RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say. */
+  watchPeer?(peerId: string, signal?: AbortSignal): Promise<PeerWatchEnd>;
 }
 
 /** The keys a node takes routes from: one tracker's, or every tracker of its cluster. */
@@ -102,6 +106,21 @@ export class WatchUnsupportedError extends MeshError {
 
 /** Longest pause between two asks for a replacement while the tracker has none, ms. */
 const REPLACE_POLL_MAX_MS = 500;
+
+/** The tracker could not be reached at all (connection refused or reset, no such host): not a timeout, not an answer. */
+export class TrackerUnreachableError extends MeshError {
+  constructor(message: string) {
+    super('MESH_ERR_UNAVAILABLE', message);
+  }
+}
+
+/**
+ * How a watch ended (TrackerClient.watch): `ended` the tracker went away (or
+ * the HTTP stream ended); `rearm` nothing is known (not watching now: the last
+ * beat did not go over the relay, the relay connection dropped, the tracker is
+ * not on this relay): watch again after the next beat tells.
+ */
+export type WatchEnd = 'ended' | 'rearm';
 
 /** The tracker forgot this node (it restarted): register again. */
 export class NotRegisteredError extends MeshError {
@@ -304,6 +323,8 @@ export class TrackerClient {
   trackerPeerId: string | undefined;
   /** Heartbeats sent over the relay socket / as signed HTTP requests. */
   readonly beats = { relay: 0, http: 0 };
+  /** How the last answered heartbeat went (undefined before the first, and after a registration). */
+  lastBeat: 'relay' | 'http' | undefined;
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
@@ -335,7 +356,10 @@ export class TrackerClient {
       });
     } catch (e) {
       if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', `${path} cancelled`);
-      throw new MeshError('MESH_ERR_UNAVAILABLE', `tracker ${this.base} unreachable for ${path}: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`);
+      const why = `tracker ${this.base} unreachable for ${path}: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`;
+      // A timeout is a tracker that is slow (behind), not gone.
+      if ((e as Error).name === 'TimeoutError' || signals[0]!.aborted) throw new MeshError('MESH_ERR_UNAVAILABLE', why);
+      throw new TrackerUnreachableError(why);
     }
     const text = await res.text();
     let json: unknown = undefined;
@@ -372,6 +396,7 @@ export class TrackerClient {
     if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker register answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
     await this.trust.absorb(p.data.tracker_public_key, p.data.tracker_keys);
     this.trackerPeerId = p.data.tracker_peer_id;
+    this.lastBeat = undefined;
     if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     return p.data;
   }
@@ -405,11 +430,15 @@ export class TrackerClient {
    */
   async heartbeat(msg: NodeMessage): Promise<HeartbeatAnswer> {
     const overRelay = await this.relayBeat(msg);
-    if (overRelay) return overRelay;
+    if (overRelay) {
+      this.lastBeat = 'relay';
+      return overRelay;
+    }
     this.beats.http++;
     const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg));
     if (status === 404) throw new NotRegisteredError();
     if (status !== 200) this.fail('/api/nodes/heartbeat', status, json);
+    this.lastBeat = 'http';
     return this.beatAnswer(json);
   }
 
@@ -450,12 +479,35 @@ export class TrackerClient {
   }
 
   /**
+   * Watch for the tracker going away. A node whose beats go over a relay
+   * that has `peer-watch` asks that relay to say when the tracker's peer
+   * detaches (no connection held to the tracker): `ended` when it did,
+   * `rearm` when no such news can come now (see WatchEnd). Otherwise (no
+   * relay, a relay without `peer-watch`, a tracker with no peer id) the HTTP
+   * stream, as httpWatch().
+   */
+  async watch(signal: AbortSignal): Promise<WatchEnd> {
+    const relay = this.init.relay;
+    const peer = this.trackerPeerId;
+    if (relay?.watchPeer !== undefined && relay.state !== 'none' && peer !== undefined) {
+      // Not known to reach the tracker over this relay (yet): the next beat tells.
+      if (this.lastBeat !== 'relay') return 'rearm';
+      const end = await relay.watchPeer(peer, signal);
+      if (end === 'gone' || end === 'cancelled') return 'ended';
+      if (end !== 'unsupported' || relay.state !== 'registered') return 'rearm';
+      // A relay without peer-watch: the HTTP stream, as before.
+    }
+    await this.httpWatch(signal);
+    return 'ended';
+  }
+
+  /**
    * Hold `GET /api/nodes/watch` open: resolves when the stream ends (the
    * tracker went away, or `signal` aborted), rejects when it cannot be
    * opened (unreachable), and with WatchUnsupportedError when the tracker
    * has no such route (an older one: heartbeats alone tell then).
    */
-  async watch(signal: AbortSignal): Promise<void> {
+  async httpWatch(signal: AbortSignal): Promise<void> {
     let res: Response;
     try {
       res = await this.init.fetch(`${this.base}/api/nodes/watch`, { headers: { accept: 'text/event-stream' }, signal });

@@ -585,6 +585,8 @@ export class NodeRuntime {
         return relay()?.state ?? 'none';
       },
       request: (peer: string, req: OutgoingRequest, opts?: RequestOptions) => relay()?.request(peer, req, opts) ?? Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay')),
+      // The relay tells when the tracker's peer detaches: no HTTP watch stream held to the tracker.
+      watchPeer: (peer: string, signal?: AbortSignal) => relay()?.watchPeer(peer, signal) ?? Promise.resolve('unsupported' as const),
     };
     const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, relay: relayLink, onDistrust: (list) => this.distrust.replace(list), ...(this.config.operatorKey ? { operatorKey: this.config.operatorKey } : {}) });
     if (this.model === undefined) {
