@@ -175,6 +175,11 @@ export class Donor {
     return this.identity.peerId;
   }
 
+  /** The heartbeat period its tracker handed out last, ms (undefined before it registered). */
+  get periodMs(): number | undefined {
+    return this.session?.periodMs;
+  }
+
   get registered(): boolean {
     return this.session?.isRegistered ?? false;
   }

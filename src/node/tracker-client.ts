@@ -115,12 +115,13 @@ export class TrackerUnreachableError extends MeshError {
 }
 
 /**
- * How a watch ended (TrackerClient.watch): `ended` the tracker went away (or
- * the HTTP stream ended); `rearm` nothing is known (not watching now: the last
- * beat did not go over the relay, the relay connection dropped, the tracker is
- * not on this relay): watch again after the next beat tells.
+ * How a watch ended (TrackerClient.watch): `ended` the HTTP stream ended (the
+ * tracker went away, or the signal aborted); `gone` the relay said the
+ * tracker's peer detached; `rearm` nothing is known (not watching now: the
+ * last beat did not go over the relay, the relay connection dropped, the
+ * tracker is not on this relay): watch again after the next beat tells.
  */
-export type WatchEnd = 'ended' | 'rearm';
+export type WatchEnd = 'ended' | 'gone' | 'rearm';
 
 /** The tracker forgot this node (it restarted): register again. */
 export class NotRegisteredError extends MeshError {
@@ -323,8 +324,7 @@ export class TrackerClient {
   trackerPeerId: string | undefined;
   /** Heartbeats sent over the relay socket / as signed HTTP requests. */
   readonly beats = { relay: 0, http: 0 };
-  /** How the last answered heartbeat went (undefined before the first, and after a registration). */
-  lastBeat: 'relay' | 'http' | undefined;
+
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
@@ -396,7 +396,6 @@ export class TrackerClient {
     if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker register answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
     await this.trust.absorb(p.data.tracker_public_key, p.data.tracker_keys);
     this.trackerPeerId = p.data.tracker_peer_id;
-    this.lastBeat = undefined;
     if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     return p.data;
   }
@@ -430,15 +429,11 @@ export class TrackerClient {
    */
   async heartbeat(msg: NodeMessage): Promise<HeartbeatAnswer> {
     const overRelay = await this.relayBeat(msg);
-    if (overRelay) {
-      this.lastBeat = 'relay';
-      return overRelay;
-    }
+    if (overRelay) return overRelay;
     this.beats.http++;
     const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg));
     if (status === 404) throw new NotRegisteredError();
     if (status !== 200) this.fail('/api/nodes/heartbeat', status, json);
-    this.lastBeat = 'http';
     return this.beatAnswer(json);
   }
 
@@ -479,21 +474,21 @@ export class TrackerClient {
   }
 
   /**
-   * Watch for the tracker going away. A node whose beats go over a relay
-   * that has `peer-watch` asks that relay to say when the tracker's peer
-   * detaches (no connection held to the tracker): `ended` when it did,
-   * `rearm` when no such news can come now (see WatchEnd). Otherwise (no
-   * relay, a relay without `peer-watch`, a tracker with no peer id) the HTTP
-   * stream, as httpWatch().
+   * Watch for the tracker going away. A node with a relay that has
+   * `peer-watch` asks that relay to say when the tracker's peer (the one its
+   * beats go to) detaches, and holds no connection to the tracker: `gone`
+   * when it did, `rearm` when no such news can come now (the tracker is not
+   * attached to this relay, the relay connection dropped: see WatchEnd).
+   * Otherwise (no relay, a relay without `peer-watch`, a tracker with no
+   * peer id) the HTTP stream, as httpWatch().
    */
   async watch(signal: AbortSignal): Promise<WatchEnd> {
     const relay = this.init.relay;
     const peer = this.trackerPeerId;
     if (relay?.watchPeer !== undefined && relay.state !== 'none' && peer !== undefined) {
-      // Not known to reach the tracker over this relay (yet): the next beat tells.
-      if (this.lastBeat !== 'relay') return 'rearm';
       const end = await relay.watchPeer(peer, signal);
-      if (end === 'gone' || end === 'cancelled') return 'ended';
+      if (end === 'gone') return 'gone';
+      if (end === 'cancelled') return 'ended';
       if (end !== 'unsupported' || relay.state !== 'registered') return 'rearm';
       // A relay without peer-watch: the HTTP stream, as before.
     }

@@ -76,6 +76,11 @@ export class TrackerSession {
     this.heartbeatMs = init.heartbeatMs ?? 5_000;
   }
 
+  /** The heartbeat period the tracker handed out last, ms. */
+  get periodMs(): number {
+    return this.heartbeatMs;
+  }
+
   get isRegistered(): boolean {
     return this.registered;
   }
@@ -136,8 +141,8 @@ export class TrackerSession {
    * each time the watch ends or cannot be opened, heartbeat on a short
    * schedule until the tracker answers, so a restarted tracker has this node
    * again within about a second of its return, not a heartbeat period later.
-   * Between relay watches (not armed yet, the relay reconnecting) the next
-   * beat tells: one that finds the tracker unreachable starts the same short
+   * Between relay watches (the tracker not attached to the relay, the relay
+   * reconnecting) the next beat tells: one that finds the tracker unreachable starts the same short
    * schedule. Stops on close(), or for good when the tracker has no watch
    * stream (heartbeats alone then).
    */
@@ -149,8 +154,13 @@ export class TrackerSession {
       while (!this.closed) {
         const t0 = Date.now();
         try {
-          if ((await this.init.client.watch(signal)) === 'rearm') {
+          const end = await this.init.client.watch(signal);
+          if (end === 'rearm') {
             if (!(await this.nextBeat())) continue;
+          } else if (end === 'gone') {
+            // Every node of the relay hears it at once: spread their first beats over [250 ms, 1 s] (a tracker that only
+            // lost its relay connection is back on it by then, and is not hit by every node's signed HTTP beat at once).
+            await pause(LOST_RETRY_MS[0] + Math.random() * (LOST_RETRY_MS[1] - LOST_RETRY_MS[0]), signal);
           }
         } catch (e) {
           if (e instanceof WatchUnsupportedError) return;

@@ -128,9 +128,15 @@ describe('a tracker session beating over a relay with peer-watch', () => {
       }
       if (!trackerUp) throw Object.assign(new TypeError('fetch failed'), { cause: { code: 'ECONNREFUSED' } });
       if (url.endsWith('/api/nodes/register')) registrations++;
+      else answered++;
       return new Response(JSON.stringify(answer()), { status: 200, headers: { 'content-type': 'application/json' } });
     }) as unknown as typeof fetch;
-    const beatHandler = (path: string) => (path === '/api/nodes/beat' ? { status: 200, body: answer() } : { status: 404, body: {} });
+    let answered = 0;
+    const beatHandler = (path: string) => {
+      if (path !== '/api/nodes/beat') return { status: 404, body: {} };
+      answered++;
+      return { status: 200, body: answer() };
+    };
     const attachTracker = async () => {
       const t = new RelayClient({ relayUrl: relay.url, WebSocket: NodeWebSocket, identity: trackerIdentity, handler: async (req) => ({ status: 200, headers: {}, body: new TextEncoder().encode(JSON.stringify(beatHandler(req.path).body)) }) });
       clients.push(t);
@@ -147,7 +153,7 @@ describe('a tracker session beating over a relay with peer-watch', () => {
     try {
       await session.start();
       expect(registrations).toBe(1);
-      // One beat over the relay arms the relay watch (a 60 s period: nothing else beats in this test).
+      // Watched over the relay from the registration on (a 60 s period: nothing else beats in this test).
       await session.beatNow();
       expect(tc.beats.relay).toBe(1);
       await new Promise((r) => setTimeout(r, 100));
@@ -156,11 +162,44 @@ describe('a tracker session beating over a relay with peer-watch', () => {
       trackerUp = false;
       trackerPeer.close();
       await until(() => tc.beats.http >= 1);
-      // … and it is back (same key): the node beats it over the relay again within about a second.
+      // … and it is back (same key): a beat of the short schedule reaches it within about a second (over the relay,
+      // or signed over HTTP when it came before the tracker's relay connection), not a heartbeat period (60 s) later.
+      const before = answered;
       trackerUp = true;
       trackerPeer = await attachTracker();
-      await until(() => tc.beats.relay >= 2, 3_000);
+      await until(() => answered > before, 3_000);
       expect(httpWatches).toBe(0);
+    } finally {
+      session.close();
+    }
+  });
+
+  it('with a relay that has no peer-watch (an older one) it holds the HTTP watch stream, as before', async () => {
+    let httpWatches = 0;
+    const trackerPeer = 'ab'.repeat(16);
+    const answer = { assignment: null, heartbeat_interval_ms: 60_000, tracker_public_key: 'k', tracker_peer_id: trackerPeer };
+    const fetchFn = (async (url: string) => {
+      if (url.endsWith('/api/nodes/watch')) {
+        httpWatches++;
+        return new Response(new ReadableStream(), { status: 200 });
+      }
+      return new Response(JSON.stringify(answer), { status: 200 });
+    }) as unknown as typeof fetch;
+    const old = {
+      state: 'registered',
+      request: async () => ({ status: 200, headers: {}, body: new TextEncoder().encode(JSON.stringify(answer)) }),
+      watchPeer: async () => 'unsupported' as const,
+    };
+    const identity = await Identity.generate();
+    const tc = new TrackerClient({ trackerUrl: 'http://tracker.test', fetch: fetchFn, identity, relay: old });
+    const msg = (): NodeMessage => ({ peer_id: identity.peerId, public_key: 'x', info: { model: 'm', backend: 'wasm', memory_budget_mb: 1 }, stats: { rpm: 0, layer_ms: 0, queue_depth: 0, kv_free_bytes: 0, tokens_served: 0 }, serving: null, timestamp: Date.now() }) as NodeMessage;
+    const session = new TrackerSession({ client: tc, message: msg, onAssignment: () => {} });
+    try {
+      await session.start();
+      await until(() => httpWatches === 1);
+      await session.beatNow();
+      expect(tc.beats.relay).toBe(1);
+      expect(httpWatches).toBe(1);
     } finally {
       session.close();
     }
