@@ -57,7 +57,7 @@
  * run's tracker FLAGS as node flags (e.g. `::--max-semi-space-size=4`).
  */
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
@@ -65,7 +65,7 @@ import { startStaticServer, type StaticServer } from '../src/cli/static-server.t
 import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
 import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
 import { cpuMs } from './lib/proc-cpu.ts';
-import { printTable, quantile, writeResult } from './lib/stats.ts';
+import { loadAverage1m, printTable, quantile, writeResult } from './lib/stats.ts';
 import { Donor, SwarmStats } from './lib/swarm-donors.ts';
 import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
 import { startLoopProbe } from './lib/loop-probe.mjs';
@@ -533,7 +533,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       const droppedBefore = stats.dropped;
       const at = Date.now();
       await r0.stop('SIGKILL');
-      relays[0] = await startRelayProcess(['--port', String(relayPorts[0])], bin);
+      relays[0] = await startRelayProcess(['--port', String(relayPorts[0]), ...(RELAY_NATS ? cluster : [])], bin);
       let allBack: number | null = null;
       for (;;) {
         const back = mine.filter((d) => d.closed || d.lastRelayRegisteredAt > at).length;
@@ -649,6 +649,7 @@ const dir = mkdtempSync(join(tmpdir(), 'meshnet-swarm-'));
 writeFileSync(join(dir, 'config.json'), JSON.stringify(SWARM_CONFIG));
 const swarmServer: StaticServer = await startStaticServer({ root: dir });
 const smallServer: StaticServer | undefined = MESH ? await startStaticServer({ root: await ensureModel('small') }) : undefined;
+const loadBefore = loadavg()[0]!;
 const results: RunResult[] = [];
 try {
   for (const n of DONORS) {
@@ -696,5 +697,6 @@ for (const r of results) {
   for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${binName(r.bin)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
 }
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
-writeResult(OUT, { bench: 'swarm', label: LABEL, minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
+console.log(`load average (1 min) at start ${loadBefore.toFixed(2)}, at end ${loadavg()[0]!.toFixed(2)}`);
+writeResult(OUT, { bench: 'swarm', label: LABEL, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
 process.exit(0);

@@ -124,6 +124,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
       const own = encodeBase64Url(identity.publicKey);
       return (link.cluster?.trackerKeys() ?? []).filter((k) => k.public_key !== own).map((k) => decodeBase64(k.public_key));
     },
+    onTrustOutcome: (peer, outcome, now) => link.cluster?.trustOutcome(peer, outcome, now),
   });
   registry.excluded = (peer) => verification.excluded(peer);
   const publicKey = encodeBase64Url(identity.publicKey);
@@ -203,6 +204,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     attachCluster(store) {
       link.cluster = store;
       admission.observer = store;
+      store.onTrust = (peer, counters) => verification.trust.adopt(peer, counters);
     },
     get cluster() {
       return link.cluster;

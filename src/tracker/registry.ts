@@ -465,6 +465,8 @@ export class NodeRegistry {
       rec.contribution = undefined;
     }
     const fresh = !rec;
+    // Alive in the store (it registered again, at another tracker): its rejoin grace is over.
+    this.vacated.delete(r.peerId);
     if (!rec) {
       rec = { history: [], inFlight: 0, failures: this.failureCounts.get(r.peerId) ?? 0, contribution: undefined, lateAtSeen: this.lateMs(), draining: false, drainingSince: undefined, lastTimestamp: 0 } as unknown as NodeRecord;
       this.byId.set(r.peerId, rec);
@@ -506,6 +508,45 @@ export class NodeRegistry {
       p.dirty = true;
     }
     return target;
+  }
+
+  /**
+   * Another tracker of the cluster (the leader) dropped the node for silence
+   * and keeps its layers from moves until `until` (its shared document says
+   * so: `vacated_until`, cluster/doc.ts): drop the local copy, and hold its
+   * span as absent as the dropper does, so a leader elected meanwhile keeps
+   * the same rejoin grace.
+   */
+  vacateRemote(r: RemoteRecord, until: number): void {
+    const rec = this.nodes.get(r.peerId);
+    if (rec) this.drop(rec, 'dropped for silence by another tracker', true);
+    else this.noteDropped(r.peerId);
+    if (until <= this.o.now() || !r.assignment || !this.models.has(r.info.model)) {
+      this.vacated.delete(r.peerId);
+      return;
+    }
+    const layerMs = r.layerMsEwma !== undefined && r.layerMsEwma > 0 ? r.layerMsEwma : this.o.defaultLayerMs;
+    this.noteVacated(r.peerId, { model: r.info.model, span: r.assignment, throughput: 1000 / layerMs, until });
+    this.placement(r.info.model).dirty = true;
+  }
+
+  /** When the rejoin grace of a node dropped for silence ends (ms since epoch); undefined: it has none. */
+  vacatedUntil(peerId: string): number | undefined {
+    const v = this.vacated.get(peerId);
+    return v !== undefined && v.until > this.o.now() ? v.until : undefined;
+  }
+
+  private noteVacated(peerId: string, v: { model: string; span: Span; throughput: number; until: number }): void {
+    this.vacated.delete(peerId);
+    this.vacated.set(peerId, v);
+    if (this.vacated.size > 10_000) this.vacated.delete(this.vacated.keys().next().value!);
+  }
+
+  private noteDropped(peerId: string): void {
+    this.dropped.delete(peerId);
+    this.dropped.add(peerId);
+    // Bounded: the oldest go first (a Set iterates in insertion order).
+    if (this.dropped.size > 10_000) this.dropped.delete(this.dropped.values().next().value!);
   }
 
   /** Another tracker of the cluster removed the node: drop the local copy (no rebalance: the remover did its own). */
@@ -565,14 +606,11 @@ export class NodeRegistry {
     if (grace && rec.assignment && graceMs > 0) {
       // A node that drained first (a closed tab's beacon) stopped counting when its drain cover ended.
       const from = rec.draining && rec.drainingSince !== undefined ? Math.min(this.o.now(), rec.drainingSince + this.drainCoverMs()) : this.o.now();
-      this.vacated.set(rec.peerId, { model: rec.info.model, span: rec.assignment, throughput: this.throughput(rec), until: from + graceMs });
-      if (this.vacated.size > 10_000) this.vacated.delete(this.vacated.keys().next().value!);
+      this.noteVacated(rec.peerId, { model: rec.info.model, span: rec.assignment, throughput: this.throughput(rec), until: from + graceMs });
     }
     this.byId.delete(rec.peerId);
     this.placement(rec.info.model).forget(rec);
-    this.dropped.add(rec.peerId);
-    // Bounded: the oldest go first (a Set iterates in insertion order).
-    if (this.dropped.size > 10_000) this.dropped.delete(this.dropped.values().next().value!);
+    this.noteDropped(rec.peerId);
     this.events.onRemoved?.(rec, reason, remote);
   }
 

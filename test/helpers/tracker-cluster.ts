@@ -21,7 +21,7 @@ export interface TrackerCluster {
   /** A fresh cluster name per test. */
   name(): string;
   /** A tracker of cluster `name`, with short silences so a test waits seconds, not minutes. */
-  tracker(name: string, o?: { heartbeatIntervalMs?: number; relayUrl?: string }): Promise<RunningTracker>;
+  tracker(name: string, o?: { heartbeatIntervalMs?: number; relayUrl?: string; rejoinGraceMs?: number }): Promise<RunningTracker>;
   /** A tracker the test closes itself: not closed again after it. */
   release(t: RunningTracker): void;
 }
@@ -44,7 +44,7 @@ export function trackerCluster(): TrackerCluster {
     name: () => `c${++n}`,
     async tracker(name, o = {}) {
       const t = await startTracker(
-        { port: 0, nats: [nats!.url], cluster: name, heartbeatIntervalMs: o.heartbeatIntervalMs ?? 1000, logLevel: 'silent', models: [], ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}) },
+        { port: 0, nats: [nats!.url], cluster: name, heartbeatIntervalMs: o.heartbeatIntervalMs ?? 1000, logLevel: 'silent', models: [], ...(o.relayUrl ? { relayUrl: o.relayUrl } : {}), ...(o.rejoinGraceMs !== undefined ? { rejoinGraceMs: o.rejoinGraceMs } : {}) },
         { modelSpecs: [spec], logger: silent, cluster: { leaseMs: 1500, overdueMs: 1500, trackerGoneMs: 4000 } },
       );
       running.push(t);

@@ -10,6 +10,8 @@ import { Kvm } from '@nats-io/kv';
 import { describe, expect, it } from 'vitest';
 import { connectNats } from '../../src/cluster/nats.ts';
 import { trackerSubjects } from '../../src/cluster/subjects.ts';
+import { encodeBase64Url } from '../../src/protocol/base64.ts';
+import type { RunningTracker } from '../../src/tracker/server.ts';
 import { FakeNode } from '../helpers/tracker.ts';
 import { asTest, mb, span, trackerCluster, until } from '../helpers/tracker-cluster.ts';
 
@@ -41,6 +43,62 @@ describe('a tracker or NATS lost', () => {
       expect((await chatty.heartbeat(asTest(follower))).assignment).not.toBeNull();
     } finally {
       clearInterval(beat);
+    }
+  });
+});
+
+describe('the rejoin grace across a leader failover', () => {
+  it('a node the leader dropped for silence keeps its layers from moves after another tracker takes over; it comes back with its span; an ended grace is deleted', async () => {
+    const name = c.name();
+    const [a, b] = [await tracker(name, { heartbeatIntervalMs: 500, rejoinGraceMs: 60_000 }), await tracker(name, { heartbeatIntervalMs: 500, rejoinGraceMs: 60_000 })];
+    const leader = await until(() => [a, b].find((t) => t.cluster!.isLeader()), 5000, 'a leader');
+    const follower = leader === a ? b : a;
+    // Four nodes, each the only holder of its quarter, each able to hold the whole model: without the grace, a
+    // neighbour is grown over a gap at once (test/tracker/assignment.test.ts).
+    const nodes: FakeNode[] = [];
+    for (const [s0, e0] of [[0, 3], [3, 6], [6, 9], [9, 12]] as const) {
+      const n = (await FakeNode.create({ memory_budget_mb: 4096 })).withStats(1);
+      n.serving = { start_layer: s0, end_layer: e0 };
+      await n.register(asTest(follower));
+      nodes.push(n);
+    }
+    const leaving = nodes[2]!;
+    const staying = nodes.filter((n) => n !== leaving);
+    await until(() => nodes.every((n) => leader.registry.nodes.get(n.peerId)?.assignment), 3000, 'every node at the leader');
+    const spans = (t: RunningTracker) => staying.map((n) => { const x = t.registry.nodes.get(n.peerId)?.assignment; return x ? `${x.start}-${x.end}` : '-'; }).join(' ');
+    expect(spans(follower)).toBe('0-3 3-6 9-12');
+    const beat = setInterval(() => {
+      for (const n of staying) void n.heartbeat(asTest(follower)).catch(() => undefined);
+    }, 200);
+    try {
+      // The leader's next sweep finds it silent for long (its clock says so) and drops it, with the grace.
+      leader.registry.nodes.get(leaving.peerId)!.lastSeen -= 60_000;
+      await until(() => !follower.registry.nodes.has(leaving.peerId) && follower.registry.vacatedUntil(leaving.peerId), 3000, 'the drop and its grace at the follower');
+      expect(leader.registry.vacatedUntil(leaving.peerId)).toBe(follower.registry.vacatedUntil(leaving.peerId));
+      // The leader goes; the follower leads, and through three of its sweeps grows nobody over the bare layers.
+      await leader.close();
+      c.release(leader);
+      await until(() => follower.cluster!.isLeader(), 3000, 'the follower leading');
+      await new Promise((r) => setTimeout(r, 1600));
+      expect(spans(follower)).toBe('0-3 3-6 9-12');
+      // Back within the grace: its span again, and a live document (the tombstone rewritten).
+      expect((await leaving.register(asTest(follower))).assignment).toMatchObject({ start_layer: 6, end_layer: 9 });
+      expect(follower.registry.vacatedUntil(leaving.peerId)).toBeUndefined();
+    } finally {
+      clearInterval(beat);
+    }
+    // A tombstone whose grace ended (its leader died before deleting it) is deleted by the leader, and routes nobody.
+    const h = await connectNats({ servers: c.nats().url, name: 'check' });
+    try {
+      const kv = await new Kvm(h.nc).open(trackerSubjects(name).registryBucket);
+      const stored = (await kv.get(`node.${leaving.peerId}`))!.json<Record<string, unknown>>();
+      expect(stored.vacated_until).toBeUndefined();
+      const ghost = await FakeNode.create({ memory_budget_mb: 4096 });
+      await kv.put(`node.${ghost.peerId}`, JSON.stringify({ ...stored, peer_id: ghost.peerId, public_key: encodeBase64Url(ghost.identity.publicKey), vacated_until: Date.now() - 1 }));
+      await until(async () => (await kv.get(`node.${ghost.peerId}`))?.operation === 'DEL', 3000, 'the ended tombstone deleted');
+      expect(follower.registry.nodes.has(ghost.peerId)).toBe(false);
+    } finally {
+      await h.close();
     }
   });
 });

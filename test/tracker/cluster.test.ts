@@ -168,6 +168,37 @@ describe('trackers as replicas of one registry (NATS JetStream KV)', () => {
     expect((await skipped(await Identity.generate())).status).toBe(401);
   });
 
+  it('a node\'s check counters are the cluster\'s: proven at one tracker, not new at another; judgements at two trackers at once all count', async () => {
+    const name = c.name();
+    const [a, b] = [await tracker(name), await tracker(name)];
+    const x = await FakeNode.create({ pinned: true });
+    x.serving = { start_layer: 0, end_layer: 12 };
+    await x.register(asTest(a));
+    await until(() => b.registry.nodes.get(x.peerId), 5000, 'x at the second tracker');
+    expect(b.verification.trust.checkProbability(x.peerId)).toBe(1);
+    // Ten passes judged at the first tracker: the second samples x as a proven node.
+    for (let i = 0; i < 10; i++) a.verification.trust.pass(x.peerId);
+    await until(() => b.verification.trust.peek(x.peerId)?.consecutive === 10, 5000, 'ten passes at the second tracker');
+    expect(b.verification.trust.checkProbability(x.peerId)).toBeCloseTo(0.1);
+    // Both judge at once: every judgement counts at both.
+    for (let i = 0; i < 3; i++) {
+      a.verification.trust.pass(x.peerId);
+      b.verification.trust.pass(x.peerId);
+    }
+    const both = (n: number) => () => a.verification.trust.peek(x.peerId)?.passes === n && b.verification.trust.peek(x.peerId)?.passes === n;
+    await until(both(16), 5000, 'sixteen passes at both');
+    // An inconclusive check at the second tracker forces x's next session at the first.
+    b.verification.trust.inconclusive(x.peerId);
+    await until(() => a.verification.trust.checkProbability(x.peerId) === 1, 5000, 'a forced check at the first tracker');
+    a.verification.trust.pass(x.peerId);
+    await until(() => b.verification.trust.peek(x.peerId)?.forceNext === false && b.verification.trust.peek(x.peerId)?.consecutive === 17, 5000, 'the forced check passed');
+    // A heartbeat written by either tracker keeps the counters; a tracker started later reads them.
+    await x.heartbeat(asTest(b));
+    const c2 = await tracker(name);
+    await until(() => c2.verification.trust.peek(x.peerId)?.passes === 17, 5000, 'the counters at a third tracker');
+    expect(c2.verification.trust.peek(x.peerId)).toMatchObject({ consecutive: 17, checks: 18, inconclusive: 1, offences: 0 });
+  });
+
   it('drops and counts malformed cluster documents and batches; keeps serving', async () => {
     const name = c.name();
     const a = await tracker(name);

@@ -20,99 +20,39 @@
  *
  * The state (state.ts) is derived from facts on every change, never set by
  * hand. A host is an adapter (host.ts): src/host/node and src/host/browser.
+ * The runtime holds the pieces together; each is built in its own module:
+ * the hop transport (node-transport.ts), the relay client (node-relay.ts),
+ * verification's parts (node-trust.ts), data channels (data-channels.ts),
+ * and what the tracker is told (node-message.ts).
  */
-import type { WeightFormat } from '../../model/weight-format.ts';
-import { encodeBase64Url } from '../../protocol/base64.ts';
 import { MeshError } from '../../protocol/errors.ts';
-import type { Assignment, NodeMessage, NodeStats } from '../../protocol/tracker.ts';
-import { HopTransport } from '../../net/hop-transport.ts';
-import type { RtcState } from '../../net/rtc-pool.ts';
-import type { RouteProof } from '../../net/rtc-signal.ts';
+import type { Assignment, NodeMessage } from '../../protocol/tracker.ts';
+import type { HopTransport } from '../../net/hop-transport.ts';
 import { Identity } from '../../net/identity.ts';
-import type { MeshHandler, OutgoingRequest, RequestOptions } from '../../net/contract.ts';
-import { RelayClient } from '../../net/relay-client.ts';
-import { RpcConnection } from '../../net/relay-hop.ts';
+import type { LinkDialer, MeshHandler } from '../../net/contract.ts';
+import type { RelayClient } from '../../net/relay-client.ts';
 import { TrackerClient } from '../tracker-client.ts';
-import { TrackerSession, kvHeartbeat } from '../tracker-session.ts';
+import { TrackerSession } from '../tracker-session.ts';
 import { NodeHandler, type Surface } from './handler.ts';
 import type { RuntimeHost, SpanSpec } from './host.ts';
-import type { LinkDialer } from '../../net/contract.ts';
 import { SpanSlot, baseUrl, loadSpan, type LoadedSpan, type SpanLoadContext } from './span.ts';
-import { DataChannels, type DataChannelsInfo, type RtcConfig } from './data-channels.ts';
+import { RUNTIME_VERSION, type LifecycleEvent, type RuntimeConfig } from './config.ts';
+import { DataChannels, type DataChannelsInfo } from './data-channels.ts';
 import { DeviceRecovery } from './device-recovery.ts';
 import { DrainGate, type DrainReason, type DrainStatus } from './drain.ts';
 import { DutyCycle } from './duty-cycle.ts';
+import { MessageStamps, hopPaths, nodeMessage, type HopPath } from './node-message.ts';
+import { createNodeRelay, trackerRelay } from './node-relay.ts';
+import { createNodeTransport } from './node-transport.ts';
+import { createNodeTrust } from './node-trust.ts';
 import { NodeState, deriveState } from './state.ts';
 import { NodeActivity } from './stats.ts';
 import type { LoadProgress, RuntimeEvent } from './events.ts';
-import { Attestor } from '../../verify/attestor.ts';
-import { verifyEd25519 } from '../../net/identity.ts';
-import { createCheckHandler } from '../verify/check-handler.ts';
+import type { Attestor } from '../../verify/attestor.ts';
 import { DistrustSet, FinishedStore, HeadVerify } from '../verify/head-verify.ts';
-import { Verifier } from '../verify/verifier.ts';
+import type { Verifier } from '../verify/verifier.ts';
 
-export const RUNTIME_VERSION = '0.1.0';
-
-export interface RuntimeConfig {
-  /** Relay base URL; absent: no relay (a Node.js node on direct HTTP and links only). */
-  relayUrl?: string;
-  /** Tracker base URL: the span is the tracker's assignment. */
-  trackerUrl?: string;
-  /** The model's id at the tracker (absent: the tracker's first model), or a static span's name. */
-  model?: string;
-  /** A fixed span instead of the tracker's. */
-  span?: SpanSpec;
-  /** Route-signing key of a head without a tracker (tests, static meshes). */
-  trackerKey?: Uint8Array;
-  /** The tracker cluster's operator key (base64url): routes only from trackers it certified (docs/protocol.md §9). */
-  operatorKey?: string;
-  /** Memory the donor gives, bytes: the span's weights, and the KV caches get the rest (the meaning the tracker sizes spans by). */
-  memoryBudgetBytes: number;
-  /** Positions one session may reach (its KV cache is sized by what the head declares, up to this). @defaultValue 2048 */
-  maxContext?: number;
-  /** A KV session idle this long may be dropped when a new one needs its room, ms (live sessions never are). @defaultValue 120000 */
-  kvIdleTtlMs?: number;
-  /** Most sessions' one-token steps run as one batch (docs/architecture.md, "Batching at a hop"); 1 turns batching off. @defaultValue 16 */
-  maxBatch?: number;
-  hopOrder?: 'relay' | 'direct' | 'adaptive';
-  /** How a head drives its pipeline: 'chain' (hops push to the next) or 'star' (every hop answers the head). @defaultValue 'chain' */
-  hopMode?: 'chain' | 'star';
-  /** As a head: draft with this checkpoint (whole, on the span's backend; refused when its vocabulary is not the target's). */
-  draftModelUrl?: string;
-  /** As a head: false never drafts (speculative decoding off). @defaultValue true */
-  speculation?: boolean;
-  /** Registration info's backend before a span has chosen one. */
-  backendKind: string;
-  /** Registration info's weight format before a span has chosen one (the tracker sizes the span by it). @defaultValue 'f32' */
-  weightFormat?: WeightFormat;
-  /**
-   * A tracker's span that fails to load: retried at the next heartbeat while
-   * the old span keeps serving (true: a daemon), or the node stops in the
-   * error state until retry() (false: a donor page shows what to do). A
-   * static span's failure always stops.
-   */
-  retryFailedLoads: boolean;
-  /** Test hook: every /forward waits this long. */
-  injectDelayMs?: number;
-  /** While draining (paused, frozen, closing), sessions in flight may finish for this long, ms. @defaultValue 30000 */
-  drainGraceMs?: number;
-  /** The donor's cap on the device's busy time, in [0.05, 1]. @defaultValue 1 */
-  dutyCycle?: number;
-  /**
-   * Sign a draining heartbeat beside each heartbeat (a 'drain-beacon' event): a page sends it when it is
-   * frozen or closed. A function takes each beacon too, and the heartbeat waits (briefly) for its promise:
-   * the host's proof that whoever sends the beacon holds it before the tracker sees the newer heartbeat.
-   */
-  drainBeacons?: boolean | ((beacon: { url: string; body: string }) => Promise<void>);
-  /** A span the host keeps in its own storage (a page's IndexedDB): told to the tracker at registration, so a reload gets it back with no download. */
-  storedSpan?: { model: string; startLayer: number; endLayer: number };
-  /** Data channels to other nodes (data-channels.ts). */
-  rtc?: RtcConfig;
-}
-
-/** A lifecycle event of the host (a browser page): frozen, back, or going away. */
-export type LifecycleEvent = 'frozen' | 'resumed' | 'leaving';
-
+export { RUNTIME_VERSION, type LifecycleEvent, type RuntimeConfig } from './config.ts';
 export type { RuntimeEvent, LoadProgress } from './events.ts';
 
 const RELAY_WAIT_MS = 15_000;
@@ -142,8 +82,8 @@ export class NodeRuntime {
   readonly drain: DrainGate;
   /** The donor's cap on the device's busy time. */
   readonly duty = new DutyCycle();
-  /** The last message timestamp sent: every message gets a later one (the tracker applies them in order). */
-  private lastStamp = 0;
+  /** Every message the tracker gets is stamped later than the last. */
+  private readonly stamps = new MessageStamps();
   /** Said once: a static span's wire dtype differs from the tracker's. */
   private warnedWireDtype = false;
   private budget: number;
@@ -193,72 +133,20 @@ export class NodeRuntime {
     });
     const links = host.links?.(identity);
     this.links = links;
-    const relayFast = config.relayUrl
-      ? {
-          // The relay it is registered at now (a node given several fails over between them).
-          relayUrl: () => this.relay?.relayUrl ?? config.relayUrl!,
-          cluster: () => this.relay?.cluster === true,
-          isRegistered: () => this.relay?.state === 'registered',
-          request: (...a: Parameters<RelayClient['request']>) => this.relay!.request(...a),
-          push: (...a: Parameters<RelayClient['push']>) => this.relay?.push(...a),
-          outageLeftMs: () => this.relay?.outageLeftMs() ?? 0,
-          outageWindowLeftMs: () => this.relay?.outageWindowLeftMs() ?? 0,
-        }
-      : undefined;
-    this.transport = new HopTransport({
-      ...(relayFast
-        ? {
-            fast: {
-              get relayUrl() {
-                return relayFast.relayUrl();
-              },
-              get cluster() {
-                return relayFast.cluster();
-              },
-              get isRegistered() {
-                return relayFast.isRegistered();
-              },
-              request: relayFast.request,
-              push: relayFast.push,
-              outageLeftMs: relayFast.outageLeftMs,
-              outageWindowLeftMs: relayFast.outageWindowLeftMs,
-            },
-            rpc: (addr: string) => new RpcConnection(addr, { WebSocket: host.WebSocket, ...(host.watchHandshake ? { watchHandshake: host.watchHandshake } : {}) }),
-          }
-        : {}),
-      ...(links ? { link: (endpoint: string, peerId: string) => links.requester(endpoint, peerId) } : {}),
-      ...(this.rtcEnabled ? { rtc: (peerId: string, proof?: RouteProof) => this.channels.requester(peerId, proof) } : {}),
-      ...(host.direct ? { direct: host.direct } : { fetch: host.fetch }),
-      ...(config.hopOrder ? { order: config.hopOrder } : {}),
-      onLog: (m) => host.log('warn', m),
-    });
-    this.attestor = new Attestor({ peerId: identity.peerId, sign: (b) => identity.sign(b), onError: (e) => host.log('warn', `attestation: ${(e as Error).message}`) });
-    this.verifier = new Verifier({
-      peerId: identity.peerId,
+    this.transport = createNodeTransport({ host, config, relay: () => this.relay, links, channels: this.channels });
+    const trust = createNodeTrust({
+      identity,
+      host,
       transport: this.transport,
-      verify: verifyEd25519,
-      report: (r) => {
-        if (!this.tracker) return Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no tracker to report a check to'));
-        return this.tracker.reportCheck(r);
-      },
-      skipped: (s) => (this.tracker ? this.tracker.reportSkipped(s) : Promise.resolve(undefined)),
-      onEvent: (e) => {
-        if (e.type === 'reported') {
-          const a = e.answer as { outcome?: string; guilty?: string } | undefined;
-          if (a?.outcome && a.outcome !== 'pass') host.log('warn', `check of ${e.peer}: ${a.outcome}${a.guilty ? ` (${a.guilty} found lying)` : ''}`);
-        } else host.log('info', `check of ${e.peer}: ${e.type} (${e.why})`);
-      },
-    });
-    const checks = createCheckHandler({
-      peerId: identity.peerId,
+      tracker: () => this.tracker,
+      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
       model: () => this.slot.current?.spec.model ?? this.model ?? '',
       executor: () => this.slot.current?.executor,
-      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
-      sign: (b) => identity.sign(b),
-      verify: verifyEd25519,
     });
+    this.attestor = trust.attestor;
+    this.verifier = trust.verifier;
     this.handler = new NodeHandler({
-      check: checks,
+      check: trust.checks,
       onDistrust: (d) => this.distrust.add(d),
       onWalk: (plan) => this.finished.walk(plan, this.verifier),
       peerId: identity.peerId,
@@ -331,22 +219,8 @@ export class NodeRuntime {
   }
 
   /** Per peer this node sends hops to: the path the last one took, what each path carried, and the data channel's state. */
-  hopPaths(): Array<ReturnType<HopTransport['paths']>[number] & { rtc?: string }> {
-    return this.transport.paths().map((x) => {
-      const rtc = this.channels.state(x.peer_id);
-      return rtc ? { ...x, rtc } : x;
-    });
-  }
-
-  /** The heartbeat's view of the paths (the dashboard shows which path each hop takes). */
-  private pathStats(): Pick<NodeStats, 'hops_sent' | 'hop_paths'> {
-    const paths = this.hopPaths();
-    if (paths.length === 0) return {};
-    const recent = paths.sort((a, b) => a.last_ms_ago - b.last_ms_ago).slice(0, 32);
-    return {
-      hops_sent: { ...this.transport.sent },
-      hop_paths: recent.map((p) => ({ peer_id: p.peer_id, path: p.path, ...(p.rtc ? { rtc: p.rtc as RtcState } : {}), sent: p.sent })),
-    };
+  hopPaths(): HopPath[] {
+    return hopPaths(this.transport, this.channels);
   }
 
   /** Close every data channel (tests: a channel that closes mid-generation); they are dialled again on the next hops. */
@@ -496,40 +370,23 @@ export class NodeRuntime {
 
   /** What the node tells the tracker now: who it is, what it offers, how it does, what it serves. */
   nodeMessage(): NodeMessage {
-    const s = this.slot.current;
-    const kv = s?.executor.kvStats();
-    const relayAddr = this.relay?.relayAddr;
-    const duty = this.duty.fraction;
-    const stats = this.activity.heartbeat(kvHeartbeat(kv, this.budget));
-    // The cap shows as throughput: a step's time per layer as the tracker should count on it.
-    if (duty < 1) stats.layer_ms = Math.round((stats.layer_ms / duty) * 1000) / 1000;
-    const stored = this.config.storedSpan;
-    const timestamp = Math.max(Date.now(), this.lastStamp + 1);
-    this.lastStamp = timestamp;
-    return {
-      peer_id: this.identity.peerId,
-      public_key: encodeBase64Url(this.identity.publicKey),
-      ...(relayAddr ? { relay_addr: relayAddr } : {}),
-      ...(this.relay ? { relay_connected: this.relay.isRegistered } : {}),
-      ...(this.endpoint ? { endpoint: this.endpoint } : {}),
-      info: {
-        model: this.model ?? 'default',
-        backend: s?.backend.kind ?? this.config.backendKind,
-        memory_budget_mb: this.budget / 2 ** 20,
-        host: this.host.name,
-        version: RUNTIME_VERSION,
-        weight_format: s ? (s.backend.weights ?? s.backend.dtype) : (this.config.weightFormat ?? 'f32'),
-        ...(this.config.span ? { pinned: true } : {}),
-        ...(duty < 1 ? { duty_cycle: duty } : {}),
-      },
-      stats: { ...stats, ...(s ? { batch_sizes: s.executor.batchStats().sizes } : {}), ...(s?.pipeline ? { speculation: s.pipeline.speculationStats() } : {}), ...this.pathStats() },
-      // With a lost device it gave up rebuilding, the node answers 503: tell the tracker it serves nothing, so routes avoid it.
-      serving: s && !this.recovery.gaveUp(s) ? { start_layer: s.spec.startLayer, end_layer: s.spec.endLayer } : null,
-      // Paused, frozen or closing: the span stays announced (and assigned), but no new session comes.
-      ...(this.drain.draining ? { draining: true } : {}),
-      ...(stored && stored.model === this.model ? { stored: { start_layer: stored.startLayer, end_layer: stored.endLayer } } : {}),
-      timestamp,
-    };
+    return nodeMessage({
+      identity: this.identity,
+      host: this.host,
+      config: this.config,
+      span: this.slot.current,
+      relay: this.relay,
+      endpoint: this.endpoint,
+      model: this.model,
+      budget: this.budget,
+      duty: this.duty.fraction,
+      activity: this.activity,
+      draining: this.drain.draining,
+      gaveUp: (s) => this.recovery.gaveUp(s),
+      paths: () => this.hopPaths(),
+      sent: this.transport.sent,
+      stamps: this.stamps,
+    });
   }
 
   // ------------------------------------------------------------ internals
@@ -537,33 +394,16 @@ export class NodeRuntime {
   private connectRelay(): RelayClient | undefined {
     if (!this.config.relayUrl) return undefined;
     if (this.relay) return this.relay;
-    const relay = new RelayClient({
+    const relay = createNodeRelay({
       relayUrl: this.config.relayUrl,
-      WebSocket: this.host.WebSocket,
+      host: this.host,
       identity: this.identity,
       handler: this.handler.for('relay'),
-      info: { host: this.host.name, version: RUNTIME_VERSION, ...(this.model ? { model: this.model } : {}), ...(this.config.trackerUrl ? { tracker: this.config.trackerUrl } : {}) },
-      onLog: (e) => {
-        // The connection's comings and goings are logged once each below (state events), not per attempt.
-        if (e.event === 'connection') return;
-        if (e.level === 'warn' || e.level === 'error') this.host.log(e.level, `relay: ${e.event}: ${e.message}`);
-      },
-    });
-    let lastAddr: string | undefined;
-    relay.on('state', (e) => {
-      if (relay !== this.relay) return;
-      // One line per event: the connection lost (not each failed attempt after it), and back.
-      if (e.state === 'disconnected' && e.lost) this.host.log('warn', `relay connection lost (${e.reason ?? 'connection closed'}); reconnecting to ${relay.relayUrl}, requests wait up to ${relay.options.outageBudgetMs} ms`);
-      // Back after an outage, or registered at another relay (failover): the tracker learns it now, not at the next beat.
-      let beat = false;
-      if (e.state === 'registered' && e.outageMs !== undefined) {
-        this.host.log('info', `relay ${relay.relayUrl} back after ${e.outageMs} ms`);
-        beat = true;
-      }
-      this.changed();
-      if (e.state === 'registered' && e.relayAddr !== undefined && lastAddr !== undefined && e.relayAddr !== lastAddr) beat = true;
-      if (e.state === 'registered') lastAddr = e.relayAddr;
-      if (beat) void this.session?.beatNow();
+      model: this.model,
+      trackerUrl: this.config.trackerUrl,
+      isCurrent: (r) => r === this.relay,
+      changed: () => this.changed(),
+      beatNow: () => void this.session?.beatNow(),
     });
     this.relay = relay;
     relay.start();
@@ -578,17 +418,7 @@ export class NodeRuntime {
       return;
     }
     const trackerUrl = this.config.trackerUrl!;
-    // Heartbeats ride the relay socket whenever it is up (the relay vouches for us: no signature, no connection).
-    const relay = () => this.relay;
-    const relayLink = {
-      get state() {
-        return relay()?.state ?? 'none';
-      },
-      request: (peer: string, req: OutgoingRequest, opts?: RequestOptions) => relay()?.request(peer, req, opts) ?? Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay')),
-      // The relay tells when the tracker's peer detaches: no HTTP watch stream held to the tracker.
-      watchPeer: (peer: string, signal?: AbortSignal) => relay()?.watchPeer(peer, signal) ?? Promise.resolve('unsupported' as const),
-    };
-    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, relay: relayLink, onDistrust: (list) => this.distrust.replace(list), ...(this.config.operatorKey ? { operatorKey: this.config.operatorKey } : {}) });
+    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, relay: trackerRelay(() => this.relay), onDistrust: (list) => this.distrust.replace(list), ...(this.config.operatorKey ? { operatorKey: this.config.operatorKey } : {}) });
     if (this.model === undefined) {
       const models = await client.models();
       if (models.length === 0) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} names no model`);

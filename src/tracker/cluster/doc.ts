@@ -3,6 +3,7 @@
  * bucket), one JSON document per key:
  *
  *   node.<peer_id>     a node: what it announced, what it was assigned, what it serves, its stats
+ *                      (with `vacated_until`: a node dropped for silence, kept through its rejoin grace)
  *   route.<lease_id>   a chat running on a route: the KV bytes it holds on each node of it
  *   tracker.<peer_id>  a tracker of the cluster: its route-signing key (and the operator's certificate)
  *   lease.leader       the one tracker that removes silent nodes and moves nodes (renewed, taken over when stale)
@@ -18,6 +19,9 @@
 import { z } from 'zod';
 import { nodeInfoSchema, nodeStatsSchema } from '../../protocol/tracker.ts';
 import type { NodeRecord, RemoteRecord } from '../registry.ts';
+
+const count = z.number().int().nonnegative();
+const trustCountersSchema = z.object({ consecutive: count, checks: count, passes: count, offences: count, inconclusive: count, refusals: count, force_next: z.boolean() });
 
 const span = z.object({ start: z.number().int().nonnegative(), end: z.number().int().positive() }).nullable();
 const peerId = z.string().regex(/^[0-9a-f]{32}$/);
@@ -44,6 +48,14 @@ export const nodeDocSchema = z
     draining_since: z.number().optional(),
     /** A tracker of the cluster quarantined it until then (docs/verification.md): every tracker routes around it. */
     quarantined_until: z.number().optional(),
+    /**
+     * The leader dropped it for silence and keeps its layers from moves until then (its rejoin grace): the
+     * document stays, as a tombstone, so a leader elected meanwhile knows the grace; no tracker routes to it or
+     * counts it as registered; it is deleted when the grace ends, or rewritten live when the node registers again.
+     */
+    vacated_until: z.number().optional(),
+    /** Its check counters, summed over every tracker's judgements (verify/trust.ts): a node proven on one tracker is proven on all. */
+    trust: trustCountersSchema.optional(),
     /** The tracker that wrote this version. */
     by: z.string().max(64),
   })

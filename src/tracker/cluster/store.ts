@@ -25,6 +25,11 @@
  *   leader's deadlines hold whichever tracker a node beats to. A heartbeat
  *   writes the node's document only when what routing reads moved (served
  *   span, addresses, info, queue, KV room, speed) or the stored one is old.
+ * - A node the leader drops for silence keeps its document through its
+ *   rejoin grace, marked `vacated_until` (a tombstone): every tracker drops
+ *   its copy and holds the span from moves until then, as the leader does,
+ *   so a leader elected meanwhile keeps the grace. The node registering
+ *   again rewrites it live; the leader deletes it when the grace ends.
  * - A chat's KV room (admission lease) is `route.<id>`, written by the
  *   tracker running it and removed when it ends; every tracker counts every
  *   route's bytes against the nodes' KV. A tracker that stops answering is
@@ -49,6 +54,7 @@ import type { NatsHandle } from '../../cluster/nats.ts';
 import { trackerSubjects } from '../../cluster/subjects.ts';
 import type { LeaseObserver } from '../admission.ts';
 import type { TrackerMetrics } from '../metrics.ts';
+import { applyOutcome, type TrustCounters, type TrustOutcome } from '../verify/trust.ts';
 import type { ChangeKind, NodeRecord, NodeRegistry } from '../registry.ts';
 import { keys, leaseDocSchema, nodeDocOf, nodeDocSchema, remoteOf, routeDocSchema, seenSchema, trackerDocSchema, type NodeDoc, type RouteDoc, type TrackerDoc } from './doc.ts';
 
@@ -156,6 +162,7 @@ export class ClusterStore implements LeaseObserver {
   /** Node documents to write (by peer id) and why. */
   private readonly pending = new Map<string, ChangeKind | 'remove'>();
   private readonly routeOps = new Map<string, Promise<void>>();
+  private readonly trustOps = new Map<string, Promise<void>>();
   private wasConnected = true;
   private flushing = false;
   private lateTotal = 0;
@@ -167,6 +174,17 @@ export class ClusterStore implements LeaseObserver {
   private sub: Subscription | undefined;
   private watchGen = 0;
   dropped = 0;
+  private trustSink: ((peerId: string, counters: TrustCounters) => void) | undefined;
+
+  /** Check counters stored by the cluster for a node go to `sink` (the verification service: app.ts), those read at start first. */
+  set onTrust(sink: ((peerId: string, counters: TrustCounters) => void) | undefined) {
+    this.trustSink = sink;
+    if (sink) for (const [peer, { doc }] of this.nodes) if (doc.trust) sink(peer, doc.trust);
+  }
+
+  get onTrust(): ((peerId: string, counters: TrustCounters) => void) | undefined {
+    return this.trustSink;
+  }
 
   private constructor(private readonly init: ClusterStoreInit) {
     this.subjects = trackerSubjects(init.cluster);
@@ -284,10 +302,17 @@ export class ClusterStore implements LeaseObserver {
           return;
         }
         this.nodes.set(id, { doc, rev: e.revision });
+        if (doc.vacated_until !== undefined) {
+          // Dropped for silence by the leader, in its rejoin grace: gone here too, its span held from moves till then.
+          registry.vacateRemote(remoteOf(doc), doc.vacated_until);
+          if (doc.trust) this.onTrust?.(id, doc.trust);
+          return;
+        }
         const r = remoteOf(doc);
         // A tracker (re)starting: everything stored counts as just seen, until the batches tell it otherwise.
         if (snapshot) r.lastSeen = Math.max(r.lastSeen, this.o.now());
         registry.applyRemote(r);
+        if (doc.trust) this.onTrust?.(id, doc.trust);
         return;
       }
       case 'route': {
@@ -403,7 +428,28 @@ export class ClusterStore implements LeaseObserver {
     const dt = now - this.lastLateTick;
     this.lastLateTick = now;
     if (!this.calm(now)) this.lateTotal += Math.max(0, dt);
-    if (this.isLeader()) void this.cleanupTrackers(now);
+    if (this.isLeader()) {
+      void this.cleanupTrackers(now);
+      this.cleanupTombstones(now);
+    }
+  }
+
+  /** Tombstones being deleted (by peer id): one delete each at a time. */
+  private readonly burying = new Set<string>();
+
+  /** The leader deletes the documents of nodes whose rejoin grace ended (unless rewritten since: then they are back). */
+  private cleanupTombstones(now: number): void {
+    for (const [id, { doc, rev }] of this.nodes) {
+      if (doc.vacated_until === undefined || doc.vacated_until > now || this.burying.has(id)) continue;
+      this.burying.add(id);
+      void this.kv
+        .delete(keys.node(id), { previousSeq: rev })
+        .then(() => {
+          if (this.nodes.get(id)?.rev === rev) this.nodes.delete(id);
+        })
+        .catch(() => undefined)
+        .finally(() => this.burying.delete(id));
+    }
   }
 
   /** This tracker holds the leader lease (and NATS): it removes and moves nodes. */
@@ -515,7 +561,9 @@ export class ClusterStore implements LeaseObserver {
       if (!built) return 'none';
       // A quarantine stored by any tracker stays until it ends, whatever this write is about.
       const quarantined = Math.max(cur?.doc.quarantined_until ?? 0, built.quarantined_until ?? 0);
-      const next = quarantined > 0 ? { ...built, quarantined_until: quarantined } : built;
+      let next = quarantined > 0 ? { ...built, quarantined_until: quarantined } : built;
+      // So do the check counters: only a judgement (trustOutcome) changes them.
+      if (!next.trust && cur?.doc.trust) next = { ...next, trust: cur.doc.trust };
       try {
         const body = JSON.stringify(next);
         const rev = cur ? await this.kv.update(key, body, cur.rev) : await this.kv.create(key, body);
@@ -526,6 +574,7 @@ export class ClusterStore implements LeaseObserver {
           // since the watch will not bring back an older revision than ours.
           const local = this.init.registry.nodes.get(peerId);
           if (local && (!sameSpan(local.assignment, next.assignment) || (next.quarantined_until ?? 0) > (local.quarantinedUntil ?? 0))) this.init.registry.applyRemote(remoteOf(next));
+          if (next.trust && next.trust !== cur?.doc.trust) this.onTrust?.(peerId, next.trust);
         }
         this.init.metrics.clusterWrites.inc({ kind, result: 'ok' });
         return 'ok';
@@ -565,7 +614,8 @@ export class ClusterStore implements LeaseObserver {
     const r = await this.writeNode(
       n.peerId,
       (stored) => {
-        const same = stored && stored.info.model === n.info.model && stored.info.memory_budget_mb === n.info.memory_budget_mb && stored.info.weight_format === n.info.weight_format;
+        // A tombstone's span (a node back within its rejoin grace) is not adopted: the registry placed it as a node back after a drop.
+        const same = stored && stored.vacated_until === undefined && stored.info.model === n.info.model && stored.info.memory_budget_mb === n.info.memory_budget_mb && stored.info.weight_format === n.info.weight_format;
         return same && stored.assignment && !n.info.pinned ? { ...mine, assignment: stored.assignment } : mine;
       },
       'register',
@@ -616,9 +666,18 @@ export class ClusterStore implements LeaseObserver {
     if (kind === 'remove') {
       const cur = this.nodes.get(peer);
       if (!cur) return;
+      // Dropped for silence with a rejoin grace: the document stays through it, as a tombstone every tracker (and
+      // the next leader) reads; else it goes.
+      const until = registry.nodes.has(peer) ? undefined : registry.vacatedUntil(peer);
       try {
-        await this.kv.delete(keys.node(peer), { previousSeq: cur.rev });
-        this.nodes.delete(peer);
+        if (until !== undefined) {
+          const doc: NodeDoc = { ...cur.doc, vacated_until: until, by: this.me };
+          const rev = await this.kv.update(keys.node(peer), JSON.stringify(doc), cur.rev);
+          if ((this.nodes.get(peer)?.rev ?? 0) < rev) this.nodes.set(peer, { doc, rev });
+        } else {
+          await this.kv.delete(keys.node(peer), { previousSeq: cur.rev });
+          this.nodes.delete(peer);
+        }
         this.init.metrics.clusterWrites.inc({ kind: 'remove', result: 'ok' });
       } catch (e) {
         if (!isConflict(e)) {
@@ -656,6 +715,28 @@ export class ClusterStore implements LeaseObserver {
     );
     if (r === 'failed') this.pending.set(peer, kind);
     // A move that lost its race: our copy takes the stored span (refresh applied it); the leader decides again next sweep.
+  }
+
+  /**
+   * A judgement of this tracker: applied to the counters stored for the node (every tracker's judgements
+   * add up there, by compare-and-swap). `local` is our own count, the start when none is stored yet (the
+   * node re-registered, or judged before the cluster stored it). Not queued while NATS is away: the
+   * counters only set how often a node is checked, and the next judgement writes them again.
+   */
+  trustOutcome(peerId: string, outcome: TrustOutcome, local: TrustCounters): void {
+    if (!this.connected) return;
+    // One node's judgements in order: concurrent writes of one tracker would only lose compare-and-swaps to each other.
+    const prev = this.trustOps.get(peerId) ?? Promise.resolve();
+    const next = prev
+      .then(() => this.writeNode(peerId, (stored) => (stored ? { ...stored, trust: stored.trust ? applyOutcome(stored.trust, outcome) : local, by: this.me } : null), 'trust'))
+      .then(
+        () => {},
+        () => {},
+      );
+    this.trustOps.set(peerId, next);
+    void next.then(() => {
+      if (this.trustOps.get(peerId) === next) this.trustOps.delete(peerId);
+    });
   }
 
   // ------------------------------------------------------------ routes in flight (admission leases)

@@ -25,7 +25,7 @@ import { VerificationLog, type GenerationRecord } from './log.ts';
 import { planChecks, signPlan, type PlannerNode } from './planner.ts';
 import { HeadAuditor, type AuditResult, type AuditSubject } from './audit.ts';
 import type { RouteSigner } from '../route-signer.ts';
-import { TrustBook, type OffenceRecord } from './trust.ts';
+import { TrustBook, type OffenceRecord, type TrustCounters, type TrustOutcome } from './trust.ts';
 
 export interface VerificationOptions {
   /** Plan checks at all (`meshnet tracker --no-checks` turns spot-checks off). @defaultValue true */
@@ -55,6 +55,8 @@ export interface VerificationDeps {
    * of them (its report reaches whichever tracker haproxy picks). Alone: none.
    */
   peerTrackerKeys?(): readonly Uint8Array[];
+  /** A judgement changed a node's trust counters (`--nats`: the cluster's store shares them). */
+  onTrustOutcome?(peer: string, outcome: TrustOutcome, now: TrustCounters): void;
 }
 
 export interface ReportAnswer {
@@ -89,6 +91,7 @@ export class VerificationService {
       now: d.options.now,
       random: d.options.random,
       onQuarantine: (peer, until) => d.registry.quarantine(peer, until),
+      onOutcome: (peer, outcome, now) => d.onTrustOutcome?.(peer, outcome, now),
     });
     this.log = new VerificationLog({ now: d.options.now });
     this.audits = new HeadAuditor({
@@ -266,7 +269,7 @@ export class VerificationService {
 
   /** Check these nodes at their next session whatever their odds (strict mode saw their routes disagree). */
   forceChecks(peers: readonly string[]): void {
-    for (const p of peers) this.trust.get(p).forceNext = true;
+    for (const p of peers) this.trust.force(p);
   }
 
   /** Nodes under quarantine now: judged here, or by another tracker of the cluster. */

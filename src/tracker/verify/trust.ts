@@ -11,7 +11,10 @@
  *   15 minutes doubling with each offence. Its record (and the evidence) is
  *   kept across re-registrations: a node cannot wash its past by
  *   reconnecting. A tracker restart forgets it (the counters restart at
- *   "new node": every session checked again).
+ *   "new node": every session checked again), unless the tracker is one of a
+ *   cluster: the counters then live in the node's shared document
+ *   (cluster/store.ts), so a node proven on one tracker is not checked as new
+ *   by the next one haproxy picks.
  * - A node that will not be checked (no attestation, a bad one) earns no
  *   pass: it stays unverified, never honest.
  */
@@ -44,8 +47,8 @@ export interface OffenceRecord {
   reported_by: string;
 }
 
-export interface TrustRecord {
-  peer: string;
+/** How a node's checks went, counted. */
+interface CheckCounts {
   /** Checks passed in a row since the last offence. */
   consecutive: number;
   checks: number;
@@ -54,9 +57,43 @@ export interface TrustRecord {
   inconclusive: number;
   /** Reports that the node would not be checked (no or a bad attestation): it stays unverified. */
   refusals: number;
+}
+
+export interface TrustRecord extends CheckCounts {
+  peer: string;
   quarantinedUntil: number;
   /** The next session of this node is checked whatever the odds (after an inconclusive check). */
   forceNext: boolean;
+}
+
+/** The counters a cluster's trackers share (the node's document in NATS: docs/cluster.md). */
+export interface TrustCounters extends CheckCounts {
+  force_next: boolean;
+}
+
+/** What one judgement does to a node's counters; `force` checks its next session (strict mode saw its routes disagree). */
+export type TrustOutcome = 'pass' | 'inconclusive' | 'refused' | 'offence' | 'force';
+
+export const NEW_NODE: TrustCounters = { consecutive: 0, checks: 0, passes: 0, offences: 0, inconclusive: 0, refusals: 0, force_next: false };
+
+/** The counters after `outcome`: the one rule both a tracker's own book and a cluster's shared document follow. */
+export function applyOutcome(c: TrustCounters, outcome: TrustOutcome): TrustCounters {
+  switch (outcome) {
+    case 'pass':
+      return { ...c, checks: c.checks + 1, passes: c.passes + 1, consecutive: c.consecutive + 1, force_next: false };
+    case 'inconclusive':
+      return { ...c, checks: c.checks + 1, inconclusive: c.inconclusive + 1, force_next: true };
+    case 'refused':
+      return { ...c, refusals: c.refusals + 1, force_next: true };
+    case 'offence':
+      return { ...c, checks: c.checks + 1, offences: c.offences + 1, consecutive: 0, force_next: true };
+    case 'force':
+      return { ...c, force_next: true };
+  }
+}
+
+function countersOf(r: TrustRecord): TrustCounters {
+  return { consecutive: r.consecutive, checks: r.checks, passes: r.passes, offences: r.offences, inconclusive: r.inconclusive, refusals: r.refusals, force_next: r.forceNext };
 }
 
 export interface TrustOptions {
@@ -70,6 +107,8 @@ export interface TrustOptions {
   keepOffences: number;
   /** A quarantine began or grew (the registry shares it with the cluster's other trackers). */
   onQuarantine?(peer: string, until: number): void;
+  /** A judgement changed a node's counters (a cluster's store shares them): what it was, and the counters now. */
+  onOutcome?(peer: string, outcome: TrustOutcome, now: TrustCounters): void;
   now(): number;
   random(): number;
 }
@@ -113,34 +152,50 @@ export class TrustBook {
   }
 
   pass(peer: string): void {
-    const r = this.get(peer);
-    r.checks++;
-    r.passes++;
-    r.consecutive++;
-    r.forceNext = false;
+    this.judge(peer, 'pass');
   }
 
   inconclusive(peer: string): void {
-    const r = this.get(peer);
-    r.checks++;
-    r.inconclusive++;
-    r.forceNext = true;
+    this.judge(peer, 'inconclusive');
   }
 
   refused(peer: string): void {
+    this.judge(peer, 'refused');
+  }
+
+  /** Check the node's next session whatever its odds. */
+  force(peer: string): void {
+    this.judge(peer, 'force');
+  }
+
+  /**
+   * The counters another tracker of the cluster stored for `peer`: they count every tracker's judgements
+   * (ours included, once our write is in), so they replace ours. Quarantine and offence records stay as
+   * they are: the registry shares the quarantine.
+   */
+  adopt(peer: string, c: TrustCounters): void {
     const r = this.get(peer);
-    r.refusals++;
-    r.forceNext = true;
+    r.consecutive = c.consecutive;
+    r.checks = c.checks;
+    r.passes = c.passes;
+    r.offences = c.offences;
+    r.inconclusive = c.inconclusive;
+    r.refusals = c.refusals;
+    r.forceNext = c.force_next;
+  }
+
+  private judge(peer: string, outcome: TrustOutcome): TrustRecord {
+    const r = this.get(peer);
+    const c = applyOutcome(countersOf(r), outcome);
+    this.adopt(peer, c);
+    this.o.onOutcome?.(peer, outcome, c);
+    return r;
   }
 
   /** A proven offence: quarantine for 15 min × 2^(offences − 1); returns the record with its `until`. */
   offence(o: Omit<OffenceRecord, 'id' | 'at' | 'until'>): OffenceRecord {
-    const r = this.get(o.peer);
+    const r = this.judge(o.peer, 'offence');
     const now = this.o.now();
-    r.checks++;
-    r.offences++;
-    r.consecutive = 0;
-    r.forceNext = true;
     const until = Math.max(r.quarantinedUntil, now + this.o.quarantineMs * 2 ** Math.min(20, r.offences - 1));
     r.quarantinedUntil = until;
     const rec: OffenceRecord = { id: `off-${now.toString(36)}-${Math.floor(this.o.random() * 1e9).toString(36)}`, at: now, until, ...o };
