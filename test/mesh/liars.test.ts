@@ -196,7 +196,10 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     // Every answer that went through the liar is accounted for: its part checked clean on that very
     // generation (then the answer is the reference's), or wrong (found so by its own check or a later one).
     const through = before.filter((c) => c.verification?.generations.some((g) => g.hops.some((h) => h.peer_id === liar.peerId)));
-    expect(through.length).toBeGreaterThan(0);
+    // Found lying as a hop, it carried at least the chat whose check caught it. A liar whose weights are
+    // wrong may be caught first as the checker of an honest hop, before any chat went through it (one run
+    // of this file in six, here): then there is no answer of its to account for.
+    if (offence!.role === 'hop') expect(through.length).toBeGreaterThan(0);
     let wrong = 0;
     for (const c of through) {
       const g = c.verification!.generations[0]!;
@@ -209,7 +212,7 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
         expect(now.status).toBe('wrong');
       }
     }
-    expect(wrong).toBeGreaterThan(0);
+    if (through.length > 0) expect(wrong).toBeGreaterThan(0);
 
     // Afterwards: no route through the liar, and greedy answers are the reference's (9 chats, every topic's route drawn afresh).
     const after = await traffic(async () => false, 30_000, 9);
