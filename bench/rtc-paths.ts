@@ -17,7 +17,11 @@
  * hop that waited for the rest of a step). Needs the network namespace
  * (Chromium offers no loopback ICE candidate):
  *
- *   scripts/netns-run.sh npx tsx bench/rtc-paths.ts [--n 300] [--sizes 1024,4096,16384,65536]
+ *   scripts/netns-run.sh npx tsx bench/rtc-paths.ts [--n 300] [--sizes 1024,4096,16384,65536] [--warm]
+ *
+ * `--warm`: the transferred channel again with both workers never idle (each
+ * posts itself a message after every task): whether a message's cost after
+ * an idle spell is the receiving worker's wake or Chromium's threads below it.
  *
  * Table on stdout, JSON in bench/results/rtc-paths.json. The pages' scripts
  * are plain JavaScript in bench/rtc-paths/ (no build).
@@ -39,6 +43,8 @@ const arg = (name: string): string | undefined => {
 const N = Number(arg('--n') ?? 300);
 const SIZES = (arg('--sizes') ?? '1024,4096,16384,65536').split(',').map(Number);
 const GAPS = [0, 10];
+/** Rows more: the transferred channel with both workers kept busy (never idle) between messages. */
+const WARM = process.argv.includes('--warm');
 
 type Stat = { p50: number; p10: number; p90: number };
 declare global {
@@ -128,6 +134,11 @@ async function main(): Promise<void> {
       if (moved) {
         await b.evaluate(() => window.proto.workerCmd({ cmd: 'echo', kind: 'dc' }));
         for (const bytes of SIZES) for (const gap of GAPS) add('dc transfer: worker ↔ worker', bytes, gap, (await a.evaluate(([x, n, g]) => window.proto.workerCmd({ cmd: 'bench', kind: 'dc', bytes: x, n, gap: g }), [bytes, N, gap])).result);
+        if (WARM) {
+          for (const p of [a, b]) await p.evaluate(() => window.proto.workerCmd({ cmd: 'spin', on: true }));
+          for (const bytes of SIZES) for (const gap of GAPS) add('dc transfer, both workers never idle', bytes, gap, (await a.evaluate(([x, n, g]) => window.proto.workerCmd({ cmd: 'bench', kind: 'dc', bytes: x, n, gap: g }), [bytes, N, gap])).result);
+          for (const p of [a, b]) await p.evaluate(() => window.proto.workerCmd({ cmd: 'spin', on: false }));
+        }
       }
       await close();
     }

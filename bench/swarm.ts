@@ -14,7 +14,11 @@
  * it are probed through GET /api/route?model=swarm.
  *
  * After a ramp (donors join at a steady rate) and a settle, one measured
- * window of --minutes:
+ * window of --minutes. With --settle-min-s S the settle lasts at least S
+ * seconds, then until every donor was told the configured heartbeat period
+ * again (a tracker behind during the ramp hands out up to 60 s, and a donor
+ * hears the shorter one only at its next beat), at most --settle-s. The
+ * window:
  *   - tracker CPU (from /proc) in % of a core and per tracker call;
  *   - heartbeat latency p50/p99 at the donor, failures by kind (timeout,
  *     401, 404, 503, network);
@@ -35,7 +39,7 @@
  * trackers and relays, chats through each tracker in turn; memory per donor
  * at NATS too, and route picks timed inside the trackers.
  *
- *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15]
+ *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15] [--settle-min-s S]
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
@@ -49,10 +53,11 @@
  *
  * `--bin` (repeatable) runs every donor count with each given bin/meshnet.js
  * in turn (a baseline checkout's and this one's), so before/after figures
- * come from one run on the same machine.
+ * come from one run on the same machine. `--bin PATH::FLAGS` gives that
+ * run's tracker FLAGS as node flags (e.g. `::--max-semi-space-size=4`).
  */
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
@@ -60,7 +65,7 @@ import { startStaticServer, type StaticServer } from '../src/cli/static-server.t
 import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
 import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
 import { cpuMs } from './lib/proc-cpu.ts';
-import { printTable, quantile, writeResult } from './lib/stats.ts';
+import { loadAverage1m, printTable, quantile, writeResult } from './lib/stats.ts';
 import { Donor, SwarmStats } from './lib/swarm-donors.ts';
 import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
 import { startLoopProbe } from './lib/loop-probe.mjs';
@@ -81,6 +86,8 @@ const DONORS = (opt('donors') ?? (quick ? '300' : '1000')).split(',').map(Number
 const MINUTES = Number(opt('minutes') ?? (quick ? 0.5 : 1));
 const RAMP_S = Number(opt('ramp-s') ?? (quick ? 10 : 30));
 const SETTLE_S = Number(opt('settle-s') ?? (quick ? 5 : 15));
+/** The settle lasts at least this long, then until every donor beats at the configured period again (at most --settle-s). */
+const SETTLE_MIN_S = Number(opt('settle-min-s') ?? SETTLE_S);
 const RELAYS = Number(opt('relays') ?? 1);
 const TRACKERS = Number(opt('trackers') ?? 1);
 const NATS = flag('nats') || TRACKERS > 1;
@@ -239,6 +246,8 @@ function chatLoop(trackerUrls: string[]): Chats {
 
 interface RunResult {
   bin: string;
+  settle_s: number;
+  long_period_donors: number;
   donors: number;
   window_s: number;
   tracker_cpu_pct: number;
@@ -247,6 +256,9 @@ interface RunResult {
   heartbeats: number;
   heartbeat_p50_ms: number;
   heartbeat_p99_ms: number;
+  heartbeat_p50_less_sim_stall_ms: number;
+  heartbeat_p99_less_sim_stall_ms: number;
+  sim_stalled_ms: number;
   heartbeat_failures: Record<string, number>;
   register_failures: Record<string, number>;
   dropped_404: number;
@@ -368,13 +380,17 @@ function quantileOfHist(h: Hist, q: number): number {
   return Infinity;
 }
 
-async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallUrl: string): Promise<RunResult> {
+async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, smallUrl: string): Promise<RunResult> {
+  // `PATH::FLAGS`: the tracker of this run gets FLAGS (space-separated) as node flags, e.g. a smaller young generation.
+  const [bin, flags] = binSpec.split('::') as [string, string | undefined];
+  const extraNodeArgs = flags ? flags.split(' ').filter(Boolean) : [];
   const relays: RelayProcess[] = [];
   const relayPorts: number[] = [];
   const trackers: Array<Proc & { url: string }> = [];
   const nodes: NodeProc[] = [];
   const donors: Donor[] = [];
   const stats = new SwarmStats();
+  stats.loop.start();
   let chats: Chats | undefined;
   let nats: NatsServer | undefined;
   try {
@@ -386,7 +402,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       relayPorts.push(r.port);
     }
     for (let i = 0; i < TRACKERS; i++) {
-      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], {}, bin, trackerNodeArgs());
+      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], {}, bin, [...trackerNodeArgs(), ...extraNodeArgs]);
       const l = await tp.waitFor((e) => e.event === 'listening');
       trackers.push(Object.assign(tp, { url: l.url as string }));
     }
@@ -441,7 +457,14 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     const rampS = (performance.now() - t0) / 1000;
     const registered = donors.filter((d) => d.registered).length;
     console.log(`  ${donorCount} donors started in ${rampS.toFixed(1)} s; ${registered} registered${startFailures.length ? `; start failures e.g. ${startFailures.join(' | ')}` : ''}`);
-    await sleep(SETTLE_S * 1000);
+    // Settle: at least SETTLE_MIN_S, then until every donor was told the configured period again (a tracker behind
+    // during the ramp hands out up to 60 s, and a donor hears the shorter one only at its next beat), at most SETTLE_S.
+    const s0 = performance.now();
+    await sleep(Math.min(SETTLE_S, SETTLE_MIN_S) * 1000);
+    while (performance.now() - s0 < SETTLE_S * 1000 && donors.some((d) => !d.closed && d.periodMs !== undefined && d.periodMs > HEARTBEAT_MS)) await sleep(1000);
+    const longPeriods = donors.filter((d) => !d.closed && (d.periodMs ?? 0) > HEARTBEAT_MS).length;
+    const settleS = Math.round((performance.now() - s0) / 1000);
+    console.log(`  settled in ${settleS} s; ${longPeriods} donors still on a period over ${HEARTBEAT_MS} ms`);
     const rssAfter = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
 
     // The measured window.
@@ -455,6 +478,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     }
     stats.reset();
     stats.recording = true;
+    const simStalled0 = stats.loop.now();
     const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
     const simBefore = process.cpuUsage();
     const w0 = performance.now();
@@ -509,7 +533,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       const droppedBefore = stats.dropped;
       const at = Date.now();
       await r0.stop('SIGKILL');
-      relays[0] = await startRelayProcess(['--port', String(relayPorts[0])], bin);
+      relays[0] = await startRelayProcess(['--port', String(relayPorts[0]), ...(RELAY_NATS ? cluster : [])], bin);
       let allBack: number | null = null;
       for (;;) {
         const back = mine.filter((d) => d.closed || d.lastRelayRegisteredAt > at).length;
@@ -538,6 +562,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
     const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
     const sim = process.cpuUsage(simBefore);
+    const simStalledMs = Math.round(stats.loop.now() - simStalled0);
     stats.recording = false;
     await chats?.stop();
     const removalsAfter = await removals();
@@ -553,14 +578,17 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     const relayCpuMs = relays.reduce((s, _, i) => s + (cpuAfter[`relay${i + 1}`]! - cpuBefore[`relay${i + 1}`]!), 0);
     const calls = stats.count('heartbeat') + stats.count('register');
     const hb = [...stats.latency.heartbeat].sort((a, b) => a - b);
+    const hbLess = [...stats.latencyLessStall.heartbeat].sort((a, b) => a - b);
     const outcomes = (k: 'heartbeat' | 'register') => Object.fromEntries([...stats.outcomes[k]].filter(([o]) => o !== 'ok'));
     const relayRssGrowth = relays.reduce((s, _, i) => s + (rssAfter[`relay${i + 1}`]! - rssBefore[`relay${i + 1}`]!), 0);
     const pk = [...picks].sort((a, b) => a - b);
     const tps = chats ? [...chats.tokensPerS].sort((a, b) => a - b) : [];
     const ttft = chats ? [...chats.ttftMs].sort((a, b) => a - b) : [];
     return {
-      bin,
+      bin: binSpec,
       donors: donorCount,
+      settle_s: settleS,
+      long_period_donors: longPeriods,
       window_s: windowS,
       tracker_cpu_pct: (trackerCpuMs / (windowS * 1000)) * 100,
       tracker_us_per_call: calls ? (trackerCpuMs * 1000) / calls : NaN,
@@ -568,6 +596,10 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
       heartbeats: stats.count('heartbeat'),
       heartbeat_p50_ms: quantile(hb, 0.5),
       heartbeat_p99_ms: quantile(hb, 0.99),
+      // Less the simulator's own stall while each beat was in flight (bench/lib/swarm-donors.ts LoopClock).
+      heartbeat_p50_less_sim_stall_ms: quantile(hbLess, 0.5),
+      heartbeat_p99_less_sim_stall_ms: quantile(hbLess, 0.99),
+      sim_stalled_ms: simStalledMs,
       heartbeat_failures: outcomes('heartbeat'),
       register_failures: outcomes('register'),
       dropped_404: stats.dropped,
@@ -604,6 +636,7 @@ async function runOnce(bin: string, donorCount: number, swarmUrl: string, smallU
     };
   } finally {
     await chats?.stop().catch(() => {});
+    stats.loop.stop();
     for (const d of donors) d.close();
     await Promise.all(nodes.map((n) => n.stop()));
     await Promise.all(trackers.map((t) => t.stop()));
@@ -616,6 +649,7 @@ const dir = mkdtempSync(join(tmpdir(), 'meshnet-swarm-'));
 writeFileSync(join(dir, 'config.json'), JSON.stringify(SWARM_CONFIG));
 const swarmServer: StaticServer = await startStaticServer({ root: dir });
 const smallServer: StaticServer | undefined = MESH ? await startStaticServer({ root: await ensureModel('small') }) : undefined;
+const loadBefore = loadavg()[0]!;
 const results: RunResult[] = [];
 try {
   for (const n of DONORS) {
@@ -631,10 +665,10 @@ try {
   await smallServer?.close();
 }
 
-const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js$/, '').split('/').pop()! : LABEL);
+const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js(?=$|::)/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
@@ -642,6 +676,8 @@ printTable(
     r.tracker_us_per_call,
     r.heartbeat_p50_ms,
     r.heartbeat_p99_ms,
+    r.heartbeat_p99_less_sim_stall_ms,
+    r.sim_stalled_ms / 1000,
     Object.values(r.heartbeat_failures).reduce((a, b) => a + b, 0),
     r.dropped_404,
     r.tracker_removals_missed,
@@ -661,5 +697,6 @@ for (const r of results) {
   for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${binName(r.bin)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
 }
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
-writeResult(OUT, { bench: 'swarm', label: LABEL, minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
+console.log(`load average (1 min) at start ${loadBefore.toFixed(2)}, at end ${loadavg()[0]!.toFixed(2)}`);
+writeResult(OUT, { bench: 'swarm', label: LABEL, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
 process.exit(0);

@@ -11,6 +11,9 @@
  * both alike): streamed, greedy, the same prompts; tokens/s after the first
  * token and time to first token at the client, medians; the texts must match.
  * Targets: cluster tokens/s ≥ 0.97× alone, first token ≤ +5 ms.
+ * A third column goes to the same cluster through a second haproxy
+ * configured as before `option http-no-delay` (which held each streamed
+ * SSE chunk ~200 ms for a fuller packet), so the fix shows side by side.
  *
  * Then a tracker killed (SIGKILL) while chats stream through each of the
  * three: chats on the other two must all finish (0 lost); a client going
@@ -24,7 +27,8 @@ import { startStaticServer } from '../src/cli/static-server.ts';
 import { startHaproxy, startNats } from '../test/helpers/cluster.ts';
 import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
 import { startRelayProcess } from '../test/helpers/relay-process.ts';
-import { median, printTable, quantile, writeResult } from './lib/stats.ts';
+import { loadavg } from 'node:os';
+import { loadAverage1m, median, printTable, quantile, writeResult } from './lib/stats.ts';
 
 const argv = process.argv.slice(2);
 const opt = (name: string) => {
@@ -102,6 +106,7 @@ async function chat(base: string, prompt: string, maxTokens = MAX_TOKENS, signal
 const TOPICS = ['a lighthouse in a storm', 'a fox who shares her GPU', 'the last train', 'a robot painter', 'a city under the sea', 'two rival bakers', 'a missing island', 'the moon on holiday'];
 const prompt = (i: number) => `Write a short story about ${TOPICS[i % TOPICS.length]}.`;
 
+const loadBefore = loadavg()[0]!;
 const procs: Proc[] = [];
 const st = await startStaticServer({ root: await ensureModel('small') });
 const nats = await startNats();
@@ -130,7 +135,12 @@ try {
   const alone = await tracker([]);
   const cluster = [await tracker(['--nats', nats.url, '--cluster', 'bench']), await tracker(['--nats', nats.url, '--cluster', 'bench']), await tracker(['--nats', nats.url, '--cluster', 'bench'])];
   const haproxy = await startHaproxy({ backends: cluster.map((t) => t.url), checkIntervalMs: 250, fall: 2, rise: 1 });
-  haproxyStop = () => haproxy.stop();
+  // The same cluster behind haproxy as configured before `option http-no-delay`.
+  const delaying = await startHaproxy({ backends: cluster.map((t) => t.url), checkIntervalMs: 250, fall: 2, rise: 1, noDelay: false });
+  haproxyStop = async () => {
+    await haproxy.stop();
+    await delaying.stop();
+  };
   await mesh(alone.url);
   await mesh(haproxy.url);
   const ready = async (url: string) => until(async () => (await chat(url, 'hi', 2)).status === 200, 60_000, `a chat through ${url}`);
@@ -144,29 +154,44 @@ try {
 
   const a: Chat[] = [];
   const b: Chat[] = [];
+  const d: Chat[] = [];
   let mismatches = 0;
+  const order: Array<[string, Chat[]]> = [
+    [alone.url, a],
+    [haproxy.url, b],
+    [delaying.url, d],
+  ];
   for (let i = 0; i < CHATS; i++) {
-    // Alternate which goes first, so neither always runs right after the other's work.
-    const [x, y] = i % 2 ? [await chat(haproxy.url, prompt(i)), await chat(alone.url, prompt(i))].reverse() : [await chat(alone.url, prompt(i)), await chat(haproxy.url, prompt(i))];
-    a.push(x!);
-    b.push(y!);
-    if (x!.status === 200 && y!.status === 200 && x!.text !== y!.text) mismatches++;
+    // Rotate which goes first, so none always runs right after another's work.
+    const texts: string[] = [];
+    for (let k = 0; k < order.length; k++) {
+      const [url, into] = order[(i + k) % order.length]!;
+      const c = await chat(url, prompt(i));
+      into.push(c);
+      if (c.status === 200) texts.push(c.text);
+    }
+    if (new Set(texts).size > 1) mismatches++;
   }
   const ok = (cs: Chat[]) => cs.filter((c) => c.status === 200);
   const tpsA = median(ok(a).map((c) => c.tokensPerS));
   const tpsB = median(ok(b).map((c) => c.tokensPerS));
+  const tpsD = median(ok(d).map((c) => c.tokensPerS));
   const ttA = median(ok(a).map((c) => c.ttftMs));
   const ttB = median(ok(b).map((c) => c.ttftMs));
+  const ttD = median(ok(d).map((c) => c.ttftMs));
+  const p90 = (cs: Chat[]) => quantile(ok(cs).map((c) => c.ttftMs).sort((p, q) => p - q), 0.9);
   printTable(
-    `chats through one tracker vs a 3-tracker cluster (NATS, haproxy), ${CHATS} each, alternating, ${MAX_TOKENS} tokens, greedy (shared 2-core machine)`,
+    `chats through one tracker vs a 3-tracker cluster (NATS, haproxy), ${CHATS} each, rotating, ${MAX_TOKENS} tokens, greedy (shared 2-core machine)`,
     ['setup', 'ok', 'tokens/s p50', 'first token p50 ms', 'first token p90 ms'],
     [
-      ['alone', ok(a).length, tpsA, ttA, quantile(ok(a).map((c) => c.ttftMs).sort((p, q) => p - q), 0.9)],
-      ['cluster', ok(b).length, tpsB, ttB, quantile(ok(b).map((c) => c.ttftMs).sort((p, q) => p - q), 0.9)],
+      ['alone', ok(a).length, tpsA, ttA, p90(a)],
+      ['cluster', ok(b).length, tpsB, ttB, p90(b)],
+      ['cluster, haproxy without http-no-delay', ok(d).length, tpsD, ttD, p90(d)],
       ['cluster / alone', '', tpsB / tpsA, ttB - ttA, ''],
+      ['without http-no-delay / alone', '', tpsD / tpsA, ttD - ttA, ''],
     ],
   );
-  console.log(`texts differing between the two: ${mismatches}`);
+  console.log(`prompts whose texts differed between the setups: ${mismatches}; load average (1 min) at start ${loadBefore.toFixed(2)}, now ${loadavg()[0]!.toFixed(2)}`);
 
   // A tracker killed while chats stream through each of the three.
   const long = Math.max(48, MAX_TOKENS * 2);
@@ -196,11 +221,15 @@ try {
   writeResult(`${here}results/tracker-cluster.json`, {
     bench: 'tracker-cluster',
     chats: CHATS,
+    load_average_1m: loadAverage1m(loadBefore),
     max_tokens: MAX_TOKENS,
     alone: { ok: ok(a).length, tokens_per_s_p50: tpsA, ttft_p50_ms: ttA },
     cluster: { ok: ok(b).length, tokens_per_s_p50: tpsB, ttft_p50_ms: ttB },
+    cluster_without_no_delay: { ok: ok(d).length, tokens_per_s_p50: tpsD, ttft_p50_ms: ttD },
     ratio_tokens_per_s: tpsB / tpsA,
     ttft_delta_ms: ttB - ttA,
+    ratio_tokens_per_s_without_no_delay: tpsD / tpsA,
+    ttft_delta_ms_without_no_delay: ttD - ttA,
     text_mismatches: mismatches,
     kill: { survivors: survivors.length, lost: lost.length, on_killed: onKilled.length, cut: onKilled.filter((r) => r.c.status !== 200).length, first_new_chat_ms: firstOkMs, failed_tries: retries },
   });

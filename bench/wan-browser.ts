@@ -44,6 +44,13 @@
  * (bench/lib/step-trace.ts): where a token's time goes — onnxruntime, each
  * page's JavaScript outside it, and between pages (the legs). The timed
  * chats stay untraced.
+ *
+ * `--baseline-app DIR`: every selected row twice, once with the pages built
+ * in DIR (an older checkout's dist/: `… (before)`) and once with this
+ * checkout's, side by side in one run (the two interleaved ABBA: 1 page new,
+ * before; then 3 pages before, new; …), with the ratios of each. The
+ * relay, tracker and this script are this checkout's either way: for
+ * changes to the page's code.
  */
 import { cpus, loadavg } from 'node:os';
 import { fileURLToPath } from 'node:url';
@@ -71,6 +78,7 @@ const ONE_WAY = Number(arg('--delay-ms') ?? 20);
 const MODEL = arg('--model') ?? 'small';
 const PROMPT = 'Write a short story about a lighthouse keeper and a storm at sea.';
 const TRACE = process.argv.includes('--trace');
+const BASELINE = arg('--baseline-app');
 
 interface Config {
   name: string;
@@ -83,6 +91,8 @@ interface Config {
   legs: number;
   /** Every page holds the whole model: a chat runs on one, the others idle. */
   idle?: boolean;
+  /** Served from --baseline-app (the row's name ends " (before)"). */
+  before?: boolean;
 }
 
 interface Result {
@@ -175,6 +185,7 @@ async function main(): Promise<void> {
   const loadBefore = loadavg()[0]!;
   const st = await startStaticServer({ root: await ensureModel(MODEL as Parameters<typeof ensureModel>[0]), port: 0, host: '127.0.0.1' });
   const app = await serveBuiltApp();
+  const baseApp = BASELINE ? await startStaticServer({ root: BASELINE, port: 0, host: '127.0.0.1' }) : undefined;
   const inNetns = process.env.MESHNET_NETNS === '1';
   if (!inNetns) process.stderr.write('not inside the network namespace scripts/netns-run.sh makes: the data-channel rows are left out\n');
   const relayRows = !process.argv.includes('--no-relay-rows');
@@ -192,23 +203,27 @@ async function main(): Promise<void> {
   const rtcOnly = process.argv.includes('--rtc');
   // --no-delay: only the no-delay rows (3 pages / 1 page, the traces).
   const noDelay = process.argv.includes('--no-delay');
-  const configs = all.filter((c) => (c.rtc ? inNetns : rtcOnly ? c.delay === 0 : relayRows || c.pages === 1 || c.idle) && (!noDelay || c.delay === 0));
+  const selected = all.filter((c) => (c.rtc ? inNetns : rtcOnly ? c.delay === 0 : relayRows || c.pages === 1 || c.idle) && (!noDelay || c.delay === 0));
+  // --baseline-app: each row with the old pages and the new, ABBA (new, before; before, new; …) so drift in the machine's load falls on both.
+  const configs = baseApp ? selected.flatMap((c, i) => { const b = { ...c, name: `${c.name} (before)`, before: true }; return i % 2 === 0 ? [c, b] : [b, c]; }) : selected;
   const results: Result[] = [];
   try {
     for (const c of configs) {
       process.stderr.write(`${c.name}, ${c.delay} ms one-way...\n`);
-      results.push(await runMesh(c, st.url, `${app.url}/`));
+      results.push(await runMesh(c, st.url, `${(c.before ? baseApp! : app).url}/`));
       process.stderr.write(`  ${results.at(-1)!.msPerToken.toFixed(1)} ms/token\n`);
     }
   } finally {
     await app.close();
+    await baseApp?.close();
     await st.close();
   }
   const loadAfter = loadavg()[0]!;
-  const compute = results[0]!.msPerToken;
+  const onePage = (before: boolean) => results[configs.findIndex((c) => c.pages === 1 && !c.idle && !!c.before === before)] ?? results[0]!;
+  const compute = onePage(false).msPerToken;
   const rows = configs.map((c, i) => {
     const r = results[i]!;
-    const floor = c.legs * c.delay + compute;
+    const floor = c.legs * c.delay + onePage(!!c.before).msPerToken;
     const page = (r.sent.rtc ?? 0) + (r.sent.fast ?? 0) + (r.sent.rpc ?? 0);
     return {
       config: c.name,
@@ -227,7 +242,7 @@ async function main(): Promise<void> {
       chain_forwards_after_head: r.chainForwards,
       hops_sent: r.sent,
       rtc_share: page > 0 ? +((r.sent.rtc ?? 0) / page).toFixed(4) : null,
-      same_text_as_1_page: r.texts.every((t) => t === results[0]!.texts[0]),
+      same_text_as_1_page: r.texts.every((t) => t === onePage(!!c.before).texts[0]),
       ...(r.trace ? { trace: r.trace } : {}),
     };
   });
@@ -247,23 +262,25 @@ async function main(): Promise<void> {
   );
   const find = (name: string, delay: number) => rows.find((r) => r.config === name && r.one_way_ms === delay);
   const ratios: Record<string, number> = {};
-  for (const path of ['relay', 'rtc']) {
-    const star = find(`3 pages, star, ${path}`, ONE_WAY);
-    const chain = find(`3 pages, chain, ${path}`, ONE_WAY);
-    const three = find(`3 pages, chain, ${path}`, 0);
+  for (const [path, tag] of [['relay', ''], ['rtc', ''], ...(baseApp ? [['relay', ' (before)'], ['rtc', ' (before)']] : [])] as Array<[string, string]>) {
+    const star = find(`3 pages, star, ${path}${tag}`, ONE_WAY);
+    const chain = find(`3 pages, chain, ${path}${tag}`, ONE_WAY);
+    const three = find(`3 pages, chain, ${path}${tag}`, 0);
+    const one = rows.find((r) => r.config === `1 page${tag}`) ?? rows[0]!;
+    const key = (k: string) => `${k}${tag ? '_before' : ''}`;
     if (star && chain) {
-      ratios[`chain_vs_star_tok_s_${path}`] = +(chain.tokens_per_s / star.tokens_per_s).toFixed(3);
-      console.log(`${path}: chain vs star tok/s at ${ONE_WAY} ms one-way: ${(chain.tokens_per_s / star.tokens_per_s).toFixed(3)}× (legs 3 vs 4: the floors give ${(star.floor_ms_per_token / chain.floor_ms_per_token).toFixed(3)}×); chain vs its floor ${chain.x_floor}×`);
+      ratios[key(`chain_vs_star_tok_s_${path}`)] = +(chain.tokens_per_s / star.tokens_per_s).toFixed(3);
+      console.log(`${path}${tag}: chain vs star tok/s at ${ONE_WAY} ms one-way: ${(chain.tokens_per_s / star.tokens_per_s).toFixed(3)}× (legs 3 vs 4: the floors give ${(star.floor_ms_per_token / chain.floor_ms_per_token).toFixed(3)}×); chain vs its floor ${chain.x_floor}×`);
     }
     if (three) {
-      ratios[`three_over_one_page_no_delay_${path}`] = +(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3);
-      ratios[`three_over_one_page_no_delay_to_last_${path}`] = +(rows[0]!.ms_per_token_to_last / three.ms_per_token_to_last).toFixed(3);
-      console.log(`${path}: no delay, 3 pages / 1 page, first to last token: ${(rows[0]!.ms_per_token_to_last / three.ms_per_token_to_last).toFixed(3)}`);
-      console.log(`${path}: no delay, 3 pages (chain) / 1 page tok/s: ${(three.tokens_per_s / rows[0]!.tokens_per_s).toFixed(3)}${three.rtc_share !== null && path === 'rtc' ? `; hops on data channels ${(three.rtc_share * 100).toFixed(2)} %` : ''}`);
+      ratios[key(`three_over_one_page_no_delay_${path}`)] = +(three.tokens_per_s / one.tokens_per_s).toFixed(3);
+      ratios[key(`three_over_one_page_no_delay_to_last_${path}`)] = +(one.ms_per_token_to_last / three.ms_per_token_to_last).toFixed(3);
+      console.log(`${path}${tag}: no delay, 3 pages / 1 page, first to last token: ${(one.ms_per_token_to_last / three.ms_per_token_to_last).toFixed(3)}`);
+      console.log(`${path}${tag}: no delay, 3 pages (chain) / 1 page tok/s: ${(three.tokens_per_s / one.tokens_per_s).toFixed(3)}${three.rtc_share !== null && path === 'rtc' ? `; hops on data channels ${(three.rtc_share * 100).toFixed(2)} %` : ''}`);
     }
   }
   // --no-relay-rows and --rtc write a file of their own: the full run's relay rows stay.
-  const file = `wan-browser${MODEL === 'small' ? '' : `-${MODEL}`}${relayRows && !rtcOnly ? '' : '-rtc'}${TRACE || noDelay ? '-no-delay' : ''}.json`;
+  const file = `wan-browser${MODEL === 'small' ? '' : `-${MODEL}`}${relayRows && !rtcOnly ? '' : '-rtc'}${TRACE || noDelay ? '-no-delay' : ''}${baseApp ? '-before-after' : ''}.json`;
   writeResult(fileURLToPath(new URL(`./results/${file}`, import.meta.url)), {
     bench: 'wan-browser',
     model: MODEL,
@@ -272,6 +289,7 @@ async function main(): Promise<void> {
     chats: CHATS,
     max_tokens: MAX_TOKENS,
     in_network_namespace: inNetns,
+    ...(BASELINE ? { baseline_app: BASELINE } : {}),
     compute_ms_per_token_1_page: +compute.toFixed(2),
     rows,
     ...ratios,

@@ -13,7 +13,12 @@
  * Each donor has its own HTTP connection pool (an undici Agent), as a real
  * donor has its own socket: one pool shared by thousands of donors would
  * reuse a handful of warm connections and hide what each heartbeat costs a
- * tracker that sees one connection per donor.
+ * tracker that sees one connection per donor. Against a relay with
+ * `peer-watch` the donors (as nodes) hold no HTTP watch stream: the pool is
+ * used for the registration (and beats that fall back to HTTP) only.
+ *
+ * Each call is also stamped with the simulator's own stall while it was in
+ * flight (LoopClock), so a latency tail the simulator caused is told apart.
  *
  * Every tracker call is timed and counted by kind and outcome in
  * {@link SwarmStats}; a heartbeat answered 404 for a donor that never left
@@ -31,10 +36,50 @@ import type { Assignment, NodeMessage } from '../../src/protocol/tracker.ts';
 
 export type CallKind = 'register' | 'heartbeat';
 
+/** How often the simulator's loop clock ticks, ms. */
+const LOOP_TICK_MS = 5;
+
+/**
+ * The simulator's own stalls, to stamp each call with: a timer ticks every
+ * LOOP_TICK_MS; how late it fires adds to `stalledMs`. A call's own stall is
+ * what was added while it was in flight, plus the stall in progress when its
+ * answer is handled (the loop was blocked since the last tick): time the
+ * answer sat unread in this process, not time the tracker or relay took.
+ */
+export class LoopClock {
+  stalledMs = 0;
+  private last = performance.now();
+  private timer: ReturnType<typeof setInterval> | undefined;
+
+  start(): void {
+    this.last = performance.now();
+    this.timer = setInterval(() => {
+      const now = performance.now();
+      this.stalledMs += Math.max(0, now - this.last - LOOP_TICK_MS);
+      this.last = now;
+    }, LOOP_TICK_MS);
+    this.timer.unref?.();
+  }
+
+  stop(): void {
+    if (this.timer !== undefined) clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
+  /** The stall total now, the one in progress included. */
+  now(): number {
+    return this.stalledMs + Math.max(0, performance.now() - this.last - LOOP_TICK_MS);
+  }
+}
+
 /** Counters and latency samples of every tracker call the donors made. */
 export class SwarmStats {
   /** Latency samples (ms) taken while `recording`. */
   readonly latency: Record<CallKind, number[]> = { register: [], heartbeat: [] };
+  /** The same calls' latency less the simulator's own stall while each was in flight (LoopClock), ms. */
+  readonly latencyLessStall: Record<CallKind, number[]> = { register: [], heartbeat: [] };
+  /** The simulator's stall clock (started by the bench). */
+  readonly loop = new LoopClock();
   /** Outcomes by kind: 'ok', 'http-404', 'http-503', 'timeout', 'network', ... */
   readonly outcomes: Record<CallKind, Map<string, number>> = { register: new Map(), heartbeat: new Map() };
   /** Heartbeats answered 404 (the tracker forgot a live donor), while recording. */
@@ -44,9 +89,10 @@ export class SwarmStats {
   /** Heartbeat intervals the tracker handed out, last seen per donor (ms → donors). */
   recording = false;
 
-  record(kind: CallKind, ms: number, outcome: string): void {
+  record(kind: CallKind, ms: number, outcome: string, stallAt0?: number): void {
     if (!this.recording) return;
     this.latency[kind].push(ms);
+    if (stallAt0 !== undefined) this.latencyLessStall[kind].push(Math.max(0, ms - (this.loop.now() - stallAt0)));
     const m = this.outcomes[kind];
     m.set(outcome, (m.get(outcome) ?? 0) + 1);
     if (kind === 'heartbeat' && outcome === 'http-404') this.dropped++;
@@ -69,6 +115,7 @@ export class SwarmStats {
   reset(): void {
     for (const k of ['register', 'heartbeat'] as const) {
       this.latency[k] = [];
+      this.latencyLessStall[k] = [];
       this.outcomes[k].clear();
     }
     this.dropped = 0;
@@ -128,6 +175,11 @@ export class Donor {
     return this.identity.peerId;
   }
 
+  /** The heartbeat period its tracker handed out last, ms (undefined before it registered). */
+  get periodMs(): number | undefined {
+    return this.session?.periodMs;
+  }
+
   get registered(): boolean {
     return this.session?.isRegistered ?? false;
   }
@@ -161,12 +213,13 @@ export class Donor {
       const url = String(input);
       const kind: CallKind | undefined = url.endsWith('/api/nodes/heartbeat') ? 'heartbeat' : url.endsWith('/api/nodes/register') ? 'register' : undefined;
       const t0 = performance.now();
+      const s0 = stats.loop.now();
       try {
         const res = await undiciFetch(url, { ...(init as object), dispatcher: agent } as Parameters<typeof undiciFetch>[1]);
-        if (kind) stats.record(kind, performance.now() - t0, res.status === 200 ? 'ok' : `http-${res.status}`);
+        if (kind) stats.record(kind, performance.now() - t0, res.status === 200 ? 'ok' : `http-${res.status}`, s0);
         return res as unknown as Response;
       } catch (e) {
-        if (kind) stats.record(kind, performance.now() - t0, outcomeOf(e));
+        if (kind) stats.record(kind, performance.now() - t0, outcomeOf(e), s0);
         throw e;
       }
     }) as typeof fetch;
@@ -177,16 +230,19 @@ export class Donor {
       },
       async request(peer, req, opts) {
         const t0 = performance.now();
+        const s0 = stats.loop.now();
         try {
           const r = await relay.request(peer, req, opts);
           const notFound = r.status === 404 && new TextDecoder().decode(r.body).includes('MESH_ERR_NOT_FOUND');
-          stats.record('heartbeat', performance.now() - t0, r.status === 200 ? 'ok' : notFound ? 'http-404' : `relay-${r.status}`);
+          stats.record('heartbeat', performance.now() - t0, r.status === 200 ? 'ok' : notFound ? 'http-404' : `relay-${r.status}`, s0);
           return r;
         } catch (e) {
-          stats.record('heartbeat', performance.now() - t0, `relay-${(e as { code?: string }).code ?? 'error'}`);
+          stats.record('heartbeat', performance.now() - t0, `relay-${(e as { code?: string }).code ?? 'error'}`, s0);
           throw e;
         }
       },
+      // As a node: the relay says when the tracker's peer detaches (a relay with peer-watch), no HTTP watch stream.
+      watchPeer: (peer, signal) => relay.watchPeer(peer, signal),
     };
     const client = new TrackerClient({ trackerUrl: this.c.trackerUrl, fetch: timed, identity: this.identity, relay: timedRelay });
     this.client = client;

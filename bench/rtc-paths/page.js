@@ -77,6 +77,6 @@ window.proto = (() => {
     rtts.sort((a, b) => a - b);
     return { p50: rtts[rtts.length >> 1], p10: rtts[Math.floor(rtts.length * 0.1)], p90: rtts[Math.floor(rtts.length * 0.9)] };
   }
-  async function workerCmd(m) { worker.postMessage(m); return wmsg((d) => d.ok === 'echo' || d.result); }
+  async function workerCmd(m) { worker.postMessage(m); return wmsg((d) => d.ok === 'echo' || d.ok === 'spin' || d.result); }
   return { init, connect, bridge, mainOnly, setMainEcho: (v) => (mainEcho = v), mainBench, workerCmd };
 })();

@@ -1,4 +1,4 @@
-/* global postMessage */
+/* global postMessage, MessageChannel */
 // Worker: a ws to the forwarder, and a port from the page (bridge), maybe a transferred data channel.
 
 let ws, port, dc;
@@ -12,6 +12,16 @@ function send(kind, data) {
   if (kind === 'ws') ws.send(data);
   else if (kind === 'port') port.postMessage(data, [data]);
   else if (kind === 'dc') dc.send(data);
+}
+// --warm: the worker never sleeps (a MessageChannel posting to itself: a task after every task, messages and timers
+// still run between them): is the cost of a message after an idle spell our thread's wake, or deeper?
+let spinning = false;
+const loop = new MessageChannel();
+loop.port1.onmessage = () => { if (spinning) loop.port2.postMessage(0); };
+function spin(on) {
+  const was = spinning;
+  spinning = on;
+  if (on && !was) loop.port2.postMessage(0);
 }
 async function pingpong(kind, bytes, n, gapMs) {
   const rtts = [];
@@ -42,5 +52,6 @@ self.onmessage = async (ev) => {
     if (dc.readyState === 'open') done(); else dc.onopen = done;
   }
   else if (m.cmd === 'echo') { echo[m.kind] = true; postMessage({ ok: 'echo' }); }
+  else if (m.cmd === 'spin') { spin(m.on); postMessage({ ok: 'spin' }); }
   else if (m.cmd === 'bench') postMessage({ result: await pingpong(m.kind, m.bytes, m.n, m.gap) });
 };

@@ -41,6 +41,8 @@ export interface FrameMuxInit {
    * is the node itself and writes in the caller's id, as a relay would.
    */
   checkRequest?: (frame: Uint8Array) => MeshError | undefined;
+  /** The relay's answers about watched peers (`peer-watch`, `peer-gone`: PEER_WATCH_FEATURE), with a string peer_id. */
+  onPeerNotice?: (msg: { type: 'peer-watch' | 'peer-gone'; peer_id: string; attached?: unknown }) => void;
 }
 
 /** Later deadlines than the armed sweep by less than this do not re-arm it. */
@@ -234,6 +236,10 @@ export class FrameMux implements MuxPort {
     if (type === 'error') {
       const m = msg as { code?: unknown; message?: unknown };
       this.log({ level: 'warn', event: 'relay-error', message: `relay says ${String(m.code)}: ${String(m.message)}` });
+      return;
+    }
+    if ((type === 'peer-watch' || type === 'peer-gone') && this.init.onPeerNotice && typeof (msg as { peer_id?: unknown }).peer_id === 'string') {
+      this.init.onPeerNotice(msg as { type: 'peer-watch' | 'peer-gone'; peer_id: string; attached?: unknown });
       return;
     }
     // An envelope of a type we do not know, but with an id, is still a request someone waits on.

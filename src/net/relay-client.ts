@@ -17,7 +17,7 @@
  * the same peer id. An outage shorter than `outageBudgetMs` is waited out:
  * requests made meanwhile wait for the new registration instead of failing.
  */
-import { CLUSTER_FEATURE, ONE_WAY_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
+import { CLUSTER_FEATURE, ONE_WAY_FEATURE, PEER_WATCH_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FrameMux } from './frame-mux.ts';
 import type { Identity } from './identity.ts';
@@ -77,7 +77,17 @@ export interface Registration {
   oneWay?: boolean;
   /** The relay is in a cluster (announced `cluster`): peers of every relay of it are reachable on this connection. */
   cluster?: boolean;
+  /** The relay says when a watched peer detaches (announced `peer-watch`): watchPeer(). */
+  peerWatch?: boolean;
 }
+
+/**
+ * How a watchPeer() ended: `gone` the relay said the peer detached; `absent`
+ * it was not attached to this relay when asked; `lost` this connection to the
+ * relay dropped (watches go with it); `unsupported` the relay has no
+ * `peer-watch`, or this client is not registered; `cancelled` the signal.
+ */
+export type PeerWatchEnd = 'gone' | 'absent' | 'lost' | 'unsupported' | 'cancelled';
 
 /** `relayUrl` as a list of `/ws` URLs (split on commas, duplicates dropped). */
 export function relayWsUrls(relayUrl: string | readonly string[]): string[] {
@@ -136,6 +146,8 @@ export class RelayClient {
   private pastBudget = 0;
   /** Fires when the outage outlives its budget: waiting requests fail then. */
   private outageTimer: ReturnType<typeof setTimeout> | undefined;
+  /** watchPeer() calls waiting, by the peer they watch; settled by the relay's notices or when the connection drops. */
+  private readonly peerWatches = new Map<string, Set<(end: PeerWatchEnd) => void>>();
   /** Requests waiting for the registration while the connection is down (within the budget). */
   private readonly outageWaiters = new Set<{ resolve: () => void; reject: (e: unknown) => void }>();
 
@@ -232,6 +244,53 @@ export class RelayClient {
   /** Outgoing requests waiting for (the rest of) an answer. */
   get pendingOutgoing(): number {
     return this.mux?.pendingOutgoing ?? 0;
+  }
+
+  /**
+   * Resolves when the relay says `peerId` detached from it (`gone`), or why
+   * no such news will come on this watch (PeerWatchEnd). A node watches its
+   * tracker this way instead of holding an HTTP stream to it.
+   */
+  watchPeer(peerId: string, signal?: AbortSignal): Promise<PeerWatchEnd> {
+    const mux = this.mux;
+    if (mux === undefined || this.registration?.peerWatch !== true) return Promise.resolve('unsupported');
+    if (signal?.aborted) return Promise.resolve('cancelled');
+    return new Promise<PeerWatchEnd>((resolve) => {
+      let set = this.peerWatches.get(peerId);
+      const first = set === undefined;
+      if (set === undefined) this.peerWatches.set(peerId, (set = new Set()));
+      const done = (end: PeerWatchEnd): void => {
+        signal?.removeEventListener('abort', onAbort);
+        resolve(end);
+      };
+      const onAbort = (): void => {
+        const s = this.peerWatches.get(peerId);
+        s?.delete(done);
+        if (s?.size === 0) {
+          this.peerWatches.delete(peerId);
+          if (this.mux === mux) void mux.send(JSON.stringify({ type: 'unwatch-peer', peer_id: peerId }));
+        }
+        done('cancelled');
+      };
+      set.add(done);
+      signal?.addEventListener('abort', onAbort, { once: true });
+      if (first) void mux.send(JSON.stringify({ type: 'watch-peer', peer_id: peerId }));
+    });
+  }
+
+  /** The relay's `peer-watch` / `peer-gone`: settle the watches of that peer (a peer attached here stays watched until gone). */
+  private onPeerNotice(msg: { type: 'peer-watch' | 'peer-gone'; peer_id: string; attached?: unknown }): void {
+    if (msg.type === 'peer-watch' && msg.attached !== false) return;
+    this.settlePeerWatches(msg.type === 'peer-gone' ? 'gone' : 'absent', msg.peer_id);
+  }
+
+  private settlePeerWatches(end: PeerWatchEnd, peerId?: string): void {
+    const ids = peerId === undefined ? [...this.peerWatches.keys()] : [peerId];
+    for (const id of ids) {
+      const set = this.peerWatches.get(id);
+      this.peerWatches.delete(id);
+      for (const done of set ?? []) done(end);
+    }
   }
 
   setHandler(handler: MeshHandler | undefined): void {
@@ -431,6 +490,9 @@ export class RelayClient {
       ...(this.handler ? { handler: this.handler } : {}),
       onLog: this.onLog,
       onClose: (reason) => this.onMuxClosed(mux, reason),
+      onPeerNotice: (m) => {
+        if (this.mux === mux) this.onPeerNotice(m);
+      },
     });
     this.mux = mux;
     this.attempt = 0;
@@ -440,6 +502,7 @@ export class RelayClient {
       relayAddr: parsed.data.relay_addr,
       oneWay: parsed.data.features?.includes(ONE_WAY_FEATURE) === true,
       cluster: parsed.data.features?.includes(CLUSTER_FEATURE) === true,
+      peerWatch: parsed.data.features?.includes(PEER_WATCH_FEATURE) === true,
     };
     this.learnRelays(parsed.data.relays);
     const outageMs = this.inOutage && this.lostAt !== undefined ? Math.round(performance.now() - this.lostAt) : undefined;
@@ -506,6 +569,7 @@ export class RelayClient {
   private onMuxClosed(mux: FrameMux, reason: string): void {
     if (this.mux !== mux) return;
     this.mux = undefined;
+    this.settlePeerWatches('lost');
     if (this.stateValue === RelayClientState.Closed) return;
     this.attempt = 0;
     this.lostAt = performance.now();

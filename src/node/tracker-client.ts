@@ -31,12 +31,16 @@ import {
 import { verifyEd25519, type Identity } from '../net/identity.ts';
 import type { MeshReply } from '../protocol/envelopes.ts';
 import type { OutgoingRequest, RequestOptions } from '../net/contract.ts';
+import type { PeerWatchEnd } from '../net/relay-client.ts';
 import { z } from 'zod';
 
 /** The node's relay connection as the tracker client uses it: heartbeats to the tracker's peer over the socket. */
 export interface TrackerRelay {
+  /** RelayClient's state ('registered' …), or 'none' when the node has no relay. */
   readonly state: string;
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
+  /** RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say. */
+  watchPeer?(peerId: string, signal?: AbortSignal): Promise<PeerWatchEnd>;
 }
 
 /** The keys a node takes routes from: one tracker's, or every tracker of its cluster. */
@@ -102,6 +106,22 @@ export class WatchUnsupportedError extends MeshError {
 
 /** Longest pause between two asks for a replacement while the tracker has none, ms. */
 const REPLACE_POLL_MAX_MS = 500;
+
+/** The tracker could not be reached at all (connection refused or reset, no such host): not a timeout, not an answer. */
+export class TrackerUnreachableError extends MeshError {
+  constructor(message: string) {
+    super('MESH_ERR_UNAVAILABLE', message);
+  }
+}
+
+/**
+ * How a watch ended (TrackerClient.watch): `ended` the HTTP stream ended (the
+ * tracker went away, or the signal aborted); `gone` the relay said the
+ * tracker's peer detached; `rearm` nothing is known (not watching now: the
+ * last beat did not go over the relay, the relay connection dropped, the
+ * tracker is not on this relay): watch again after the next beat tells.
+ */
+export type WatchEnd = 'ended' | 'gone' | 'rearm';
 
 /** The tracker forgot this node (it restarted): register again. */
 export class NotRegisteredError extends MeshError {
@@ -305,6 +325,7 @@ export class TrackerClient {
   /** Heartbeats sent over the relay socket / as signed HTTP requests. */
   readonly beats = { relay: 0, http: 0 };
 
+
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
     this.timeoutMs = init.requestTimeoutMs ?? 10_000;
@@ -335,7 +356,10 @@ export class TrackerClient {
       });
     } catch (e) {
       if (signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', `${path} cancelled`);
-      throw new MeshError('MESH_ERR_UNAVAILABLE', `tracker ${this.base} unreachable for ${path}: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`);
+      const why = `tracker ${this.base} unreachable for ${path}: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`;
+      // A timeout is a tracker that is slow (behind), not gone.
+      if ((e as Error).name === 'TimeoutError' || signals[0]!.aborted) throw new MeshError('MESH_ERR_UNAVAILABLE', why);
+      throw new TrackerUnreachableError(why);
     }
     const text = await res.text();
     let json: unknown = undefined;
@@ -450,12 +474,35 @@ export class TrackerClient {
   }
 
   /**
+   * Watch for the tracker going away. A node with a relay that has
+   * `peer-watch` asks that relay to say when the tracker's peer (the one its
+   * beats go to) detaches, and holds no connection to the tracker: `gone`
+   * when it did, `rearm` when no such news can come now (the tracker is not
+   * attached to this relay, the relay connection dropped: see WatchEnd).
+   * Otherwise (no relay, a relay without `peer-watch`, a tracker with no
+   * peer id) the HTTP stream, as httpWatch().
+   */
+  async watch(signal: AbortSignal): Promise<WatchEnd> {
+    const relay = this.init.relay;
+    const peer = this.trackerPeerId;
+    if (relay?.watchPeer !== undefined && relay.state !== 'none' && peer !== undefined) {
+      const end = await relay.watchPeer(peer, signal);
+      if (end === 'gone') return 'gone';
+      if (end === 'cancelled') return 'ended';
+      if (end !== 'unsupported' || relay.state !== 'registered') return 'rearm';
+      // A relay without peer-watch: the HTTP stream, as before.
+    }
+    await this.httpWatch(signal);
+    return 'ended';
+  }
+
+  /**
    * Hold `GET /api/nodes/watch` open: resolves when the stream ends (the
    * tracker went away, or `signal` aborted), rejects when it cannot be
    * opened (unreachable), and with WatchUnsupportedError when the tracker
    * has no such route (an older one: heartbeats alone tell then).
    */
-  async watch(signal: AbortSignal): Promise<void> {
+  async httpWatch(signal: AbortSignal): Promise<void> {
     let res: Response;
     try {
       res = await this.init.fetch(`${this.base}/api/nodes/watch`, { headers: { accept: 'text/event-stream' }, signal });

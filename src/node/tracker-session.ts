@@ -6,8 +6,10 @@
  *
  *   start() ── register ──▶ onAssignment(a)
  *      ├─ every interval: heartbeat ──▶ onAssignment(a)   (404 → register)
- *      └─ watch: GET /api/nodes/watch held open; when it ends (the tracker went
- *         away) heartbeats come every 250 ms → 1 s until one is answered (a
+ *      └─ watch: the relay tells when the tracker's peer detaches (a node whose
+ *         beats go over a relay with `peer-watch`), else GET /api/nodes/watch
+ *         held open; when the tracker went away (or a beat found it unreachable)
+ *         heartbeats come every 250 ms → 1 s until one is answered (a
  *         restarted tracker answers 404 → register at once), then it watches again
  *   beatNow()  the host loaded a span: tell the tracker at once, not a period later
  *   onDrainBeacon  with every message, the same message saying `draining`,
@@ -20,7 +22,7 @@
  */
 import type { Assignment, NodeMessage, NodeStats, RegisterAnswer } from '../protocol/tracker.ts';
 import type { KvStats } from '../shard/kv-store.ts';
-import { NotRegisteredError, WatchUnsupportedError, type TrackerClient } from './tracker-client.ts';
+import { NotRegisteredError, TrackerUnreachableError, WatchUnsupportedError, type TrackerClient } from './tracker-client.ts';
 
 /** After the tracker went away: heartbeats this far apart, growing by half each time, ms (with jitter: [half, whole])… */
 const LOST_RETRY_MS = [250, 1_000] as const;
@@ -67,9 +69,16 @@ export class TrackerSession {
   private watching = false;
   /** The last beat failed: the next failures are not logged again until one succeeds. */
   private failing = false;
+  /** Waiting for the next beat to end (the watch, between relay watches): true when it found the tracker unreachable. */
+  private beatWaiters: Array<(unreachable: boolean) => void> = [];
 
   constructor(private readonly init: TrackerSessionInit) {
     this.heartbeatMs = init.heartbeatMs ?? 5_000;
+  }
+
+  /** The heartbeat period the tracker handed out last, ms. */
+  get periodMs(): number {
+    return this.heartbeatMs;
   }
 
   get isRegistered(): boolean {
@@ -106,6 +115,7 @@ export class TrackerSession {
   close(): void {
     this.closed = true;
     this.stop.abort();
+    this.tellBeat(false);
     if (this.timer !== undefined) clearTimeout(this.timer);
     this.timer = undefined;
   }
@@ -127,11 +137,14 @@ export class TrackerSession {
   }
 
   /**
-   * Keep the tracker's watch stream open; each time it ends or cannot be
-   * opened, heartbeat on a short schedule until the tracker answers, so a
-   * restarted tracker has this node again within about a second of its
-   * return, not a heartbeat period later. Stops on close(), or for good when
-   * the tracker has no watch (heartbeats alone then).
+   * Keep watching the tracker (the relay's notice, else its HTTP stream);
+   * each time the watch ends or cannot be opened, heartbeat on a short
+   * schedule until the tracker answers, so a restarted tracker has this node
+   * again within about a second of its return, not a heartbeat period later.
+   * Between relay watches (the tracker not attached to the relay, the relay
+   * reconnecting) the next beat tells: one that finds the tracker unreachable starts the same short
+   * schedule. Stops on close(), or for good when the tracker has no watch
+   * stream (heartbeats alone then).
    */
   private async watch(): Promise<void> {
     if (this.watching) return;
@@ -141,7 +154,14 @@ export class TrackerSession {
       while (!this.closed) {
         const t0 = Date.now();
         try {
-          await this.init.client.watch(signal);
+          const end = await this.init.client.watch(signal);
+          if (end === 'rearm') {
+            if (!(await this.nextBeat())) continue;
+          } else if (end === 'gone') {
+            // Every node of the relay hears it at once: spread their first beats over [250 ms, 1 s] (a tracker that only
+            // lost its relay connection is back on it by then, and is not hit by every node's signed HTTP beat at once).
+            await pause(LOST_RETRY_MS[0] + Math.random() * (LOST_RETRY_MS[1] - LOST_RETRY_MS[0]), signal);
+          }
         } catch (e) {
           if (e instanceof WatchUnsupportedError) return;
         }
@@ -171,6 +191,16 @@ export class TrackerSession {
     }
   }
 
+  /** Resolves when the next beat ends: true when it found the tracker unreachable. */
+  private nextBeat(): Promise<boolean> {
+    return new Promise<boolean>((resolve) => this.beatWaiters.push(resolve));
+  }
+
+  private tellBeat(unreachable: boolean): void {
+    if (this.beatWaiters.length === 0) return;
+    for (const w of this.beatWaiters.splice(0)) w(unreachable);
+  }
+
   private async register(): Promise<void> {
     const ans = await this.init.client.register(await this.message());
     this.registered = true;
@@ -181,6 +211,7 @@ export class TrackerSession {
   }
 
   private async beat(): Promise<boolean> {
+    let unreachable = false;
     try {
       if (!this.registered) {
         await this.register();
@@ -199,10 +230,13 @@ export class TrackerSession {
       this.failing = false;
       return true;
     } catch (e) {
+      unreachable = e instanceof TrackerUnreachableError;
       // A missed beat is not fatal: the next one retries, and the tracker expires us only after several. Said once per spell.
       if (!this.failing) this.init.onLog?.('warn', `tracker: ${(e as Error).message}`);
       this.failing = true;
       return false;
+    } finally {
+      this.tellBeat(unreachable);
     }
   }
 

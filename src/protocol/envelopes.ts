@@ -33,6 +33,15 @@ export const ONE_WAY_FEATURE = 'one-way';
 /** The `registered` feature of a relay in a cluster: peers attached to any relay of the cluster are reachable on this connection's fast path. */
 export const CLUSTER_FEATURE = 'cluster';
 
+/**
+ * The `registered` feature of a relay that tells a peer when another peer it
+ * watches detaches (docs/protocol.md §9): the peer sends
+ * `{type:'watch-peer', peer_id}`, the relay answers `{type:'peer-watch',
+ * peer_id, attached}` and, when that peer's socket closes, `{type:'peer-gone',
+ * peer_id}` (once; watch again after). `{type:'unwatch-peer', peer_id}` stops it.
+ */
+export const PEER_WATCH_FEATURE = 'peer-watch';
+
 /** A register message's key and signature, decoded; or why the sender must be refused, and with which close code of §8. */
 export type RegisterCredentials =
   | { ok: true; publicKey: Uint8Array; signature: Uint8Array; info: Record<string, unknown> }

@@ -137,6 +137,8 @@ export class PeerConn {
   nextStreamId = 1;
   /** When the peer registered (ms since epoch): of two registrations of one key in a cluster, the newer wins. */
   readonly registeredAt = Date.now();
+  /** The peers this one asked to be told about when they detach (`watch-peer`); undefined until it asks. */
+  watching: Set<string> | undefined;
   constructor(
     readonly socket: PeerSocket,
     readonly id: string,
@@ -175,6 +177,8 @@ export interface StreamTableInit {
 }
 
 const utf8 = new TextEncoder();
+/** How many peers one peer may watch at once (a node watches its tracker: one, a few in a cluster). */
+const MAX_WATCHES_PER_PEER = 16;
 
 /** `n` bytes at `offset` as lowercase hex; a Buffer (what ws delivers) converts natively. */
 function hexAt(data: Uint8Array, offset: number, n: number): string {
@@ -184,6 +188,8 @@ function hexAt(data: Uint8Array, offset: number, n: number): string {
 
 export class StreamTable {
   readonly peers = new Map<string, PeerConn>();
+  /** Who watches each peer id (`watch-peer`): told `peer-gone` when it detaches. */
+  private readonly watchers = new Map<string, Set<PeerConn>>();
   private readonly streams = new Set<Stream>();
   private readonly jsonPending = new Map<string, Stream>();
   /** New requests are refused (503) and registrations too (1013). */
@@ -248,6 +254,16 @@ export class StreamTable {
       this.metrics.peers.set(this.peers.size);
       this.logger.info({ peer_id: peer.id }, 'peer left');
       this.federation?.peerRemoved(peer);
+      // Replaced by a newer connection of the same key: not gone, so its watchers hear nothing.
+      this.tellWatchers(peer.id);
+    }
+    if (peer.watching !== undefined) {
+      for (const id of peer.watching) {
+        const set = this.watchers.get(id);
+        set?.delete(peer);
+        if (set?.size === 0) this.watchers.delete(id);
+      }
+      peer.watching = undefined;
     }
     for (const s of [...peer.incoming.values()]) this.failStream(s, 'MESH_ERR_PEER_GONE', peer.link ? `the link to relay ${peer.link.relayId} (peer ${s.remotePeer}) was lost before the answer` : `peer ${peer.id} went away before answering`, false);
     // The targets learn the caller did not ask to stop (it may reconnect and ask again): FLAG_CALLER_GONE.
@@ -427,7 +443,7 @@ export class StreamTable {
 
   // ------------------------------------------------------------ JSON on /ws
 
-  /** A text message from a registered peer: only relay-http-response envelopes belong here. */
+  /** A text message from a registered peer: relay-http-response envelopes, and watch-peer / unwatch-peer (PEER_WATCH_FEATURE). */
   onText(peer: PeerConn, text: string): void {
     let msg: unknown;
     try {
@@ -437,6 +453,7 @@ export class StreamTable {
       return;
     }
     const type = (msg as { type?: unknown } | null)?.type;
+    if (type === 'watch-peer' || type === 'unwatch-peer') return this.onWatch(peer, type, (msg as { peer_id?: unknown }).peer_id);
     if (type !== 'relay-http-response') {
       this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `unexpected message type ${JSON.stringify(type)} on a registered connection` }));
       return;
@@ -450,6 +467,49 @@ export class StreamTable {
     if (s === undefined || s.target !== peer) return; // late, or not this peer's to answer
     this.completeStream(s);
     this.deliverEnvelopeAnswer(s, parsed.data);
+  }
+
+  /**
+   * `watch-peer`: tell this peer (once) when `target` detaches from this
+   * relay; answered `peer-watch` with whether it is attached here now (a peer
+   * that is not is not watched: it may be on another relay of a cluster, or gone).
+   */
+  private onWatch(peer: PeerConn, type: 'watch-peer' | 'unwatch-peer', target: unknown): void {
+    if (typeof target !== 'string' || !/^[0-9a-f]{32}$/.test(target)) {
+      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `${type} needs peer_id: 32 lowercase hex digits` }));
+      return;
+    }
+    if (type === 'unwatch-peer') {
+      peer.watching?.delete(target);
+      const set = this.watchers.get(target);
+      set?.delete(peer);
+      if (set?.size === 0) this.watchers.delete(target);
+      return;
+    }
+    const attached = this.peers.has(target);
+    if (attached && !peer.watching?.has(target)) {
+      if ((peer.watching?.size ?? 0) >= MAX_WATCHES_PER_PEER) {
+        this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_TOO_LARGE', message: `a peer watches at most ${MAX_WATCHES_PER_PEER} peers` }));
+        return;
+      }
+      (peer.watching ??= new Set()).add(target);
+      let set = this.watchers.get(target);
+      if (set === undefined) this.watchers.set(target, (set = new Set()));
+      set.add(peer);
+    }
+    this.sendTo(peer.socket, JSON.stringify({ type: 'peer-watch', peer_id: target, attached }));
+  }
+
+  /** `id` detached: each peer watching it hears `peer-gone` once. */
+  private tellWatchers(id: string): void {
+    const set = this.watchers.get(id);
+    if (set === undefined) return;
+    this.watchers.delete(id);
+    const text = JSON.stringify({ type: 'peer-gone', peer_id: id });
+    for (const w of set) {
+      w.watching?.delete(id);
+      this.sendTo(w.socket, text);
+    }
   }
 
   private deliverEnvelopeAnswer(s: Stream, r: RelayHttpResponse): void {

@@ -158,6 +158,14 @@ export interface HaproxyOptions {
   fall?: number;
   /** @defaultValue 1 */
   rise?: number;
+  /**
+   * `option http-no-delay`: haproxy sends each piece of a response as it
+   * comes. Without it haproxy holds a streamed (chunked) response's small
+   * writes for a fuller packet (MSG_MORE), and a chat's SSE tokens reach the
+   * client ~200 ms late, in bursts (docs/benchmarks.md, "Chats through
+   * haproxy"). @defaultValue true
+   */
+  noDelay?: boolean;
 }
 
 export interface Haproxy {
@@ -196,6 +204,8 @@ export function haproxyConfig(o: HaproxyOptions & { port: number }): string {
     '    option redispatch',
     '    retries 3',
     '    retry-on conn-failure empty-response response-timeout',
+    // Streamed chats: each SSE chunk goes out as it comes (without it, tokens wait ~200 ms for a fuller packet).
+    ...(o.noDelay === false ? [] : ['    option http-no-delay']),
     'frontend trackers',
     `    bind 127.0.0.1:${o.port}`,
     '    default_backend trackers',

@@ -47,8 +47,8 @@ export interface OffenceRecord {
   reported_by: string;
 }
 
-export interface TrustRecord {
-  peer: string;
+/** How a node's checks went, counted. */
+interface CheckCounts {
   /** Checks passed in a row since the last offence. */
   consecutive: number;
   checks: number;
@@ -57,19 +57,17 @@ export interface TrustRecord {
   inconclusive: number;
   /** Reports that the node would not be checked (no or a bad attestation): it stays unverified. */
   refusals: number;
+}
+
+export interface TrustRecord extends CheckCounts {
+  peer: string;
   quarantinedUntil: number;
   /** The next session of this node is checked whatever the odds (after an inconclusive check). */
   forceNext: boolean;
 }
 
 /** The counters a cluster's trackers share (the node's document in NATS: docs/cluster.md). */
-export interface TrustCounters {
-  consecutive: number;
-  checks: number;
-  passes: number;
-  offences: number;
-  inconclusive: number;
-  refusals: number;
+export interface TrustCounters extends CheckCounts {
   force_next: boolean;
 }
 
