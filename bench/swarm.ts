@@ -256,6 +256,8 @@ function chatLoop(trackerUrls: string[]): Chats {
 interface RunResult {
   bin: string;
   settle_s: number;
+  tracker_kib_per_donor_window_median: number;
+  tracker_kib_per_donor_window_max: number;
   long_period_donors: number;
   donors: number;
   window_s: number;
@@ -508,6 +510,9 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     const simBefore = process.cpuUsage();
     const w0 = performance.now();
     const windowMs = MINUTES * 60_000;
+    // The tracker's RSS every 5 s of the window: one reading at its end catches the heap wherever its GC cycle is.
+    const rssSamples: number[] = [];
+    const rssTimer = setInterval(() => rssSamples.push(rssKiB(trackers[0]!.child.pid)), 5_000);
 
     // Route picks, probed at the client.
     const picks: number[] = [];
@@ -605,6 +610,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     if (churnTimer) clearInterval(churnTimer);
     probing = false;
     await probe;
+    clearInterval(rssTimer);
     const windowS = (performance.now() - w0) / 1000;
     const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
@@ -657,6 +663,9 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
       // The same at the window's end: steady state, the ramp's registration connections closed (65 s keep-alive) or closing.
       tracker_kib_per_donor_end: Math.max(...trackers.map((_, i) => rssEnd[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
+      // The first tracker's RSS growth over the window, from a reading every 5 s: median and largest.
+      tracker_kib_per_donor_window_median: (quantile([...rssSamples].sort((a, b) => a - b), 0.5) - rssBefore.tracker1!) / donorCount,
+      tracker_kib_per_donor_window_max: (Math.max(...rssSamples) - rssBefore.tracker1!) / donorCount,
       nats_kib_per_donor: nats ? (rssAfter.nats! - rssBefore.nats!) / donorCount : NaN,
       tracker_cpu_pct_each: trackerCpus.map((ms) => (ms / (windowS * 1000)) * 100),
       route_pick_tracker_p50_ms: quantileOfHist(pickHist, 0.5) * 1000,
@@ -716,7 +725,7 @@ try {
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js(?=$|::)/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
@@ -732,6 +741,8 @@ printTable(
     r.shed_answers,
     r.tracker_kib_per_donor,
     r.tracker_kib_per_donor_end,
+    r.tracker_kib_per_donor_window_median,
+    r.tracker_kib_per_donor_window_max,
     r.relay_kib_per_donor,
     r.nats_kib_per_donor,
     r.route_pick_p99_ms,

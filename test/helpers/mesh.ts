@@ -24,9 +24,9 @@ export interface Proc {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** `bin`: another checkout's bin/meshnet.js (a bench's baseline), default this one's; `nodeArgs`: flags for node itself (--cpu-prof, which NODE_OPTIONS refuses). */
-export function spawnMeshnet(args: string[], env: Record<string, string> = {}, bin = BIN, nodeArgs: string[] = []): Proc {
-  const child = spawn(process.execPath, [...nodeArgs, bin, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
+/** `bin`: another checkout's bin/meshnet.js (a bench's baseline), default this one's; `nodeArgs`: flags for node itself (--cpu-prof, which NODE_OPTIONS refuses); `stdin`: 'pipe' for a process that takes commands (`child.stdin`). */
+export function spawnMeshnet(args: string[], env: Record<string, string> = {}, bin = BIN, nodeArgs: string[] = [], stdin: 'ignore' | 'pipe' = 'ignore'): Proc {
+  const child = spawn(process.execPath, [...nodeArgs, bin, ...args], { stdio: [stdin, 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let err = '';
   child.stderr!.on('data', (d) => {
     err += d;

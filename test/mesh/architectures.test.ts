@@ -83,7 +83,10 @@ describe('a 3-node mesh per architecture streams the float64 reference through t
     const common = ['--relay', relay.url, '--tracker', tracker.url, '--model', preset, '--model-url', `${st.url}/${preset}/`, '--budget-mb', '64', '--wire-dtype', 'f32'];
     const nodes: NodeProc[] = [];
     try {
-      for (const [a, b] of HOPS) nodes.push(await startNode([...common, '--layers', `${a}-${b}`]));
+      // Started together, each waiting for its own span; every one that started is stopped below, even when another failed.
+      const started = await Promise.allSettled(HOPS.map(([a, b]) => startNode([...common, '--layers', `${a}-${b}`])));
+      for (const s of started) if (s.status === 'fulfilled') nodes.push(s.value);
+      for (const s of started) if (s.status === 'rejected') throw s.reason;
       await Promise.all(nodes.map((n) => n.waitFor((e) => e.event === 'registered')));
       await until(async () => (await fetch(`${tracker.url}/api/route?model=${preset}`)).ok, 20_000, `a complete route for ${preset}`);
       for (const [i, messages] of CHATS.entries()) {

@@ -4,7 +4,8 @@
  * fortunes-tiny with overlapping spans — a head H [0, 3), and three holders
  * of the last layers: X [3, 6), Y [3, 6), Z [2, 6). X is a lying node
  * (test/helpers/lying-node.ts: the Node.js host with a fault wrapped around
- * its span; a new process, so a new node, for every lying mode). Chats run
+ * its span; a new node, with a new identity, for every lying mode, hosted
+ * one after another by one process per layout). Chats run
  * steadily through the OpenAI API; the tracker routes about a third of
  * them through X, plans checks (every session of a new node), the head
  * has Y or Z recompute X's steps in one prefill and the other arbitrate,
@@ -59,6 +60,17 @@ const LAYOUTS: Layout[] = [
 ];
 
 const fortunes = fortunesTiny();
+// The checkpoint's server and the relay serve both layouts; each layout has a tracker and nodes of its own.
+let st: StaticServer;
+let relay: RelayProcess;
+beforeAll(async () => {
+  st = await startStaticServer({ root: FORTUNES_DIR });
+  relay = await startRelayProcess();
+}, 60_000);
+afterAll(async () => {
+  await stopMesh({ relay, st });
+});
+
 /** The float64 reference's greedy answers, by prompt (over half a second of work each: once for both layouts). */
 const refs = new Map<string, number[]>();
 const ref = (prompt: string) => {
@@ -68,19 +80,19 @@ const ref = (prompt: string) => {
 };
 
 describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
-  let st: StaticServer;
-  let relay: RelayProcess;
   let tracker: TrackerProc;
   const nodes: NodeProc[] = [];
-  const liars: Proc[] = [];
+  /** Hosts this layout's lying nodes, one after another (commands on its stdin). */
+  let liars: Proc;
+  let runs = 0;
   /** Detection time per mode, s (printed at the end for docs/verification.md). */
   const detections: Array<{ mode: string; seconds: number; chats: number; checks: number }> = [];
 
   beforeAll(async () => {
+    // Loads its modules while the references are computed.
+    liars = spawnMeshnet([], { NODE_OPTIONS: '--import tsx' }, LYING_NODE, [], 'pipe');
     // The references first: synchronous float64 work would stall sockets later.
     for (const t of TOPICS) ref(`Tell me a fortune about ${t}.`);
-    st = await startStaticServer({ root: FORTUNES_DIR });
-    relay = await startRelayProcess();
     tracker = await startTrackerProc(['--model', `fortunes-tiny=${st.url}`, '--relay', relay.url, '--wire-dtype', 'f32', '--heartbeat-interval-ms', '500']);
     const common = ['--tracker', tracker.url, '--relay', relay.url, '--model-url', st.url, '--wire-dtype', 'f32', '--max-context', '256'];
     // Started together (each waits for its own span): the order of `nodes` is the order of `honest`.
@@ -91,8 +103,8 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     console.log(`detection by lying mode: ${JSON.stringify(detections)}`);
     const end = (await (await fetch(`${tracker.url}/api/verification`)).json()) as { compared_rows: unknown; pass_distance_max: unknown };
     console.log(`${layout.title}: rows compared in passing checks ${JSON.stringify(end.compared_rows)}, largest passing distances ${JSON.stringify(end.pass_distance_max)}`);
-    await Promise.all(liars.map((l) => l.stop()));
-    await stopMesh({ nodes, tracker, relay, st });
+    await liars.stop();
+    await stopMesh({ nodes, tracker });
   });
 
   async function chat(prompt: string): Promise<ChatResult> {
@@ -133,17 +145,23 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     return (await (await fetch(`${tracker.url}/api/verification`)).json()) as never;
   }
 
-  function startLiar(mode: LyingMode): Promise<Proc & { peerId: string; servingAt: number }> {
+  /** A new lying node (a new identity), once it serves; the one before it, if still up, is closed first. */
+  async function startLiar(mode: LyingMode): Promise<{ peerId: string; servingAt: number; events: () => Array<Record<string, unknown>>; stop: () => Promise<void> }> {
     // honest-then-noise: honest long enough to pass the 10 checks of a new node, then lying on every step.
     const cfg = { mode, tracker: tracker.url, relay: relay.url, model: 'fortunes-tiny', numLayers: 6, layers: layout.liar, modelUrl: st.url, wireDtype: 'f32', maxContext: 256, honestSessions: 14 };
-    const p = spawnMeshnet([JSON.stringify(cfg)], { NODE_OPTIONS: '--import tsx' }, LYING_NODE);
-    liars.push(p);
-    return (async () => {
-      const l = await p.waitFor((e) => e.event === 'listening', 60_000);
-      const s = await p.waitFor((e) => e.event === 'serving', 60_000);
-      void s;
-      return Object.assign(p, { peerId: l.peer_id as string, servingAt: Date.now() });
-    })();
+    const run = ++runs;
+    liars.child.stdin!.write(`${JSON.stringify({ start: cfg })}\n`);
+    const l = await liars.waitFor((e) => e.event === 'listening' && e.run === run, 60_000);
+    await liars.waitFor((e) => e.event === 'serving' && e.run === run, 60_000);
+    return {
+      peerId: l.peer_id as string,
+      servingAt: Date.now(),
+      events: () => liars.events.filter((e) => e.run === run),
+      stop: async () => {
+        liars.child.stdin!.write(`${JSON.stringify({ close: true })}\n`);
+        await liars.waitFor((e) => e.event === 'closed' && e.run === run, 30_000);
+      },
+    };
   }
 
   it.each(layout.modes)('lying by %s: quarantined within 60 s, with evidence; nothing it computed is passed off as checked; later answers are the reference\'s', async (mode) => {
@@ -156,7 +174,7 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     const offence = v.offences.find((o) => o.peer === liar.peerId);
     expect(offence, `no offence of the liar after ${before.length} chats`).toBeDefined();
     // From the first lie it told (an output mode) or the start of traffic (its weights lie from the start).
-    const firstLie = liar.events.find((e) => e.event === 'first-lie')?.at as number | undefined;
+    const firstLie = liar.events().find((e) => e.event === 'first-lie')?.at as number | undefined;
     const t0 = Math.max(trafficStart, firstLie ?? 0);
     const detectedS = (offence!.at - t0) / 1000;
     const honestChecks = mode === 'honest-then-noise' ? (await verificationSummary()).nodes[liar.peerId]!.passes : 0;
@@ -178,7 +196,10 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
     // Every answer that went through the liar is accounted for: its part checked clean on that very
     // generation (then the answer is the reference's), or wrong (found so by its own check or a later one).
     const through = before.filter((c) => c.verification?.generations.some((g) => g.hops.some((h) => h.peer_id === liar.peerId)));
-    expect(through.length).toBeGreaterThan(0);
+    // Found lying as a hop, it carried at least the chat whose check caught it. A liar whose weights are
+    // wrong may be caught first as the checker of an honest hop, before any chat went through it (one run
+    // of this file in six, here): then there is no answer of its to account for.
+    if (offence!.role === 'hop') expect(through.length).toBeGreaterThan(0);
     let wrong = 0;
     for (const c of through) {
       const g = c.verification!.generations[0]!;
@@ -191,7 +212,7 @@ describe.each(LAYOUTS)('lying volunteers: $title', (layout) => {
         expect(now.status).toBe('wrong');
       }
     }
-    expect(wrong).toBeGreaterThan(0);
+    if (through.length > 0) expect(wrong).toBeGreaterThan(0);
 
     // Afterwards: no route through the liar, and greedy answers are the reference's (9 chats, every topic's route drawn afresh).
     const after = await traffic(async () => false, 30_000, 9);
