@@ -144,6 +144,15 @@ async function heapSnapshots(pids: Array<number | undefined>): Promise<void> {
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+/** CPU ms of a process so far; NaN once it is gone (a process that died mid-run must not end the bench). */
+function cpuOf(pid: number | undefined): number {
+  try {
+    return cpuMs(pid).all;
+  } catch {
+    return NaN;
+  }
+}
+
 function rssKiB(pid: number | undefined): number {
   if (pid === undefined) return NaN;
   try {
@@ -247,6 +256,8 @@ function chatLoop(trackerUrls: string[]): Chats {
 interface RunResult {
   bin: string;
   settle_s: number;
+  tracker_kib_per_donor_window_median: number;
+  tracker_kib_per_donor_window_max: number;
   long_period_donors: number;
   donors: number;
   window_s: number;
@@ -393,8 +404,22 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
   stats.loop.start();
   let chats: Chats | undefined;
   let nats: NatsServer | undefined;
+  let natsWatch: ReturnType<typeof setInterval> | undefined;
   try {
     if (NATS) nats = await startNats();
+    // nats-server must outlive the run: if it goes, say so with the end of its log (a Go panic, a signal) at once.
+    natsWatch = nats
+      ? setInterval(() => {
+          try {
+            process.kill(nats!.pid, 0);
+          } catch {
+            clearInterval(natsWatch);
+            natsWatch = undefined;
+            console.log(`  nats-server (pid ${nats!.pid}) is GONE; its log ends:\n${nats!.log().slice(-4000)}`);
+          }
+        }, 500)
+      : undefined;
+    natsWatch?.unref();
     const cluster = nats ? ['--nats', nats.url, '--cluster', 'swarm'] : [];
     for (let i = 0; i < RELAYS; i++) {
       const r = await startRelayProcess(RELAY_NATS ? cluster : [], bin);
@@ -473,16 +498,21 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     const removalsBefore = await removals();
     const picksBefore = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
     if (LOOP_DIR) {
-      for (const p of procs) if (p.pid() !== undefined) process.kill(p.pid()!, 'SIGUSR2');
+      // SIGUSR2 resets the probes of our node processes; nats-server takes SIGUSR2 as "enter lame duck mode"
+      // and shuts down ten seconds later: never send it there.
+      for (const p of procs) if (p.name !== 'nats' && p.pid() !== undefined) process.kill(p.pid()!, 'SIGUSR2');
       simProbe?.reset();
     }
     stats.reset();
     stats.recording = true;
     const simStalled0 = stats.loop.now();
-    const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const simBefore = process.cpuUsage();
     const w0 = performance.now();
     const windowMs = MINUTES * 60_000;
+    // The tracker's RSS every 5 s of the window: one reading at its end catches the heap wherever its GC cycle is.
+    const rssSamples: number[] = [];
+    const rssTimer = setInterval(() => rssSamples.push(rssKiB(trackers[0]!.child.pid)), 5_000);
 
     // Route picks, probed at the client.
     const picks: number[] = [];
@@ -533,7 +563,26 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       const droppedBefore = stats.dropped;
       const at = Date.now();
       await r0.stop('SIGKILL');
-      relays[0] = await startRelayProcess(['--port', String(relayPorts[0]), ...(RELAY_NATS ? cluster : [])], bin);
+      // Back on its port (its donors reconnect there); a port its old sockets still hold is tried again.
+      for (let tries = 0; ; tries++) {
+        try {
+          relays[0] = await startRelayProcess(['--port', String(relayPorts[0]), ...(RELAY_NATS ? cluster : [])], bin);
+          break;
+        } catch (e) {
+          if (tries >= 40) throw e;
+          if (tries === 0) {
+            let natsAlive = false;
+            try {
+              if (nats) natsAlive = process.kill(nats.pid, 0);
+            } catch {
+              // gone
+            }
+            console.log(`  relay restart: ${(e as Error).message.trim()}; trying again every 250 ms${nats ? ` (nats-server ${natsAlive ? 'alive' : 'GONE'}; its log ends: ${nats.log().slice(-1500)})` : ''}`);
+          }
+          await sleep(250);
+        }
+      }
+      console.log(`  relay restarted ${((Date.now() - at) / 1000).toFixed(2)} s after the kill`);
       let allBack: number | null = null;
       for (;;) {
         const back = mine.filter((d) => d.closed || d.lastRelayRegisteredAt > at).length;
@@ -553,13 +602,17 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       };
     })() : Promise.resolve();
 
+    let restartError: unknown;
+    const restartDone = restartJob.catch((e: unknown) => void (restartError = e));
     await sleep(windowMs);
-    await restartJob;
+    await restartDone;
+    if (restartError) throw restartError;
     if (churnTimer) clearInterval(churnTimer);
     probing = false;
     await probe;
+    clearInterval(rssTimer);
     const windowS = (performance.now() - w0) / 1000;
-    const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
     const sim = process.cpuUsage(simBefore);
     const simStalledMs = Math.round(stats.loop.now() - simStalled0);
@@ -610,6 +663,9 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
       // The same at the window's end: steady state, the ramp's registration connections closed (65 s keep-alive) or closing.
       tracker_kib_per_donor_end: Math.max(...trackers.map((_, i) => rssEnd[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
+      // The first tracker's RSS growth over the window, from a reading every 5 s: median and largest.
+      tracker_kib_per_donor_window_median: (quantile([...rssSamples].sort((a, b) => a - b), 0.5) - rssBefore.tracker1!) / donorCount,
+      tracker_kib_per_donor_window_max: (Math.max(...rssSamples) - rssBefore.tracker1!) / donorCount,
       nats_kib_per_donor: nats ? (rssAfter.nats! - rssBefore.nats!) / donorCount : NaN,
       tracker_cpu_pct_each: trackerCpus.map((ms) => (ms / (windowS * 1000)) * 100),
       route_pick_tracker_p50_ms: quantileOfHist(pickHist, 0.5) * 1000,
@@ -641,6 +697,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     await Promise.all(nodes.map((n) => n.stop()));
     await Promise.all(trackers.map((t) => t.stop()));
     await Promise.all(relays.map((r) => r.stop()));
+    clearInterval(natsWatch);
     await nats?.stop();
   }
 }
@@ -668,7 +725,7 @@ try {
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js(?=$|::)/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
@@ -684,6 +741,8 @@ printTable(
     r.shed_answers,
     r.tracker_kib_per_donor,
     r.tracker_kib_per_donor_end,
+    r.tracker_kib_per_donor_window_median,
+    r.tracker_kib_per_donor_window_max,
     r.relay_kib_per_donor,
     r.nats_kib_per_donor,
     r.route_pick_p99_ms,
