@@ -151,6 +151,15 @@ async function heapSnapshots(pids: Array<number | undefined>): Promise<void> {
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+/** CPU ms of a process so far; NaN once it is gone (a process that died mid-run must not end the bench). */
+function cpuOf(pid: number | undefined): number {
+  try {
+    return cpuMs(pid).all;
+  } catch {
+    return NaN;
+  }
+}
+
 function rssKiB(pid: number | undefined): number {
   if (pid === undefined) return NaN;
   try {
@@ -403,8 +412,22 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
   const sharedAgent = SHARED_HTTP ? new Agent({ pipelining: 1 }) : undefined;
   let chats: Chats | undefined;
   let nats: NatsServer | undefined;
+  let natsWatch: ReturnType<typeof setInterval> | undefined;
   try {
     if (NATS) nats = await startNats();
+    // nats-server must outlive the run: if it goes, say so with the end of its log (a Go panic, a signal) at once.
+    natsWatch = nats
+      ? setInterval(() => {
+          try {
+            process.kill(nats!.pid, 0);
+          } catch {
+            clearInterval(natsWatch);
+            natsWatch = undefined;
+            console.log(`  nats-server (pid ${nats!.pid}) is GONE; its log ends:\n${nats!.log().slice(-4000)}`);
+          }
+        }, 500)
+      : undefined;
+    natsWatch?.unref();
     const cluster = nats ? ['--nats', nats.url, '--cluster', 'swarm'] : [];
     for (let i = 0; i < RELAYS; i++) {
       const r = await startRelayProcess(RELAY_NATS ? cluster : [], bin);
@@ -483,13 +506,15 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     const removalsBefore = await removals();
     const picksBefore = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
     if (LOOP_DIR) {
-      for (const p of procs) if (p.pid() !== undefined) process.kill(p.pid()!, 'SIGUSR2');
+      // SIGUSR2 resets the probes of our node processes; nats-server takes SIGUSR2 as "enter lame duck mode"
+      // and shuts down ten seconds later: never send it there.
+      for (const p of procs) if (p.name !== 'nats' && p.pid() !== undefined) process.kill(p.pid()!, 'SIGUSR2');
       simProbe?.reset();
     }
     stats.reset();
     stats.recording = true;
     const simStalled0 = stats.loop.now();
-    const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const simBefore = process.cpuUsage();
     const w0 = performance.now();
     const windowMs = MINUTES * 60_000;
@@ -546,7 +571,26 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       const droppedBefore = stats.dropped;
       const at = Date.now();
       await r0.stop('SIGKILL');
-      relays[0] = await startRelayProcess(['--port', String(relayPorts[0]), ...(RELAY_NATS ? cluster : [])], bin);
+      // Back on its port (its donors reconnect there); a port its old sockets still hold is tried again.
+      for (let tries = 0; ; tries++) {
+        try {
+          relays[0] = await startRelayProcess(['--port', String(relayPorts[0]), ...(RELAY_NATS ? cluster : [])], bin);
+          break;
+        } catch (e) {
+          if (tries >= 40) throw e;
+          if (tries === 0) {
+            let natsAlive = false;
+            try {
+              if (nats) natsAlive = process.kill(nats.pid, 0);
+            } catch {
+              // gone
+            }
+            console.log(`  relay restart: ${(e as Error).message.trim()}; trying again every 250 ms${nats ? ` (nats-server ${natsAlive ? 'alive' : 'GONE'}; its log ends: ${nats.log().slice(-1500)})` : ''}`);
+          }
+          await sleep(250);
+        }
+      }
+      console.log(`  relay restarted ${((Date.now() - at) / 1000).toFixed(2)} s after the kill`);
       let allBack: number | null = null;
       for (;;) {
         const back = mine.filter((d) => d.closed || d.lastRelayRegisteredAt > at).length;
@@ -566,14 +610,17 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       };
     })() : Promise.resolve();
 
+    let restartError: unknown;
+    const restartDone = restartJob.catch((e: unknown) => void (restartError = e));
     await sleep(windowMs);
-    await restartJob;
+    await restartDone;
+    if (restartError) throw restartError;
     if (churnTimer) clearInterval(churnTimer);
     probing = false;
     await probe;
     clearInterval(rssTimer);
     const windowS = (performance.now() - w0) / 1000;
-    const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuMs(p.pid()).all]));
+    const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
     const sim = process.cpuUsage(simBefore);
     const simStalledMs = Math.round(stats.loop.now() - simStalled0);
@@ -659,6 +706,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     await Promise.all(nodes.map((n) => n.stop()));
     await Promise.all(trackers.map((t) => t.stop()));
     await Promise.all(relays.map((r) => r.stop()));
+    clearInterval(natsWatch);
     await nats?.stop();
   }
 }

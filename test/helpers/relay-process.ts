@@ -25,7 +25,8 @@ export async function startRelayProcess(args: string[] = [], bin = BIN): Promise
       clearTimeout(t);
       resolve(l);
     });
-    child.once('exit', (code) => reject(new Error(`relay exited with ${code}: ${err}`)));
+    // 'close', not 'exit': by then its stderr (the one line saying why) has been read.
+    child.once('close', (code) => reject(new Error(`relay exited with ${code}: ${err}`)));
   });
   const { url, port } = JSON.parse(first) as { url: string; port: number };
   return {
