@@ -40,7 +40,7 @@
  * at NATS too, and route picks timed inside the trackers.
  *
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15] [--settle-min-s S]
- *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh]
+ *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh] [--shared-http]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
  *
@@ -50,6 +50,10 @@
  * before the ramp and after the window, for bench/heap-diff.ts (the snapshot
  * before the ramp adds to the RSS read as the baseline: take memory per donor
  * from a run without it).
+ *
+ * `--shared-http`: one HTTP pool for every donor instead of one each (fewer
+ * sockets and objects in the simulator; registrations then reuse warm
+ * connections, which a real swarm's tracker does not get).
  *
  * `--bin` (repeatable) runs every donor count with each given bin/meshnet.js
  * in turn (a baseline checkout's and this one's), so before/after figures
@@ -66,6 +70,7 @@ import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-proc
 import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
 import { cpuMs } from './lib/proc-cpu.ts';
 import { loadAverage1m, printTable, quantile, writeResult } from './lib/stats.ts';
+import { Agent } from 'undici';
 import { Donor, SwarmStats } from './lib/swarm-donors.ts';
 import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
 import { startLoopProbe } from './lib/loop-probe.mjs';
@@ -96,6 +101,8 @@ const RELAY_NATS = NATS && !flag('no-relay-nats');
 const CHURN = Number(opt('churn') ?? 0);
 const RELAY_RESTART = flag('relay-restart');
 const MESH = !flag('no-mesh');
+/** One HTTP pool for all donors (bench/lib/swarm-donors.ts DonorConfig.agent): fewer sockets and objects in the simulator. */
+const SHARED_HTTP = flag('shared-http');
 const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
 const LABEL = opt('label') ?? 'current';
 /** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
@@ -402,6 +409,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
   const donors: Donor[] = [];
   const stats = new SwarmStats();
   stats.loop.start();
+  const sharedAgent = SHARED_HTTP ? new Agent({ pipelining: 1 }) : undefined;
   let chats: Chats | undefined;
   let nats: NatsServer | undefined;
   let natsWatch: ReturnType<typeof setInterval> | undefined;
@@ -462,7 +470,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     let made = 0;
     const makeDonor = async (i: number): Promise<Donor> => {
       const [mb, format] = BUDGETS[i % BUDGETS.length]!;
-      return Donor.create({ relayUrl: relays[i % RELAYS]!.url, trackerUrl: trackerFor(i), model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats });
+      return Donor.create({ relayUrl: relays[i % RELAYS]!.url, trackerUrl: trackerFor(i), model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats, ...(sharedAgent ? { agent: sharedAgent } : {}) });
     };
     const startFailures: string[] = [];
     const starting: Array<Promise<void>> = [];
@@ -694,6 +702,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     await chats?.stop().catch(() => {});
     stats.loop.stop();
     for (const d of donors) d.close();
+    void sharedAgent?.close().catch(() => {});
     await Promise.all(nodes.map((n) => n.stop()));
     await Promise.all(trackers.map((t) => t.stop()));
     await Promise.all(relays.map((r) => r.stop()));

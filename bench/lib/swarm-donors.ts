@@ -134,6 +134,13 @@ export interface DonorConfig {
   stats: SwarmStats;
   /** Shared by every donor: the WebSocket constructor (one `ws` module). */
   WebSocket?: WebSocketConstructor;
+  /**
+   * One HTTP pool for every donor instead of one each (swarm --shared-http):
+   * fewer objects and sockets in the simulator (10,000 donors within the fd
+   * limit), but registrations then reuse warm connections, which a real
+   * swarm's tracker does not get.
+   */
+  agent?: Agent;
 }
 
 function outcomeOf(e: unknown): string {
@@ -151,7 +158,8 @@ export class Donor {
   client: TrackerClient | undefined;
   // Two connections, as a node has: its tracker session holds GET /api/nodes/watch open on one, and
   // its heartbeats go on the other (with one, every beat queued behind the watch and timed out).
-  private readonly agent = new Agent({ connections: 2, pipelining: 1 });
+  private readonly agent: Agent;
+  private readonly ownAgent: boolean;
   private assignment: Assignment | null = null;
   private serving: { start_layer: number; end_layer: number } | null = null;
   private loadTimer: ReturnType<typeof setTimeout> | undefined;
@@ -165,7 +173,10 @@ export class Donor {
   private constructor(
     readonly identity: Identity,
     private readonly c: DonorConfig,
-  ) {}
+  ) {
+    this.ownAgent = c.agent === undefined;
+    this.agent = c.agent ?? new Agent({ connections: 2, pipelining: 1 });
+  }
 
   static async create(c: DonorConfig): Promise<Donor> {
     return new Donor(await Identity.generate(), c);
@@ -306,6 +317,6 @@ export class Donor {
     if (this.loadTimer) clearTimeout(this.loadTimer);
     this.session?.close();
     this.relay?.close();
-    void this.agent.close().catch(() => {});
+    if (this.ownAgent) void this.agent.close().catch(() => {});
   }
 }

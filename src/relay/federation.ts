@@ -12,11 +12,11 @@
  *   an unknown peer is a 404 at once). A registration also broadcasts a
  *   `claim`: a relay holding the same key closes its older connection, so a
  *   key has one registration in the whole cluster, as on one relay.
- * - **Carrying.** Frames cross in a *trunk*, a WebSocket from relay to relay
- *   found through NATS (one extra process on the way, where NATS adds two:
- *   docs/benchmarks.md). Until a trunk is up, and with `clusterPath: 'nats'`,
- *   they cross through NATS itself: published to `peer.<target>` with the
- *   reply subject `relay.<ours>.s.<stream>`. Either way the stream table
+ * - **Carrying.** Frames cross in a *trunk* (trunks.ts), a WebSocket from
+ *   relay to relay found through NATS (one extra process on the way, where
+ *   NATS adds two: docs/benchmarks.md). Until a trunk is up, and with
+ *   `clusterPath: 'nats'`, they cross through NATS itself: published to
+ *   `peer.<target>` with the reply subject `relay.<ours>.s.<stream>`. Either way the stream table
  *   sees a link (a PeerConn with a LinkPipe) and renames stream ids as for
  *   any peer; the source peer id is written once, by the caller's relay.
  * - **Liveness.** Every relay says hello every 2 s; one silent for 6 s is
@@ -26,11 +26,10 @@
  * Everything that comes from the cluster is checked; a malformed message is
  * counted (meshnet_relay_cluster_dropped_total) and dropped, never thrown.
  */
-import { randomBytes } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Msg, NatsConnection, Subscription } from '@nats-io/transport-node';
-import { WebSocket, type RawData, type WebSocketServer } from 'ws';
+import type { WebSocketServer } from 'ws';
 import { z } from 'zod';
 import type { NatsStatus } from '../cluster/nats.ts';
 import { relaySubjects, type RelaySubjects } from '../cluster/subjects.ts';
@@ -39,8 +38,9 @@ import { encodeErrorFrame, readFrameHead } from '../protocol/frames.ts';
 import { PEER_ID_BYTES } from '../protocol/ids.ts';
 import { CLOSE } from '../protocol/close-codes.ts';
 import type { RelayMetrics } from './metrics.ts';
-import { ADDRESSED_FRAME, PeerConn, type LinkPipe, type PeerSocket, type StreamTable, type TableFederation } from './stream-table.ts';
-import { WsPeerSocket, type Corker } from './ws-socket.ts';
+import { PeerConn, type LinkPipe, type PeerSocket, type StreamTable, type TableFederation } from './stream-table.ts';
+import { Trunks } from './trunks.ts';
+import type { Corker } from './ws-socket.ts';
 
 /** How frames cross between relays: a direct trunk (found through NATS; NATS until it is up), or NATS only. */
 export type ClusterPath = 'link' | 'nats';
@@ -76,14 +76,7 @@ const lookupAnswerSchema = z.object({ relay_id: z.string().regex(/^[0-9a-f]{8,64
 const claimSchema = z.object({ peer_id: z.string().regex(/^[0-9a-f]{32}$/), relay_id: z.string().regex(/^[0-9a-f]{8,64}$/), at: z.number().int().nonnegative() });
 const helloSchema = z.object({ relay_id: z.string().regex(/^[0-9a-f]{8,64}$/), url: z.string().min(1).max(500), peers: z.number().int().nonnegative(), at: z.number() });
 const trunkAskSchema = z.object({ relay_id: z.string().regex(/^[0-9a-f]{8,64}$/) });
-const trunkGrantSchema = z.object({ token: z.string().regex(/^[0-9a-f]{32}$/), url: z.string().min(1).max(500) });
-const trunkHelloSchema = z.object({ type: z.literal('trunk'), relay_id: z.string().regex(/^[0-9a-f]{8,64}$/), token: z.string().regex(/^[0-9a-f]{32}$/) });
-const trunkOkSchema = z.object({ type: z.literal('trunk-ok'), relay_id: z.string().regex(/^[0-9a-f]{8,64}$/) });
 
-const TOKEN_TTL_MS = 10_000;
-const TRUNK_HANDSHAKE_MS = 5_000;
-/** After a failed trunk dial, NATS carries that relay's frames for this long before the next try. */
-const TRUNK_RETRY_MS = 5_000;
 const LOOKUP_TIMEOUT_MS = 2_000;
 const ZERO_ID = new Uint8Array(PEER_ID_BYTES);
 
@@ -128,13 +121,9 @@ export class Federation implements TableFederation {
   private readonly peerRelay = new Map<string, string>();
   /** Relays of the cluster we heard from. */
   private readonly relays = new Map<string, RelayInfo>();
-  /** Open trunks by the far relay's id. */
-  private readonly trunks = new Map<string, PeerConn>();
-  private readonly trunkSockets = new Set<WsPeerSocket>();
-  private readonly dialing = new Set<string>();
-  private readonly dialFailedAt = new Map<string, number>();
+  /** Trunks to other relays (trunks.ts). */
+  private readonly trunks: Trunks;
   private readonly lookups = new Map<string, Promise<{ relayId: string; url: string } | undefined>>();
-  private readonly tokens = new Map<string, { relayId: string; expires: number }>();
   /** Per remote relay: the link its NATS-borne requests arrive on (we answer to its reply subjects). */
   private readonly natsIn = new Map<string, PeerConn>();
   /** Our NATS-borne requests: one link, its own stream ids, answers on relay.<us>.s.> */
@@ -152,6 +141,20 @@ export class Federation implements TableFederation {
     this.table = init.table;
     this.metrics = init.metrics;
     this.logger = init.logger;
+    this.trunks = new Trunks({
+      nc: init.nc,
+      subjects: this.s,
+      relayId: init.relayId,
+      table: init.table,
+      metrics: init.metrics,
+      logger: init.logger,
+      corker: init.corker,
+      maxPayload: init.maxPayload,
+      // A grant is a NATS request as a lookup is.
+      grantTimeoutMs: LOOKUP_TIMEOUT_MS,
+      dropped: (kind) => this.dropped(kind),
+      guard: (kind, fn) => this.guard(kind, fn),
+    });
     const natsOutPipe: LinkPipe = {
       relayId: 'nats',
       sendAddressed: (target, frame) => {
@@ -182,7 +185,7 @@ export class Federation implements TableFederation {
     const hello = this.o.helloIntervalMs ?? 2_000;
     this.timers.push(setInterval(() => this.sayHello(), hello));
     this.timers.push(setInterval(() => this.sweep(hello * 3), hello));
-    this.timers.push(setInterval(() => this.pingTrunks(), this.o.pingIntervalMs));
+    this.timers.push(setInterval(() => this.trunks.ping(), this.o.pingIntervalMs));
     for (const t of this.timers) t.unref?.();
     await nc.flush();
     this.sayHello();
@@ -203,9 +206,9 @@ export class Federation implements TableFederation {
     if (this.o.path === 'link') {
       const relay = this.peerRelay.get(peerId);
       if (relay !== undefined) {
-        const trunk = this.trunks.get(relay);
-        if (trunk !== undefined && trunk.socket.isOpen) return trunk;
-        this.ensureTrunk(relay);
+        const trunk = this.trunks.open(relay);
+        if (trunk !== undefined) return trunk;
+        this.trunks.ensure(relay);
       } else void this.locate(peerId);
     }
     return this.natsConnected ? this.natsOut : undefined;
@@ -266,7 +269,7 @@ export class Federation implements TableFederation {
         if (relayId === this.relayId) return undefined;
         this.peerRelay.set(peerId, relayId);
         this.noteRelay(relayId, url);
-        if (this.o.path === 'link') this.ensureTrunk(relayId);
+        if (this.o.path === 'link') this.trunks.ensure(relayId);
         return { relayId, url };
       } catch (e) {
         this.logger.debug({ peer_id: peerId, err: (e as Error).message }, 'cluster lookup found nothing');
@@ -331,14 +334,13 @@ export class Federation implements TableFederation {
     if (parsed.data.relay_id === this.relayId) return;
     this.noteRelay(parsed.data.relay_id, parsed.data.url);
     // Trunks to every relay heard of, before a frame needs one (a prompt is often over NATS's max_payload).
-    if (this.o.path === 'link') this.ensureTrunk(parsed.data.relay_id);
+    if (this.o.path === 'link') this.trunks.ensure(parsed.data.relay_id);
   }
 
   private onTrunkAsk(msg: Msg): void {
     const parsed = trunkAskSchema.safeParse(this.parseJson(msg));
     if (!parsed.success || !msg.reply) return this.dropped('trunk');
-    const token = randomBytes(16).toString('hex');
-    this.tokens.set(token, { relayId: parsed.data.relay_id, expires: Date.now() + TOKEN_TTL_MS });
+    const token = this.trunks.grant(parsed.data.relay_id);
     msg.respond(json({ token, url: this.o.publicUrl }));
   }
 
@@ -367,125 +369,9 @@ export class Federation implements TableFederation {
 
   // ------------------------------------------------------------ trunks
 
-  /** Dial a trunk to `relayId` unless one is up, being dialled, or failed a moment ago. */
-  private ensureTrunk(relayId: string): void {
-    if (this.closed || this.dialing.has(relayId) || this.trunks.has(relayId)) return;
-    const failed = this.dialFailedAt.get(relayId);
-    if (failed !== undefined && Date.now() - failed < TRUNK_RETRY_MS) return;
-    this.dialing.add(relayId);
-    this.dialTrunk(relayId)
-      .catch((e: unknown) => {
-        this.dialFailedAt.set(relayId, Date.now());
-        this.logger.warn({ relay_id: relayId, err: (e as Error).message }, 'cannot open a trunk to that relay; its frames go through NATS meanwhile');
-      })
-      .finally(() => this.dialing.delete(relayId));
-  }
-
-  private async dialTrunk(relayId: string): Promise<void> {
-    const grantMsg = await this.nc.request(this.s.relayTrunk(relayId), json({ relay_id: this.relayId }), { timeout: LOOKUP_TIMEOUT_MS });
-    const grant = trunkGrantSchema.safeParse(this.parseJson(grantMsg));
-    if (!grant.success) {
-      this.dropped('trunk');
-      throw new Error('malformed trunk grant');
-    }
-    const url = `${grant.data.url.replace(/\/+$/, '')}/cluster`;
-    const ws = new WebSocket(url, { perMessageDeflate: false, maxPayload: this.o.maxPayload, generateMask: (mask: Buffer) => void mask.fill(0) });
-    await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        ws.terminate();
-        reject(new Error(`trunk handshake with ${url} took over ${TRUNK_HANDSHAKE_MS} ms`));
-      }, TRUNK_HANDSHAKE_MS);
-      ws.once('open', () => ws.send(JSON.stringify({ type: 'trunk', relay_id: this.relayId, token: grant.data.token })));
-      ws.once('message', (data: RawData, isBinary: boolean) => {
-        clearTimeout(timer);
-        const ok = isBinary ? undefined : trunkOkSchema.safeParse(this.parseText(data.toString()));
-        if (!ok?.success || ok.data.relay_id !== relayId) {
-          ws.close(CLOSE.policy, 'unexpected trunk answer');
-          return reject(new Error('the relay refused the trunk'));
-        }
-        resolve();
-      });
-      ws.once('error', (e) => {
-        clearTimeout(timer);
-        reject(e);
-      });
-      ws.once('close', (code) => {
-        clearTimeout(timer);
-        reject(new Error(`trunk closed during its handshake (${code})`));
-      });
-    });
-    for (const ev of ['open', 'message', 'error', 'close'] as const) ws.removeAllListeners(ev);
-    const raw = (ws as unknown as { _socket: Duplex })._socket;
-    this.bindTrunk(ws, raw, relayId);
-  }
-
   /** `GET /cluster` on this relay: another relay dials a trunk with a token it got from us through NATS. */
   acceptTrunk(wss: WebSocketServer, req: IncomingMessage, socket: Duplex, head: Buffer): void {
-    wss.handleUpgrade(req, socket, head, (ws) => {
-      const timer = setTimeout(() => ws.close(CLOSE.registerTimeout, 'no trunk hello in time'), TRUNK_HANDSHAKE_MS);
-      ws.once('message', (data: RawData, isBinary: boolean) => {
-        clearTimeout(timer);
-        const hello = isBinary ? undefined : trunkHelloSchema.safeParse(this.parseText(data.toString()));
-        const grant = hello?.success ? this.tokens.get(hello.data.token) : undefined;
-        if (!hello?.success || grant === undefined || grant.relayId !== hello.data.relay_id || grant.expires < Date.now()) {
-          this.dropped('trunk');
-          ws.close(CLOSE.badSignature, 'unknown or expired trunk token');
-          return;
-        }
-        this.tokens.delete(hello.data.token);
-        ws.send(JSON.stringify({ type: 'trunk-ok', relay_id: this.relayId }));
-        this.bindTrunk(ws, socket, hello.data.relay_id);
-      });
-    });
-  }
-
-  /** A trunk is up (dialled or accepted): it becomes a link of the stream table. */
-  private bindTrunk(ws: WebSocket, raw: Duplex, relayId: string): void {
-    if (this.closed) {
-      ws.close(CLOSE.goingAway, 'relay shutting down');
-      return;
-    }
-    const socket = new WsPeerSocket(ws, raw, this.o.corker);
-    const pipe: LinkPipe = {
-      relayId,
-      sendAddressed(target, frame) {
-        const buf = Buffer.allocUnsafe(1 + PEER_ID_BYTES + frame.byteLength);
-        buf[0] = ADDRESSED_FRAME;
-        buf.write(target, 1, PEER_ID_BYTES, 'hex');
-        buf.set(frame, 1 + PEER_ID_BYTES);
-        socket.send(buf);
-      },
-    };
-    const conn = new PeerConn(socket, `relay:${relayId}`, ZERO_ID, {}, true, pipe);
-    this.trunkSockets.add(socket);
-    // Both relays may have dialled at once: keep the first for new requests; the other still answers what arrives on it.
-    if (!this.trunks.has(relayId)) this.trunks.set(relayId, conn);
-    this.dialFailedAt.delete(relayId);
-    this.metrics.clusterLinks.set(this.trunks.size);
-    this.logger.info({ relay_id: relayId }, 'trunk to another relay up');
-    ws.on('message', (data: RawData, isBinary: boolean) => {
-      if (!isBinary) return this.dropped('frame');
-      this.guard('frame', () => this.table.onBinary(conn, data as Buffer));
-    });
-    ws.on('close', () => {
-      this.trunkSockets.delete(socket);
-      if (this.trunks.get(relayId) === conn) this.trunks.delete(relayId);
-      this.metrics.clusterLinks.set(this.trunks.size);
-      this.table.removePeer(conn);
-      if (!this.closed) this.logger.info({ relay_id: relayId }, 'trunk to another relay closed');
-    });
-    ws.on('error', (err) => this.logger.debug({ err }, 'trunk socket error'));
-  }
-
-  private pingTrunks(): void {
-    for (const socket of this.trunkSockets) {
-      if (!socket.alive) {
-        socket.ws.terminate();
-        continue;
-      }
-      socket.alive = false;
-      if (socket.isOpen) socket.ws.ping();
-    }
+    this.trunks.accept(wss, req, socket, head);
   }
 
   // ------------------------------------------------------------ liveness
@@ -508,7 +394,7 @@ export class Federation implements TableFederation {
   /** Forget relays silent for `silentMs` (only while we can hear: a NATS outage of ours is not their death). */
   private sweep(silentMs: number): void {
     const now = Date.now();
-    for (const [token, t] of this.tokens) if (t.expires < now) this.tokens.delete(token);
+    this.trunks.expireTokens(now);
     const heard = this.natsConnected && now - this.lastSweep < silentMs;
     this.lastSweep = now;
     if (!heard) {
@@ -580,7 +466,7 @@ export class Federation implements TableFederation {
       }
     }
     this.peerSubs.clear();
-    for (const socket of this.trunkSockets) socket.ws.close(CLOSE.goingAway, 'relay shutting down');
+    this.trunks.close();
     for (const conn of this.natsIn.values()) this.table.removePeer(conn);
     this.table.removePeer(this.natsOut);
   }
