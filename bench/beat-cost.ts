@@ -24,6 +24,7 @@ import { createTrackerMetrics } from '../src/tracker/metrics.ts';
 import { sizeModel } from '../src/tracker/model-registry.ts';
 import { resolveTrackerOptions } from '../src/tracker/options.ts';
 import { printTable, quantile, writeResult } from './lib/stats.ts';
+import { SWARM_BUDGETS, SWARM_CONFIG } from './lib/swarm-shape.ts';
 
 const argv = process.argv.slice(2);
 const opt = (name: string) => {
@@ -34,38 +35,15 @@ const DONORS = Number(opt('donors') ?? 5000);
 const ROUNDS = Number(opt('rounds') ?? 5);
 const OUT = opt('out') ?? join(fileURLToPath(new URL('.', import.meta.url)), 'results', 'beat-cost.json');
 
-const CONFIG = {
-  architectures: ['LlamaForCausalLM'],
-  vocab_size: 128256,
-  hidden_size: 4096,
-  intermediate_size: 14336,
-  num_hidden_layers: 32,
-  num_attention_heads: 32,
-  num_key_value_heads: 8,
-  head_dim: 128,
-  max_position_embeddings: 8192,
-  rms_norm_eps: 1e-5,
-  rope_theta: 500000,
-  tie_word_embeddings: false,
-  bos_token_id: 128000,
-  eos_token_id: 128001,
-};
-const BUDGETS: Array<[number, 'q4' | 'f16']> = [
-  [1024, 'q4'],
-  [2048, 'q4'],
-  [3072, 'q4'],
-  [4096, 'f16'],
-  [6144, 'f16'],
-];
 
 const o = resolveTrackerOptions({ logLevel: 'silent' });
-const spec = sizeModel('swarm', 'http://models.test/swarm', parseModelConfig(CONFIG), o);
+const spec = sizeModel('swarm', 'http://models.test/swarm', parseModelConfig(SWARM_CONFIG), o);
 const tracker = createTracker({ options: o, models: [spec], identity: await Identity.generate(), transport: { open: () => Promise.reject(new Error('no transport')) }, logger: pino({ level: 'silent' }), metrics: createTrackerMetrics() });
 const reg = tracker.registry;
 
 /** As bench/lib/swarm-donors.ts sends it. */
 function message(i: number, serving: { start_layer: number; end_layer: number } | null): NodeMessage {
-  const [mb, format] = BUDGETS[i % BUDGETS.length]!;
+  const [mb, format] = SWARM_BUDGETS[i % SWARM_BUDGETS.length]!;
   const budget = mb * 2 ** 20;
   const peer = i.toString(16).padStart(32, '0');
   return {

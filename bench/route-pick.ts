@@ -28,6 +28,7 @@ import { NodeRegistry } from '../src/tracker/registry.ts';
 import { pickRoute } from '../src/tracker/routing.ts';
 import { naiveFindRoutes } from '../test/helpers/tracker-reference.ts';
 import { printTable, quantile, writeResult } from './lib/stats.ts';
+import { SWARM_BUDGETS, SWARM_CONFIG } from './lib/swarm-shape.ts';
 
 const argv = process.argv.slice(2);
 const opt = (name: string) => {
@@ -38,39 +39,15 @@ const DONORS = (opt('donors') ?? '1000,5000,10000').split(',').map(Number);
 const PICKS = Number(opt('picks') ?? 2000);
 const OUT = opt('out') ?? join(fileURLToPath(new URL('.', import.meta.url)), 'results', 'route-pick.json');
 
-/** Llama-3-8B's shape (as bench/swarm.ts): the tracker sizes spans from the config alone. */
-const CONFIG = {
-  architectures: ['LlamaForCausalLM'],
-  vocab_size: 128256,
-  hidden_size: 4096,
-  intermediate_size: 14336,
-  num_hidden_layers: 32,
-  num_attention_heads: 32,
-  num_key_value_heads: 8,
-  head_dim: 128,
-  max_position_embeddings: 8192,
-  rms_norm_eps: 1e-5,
-  rope_theta: 500000,
-  tie_word_embeddings: false,
-  bos_token_id: 128000,
-  eos_token_id: 128001,
-};
-const BUDGETS: Array<[number, 'q4' | 'f16']> = [
-  [1024, 'q4'],
-  [2048, 'q4'],
-  [3072, 'q4'],
-  [4096, 'f16'],
-  [6144, 'f16'],
-];
 
 function swarm(n: number): NodeRegistry {
   const o = resolveTrackerOptions({ logLevel: 'silent' });
-  const spec = sizeModel('swarm', 'http://models.test/swarm', parseModelConfig(CONFIG), o);
+  const spec = sizeModel('swarm', 'http://models.test/swarm', parseModelConfig(SWARM_CONFIG), o);
   const rnd = mulberry32(n);
   const reg = new NodeRegistry([spec], { ...o, random: mulberry32(7) });
   const now = Date.now();
   for (let i = 0; i < n; i++) {
-    const [mb, format] = BUDGETS[i % BUDGETS.length]!;
+    const [mb, format] = SWARM_BUDGETS[i % SWARM_BUDGETS.length]!;
     const peer = i.toString(16).padStart(32, '0');
     const base: NodeMessage = {
       peer_id: peer,

@@ -70,6 +70,7 @@ import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-proc
 import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
 import { cpuMs } from './lib/proc-cpu.ts';
 import { loadAverage1m, printTable, quantile, writeResult } from './lib/stats.ts';
+import { SWARM_BUDGETS, SWARM_CONFIG } from './lib/swarm-shape.ts';
 import { Agent } from 'undici';
 import { Donor, SwarmStats } from './lib/swarm-donors.ts';
 import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
@@ -169,32 +170,6 @@ function rssKiB(pid: number | undefined): number {
     return NaN;
   }
 }
-
-/** Llama-3-8B's shape: 32 layers; the tracker sizes spans from config.json alone (no weights behind it). */
-const SWARM_CONFIG = {
-  architectures: ['LlamaForCausalLM'],
-  vocab_size: 128256,
-  hidden_size: 4096,
-  intermediate_size: 14336,
-  num_hidden_layers: 32,
-  num_attention_heads: 32,
-  num_key_value_heads: 8,
-  head_dim: 128,
-  max_position_embeddings: 8192,
-  rms_norm_eps: 1e-5,
-  rope_theta: 500000,
-  tie_word_embeddings: false,
-  bos_token_id: 128000,
-  eos_token_id: 128001,
-};
-/** Donor budgets (MiB) and formats, cycled: spans of different lengths, as real donors give. */
-const BUDGETS: Array<[number, 'q4' | 'f16']> = [
-  [1024, 'q4'],
-  [2048, 'q4'],
-  [3072, 'q4'],
-  [4096, 'f16'],
-  [6144, 'f16'],
-];
 
 interface ProcRef {
   name: string;
@@ -469,7 +444,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     // Ramp: donors join at a steady rate, spread over the relays.
     let made = 0;
     const makeDonor = async (i: number): Promise<Donor> => {
-      const [mb, format] = BUDGETS[i % BUDGETS.length]!;
+      const [mb, format] = SWARM_BUDGETS[i % SWARM_BUDGETS.length]!;
       return Donor.create({ relayUrl: relays[i % RELAYS]!.url, trackerUrl: trackerFor(i), model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats, ...(sharedAgent ? { agent: sharedAgent } : {}) });
     };
     const startFailures: string[] = [];
