@@ -325,7 +325,6 @@ export class TrackerClient {
   /** Heartbeats sent over the relay socket / as signed HTTP requests. */
   readonly beats = { relay: 0, http: 0 };
 
-
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
     this.timeoutMs = init.requestTimeoutMs ?? 10_000;

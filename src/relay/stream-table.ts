@@ -254,7 +254,8 @@ export class StreamTable {
       this.metrics.peers.set(this.peers.size);
       this.logger.info({ peer_id: peer.id }, 'peer left');
       this.federation?.peerRemoved(peer);
-      // Replaced by a newer connection of the same key: not gone, so its watchers hear nothing.
+      // Only a peer really gone reaches here: one replaced by a newer connection of its key left the map first
+      // (addPeer), so its watchers hear nothing.
       this.tellWatchers(peer.id);
     }
     if (peer.watching !== undefined) {
