@@ -182,45 +182,14 @@ function drainingError(): MeshError {
   return new MeshError('MESH_ERR_UNAVAILABLE', 'this node is draining (its donor paused it, or its page is being frozen or closed): it finishes the sessions it holds and takes no new one; route around it');
 }
 
-/**
- * A streamed /generate answer, counted as the drain's activity until it ends.
- * A plain iterator over the body's own (not an async generator around a
- * `for await`): each token's line reaches the stream one promise turn after
- * the body made it, instead of the several an async generator layer adds on
- * every token, on the head's critical path between two steps.
- */
-function tracked(body: AsyncIterable<Uint8Array>, gen: { touch(): void; end(): void }): AsyncIterable<Uint8Array> {
-  return {
-    [Symbol.asyncIterator](): AsyncIterator<Uint8Array> {
-      const it = body[Symbol.asyncIterator]();
-      let ended = false;
-      const end = (): void => {
-        if (ended) return;
-        ended = true;
-        gen.end();
-      };
-      return {
-        next: () =>
-          it.next().then(
-            (r) => {
-              if (r.done) end();
-              else gen.touch();
-              return r;
-            },
-            (e: unknown) => {
-              end();
-              throw e;
-            },
-          ),
-        return: async (): Promise<IteratorResult<Uint8Array>> => {
-          try {
-            await it.return?.();
-          } finally {
-            end();
-          }
-          return { done: true, value: undefined };
-        },
-      };
-    },
-  };
+/** A streamed /generate answer, counted as the drain's activity until it ends. */
+async function* tracked(body: AsyncIterable<Uint8Array>, gen: { touch(): void; end(): void }): AsyncGenerator<Uint8Array> {
+  try {
+    for await (const chunk of body) {
+      gen.touch();
+      yield chunk;
+    }
+  } finally {
+    gen.end();
+  }
 }
