@@ -269,6 +269,8 @@ interface RunResult {
   /** Heartbeat periods the live donors were last told at the window's end: ms → donors. */
   heartbeat_periods: Record<string, number>;
   heartbeat_failures: Record<string, number>;
+  /** Answers that were not 200 by kind, outcome and error code: who refused (the relay or the tracker), and why. */
+  error_codes: Record<string, number>;
   register_failures: Record<string, number>;
   dropped_404: number;
   tracker_removals_missed: number;
@@ -647,6 +649,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       sim_rss_mib_each: w.rssMiBEach.map((m) => Math.round(m)),
       heartbeat_periods: w.periods,
       heartbeat_failures: outcomes('heartbeat'),
+      error_codes: w.errorCodes,
       register_failures: outcomes('register'),
       dropped_404: w.dropped,
       // Removals of donors that never left (those that did are expected to go).
@@ -748,6 +751,7 @@ printTable(
 for (const r of results) {
   for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${binName(r.bin)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
 }
+for (const r of results) if (Object.keys(r.error_codes).length) console.log(`answers not 200 (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.error_codes)}`);
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
 console.log(`load average (1 min) at start ${loadBefore.toFixed(2)}, at end ${loadavg()[0]!.toFixed(2)}`);
 writeResult(OUT, { bench: 'swarm', label: LABEL, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
