@@ -154,13 +154,16 @@ export function defaultDonorProcs(donors: number): number {
 }
 
 export class DonorPool {
-  private constructor(private readonly children: Child[]) {}
+  private constructor(
+    private readonly children: Child[],
+    private readonly relays: number,
+  ) {}
 
   /** Fork `n` children (`sim1`…`simN`, the name their loop probe takes) and give each the cluster's addresses. */
   static async start(n: number, init: ChildInit): Promise<DonorPool> {
     const entry = fileURLToPath(new URL('./swarm-child.ts', import.meta.url));
     const children = Array.from({ length: n }, (_, i) => new Child(i, fork(entry, [`sim${i + 1}`], { serialization: 'advanced', stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })));
-    const pool = new DonorPool(children);
+    const pool = new DonorPool(children, Math.max(1, init.relayUrls.length));
     try {
       await pool.all(() => ({ op: 'init', init }));
     } catch (e) {
@@ -182,9 +185,15 @@ export class DonorPool {
     return Promise.all(this.children.map((c) => c.request<T>(req(c))));
   }
 
-  /** The child that runs donor `i` of the ramp. */
+  /**
+   * The child that runs donor `i` of the ramp. Not `i % children`: with two
+   * relays and four children that would put every donor of a relay in two
+   * children, and a relay restart's reconnections on half of them. Donors
+   * `i` and `i + 1` (on different relays) go to the same child, the next pair
+   * to the next child, so each child holds the same share of every relay.
+   */
   childOf(i: number): number {
-    return i % this.children.length;
+    return Math.floor(i / this.relays) % this.children.length;
   }
 
   /** Start these donors, each in its child (childOf). Resolves once sent. */
