@@ -69,7 +69,7 @@ async function handle(req: ChildRequest): Promise<unknown> {
       window = { stall0: stats.loop.now(), cpu0: process.cpuUsage(), t0: performance.now() };
       return null;
     case 'counters':
-      return { shed: stats.shed, dropped: stats.dropped } satisfies ChildCounters;
+      return { shed: stats.shed, dropped: stats.dropped, errorCodes: Object.fromEntries(stats.errorCodes) } satisfies ChildCounters;
     case 'churn': {
       let left = 0;
       for (let k = 0; k < req.leave; k++) {

@@ -61,6 +61,7 @@ export interface ChildStarted {
 export interface ChildCounters {
   shed: number;
   dropped: number;
+  errorCodes: Record<string, number>;
 }
 
 export interface ChildRestartStatus {
@@ -222,7 +223,9 @@ export class DonorPool {
 
   async counters(): Promise<ChildCounters> {
     const all = await this.all<ChildCounters>(() => ({ op: 'counters' }));
-    return { shed: sum(all.map((c) => c.shed)), dropped: sum(all.map((c) => c.dropped)) };
+    const errorCodes: Record<string, number> = {};
+    for (const c of all) for (const [k, n] of Object.entries(c.errorCodes)) errorCodes[k] = (errorCodes[k] ?? 0) + n;
+    return { shed: sum(all.map((c) => c.shed)), dropped: sum(all.map((c) => c.dropped)), errorCodes };
   }
 
   /** In child `c`, `leave` donors leave and the `join` indices join; resolves to how many left. */
