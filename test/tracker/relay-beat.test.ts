@@ -67,7 +67,7 @@ describe('heartbeats over a real relay', () => {
       const reg = await tc.register(node.message(Date.now()));
       expect(reg.tracker_peer_id).toBe(tracker.identity.peerId);
       for (let i = 0; i < 3; i++) expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
-      expect(tc.beats).toEqual({ relay: 3, http: 0 });
+      expect(tc.beats).toEqual({ relay: 3, http: 0, batched: 3 });
       const metrics = await (await fetch(`${tracker.url}/metrics`)).text();
       expect(metrics).toMatch(/meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} 3/);
       // Another peer of the relay cannot beat for this node: the relay stamps who really sent it.
