@@ -109,7 +109,10 @@ export class BeatBatcher {
     q.callers.push({ peer, id });
     this.metrics.beats.inc();
     if (q.parts.length >= MAX_BEATS_PER_BATCH) this.flush(target, q);
-    else if (this.timer === undefined) this.timer = setTimeout(this.flushOnTimer, this.o.beatBatchMs);
+    else if (this.timer === undefined) {
+      this.timer = setTimeout(this.flushOnTimer, this.o.beatBatchMs);
+      this.timer.unref?.();
+    }
   }
 
   /** A `beats-answer` from a peer: fan its answers out to the nodes of that batch. */
