@@ -100,8 +100,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
    * A heartbeat the relay vouches for (`from`: the sender it stamped), its
    * NodeMessage unsigned and already parsed: for a node this tracker knows,
    * with the same key; anything else registers (signed) first. The caller
-   * updates the node gauge and kicks the admission queue: once per beat for
-   * a request, once per batch for a batch.
+   * counts it ok, updates the node gauge and kicks the admission queue: once
+   * per beat for a request, once per batch for a batch.
    */
   function vouchedBeat(from: string, raw: unknown): RegisterAnswer {
     const parsed = nodeMessageSchema.safeParse(raw);
@@ -126,10 +126,10 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     }
     const wasDraining = known.draining;
     const n = registry.heartbeat(msg);
-    metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
     if (n.draining !== wasDraining) logger.info({ peer_id: n.peerId, serving: n.serving }, n.draining ? 'node draining: no new sessions routed to it' : 'node takes sessions again');
     return answerFor(n);
   }
+  const beatsOk = metrics.registrations.labels({ kind: 'heartbeat', result: 'ok' });
 
   /**
    * A heartbeat over the relay socket (`POST /api/nodes/beat`, body: the
@@ -146,6 +146,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       throw new MeshError('MESH_ERR_BAD_REQUEST', 'body is not JSON: send the NodeMessage');
     }
     const answer = vouchedBeat(from, raw);
+    beatsOk.inc();
     ctx.updateNodeGauge();
     ctx.admission.kick();
     return answer;
@@ -171,6 +172,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       }
     }
     if (ok > 0) {
+      beatsOk.inc(ok);
       ctx.updateNodeGauge();
       ctx.admission.kick();
     }
