@@ -10,23 +10,20 @@
  */
 import { MeshError } from '../protocol/errors.ts';
 import type { NodeInfo, NodeMessage } from '../protocol/tracker.ts';
-import { chooseSpanIn, type Coverage, type Move, type Span } from './assignment.ts';
+import { chooseSpanIn, type Move, type Span } from './assignment.ts';
 import { availability, coverageOf, spanGroups } from './availability.ts';
 import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
-import { chooseMove } from './move-choice.ts';
 import { absorbStats, budgetBytes, copyRemote, NodeStatus, nodeStatus, sameFlat, sameSpan, setAddresses, unreachableWhy, validSpan, type NodeRecord, type RemoteRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
 import { kvFree, kvNeed, PeerLedgers } from './peer-ledgers.ts';
 import { ModelPlacement, type Contribution } from './placement.ts';
 import { RejoinGrace } from './rejoin-grace.ts';
 import { RouteChoice } from './route-choice.ts';
+import { drainCoverMs, PlacementSweep } from './sweep.ts';
 import type { RoutePlan, ServingNode } from './routing.ts';
 
 // What a record is lives in node-record.ts; the registry's importers find it here too.
 export { budgetBytes, NodeStatus, type NodeRecord, type RemoteRecord, type StatsSample } from './node-record.ts';
-
-/** Sweeps between rebalances when nothing changed (throughput drifts: a move may pay off later). */
-const REBALANCE_EVERY_SWEEPS = 6;
 
 export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'> &
   Partial<Pick<TrackerOptions, 'rejoinGraceMs'>> & {
@@ -55,7 +52,6 @@ export class NodeRegistry {
   readonly nodes: ReadonlyMap<string, NodeRecord> = new Map<string, NodeRecord>();
   readonly models: ReadonlyMap<string, ModelSpec>;
   private readonly placements = new Map<string, ModelPlacement<NodeRecord>>();
-  private sweeps = 0;
   /**
    * Nodes routing and coverage leave out while it says so (a quarantined node: docs/verification.md).
    * It stays registered and keeps its assignment; others are assigned around it (from the next sweep on;
@@ -67,6 +63,7 @@ export class NodeRegistry {
   /** Nodes this tracker removed, and the spans of the silent ones held from moves for their rejoin grace. */
   private readonly grace = new RejoinGrace();
   private readonly routing: RouteChoice;
+  private readonly sweeper: PlacementSweep;
 
   constructor(
     models: readonly ModelSpec[],
@@ -75,6 +72,21 @@ export class NodeRegistry {
   ) {
     this.models = new Map(models.map((m) => [m.name, m]));
     this.routing = new RouteChoice(this, o);
+    this.sweeper = new PlacementSweep(
+      this,
+      {
+        edit: (n, change) => this.edit(n, change),
+        dropSilent: (n) => this.drop(n, 'missed heartbeats', false, true),
+        current: (n) => this.contributionCurrent(n),
+        assigned: (n) => this.events.onChanged?.(n, 'assigned'),
+        moved: (n, mv) => {
+          this.events.onMoved?.(n, mv);
+          this.events.onChanged?.(n, 'moved');
+        },
+      },
+      this.grace,
+      o,
+    );
   }
 
   private get byId(): Map<string, NodeRecord> {
@@ -121,18 +133,13 @@ export class NodeRegistry {
     return this.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
   }
 
-  /** How long a draining node still counts as holding its layers for placement: as long as a silent one would stay registered. */
-  private drainCoverMs(): number {
-    return this.o.deadAfterMissedHeartbeats * this.o.heartbeatIntervalMs;
-  }
-
   /**
    * Whether a node counts as holding its assignment for placement (new nodes' spans, rebalancing):
    * a draining node does for a while — a short freeze or pause moves nobody — and then does not, so
    * joiners and spare nodes cover the layers of a node paused for long. A quarantined one does not.
    */
   private holds(n: NodeRecord): boolean {
-    return (!n.draining || n.drainingSince === undefined || this.o.now() - n.drainingSince < this.drainCoverMs()) && !this.excluded(n.peerId);
+    return (!n.draining || n.drainingSince === undefined || this.o.now() - n.drainingSince < drainCoverMs(this.o)) && !this.excluded(n.peerId);
   }
 
   /**
@@ -437,10 +444,10 @@ export class NodeRegistry {
 
   /** `grace`: the node went silent and may come back (its span is kept from moves for the rejoin grace). */
   private drop(rec: NodeRecord, reason: string, remote = false, grace = false): void {
-    const graceMs = this.rejoinGraceMs();
+    const graceMs = this.o.rejoinGraceMs ?? 0;
     if (grace && rec.assignment && graceMs > 0) {
       // A node that drained first (a closed tab's beacon) stopped counting when its drain cover ended.
-      const from = rec.draining && rec.drainingSince !== undefined ? Math.min(this.o.now(), rec.drainingSince + this.drainCoverMs()) : this.o.now();
+      const from = rec.draining && rec.drainingSince !== undefined ? Math.min(this.o.now(), rec.drainingSince + drainCoverMs(this.o)) : this.o.now();
       this.grace.noteVacated(rec.peerId, { model: rec.info.model, span: rec.assignment, throughput: this.throughput(rec), until: from + graceMs });
     }
     this.byId.delete(rec.peerId);
@@ -450,105 +457,17 @@ export class NodeRegistry {
   }
 
   /**
-   * True when `n` has been silent for deadAfterMissedHeartbeats of the
-   * periods it was told, not counting time the tracker itself was late.
-   */
-  private silentTooLong(n: NodeRecord, now: number, late: number): boolean {
-    const period = Math.max(n.intervalMs ?? 0, this.o.heartbeatIntervalMs);
-    const silence = now - n.lastSeen - Math.max(0, late - (n.lateAtSeen ?? 0));
-    return silence > this.o.deadAfterMissedHeartbeats * period;
-  }
-
-  /**
    * Drop nodes silent past their deadline, then rebalance each model whose
-   * placement changed (and every few sweeps regardless: throughputs drift).
-   * O(nodes) for the scan, O(layers) per model for the sums. Returns the removed ids.
+   * placement changed (sweep.ts). `decide` false (a cluster's follower): no
+   * drop and no move, only the sums follow. Returns the removed ids.
    */
   sweep(opts: { decide?: boolean } = {}): string[] {
-    const decide = opts.decide ?? true;
-    const now = this.o.now();
-    const late = this.lateMs();
-    const dead: NodeRecord[] = [];
-    // Only the tracker that decides (the only one, or the cluster's leader) removes and moves nodes.
-    const stale: NodeRecord[] = [];
-    for (const n of this.nodes.values()) {
-      if (decide && this.silentTooLong(n, now, late)) dead.push(n);
-      else if (!this.contributionCurrent(n)) stale.push(n);
-    }
-    for (const n of dead) this.drop(n, 'missed heartbeats', false, true);
-    // A drain past its grace, a quarantine begun or ended: the sums follow.
-    for (const n of stale) this.edit(n, () => {});
-    this.sweeps++;
-    for (const m of this.models.keys()) {
-      const p = this.placement(m);
-      p.recount();
-      const graceEnded = now >= this.grace.nextEnd(m);
-      if (decide && (p.dirty || graceEnded || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
-    }
-    return dead.map((n) => n.peerId);
+    return this.sweeper.sweep(opts.decide ?? true);
   }
 
   /** Move a node where that clearly improves the worst-covered layer; moved nodes see it in their next answer. */
   rebalance(modelName: string): Move[] {
-    const model = this.models.get(modelName);
-    if (!model) return [];
-    const p = this.placement(modelName);
-    p.dirty = false;
-    // Idle nodes (nothing fit before) get a chance whenever the picture changes.
-    // A pinned node (its operator fixed the span) holds what it serves and is never moved: it would not follow.
-    for (const n of p.nodes) {
-      if (n.info.pinned && n.serving && !sameSpan(n.assignment, n.serving)) {
-        this.edit(n, () => (n.assignment = n.serving));
-        this.events.onChanged?.(n, 'assigned');
-      } else if (!n.assignment && !n.info.pinned) {
-        const to = chooseSpanIn(model, budgetBytes(n.info), p.assigned, n.info.weight_format);
-        if (to) {
-          this.edit(n, () => (n.assignment = to));
-          this.events.onChanged?.(n, 'assigned');
-        }
-      }
-    }
-    p.dirty = false;
-    // One move at a time, and none while a moved node still loads: each node switches spans when its load
-    // ends, so two moves planned together (a swap) leave layers bare between the two switches, and chats
-    // in that gap get 503s. A single move is judged on the placement without the mover's old span, and
-    // the mover serves its old span until its new one is loaded, so it bares nothing the plan did not count.
-    if (p.movers > 0) return [];
-    const mv = chooseMove(model, p, this.absentSpans(modelName, p), this.o.balanceQuality, (n) => this.throughput(n));
-    if (!mv) return [];
-    const n = this.nodes.get(mv.id)!;
-    this.edit(n, () => (n.assignment = mv.to));
-    this.events.onMoved?.(n, mv);
-    this.events.onChanged?.(n, 'moved');
-    return [mv];
-  }
-
-  private rejoinGraceMs(): number {
-    return this.o.rejoinGraceMs ?? 0;
-  }
-
-  /**
-   * The spans of nodes in their rejoin grace — dropped for silence, or
-   * draining past their drain cover (a page paused or frozen for long) —
-   * which moves judge as still held: moving a node that serves others onto
-   * those layers costs it a download and doubles them once the absent node
-   * is back, so it is the last resort, after the grace. Notes when the next
-   * grace ends (a rebalance is due then). Undefined: none.
-   */
-  private absentSpans(modelName: string, p: ModelPlacement<NodeRecord>): Coverage | undefined {
-    const now = this.o.now();
-    const graceMs = this.rejoinGraceMs();
-    const draining: Array<{ span: Span; throughput: number; until: number }> = [];
-    if (graceMs > 0) {
-      for (const n of p.nodes) {
-        // Still counted (a short drain), or quarantined (never reserved), or nothing assigned.
-        if (!n.draining || n.drainingSince === undefined || !n.assignment || n.contribution?.assignment || this.excluded(n.peerId)) continue;
-        const until = n.drainingSince + this.drainCoverMs() + graceMs;
-        if (until <= now) continue;
-        draining.push({ span: n.assignment, throughput: this.throughput(n), until });
-      }
-    }
-    return this.grace.absent(modelName, p.numLayers, now, draining);
+    return this.sweeper.rebalance(modelName);
   }
 
   /**
