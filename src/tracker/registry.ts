@@ -7,6 +7,13 @@
  * tracker answers the first heartbeat of an unknown node with 404, the node
  * registers again carrying the span it serves, and the tracker adopts that
  * span as its assignment. No state needs to survive a restart.
+ *
+ * This file keeps the records and their share of the placement sums (every
+ * change goes through `edit`, so the sums stay exact); the jobs done over
+ * them live beside it, each behind the registry's own methods: the sweep
+ * and rebalance (sweep.ts), route choice (route-choice.ts), the
+ * availability map (availability.ts), what is kept by peer id beyond a
+ * record (peer-ledgers.ts, rejoin-grace.ts).
  */
 import { MeshError } from '../protocol/errors.ts';
 import type { NodeInfo, NodeMessage } from '../protocol/tracker.ts';
