@@ -45,7 +45,7 @@
  *
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15] [--settle-min-s S]
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh] [--shared-http]
- *                          [--donor-procs N]
+ *                          [--donor-procs N[,M...]]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
  *
@@ -108,8 +108,8 @@ const RELAY_RESTART = flag('relay-restart');
 const MESH = !flag('no-mesh');
 /** One HTTP pool for all donors of a donor process (bench/lib/swarm-donors.ts DonorConfig.agent): fewer sockets and objects in the simulator. */
 const SHARED_HTTP = flag('shared-http');
-/** Donor processes (bench/lib/swarm-pool.ts); by default one per 2,500 donors. */
-const DONOR_PROCS = opt('donor-procs') === undefined ? undefined : Math.max(1, Number(opt('donor-procs')));
+/** Donor processes (bench/lib/swarm-pool.ts); by default one per 2,500 donors. A list (`1,2`) runs each in turn, side by side. */
+const DONOR_PROCS: Array<number | undefined> = opt('donor-procs') === undefined ? [undefined] : opt('donor-procs')!.split(',').map((x) => Math.max(1, Number(x)));
 const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
 const LABEL = opt('label') ?? 'current';
 /** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
@@ -269,6 +269,8 @@ interface RunResult {
   /** Heartbeat periods the live donors were last told at the window's end: ms → donors. */
   heartbeat_periods: Record<string, number>;
   heartbeat_failures: Record<string, number>;
+  /** Answers that were not 200 by kind, outcome and error code: who refused (the relay or the tracker), and why. */
+  error_codes: Record<string, number>;
   register_failures: Record<string, number>;
   dropped_404: number;
   tracker_removals_missed: number;
@@ -389,7 +391,7 @@ function quantileOfHist(h: Hist, q: number): number {
   return Infinity;
 }
 
-async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, smallUrl: string): Promise<RunResult> {
+async function runOnce(binSpec: string, donorCount: number, donorProcs: number | undefined, swarmUrl: string, smallUrl: string): Promise<RunResult> {
   // `PATH::FLAGS`: the tracker of this run gets FLAGS (space-separated) as node flags, e.g. a smaller young generation.
   const [bin, flags] = binSpec.split('::') as [string, string | undefined];
   const extraNodeArgs = flags ? flags.split(' ').filter(Boolean) : [];
@@ -455,7 +457,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     const rssBefore = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
 
     // The donors' processes, then the ramp: donors join at a steady rate, spread over the relays and trackers.
-    const procsN = DONOR_PROCS ?? defaultDonorProcs(donorCount);
+    const procsN = donorProcs ?? defaultDonorProcs(donorCount);
     pool = await DonorPool.start(procsN, { relayUrls: relays.map((r) => r.url), trackerUrls: trackers.map((t) => t.url), heartbeatMs: HEARTBEAT_MS, sharedHttp: SHARED_HTTP });
     const donorPool = pool;
     let made = 0;
@@ -647,6 +649,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       sim_rss_mib_each: w.rssMiBEach.map((m) => Math.round(m)),
       heartbeat_periods: w.periods,
       heartbeat_failures: outcomes('heartbeat'),
+      error_codes: w.errorCodes,
       register_failures: outcomes('register'),
       dropped_404: w.dropped,
       // Removals of donors that never left (those that did are expected to go).
@@ -703,10 +706,12 @@ const results: RunResult[] = [];
 try {
   for (const n of DONORS) {
     for (const bin of BINS) {
-      console.log(`\n--- ${n} donors, ${bin}`);
-      const r = await runOnce(bin, n, swarmServer.url, smallServer?.url ?? '');
-      results.push(r);
-      console.log(JSON.stringify(r));
+      for (const procs of DONOR_PROCS) {
+        console.log(`\n--- ${n} donors, ${bin}${procs ? `, ${procs} donor processes` : ''}`);
+        const r = await runOnce(bin, n, procs, swarmServer.url, smallServer?.url ?? '');
+        results.push(r);
+        console.log(JSON.stringify(r));
+      }
     }
   }
 } finally {
@@ -748,6 +753,7 @@ printTable(
 for (const r of results) {
   for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${binName(r.bin)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
 }
+for (const r of results) if (Object.keys(r.error_codes).length) console.log(`answers not 200 (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.error_codes)}`);
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
 console.log(`load average (1 min) at start ${loadBefore.toFixed(2)}, at end ${loadavg()[0]!.toFixed(2)}`);
 writeResult(OUT, { bench: 'swarm', label: LABEL, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });

@@ -113,6 +113,7 @@ async function handle(req: ChildRequest): Promise<unknown> {
         outcomes: Object.fromEntries(kinds.map((k) => [k, Object.fromEntries(stats.outcomes[k])])) as ChildWindow['outcomes'],
         dropped: stats.dropped,
         shed: stats.shed,
+        errorCodes: Object.fromEntries(stats.errorCodes),
         stalledMs,
         cpuMs: (cpu.user + cpu.system) / 1000,
         windowMs: performance.now() - w.t0,

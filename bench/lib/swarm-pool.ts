@@ -76,6 +76,8 @@ export interface ChildWindow {
   outcomes: Record<CallKind, Record<string, number>>;
   dropped: number;
   shed: number;
+  /** Answers that were not 200, by kind, outcome and error code ('heartbeat relay-503 MESH_ERR_BACKPRESSURE'). */
+  errorCodes: Record<string, number>;
   stalledMs: number;
   cpuMs: number;
   windowMs: number;
@@ -133,6 +135,7 @@ export interface PoolWindow {
   outcomes: Record<CallKind, Map<string, number>>;
   dropped: number;
   shed: number;
+  errorCodes: Record<string, number>;
   /** Each child's own stall over the window, ms. */
   stalledMsEach: number[];
   /** Each child's CPU over the window, ms. */
@@ -236,20 +239,24 @@ export class DonorPool {
       for (const w of all) for (const [o, n] of Object.entries(w.outcomes[k])) m.set(o, (m.get(o) ?? 0) + n);
       return [k, m];
     })) as Record<CallKind, Map<string, number>>;
-    const periods: Record<string, number> = {};
-    for (const w of all) for (const [p, n] of Object.entries(w.periods)) periods[p] = (periods[p] ?? 0) + n;
+    const merge = (f: (w: ChildWindow) => Record<string, number>) => {
+      const out: Record<string, number> = {};
+      for (const w of all) for (const [k, n] of Object.entries(f(w))) out[k] = (out[k] ?? 0) + n;
+      return out;
+    };
     return {
       latency: { register: cat((w) => w.latency.register), heartbeat: cat((w) => w.latency.heartbeat) },
       latencyLessStall: { register: cat((w) => w.latencyLessStall.register), heartbeat: cat((w) => w.latencyLessStall.heartbeat) },
       outcomes,
       dropped: sum(all.map((w) => w.dropped)),
       shed: sum(all.map((w) => w.shed)),
+      errorCodes: merge((w) => w.errorCodes),
       stalledMsEach: all.map((w) => Math.round(w.stalledMs)),
       cpuMsEach: all.map((w) => w.cpuMs),
       beatsRelay: sum(all.map((w) => w.beatsRelay)),
       beatsHttp: sum(all.map((w) => w.beatsHttp)),
       alive: sum(all.map((w) => w.alive)),
-      periods,
+      periods: merge((w) => w.periods),
       heapUsedMiBEach: all.map((w) => w.heapUsedMiB),
       rssMiBEach: all.map((w) => w.rssMiB),
     };
