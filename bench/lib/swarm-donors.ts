@@ -285,8 +285,10 @@ export class Donor {
         const s0 = stats.loop.now();
         return p.then(
           (r) => {
-            const notFound = r.status === 404 && (r.body as { error?: { code?: string } } | null)?.error?.code === 'MESH_ERR_NOT_FOUND';
-            stats.record('heartbeat', performance.now() - t0, r.status === 200 ? 'ok' : notFound ? 'http-404' : `relay-${r.status}`, s0);
+            const code = (r.body as { error?: { code?: string } } | null)?.error?.code;
+            const outcome = r.status === 200 ? 'ok' : r.status === 404 && code === 'MESH_ERR_NOT_FOUND' ? 'http-404' : `relay-${r.status}`;
+            stats.record('heartbeat', performance.now() - t0, outcome, s0);
+            if (r.status !== 200) stats.recordCode(`heartbeat batched ${outcome}`, code);
             return r;
           },
           (e: unknown) => {
