@@ -46,6 +46,11 @@
  *   nobody has heard from register again on their next heartbeat (404).
  * - A malformed document or batch is dropped and counted
  *   (`meshnet_tracker_cluster_dropped_total{kind}`), never applied.
+ *
+ * This file holds the bucket, its watch, the `seen` batches and late time;
+ * the nodes' documents and their writes are node-docs.ts, the other
+ * trackers tracker-peers.ts, the lease leader-lease.ts, the chats' KV room
+ * route-leases.ts.
  */
 import { Kvm, type KV, type KvEntry } from '@nats-io/kv';
 import type { Subscription } from '@nats-io/transport-node';
