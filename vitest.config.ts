@@ -1,5 +1,6 @@
 import { defineConfig } from 'vitest/config';
 import { vulkanEnv } from './src/host/node/webgpu.ts';
+import { LongestFirst } from './test/helpers/longest-first.ts';
 
 // The WebGPU-in-Node suite (test/gpu) needs a Vulkan loader and driver when dawn.node loads, which
 // only the environment of a new process can give: the test processes are forked after this runs.
@@ -15,5 +16,7 @@ export default defineConfig({
     pool: 'forks',
     fileParallelism: true,
     maxWorkers: 2,
+    // Longest files first: the last files to start are short, so neither worker runs long alone at the end.
+    sequence: { sequencer: LongestFirst },
   },
 });

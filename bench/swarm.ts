@@ -1,10 +1,12 @@
 /**
  * bench/swarm — the control plane under a simulated swarm.
  *
- * Thousands of donors in this one process (bench/lib/swarm-donors.ts), each
- * with its own key, a real /ws registration at a relay process and the node
- * core's own tracker session (signed registration, heartbeats at the
- * interval the tracker hands out), none doing model work; beside them a real
+ * Thousands of donors (bench/lib/swarm-donors.ts), each with its own key, a
+ * real /ws registration at a relay process and the node core's own tracker
+ * session (signed registration, heartbeats at the interval the tracker hands
+ * out), none doing model work, spread over --donor-procs child processes
+ * (bench/lib/swarm-pool.ts: by default one per 2,500 donors, so no one
+ * process meets the file limit or stalls its donors' beats); beside them a real
  * 3-node mesh (`meshnet node` processes on the `small` fixture, layers split
  * 0-4/4-8/8-12) serving chats through the same tracker.
  *
@@ -32,7 +34,9 @@
  *   - with --relay-restart: the first relay is stopped and started again on
  *     its port mid-window: how long until all its donors are registered again,
  *     and whether any heartbeat was refused meanwhile.
- * The simulator's own CPU is measured apart (process.cpuUsage).
+ * The simulator's own CPU is measured apart (process.cpuUsage of each donor
+ * process and of the bench), and so is each donor process's own stall (a beat's
+ * latency less the stall of its process while it was in flight).
  *
  * With --trackers K (K > 1 implies --nats): a nats-server, K trackers as
  * replicas of one cluster, relays in the cluster too; donors spread over the
@@ -41,6 +45,7 @@
  *
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15] [--settle-min-s S]
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh] [--shared-http]
+ *                          [--donor-procs N[,M...]]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
  *
@@ -70,9 +75,8 @@ import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-proc
 import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
 import { cpuMs } from './lib/proc-cpu.ts';
 import { loadAverage1m, printTable, quantile, writeResult } from './lib/stats.ts';
-import { SWARM_BUDGETS, SWARM_CONFIG } from './lib/swarm-shape.ts';
-import { Agent } from 'undici';
-import { Donor, SwarmStats } from './lib/swarm-donors.ts';
+import { SWARM_CONFIG } from './lib/swarm-shape.ts';
+import { DonorPool, defaultDonorProcs } from './lib/swarm-pool.ts';
 import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
 import { startLoopProbe } from './lib/loop-probe.mjs';
 
@@ -102,8 +106,10 @@ const RELAY_NATS = NATS && !flag('no-relay-nats');
 const CHURN = Number(opt('churn') ?? 0);
 const RELAY_RESTART = flag('relay-restart');
 const MESH = !flag('no-mesh');
-/** One HTTP pool for all donors (bench/lib/swarm-donors.ts DonorConfig.agent): fewer sockets and objects in the simulator. */
+/** One HTTP pool for all donors of a donor process (bench/lib/swarm-donors.ts DonorConfig.agent): fewer sockets and objects in the simulator. */
 const SHARED_HTTP = flag('shared-http');
+/** Donor processes (bench/lib/swarm-pool.ts); by default one per 2,500 donors. A list (`1,2`) runs each in turn, side by side. */
+const DONOR_PROCS: Array<number | undefined> = opt('donor-procs') === undefined ? [undefined] : opt('donor-procs')!.split(',').map((x) => Math.max(1, Number(x)));
 const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
 const LABEL = opt('label') ?? 'current';
 /** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
@@ -125,7 +131,8 @@ if (LOOP_DIR) {
   process.env.MESHNET_LOOP_PROBE_DIR = LOOP_DIR;
   process.env.NODE_OPTIONS = `${process.env.NODE_OPTIONS ?? ''} ${LOOP_IMPORT}`.trim();
 }
-const simProbe = LOOP_DIR ? startLoopProbe('sim', LOOP_DIR) : undefined;
+// This process runs the chats and probes; the donors' processes ('sim1'…) get their probe from NODE_OPTIONS.
+const simProbe = LOOP_DIR ? startLoopProbe('bench', LOOP_DIR) : undefined;
 const BINS = opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../bin/meshnet.js', import.meta.url))];
 
 /** The tracker's node flags: a CPU profile, a heap snapshot on SIGTTIN. */
@@ -251,8 +258,19 @@ interface RunResult {
   heartbeat_p99_ms: number;
   heartbeat_p50_less_sim_stall_ms: number;
   heartbeat_p99_less_sim_stall_ms: number;
+  /** The worst donor process's own stall over the window (each one's in sim_stalled_ms_each). */
   sim_stalled_ms: number;
+  sim_stalled_ms_each: number[];
+  /** Donor processes, and each one's CPU over the window in % of a core (sim_cpu_pct is their sum plus the bench's own). */
+  donor_procs: number;
+  sim_cpu_pct_each: number[];
+  bench_cpu_pct: number;
+  sim_rss_mib_each: number[];
+  /** Heartbeat periods the live donors were last told at the window's end: ms → donors. */
+  heartbeat_periods: Record<string, number>;
   heartbeat_failures: Record<string, number>;
+  /** Answers that were not 200 by kind, outcome and error code: who refused (the relay or the tracker), and why. */
+  error_codes: Record<string, number>;
   register_failures: Record<string, number>;
   dropped_404: number;
   tracker_removals_missed: number;
@@ -283,7 +301,7 @@ interface RunResult {
   churn_joined: number;
   /** Per process (with --loop-probe): event-loop delay, stalls and GC pauses over the window. */
   loop?: Record<string, LoopSummary>;
-  relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number };
+  relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number; relay_back_s: number };
 }
 
 interface LoopSummary {
@@ -373,7 +391,7 @@ function quantileOfHist(h: Hist, q: number): number {
   return Infinity;
 }
 
-async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, smallUrl: string): Promise<RunResult> {
+async function runOnce(binSpec: string, donorCount: number, donorProcs: number | undefined, swarmUrl: string, smallUrl: string): Promise<RunResult> {
   // `PATH::FLAGS`: the tracker of this run gets FLAGS (space-separated) as node flags, e.g. a smaller young generation.
   const [bin, flags] = binSpec.split('::') as [string, string | undefined];
   const extraNodeArgs = flags ? flags.split(' ').filter(Boolean) : [];
@@ -381,10 +399,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
   const relayPorts: number[] = [];
   const trackers: Array<Proc & { url: string }> = [];
   const nodes: NodeProc[] = [];
-  const donors: Donor[] = [];
-  const stats = new SwarmStats();
-  stats.loop.start();
-  const sharedAgent = SHARED_HTTP ? new Agent({ pipelining: 1 }) : undefined;
+  let pool: DonorPool | undefined;
   let chats: Chats | undefined;
   let nats: NatsServer | undefined;
   let natsWatch: ReturnType<typeof setInterval> | undefined;
@@ -441,36 +456,30 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     await heapSnapshots(trackers.map((t) => t.child.pid));
     const rssBefore = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
 
-    // Ramp: donors join at a steady rate, spread over the relays.
+    // The donors' processes, then the ramp: donors join at a steady rate, spread over the relays and trackers.
+    const procsN = donorProcs ?? defaultDonorProcs(donorCount);
+    pool = await DonorPool.start(procsN, { relayUrls: relays.map((r) => r.url), trackerUrls: trackers.map((t) => t.url), heartbeatMs: HEARTBEAT_MS, sharedHttp: SHARED_HTTP });
+    const donorPool = pool;
     let made = 0;
-    const makeDonor = async (i: number): Promise<Donor> => {
-      const [mb, format] = SWARM_BUDGETS[i % SWARM_BUDGETS.length]!;
-      return Donor.create({ relayUrl: relays[i % RELAYS]!.url, trackerUrl: trackerFor(i), model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats, ...(sharedAgent ? { agent: sharedAgent } : {}) });
-    };
-    const startFailures: string[] = [];
-    const starting: Array<Promise<void>> = [];
     const t0 = performance.now();
     const perTick = Math.max(1, Math.ceil((donorCount * 100) / (RAMP_S * 1000)));
     while (made < donorCount) {
-      for (let k = 0; k < perTick && made < donorCount; k++) {
-        const d = await makeDonor(made++);
-        donors.push(d);
-        starting.push(d.start().catch((e: unknown) => void (startFailures.length < 5 && startFailures.push((e as Error).message))));
-      }
+      const batch: number[] = [];
+      for (let k = 0; k < perTick && made < donorCount; k++) batch.push(made++);
+      donorPool.start(batch);
       const due = t0 + (made / donorCount) * RAMP_S * 1000;
       const wait = due - performance.now();
       if (wait > 0) await sleep(wait);
     }
-    await Promise.all(starting);
+    const started = await donorPool.started();
     const rampS = (performance.now() - t0) / 1000;
-    const registered = donors.filter((d) => d.registered).length;
-    console.log(`  ${donorCount} donors started in ${rampS.toFixed(1)} s; ${registered} registered${startFailures.length ? `; start failures e.g. ${startFailures.join(' | ')}` : ''}`);
+    console.log(`  ${donorCount} donors in ${procsN} processes started in ${rampS.toFixed(1)} s; ${started.registered} registered${started.failures.length ? `; start failures e.g. ${started.failures.join(' | ')}` : ''}`);
     // Settle: at least SETTLE_MIN_S, then until every donor was told the configured period again (a tracker behind
     // during the ramp hands out up to 60 s, and a donor hears the shorter one only at its next beat), at most SETTLE_S.
     const s0 = performance.now();
     await sleep(Math.min(SETTLE_S, SETTLE_MIN_S) * 1000);
-    while (performance.now() - s0 < SETTLE_S * 1000 && donors.some((d) => !d.closed && d.periodMs !== undefined && d.periodMs > HEARTBEAT_MS)) await sleep(1000);
-    const longPeriods = donors.filter((d) => !d.closed && (d.periodMs ?? 0) > HEARTBEAT_MS).length;
+    while (performance.now() - s0 < SETTLE_S * 1000 && (await donorPool.status()).longPeriods > 0) await sleep(1000);
+    const longPeriods = (await donorPool.status()).longPeriods;
     const settleS = Math.round((performance.now() - s0) / 1000);
     console.log(`  settled in ${settleS} s; ${longPeriods} donors still on a period over ${HEARTBEAT_MS} ms`);
     const rssAfter = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
@@ -484,11 +493,10 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       // SIGUSR2 resets the probes of our node processes; nats-server takes SIGUSR2 as "enter lame duck mode"
       // and shuts down ten seconds later: never send it there.
       for (const p of procs) if (p.name !== 'nats' && p.pid() !== undefined) process.kill(p.pid()!, 'SIGUSR2');
+      for (const pid of donorPool.pids) if (pid !== undefined) process.kill(pid, 'SIGUSR2');
       simProbe?.reset();
     }
-    stats.reset();
-    stats.recording = true;
-    const simStalled0 = stats.loop.now();
+    await donorPool.record();
     const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const simBefore = process.cpuUsage();
     const w0 = performance.now();
@@ -513,26 +521,20 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       }
     })();
 
-    // Churn: each second, CHURN/60 of the donors leave and as many join.
+    // Churn: each second, CHURN/60 of the donors leave and as many join (in the same donor process, picked at random).
     let left = 0;
     let joined = 0;
-    const departed = new Set<Donor>();
     const churnTimer = CHURN > 0 ? setInterval(() => {
       const n = (donorCount * CHURN) / 60;
       const whole = Math.floor(n) + (Math.random() < n - Math.floor(n) ? 1 : 0);
+      const by = new Map<number, number[]>();
       for (let k = 0; k < whole; k++) {
-        const alive = donors.filter((d) => !d.closed);
-        const d = alive[Math.floor(Math.random() * alive.length)];
-        if (d) {
-          d.close();
-          departed.add(d);
-          left++;
-        }
-        void makeDonor(made++).then((nd) => {
-          donors.push(nd);
-          joined++;
-          return nd.start();
-        }).catch(() => {});
+        const c = Math.floor(Math.random() * donorPool.size);
+        by.set(c, [...(by.get(c) ?? []), made++]);
+      }
+      for (const [c, join] of by) {
+        joined += join.length;
+        void donorPool.churn(c, join.length, join).then((l) => void (left += l), () => {});
       }
     }, 1000) : undefined;
 
@@ -541,10 +543,9 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     const restartJob = RELAY_RESTART ? (async () => {
       await sleep(windowMs / 2 - 30_000 > 0 ? windowMs / 2 - 30_000 : windowMs / 4);
       const r0 = relays[0]!;
-      const mine = donors.filter((d, i) => !d.closed && i % RELAYS === 0);
-      const shedBefore = stats.shed;
-      const droppedBefore = stats.dropped;
+      const before = await donorPool.counters();
       const at = Date.now();
+      const mine = await donorPool.restartMark(0, at);
       await r0.stop('SIGKILL');
       // Back on its port (its donors reconnect there); a port its old sockets still hold is tried again.
       for (let tries = 0; ; tries++) {
@@ -565,23 +566,27 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
           await sleep(250);
         }
       }
-      console.log(`  relay restarted ${((Date.now() - at) / 1000).toFixed(2)} s after the kill`);
+      const relayBackS = (Date.now() - at) / 1000;
+      console.log(`  relay restarted ${relayBackS.toFixed(2)} s after the kill`);
       let allBack: number | null = null;
+      let st = await donorPool.restartStatus();
       for (;;) {
-        const back = mine.filter((d) => d.closed || d.lastRelayRegisteredAt > at).length;
-        if (back === mine.length) {
+        if (st.back === st.mine) {
           allBack = (Date.now() - at) / 1000;
           break;
         }
         if (Date.now() - at > 120_000) break;
         await sleep(250);
+        st = await donorPool.restartStatus();
       }
+      const after = await donorPool.counters();
       restart = {
-        donors: mine.length,
+        donors: mine,
         all_back_s: allBack,
-        back_in_60s: mine.filter((d) => d.closed || (d.lastRelayRegisteredAt > at && d.lastRelayRegisteredAt - at <= 60_000)).length,
-        shed_during: stats.shed - shedBefore,
-        dropped_during: stats.dropped - droppedBefore,
+        back_in_60s: st.backIn60s,
+        shed_during: after.shed - before.shed,
+        dropped_during: after.dropped - before.dropped,
+        relay_back_s: relayBackS,
       };
     })() : Promise.resolve();
 
@@ -598,12 +603,11 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     const cpuAfter = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const rssEnd = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
     const sim = process.cpuUsage(simBefore);
-    const simStalledMs = Math.round(stats.loop.now() - simStalled0);
-    stats.recording = false;
+    const w = await donorPool.collect();
     await chats?.stop();
     const removalsAfter = await removals();
-    const loop = LOOP_DIR ? await loopSummary([...procs.map((p) => ({ name: p.name, pid: p.pid() })), { name: 'sim', pid: process.pid }]) : undefined;
-    const heapDonors = donors.filter((d) => !d.closed).length;
+    const loop = LOOP_DIR ? await loopSummary([...procs.map((p) => ({ name: p.name, pid: p.pid() })), ...donorPool.pids.map((pid, i) => ({ name: `sim${i + 1}`, pid })), { name: 'bench', pid: process.pid }]) : undefined;
+    const heapDonors = w.alive;
     await heapSnapshots(trackers.map((t) => t.child.pid));
     if (HEAP_DIR) console.log(`  heap snapshots in ${HEAP_DIR}: the last pair is before the ramp and after the window, ${heapDonors} donors`);
     const picksAfter = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
@@ -612,10 +616,12 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     const trackerCpus = trackers.map((_, i) => cpuAfter[`tracker${i + 1}`]! - cpuBefore[`tracker${i + 1}`]!);
     const trackerCpuMs = trackerCpus.reduce((a, b) => a + b, 0);
     const relayCpuMs = relays.reduce((s, _, i) => s + (cpuAfter[`relay${i + 1}`]! - cpuBefore[`relay${i + 1}`]!), 0);
-    const calls = stats.count('heartbeat') + stats.count('register');
-    const hb = [...stats.latency.heartbeat].sort((a, b) => a - b);
-    const hbLess = [...stats.latencyLessStall.heartbeat].sort((a, b) => a - b);
-    const outcomes = (k: 'heartbeat' | 'register') => Object.fromEntries([...stats.outcomes[k]].filter(([o]) => o !== 'ok'));
+    const count = (k: 'heartbeat' | 'register') => [...w.outcomes[k].values()].reduce((a, b) => a + b, 0);
+    const calls = count('heartbeat') + count('register');
+    const hb = w.latency.heartbeat.sort((a, b) => a - b);
+    const hbLess = w.latencyLessStall.heartbeat.sort((a, b) => a - b);
+    const outcomes = (k: 'heartbeat' | 'register') => Object.fromEntries([...w.outcomes[k]].filter(([o]) => o !== 'ok'));
+    const benchCpuMs = (sim.user + sim.system) / 1000;
     const relayRssGrowth = relays.reduce((s, _, i) => s + (rssAfter[`relay${i + 1}`]! - rssBefore[`relay${i + 1}`]!), 0);
     const pk = [...picks].sort((a, b) => a - b);
     const tps = chats ? [...chats.tokensPerS].sort((a, b) => a - b) : [];
@@ -629,19 +635,26 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       tracker_cpu_pct: (trackerCpuMs / (windowS * 1000)) * 100,
       tracker_us_per_call: calls ? (trackerCpuMs * 1000) / calls : NaN,
       tracker_calls: calls,
-      heartbeats: stats.count('heartbeat'),
+      heartbeats: count('heartbeat'),
       heartbeat_p50_ms: quantile(hb, 0.5),
       heartbeat_p99_ms: quantile(hb, 0.99),
-      // Less the simulator's own stall while each beat was in flight (bench/lib/swarm-donors.ts LoopClock).
+      // Less its donor process's own stall while each beat was in flight (bench/lib/swarm-donors.ts LoopClock).
       heartbeat_p50_less_sim_stall_ms: quantile(hbLess, 0.5),
       heartbeat_p99_less_sim_stall_ms: quantile(hbLess, 0.99),
-      sim_stalled_ms: simStalledMs,
+      sim_stalled_ms: Math.max(...w.stalledMsEach),
+      sim_stalled_ms_each: w.stalledMsEach,
+      donor_procs: donorPool.size,
+      sim_cpu_pct_each: w.cpuMsEach.map((ms) => (ms / (windowS * 1000)) * 100),
+      bench_cpu_pct: (benchCpuMs / (windowS * 1000)) * 100,
+      sim_rss_mib_each: w.rssMiBEach.map((m) => Math.round(m)),
+      heartbeat_periods: w.periods,
       heartbeat_failures: outcomes('heartbeat'),
+      error_codes: w.errorCodes,
       register_failures: outcomes('register'),
-      dropped_404: stats.dropped,
+      dropped_404: w.dropped,
       // Removals of donors that never left (those that did are expected to go).
-      tracker_removals_missed: removalsAfter - removalsBefore - departed.size,
-      shed_answers: stats.shed,
+      tracker_removals_missed: removalsAfter - removalsBefore - left,
+      shed_answers: w.shed,
       // Every tracker holds the whole registry: the largest growth of one.
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
       // The same at the window's end: steady state, the ramp's registration connections closed (65 s keep-alive) or closing.
@@ -657,7 +670,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       relay_kib_per_donor: relayRssGrowth / donorCount,
       tracker_rss_mib: rssAfter.tracker1! / 1024,
       relay_cpu_pct: (relayCpuMs / (windowS * 1000)) * 100,
-      sim_cpu_pct: ((sim.user + sim.system) / 1000 / (windowS * 1000)) * 100,
+      sim_cpu_pct: ((w.cpuMsEach.reduce((a, b) => a + b, 0) + benchCpuMs) / (windowS * 1000)) * 100,
       route_pick_p50_ms: quantile(pk, 0.5),
       route_pick_p99_ms: quantile(pk, 0.99),
       route_pick_failures: pickFailures,
@@ -666,8 +679,8 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
       chat_tokens_per_s: quantile(tps, 0.5),
       chat_ttft_ms: quantile(ttft, 0.5),
       chat_errors: chats?.errors ?? [],
-      beats_relay: donors.reduce((a, d) => a + (d.client?.beats.relay ?? 0), 0),
-      beats_http: donors.reduce((a, d) => a + (d.client?.beats.http ?? 0), 0),
+      beats_relay: w.beatsRelay,
+      beats_http: w.beatsHttp,
       churn_left: left,
       churn_joined: joined,
       ...(restart ? { relay_restart: restart } : {}),
@@ -675,9 +688,7 @@ async function runOnce(binSpec: string, donorCount: number, swarmUrl: string, sm
     };
   } finally {
     await chats?.stop().catch(() => {});
-    stats.loop.stop();
-    for (const d of donors) d.close();
-    void sharedAgent?.close().catch(() => {});
+    await pool?.close();
     await Promise.all(nodes.map((n) => n.stop()));
     await Promise.all(trackers.map((t) => t.stop()));
     await Promise.all(relays.map((r) => r.stop()));
@@ -695,10 +706,12 @@ const results: RunResult[] = [];
 try {
   for (const n of DONORS) {
     for (const bin of BINS) {
-      console.log(`\n--- ${n} donors, ${bin}`);
-      const r = await runOnce(bin, n, swarmServer.url, smallServer?.url ?? '');
-      results.push(r);
-      console.log(JSON.stringify(r));
+      for (const procs of DONOR_PROCS) {
+        console.log(`\n--- ${n} donors, ${bin}${procs ? `, ${procs} donor processes` : ''}`);
+        const r = await runOnce(bin, n, procs, swarmServer.url, smallServer?.url ?? '');
+        results.push(r);
+        console.log(JSON.stringify(r));
+      }
     }
   }
 } finally {
@@ -709,10 +722,11 @@ try {
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js(?=$|::)/, '').split('/').pop()! : LABEL);
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+  ['run', 'donors', 'procs', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
     binName(r.bin),
     r.donors,
+    r.donor_procs,
     r.tracker_cpu_pct,
     r.tracker_us_per_call,
     r.heartbeat_p50_ms,
@@ -739,6 +753,7 @@ printTable(
 for (const r of results) {
   for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${binName(r.bin)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
 }
+for (const r of results) if (Object.keys(r.error_codes).length) console.log(`answers not 200 (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.error_codes)}`);
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
 console.log(`load average (1 min) at start ${loadBefore.toFixed(2)}, at end ${loadavg()[0]!.toFixed(2)}`);
 writeResult(OUT, { bench: 'swarm', label: LABEL, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });

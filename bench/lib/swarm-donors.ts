@@ -86,6 +86,8 @@ export class SwarmStats {
   dropped = 0;
   /** Retry-After / 503 / 429 answers (the tracker shedding load), while recording. */
   shed = 0;
+  /** The error codes of the answers that were not 200 (e.g. 'relay-503 MESH_ERR_BACKPRESSURE': who refused, and why), while recording. */
+  readonly errorCodes = new Map<string, number>();
   /** Heartbeat intervals the tracker handed out, last seen per donor (ms → donors). */
   recording = false;
 
@@ -97,6 +99,13 @@ export class SwarmStats {
     m.set(outcome, (m.get(outcome) ?? 0) + 1);
     if (kind === 'heartbeat' && outcome === 'http-404') this.dropped++;
     if (outcome === 'http-503' || outcome === 'http-429') this.shed++;
+  }
+
+  /** An answer that was not 200, by its error code (`outcome code`). */
+  recordCode(outcome: string, code: string | undefined): void {
+    if (!this.recording) return;
+    const k = `${outcome} ${code ?? '(no code)'}`;
+    this.errorCodes.set(k, (this.errorCodes.get(k) ?? 0) + 1);
   }
 
   count(kind: CallKind, outcome?: string): number {
@@ -118,6 +127,7 @@ export class SwarmStats {
       this.latencyLessStall[k] = [];
       this.outcomes[k].clear();
     }
+    this.errorCodes.clear();
     this.dropped = 0;
     this.shed = 0;
   }
@@ -141,6 +151,16 @@ export interface DonorConfig {
    * swarm's tracker does not get.
    */
   agent?: Agent;
+}
+
+/** The `error.code` of a mesh error body (docs/protocol.md), if it is one. */
+function errorCodeOf(body: string): string | undefined {
+  try {
+    const code = (JSON.parse(body) as { error?: { code?: unknown } })?.error?.code;
+    return typeof code === 'string' ? code : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 function outcomeOf(e: unknown): string {
@@ -228,6 +248,7 @@ export class Donor {
       try {
         const res = await undiciFetch(url, { ...(init as object), dispatcher: agent } as Parameters<typeof undiciFetch>[1]);
         if (kind) stats.record(kind, performance.now() - t0, res.status === 200 ? 'ok' : `http-${res.status}`, s0);
+        if (kind && res.status !== 200 && stats.recording) stats.recordCode(`${kind} http-${res.status}`, errorCodeOf(await res.clone().text().catch(() => '')));
         return res as unknown as Response;
       } catch (e) {
         if (kind) stats.record(kind, performance.now() - t0, outcomeOf(e), s0);
@@ -245,7 +266,9 @@ export class Donor {
         try {
           const r = await relay.request(peer, req, opts);
           const notFound = r.status === 404 && new TextDecoder().decode(r.body).includes('MESH_ERR_NOT_FOUND');
-          stats.record('heartbeat', performance.now() - t0, r.status === 200 ? 'ok' : notFound ? 'http-404' : `relay-${r.status}`, s0);
+          const outcome = r.status === 200 ? 'ok' : notFound ? 'http-404' : `relay-${r.status}`;
+          stats.record('heartbeat', performance.now() - t0, outcome, s0);
+          if (r.status !== 200) stats.recordCode(`heartbeat ${outcome}`, errorCodeOf(new TextDecoder().decode(r.body)));
           return r;
         } catch (e) {
           stats.record('heartbeat', performance.now() - t0, `relay-${(e as { code?: string }).code ?? 'error'}`, s0);
