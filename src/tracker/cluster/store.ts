@@ -161,8 +161,8 @@ export class ClusterStore implements LeaseObserver {
     const kv = () => this.kv;
     const connected = () => this.connected;
     const { logger } = init;
-    this.peers = new TrackerPeers({ kv, self: init.self, startedAt: this.startedAt, overdueMs: this.o.overdueMs, trackerGoneMs: this.o.trackerGoneMs, now: this.o.now, logger });
-    this.leaderLease = new LeaderLease({ kv, me: init.self.peerId, connected, leaseMs: this.o.leaseMs, now: this.o.now, logger });
+    this.peers = new TrackerPeers({ kv, self: init.self, startedAt: this.startedAt, overdueMs: this.o.overdueMs, trackerGoneMs: this.o.trackerGoneMs, now: () => this.o.now(), logger });
+    this.leaderLease = new LeaderLease({ kv, me: init.self.peerId, connected, leaseMs: this.o.leaseMs, now: () => this.o.now(), logger });
     this.routeLeases = new RouteLeases({ kv, me: init.self.peerId, connected, registry: init.registry, logger });
     this.docs = new NodeDocs({
       kv,
@@ -172,7 +172,7 @@ export class ClusterStore implements LeaseObserver {
       writes: init.metrics.clusterWrites,
       heartbeatIntervalMs: this.o.heartbeatIntervalMs,
       docRefreshMs: this.o.docRefreshMs,
-      now: this.o.now,
+      now: () => this.o.now(),
       parse: (e) => this.parse(nodeDocSchema, e, 'node'),
       dropped: (kind, why) => this.drop(kind, why),
       heard: (peerId) => this.heard(peerId),
