@@ -16,13 +16,11 @@ import type { WeightSource } from '../../src/model/graph.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { dequantizedWeights } from '../helpers/fused.ts';
 import { fixture, maxAbsDiff } from '../helpers/shard.ts';
+import { sharedWebGpu } from '../helpers/webgpu-backend.ts';
 
 
-const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
-const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 
-const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 const TOL = 1e-4;
 const f = fixture('tiny');
 const V = f.cfg.vocabSize;
@@ -30,8 +28,7 @@ const V = f.cfg.vocabSize;
 let counting: OnnxBackend;
 
 beforeAll(async () => {
-  await installNodeWebGpu();
-  counting = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM, infoLog: true });
+  counting = (await sharedWebGpu()).backend;
 }, 600_000);
 
 afterAll(() => {
