@@ -4,6 +4,9 @@
  * order puts the longest first only from a local results cache, which a clean clone has none of: there the
  * order is the file system's, and a long WebGPU suite could start last and run alone at the end while the
  * other worker idles. Files the table does not know (under 3 s, or new) come after it, in vitest's order.
+ *
+ * The files of a project that shares its processes (isolate: false) come first, together: vitest hands a
+ * finished file's process to the next file only when that file is queued next and of the same project.
  */
 import { readFileSync } from 'node:fs';
 import { relative } from 'node:path';
@@ -17,8 +20,8 @@ export class LongestFirst extends BaseSequencer {
     const seconds = (f: TestSpecification) => SECONDS[relative(root, f.moduleId).split('\\').join('/')] ?? 0;
     const base = await super.sort(files);
     return base
-      .map((file, i) => ({ file, i, s: seconds(file) }))
-      .sort((a, b) => b.s - a.s || a.i - b.i)
+      .map((file, i) => ({ file, i, shared: file.project.config.isolate ? 0 : 1, s: seconds(file) }))
+      .sort((a, b) => b.shared - a.shared || b.s - a.s || a.i - b.i)
       .map((x) => x.file);
   }
 }
