@@ -7,98 +7,30 @@
  * tracker answers the first heartbeat of an unknown node with 404, the node
  * registers again carrying the span it serves, and the tracker adopts that
  * span as its assignment. No state needs to survive a restart.
+ *
+ * This file keeps the records and their share of the placement sums (every
+ * change goes through `edit`, so the sums stay exact); the jobs done over
+ * them live beside it, each behind the registry's own methods: the sweep
+ * and rebalance (sweep.ts), route choice (route-choice.ts), the
+ * availability map (availability.ts), what is kept by peer id beyond a
+ * record (peer-ledgers.ts, rejoin-grace.ts).
  */
 import { MeshError } from '../protocol/errors.ts';
-import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
-import { bestMove, chooseSpanIn, type Coverage, type Move, type RebalanceNode, type Span } from './assignment.ts';
+import type { NodeInfo, NodeMessage } from '../protocol/tracker.ts';
+import { chooseSpanIn, type Move, type Span } from './assignment.ts';
+import { availability, coverageOf, spanGroups } from './availability.ts';
 import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
+import { absorbStats, budgetBytes, copyRemote, NodeStatus, nodeStatus, sameFlat, sameSpan, setAddresses, unreachableWhy, validSpan, type NodeRecord, type RemoteRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
+import { kvFree, kvNeed, PeerLedgers } from './peer-ledgers.ts';
 import { ModelPlacement, type Contribution } from './placement.ts';
-import { findRoutes, formatLayers, pickRoute, type RoutePlan, type ServingNode } from './routing.ts';
+import { RejoinGrace } from './rejoin-grace.ts';
+import { RouteChoice } from './route-choice.ts';
+import { drainCoverMs, PlacementSweep } from './sweep.ts';
+import type { RoutePlan, ServingNode } from './routing.ts';
 
-export const NodeStatus = {
-  /** Told what to load; not serving it yet. */
-  Loading: 'loading',
-  /** Serves its assignment. */
-  Serving: 'serving',
-  /** Its budget holds no layer of the model. */
-  Idle: 'idle',
-  /** Serves, but takes no new sessions (paused, frozen, closing): routes leave it out. */
-  Draining: 'draining',
-} as const;
-export type NodeStatus = (typeof NodeStatus)[keyof typeof NodeStatus];
-
-/** One heartbeat's figures the dashboard draws (the rest of the stats are kept only as the latest). */
-export interface StatsSample {
-  at: number;
-  rpm: number;
-  layer_ms: number;
-}
-
-export interface NodeRecord {
-  peerId: string;
-  publicKey: string;
-  relayAddr?: string;
-  endpoint?: string;
-  info: NodeInfo;
-  assignment: Span | null;
-  serving: Span | null;
-  stats?: NodeStats;
-  /** Last few heartbeats' figures, oldest first (rolling view for the dashboard). */
-  history: StatsSample[];
-  /** Smoothed ms per layer per step (EWMA of reported layer_ms). */
-  layerMsEwma: number | undefined;
-  registeredAt: number;
-  lastSeen: number;
-  /** The heartbeat period this tracker told the node last, ms: its deadline is counted in those. */
-  intervalMs: number;
-  /** The tracker's own late time (RegistryOptions.lateMs) when the node was last seen: silence while the tracker lagged is not the node's. */
-  lateAtSeen: number;
-  /** Generations this tracker currently runs through the node (head or hop). */
-  inFlight: number;
-  /**
-   * Failures this tracker saw the node cause: as a head (its stream broke, not a relay outage) or as a
-   * hop a head reported failed. Kept by peer id beyond the record (registry.failuresOf): a node removed
-   * for missing heartbeats (a frozen page) finds its count again when it registers.
-   */
-  failures: number;
-  /**
-   * KV bytes this tracker's generations held on the node when its last
-   * heartbeat arrived: what the heartbeat's use counts beyond that belongs
-   * to other callers (or to sessions idling out).
-   */
-  kvHeldAtBeat: number;
-  /** After a MESH_ERR_BUSY answer no new session is routed here before this time, ms since epoch. */
-  busyUntil: number;
-  /** The node's relay connection as its last message said (undefined: it did not say). */
-  relayConnected?: boolean;
-  /** Since when (the tracker's clock) the tracker could not reach the node, and why; cleared when it reaches it again. */
-  unreachable?: { since: number; why: string };
-  /** The node takes no new sessions (its last message said `draining`): no route, replacement or failover picks it. */
-  draining: boolean;
-  /**
-   * Until when a tracker of the cluster quarantined it (a check proved it wrong), ms since epoch; absent when
-   * none did. Shared through the cluster's registry, so every tracker routes around it, not only the judge.
-   */
-  quarantinedUntil?: number;
-  /** When this tracker saw it start draining, ms since epoch (tracker clock). */
-  drainingSince: number | undefined;
-  /** The newest message timestamp applied (the node's clock): older messages are ignored. */
-  lastTimestamp: number;
-  /** What the node adds to its model's placement sums (placement.ts); the registry's own bookkeeping. */
-  contribution: Contribution | undefined;
-}
-
-const HISTORY = 12;
-/** Peers whose failure counts are kept. */
-const FAILURE_LEDGER = 10_000;
-const EWMA_ALPHA = 0.3;
-/** Sweeps between rebalances when nothing changed (throughput drifts: a move may pay off later). */
-const REBALANCE_EVERY_SWEEPS = 6;
-/** Up to this many nodes of a model, a rebalance weighs every node's move; past it, one per span, budget and format. */
-const EXACT_REBALANCE_NODES = 256;
-/** Routes kept per boundary (routing.ts) and so the nodes of one span routing needs at most. */
-const ROUTES_KEPT = 16;
+// What a record is lives in node-record.ts; the registry's importers find it here too.
+export { budgetBytes, NodeStatus, type NodeRecord, type RemoteRecord, type StatsSample } from './node-record.ts';
 
 export type RegistryOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'defaultLayerMs' | 'hopLatencyMs' | 'routeSlack' | 'balanceQuality' | 'now' | 'random'> &
   Partial<Pick<TrackerOptions, 'rejoinGraceMs'>> & {
@@ -122,59 +54,23 @@ export interface RegistryEvents {
   onChanged?(node: NodeRecord, kind: ChangeKind): void;
 }
 
-/** A record as another tracker of the cluster wrote it (cluster/doc.ts reads it from the store). */
-export interface RemoteRecord {
-  peerId: string;
-  publicKey: string;
-  relayAddr?: string | undefined;
-  endpoint?: string | undefined;
-  info: NodeInfo;
-  assignment: Span | null;
-  serving: Span | null;
-  stats?: NodeStats | undefined;
-  layerMsEwma?: number | undefined;
-  registeredAt: number;
-  lastSeen: number;
-  intervalMs: number;
-  busyUntil: number;
-  kvHeldAtBeat: number;
-  draining: boolean;
-  drainingSince: number | undefined;
-  quarantinedUntil?: number | undefined;
-}
-
 export class NodeRegistry {
   /** Every node, by peer id. Read it; change nodes only through the registry's methods (they keep the placement sums). */
   readonly nodes: ReadonlyMap<string, NodeRecord> = new Map<string, NodeRecord>();
   readonly models: ReadonlyMap<string, ModelSpec>;
-  /** KV bytes held on each node by this tracker's running generations (admission leases), by peer id. */
-  private readonly kvHeld = new Map<string, number>();
   private readonly placements = new Map<string, ModelPlacement<NodeRecord>>();
-  private sweeps = 0;
-  /** Failures by peer id, registered or not (bounded: the oldest entries go first). */
-  private readonly failureCounts = new Map<string, number>();
-  /** Quarantines known here (judged here or by another tracker of the cluster): until when, by peer id, registered or not. */
-  private readonly quarantineLedger = new Map<string, number>();
   /**
    * Nodes routing and coverage leave out while it says so (a quarantined node: docs/verification.md).
    * It stays registered and keeps its assignment; others are assigned around it (from the next sweep on;
    * routing leaves it out at once).
    */
   excluded: (peerId: string) => boolean = () => false;
-  /**
-   * Nodes this tracker removed (silent, or left), by peer id: one that comes back was away, not
-   * re-registering after a tracker restart, so the span it still serves is not simply adopted.
-   */
-  private readonly dropped = new Set<string>();
-  /**
-   * Spans of nodes dropped for silence, by peer id, until their rejoin grace
-   * ends: a closed tab reopened, a laptop woken, comes back with its span
-   * and no download, so no serving node is moved onto those layers meanwhile
-   * (new and idle nodes still take them). Only moves see them.
-   */
-  private readonly vacated = new Map<string, { model: string; span: Span; throughput: number; until: number }>();
-  /** Per model, when the next rejoin grace ends (a rebalance is due then). */
-  private readonly graceEnds = new Map<string, number>();
+  /** Failures, quarantines and KV leases by peer id, beyond the records. */
+  private readonly ledgers = new PeerLedgers();
+  /** Nodes this tracker removed, and the spans of the silent ones held from moves for their rejoin grace. */
+  private readonly grace = new RejoinGrace();
+  private readonly routing: RouteChoice;
+  private readonly sweeper: PlacementSweep;
 
   constructor(
     models: readonly ModelSpec[],
@@ -182,6 +78,22 @@ export class NodeRegistry {
     private readonly events: RegistryEvents = {},
   ) {
     this.models = new Map(models.map((m) => [m.name, m]));
+    this.routing = new RouteChoice(this, o);
+    this.sweeper = new PlacementSweep(
+      this,
+      {
+        edit: (n, change) => this.edit(n, change),
+        dropSilent: (n) => this.drop(n, 'missed heartbeats', false, true),
+        current: (n) => this.contributionCurrent(n),
+        assigned: (n) => this.events.onChanged?.(n, 'assigned'),
+        moved: (n, mv) => {
+          this.events.onMoved?.(n, mv);
+          this.events.onChanged?.(n, 'moved');
+        },
+      },
+      this.grace,
+      o,
+    );
   }
 
   private get byId(): Map<string, NodeRecord> {
@@ -220,20 +132,12 @@ export class NodeRegistry {
   }
 
   status(n: NodeRecord): NodeStatus {
-    if (n.draining && n.serving) return NodeStatus.Draining;
-    if (!n.assignment) return NodeStatus.Idle;
-    if (n.serving && n.serving.start === n.assignment.start && n.serving.end === n.assignment.end) return NodeStatus.Serving;
-    return NodeStatus.Loading;
+    return nodeStatus(n);
   }
 
   /** The cost routing ranks a node by among the nodes of its span (routing.ts hopCostMs per layer). */
   private routeCost(n: NodeRecord): number {
     return this.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
-  }
-
-  /** How long a draining node still counts as holding its layers for placement: as long as a silent one would stay registered. */
-  private drainCoverMs(): number {
-    return this.o.deadAfterMissedHeartbeats * this.o.heartbeatIntervalMs;
   }
 
   /**
@@ -242,7 +146,7 @@ export class NodeRegistry {
    * joiners and spare nodes cover the layers of a node paused for long. A quarantined one does not.
    */
   private holds(n: NodeRecord): boolean {
-    return (!n.draining || n.drainingSince === undefined || this.o.now() - n.drainingSince < this.drainCoverMs()) && !this.excluded(n.peerId);
+    return (!n.draining || n.drainingSince === undefined || this.o.now() - n.drainingSince < drainCoverMs(this.o)) && !this.excluded(n.peerId);
   }
 
   /**
@@ -304,7 +208,7 @@ export class NodeRegistry {
     const now = this.o.now();
     const prev = this.nodes.get(msg.peer_id);
     const draining = msg.draining === true;
-    const wasDropped = !prev && this.dropped.has(msg.peer_id);
+    const wasDropped = !prev && this.grace.wasDropped(msg.peer_id);
     const wasDraining = prev?.draining === true;
     const prevDrainingSince = prev?.drainingSince;
     if (prev && prev.info.model !== msg.info.model) {
@@ -326,10 +230,10 @@ export class NodeRegistry {
     rec.lateAtSeen = this.lateMs();
     rec.intervalMs = rec.intervalMs ?? this.o.heartbeatIntervalMs;
     rec.kvHeldAtBeat = 0;
-    rec.failures = this.failureCounts.get(msg.peer_id) ?? 0;
+    rec.failures = this.ledgers.failuresOf(msg.peer_id);
     // A quarantine outlives the record: a node cannot wash it by registering again.
-    const quarantined = this.quarantineLedger.get(msg.peer_id);
-    if (quarantined !== undefined && quarantined > now) rec.quarantinedUntil = quarantined;
+    const quarantined = this.ledgers.quarantinedUntil(msg.peer_id);
+    if (quarantined > now) rec.quarantinedUntil = quarantined;
     if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;
     else delete rec.relayConnected;
     delete rec.unreachable;
@@ -337,8 +241,7 @@ export class NodeRegistry {
     rec.drainingSince = draining ? (wasDraining ? prevDrainingSince : now) : undefined;
     rec.lastTimestamp = msg.timestamp;
     this.byId.set(rec.peerId, rec);
-    this.dropped.delete(rec.peerId);
-    this.vacated.delete(rec.peerId);
+    this.grace.back(rec.peerId);
     this.absorbStats(rec, msg.stats, now);
     const p = this.placement(model.name);
     if (keep) {
@@ -415,10 +318,7 @@ export class NodeRegistry {
    * reported), whether or not it is registered now; returns its count.
    */
   countFailure(peerId: string): number {
-    const n = (this.failureCounts.get(peerId) ?? 0) + 1;
-    this.failureCounts.delete(peerId);
-    if (this.failureCounts.size >= FAILURE_LEDGER) this.failureCounts.delete(this.failureCounts.keys().next().value!);
-    this.failureCounts.set(peerId, n);
+    const n = this.ledgers.countFailure(peerId);
     const rec = this.nodes.get(peerId);
     if (rec) rec.failures = n;
     return n;
@@ -443,12 +343,7 @@ export class NodeRegistry {
    * after a failed reach until a good one. A string says why it is not.
    */
   unreachableWhy(n: NodeRecord, trackerRelayUp: boolean | undefined): string | undefined {
-    if (n.unreachable) return n.unreachable.why;
-    if (n.endpoint) return undefined;
-    if (n.relayAddr === undefined) return 'it has neither an endpoint nor a relay address';
-    if (trackerRelayUp === false) return "the tracker's relay connection is down";
-    if (n.relayConnected === false) return 'its relay connection is down (reconnecting)';
-    return undefined;
+    return unreachableWhy(n, trackerRelayUp);
   }
 
   /**
@@ -466,38 +361,17 @@ export class NodeRegistry {
     }
     const fresh = !rec;
     // Alive in the store (it registered again, at another tracker): its rejoin grace is over.
-    this.vacated.delete(r.peerId);
+    this.grace.endVacated(r.peerId);
     if (!rec) {
-      rec = { history: [], inFlight: 0, failures: this.failureCounts.get(r.peerId) ?? 0, contribution: undefined, lateAtSeen: this.lateMs(), draining: false, drainingSince: undefined, lastTimestamp: 0 } as unknown as NodeRecord;
+      rec = { history: [], inFlight: 0, failures: this.ledgers.failuresOf(r.peerId), contribution: undefined, lateAtSeen: this.lateMs(), draining: false, drainingSince: undefined, lastTimestamp: 0 } as unknown as NodeRecord;
       this.byId.set(r.peerId, rec);
     }
     const target = rec;
     const apply = () => {
-      target.peerId = r.peerId;
-      target.publicKey = r.publicKey;
-      if (r.relayAddr !== undefined) target.relayAddr = r.relayAddr;
-      else delete target.relayAddr;
-      if (r.endpoint !== undefined) target.endpoint = r.endpoint;
-      else delete target.endpoint;
-      target.info = r.info;
-      target.assignment = r.assignment;
-      target.serving = r.serving;
-      if (r.stats !== undefined) target.stats = r.stats;
-      if (r.layerMsEwma !== undefined) target.layerMsEwma = r.layerMsEwma;
-      target.registeredAt = r.registeredAt;
-      // Seen: the later of what we heard and what the writer heard.
-      if (fresh || r.lastSeen > target.lastSeen) {
-        target.lastSeen = Math.max(target.lastSeen ?? 0, r.lastSeen);
-        target.lateAtSeen = this.lateMs();
-      }
-      target.intervalMs = Math.max(target.intervalMs ?? 0, r.intervalMs);
-      target.busyUntil = Math.max(target.busyUntil ?? 0, r.busyUntil);
-      target.kvHeldAtBeat = r.kvHeldAtBeat;
-      target.draining = r.draining;
-      target.drainingSince = r.drainingSince;
+      copyRemote(target, r, fresh, () => this.lateMs());
       if (r.quarantinedUntil !== undefined && r.quarantinedUntil > (target.quarantinedUntil ?? 0)) {
         target.quarantinedUntil = r.quarantinedUntil;
-        if (r.quarantinedUntil > (this.quarantineLedger.get(r.peerId) ?? 0)) this.noteQuarantine(r.peerId, r.quarantinedUntil);
+        if (r.quarantinedUntil > this.ledgers.quarantinedUntil(r.peerId)) this.ledgers.noteQuarantine(r.peerId, r.quarantinedUntil);
       }
     };
     if (target.contribution) this.edit(target, apply);
@@ -520,33 +394,19 @@ export class NodeRegistry {
   vacateRemote(r: RemoteRecord, until: number): void {
     const rec = this.nodes.get(r.peerId);
     if (rec) this.drop(rec, 'dropped for silence by another tracker', true);
-    else this.noteDropped(r.peerId);
+    else this.grace.noteDropped(r.peerId);
     if (until <= this.o.now() || !r.assignment || !this.models.has(r.info.model)) {
-      this.vacated.delete(r.peerId);
+      this.grace.endVacated(r.peerId);
       return;
     }
     const layerMs = r.layerMsEwma !== undefined && r.layerMsEwma > 0 ? r.layerMsEwma : this.o.defaultLayerMs;
-    this.noteVacated(r.peerId, { model: r.info.model, span: r.assignment, throughput: 1000 / layerMs, until });
+    this.grace.noteVacated(r.peerId, { model: r.info.model, span: r.assignment, throughput: 1000 / layerMs, until });
     this.placement(r.info.model).dirty = true;
   }
 
   /** When the rejoin grace of a node dropped for silence ends (ms since epoch); undefined: it has none. */
   vacatedUntil(peerId: string): number | undefined {
-    const v = this.vacated.get(peerId);
-    return v !== undefined && v.until > this.o.now() ? v.until : undefined;
-  }
-
-  private noteVacated(peerId: string, v: { model: string; span: Span; throughput: number; until: number }): void {
-    this.vacated.delete(peerId);
-    this.vacated.set(peerId, v);
-    if (this.vacated.size > 10_000) this.vacated.delete(this.vacated.keys().next().value!);
-  }
-
-  private noteDropped(peerId: string): void {
-    this.dropped.delete(peerId);
-    this.dropped.add(peerId);
-    // Bounded: the oldest go first (a Set iterates in insertion order).
-    if (this.dropped.size > 10_000) this.dropped.delete(this.dropped.values().next().value!);
+    return this.grace.vacatedUntil(peerId, this.o.now());
   }
 
   /** Another tracker of the cluster removed the node: drop the local copy (no rebalance: the remover did its own). */
@@ -572,19 +432,8 @@ export class NodeRegistry {
     return this.o.lateMs?.() ?? 0;
   }
 
-  private absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number): void {
-    if (!stats) return;
-    if (!rec.stats || !sameFlat(rec.stats, stats)) rec.stats = stats;
-    rec.kvHeldAtBeat = this.kvHeld.get(rec.peerId) ?? 0;
-    // The oldest sample is reused once the history is full (no new long-lived object per beat).
-    const sample = rec.history.length >= HISTORY ? rec.history.shift()! : ({} as StatsSample);
-    sample.at = now;
-    sample.rpm = stats.rpm;
-    sample.layer_ms = stats.layer_ms;
-    rec.history.push(sample);
-    if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
-    // A node that has not run a step yet reports 0: keep the estimate until it has.
-    if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
+  private absorbStats(rec: NodeRecord, stats: NodeMessage['stats'], now: number): void {
+    absorbStats(rec, stats, now, this.ledgers.kvHeldOn(rec.peerId));
   }
 
   /** Tell the registry what heartbeat period the node was just given (its deadline counts in it). */
@@ -602,163 +451,30 @@ export class NodeRegistry {
 
   /** `grace`: the node went silent and may come back (its span is kept from moves for the rejoin grace). */
   private drop(rec: NodeRecord, reason: string, remote = false, grace = false): void {
-    const graceMs = this.rejoinGraceMs();
+    const graceMs = this.o.rejoinGraceMs ?? 0;
     if (grace && rec.assignment && graceMs > 0) {
       // A node that drained first (a closed tab's beacon) stopped counting when its drain cover ended.
-      const from = rec.draining && rec.drainingSince !== undefined ? Math.min(this.o.now(), rec.drainingSince + this.drainCoverMs()) : this.o.now();
-      this.noteVacated(rec.peerId, { model: rec.info.model, span: rec.assignment, throughput: this.throughput(rec), until: from + graceMs });
+      const from = rec.draining && rec.drainingSince !== undefined ? Math.min(this.o.now(), rec.drainingSince + drainCoverMs(this.o)) : this.o.now();
+      this.grace.noteVacated(rec.peerId, { model: rec.info.model, span: rec.assignment, throughput: this.throughput(rec), until: from + graceMs });
     }
     this.byId.delete(rec.peerId);
     this.placement(rec.info.model).forget(rec);
-    this.noteDropped(rec.peerId);
+    this.grace.noteDropped(rec.peerId);
     this.events.onRemoved?.(rec, reason, remote);
   }
 
   /**
-   * True when `n` has been silent for deadAfterMissedHeartbeats of the
-   * periods it was told, not counting time the tracker itself was late.
-   */
-  private silentTooLong(n: NodeRecord, now: number, late: number): boolean {
-    const period = Math.max(n.intervalMs ?? 0, this.o.heartbeatIntervalMs);
-    const silence = now - n.lastSeen - Math.max(0, late - (n.lateAtSeen ?? 0));
-    return silence > this.o.deadAfterMissedHeartbeats * period;
-  }
-
-  /**
    * Drop nodes silent past their deadline, then rebalance each model whose
-   * placement changed (and every few sweeps regardless: throughputs drift).
-   * O(nodes) for the scan, O(layers) per model for the sums. Returns the removed ids.
+   * placement changed (sweep.ts). `decide` false (a cluster's follower): no
+   * drop and no move, only the sums follow. Returns the removed ids.
    */
   sweep(opts: { decide?: boolean } = {}): string[] {
-    const decide = opts.decide ?? true;
-    const now = this.o.now();
-    const late = this.lateMs();
-    const dead: NodeRecord[] = [];
-    // Only the tracker that decides (the only one, or the cluster's leader) removes and moves nodes.
-    const stale: NodeRecord[] = [];
-    for (const n of this.nodes.values()) {
-      if (decide && this.silentTooLong(n, now, late)) dead.push(n);
-      else if (!this.contributionCurrent(n)) stale.push(n);
-    }
-    for (const n of dead) this.drop(n, 'missed heartbeats', false, true);
-    // A drain past its grace, a quarantine begun or ended: the sums follow.
-    for (const n of stale) this.edit(n, () => {});
-    this.sweeps++;
-    for (const m of this.models.keys()) {
-      const p = this.placement(m);
-      p.recount();
-      const graceEnded = now >= (this.graceEnds.get(m) ?? Infinity);
-      if (decide && (p.dirty || graceEnded || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
-    }
-    return dead.map((n) => n.peerId);
+    return this.sweeper.sweep(opts.decide ?? true);
   }
 
   /** Move a node where that clearly improves the worst-covered layer; moved nodes see it in their next answer. */
   rebalance(modelName: string): Move[] {
-    const model = this.models.get(modelName);
-    if (!model) return [];
-    const p = this.placement(modelName);
-    p.dirty = false;
-    // Idle nodes (nothing fit before) get a chance whenever the picture changes.
-    // A pinned node (its operator fixed the span) holds what it serves and is never moved: it would not follow.
-    for (const n of p.nodes) {
-      if (n.info.pinned && n.serving && !sameSpan(n.assignment, n.serving)) {
-        this.edit(n, () => (n.assignment = n.serving));
-        this.events.onChanged?.(n, 'assigned');
-      } else if (!n.assignment && !n.info.pinned) {
-        const to = chooseSpanIn(model, budgetBytes(n.info), p.assigned, n.info.weight_format);
-        if (to) {
-          this.edit(n, () => (n.assignment = to));
-          this.events.onChanged?.(n, 'assigned');
-        }
-      }
-    }
-    p.dirty = false;
-    // One move at a time, and none while a moved node still loads: each node switches spans when its load
-    // ends, so two moves planned together (a swap) leave layers bare between the two switches, and chats
-    // in that gap get 503s. A single move is judged on the placement without the mover's old span, and
-    // the mover serves its old span until its new one is loaded, so it bares nothing the plan did not count.
-    if (p.movers > 0) return [];
-    // Movers only (every node's span is in the sums already). In a large swarm, nodes of one span, budget and
-    // weight format differ only by speed: the fastest of each such group stands for it (its move gains most).
-    const candidates = new Map<string, RebalanceNode>();
-    const exact = p.size <= EXACT_REBALANCE_NODES;
-    for (const n of p.nodes) {
-      // Only nodes whose span the sums count (not draining for long, not quarantined): the move is judged on the sums without it.
-      if (!n.assignment || !n.contribution?.assignment || n.info.pinned || this.status(n) !== NodeStatus.Serving) continue;
-      const c: RebalanceNode = {
-        id: n.peerId,
-        start: n.assignment.start,
-        end: n.assignment.end,
-        throughput: n.contribution?.throughput ?? this.throughput(n),
-        budgetBytes: budgetBytes(n.info),
-        ...(n.info.weight_format ? { format: n.info.weight_format } : {}),
-        movable: true,
-      };
-      const key = exact ? n.peerId : `${c.start}:${c.end}:${c.budgetBytes}:${c.format ?? ''}`;
-      const had = candidates.get(key);
-      if (!had || c.throughput > had.throughput) candidates.set(key, c);
-    }
-    // Nodes in their rejoin grace: a spare (a node none of whose layers it alone holds) may be moved onto their
-    // layers at once; any other move is judged as if they were still there.
-    const absent = this.absentSpans(modelName, p);
-    const spares = absent ? [...candidates.values()].filter((c) => isSpare(c, p.assigned.count)) : [];
-    const mv = (spares.length > 0 ? bestMove(model, p.assigned, spares, this.o.balanceQuality) : null) ?? bestMove(model, p.assigned, candidates.values(), this.o.balanceQuality, absent);
-    if (!mv) return [];
-    const n = this.nodes.get(mv.id)!;
-    this.edit(n, () => (n.assignment = mv.to));
-    this.events.onMoved?.(n, mv);
-    this.events.onChanged?.(n, 'moved');
-    return [mv];
-  }
-
-  private rejoinGraceMs(): number {
-    return this.o.rejoinGraceMs ?? 0;
-  }
-
-  /**
-   * The spans of nodes in their rejoin grace — dropped for silence, or
-   * draining past their drain cover (a page paused or frozen for long) —
-   * which moves judge as still held: moving a node that serves others onto
-   * those layers costs it a download and doubles them once the absent node
-   * is back, so it is the last resort, after the grace. Notes when the next
-   * grace ends (a rebalance is due then). Undefined: none.
-   */
-  private absentSpans(modelName: string, p: ModelPlacement<NodeRecord>): Coverage | undefined {
-    const now = this.o.now();
-    const graceMs = this.rejoinGraceMs();
-    const extra: Array<{ span: Span; throughput: number }> = [];
-    let next = Infinity;
-    for (const [id, v] of this.vacated) {
-      if (v.model !== modelName) continue;
-      if (v.until <= now) {
-        this.vacated.delete(id);
-        continue;
-      }
-      extra.push(v);
-      next = Math.min(next, v.until);
-    }
-    if (graceMs > 0) {
-      for (const n of p.nodes) {
-        // Still counted (a short drain), or quarantined (never reserved), or nothing assigned.
-        if (!n.draining || n.drainingSince === undefined || !n.assignment || n.contribution?.assignment || this.excluded(n.peerId)) continue;
-        const until = n.drainingSince + this.drainCoverMs() + graceMs;
-        if (until <= now) continue;
-        extra.push({ span: n.assignment, throughput: this.throughput(n) });
-        next = Math.min(next, until);
-      }
-    }
-    if (next === Infinity) this.graceEnds.delete(modelName);
-    else this.graceEnds.set(modelName, next);
-    if (extra.length === 0) return undefined;
-    const absent: Coverage = { count: new Array<number>(p.numLayers).fill(0), throughput: new Array<number>(p.numLayers).fill(0) };
-    for (const x of extra) {
-      for (let l = Math.max(0, x.span.start); l < Math.min(p.numLayers, x.span.end); l++) {
-        absent.count[l]!++;
-        absent.throughput[l]! += x.throughput;
-      }
-    }
-    return absent;
+    return this.sweeper.rebalance(modelName);
   }
 
   /**
@@ -770,80 +486,36 @@ export class NodeRegistry {
     return !n.draining && !this.excluded(n.peerId);
   }
 
-  private servingNode(n: NodeRecord): ServingNode {
-    return { id: n.peerId, start: n.serving!.start, end: n.serving!.end, layerMs: this.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight };
-  }
-
   /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. O(nodes): routing uses {@link routeCandidates}. */
-  servingNodes(model: string, exclude: ReadonlySet<string> = new Set(), keep?: (n: NodeRecord) => boolean): ServingNode[] {
-    const out: ServingNode[] = [];
-    for (const g of this.placement(model).groups.values()) {
-      for (const n of g.nodes) {
-        if (exclude.has(n.peerId) || !this.routable(n) || (keep && !keep(n))) continue;
-        out.push(this.servingNode(n));
-      }
-    }
-    return out;
+  servingNodes(model: string, exclude?: ReadonlySet<string>, keep?: (n: NodeRecord) => boolean): ServingNode[] {
+    return this.routing.servingNodes(model, exclude, keep);
   }
 
-  /**
-   * What the K-best route search needs of the serving nodes: of each span,
-   * the K cheapest per layer (layer_ms × (1 + load)) that pass `keep`. A
-   * route never holds two nodes of one span (the second could not start
-   * where the first ends), so a node with K cheaper ones of its span is in
-   * none of the K cheapest routes: the search over these finds the same
-   * routes as over every node, and costs the same with 10 or 10,000 donors.
-   */
+  /** Of each span of `model`, the K cheapest serving nodes that pass `keep`: all the K-best route search needs (route-choice.ts). */
   routeCandidates(model: string, exclude?: ReadonlySet<string>, keep?: (n: NodeRecord) => boolean): ServingNode[] {
-    const out: ServingNode[] = [];
-    for (const g of this.placement(model).groups.values()) {
-      // Cheapest first: the first K that pass are the K cheapest that pass.
-      let taken = 0;
-      for (const n of g.nodes) {
-        if (exclude?.has(n.peerId) || !this.routable(n) || (keep && !keep(n))) continue;
-        out.push(this.servingNode(n));
-        if (++taken === ROUTES_KEPT) break;
-      }
-    }
-    return out;
+    return this.routing.routeCandidates(model, exclude, keep);
   }
 
   // ------------------------------------------------------------ KV room (admission)
 
   /** KV bytes a session of `tokens` positions takes on `n`, in its blocks; 0 when the node does not report its KV. */
   kvNeed(n: NodeRecord, tokens: number): number {
-    const st = n.stats;
-    if (!st?.kv_bytes_per_token) return 0;
-    const block = st.kv_block_tokens ?? 1;
-    const t = Math.min(st.kv_max_tokens ?? Infinity, Math.max(block, Math.ceil(tokens / block) * block));
-    return t * st.kv_bytes_per_token;
+    return kvNeed(n, tokens);
   }
 
-  /**
-   * KV bytes `n` can give a new session now, as far as this tracker knows:
-   * its budget, less what other callers held at its last heartbeat, less
-   * what this tracker's generations hold now. 0 while a MESH_ERR_BUSY answer
-   * is fresh; Infinity for a node that does not report its KV (older nodes).
-   */
+  /** KV bytes `n` can give a new session now, as far as this tracker knows (peer-ledgers.ts kvFree). */
   kvFree(n: NodeRecord): number {
-    if (n.busyUntil > this.o.now()) return 0;
-    const st = n.stats;
-    if (st?.kv_budget_bytes === undefined) return Infinity;
-    const usedAtBeat = st.kv_used_bytes ?? Math.max(0, st.kv_budget_bytes - st.kv_free_bytes);
-    const foreign = Math.max(0, usedAtBeat - n.kvHeldAtBeat);
-    return Math.max(0, st.kv_budget_bytes - foreign - (this.kvHeld.get(n.peerId) ?? 0));
+    return kvFree(n, this.ledgers.kvHeldOn(n.peerId), this.o.now());
   }
 
   /** KV bytes this tracker's generations hold on a node now. */
   kvHeldOn(peerId: string): number {
-    return this.kvHeld.get(peerId) ?? 0;
+    return this.ledgers.kvHeldOn(peerId);
   }
 
   /** Add (or, negative, give back) KV bytes a generation holds on a node. */
   holdKv(peerId: string, bytes: number): void {
-    const v = Math.max(0, (this.kvHeld.get(peerId) ?? 0) + bytes);
-    if (v === 0) this.kvHeld.delete(peerId);
-    else this.kvHeld.set(peerId, v);
+    this.ledgers.holdKv(peerId, bytes);
   }
 
   /** The node answered MESH_ERR_BUSY: route no new session to it for `ms`. */
@@ -852,8 +524,8 @@ export class NodeRegistry {
    * (`isQuarantined`), and in a cluster every tracker learns it through the node's document.
    */
   quarantine(peerId: string, until: number): void {
-    if ((this.quarantineLedger.get(peerId) ?? 0) >= until) return;
-    this.noteQuarantine(peerId, until);
+    if (this.ledgers.quarantinedUntil(peerId) >= until) return;
+    this.ledgers.noteQuarantine(peerId, until);
     const n = this.nodes.get(peerId);
     if (!n) return;
     n.quarantinedUntil = until;
@@ -862,26 +534,15 @@ export class NodeRegistry {
 
   /** Quarantined now, by this tracker's judgement or another's. */
   isQuarantined(peerId: string): boolean {
-    return (this.quarantineLedger.get(peerId) ?? 0) > this.o.now();
+    return this.ledgers.quarantinedUntil(peerId) > this.o.now();
   }
 
   /** Nodes quarantined now, with the end of it (expired entries are forgotten). */
   quarantines(): Array<{ peer_id: string; until: number }> {
-    const now = this.o.now();
-    const out: Array<{ peer_id: string; until: number }> = [];
-    for (const [peer, until] of this.quarantineLedger) {
-      if (until > now) out.push({ peer_id: peer, until });
-      else this.quarantineLedger.delete(peer);
-    }
-    return out;
+    return this.ledgers.quarantines(this.o.now());
   }
 
-  private noteQuarantine(peerId: string, until: number): void {
-    this.quarantineLedger.delete(peerId);
-    if (this.quarantineLedger.size >= FAILURE_LEDGER) this.quarantineLedger.delete(this.quarantineLedger.keys().next().value!);
-    this.quarantineLedger.set(peerId, until);
-  }
-
+  /** The node answered MESH_ERR_BUSY: route no new session to it for `ms`. */
   markBusy(peerId: string, ms: number): void {
     const n = this.nodes.get(peerId);
     if (!n) return;
@@ -896,56 +557,22 @@ export class NodeRegistry {
    * route could hold such a session even empty.
    */
   pickWithRoom(modelName: string, tokens: number, exclude?: ReadonlySet<string>): RoutePlan | undefined {
-    const model = this.model(modelName);
-    const end = model.numLayers;
-    const costs = { hopLatencyMs: this.o.hopLatencyMs, keep: ROUTES_KEPT };
-    const fit = this.routeCandidates(modelName, exclude, (n) => this.kvNeed(n, tokens) <= this.kvFree(n));
-    const plan = pickRoute(findRoutes(fit, 0, end, costs), this.o.routeSlack, this.o.random);
-    if (plan) return plan;
-    const all = this.routeCandidates(modelName, exclude);
-    if (findRoutes(all, 0, end, costs).length === 0) throw this.noRoute(modelName, all, 0, end);
-    const ever = this.routeCandidates(modelName, exclude, (n) => n.stats?.kv_budget_bytes === undefined || this.kvNeed(n, tokens) <= n.stats.kv_budget_bytes);
-    if (findRoutes(ever, 0, end, costs).length === 0) {
-      throw new MeshError('MESH_ERR_TOO_LARGE', `a session of ${tokens} positions (prompt + max_tokens) does not fit the KV memory of any route of "${modelName}", even idle; ask for fewer tokens`, { tokens });
-    }
-    return undefined;
+    return this.routing.pickWithRoom(modelName, tokens, exclude);
   }
 
   /** Routes over [from, to) of `model`, cheapest first. */
   routes(model: string, from: number, to: number, exclude?: ReadonlySet<string>): RoutePlan[] {
-    return findRoutes(this.routeCandidates(model, exclude), from, to, { hopLatencyMs: this.o.hopLatencyMs, keep: ROUTES_KEPT });
+    return this.routing.routes(model, from, to, exclude);
   }
 
-  /**
-   * A route for one request over [from, to), picked among the near-best by
-   * throughput; 503 naming the missing layers when none exists.
-   */
+  /** A route for one request over [from, to), picked among the near-best; 503 naming the missing layers when none exists. */
   pick(modelName: string, exclude?: ReadonlySet<string>, from = 0, to?: number): RoutePlan {
-    const model = this.model(modelName);
-    const end = to ?? model.numLayers;
-    const serving = this.routeCandidates(modelName, exclude);
-    const plan = pickRoute(findRoutes(serving, from, end, { hopLatencyMs: this.o.hopLatencyMs, keep: ROUTES_KEPT }), this.o.routeSlack, this.o.random);
-    if (plan) return plan;
-    throw this.noRoute(modelName, serving, from, end);
-  }
-
-  private noRoute(modelName: string, serving: readonly ServingNode[], from: number, end: number): MeshError {
-    const model = this.model(modelName);
-    const missing = missingIn(serving, from, end);
-    const loading = this.placement(modelName).statusCount.loading;
-    return new MeshError(
-      'MESH_ERR_UNAVAILABLE',
-      `no route for model "${modelName}": layers ${formatLayers(missing)} of 0-${model.numLayers - 1} are not served by any node${loading ? ` (${loading} node(s) still loading)` : ''}; add nodes or wait for them to load`,
-      { missing_layers: missing },
-    );
+    return this.routing.pick(modelName, exclude, from, to);
   }
 
   /** Per layer how many nodes serve it, and the layers none serves: O(layers). */
   coverageOf(modelName: string): { count: number[]; throughput: number[]; missing: number[]; complete: boolean } {
-    this.model(modelName);
-    const p = this.placement(modelName);
-    const missing = p.missing();
-    return { count: [...p.serving.count], throughput: p.serving.throughput.map(round), missing, complete: missing.length === 0 };
+    return coverageOf(this, modelName);
   }
 
   /** Node counts of a model by status: O(1). */
@@ -953,131 +580,17 @@ export class NodeRegistry {
     return this.placement(modelName).statusCount;
   }
 
-  /**
-   * The availability map of one model: per layer, how many serve it and (the
-   * first `idsPerLayer` of) who; the nodes, `offset`/`limit` of them.
-   */
+  /** The availability map of one model (availability.ts). */
   availability(modelName: string, page: { offset?: number; limit?: number; idsPerLayer?: number } = {}) {
-    const model = this.model(modelName);
-    const p = this.placement(modelName);
-    const cov = this.coverageOf(modelName);
-    const idsPerLayer = page.idsPerLayer ?? Infinity;
-    const offset = Math.max(0, page.offset ?? 0);
-    const limit = Math.max(0, page.limit ?? Infinity);
-    const layers = cov.count.map((count, layer) => {
-      const ids: string[] = [];
-      for (const g of p.groups.values()) {
-        if (ids.length >= idsPerLayer) break;
-        if (!(g.span.start <= layer && layer < g.span.end)) continue;
-        for (const n of g.nodes) {
-          if (ids.length >= idsPerLayer) break;
-          ids.push(n.peerId);
-        }
-      }
-      return { layer, nodes: ids, count, throughput: cov.throughput[layer]! };
-    });
-    const nodes: NodeRecord[] = [];
-    let i = 0;
-    for (const n of p.nodes) {
-      if (nodes.length >= limit) break;
-      if (i++ >= offset) nodes.push(n);
-    }
-    return {
-      model: modelName,
-      num_layers: model.numLayers,
-      complete: cov.complete,
-      missing_layers: cov.missing,
-      nodes_total: p.size,
-      layers,
-      nodes: nodes.map((n) => ({
-        peer_id: n.peerId,
-        status: this.status(n),
-        assignment: n.assignment && { start_layer: n.assignment.start, end_layer: n.assignment.end },
-        serving: n.serving && { start_layer: n.serving.start, end_layer: n.serving.end },
-        layer_ms: round(this.layerMs(n)),
-        throughput: round(this.throughput(n)),
-        backend: n.info.backend,
-        host: n.info.host,
-        relay: n.relayAddr !== undefined,
-        direct: n.endpoint !== undefined,
-        draining: n.draining,
-        draining_since: n.drainingSince ?? null,
-        duty_cycle: n.info.duty_cycle ?? 1,
-      })),
-    };
+    return availability(this, modelName, page);
   }
 
   /** Nodes of a model grouped by span: per span, how many serve it and how many still load it. */
   spanGroups(modelName: string): Array<{ start_layer: number; end_layer: number; serving: number; loading: number }> {
-    const bySpan = new Map<string, { start_layer: number; end_layer: number; serving: number; loading: number }>();
-    for (const n of this.placement(modelName).nodes) {
-      const s = n.assignment ?? n.serving;
-      if (!s) continue;
-      const key = `${s.start}:${s.end}`;
-      let g = bySpan.get(key);
-      if (!g) bySpan.set(key, (g = { start_layer: s.start, end_layer: s.end, serving: 0, loading: 0 }));
-      const st = this.status(n);
-      // A draining node counts as neither: it serves no new chat, and loads nothing.
-      if (st === NodeStatus.Serving) g.serving++;
-      else if (st === NodeStatus.Loading) g.loading++;
-    }
-    return [...bySpan.values()].sort((a, b) => a.start_layer - b.start_layer || a.end_layer - b.end_layer);
+    return spanGroups(this, modelName);
   }
-}
-
-function round(x: number): number {
-  return Math.round(x * 1000) / 1000;
-}
-
-function sameSpan(a: Span | null | undefined, b: Span | null | undefined): boolean {
-  return a === b || (!!a && !!b && a.start === b.start && a.end === b.end);
-}
-
-/** Layers of [from, to) none of `nodes` holds. */
-function missingIn(nodes: readonly ServingNode[], from: number, to: number): number[] {
-  const held = new Uint8Array(Math.max(0, to));
-  for (const n of nodes) for (let l = Math.max(from, n.start); l < Math.min(to, n.end); l++) held[l] = 1;
-  const out: number[] = [];
-  for (let l = from; l < to; l++) if (!held[l]) out.push(l);
-  return out;
-}
-
-function setAddresses(rec: NodeRecord, msg: NodeMessage): void {
-  if (msg.relay_addr !== undefined) {
-    if (rec.relayAddr !== msg.relay_addr) rec.relayAddr = msg.relay_addr;
-  } else delete rec.relayAddr;
-  if (msg.endpoint !== undefined) {
-    if (rec.endpoint !== msg.endpoint) rec.endpoint = msg.endpoint;
-  } else delete rec.endpoint;
-}
-
-/** Same keys, and each value the same primitive (an object-valued field counts as a change). */
-function sameFlat(a: object, b: object): boolean {
-  const ka = Object.keys(a);
-  if (ka.length !== Object.keys(b).length) return false;
-  for (const k of ka) {
-    const x = (a as Record<string, unknown>)[k];
-    if (typeof x === 'object' && x !== null) return false;
-    if (x !== (b as Record<string, unknown>)[k] || !(k in b)) return false;
-  }
-  return true;
 }
 
 function sameContribution(a: Contribution, b: Contribution): boolean {
   return sameSpan(a.assignment, b.assignment) && sameSpan(a.serving, b.serving) && a.throughput === b.throughput && a.cost === b.cost && a.status === b.status && a.mover === b.mover;
-}
-
-export function budgetBytes(info: NodeInfo): number {
-  return info.memory_budget_mb * 1024 * 1024;
-}
-
-function validSpan(s: { start_layer: number; end_layer: number } | null | undefined, model: ModelSpec): Span | null {
-  if (!s || s.start_layer >= s.end_layer || s.end_layer > model.numLayers) return null;
-  return { start: s.start_layer, end: s.end_layer };
-}
-
-/** A node every layer of whose span another node holds too: moving it bares nothing. */
-function isSpare(n: Span, count: readonly number[]): boolean {
-  for (let l = n.start; l < n.end; l++) if ((count[l] ?? 0) < 2) return false;
-  return true;
 }

@@ -9,19 +9,16 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import type { OnnxBackend } from '../../src/shard/backend.ts';
 import { walkAgainstReference } from '../helpers/fused.ts';
 import { fixture, prompts } from '../helpers/shard.ts';
+import { sharedWebGpu } from '../helpers/webgpu-backend.ts';
 
-const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
-const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor } = await import('../../src/shard/fused-executor.ts');
 
-const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 const TOL = 1e-4; // test/gpu/webgpu-node.test.ts: SwiftShader sums in another order than float64
 const PRESETS = ['tiny-mistral', 'tiny-qwen3', 'tiny-phi3', 'tiny-phi4mini'] as const;
 
 let backend: OnnxBackend;
 beforeAll(async () => {
-  await installNodeWebGpu();
-  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
+  backend = (await sharedWebGpu()).backend;
 }, 600_000);
 
 describe('fused graphs of the published architectures on WebGPU', () => {

@@ -13,8 +13,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type * as OrtTypes from 'onnxruntime-web';
-import { installNodeWebGpu, type NodeGpuInfo } from '../../src/host/node/webgpu.ts';
-import { createOrtWebBackend, loadOrt } from '../../src/host/browser/onnx.ts';
+import type { NodeGpuInfo } from '../../src/host/node/webgpu.ts';
+import { loadOrt } from '../../src/host/browser/onnx.ts';
 import { MIN_FLASH_ATTENTION_SUBGROUP, subgroupVerdict } from '../../src/host/browser/webgpu.ts';
 import { createNodeBackend } from '../../src/host/node/onnx.ts';
 import { ElemType, GraphBuilder, MS_DOMAIN, writeFloats } from '../../src/model/onnx-builder.ts';
@@ -22,8 +22,8 @@ import type { BackendTensor, OnnxBackend } from '../../src/shard/backend.ts';
 import { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import { walkAgainstReference } from '../helpers/fused.ts';
 import { fixture } from '../helpers/shard.ts';
+import { ORT_WASM_PATHS as WASM, sharedWebGpu } from '../helpers/webgpu-backend.ts';
 
-const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 const H = 4;
 const KV = 2;
 const D = 16;
@@ -95,10 +95,8 @@ let ort: typeof OrtTypes;
 let ex: FusedShardExecutor | undefined;
 
 beforeAll(async () => {
-  const installed = await installNodeWebGpu();
-  info = installed.info;
-  subgroupMin = ((await installed.gpu.requestAdapter())!.info as GPUAdapterInfo & { subgroupMinSize?: number }).subgroupMinSize;
-  gpu = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
+  ({ info, backend: gpu } = await sharedWebGpu());
+  subgroupMin = ((await navigator.gpu.requestAdapter())!.info as GPUAdapterInfo & { subgroupMinSize?: number }).subgroupMinSize;
   ort = await loadOrt('webgpu', { numThreads: 1, wasmPaths: WASM });
 }, 600_000);
 

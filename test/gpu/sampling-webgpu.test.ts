@@ -15,13 +15,11 @@ import { DeviceSampler } from '../../src/shard/device-sampler.ts';
 import { sampleToken, type SamplingParams } from '../../src/shard/sampling.ts';
 import { fixture } from '../helpers/shard.ts';
 import { peakedLogits, SWEEP, sweepRow } from '../helpers/sampling.ts';
+import { sharedWebGpu } from '../helpers/webgpu-backend.ts';
 
 
-const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
-const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 
-const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 const f = fixture('llama3-real-vocab');
 const V = f.cfg.vocabSize;
 
@@ -29,8 +27,7 @@ let backend: OnnxBackend;
 let sampler: DeviceSampler;
 
 beforeAll(async () => {
-  await installNodeWebGpu();
-  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM, infoLog: true });
+  backend = (await sharedWebGpu()).backend;
   sampler = new DeviceSampler(backend, V);
 }, 600_000);
 
@@ -46,6 +43,7 @@ async function onGpu(row: Float32Array, temperature: number) {
 
 describe('sampling at temperature > 0 on WebGPU (Dawn in Node, SwiftShader)', () => {
   it('the sampler graph runs on the WebGPU EP, TopK included: no host copies inserted', async () => {
+    ortLog.lines.length = 0; // what a suite before this one in the process left
     ortLog.tapping = true;
     const row = peakedLogits(V, 5);
     const c = await onGpu(row, 1);

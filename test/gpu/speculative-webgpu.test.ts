@@ -13,12 +13,10 @@ import type { ForwardRequest } from '../../src/shard/contract.ts';
 import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import { ReferenceModel } from '../../src/model/reference.ts';
 import { fixture, prompts } from '../helpers/shard.ts';
+import { sharedWebGpu } from '../helpers/webgpu-backend.ts';
 
-const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
-const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 
-const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 const f = fixture('tiny');
 const ref = new ReferenceModel(f.cfg, f.weights);
 const PROMPT = prompts(f.cfg.vocabSize, 3, 7)[2]!;
@@ -29,8 +27,7 @@ const wrong = (t: number) => (t + 1) % f.cfg.vocabSize;
 let gpu: OnnxBackend;
 
 beforeAll(async () => {
-  await installNodeWebGpu();
-  gpu = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
+  gpu = (await sharedWebGpu()).backend;
 }, 600_000);
 
 async function token(ex: FusedShardExecutor, req: ForwardRequest) {

@@ -17,13 +17,11 @@ import type { ShardExecutor } from '../../src/shard/executor.ts';
 import { decodeTogether } from '../helpers/batch.ts';
 import { dequantizedWeights } from '../helpers/fused.ts';
 import { fixture } from '../helpers/shard.ts';
+import { sharedWebGpu } from '../helpers/webgpu-backend.ts';
 
-const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
-const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 const { ShardExecutor: Plain } = await import('../../src/shard/executor.ts');
 
-const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 // SwiftShader's f32 kernels sum in another order than float64.
 const TOL = 1e-4;
 const f = fixture('tiny');
@@ -31,8 +29,7 @@ const f = fixture('tiny');
 let backend: OnnxBackend;
 
 beforeAll(async () => {
-  await installNodeWebGpu();
-  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM });
+  backend = (await sharedWebGpu()).backend;
 }, 600_000);
 
 /**

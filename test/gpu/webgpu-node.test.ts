@@ -20,28 +20,26 @@ import type { FusedShardExecutor } from '../../src/shard/fused-executor.ts';
 import { ReferenceModel, newRefCache } from '../../src/model/reference.ts';
 import { dequantizedWeights, walkAgainstReference } from '../helpers/fused.ts';
 import { fixture, maxAbsDiff } from '../helpers/shard.ts';
+import { sharedWebGpu } from '../helpers/webgpu-backend.ts';
 
 
-const { installNodeWebGpu } = await import('../../src/host/node/webgpu.ts');
-const { createOrtWebBackend } = await import('../../src/host/browser/onnx.ts');
 const { FusedShardExecutor: Fused } = await import('../../src/shard/fused-executor.ts');
 
-const WASM = new URL('../../node_modules/onnxruntime-web/dist/', import.meta.url).href;
 // SwiftShader's f32 kernels sum in another order than float64.
 const TOL = 1e-4;
 const f = fixture('tiny');
 const CHUNKS = [[5, 9, 33, 100, 7], [44], [12, 13, 14], [200]];
 
-// One backend (one GPUDevice) for every test: SwiftShader compiles each GPU program once per
-// device (tens of seconds for a first prefill or decode step), not once per executor. Its info
+// One backend (one GPUDevice) for every test (test/helpers/webgpu-backend.ts says why); its info
 // log (programs counted by two tests) is dropped unless a test taps it.
 let backend: OnnxBackend;
 let q4: FusedShardExecutor;
 
 beforeAll(async () => {
-  const { info } = await installNodeWebGpu();
+  const { info, backend: shared } = await sharedWebGpu();
   expect(info.isFallbackAdapter || info.features.length > 0).toBe(true);
-  backend = await createOrtWebBackend('webgpu', { numThreads: 1, wasmPaths: WASM, infoLog: true });
+  backend = shared;
+  ortLog.lines.length = 0; // what a suite before this one in the process left
   ortLog.tapping = true;
   q4 = await Fused.create({ config: f.cfg, backend, weights: () => f.weights, startLayer: 0, endLayer: f.cfg.numLayers, projections: 'q4', maxContext: 128, returnLogits: true });
   ortLog.tapping = false;

@@ -52,9 +52,11 @@ function cutsOf(layers: number, parts: 2 | 3): number[][] {
   return out;
 }
 
+// tiny (4 layers) is cut at every place; small (12 layers, untied head, 3 checkpoint files) only where a
+// boundary's bf16 rounding has the most layers after it (behind layer 0) or the fewest (before the head).
 describe.each([
   { preset: 'tiny' as const, two: null, three: null },
-  { preset: 'small' as const, two: [[1], [6], [11]], three: [[1, 2], [4, 8], [10, 11]] },
+  { preset: 'small' as const, two: [[1], [11]], three: [[10, 11]] },
 ])('$preset split into shards', ({ preset, two, three }) => {
   const f = fixture(preset);
   const L = f.cfg.numLayers;

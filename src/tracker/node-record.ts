@@ -1,0 +1,205 @@
+/**
+ * What the tracker keeps of one node (NodeRecord), the form another tracker
+ * of the cluster writes it in (RemoteRecord), and the pure steps that read a
+ * node's message into a record: its status, its addresses, its stats. The
+ * registry (registry.ts) owns the records; nothing here keeps state.
+ */
+import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
+import type { Span } from './assignment.ts';
+import type { ModelSpec } from './model-registry.ts';
+import type { Contribution } from './placement.ts';
+
+export const NodeStatus = {
+  /** Told what to load; not serving it yet. */
+  Loading: 'loading',
+  /** Serves its assignment. */
+  Serving: 'serving',
+  /** Its budget holds no layer of the model. */
+  Idle: 'idle',
+  /** Serves, but takes no new sessions (paused, frozen, closing): routes leave it out. */
+  Draining: 'draining',
+} as const;
+export type NodeStatus = (typeof NodeStatus)[keyof typeof NodeStatus];
+
+/** One heartbeat's figures the dashboard draws (the rest of the stats are kept only as the latest). */
+export interface StatsSample {
+  at: number;
+  rpm: number;
+  layer_ms: number;
+}
+
+export interface NodeRecord {
+  peerId: string;
+  publicKey: string;
+  relayAddr?: string;
+  endpoint?: string;
+  info: NodeInfo;
+  assignment: Span | null;
+  serving: Span | null;
+  stats?: NodeStats;
+  /** Last few heartbeats' figures, oldest first (rolling view for the dashboard). */
+  history: StatsSample[];
+  /** Smoothed ms per layer per step (EWMA of reported layer_ms). */
+  layerMsEwma: number | undefined;
+  registeredAt: number;
+  lastSeen: number;
+  /** The heartbeat period this tracker told the node last, ms: its deadline is counted in those. */
+  intervalMs: number;
+  /** The tracker's own late time (RegistryOptions.lateMs) when the node was last seen: silence while the tracker lagged is not the node's. */
+  lateAtSeen: number;
+  /** Generations this tracker currently runs through the node (head or hop). */
+  inFlight: number;
+  /**
+   * Failures this tracker saw the node cause: as a head (its stream broke, not a relay outage) or as a
+   * hop a head reported failed. Kept by peer id beyond the record (peer-ledgers.ts): a node removed
+   * for missing heartbeats (a frozen page) finds its count again when it registers.
+   */
+  failures: number;
+  /**
+   * KV bytes this tracker's generations held on the node when its last
+   * heartbeat arrived: what the heartbeat's use counts beyond that belongs
+   * to other callers (or to sessions idling out).
+   */
+  kvHeldAtBeat: number;
+  /** After a MESH_ERR_BUSY answer no new session is routed here before this time, ms since epoch. */
+  busyUntil: number;
+  /** The node's relay connection as its last message said (undefined: it did not say). */
+  relayConnected?: boolean;
+  /** Since when (the tracker's clock) the tracker could not reach the node, and why; cleared when it reaches it again. */
+  unreachable?: { since: number; why: string };
+  /** The node takes no new sessions (its last message said `draining`): no route, replacement or failover picks it. */
+  draining: boolean;
+  /**
+   * Until when a tracker of the cluster quarantined it (a check proved it wrong), ms since epoch; absent when
+   * none did. Shared through the cluster's registry, so every tracker routes around it, not only the judge.
+   */
+  quarantinedUntil?: number;
+  /** When this tracker saw it start draining, ms since epoch (tracker clock). */
+  drainingSince: number | undefined;
+  /** The newest message timestamp applied (the node's clock): older messages are ignored. */
+  lastTimestamp: number;
+  /** What the node adds to its model's placement sums (placement.ts); the registry's own bookkeeping. */
+  contribution: Contribution | undefined;
+}
+
+/** A record as another tracker of the cluster wrote it (cluster/doc.ts reads it from the store). */
+export interface RemoteRecord {
+  peerId: string;
+  publicKey: string;
+  relayAddr?: string | undefined;
+  endpoint?: string | undefined;
+  info: NodeInfo;
+  assignment: Span | null;
+  serving: Span | null;
+  stats?: NodeStats | undefined;
+  layerMsEwma?: number | undefined;
+  registeredAt: number;
+  lastSeen: number;
+  intervalMs: number;
+  busyUntil: number;
+  kvHeldAtBeat: number;
+  draining: boolean;
+  drainingSince: number | undefined;
+  quarantinedUntil?: number | undefined;
+}
+
+/** Heartbeats whose figures a record keeps for the dashboard. */
+const HISTORY = 12;
+const EWMA_ALPHA = 0.3;
+
+export function nodeStatus(n: NodeRecord): NodeStatus {
+  if (n.draining && n.serving) return NodeStatus.Draining;
+  if (!n.assignment) return NodeStatus.Idle;
+  if (n.serving && n.serving.start === n.assignment.start && n.serving.end === n.assignment.end) return NodeStatus.Serving;
+  return NodeStatus.Loading;
+}
+
+/** A message's stats into the record: the latest, the rolling history, the smoothed layer time. `kvHeldAtBeat`: this tracker's KV on the node now. */
+export function absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number, kvHeldAtBeat: number): void {
+  if (!stats) return;
+  if (!rec.stats || !sameFlat(rec.stats, stats)) rec.stats = stats;
+  rec.kvHeldAtBeat = kvHeldAtBeat;
+  // The oldest sample is reused once the history is full (no new long-lived object per beat).
+  const sample = rec.history.length >= HISTORY ? rec.history.shift()! : ({} as StatsSample);
+  sample.at = now;
+  sample.rpm = stats.rpm;
+  sample.layer_ms = stats.layer_ms;
+  rec.history.push(sample);
+  if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
+  // A node that has not run a step yet reports 0: keep the estimate until it has.
+  if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
+}
+
+/**
+ * Another tracker's copy of a record into ours: what it decided and heard. What only this tracker counts
+ * (generations in flight, failures, the stats history) stays; last seen, the period and a busy mark only grow.
+ * `fresh`: ours was just made. `lateMs`: the tracker's late time now (RegistryOptions.lateMs).
+ */
+export function copyRemote(rec: NodeRecord, r: RemoteRecord, fresh: boolean, lateMs: () => number): void {
+  rec.peerId = r.peerId;
+  rec.publicKey = r.publicKey;
+  if (r.relayAddr !== undefined) rec.relayAddr = r.relayAddr;
+  else delete rec.relayAddr;
+  if (r.endpoint !== undefined) rec.endpoint = r.endpoint;
+  else delete rec.endpoint;
+  rec.info = r.info;
+  rec.assignment = r.assignment;
+  rec.serving = r.serving;
+  if (r.stats !== undefined) rec.stats = r.stats;
+  if (r.layerMsEwma !== undefined) rec.layerMsEwma = r.layerMsEwma;
+  rec.registeredAt = r.registeredAt;
+  // Seen: the later of what we heard and what the writer heard.
+  if (fresh || r.lastSeen > rec.lastSeen) {
+    rec.lastSeen = Math.max(rec.lastSeen ?? 0, r.lastSeen);
+    rec.lateAtSeen = lateMs();
+  }
+  rec.intervalMs = Math.max(rec.intervalMs ?? 0, r.intervalMs);
+  rec.busyUntil = Math.max(rec.busyUntil ?? 0, r.busyUntil);
+  rec.kvHeldAtBeat = r.kvHeldAtBeat;
+  rec.draining = r.draining;
+  rec.drainingSince = r.drainingSince;
+}
+
+/** Why the tracker cannot reach `n` now, as far as it knows (registry.unreachableWhy); undefined: it can. */
+export function unreachableWhy(n: NodeRecord, trackerRelayUp: boolean | undefined): string | undefined {
+  if (n.unreachable) return n.unreachable.why;
+  if (n.endpoint) return undefined;
+  if (n.relayAddr === undefined) return 'it has neither an endpoint nor a relay address';
+  if (trackerRelayUp === false) return "the tracker's relay connection is down";
+  if (n.relayConnected === false) return 'its relay connection is down (reconnecting)';
+  return undefined;
+}
+
+export function sameSpan(a: Span | null | undefined, b: Span | null | undefined): boolean {
+  return a === b || (!!a && !!b && a.start === b.start && a.end === b.end);
+}
+
+export function setAddresses(rec: NodeRecord, msg: NodeMessage): void {
+  if (msg.relay_addr !== undefined) {
+    if (rec.relayAddr !== msg.relay_addr) rec.relayAddr = msg.relay_addr;
+  } else delete rec.relayAddr;
+  if (msg.endpoint !== undefined) {
+    if (rec.endpoint !== msg.endpoint) rec.endpoint = msg.endpoint;
+  } else delete rec.endpoint;
+}
+
+/** Same keys, and each value the same primitive (an object-valued field counts as a change). */
+export function sameFlat(a: object, b: object): boolean {
+  const ka = Object.keys(a);
+  if (ka.length !== Object.keys(b).length) return false;
+  for (const k of ka) {
+    const x = (a as Record<string, unknown>)[k];
+    if (typeof x === 'object' && x !== null) return false;
+    if (x !== (b as Record<string, unknown>)[k] || !(k in b)) return false;
+  }
+  return true;
+}
+
+export function budgetBytes(info: NodeInfo): number {
+  return info.memory_budget_mb * 1024 * 1024;
+}
+
+export function validSpan(s: { start_layer: number; end_layer: number } | null | undefined, model: ModelSpec): Span | null {
+  if (!s || s.start_layer >= s.end_layer || s.end_layer > model.numLayers) return null;
+  return { start: s.start_layer, end: s.end_layer };
+}
