@@ -297,6 +297,8 @@ interface RunResult {
   /** Heartbeats sent over the relay socket / as signed HTTP (all donors, whole run). */
   beats_relay: number;
   beats_http: number;
+  /** Of beats_relay, those the relay batched to the tracker (beat-batch). */
+  beats_batched: number;
   churn_left: number;
   churn_joined: number;
   /** Per process (with --loop-probe): event-loop delay, stalls and GC pauses over the window. */
@@ -683,6 +685,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       chat_errors: chats?.errors ?? [],
       beats_relay: w.beatsRelay,
       beats_http: w.beatsHttp,
+      beats_batched: w.beatsBatched,
       churn_left: left,
       churn_joined: joined,
       ...(restart ? { relay_restart: restart } : {}),

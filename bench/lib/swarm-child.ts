@@ -119,6 +119,7 @@ async function handle(req: ChildRequest): Promise<unknown> {
         windowMs: performance.now() - w.t0,
         beatsRelay: entries.reduce((a, e) => a + (e.donor.client?.beats.relay ?? 0), 0),
         beatsHttp: entries.reduce((a, e) => a + (e.donor.client?.beats.http ?? 0), 0),
+        beatsBatched: entries.reduce((a, e) => a + (e.donor.client?.beats.batched ?? 0), 0),
         alive: live.length,
         periods,
         heapUsedMiB: mem.heapUsed / 2 ** 20,

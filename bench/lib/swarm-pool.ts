@@ -85,6 +85,8 @@ export interface ChildWindow {
   /** Heartbeats over the relay socket / as signed HTTP, by every donor this child ever ran (whole run). */
   beatsRelay: number;
   beatsHttp: number;
+  /** Of beatsRelay, those the relay batched (beat-batch). */
+  beatsBatched: number;
   alive: number;
   /** Heartbeat periods the live donors were last told: ms → donors. */
   periods: Record<string, number>;
@@ -143,6 +145,7 @@ export interface PoolWindow {
   cpuMsEach: number[];
   beatsRelay: number;
   beatsHttp: number;
+  beatsBatched: number;
   alive: number;
   periods: Record<string, number>;
   heapUsedMiBEach: number[];
@@ -267,6 +270,7 @@ export class DonorPool {
       cpuMsEach: all.map((w) => w.cpuMs),
       beatsRelay: sum(all.map((w) => w.beatsRelay)),
       beatsHttp: sum(all.map((w) => w.beatsHttp)),
+      beatsBatched: sum(all.map((w) => w.beatsBatched)),
       alive: sum(all.map((w) => w.alive)),
       periods: merge((w) => w.periods),
       heapUsedMiBEach: all.map((w) => w.heapUsedMiB),
