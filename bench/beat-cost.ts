@@ -11,7 +11,15 @@
  * parts (JSON.parse, the schema, registry.heartbeat, the answer), each timed
  * alone over the same beats.
  *
- *   npx tsx bench/beat-cost.ts [--donors 5000] [--rounds 5] [--out FILE]
+ * Then the same beats as a relay with beat-batch hands them over
+ * (docs/protocol.md §9.1): `beats` messages of --batch beats each, as text,
+ * into `tracker.relayBeats` (JSON.parse of the message, the batch schema,
+ * each beat checked, the gauge and admission once per batch) and the
+ * `beats-answer` text out. Both are per beat, side by side in one run; the
+ * WebSocket message and stream each beat costs on the request path come on
+ * top of the first and not of the second (bench/swarm.ts measures those).
+ *
+ *   npx tsx bench/beat-cost.ts [--donors 5000] [--rounds 5] [--batch 10,50] [--out FILE]
  */
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -33,6 +41,7 @@ const opt = (name: string) => {
 };
 const DONORS = Number(opt('donors') ?? 5000);
 const ROUNDS = Number(opt('rounds') ?? 5);
+const BATCHES = (opt('batch') ?? '10,50').split(',').map(Number);
 const OUT = opt('out') ?? join(fileURLToPath(new URL('.', import.meta.url)), 'results', 'beat-cost.json');
 
 
@@ -82,11 +91,34 @@ function timeRounds(label: string, each: (i: number, body: Uint8Array) => void):
   return { label, us: quantile(per, 0.5), p10: quantile(per, 0.1), p90: quantile(per, 0.9) };
 }
 
+/** Per beat, as `beats` messages of `size` (what the relay sends) into tracker.relayBeats, the answer text out. */
+function timeBatched(size: number): { label: string; us: number; p10: number; p90: number } {
+  const per: number[] = [];
+  for (let r = 0; r < ROUNDS + 1; r++) {
+    const texts: string[] = [];
+    for (let i = 0; i < DONORS; i += size) {
+      const parts: string[] = [];
+      for (let j = i; j < Math.min(DONORS, i + size); j++) parts.push(`{"from":"${peers[j]}","body":${JSON.stringify(message(j, spans[j]!))}}`);
+      texts.push(`{"type":"beats","batch":${r * DONORS + i},"beats":[${parts.join(',')}]}`);
+    }
+    const t0 = performance.now();
+    for (const text of texts) {
+      const answer = tracker.relayBeats(JSON.parse(text) as object);
+      if (!answer.startsWith('{"type":"beats-answer"') || answer.includes('"status":4')) bad++;
+    }
+    const us = ((performance.now() - t0) * 1000) / DONORS;
+    if (r > 0) per.push(us);
+  }
+  per.sort((a, b) => a - b);
+  return { label: `whole beat, batched ${size} a message (tracker.relayBeats)`, us: quantile(per, 0.5), p10: quantile(per, 0.1), p90: quantile(per, 0.9) };
+}
+
 let bad = 0;
 const rows = [
   timeRounds('whole beat (tracker.relayBeat)', (i, body) => {
     if (tracker.relayBeat(peers[i], body).status !== 200) bad++;
   }),
+  ...BATCHES.map((size) => timeBatched(size)),
   timeRounds('  JSON.parse', (_i, body) => void JSON.parse(dec.decode(body))),
   timeRounds('  JSON.parse + schema', (_i, body) => void nodeMessageSchema.safeParse(JSON.parse(dec.decode(body)))),
   timeRounds('  JSON.parse + registry.heartbeat', (_i, body) => void reg.heartbeat(JSON.parse(dec.decode(body)) as NodeMessage)),
@@ -99,4 +131,4 @@ printTable(
   rows.map((r) => [r.label, r.us.toFixed(1), `${r.p10.toFixed(1)}–${r.p90.toFixed(1)}`]),
 );
 console.log(`heap used ${(mem.heapUsed / 2 ** 20).toFixed(0)} MiB`);
-writeResult(OUT, { bench: 'beat-cost', donors: DONORS, rounds: ROUNDS, rows });
+writeResult(OUT, { bench: 'beat-cost', donors: DONORS, rounds: ROUNDS, batches: BATCHES, rows });

@@ -277,6 +277,26 @@ export class Donor {
       },
       // As a node: the relay says when the tracker's peer detaches (a relay with peer-watch), no HTTP watch stream.
       watchPeer: (peer, signal) => relay.watchPeer(peer, signal),
+      // As a node: the beat as a `beat` message the relay batches (a relay with beat-batch), timed like the others.
+      beat(peer, body, timeoutMs) {
+        const p = relay.beat(peer, body, timeoutMs);
+        if (p === undefined) return undefined;
+        const t0 = performance.now();
+        const s0 = stats.loop.now();
+        return p.then(
+          (r) => {
+            const code = (r.body as { error?: { code?: string } } | null)?.error?.code;
+            const outcome = r.status === 200 ? 'ok' : r.status === 404 && code === 'MESH_ERR_NOT_FOUND' ? 'http-404' : `relay-${r.status}`;
+            stats.record('heartbeat', performance.now() - t0, outcome, s0);
+            if (r.status !== 200) stats.recordCode(`heartbeat batched ${outcome}`, code);
+            return r;
+          },
+          (e: unknown) => {
+            stats.record('heartbeat', performance.now() - t0, `relay-${(e as { code?: string }).code ?? 'error'}`, s0);
+            throw e;
+          },
+        );
+      },
     };
     const client = new TrackerClient({ trackerUrl: this.c.trackerUrl, fetch: timed, identity: this.identity, relay: timedRelay });
     this.client = client;

@@ -43,6 +43,10 @@ export interface FrameMuxInit {
   checkRequest?: (frame: Uint8Array) => MeshError | undefined;
   /** The relay's answers about watched peers (`peer-watch`, `peer-gone`: PEER_WATCH_FEATURE), with a string peer_id. */
   onPeerNotice?: (msg: { type: 'peer-watch' | 'peer-gone'; peer_id: string; attached?: unknown }) => void;
+  /** The relay's answer to one of our batched heartbeats (`beat-answer`, BEAT_BATCH_FEATURE), parsed JSON, unchecked. */
+  onBeatAnswer?: (msg: object) => void;
+  /** A batch of heartbeats for this peer, a tracker (`beats`, BEAT_BATCH_FEATURE), parsed JSON, unchecked. */
+  onBeats?: (msg: object) => void;
 }
 
 /** Later deadlines than the armed sweep by less than this do not re-arm it. */
@@ -236,6 +240,14 @@ export class FrameMux implements MuxPort {
     if (type === 'error') {
       const m = msg as { code?: unknown; message?: unknown };
       this.log({ level: 'warn', event: 'relay-error', message: `relay says ${String(m.code)}: ${String(m.message)}` });
+      return;
+    }
+    if (type === 'beat-answer' && this.init.onBeatAnswer) {
+      this.init.onBeatAnswer(msg);
+      return;
+    }
+    if (type === 'beats' && this.init.onBeats) {
+      this.init.onBeats(msg);
       return;
     }
     if ((type === 'peer-watch' || type === 'peer-gone') && this.init.onPeerNotice && typeof (msg as { peer_id?: unknown }).peer_id === 'string') {

@@ -17,6 +17,8 @@
  * the same peer id. An outage shorter than `outageBudgetMs` is waited out:
  * requests made meanwhile wait for the new registration instead of failing.
  */
+import { BEAT_BATCH_FEATURE } from '../protocol/beat-batch.ts';
+import { BeatCalls, type BeatReply } from './beat-calls.ts';
 import { CLUSTER_FEATURE, ONE_WAY_FEATURE, PEER_WATCH_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FrameMux } from './frame-mux.ts';
@@ -79,6 +81,8 @@ export interface Registration {
   cluster?: boolean;
   /** The relay says when a watched peer detaches (announced `peer-watch`): watchPeer(). */
   peerWatch?: boolean;
+  /** The relay batches heartbeats towards trackers (announced `beat-batch`): beat(). */
+  beatBatch?: boolean;
 }
 
 /**
@@ -148,6 +152,10 @@ export class RelayClient {
   private outageTimer: ReturnType<typeof setTimeout> | undefined;
   /** watchPeer() calls waiting, by the peer they watch; settled by the relay's notices or when the connection drops. */
   private readonly peerWatches = new Map<string, Set<(end: PeerWatchEnd) => void>>();
+  /** beat() calls waiting for their answers on the registered connection (they fail when it drops). */
+  private beatCalls = new BeatCalls();
+  /** A tracker's handler for batches of beats (setBeatsHandler): the answer text, sent back at once. */
+  private beatsHandler: ((msg: object) => string | undefined) | undefined;
   /** Requests waiting for the registration while the connection is down (within the budget). */
   private readonly outageWaiters = new Set<{ resolve: () => void; reject: (e: unknown) => void }>();
 
@@ -291,6 +299,28 @@ export class RelayClient {
       this.peerWatches.delete(id);
       for (const done of set ?? []) done(end);
     }
+  }
+
+  /**
+   * A heartbeat to tracker `peerId` as a `beat` message (docs/protocol.md
+   * §9.1): the relay batches it with others' and answers it alone. Undefined
+   * when this relay does not batch (an older one) or we are not registered:
+   * then the beat goes as a request. Rejects on timeout or when the
+   * connection drops; relay errors (tracker not here, backpressure) are replies.
+   */
+  beat(peerId: string, body: unknown, timeoutMs: number): Promise<BeatReply> | undefined {
+    const mux = this.mux;
+    if (mux === undefined || this.registration?.beatBatch !== true) return undefined;
+    return this.beatCalls.call((text) => void mux.send(text), peerId, body, timeoutMs);
+  }
+
+  /**
+   * A tracker takes batches of beats (`beats` messages): `handler` answers one
+   * batch with the text of its `beats-answer`, synchronously. Declare
+   * BEAT_BATCH_FEATURE in `info.features` too, or no relay sends any.
+   */
+  setBeatsHandler(handler: ((msg: object) => string | undefined) | undefined): void {
+    this.beatsHandler = handler;
   }
 
   setHandler(handler: MeshHandler | undefined): void {
@@ -493,6 +523,13 @@ export class RelayClient {
       onPeerNotice: (m) => {
         if (this.mux === mux) this.onPeerNotice(m);
       },
+      onBeatAnswer: (m) => {
+        if (this.mux === mux && !this.beatCalls.onAnswer(m)) this.ignore('beat-answer that answers no beat waiting (late or malformed)');
+      },
+      onBeats: (m) => {
+        const text = this.mux === mux ? this.beatsHandler?.(m) : undefined;
+        if (text !== undefined) void mux.send(text);
+      },
     });
     this.mux = mux;
     this.attempt = 0;
@@ -503,6 +540,7 @@ export class RelayClient {
       oneWay: parsed.data.features?.includes(ONE_WAY_FEATURE) === true,
       cluster: parsed.data.features?.includes(CLUSTER_FEATURE) === true,
       peerWatch: parsed.data.features?.includes(PEER_WATCH_FEATURE) === true,
+      beatBatch: parsed.data.features?.includes(BEAT_BATCH_FEATURE) === true,
     };
     this.learnRelays(parsed.data.relays);
     const outageMs = this.inOutage && this.lostAt !== undefined ? Math.round(performance.now() - this.lostAt) : undefined;
@@ -570,6 +608,10 @@ export class RelayClient {
     if (this.mux !== mux) return;
     this.mux = undefined;
     this.settlePeerWatches('lost');
+    // A fresh set per connection: a late answer on the next one cannot settle a beat of this one.
+    const calls = this.beatCalls;
+    this.beatCalls = new BeatCalls();
+    calls.failAll(new MeshError('MESH_ERR_PEER_GONE', `relay connection lost (${reason}) before the heartbeat's answer`));
     if (this.stateValue === RelayClientState.Closed) return;
     this.attempt = 0;
     this.lostAt = performance.now();

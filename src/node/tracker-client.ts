@@ -32,6 +32,7 @@ import { verifyEd25519, type Identity } from '../net/identity.ts';
 import type { MeshReply } from '../protocol/envelopes.ts';
 import type { OutgoingRequest, RequestOptions } from '../net/contract.ts';
 import type { PeerWatchEnd } from '../net/relay-client.ts';
+import type { BeatReply } from '../net/beat-calls.ts';
 import { z } from 'zod';
 
 /** The node's relay connection as the tracker client uses it: heartbeats to the tracker's peer over the socket. */
@@ -41,6 +42,8 @@ export interface TrackerRelay {
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
   /** RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say. */
   watchPeer?(peerId: string, signal?: AbortSignal): Promise<PeerWatchEnd>;
+  /** RelayClient.beat: the heartbeat as a `beat` message the relay batches; undefined when the relay does not batch. */
+  beat?(peerId: string, body: unknown, timeoutMs: number): Promise<BeatReply> | undefined;
 }
 
 /** The keys a node takes routes from: one tracker's, or every tracker of its cluster. */
@@ -103,6 +106,9 @@ export class WatchUnsupportedError extends MeshError {
     super('MESH_ERR_NOT_FOUND', 'the tracker has no /api/nodes/watch');
   }
 }
+
+/** After the relay said a tracker takes no batched beats, how long its beats go as requests before trying again, ms. */
+const NO_BATCH_RETRY_MS = 60_000;
 
 /** Longest pause between two asks for a replacement while the tracker has none, ms. */
 const REPLACE_POLL_MAX_MS = 500;
@@ -322,8 +328,10 @@ export class TrackerClient {
   readonly trust: TrackerTrust;
   /** The peer id of the tracker that answered last: heartbeats go to it over the relay. */
   trackerPeerId: string | undefined;
-  /** Heartbeats sent over the relay socket / as signed HTTP requests. */
-  readonly beats = { relay: 0, http: 0 };
+  /** Heartbeats sent over the relay socket / as signed HTTP requests; of the relay ones, those the relay batched (`beat` messages). */
+  readonly beats = { relay: 0, http: 0, batched: 0 };
+  /** A tracker peer the relay said takes no batched beats (not attached there, or older), and until when (ms) beats to it skip the batch. */
+  private noBatch: { peer: string; until: number } | undefined;
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
@@ -441,6 +449,8 @@ export class TrackerClient {
     const relay = this.init.relay;
     const peer = this.trackerPeerId;
     if (!relay || !peer || relay.state !== 'registered') return undefined;
+    const batched = await this.batchedBeat(relay, peer, msg);
+    if (batched !== undefined) return batched === 'timeout' ? undefined : batched;
     let reply: MeshReply;
     try {
       reply = await relay.request(peer, { method: 'POST', path: '/api/nodes/beat', headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(msg)) }, { timeoutMs: this.timeoutMs });
@@ -453,9 +463,42 @@ export class TrackerClient {
     } catch {
       return undefined;
     }
+    return this.relayBeatAnswer(reply.status, json);
+  }
+
+  /**
+   * The beat as a `beat` message the relay batches (docs/protocol.md §9.1):
+   * the answer; 'timeout' when none came in time (the same relay and tracker
+   * would be as slow on the request path: straight to HTTP); undefined when
+   * it could not go batched (an older relay, a tracker not attached there or
+   * not taking batches, a relay error): the request path then, as before.
+   */
+  private async batchedBeat(relay: TrackerRelay, peer: string, msg: NodeMessage): Promise<HeartbeatAnswer | 'timeout' | undefined> {
+    if (this.noBatch !== undefined && this.noBatch.peer === peer && this.noBatch.until > Date.now()) return undefined;
+    let reply: BeatReply | undefined;
+    try {
+      reply = await relay.beat?.(peer, msg, this.timeoutMs);
+    } catch (e) {
+      return (e as MeshError).code === 'MESH_ERR_TIMEOUT' ? 'timeout' : undefined;
+    }
+    if (reply === undefined) return undefined;
+    const error = (reply.body as { error?: { code?: unknown; batch?: unknown } } | null)?.error;
+    // The tracker is attached there but takes no batches (an older one): the request path for a while. Not attached
+    // (on another relay of a cluster, or not back yet after a restart): the request path this once.
+    if (error?.code === 'MESH_ERR_NO_SUCH_PEER') {
+      if (error.batch === 'unsupported') this.noBatch = { peer, until: Date.now() + NO_BATCH_RETRY_MS };
+      return undefined;
+    }
+    const answer = await this.relayBeatAnswer(reply.status, reply.body);
+    if (answer !== undefined) this.beats.batched++;
+    return answer;
+  }
+
+  /** A relay beat's answer (batched or not): the tracker's own 404 means register again; anything but 200 falls back. */
+  private async relayBeatAnswer(status: number, json: unknown): Promise<HeartbeatAnswer | undefined> {
     // The tracker's own 404 (it forgot us), not the relay's (no such peer: that tracker is gone).
-    if (reply.status === 404 && (json as { error?: { code?: string } })?.error?.code === 'MESH_ERR_NOT_FOUND') throw new NotRegisteredError();
-    if (reply.status !== 200) return undefined;
+    if (status === 404 && (json as { error?: { code?: string } })?.error?.code === 'MESH_ERR_NOT_FOUND') throw new NotRegisteredError();
+    if (status !== 200) return undefined;
     this.beats.relay++;
     return this.beatAnswer(json);
   }

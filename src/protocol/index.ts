@@ -8,3 +8,4 @@ export * from './tensor.ts';
 export * from './tracker.ts';
 export * from './bytes.ts';
 export * from './close-codes.ts';
+export * from './beat-batch.ts';

@@ -83,6 +83,8 @@ export function createRelayMetrics() {
   });
   const clusterDropped = new Counter({ name: 'meshnet_relay_cluster_dropped_total', help: 'Malformed messages from the cluster (other relays, NATS) dropped, by kind', labelNames: ['kind'] as const, registers: [registry] });
   const clusterLinks = new Gauge({ name: 'meshnet_relay_cluster_links', help: 'Open links to other relays of the cluster', registers: [registry] });
+  const beats = new Counter({ name: 'meshnet_relay_beats_batched_total', help: 'Heartbeats queued for a tracker in a batch (beat-batch)', registers: [registry] });
+  const beatBatches = new Counter({ name: 'meshnet_relay_beat_batches_total', help: 'Batches of heartbeats sent to trackers (beats_batched / this = beats per batch)', registers: [registry] });
   const errors = new Counter({ name: 'meshnet_relay_errors_total', help: 'Error answers the relay itself produced, by code', labelNames: ['code'] as const, registers: [registry] });
   const latency = new Histogram({
     name: 'meshnet_relay_hop_seconds',
@@ -91,6 +93,6 @@ export function createRelayMetrics() {
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
     registers: [registry],
   });
-  return { registry, hot, peers, inFlight, hops, messages, bytes, errors, latency, cluster, clusterDropped, clusterLinks };
+  return { registry, hot, peers, inFlight, hops, messages, bytes, errors, latency, cluster, clusterDropped, clusterLinks, beats, beatBatches };
 }
 export type RelayMetrics = ReturnType<typeof createRelayMetrics>;

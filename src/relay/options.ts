@@ -27,6 +27,11 @@ export interface RelayOptions {
   maxBufferedBytes: number;
   /** On shutdown, how long in-flight requests may still finish. @defaultValue 5000 */
   shutdownGraceMs: number;
+  /**
+   * How long heartbeats addressed to one tracker wait to leave together (beat-batch, docs/protocol.md §9.1), ms;
+   * 0 turns batching off (the feature is not announced). @defaultValue 10
+   */
+  beatBatchMs: number;
   /** pino level. @defaultValue 'info' */
   logLevel: string;
   /** NATS servers of the cluster (`nats://host:port`); absent: a relay on its own, exactly as before. */
@@ -49,6 +54,7 @@ export const RELAY_DEFAULTS: RelayOptions = {
   highWaterBytes: 8 * 1024 * 1024,
   maxBufferedBytes: 64 * 1024 * 1024,
   shutdownGraceMs: 5_000,
+  beatBatchMs: 10,
   logLevel: 'info',
   cluster: 'meshnet',
   clusterPath: 'link',
@@ -60,6 +66,7 @@ export function resolveRelayOptions(partial: Partial<RelayOptions>): RelayOption
   for (const k of ['maxBodyBytes', 'maxInFlightPerPeer', 'requestTimeoutMs', 'maxPeers', 'pingIntervalMs', 'registerTimeoutMs', 'highWaterBytes', 'maxBufferedBytes'] as const) {
     if (!Number.isFinite(o[k]) || o[k] <= 0) throw new TypeError(`relay option ${k} must be a positive number, got ${o[k]}`);
   }
+  if (!Number.isFinite(o.beatBatchMs) || o.beatBatchMs < 0 || o.beatBatchMs > 1000) throw new TypeError(`relay option beatBatchMs must be 0–1000 ms, got ${o.beatBatchMs}`);
   if (o.highWaterBytes > o.maxBufferedBytes) throw new TypeError('highWaterBytes must not exceed maxBufferedBytes');
   if (o.clusterPath !== 'link' && o.clusterPath !== 'nats') throw new TypeError(`relay option clusterPath must be 'link' or 'nats', got ${String(o.clusterPath)}`);
   return o;

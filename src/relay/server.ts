@@ -17,7 +17,7 @@ import pino, { type Logger } from 'pino';
 import { WebSocket, WebSocketServer, type RawData } from 'ws';
 import { connectNats, type NatsHandle, type NatsStatus } from '../cluster/nats.ts';
 import { Federation } from './federation.ts';
-import { CLUSTER_FEATURE, MeshError, ONE_WAY_FEATURE, PEER_ID_BYTES, PEER_WATCH_FEATURE, parseRegister, registrationMessage } from '../protocol/index.ts';
+import { BEAT_BATCH_FEATURE, CLUSTER_FEATURE, MeshError, ONE_WAY_FEATURE, PEER_ID_BYTES, PEER_WATCH_FEATURE, parseRegister, registrationMessage } from '../protocol/index.ts';
 import { createRelayMetrics, type RelayMetrics } from './metrics.ts';
 import { resolveRelayOptions, type RelayOptions } from './options.ts';
 import { CLOSE } from '../protocol/close-codes.ts';
@@ -133,7 +133,8 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     // `features`: what this relay forwards beyond docs/protocol.md §4 (peers of older relays see none and never send one-way frames).
     // `cluster`: peers on every relay of the cluster are reachable on this connection's fast path.
     // `peer-watch`: the relay says when a watched peer detaches (a node watching its tracker).
-    const features = federation ? [ONE_WAY_FEATURE, PEER_WATCH_FEATURE, CLUSTER_FEATURE] : [ONE_WAY_FEATURE, PEER_WATCH_FEATURE];
+    // `beat-batch`: a node may send its heartbeat as a `beat` message; the relay batches them per tracker (docs/protocol.md §9.1).
+    const features = [ONE_WAY_FEATURE, PEER_WATCH_FEATURE, ...(table.beats ? [BEAT_BATCH_FEATURE] : []), ...(federation ? [CLUSTER_FEATURE] : [])];
     const registered = () => {
       if (socket.isOpen) socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}`, features, ...(federation ? { relays: federation.relayUrls().slice(0, 64) } : {}) }));
     };

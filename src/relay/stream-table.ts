@@ -18,6 +18,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import {
+  BEAT_BATCH_FEATURE,
   FLAG_END,
   FLAG_ONE_WAY,
   FrameKind,
@@ -41,6 +42,7 @@ import {
   type RelayHttpResponse,
 } from '../protocol/index.ts';
 import { CLOSE } from '../protocol/close-codes.ts';
+import { BeatBatcher } from './beat-batcher.ts';
 import type { RelayMetrics } from './metrics.ts';
 import type { RelayOptions } from './options.ts';
 
@@ -139,6 +141,8 @@ export class PeerConn {
   readonly registeredAt = Date.now();
   /** The peers this one asked to be told about when they detach (`watch-peer`); undefined until it asks. */
   watching: Set<string> | undefined;
+  /** A tracker that declared BEAT_BATCH_FEATURE in its register info: beats to it may travel batched. */
+  readonly acceptsBeats: boolean;
   constructor(
     readonly socket: PeerSocket,
     readonly id: string,
@@ -147,7 +151,10 @@ export class PeerConn {
     readonly fastPath: boolean,
     /** Set for a link to another relay: requests to it are addressed, requests from it carry their source already. */
     readonly link?: LinkPipe,
-  ) {}
+  ) {
+    const features = info.features;
+    this.acceptsBeats = Array.isArray(features) && features.includes(BEAT_BATCH_FEATURE);
+  }
 
   allocStreamId(): number {
     // Skip ids still in use after a wrap-around (2^32 requests on one socket).
@@ -169,7 +176,7 @@ export class RpcCaller {
 }
 
 export interface StreamTableInit {
-  options: Pick<RelayOptions, 'maxBodyBytes' | 'maxInFlightPerPeer' | 'requestTimeoutMs' | 'maxPeers' | 'highWaterBytes' | 'maxBufferedBytes'>;
+  options: Pick<RelayOptions, 'maxBodyBytes' | 'maxInFlightPerPeer' | 'requestTimeoutMs' | 'maxPeers' | 'highWaterBytes' | 'maxBufferedBytes'> & Partial<Pick<RelayOptions, 'beatBatchMs'>>;
   metrics: RelayMetrics;
   logger: TableLogger;
   /** ms, monotonic. @defaultValue performance.now */
@@ -204,6 +211,8 @@ export class StreamTable {
   private readonly now: () => number;
   // Label lookups hash their label object on every call; bind the histogram's once.
   private readonly latencyBy: Record<StreamPath, { observe(v: number): void }>;
+  /** Heartbeats batched towards trackers (beat-batch); undefined when batching is off (beatBatchMs 0). */
+  readonly beats: BeatBatcher | undefined;
 
   constructor(init: StreamTableInit) {
     this.o = init.options;
@@ -213,6 +222,13 @@ export class StreamTable {
     const m = init.metrics;
     m.hot.inFlight = () => this.streams.size;
     this.latencyBy = { fast: m.latency.labels('fast'), rpc: m.latency.labels('rpc'), envelope: m.latency.labels('envelope') };
+    const beatBatchMs = this.o.beatBatchMs ?? 0;
+    if (beatBatchMs > 0) {
+      // eslint-disable-next-line @typescript-eslint/no-this-alias -- the getter below reads the table's flag as it is then
+      const table = this;
+      const host = { peers: this.peers, now: this.now, sendTo: (socket: PeerSocket, text: string) => this.sendTo(socket, text), get closing() { return table.closing; } };
+      this.beats = new BeatBatcher(host, { beatBatchMs, requestTimeoutMs: this.o.requestTimeoutMs, highWaterBytes: this.o.highWaterBytes }, m);
+    }
   }
 
   /** Requests waiting for their final answer frame. */
@@ -258,6 +274,7 @@ export class StreamTable {
       // (addPeer), so its watchers hear nothing.
       this.tellWatchers(peer.id);
     }
+    this.beats?.peerGone(peer);
     if (peer.watching !== undefined) {
       for (const id of peer.watching) {
         const set = this.watchers.get(id);
@@ -444,7 +461,7 @@ export class StreamTable {
 
   // ------------------------------------------------------------ JSON on /ws
 
-  /** A text message from a registered peer: relay-http-response envelopes, and watch-peer / unwatch-peer (PEER_WATCH_FEATURE). */
+  /** A text message from a registered peer: relay-http-response envelopes, watch-peer / unwatch-peer (PEER_WATCH_FEATURE), beat / beats-answer (BEAT_BATCH_FEATURE). */
   onText(peer: PeerConn, text: string): void {
     let msg: unknown;
     try {
@@ -454,6 +471,8 @@ export class StreamTable {
       return;
     }
     const type = (msg as { type?: unknown } | null)?.type;
+    if (type === 'beat' && this.beats) return this.beats.onBeat(peer, msg, text.length);
+    if (type === 'beats-answer' && this.beats) return this.beats.onAnswer(peer, msg);
     if (type === 'watch-peer' || type === 'unwatch-peer') return this.onWatch(peer, type, (msg as { peer_id?: unknown }).peer_id);
     if (type !== 'relay-http-response') {
       this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `unexpected message type ${JSON.stringify(type)} on a registered connection` }));
@@ -570,6 +589,7 @@ export class StreamTable {
 
   /** Answer 504 to every stream past its deadline. */
   sweep(): void {
+    this.beats?.sweep();
     const now = this.now();
     for (const s of this.streams) {
       if (s.deadline <= now && s.oneWay) this.dropStream(s);
@@ -584,6 +604,7 @@ export class StreamTable {
 
   /** Answer every stream still in flight with `code` (the grace period is over). */
   failAll(code: MeshErrorCode, message: string): void {
+    this.beats?.failAll(code, message);
     for (const s of [...this.streams]) this.failStream(s, code, message, true);
   }
 

@@ -12,6 +12,7 @@
 import type { Logger } from 'pino';
 import { decodeBase64, encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
+import { beatBatchSchema } from '../protocol/beat-batch.ts';
 import type { Identity } from '../net/identity.ts';
 import type { MeshResponse } from '../protocol/envelopes.ts';
 import { Admission } from './admission.ts';
@@ -64,6 +65,8 @@ export interface Tracker {
   load: LoadMonitor;
   /** A heartbeat over the relay (POST /api/nodes/beat, unsigned): `from` is the sender the relay vouches for. */
   relayBeat(from: string | undefined, body: Uint8Array): MeshResponse;
+  /** A relay's `beats` message (docs/protocol.md §9.1), parsed JSON: the text of the `beats-answer` (or of an `error`) to send back. */
+  relayBeats(msg: object): string;
   /** The nodes' watch streams: Node's http host serves GET /api/nodes/watch from here (server.ts). */
   watch: WatchHub;
   /** Join a cluster: from now on the registry is mirrored in `store` (server.ts starts it once the tracker listens). */
@@ -150,6 +153,9 @@ export function createTracker(deps: TrackerDeps): Tracker {
     relayBeat() {
       throw new MeshError('MESH_ERR_NOT_FOUND', 'no heartbeat route');
     },
+    relayBeats() {
+      throw new MeshError('MESH_ERR_NOT_FOUND', 'no heartbeat route');
+    },
     updateNodeGauge() {
       // From the counts the registry keeps per model (O(models)), not a walk over every node.
       metrics.nodes.reset();
@@ -200,6 +206,20 @@ export function createTracker(deps: TrackerDeps): Tracker {
         if (!(e instanceof MeshError)) logger.error({ err: e }, 'relay heartbeat failed');
         return { status: err.status, headers: { 'content-type': 'application/json' }, body: encoder.encode(JSON.stringify(err.toBody())) };
       }
+    },
+    relayBeats(msg) {
+      const p = beatBatchSchema.safeParse(msg);
+      if (!p.success) {
+        // A relay's bug, not a node's: the whole batch is refused, the relay answers each of its beats, the connection stays.
+        metrics.beatBatches.inc({ result: 'malformed' });
+        const issue = p.error.issues[0]!;
+        const error = { code: 'MESH_ERR_BAD_REQUEST', message: `malformed beats: ${issue.path.join('.') || 'message'}: ${issue.message}` };
+        const batch = (msg as { batch?: unknown }).batch;
+        logger.warn({ err: error.message }, 'malformed batch of heartbeats from the relay refused');
+        return JSON.stringify(typeof batch === 'number' && Number.isInteger(batch) && batch >= 0 ? { type: 'beats-answer', batch, error } : { type: 'error', ...error });
+      }
+      metrics.beatBatches.inc({ result: 'ok' });
+      return JSON.stringify({ type: 'beats-answer', batch: p.data.batch, answers: ctx.relayBeats(p.data.beats) });
     },
     attachCluster(store) {
       link.cluster = store;

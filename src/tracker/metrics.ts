@@ -33,6 +33,7 @@ export function createTrackerMetrics() {
     registers: [registry],
   });
   const queueRejections = new Counter({ name: 'meshnet_tracker_queue_rejections_total', help: 'Chats answered 429: the queue was full or the wait passed its limit', labelNames: ['reason'] as const, registers: [registry] });
+  const beatBatches = new Counter({ name: 'meshnet_tracker_beat_batches_total', help: 'Batches of heartbeats from relays (beat-batch), by result: ok, or malformed (refused whole)', labelNames: ['result'] as const, registers: [registry] });
   const busyAnswers = new Counter({ name: 'meshnet_tracker_busy_answers_total', help: 'MESH_ERR_BUSY answers (a node had no KV room); the chat was routed again', registers: [registry] });
   const nodeKv = new Gauge({
     name: 'meshnet_tracker_node_kv_bytes',
@@ -56,6 +57,6 @@ export function createTrackerMetrics() {
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1],
     registers: [registry],
   });
-  return { registry, checks, quarantined, clusterDropped, clusterWrites, routePick, nodeBatches, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv };
+  return { registry, checks, quarantined, clusterDropped, clusterWrites, routePick, nodeBatches, nodes, registrations, removals, moves, requests, tokens, failovers, hopRecoveries, replacements, generation, firstToken, queueLength, queueRunning, queueWait, queueRejections, busyAnswers, nodeKv, beatBatches };
 }
 export type TrackerMetrics = ReturnType<typeof createTrackerMetrics>;

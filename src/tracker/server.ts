@@ -6,6 +6,7 @@
  */
 import pino, { type Logger } from 'pino';
 import { type MeshRequest, type MeshResponse } from '../protocol/envelopes.ts';
+import { BEAT_BATCH_FEATURE } from '../protocol/beat-batch.ts';
 import { Identity, MemoryKeyStore } from '../net/identity.ts';
 import type { MeshHandler } from '../net/contract.ts';
 import { RelayClient } from '../net/relay-client.ts';
@@ -106,13 +107,15 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
   if (o.relayUrl) {
     // The Node.js host's socket: zero mask (no copy of each frame sent) and one write per tick (a tick's heartbeat
     // answers leave in one writev, not one write(2) each).
-    relay = new RelayClient({ relayUrl: o.relayUrl, WebSocket: NodeWebSocketConstructor, identity, outageBudgetMs: o.relayOutageBudgetMs, info: { role: 'tracker', models: models.map((m) => m.name) } });
+    // `features`: relays with beat-batch send this tracker its nodes' heartbeats in batches (docs/protocol.md §9.1).
+    relay = new RelayClient({ relayUrl: o.relayUrl, WebSocket: NodeWebSocketConstructor, identity, outageBudgetMs: o.relayOutageBudgetMs, info: { role: 'tracker', models: models.map((m) => m.name), features: [BEAT_BATCH_FEATURE] } });
   }
   const metrics = createTrackerMetrics();
   const tracker = createTracker({ options: o, models, identity, transport: createHeadTransport({ relay }), logger, metrics, pendingModels: catalog.pending });
   late.registry = tracker.registry;
   if (relay) {
     relay.setHandler(relayHandlerFor(tracker.app.fetch, tracker.relayBeat));
+    relay.setBeatsHandler((msg) => tracker.relayBeats(msg));
     // One line per event: the connection lost, and back (not every attempt in between).
     relay.on('state', (e) => {
       if (e.state === 'disconnected' && e.lost) logger.warn({ reason: e.reason, wait_ms: relay!.options.outageBudgetMs }, 'relay connection lost; reconnecting (chats over it wait)');

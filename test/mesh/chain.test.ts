@@ -54,19 +54,23 @@ describe('chained hops between meshnet node processes', () => {
     const rsig = await trackerId.sign(chainReplySigningMessage(head, expires, reply));
     return { 'x-meshnet-route': route, 'x-meshnet-route-expires': String(expires), 'x-meshnet-route-signature': encodeBase64Url(sig), 'x-meshnet-chain-reply': reply, 'x-meshnet-chain-reply-signature': encodeBase64Url(rsig) };
   };
-  /** The relay's message counters (every message it sends to a peer, and the one-way requests among them). */
+  /**
+   * The relay's message counters (every message it sends to a peer, and the one-way requests among them), less
+   * the heartbeats' own: a batched beat is one message back to its node plus its share of one batch to the
+   * tracker (docs/protocol.md §9.1), a beat sent as a request two (the request and its answer).
+   */
   const relayMessages = async (): Promise<{ all: number; oneWay: number }> => {
     const text = await (await fetch(`${relay.httpUrl}/metrics`)).text();
-    const read = (kind: string) => Number(new RegExp(`^meshnet_relay_messages_total\\{kind="${kind}"\\} (\\d+)`, 'm').exec(text)?.[1] ?? NaN);
-    return { all: read('all'), oneWay: read('one_way') };
+    const read = (name: string) => Number(new RegExp(`^${name} (\\d+)`, 'm').exec(text)?.[1] ?? NaN);
+    const beatMsgs = read('meshnet_relay_beats_batched_total') + read('meshnet_relay_beat_batches_total');
+    return { all: read('meshnet_relay_messages_total\\{kind="all"\\}') - beatMsgs, oneWay: read('meshnet_relay_messages_total\\{kind="one_way"\\}') };
   };
-  /**
-   * Heartbeats the tracker took. Nodes beat over the relay socket (a request to the tracker and its answer: two
-   * relay messages), so a window's relay count holds two per beat besides the generation's own.
-   */
+  /** Heartbeats the tracker took: those that did not go batched were two relay messages each. */
   const beats = async (): Promise<number> => {
     const text = await (await fetch(`${tracker.url}/metrics`)).text();
-    return Number(/^meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} (\d+)/m.exec(text)?.[1] ?? 0);
+    const ok = Number(/^meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} (\d+)/m.exec(text)?.[1] ?? 0);
+    const batched = Number(/^meshnet_relay_beats_batched_total (\d+)/m.exec(await (await fetch(`${relay.httpUrl}/metrics`)).text())?.[1] ?? 0);
+    return ok - batched;
   };
   // One row per step: the counts below are per token (speculative steps: test/mesh/speculative.test.ts).
   const body = { prompt: PROMPT, max_tokens: MAX_TOKENS, temperature: 0, session_id: 'chain-test', speculative: false };
@@ -117,7 +121,7 @@ describe('chained hops between meshnet node processes', () => {
     // star's 4 (two requests, two answers). Besides the steps, each generation drops its sessions on both hops (2 requests + 2 answers).
     const chainMsgs = m1c.all - m0.all - 2 * (b1 - b0);
     const starMsgs = m2s.all - m1c.all - 2 * (b2 - b1);
-    console.log(`[chain mesh] relay messages for ${steps} steps, heartbeats left out: chain ${chainMsgs} (${(m1c.oneWay - m0.oneWay)} one-way; ${b1 - b0} beats), star ${starMsgs} (${b2 - b1} beats)`);
+    console.log(`[chain mesh] relay messages for ${steps} steps, heartbeats left out: chain ${chainMsgs} (${(m1c.oneWay - m0.oneWay)} one-way; ${b1 - b0} beats not batched), star ${starMsgs} (${b2 - b1} beats not batched)`);
     expect(m1c.oneWay - m0.oneWay).toBe(3 * steps);
     // (The session drops are fire-and-forget: some may still be on their way when the counters are read, and a
     // relay control message of another test's node can land in the window: the one-way count above is the exact one.)

@@ -173,7 +173,7 @@ describe('heartbeats over the relay socket', () => {
     expect((await c.heartbeat(msg(node))).heartbeatIntervalMs).toBe(2000);
     expect(http.sent).toHaveLength(1);
     expect(sentOverRelay[0]).toMatchObject({ peer: tracker.peerId, path: '/api/nodes/beat', body: { peer_id: node.peerId } });
-    expect(c.beats).toEqual({ relay: 1, http: 1 });
+    expect(c.beats).toEqual({ relay: 1, http: 1, batched: 0 });
     // The relay cannot reach that tracker (gone): signed HTTP again, whoever answers.
     answers.push(() => reply(404, { error: { code: 'MESH_ERR_NO_SUCH_PEER', message: 'not connected' } }));
     await c.heartbeat(msg(node));

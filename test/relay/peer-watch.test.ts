@@ -1,7 +1,8 @@
 /**
  * `peer-watch` (docs/protocol.md §9): a node that beats over its relay asks
  * the relay to say when the tracker's peer detaches, instead of holding an
- * HTTP watch stream to the tracker. An in-process relay, real RelayClients.
+ * HTTP watch stream to the tracker; and `beat-batch` (§9.1): the relay batches
+ * nodes' heartbeats towards a tracker. An in-process relay, real RelayClients.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
@@ -203,5 +204,83 @@ describe('a tracker session beating over a relay with peer-watch', () => {
     } finally {
       session.close();
     }
+  });
+});
+
+describe('relay beat-batch', () => {
+  /** A raw peer registered with `info`: a stand-in tracker that reads and answers the relay's batches itself. */
+  async function rawPeer(info: Record<string, unknown>): Promise<{ ws: WebSocket; peerId: string }> {
+    const keys = makeKeys();
+    const ws = new WebSocket(`${relay.url}/ws`);
+    const challenge = await nextJson(ws);
+    ws.send(JSON.stringify(registerMessage(keys, challenge.nonce as string, info)));
+    const reg = await nextJson(ws);
+    expect(reg.features).toContain('beat-batch');
+    return { ws, peerId: reg.peer_id as string };
+  }
+  const code = (r: { body: unknown }) => (r.body as { error?: { code?: string; batch?: string } }).error;
+
+  it('sends a tracker the beats of several nodes as one message and fans its answers out, one per node; refuses what it cannot batch', async () => {
+    const tracker = await rawPeer({ features: ['beat-batch'] });
+    const nodes = [await client(), await client(), await client()];
+    const replies = nodes.map((n, i) => n.beat(tracker.peerId, { peer_id: n.peerId, n: i }, 3_000)!);
+    const batch = await nextJson(tracker.ws);
+    expect(batch.type).toBe('beats');
+    // One message, each beat with the sender the relay vouches for and the body as the node wrote it.
+    const beats = batch.beats as Array<{ from: string; body: { peer_id: string; n: number } }>;
+    expect(beats.map((b) => b.from).sort()).toEqual(nodes.map((n) => n.peerId).sort());
+    for (const b of beats) expect(b.body.peer_id).toBe(b.from);
+    const byFrom = (id: string) => beats.findIndex((b) => b.from === id);
+    const answers: unknown[] = [];
+    answers[byFrom(nodes[0]!.peerId)] = { status: 200, body: { heartbeat_interval_ms: 5000 } };
+    answers[byFrom(nodes[1]!.peerId)] = { status: 404, body: { error: { code: 'MESH_ERR_NOT_FOUND', message: 'register again' } } };
+    answers[byFrom(nodes[2]!.peerId)] = 'not an answer';
+    tracker.ws.send(JSON.stringify({ type: 'beats-answer', batch: batch.batch, answers }));
+    const [ok, unknown, garbled] = await Promise.all(replies);
+    expect(ok).toEqual({ status: 200, body: { heartbeat_interval_ms: 5000 } });
+    expect(unknown!.status).toBe(404);
+    expect(code(unknown!)!.code).toBe('MESH_ERR_NOT_FOUND');
+    expect(garbled!.status).toBe(502);
+    expect(code(garbled!)!.code).toBe('MESH_ERR_UPSTREAM');
+
+    // A malformed answer: an error to the tracker, whose connection stays, and whose next batch is served.
+    tracker.ws.send(JSON.stringify({ type: 'beats-answer', batch: 'seven' }));
+    expect(await nextJson(tracker.ws)).toMatchObject({ type: 'error', code: 'MESH_ERR_BAD_REQUEST' });
+    const next = nodes[0]!.beat(tracker.peerId, { peer_id: nodes[0]!.peerId }, 3_000)!;
+    const again = await nextJson(tracker.ws);
+    tracker.ws.send(JSON.stringify({ type: 'beats-answer', batch: again.batch, answers: [] }));
+    // Answers that do not match the beats: each beat is answered 502, none is left waiting.
+    expect(code(await next)!.code).toBe('MESH_ERR_UPSTREAM');
+
+    // The tracker leaves with a batch in flight: each beat is answered 502 at once.
+    const stranded = nodes[1]!.beat(tracker.peerId, { peer_id: nodes[1]!.peerId }, 3_000)!;
+    await nextJson(tracker.ws);
+    tracker.ws.close();
+    expect(code(await stranded)!.code).toBe('MESH_ERR_PEER_GONE');
+
+    // An older tracker (no beat-batch in its info), and a peer not attached here: 404, the node takes the request path.
+    const old = await rawPeer({ protocols: ['mesh-frames/1'] });
+    expect(code((await nodes[0]!.beat(old.peerId, {}, 3_000))!)).toMatchObject({ code: 'MESH_ERR_NO_SUCH_PEER', batch: 'unsupported' });
+    const absent = code((await nodes[0]!.beat('0'.repeat(32), {}, 3_000))!);
+    expect(absent!.code).toBe('MESH_ERR_NO_SUCH_PEER');
+    expect(absent!.batch).toBeUndefined();
+    old.ws.close();
+  });
+
+  it('answers a malformed beat with a clear error and keeps serving the connection', async () => {
+    const node = await rawPeer({ protocols: ['mesh-frames/1'] });
+    node.ws.send(JSON.stringify({ type: 'beat', to: '0'.repeat(32), body: {} }));
+    expect(await nextJson(node.ws)).toMatchObject({ type: 'error', code: 'MESH_ERR_BAD_REQUEST' });
+    node.ws.send(JSON.stringify({ type: 'beat', id: 5, to: 'XYZ', body: {} }));
+    const bad = await nextJson(node.ws);
+    expect(bad).toMatchObject({ type: 'beat-answer', id: 5, status: 400 });
+    expect(String((bad.body as { error: { message: string } }).error.message)).toMatch(/to: a peer id/);
+    node.ws.send(JSON.stringify({ type: 'beat', id: 6, to: '0'.repeat(32), body: { pad: 'x'.repeat(70_000) } }));
+    expect(await nextJson(node.ws)).toMatchObject({ type: 'beat-answer', id: 6, status: 413 });
+    // Still registered and served.
+    node.ws.send(JSON.stringify({ type: 'beat', id: 7, to: '0'.repeat(32), body: {} }));
+    expect(await nextJson(node.ws)).toMatchObject({ type: 'beat-answer', id: 7, status: 404 });
+    expect(relay.peers().some((p) => p.peer_id === node.peerId)).toBe(true);
+    node.ws.close();
   });
 });

@@ -67,7 +67,7 @@ describe('heartbeats over a real relay', () => {
       const reg = await tc.register(node.message(Date.now()));
       expect(reg.tracker_peer_id).toBe(tracker.identity.peerId);
       for (let i = 0; i < 3; i++) expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
-      expect(tc.beats).toEqual({ relay: 3, http: 0 });
+      expect(tc.beats).toEqual({ relay: 3, http: 0, batched: 3 });
       const metrics = await (await fetch(`${tracker.url}/metrics`)).text();
       expect(metrics).toMatch(/meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} 3/);
       // Another peer of the relay cannot beat for this node: the relay stamps who really sent it.
@@ -77,6 +77,45 @@ describe('heartbeats over a real relay', () => {
       const r = await other.request(tracker.identity.peerId, { method: 'POST', path: '/api/nodes/beat', headers: { 'content-type': 'application/json' }, body: json(node.message(Date.now())) });
       expect(r.status).toBe(403);
       other.close();
+      // Batched (beat-batch): several nodes' beats reach the tracker in one message and each gets its own answer.
+      // One unknown to the tracker: 404 to it alone; one speaking for another node: 403 to it alone.
+      const stranger = await FakeNode.create({ memory_budget_mb: 64 });
+      const liar = await FakeNode.create({ memory_budget_mb: 64 });
+      const [sc, lc] = [stranger, liar].map((f) => new RelayClient({ relayUrl: relay.url, WebSocket: NodeWebSocket, identity: f.identity }));
+      for (const c of [sc!, lc!]) c.start();
+      await Promise.all([sc!.ready(10_000), lc!.ready(10_000)]);
+      const to = tracker.identity.peerId;
+      const [okB, unknownB, liarB] = await Promise.all([
+        client.beat(to, node.message(Date.now()), 5_000)!,
+        sc!.beat(to, stranger.message(Date.now()), 5_000)!,
+        lc!.beat(to, node.message(Date.now()), 5_000)!,
+      ]);
+      sc!.close();
+      lc!.close();
+      expect(okB.status).toBe(200);
+      expect((okB.body as { assignment: unknown }).assignment).toEqual(reg.assignment);
+      expect(unknownB.status).toBe(404);
+      expect((unknownB.body as { error: { code: string } }).error.code).toBe('MESH_ERR_NOT_FOUND');
+      expect(liarB.status).toBe(403);
+      expect((liarB.body as { error: { code: string } }).error.code).toBe('MESH_ERR_FORBIDDEN');
+      const after = await (await fetch(`${tracker.url}/metrics`)).text();
+      expect(after).toMatch(/meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} 4/);
+      // 6 beats in fewer batches than beats: the three sent together shared one.
+      const batches = Number(/meshnet_tracker_beat_batches_total\{result="ok"\} (\d+)/.exec(after)?.[1]);
+      expect(batches).toBeGreaterThanOrEqual(4);
+      expect(batches).toBeLessThan(6);
+      // A malformed batch: refused whole with a clear error, counted; the tracker keeps taking batches.
+      expect(JSON.parse(tracker.relayBeats({ type: 'beats', batch: 9, beats: [{ from: 'XYZ', body: {} }] }))).toMatchObject({ type: 'beats-answer', batch: 9, error: { code: 'MESH_ERR_BAD_REQUEST' } });
+      expect(JSON.parse(tracker.relayBeats({ type: 'beats' }))).toMatchObject({ type: 'error', code: 'MESH_ERR_BAD_REQUEST' });
+      expect(await (await fetch(`${tracker.url}/metrics`)).text()).toMatch(/meshnet_tracker_beat_batches_total\{result="malformed"\} 2/);
+      expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
+      expect(tc.beats).toEqual({ relay: 4, http: 0, batched: 4 });
+      // A node of an older build (no beat()) beats over the request path, as before.
+      const oldStyle = new TrackerClient({ trackerUrl: tracker.url, fetch: globalThis.fetch, identity: node.identity, relay: { get state() { return client.state; }, request: (p, r, o) => client.request(p, r, o) } });
+      await oldStyle.register(node.message(Date.now()));
+      expect((await oldStyle.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
+      expect(oldStyle.beats).toEqual({ relay: 1, http: 0, batched: 0 });
+
       // The relay gone: beats go signed over HTTP, and back over the relay once it returns.
       await relay.stop();
       await new Promise((res) => setTimeout(res, 300));

@@ -18,6 +18,7 @@
  */
 import { z } from 'zod';
 import { nodeInfoSchema, nodeStatsSchema } from '../../protocol/tracker.ts';
+import { sameSpan } from '../node-record.ts';
 import type { NodeRecord, RemoteRecord } from '../registry.ts';
 
 const count = z.number().int().nonnegative();
@@ -157,3 +158,23 @@ export const keys = {
   tracker: (peer: string) => `tracker.${peer}`,
   leader: 'lease.leader',
 };
+
+/** Does the stored document miss something routing reads from `n` (so a heartbeat must be written)? */
+export function beatNeedsWrite(n: NodeRecord, d: NodeDoc | undefined, now: number, refreshMs: number): boolean {
+  if (!d) return true;
+  if (!sameSpan(n.serving, d.serving) || n.publicKey !== d.public_key || n.relayAddr !== d.relay_addr || n.endpoint !== d.endpoint) return true;
+  if (JSON.stringify(n.info) !== JSON.stringify(d.info) || n.draining !== (d.draining === true)) return true;
+  if (now - d.last_seen > refreshMs) return true;
+  const a = n.stats;
+  const b = d.stats;
+  if (!a !== !b) return true;
+  if (a && b) {
+    if (a.queue_depth !== b.queue_depth || (a.kv_sessions ?? 0) !== (b.kv_sessions ?? 0) || a.kv_budget_bytes !== b.kv_budget_bytes || a.kv_bytes_per_token !== b.kv_bytes_per_token) return true;
+    const scale = Math.max(1, a.kv_budget_bytes ?? a.kv_free_bytes);
+    if (Math.abs((a.kv_used_bytes ?? 0) - (b.kv_used_bytes ?? 0)) > 0.05 * scale || Math.abs(a.kv_free_bytes - b.kv_free_bytes) > 0.05 * scale) return true;
+  }
+  const e1 = n.layerMsEwma;
+  const e2 = d.layer_ms_ewma;
+  if ((e1 === undefined) !== (e2 === undefined)) return true;
+  return e1 !== undefined && e2 !== undefined && Math.abs(e1 - e2) > 0.2 * e2;
+}

@@ -7,6 +7,7 @@
  *                               away, so nodes notice a restart at once and register again
  */
 import { MeshError } from '../../protocol/errors.ts';
+import type { BeatAnswerEntry } from '../../protocol/beat-batch.ts';
 import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
 import { notLoadedYet, type TrackerContext } from '../context.ts';
 import { wireDtypeOf } from '../options.ts';
@@ -96,20 +97,13 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
   });
 
   /**
-   * A heartbeat over the relay socket (`POST /api/nodes/beat`, body: the
-   * NodeMessage itself, unsigned): the relay vouches for the sender (`from`,
-   * stamped on the frame), so no signature is checked and no connection is
-   * opened. Only for a node this tracker knows with the same key: anything
-   * else registers (signed) first.
+   * A heartbeat the relay vouches for (`from`: the sender it stamped), its
+   * NodeMessage unsigned and already parsed: for a node this tracker knows,
+   * with the same key; anything else registers (signed) first. The caller
+   * counts it ok, updates the node gauge and kicks the admission queue: once
+   * per beat for a request, once per batch for a batch.
    */
-  ctx.relayBeat = (from, body) => {
-    if (!from) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'an unsigned heartbeat needs the relay to vouch for its sender (a fast-path frame through a relay); otherwise sign it and POST /api/nodes/heartbeat');
-    let raw: unknown;
-    try {
-      raw = JSON.parse(utf8Decoder.decode(body));
-    } catch {
-      throw new MeshError('MESH_ERR_BAD_REQUEST', 'body is not JSON: send the NodeMessage');
-    }
+  function vouchedBeat(from: string, raw: unknown): RegisterAnswer {
     const parsed = nodeMessageSchema.safeParse(raw);
     if (!parsed.success) {
       metrics.registrations.inc({ kind: 'heartbeat', result: 'malformed' });
@@ -132,11 +126,57 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     }
     const wasDraining = known.draining;
     const n = registry.heartbeat(msg);
-    metrics.registrations.inc({ kind: 'heartbeat', result: 'ok' });
     if (n.draining !== wasDraining) logger.info({ peer_id: n.peerId, serving: n.serving }, n.draining ? 'node draining: no new sessions routed to it' : 'node takes sessions again');
+    return answerFor(n);
+  }
+  const beatsOk = metrics.registrations.labels({ kind: 'heartbeat', result: 'ok' });
+
+  /**
+   * A heartbeat over the relay socket (`POST /api/nodes/beat`, body: the
+   * NodeMessage itself, unsigned): the relay vouches for the sender (`from`,
+   * stamped on the frame), so no signature is checked and no connection is
+   * opened.
+   */
+  ctx.relayBeat = (from, body) => {
+    if (!from) throw new MeshError('MESH_ERR_UNAUTHORIZED', 'an unsigned heartbeat needs the relay to vouch for its sender (a fast-path frame through a relay); otherwise sign it and POST /api/nodes/heartbeat');
+    let raw: unknown;
+    try {
+      raw = JSON.parse(utf8Decoder.decode(body));
+    } catch {
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'body is not JSON: send the NodeMessage');
+    }
+    const answer = vouchedBeat(from, raw);
+    beatsOk.inc();
     ctx.updateNodeGauge();
     ctx.admission.kick();
-    return answerFor(n);
+    return answer;
+  };
+
+  /**
+   * A relay's batch of heartbeats (docs/protocol.md §9.1), in one pass: each
+   * checked exactly as a single relay beat, each answered alone (one node's
+   * error never touches another's answer); the gauge and the admission queue
+   * once for the batch, not once per beat.
+   */
+  ctx.relayBeats = (beats) => {
+    const answers: BeatAnswerEntry[] = new Array(beats.length);
+    let ok = 0;
+    for (let i = 0; i < beats.length; i++) {
+      try {
+        answers[i] = { status: 200, body: vouchedBeat(beats[i]!.from, beats[i]!.body) };
+        ok++;
+      } catch (e) {
+        const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving');
+        if (!(e instanceof MeshError)) logger.error({ err: e, peer_id: beats[i]!.from }, 'batched relay heartbeat failed');
+        answers[i] = { status: err.status, body: err.toBody() };
+      }
+    }
+    if (ok > 0) {
+      beatsOk.inc(ok);
+      ctx.updateNodeGauge();
+      ctx.admission.kick();
+    }
+    return answers;
   };
 
   app.post('/api/nodes/heartbeat', async ({ req }) => {

@@ -1,0 +1,212 @@
+/**
+ * Heartbeats batched towards a tracker (docs/protocol.md §9.1): the relay's
+ * side of BEAT_BATCH_FEATURE. Beats addressed to one tracker wait here at
+ * most one window (`beatBatchMs`) or until MAX_BEATS_PER_BATCH are queued,
+ * then leave as ONE `beats` message; the tracker's ONE `beats-answer` is
+ * fanned back out, one `beat-answer` per node. A tracker then pays one
+ * WebSocket message, one parse and one answer per window instead of one
+ * request stream per beat (what cost it ~150 µs a beat).
+ *
+ * Every beat gets exactly one answer: the tracker's, or the relay's own error
+ * (target not here or not taking batches, backpressure, the tracker leaving,
+ * its answer missing or malformed, the deadline, shutdown). A node falls back
+ * to the request path on any of them, so an answer here never strands one.
+ */
+import {
+  MAX_BEAT_MESSAGE_CHARS,
+  MAX_BEATS_PER_BATCH,
+  MeshError,
+  beatAnswerEntrySchema,
+  beatBatchAnswerSchema,
+  beatMessageSchema,
+  type MeshErrorCode,
+} from '../protocol/index.ts';
+import type { RelayMetrics } from './metrics.ts';
+import type { PeerConn, PeerSocket } from './stream-table.ts';
+
+/** What the batcher needs of the stream table. */
+export interface BeatBatcherHost {
+  readonly peers: ReadonlyMap<string, PeerConn>;
+  readonly closing: boolean;
+  sendTo(socket: PeerSocket, text: string): void;
+  now(): number;
+}
+
+interface Caller {
+  peer: PeerConn;
+  id: number;
+}
+
+/** Beats queued for one tracker, not yet sent. */
+interface Queue {
+  parts: string[];
+  callers: Caller[];
+}
+
+/** A batch sent to a tracker, waiting for its answer. */
+interface Sent {
+  target: PeerConn;
+  callers: Caller[];
+  deadline: number;
+}
+
+/** Beats queued or in flight towards one tracker before new ones get 503: ten windows of a 10,000-donor relay. */
+const MAX_BEATS_PENDING_PER_TARGET = 20_000;
+
+export class BeatBatcher {
+  private readonly queues = new Map<PeerConn, Queue>();
+  private readonly sent = new Map<number, Sent>();
+  /** Beats queued or sent per target, for the bound above. */
+  private readonly pending = new Map<PeerConn, number>();
+  private nextBatch = 0;
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  private readonly flushOnTimer = (): void => {
+    this.timer = undefined;
+    this.flushAll();
+  };
+
+  constructor(
+    private readonly host: BeatBatcherHost,
+    private readonly o: { beatBatchMs: number; requestTimeoutMs: number; highWaterBytes: number },
+    private readonly metrics: RelayMetrics,
+  ) {}
+
+  /** Beats queued or waiting for the tracker's answer. */
+  get inFlight(): number {
+    let n = 0;
+    for (const v of this.pending.values()) n += v;
+    return n;
+  }
+
+  /** A `beat` from a registered peer (already JSON-parsed; `chars` its length as sent). */
+  onBeat(peer: PeerConn, msg: unknown, chars: number): void {
+    const p = beatMessageSchema.safeParse(msg);
+    if (!p.success) {
+      const id = (msg as { id?: unknown }).id;
+      const issue = p.error.issues[0]!;
+      const why = `malformed beat: ${issue.path.join('.') || 'message'}: ${issue.message}`;
+      if (typeof id === 'number' && Number.isInteger(id) && id >= 0 && id <= 0xffffffff) return this.refuse(peer, id, 'MESH_ERR_BAD_REQUEST', why);
+      this.metrics.errors.inc({ code: 'MESH_ERR_BAD_REQUEST' });
+      this.host.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: why }));
+      return;
+    }
+    const { id, to, body } = p.data;
+    if (chars > MAX_BEAT_MESSAGE_CHARS) return this.refuse(peer, id, 'MESH_ERR_TOO_LARGE', `a beat of ${chars} characters is over the limit of ${MAX_BEAT_MESSAGE_CHARS}`);
+    if (this.host.closing) return this.refuse(peer, id, 'MESH_ERR_SHUTTING_DOWN', 'relay is shutting down; retry on another relay');
+    const target = this.host.peers.get(to);
+    // Not here (a tracker on another relay of a cluster: the request path crosses over), or an older tracker: the request path.
+    if (target === undefined) return this.refuse(peer, id, 'MESH_ERR_NO_SUCH_PEER', `peer ${to} is not attached to this relay`);
+    if (!target.acceptsBeats) return this.refuse(peer, id, 'MESH_ERR_NO_SUCH_PEER', `peer ${to} does not take batched beats`, { batch: 'unsupported' });
+    const pending = this.pending.get(target) ?? 0;
+    if (pending >= MAX_BEATS_PENDING_PER_TARGET || target.socket.bufferedAmount > this.o.highWaterBytes) {
+      return this.refuse(peer, id, 'MESH_ERR_BACKPRESSURE', `peer ${to} is not keeping up (${pending} beats pending)`);
+    }
+    this.pending.set(target, pending + 1);
+    let q = this.queues.get(target);
+    if (q === undefined) this.queues.set(target, (q = { parts: [], callers: [] }));
+    // `from` is the relay's word for who sent it, as on the fast path; the body goes on as the node wrote it.
+    q.parts.push(`{"from":"${peer.id}","body":${JSON.stringify(body)}}`);
+    q.callers.push({ peer, id });
+    this.metrics.beats.inc();
+    if (q.parts.length >= MAX_BEATS_PER_BATCH) this.flush(target, q);
+    else if (this.timer === undefined) {
+      this.timer = setTimeout(this.flushOnTimer, this.o.beatBatchMs);
+      this.timer.unref?.();
+    }
+  }
+
+  /** A `beats-answer` from a peer: fan its answers out to the nodes of that batch. */
+  onAnswer(peer: PeerConn, msg: unknown): void {
+    const p = beatBatchAnswerSchema.safeParse(msg);
+    if (!p.success) {
+      const issue = p.error.issues[0]!;
+      this.metrics.errors.inc({ code: 'MESH_ERR_BAD_REQUEST' });
+      this.host.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `malformed beats-answer: ${issue.path.join('.') || 'message'}: ${issue.message}` }));
+      return;
+    }
+    const s = this.sent.get(p.data.batch);
+    if (s === undefined || s.target !== peer) return; // late (timed out), or not this peer's to answer
+    this.settle(p.data.batch, s);
+    const answers = p.data.answers;
+    if (p.data.error !== undefined || answers === undefined || answers.length !== s.callers.length) {
+      const why = p.data.error ? `${p.data.error.code}: ${p.data.error.message}` : `${answers?.length ?? 'no'} answers to ${s.callers.length} beats`;
+      for (const c of s.callers) this.refuse(c.peer, c.id, 'MESH_ERR_UPSTREAM', `the tracker refused the batch (${why})`);
+      return;
+    }
+    for (let i = 0; i < answers.length; i++) {
+      const c = s.callers[i]!;
+      const a = beatAnswerEntrySchema.safeParse(answers[i]);
+      if (!a.success) this.refuse(c.peer, c.id, 'MESH_ERR_UPSTREAM', 'the tracker answered this beat with a malformed entry');
+      else this.host.sendTo(c.peer.socket, JSON.stringify({ type: 'beat-answer', id: c.id, status: a.data.status, body: a.data.body }));
+    }
+  }
+
+  /** `peer` left: beats for it (queued or sent) fail with 502; beats it sent are answered into a closed socket (dropped). */
+  peerGone(peer: PeerConn): void {
+    const q = this.queues.get(peer);
+    if (q !== undefined) {
+      this.queues.delete(peer);
+      this.failCallers(q.callers, 'MESH_ERR_PEER_GONE', `peer ${peer.id} went away before the beat was sent`);
+    }
+    for (const [batch, s] of this.sent) {
+      if (s.target !== peer) continue;
+      this.settle(batch, s);
+      this.failCallers(s.callers, 'MESH_ERR_PEER_GONE', `peer ${peer.id} went away before answering`);
+    }
+    this.pending.delete(peer);
+  }
+
+  /** Batches past their deadline: 504 to each beat. */
+  sweep(): void {
+    const now = this.host.now();
+    for (const [batch, s] of this.sent) {
+      if (s.deadline > now) continue;
+      this.settle(batch, s);
+      this.failCallers(s.callers, 'MESH_ERR_TIMEOUT', `peer ${s.target.id} did not answer the batch within ${this.o.requestTimeoutMs} ms`);
+    }
+  }
+
+  /** Answer every beat queued or in flight with `code` (shutdown). */
+  failAll(code: MeshErrorCode, message: string): void {
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    this.timer = undefined;
+    for (const q of this.queues.values()) this.failCallers(q.callers, code, message);
+    this.queues.clear();
+    for (const [batch, s] of this.sent) {
+      this.settle(batch, s);
+      this.failCallers(s.callers, code, message);
+    }
+    this.pending.clear();
+  }
+
+  private flushAll(): void {
+    for (const [target, q] of this.queues) this.flush(target, q);
+  }
+
+  private flush(target: PeerConn, q: Queue): void {
+    this.queues.delete(target);
+    this.nextBatch = this.nextBatch >= 0xffffffff ? 1 : this.nextBatch + 1;
+    const batch = this.nextBatch;
+    this.sent.set(batch, { target, callers: q.callers, deadline: this.host.now() + this.o.requestTimeoutMs });
+    this.metrics.beatBatches.inc();
+    this.host.sendTo(target.socket, `{"type":"beats","batch":${batch},"beats":[${q.parts.join(',')}]}`);
+  }
+
+  private settle(batch: number, s: Sent): void {
+    this.sent.delete(batch);
+    const left = (this.pending.get(s.target) ?? 0) - s.callers.length;
+    if (left > 0) this.pending.set(s.target, left);
+    else this.pending.delete(s.target);
+  }
+
+  private failCallers(callers: Caller[], code: MeshErrorCode, message: string): void {
+    for (const c of callers) this.refuse(c.peer, c.id, code, message);
+  }
+
+  /** The relay's own answer to one beat: an error the node reads as the request path reads the relay's error frames. */
+  private refuse(peer: PeerConn, id: number, code: MeshErrorCode, message: string, details?: Record<string, unknown>): void {
+    const e = new MeshError(code, message, details);
+    this.metrics.errors.inc({ code });
+    this.host.sendTo(peer.socket, JSON.stringify({ type: 'beat-answer', id, status: e.status, body: e.toBody() }));
+  }
+}
