@@ -24,6 +24,7 @@ import { CLOSE } from '../protocol/close-codes.ts';
 import { trace } from '../protocol/trace.ts';
 import { StreamTable, type PeerConn, RpcCaller } from './stream-table.ts';
 import { Corker, WsPeerSocket } from './ws-socket.ts';
+import { PingSweep } from './ping-sweep.ts';
 
 export { CLOSE } from '../protocol/close-codes.ts';
 export { FAST_PATH_PROTOCOL } from './stream-table.ts';
@@ -68,6 +69,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   const table = new StreamTable({ options: opts, metrics, logger });
   const corker = new Corker();
   const allSockets = new Set<WsPeerSocket>();
+  const pings = new PingSweep<WsPeerSocket>(opts.pingIntervalMs);
   let publicUrl = opts.publicUrl ?? '';
 
   // Frames carry at most maxBodyBytes of body plus a meta block (≤ 64 KiB);
@@ -84,6 +86,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   function onPeerSocket(ws: WebSocket, raw: Duplex): void {
     const socket = new WsPeerSocket(ws, raw, corker);
     allSockets.add(socket);
+    pings.add(socket);
     const nonce = randomBytes(16).toString('hex');
     let peer: PeerConn | null = null;
     const registerTimer = setTimeout(() => {
@@ -115,6 +118,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     ws.on('close', () => {
       clearTimeout(registerTimer);
       allSockets.delete(socket);
+      pings.delete(socket);
       if (peer) table.removePeer(peer);
     });
     ws.on('error', (err) => logger.debug({ err }, 'peer socket error'));
@@ -147,6 +151,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   function onRpcSocket(ws: WebSocket, raw: Duplex, targetId: string): void {
     const socket = new WsPeerSocket(ws, raw, corker);
     allSockets.add(socket);
+    pings.add(socket);
     const caller = new RpcCaller(socket, targetId);
     ws.on('message', (data: RawData, isBinary: boolean) => {
       try {
@@ -158,6 +163,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     });
     ws.on('close', () => {
       allSockets.delete(socket);
+      pings.delete(socket);
       table.removeRpcCaller(caller);
     });
     ws.on('error', (err) => logger.debug({ err }, 'rpc socket error'));
@@ -282,17 +288,6 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
   const sweepTimer = setInterval(() => table.sweep(), Math.max(10, Math.min(250, opts.requestTimeoutMs / 4)));
   sweepTimer.unref?.();
 
-  const pingTimer = setInterval(() => {
-    for (const socket of allSockets) {
-      if (!socket.alive) {
-        socket.ws.terminate();
-        continue;
-      }
-      socket.alive = false;
-      if (socket.isOpen) socket.ws.ping();
-    }
-  }, opts.pingIntervalMs);
-  pingTimer.unref?.();
 
   // ------------------------------------------------------------ lifecycle
 
@@ -348,7 +343,7 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
       federation?.close();
       await nats?.close();
       clearInterval(sweepTimer);
-      clearInterval(pingTimer);
+      pings.stop();
       for (const socket of allSockets) socket.ws.close(CLOSE.goingAway, 'relay shutting down');
       await new Promise<void>((resolve) => {
         server.close(() => resolve());
