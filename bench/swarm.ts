@@ -297,11 +297,13 @@ interface RunResult {
   /** Heartbeats sent over the relay socket / as signed HTTP (all donors, whole run). */
   beats_relay: number;
   beats_http: number;
+  /** Of beats_relay, those the relay batched to the tracker (beat-batch). */
+  beats_batched: number;
   churn_left: number;
   churn_joined: number;
   /** Per process (with --loop-probe): event-loop delay, stalls and GC pauses over the window. */
   loop?: Record<string, LoopSummary>;
-  relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number; relay_back_s: number };
+  relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number; relay_back_s: number; error_codes_during: Record<string, number> };
 }
 
 interface LoopSummary {
@@ -587,6 +589,8 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
         shed_during: after.shed - before.shed,
         dropped_during: after.dropped - before.dropped,
         relay_back_s: relayBackS,
+        // From the kill until all were back (or 120 s): answers not 200 by who refused and why.
+        error_codes_during: Object.fromEntries(Object.entries(after.errorCodes).map(([k, n]) => [k, n - (before.errorCodes[k] ?? 0)]).filter(([, n]) => (n as number) > 0)),
       };
     })() : Promise.resolve();
 
@@ -681,6 +685,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       chat_errors: chats?.errors ?? [],
       beats_relay: w.beatsRelay,
       beats_http: w.beatsHttp,
+      beats_batched: w.beatsBatched,
       churn_left: left,
       churn_joined: joined,
       ...(restart ? { relay_restart: restart } : {}),

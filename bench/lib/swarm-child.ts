@@ -69,7 +69,7 @@ async function handle(req: ChildRequest): Promise<unknown> {
       window = { stall0: stats.loop.now(), cpu0: process.cpuUsage(), t0: performance.now() };
       return null;
     case 'counters':
-      return { shed: stats.shed, dropped: stats.dropped } satisfies ChildCounters;
+      return { shed: stats.shed, dropped: stats.dropped, errorCodes: Object.fromEntries(stats.errorCodes) } satisfies ChildCounters;
     case 'churn': {
       let left = 0;
       for (let k = 0; k < req.leave; k++) {
@@ -119,6 +119,7 @@ async function handle(req: ChildRequest): Promise<unknown> {
         windowMs: performance.now() - w.t0,
         beatsRelay: entries.reduce((a, e) => a + (e.donor.client?.beats.relay ?? 0), 0),
         beatsHttp: entries.reduce((a, e) => a + (e.donor.client?.beats.http ?? 0), 0),
+        beatsBatched: entries.reduce((a, e) => a + (e.donor.client?.beats.batched ?? 0), 0),
         alive: live.length,
         periods,
         heapUsedMiB: mem.heapUsed / 2 ** 20,

@@ -186,6 +186,8 @@ export class Donor {
   private readonly startedAt = Date.now();
   private tokens = 0;
   closed = false;
+  /** The tracker answered one of its registrations 200. */
+  private registeredOnce = false;
   /** The relay registration events seen (reconnects after the first). */
   relayRegistrations = 0;
   lastRelayRegisteredAt = 0;
@@ -248,7 +250,10 @@ export class Donor {
       try {
         const res = await undiciFetch(url, { ...(init as object), dispatcher: agent } as Parameters<typeof undiciFetch>[1]);
         if (kind) stats.record(kind, performance.now() - t0, res.status === 200 ? 'ok' : `http-${res.status}`, s0);
-        if (kind && res.status !== 200 && stats.recording) stats.recordCode(`${kind} http-${res.status}`, errorCodeOf(await res.clone().text().catch(() => '')));
+        // A registration of a donor the tracker had registered before (it was dropped, or its relay changed) is told apart from a first one (a joiner).
+        const label = kind === 'register' && this.registeredOnce ? 're-register' : kind;
+        if (kind === 'register' && res.status === 200) this.registeredOnce = true;
+        if (kind && res.status !== 200 && stats.recording) stats.recordCode(`${label} http-${res.status}`, errorCodeOf(await res.clone().text().catch(() => '')));
         return res as unknown as Response;
       } catch (e) {
         if (kind) stats.record(kind, performance.now() - t0, outcomeOf(e), s0);

@@ -61,6 +61,7 @@ export interface ChildStarted {
 export interface ChildCounters {
   shed: number;
   dropped: number;
+  errorCodes: Record<string, number>;
 }
 
 export interface ChildRestartStatus {
@@ -84,6 +85,8 @@ export interface ChildWindow {
   /** Heartbeats over the relay socket / as signed HTTP, by every donor this child ever ran (whole run). */
   beatsRelay: number;
   beatsHttp: number;
+  /** Of beatsRelay, those the relay batched (beat-batch). */
+  beatsBatched: number;
   alive: number;
   /** Heartbeat periods the live donors were last told: ms → donors. */
   periods: Record<string, number>;
@@ -142,6 +145,7 @@ export interface PoolWindow {
   cpuMsEach: number[];
   beatsRelay: number;
   beatsHttp: number;
+  beatsBatched: number;
   alive: number;
   periods: Record<string, number>;
   heapUsedMiBEach: number[];
@@ -154,13 +158,16 @@ export function defaultDonorProcs(donors: number): number {
 }
 
 export class DonorPool {
-  private constructor(private readonly children: Child[]) {}
+  private constructor(
+    private readonly children: Child[],
+    private readonly relays: number,
+  ) {}
 
   /** Fork `n` children (`sim1`…`simN`, the name their loop probe takes) and give each the cluster's addresses. */
   static async start(n: number, init: ChildInit): Promise<DonorPool> {
     const entry = fileURLToPath(new URL('./swarm-child.ts', import.meta.url));
     const children = Array.from({ length: n }, (_, i) => new Child(i, fork(entry, [`sim${i + 1}`], { serialization: 'advanced', stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })));
-    const pool = new DonorPool(children);
+    const pool = new DonorPool(children, Math.max(1, init.relayUrls.length));
     try {
       await pool.all(() => ({ op: 'init', init }));
     } catch (e) {
@@ -182,9 +189,15 @@ export class DonorPool {
     return Promise.all(this.children.map((c) => c.request<T>(req(c))));
   }
 
-  /** The child that runs donor `i` of the ramp. */
+  /**
+   * The child that runs donor `i` of the ramp. Not `i % children`: with two
+   * relays and four children that would put every donor of a relay in two
+   * children, and a relay restart's reconnections on half of them. Donors
+   * `i` and `i + 1` (on different relays) go to the same child, the next pair
+   * to the next child, so each child holds the same share of every relay.
+   */
   childOf(i: number): number {
-    return i % this.children.length;
+    return Math.floor(i / this.relays) % this.children.length;
   }
 
   /** Start these donors, each in its child (childOf). Resolves once sent. */
@@ -213,7 +226,9 @@ export class DonorPool {
 
   async counters(): Promise<ChildCounters> {
     const all = await this.all<ChildCounters>(() => ({ op: 'counters' }));
-    return { shed: sum(all.map((c) => c.shed)), dropped: sum(all.map((c) => c.dropped)) };
+    const errorCodes: Record<string, number> = {};
+    for (const c of all) for (const [k, n] of Object.entries(c.errorCodes)) errorCodes[k] = (errorCodes[k] ?? 0) + n;
+    return { shed: sum(all.map((c) => c.shed)), dropped: sum(all.map((c) => c.dropped)), errorCodes };
   }
 
   /** In child `c`, `leave` donors leave and the `join` indices join; resolves to how many left. */
@@ -255,6 +270,7 @@ export class DonorPool {
       cpuMsEach: all.map((w) => w.cpuMs),
       beatsRelay: sum(all.map((w) => w.beatsRelay)),
       beatsHttp: sum(all.map((w) => w.beatsHttp)),
+      beatsBatched: sum(all.map((w) => w.beatsBatched)),
       alive: sum(all.map((w) => w.alive)),
       periods: merge((w) => w.periods),
       heapUsedMiBEach: all.map((w) => w.heapUsedMiB),

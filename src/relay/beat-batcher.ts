@@ -22,18 +22,34 @@ import {
   type MeshErrorCode,
 } from '../protocol/index.ts';
 import type { RelayMetrics } from './metrics.ts';
-import type { PeerConn, PeerSocket } from './stream-table.ts';
+
+/**
+ * A peer as the batcher sees it. The stream table's BeatPeer has these; the batcher names only what it reads, so
+ * that the table can own a batcher without the two modules importing each other.
+ */
+export interface BeatPeer {
+  readonly id: string;
+  readonly socket: BeatSocket;
+  /** A tracker that declared the batch feature when it registered. */
+  readonly acceptsBeats: boolean;
+}
+
+/** The socket an answer goes back on (the table's PeerSocket). */
+export interface BeatSocket {
+  /** Bytes queued towards the far side and not yet written. */
+  readonly bufferedAmount: number;
+}
 
 /** What the batcher needs of the stream table. */
 export interface BeatBatcherHost {
-  readonly peers: ReadonlyMap<string, PeerConn>;
+  readonly peers: ReadonlyMap<string, BeatPeer>;
   readonly closing: boolean;
-  sendTo(socket: PeerSocket, text: string): void;
+  sendTo(socket: BeatSocket, text: string): void;
   now(): number;
 }
 
 interface Caller {
-  peer: PeerConn;
+  peer: BeatPeer;
   id: number;
 }
 
@@ -45,7 +61,7 @@ interface Queue {
 
 /** A batch sent to a tracker, waiting for its answer. */
 interface Sent {
-  target: PeerConn;
+  target: BeatPeer;
   callers: Caller[];
   deadline: number;
 }
@@ -54,10 +70,10 @@ interface Sent {
 const MAX_BEATS_PENDING_PER_TARGET = 20_000;
 
 export class BeatBatcher {
-  private readonly queues = new Map<PeerConn, Queue>();
+  private readonly queues = new Map<BeatPeer, Queue>();
   private readonly sent = new Map<number, Sent>();
   /** Beats queued or sent per target, for the bound above. */
-  private readonly pending = new Map<PeerConn, number>();
+  private readonly pending = new Map<BeatPeer, number>();
   private nextBatch = 0;
   private timer: ReturnType<typeof setTimeout> | undefined;
   private readonly flushOnTimer = (): void => {
@@ -79,7 +95,7 @@ export class BeatBatcher {
   }
 
   /** A `beat` from a registered peer (already JSON-parsed; `chars` its length as sent). */
-  onBeat(peer: PeerConn, msg: unknown, chars: number): void {
+  onBeat(peer: BeatPeer, msg: unknown, chars: number): void {
     const p = beatMessageSchema.safeParse(msg);
     if (!p.success) {
       const id = (msg as { id?: unknown }).id;
@@ -116,7 +132,7 @@ export class BeatBatcher {
   }
 
   /** A `beats-answer` from a peer: fan its answers out to the nodes of that batch. */
-  onAnswer(peer: PeerConn, msg: unknown): void {
+  onAnswer(peer: BeatPeer, msg: unknown): void {
     const p = beatBatchAnswerSchema.safeParse(msg);
     if (!p.success) {
       const issue = p.error.issues[0]!;
@@ -142,7 +158,7 @@ export class BeatBatcher {
   }
 
   /** `peer` left: beats for it (queued or sent) fail with 502; beats it sent are answered into a closed socket (dropped). */
-  peerGone(peer: PeerConn): void {
+  peerGone(peer: BeatPeer): void {
     const q = this.queues.get(peer);
     if (q !== undefined) {
       this.queues.delete(peer);
@@ -183,7 +199,7 @@ export class BeatBatcher {
     for (const [target, q] of this.queues) this.flush(target, q);
   }
 
-  private flush(target: PeerConn, q: Queue): void {
+  private flush(target: BeatPeer, q: Queue): void {
     this.queues.delete(target);
     this.nextBatch = this.nextBatch >= 0xffffffff ? 1 : this.nextBatch + 1;
     const batch = this.nextBatch;
@@ -204,7 +220,7 @@ export class BeatBatcher {
   }
 
   /** The relay's own answer to one beat: an error the node reads as the request path reads the relay's error frames. */
-  private refuse(peer: PeerConn, id: number, code: MeshErrorCode, message: string, details?: Record<string, unknown>): void {
+  private refuse(peer: BeatPeer, id: number, code: MeshErrorCode, message: string, details?: Record<string, unknown>): void {
     const e = new MeshError(code, message, details);
     this.metrics.errors.inc({ code });
     this.host.sendTo(peer.socket, JSON.stringify({ type: 'beat-answer', id, status: e.status, body: e.toBody() }));
