@@ -24,7 +24,7 @@ import {
 import type { RelayMetrics } from './metrics.ts';
 
 /**
- * A peer as the batcher sees it. The stream table's BeatPeer has these; the batcher names only what it reads, so
+ * A peer as the batcher sees it. The stream table's PeerConn has these; the batcher names only what it reads, so
  * that the table can own a batcher without the two modules importing each other.
  */
 export interface BeatPeer {
