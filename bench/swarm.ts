@@ -300,6 +300,11 @@ interface RunResult {
   /** Of beats_relay, those the relay batched to the tracker (beat-batch). */
   beats_batched: number;
   churn_left: number;
+  /** Of churn_left, those registered at the tracker as they left; of those, still registered when removals were read. */
+  churn_left_registered: number;
+  churn_left_unremoved: number;
+  /** How long after the window the bench waited for the leavers' removals before reading the count. */
+  churn_removal_wait_s: number;
   churn_joined: number;
   /** Per process (with --loop-probe): event-loop delay, stalls and GC pauses over the window. */
   loop?: Record<string, LoopSummary>;
@@ -391,6 +396,24 @@ function quantileOfHist(h: Hist, q: number): number {
   if (h.count === 0) return NaN;
   for (const [le, v] of h.buckets) if (v >= q * h.count) return le;
   return Infinity;
+}
+
+/**
+ * After a churned window: wait (at most 4 heartbeat periods plus 30 s) until no tracker holds more nodes than
+ * the mesh and the live registered donors, i.e. every leaver was removed. Returns how many still were not (the
+ * smallest registry over the trackers: in a cluster the leader removes first, the others follow it through KV).
+ */
+async function leaversStillRegistered(urls: string[], pool: DonorPool, meshNodes: number): Promise<{ still: number; waitedS: number }> {
+  const t0 = performance.now();
+  let still: number;
+  for (;;) {
+    const sizes = await Promise.all(urls.map(async (u) => ((await (await fetch(`${u}/healthz`)).json()) as { nodes: number }).nodes));
+    const live = (await pool.status()).registered;
+    still = Math.max(0, Math.min(...sizes) - meshNodes - live);
+    if (still === 0 || performance.now() - t0 > 4 * HEARTBEAT_MS + 30_000) break;
+    await sleep(1000);
+  }
+  return { still, waitedS: Math.round((performance.now() - t0) / 100) / 10 };
 }
 
 async function runOnce(binSpec: string, donorCount: number, donorProcs: number | undefined, swarmUrl: string, smallUrl: string): Promise<RunResult> {
@@ -525,7 +548,9 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
 
     // Churn: each second, CHURN/60 of the donors leave and as many join (in the same donor process, picked at random).
     let left = 0;
+    let leftRegistered = 0;
     let joined = 0;
+    const churnCalls: Array<Promise<void>> = [];
     const churnTimer = CHURN > 0 ? setInterval(() => {
       const n = (donorCount * CHURN) / 60;
       const whole = Math.floor(n) + (Math.random() < n - Math.floor(n) ? 1 : 0);
@@ -536,7 +561,10 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       }
       for (const [c, join] of by) {
         joined += join.length;
-        void donorPool.churn(c, join.length, join).then((l) => void (left += l), () => {});
+        churnCalls.push(donorPool.churn(c, join.length, join).then((l) => {
+          left += l.left;
+          leftRegistered += l.leftRegistered;
+        }, () => {}));
       }
     }, 1000) : undefined;
 
@@ -609,6 +637,10 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const sim = process.cpuUsage(simBefore);
     const w = await donorPool.collect();
     await chats?.stop();
+    await Promise.all(churnCalls);
+    // The donors that left late in the window are removed only after their deadline (3 periods, plus any lateness
+    // the tracker excuses): wait until every tracker has dropped them, so each leaver is one removal in the count.
+    const leftover = CHURN > 0 ? await leaversStillRegistered(trackers.map((t) => t.url), donorPool, MESH ? 3 : 0) : { still: 0, waitedS: 0 };
     const removalsAfter = await removals();
     const loop = LOOP_DIR ? await loopSummary([...procs.map((p) => ({ name: p.name, pid: p.pid() })), ...donorPool.pids.map((pid, i) => ({ name: `sim${i + 1}`, pid })), { name: 'bench', pid: process.pid }]) : undefined;
     const heapDonors = w.alive;
@@ -656,8 +688,13 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       error_codes: w.errorCodes,
       register_failures: outcomes('register'),
       dropped_404: w.dropped,
-      // Removals of donors that never left (those that did are expected to go).
-      tracker_removals_missed: removalsAfter - removalsBefore - left,
+      // Removals of donors that never left (those that did are expected to go): counted after the leavers' deadlines
+      // passed, less each leaver the tracker held as it left (one still registering is never removed) and has dropped.
+      // In a cluster only the leader removes, so the sum over trackers counts each removal once.
+      tracker_removals_missed: removalsAfter - removalsBefore - (leftRegistered - leftover.still),
+      churn_left_registered: leftRegistered,
+      churn_left_unremoved: leftover.still,
+      churn_removal_wait_s: leftover.waitedS,
       shed_answers: w.shed,
       // Every tracker holds the whole registry: the largest growth of one.
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,

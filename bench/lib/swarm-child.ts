@@ -4,7 +4,7 @@
  * bench's requests over IPC. It exits when the bench goes (IPC closed).
  */
 import { Agent } from 'undici';
-import type { ChildCounters, ChildInit, ChildRequest, ChildRestartStatus, ChildStarted, ChildStatus, ChildWindow } from './swarm-pool.ts';
+import type { ChildChurn, ChildCounters, ChildInit, ChildRequest, ChildRestartStatus, ChildStarted, ChildStatus, ChildWindow } from './swarm-pool.ts';
 import { Donor, SwarmStats, type CallKind } from './swarm-donors.ts';
 import { SWARM_BUDGETS } from './swarm-shape.ts';
 
@@ -72,15 +72,18 @@ async function handle(req: ChildRequest): Promise<unknown> {
       return { shed: stats.shed, dropped: stats.dropped, errorCodes: Object.fromEntries(stats.errorCodes) } satisfies ChildCounters;
     case 'churn': {
       let left = 0;
+      // Those the tracker holds as they go: only these will be removed for missed heartbeats (one still registering is not).
+      let leftRegistered = 0;
       for (let k = 0; k < req.leave; k++) {
         const live = alive();
         const e = live[Math.floor(Math.random() * live.length)];
         if (!e) break;
+        if (e.donor.registered) leftRegistered++;
         e.donor.close();
         left++;
       }
       void startDonors(req.join).catch(() => {});
-      return left;
+      return { left, leftRegistered } satisfies ChildChurn;
     }
     case 'restart-mark':
       restart = { at: req.at, mine: alive().filter((e) => e.relay === req.relay).map((e) => e.donor) };

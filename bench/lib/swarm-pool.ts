@@ -64,6 +64,12 @@ export interface ChildCounters {
   errorCodes: Record<string, number>;
 }
 
+export interface ChildChurn {
+  left: number;
+  /** Of those, the ones registered at the tracker as they left (the others will never be removed). */
+  leftRegistered: number;
+}
+
 export interface ChildRestartStatus {
   mine: number;
   back: number;
@@ -232,8 +238,8 @@ export class DonorPool {
   }
 
   /** In child `c`, `leave` donors leave and the `join` indices join; resolves to how many left. */
-  churn(c: number, leave: number, join: number[]): Promise<number> {
-    return this.children[c]!.request<number>({ op: 'churn', leave, join });
+  churn(c: number, leave: number, join: number[]): Promise<ChildChurn> {
+    return this.children[c]!.request<ChildChurn>({ op: 'churn', leave, join });
   }
 
   async restartMark(relay: number, at: number): Promise<number> {
