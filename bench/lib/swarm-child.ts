@@ -22,12 +22,14 @@ let init: ChildInit | undefined;
 let sharedAgent: Agent | undefined;
 let window: { stall0: number; cpu0: NodeJS.CpuUsage; t0: number } | undefined;
 let restart: { at: number; mine: Donor[] } | undefined;
+/** Beats paused (op 'pause'): each donor's beat is answered in the process with the tracker's last answer. */
+let beatsPaused = false;
 
 async function makeDonor(i: number): Promise<Entry> {
   const c = init!;
   const [mb, format] = SWARM_BUDGETS[i % SWARM_BUDGETS.length]!;
   const relay = i % c.relayUrls.length;
-  const donor = await Donor.create({ relayUrl: c.relayUrls[relay]!, trackerUrl: c.trackerUrls[i % c.trackerUrls.length]!, model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats, ...(sharedAgent ? { agent: sharedAgent } : {}) });
+  const donor = await Donor.create({ relayUrl: c.relayUrls[relay]!, trackerUrl: c.trackerUrls[i % c.trackerUrls.length]!, model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats, paused: () => beatsPaused, ...(sharedAgent ? { agent: sharedAgent } : {}) });
   const e = { donor, relay };
   entries.push(e);
   return e;
@@ -67,6 +69,9 @@ async function handle(req: ChildRequest): Promise<unknown> {
       stats.reset();
       stats.recording = true;
       window = { stall0: stats.loop.now(), cpu0: process.cpuUsage(), t0: performance.now() };
+      return null;
+    case 'pause':
+      beatsPaused = req.paused;
       return null;
     case 'counters':
       return { shed: stats.shed, dropped: stats.dropped, errorCodes: Object.fromEntries(stats.errorCodes) } satisfies ChildCounters;

@@ -37,6 +37,8 @@ export type ChildRequest =
   /** Start the measured window: stats reset, recording on, stall clock and CPU read. */
   | { op: 'record' }
   | { op: 'counters' }
+  /** Beats stop (each answered in the donor's process with the tracker's last answer) or go on again. */
+  | { op: 'pause'; paused: boolean }
   /** `leave` donors leave silently (random among the live ones); the `join` indices join. */
   | { op: 'churn'; leave: number; join: number[] }
   /** Remember the live donors on this relay, to follow their return after a restart at `at` (Date.now()). */
@@ -228,6 +230,10 @@ export class DonorPool {
 
   async record(): Promise<void> {
     await this.all(() => ({ op: 'record' }));
+  }
+
+  async pause(paused: boolean): Promise<void> {
+    await this.all(() => ({ op: 'pause', paused }));
   }
 
   async counters(): Promise<ChildCounters> {
