@@ -265,6 +265,9 @@ export class Donor {
       get state() {
         return relay.state;
       },
+      get currentRegistration() {
+        return relay.currentRegistration;
+      },
       async request(peer, req, opts) {
         const t0 = performance.now();
         const s0 = stats.loop.now();
@@ -281,7 +284,7 @@ export class Donor {
         }
       },
       // As a node: the relay says when the tracker's peer detaches (a relay with peer-watch), no HTTP watch stream.
-      watchPeer: (peer, signal) => relay.watchPeer(peer, signal),
+      watchPeer: (peer, signal, onAttached) => relay.watchPeer(peer, signal, onAttached),
       // As a node: the beat as a `beat` message the relay batches (a relay with beat-batch), timed like the others.
       beat(peer, body, timeoutMs) {
         const p = relay.beat(peer, body, timeoutMs);
