@@ -273,6 +273,9 @@ export class Donor {
       get state() {
         return relay.state;
       },
+      get currentRegistration() {
+        return relay.currentRegistration;
+      },
       async request(peer, req, opts) {
         const t0 = performance.now();
         const s0 = stats.loop.now();
@@ -289,7 +292,7 @@ export class Donor {
         }
       },
       // As a node: the relay says when the tracker's peer detaches (a relay with peer-watch), no HTTP watch stream.
-      watchPeer: (peer, signal) => relay.watchPeer(peer, signal),
+      watchPeer: (peer, signal, onAttached) => relay.watchPeer(peer, signal, onAttached),
       // As a node: the beat as a `beat` message the relay batches (a relay with beat-batch), timed like the others.
       beat(peer, body, timeoutMs) {
         if (lastBeat && paused?.()) return Promise.resolve(lastBeat);

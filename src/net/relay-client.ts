@@ -93,6 +93,12 @@ export interface Registration {
  */
 export type PeerWatchEnd = 'gone' | 'absent' | 'lost' | 'unsupported' | 'cancelled';
 
+/** One watchPeer() call: how it ends, and whom to tell when the relay says the peer is attached. */
+interface PeerWatcher {
+  done: (end: PeerWatchEnd) => void;
+  onAttached?: () => void;
+}
+
 /** `relayUrl` as a list of `/ws` URLs (split on commas, duplicates dropped). */
 export function relayWsUrls(relayUrl: string | readonly string[]): string[] {
   const list = (typeof relayUrl === 'string' ? [relayUrl] : [...relayUrl]).flatMap((u) => u.split(',')).map((u) => u.trim()).filter((u) => u !== '');
@@ -150,8 +156,11 @@ export class RelayClient {
   private pastBudget = 0;
   /** Fires when the outage outlives its budget: waiting requests fail then. */
   private outageTimer: ReturnType<typeof setTimeout> | undefined;
-  /** watchPeer() calls waiting, by the peer they watch; settled by the relay's notices or when the connection drops. */
-  private readonly peerWatches = new Map<string, Set<(end: PeerWatchEnd) => void>>();
+  /**
+   * watchPeer() calls waiting, by the peer they watch; settled by the relay's notices or when the connection drops.
+   * `attached`: the relay answered that the peer is attached to it (the watches hold until it is gone).
+   */
+  private readonly peerWatches = new Map<string, { watchers: Set<PeerWatcher>; attached: boolean }>();
   /** beat() calls waiting for their answers on the registered connection (they fail when it drops). */
   private beatCalls = new BeatCalls();
   /** A tracker's handler for batches of beats (setBeatsHandler): the answer text, sent back at once. */
@@ -201,6 +210,14 @@ export class RelayClient {
   /** True while registered: requests go out at once. */
   get isRegistered(): boolean {
     return this.mux !== undefined;
+  }
+  /**
+   * The registration in force (a new object at each one; undefined while not
+   * registered): what the relay said on one connection (a peer not attached
+   * to it) is not taken for true on the next, which may be another relay.
+   */
+  get currentRegistration(): Registration | undefined {
+    return this.mux !== undefined ? this.registration : undefined;
   }
 
   /** While a lost connection is being waited out: ms until its budget runs out (0: registered, or not waiting any more). */
@@ -257,47 +274,68 @@ export class RelayClient {
   /**
    * Resolves when the relay says `peerId` detached from it (`gone`), or why
    * no such news will come on this watch (PeerWatchEnd). A node watches its
-   * tracker this way instead of holding an HTTP stream to it.
+   * tracker this way instead of holding an HTTP stream to it. `onAttached`
+   * is called when the relay answers that the peer is attached to it (at
+   * once when an earlier watch of the same peer was answered so): the node
+   * then knows its tracker takes beats on this relay.
    */
-  watchPeer(peerId: string, signal?: AbortSignal): Promise<PeerWatchEnd> {
+  watchPeer(peerId: string, signal?: AbortSignal, onAttached?: () => void): Promise<PeerWatchEnd> {
     const mux = this.mux;
     if (mux === undefined || this.registration?.peerWatch !== true) return Promise.resolve('unsupported');
     if (signal?.aborted) return Promise.resolve('cancelled');
     return new Promise<PeerWatchEnd>((resolve) => {
-      let set = this.peerWatches.get(peerId);
-      const first = set === undefined;
-      if (set === undefined) this.peerWatches.set(peerId, (set = new Set()));
-      const done = (end: PeerWatchEnd): void => {
-        signal?.removeEventListener('abort', onAbort);
-        resolve(end);
+      let entry = this.peerWatches.get(peerId);
+      const first = entry === undefined;
+      if (entry === undefined) this.peerWatches.set(peerId, (entry = { watchers: new Set(), attached: false }));
+      const watcher: PeerWatcher = {
+        done: (end: PeerWatchEnd): void => {
+          signal?.removeEventListener('abort', onAbort);
+          resolve(end);
+        },
+        ...(onAttached ? { onAttached } : {}),
       };
       const onAbort = (): void => {
-        const s = this.peerWatches.get(peerId);
-        s?.delete(done);
-        if (s?.size === 0) {
+        const e = this.peerWatches.get(peerId);
+        e?.watchers.delete(watcher);
+        if (e?.watchers.size === 0) {
           this.peerWatches.delete(peerId);
           if (this.mux === mux) void mux.send(JSON.stringify({ type: 'unwatch-peer', peer_id: peerId }));
         }
-        done('cancelled');
+        watcher.done('cancelled');
       };
-      set.add(done);
+      entry.watchers.add(watcher);
       signal?.addEventListener('abort', onAbort, { once: true });
       if (first) void mux.send(JSON.stringify({ type: 'watch-peer', peer_id: peerId }));
+      else if (entry.attached) this.tellAttached(watcher);
     });
   }
 
   /** The relay's `peer-watch` / `peer-gone`: settle the watches of that peer (a peer attached here stays watched until gone). */
   private onPeerNotice(msg: { type: 'peer-watch' | 'peer-gone'; peer_id: string; attached?: unknown }): void {
-    if (msg.type === 'peer-watch' && msg.attached !== false) return;
+    if (msg.type === 'peer-watch' && msg.attached !== false) {
+      const entry = this.peerWatches.get(msg.peer_id);
+      if (entry === undefined || entry.attached) return;
+      entry.attached = true;
+      for (const w of entry.watchers) this.tellAttached(w);
+      return;
+    }
     this.settlePeerWatches(msg.type === 'peer-gone' ? 'gone' : 'absent', msg.peer_id);
+  }
+
+  private tellAttached(w: PeerWatcher): void {
+    try {
+      w.onAttached?.();
+    } catch (err) {
+      this.log({ level: 'error', event: 'protocol', message: 'a peer watch\'s onAttached threw', error: err });
+    }
   }
 
   private settlePeerWatches(end: PeerWatchEnd, peerId?: string): void {
     const ids = peerId === undefined ? [...this.peerWatches.keys()] : [peerId];
     for (const id of ids) {
-      const set = this.peerWatches.get(id);
+      const entry = this.peerWatches.get(id);
       this.peerWatches.delete(id);
-      for (const done of set ?? []) done(end);
+      for (const w of entry?.watchers ?? []) w.done(end);
     }
   }
 

@@ -40,8 +40,10 @@ export interface TrackerRelay {
   /** RelayClient's state ('registered' …), or 'none' when the node has no relay. */
   readonly state: string;
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
-  /** RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say. */
-  watchPeer?(peerId: string, signal?: AbortSignal): Promise<PeerWatchEnd>;
+  /** RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say; `onAttached` when it says the peer is attached to it. */
+  watchPeer?(peerId: string, signal?: AbortSignal, onAttached?: () => void): Promise<PeerWatchEnd>;
+  /** RelayClient.currentRegistration: a new object at each registration (undefined while not registered); what the relay said is forgotten when it changes. */
+  readonly currentRegistration?: object | undefined;
   /** RelayClient.beat: the heartbeat as a `beat` message the relay batches; undefined when the relay does not batch. */
   beat?(peerId: string, body: unknown, timeoutMs: number): Promise<BeatReply> | undefined;
 }
@@ -83,6 +85,8 @@ export interface TrackerClientInit {
   replaceDeadlineMs?: number;
   /** The tracker's list of quarantined nodes, with each register and heartbeat answer that carries one (docs/verification.md). */
   onDistrust?: (list: ReadonlyArray<{ peer_id: string; until: number }>) => void;
+  /** Jitter source in [0, 1); tests pin it. */
+  random?: () => number;
 }
 
 /** Answer to a heartbeat: a new assignment when the tracker moved the node, else nothing new. Unknown fields are ignored. */
@@ -109,6 +113,28 @@ export class WatchUnsupportedError extends MeshError {
 
 /** After the relay said a tracker takes no batched beats, how long its beats go as requests before trying again, ms. */
 const NO_BATCH_RETRY_MS = 60_000;
+
+/**
+ * After the relay said the tracker is not attached to it (on another relay of
+ * a cluster, or not back after a restart), how long its beats go as requests
+ * without the batched try, ms: a random time in [half, whole], so the nodes
+ * told at once (a tracker's restart) do not all try again at once. Sooner when
+ * the relay's peer-watch says the tracker attached (the watch asks again after
+ * each beat while it is not), and renewed each time it says it is not: a
+ * bound for a relay connection that gives no such news.
+ */
+const NOT_ATTACHED_RETRY_MS = 30_000;
+
+/** Why beats to a tracker skip the batched try: the relay said it takes none (an older tracker), or is not attached there. */
+export type NoBatchReason = 'unsupported' | 'not-attached';
+
+/** Why beats to a tracker peer skip the batched try for now: what the relay said, on which registration, until when (ms since epoch). */
+interface NoBatch {
+  peer: string;
+  why: NoBatchReason;
+  on: object | undefined;
+  until: number;
+}
 
 /** Longest pause between two asks for a replacement while the tracker has none, ms. */
 const REPLACE_POLL_MAX_MS = 500;
@@ -327,17 +353,40 @@ export class TrackerClient {
   /** The tracker keys routes are taken from (the answering tracker's, its cluster's). */
   readonly trust: TrackerTrust;
   /** The peer id of the tracker that answered last: heartbeats go to it over the relay. */
-  trackerPeerId: string | undefined;
-  /** Heartbeats sent over the relay socket / as signed HTTP requests; of the relay ones, those the relay batched (`beat` messages). */
-  readonly beats = { relay: 0, http: 0, batched: 0 };
-  /** A tracker peer the relay said takes no batched beats (not attached there, or older), and until when (ms) beats to it skip the batch. */
-  private noBatch: { peer: string; until: number } | undefined;
+  private trackerPeer: string | undefined;
+  /**
+   * Heartbeats sent over the relay socket / as signed HTTP requests; of the relay ones, those the relay batched (`beat`
+   * messages); `skipped`: beats that went without the batched try, the relay having said it would refuse it.
+   */
+  readonly beats = { relay: 0, http: 0, batched: 0, skipped: 0 };
+  /** A tracker peer the relay said takes no batched beats (not attached there, or older): its beats skip the batched try meanwhile. */
+  private noBatch: NoBatch | undefined;
+  private readonly random: () => number;
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
     this.timeoutMs = init.requestTimeoutMs ?? 10_000;
     this.replaceDeadlineMs = init.replaceDeadlineMs ?? 30_000;
     this.trust = new TrackerTrust(init.operatorKey);
+    this.random = init.random ?? Math.random;
+  }
+
+  /** The peer id of the tracker that answered last: heartbeats go to it over the relay. */
+  get trackerPeerId(): string | undefined {
+    return this.trackerPeer;
+  }
+
+  private setTrackerPeer(id: string | undefined): void {
+    // Another tracker: what the relay said of the last one is not news of this one.
+    if (id !== this.trackerPeer) this.noBatch = undefined;
+    this.trackerPeer = id;
+  }
+
+  /** Why beats to the current tracker skip the batched try now (docs/protocol.md §9.1), or undefined: they try it. */
+  get noBatchNow(): NoBatchReason | undefined {
+    const relay = this.init.relay;
+    const peer = this.trackerPeer;
+    return relay !== undefined && peer !== undefined && this.skipsBatch(relay, peer) ? this.noBatch?.why : undefined;
   }
 
   /** The keys a route must be signed with (one of them); undefined before any tracker answered. */
@@ -402,7 +451,7 @@ export class TrackerClient {
     const p = registerAnswerSchema.safeParse(json);
     if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker register answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
     await this.trust.absorb(p.data.tracker_public_key, p.data.tracker_keys);
-    this.trackerPeerId = p.data.tracker_peer_id;
+    this.setTrackerPeer(p.data.tracker_peer_id);
     if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     return p.data;
   }
@@ -474,7 +523,10 @@ export class TrackerClient {
    * not taking batches, a relay error): the request path then, as before.
    */
   private async batchedBeat(relay: TrackerRelay, peer: string, msg: NodeMessage): Promise<HeartbeatAnswer | 'timeout' | undefined> {
-    if (this.noBatch !== undefined && this.noBatch.peer === peer && this.noBatch.until > Date.now()) return undefined;
+    if (this.skipsBatch(relay, peer)) {
+      this.beats.skipped++;
+      return undefined;
+    }
     let reply: BeatReply | undefined;
     try {
       reply = await relay.beat?.(peer, msg, this.timeoutMs);
@@ -483,15 +535,31 @@ export class TrackerClient {
     }
     if (reply === undefined) return undefined;
     const error = (reply.body as { error?: { code?: unknown; batch?: unknown } } | null)?.error;
-    // The tracker is attached there but takes no batches (an older one): the request path for a while. Not attached
-    // (on another relay of a cluster, or not back yet after a restart): the request path this once.
+    // The tracker is attached there but takes no batches (an older one), or is not attached there (on another relay of a
+    // cluster, or not back yet after a restart): the request path, and for a while without asking first.
     if (error?.code === 'MESH_ERR_NO_SUCH_PEER') {
-      if (error.batch === 'unsupported') this.noBatch = { peer, until: Date.now() + NO_BATCH_RETRY_MS };
+      this.refusesBatch(relay, peer, error.batch === 'unsupported' ? 'unsupported' : 'not-attached');
       return undefined;
     }
     const answer = await this.relayBeatAnswer(reply.status, reply.body);
     if (answer !== undefined) this.beats.batched++;
     return answer;
+  }
+
+  /** The relay said it would refuse `peer`'s batched beats, on the registration in force and within the bound. */
+  private skipsBatch(relay: TrackerRelay, peer: string): boolean {
+    const m = this.noBatch;
+    if (m === undefined) return false;
+    if (m.peer === peer && m.on === relay.currentRegistration && m.until > Date.now()) return true;
+    // Over (the bound passed), or said on another connection (the node's relay reconnected: maybe to another relay).
+    this.noBatch = undefined;
+    return false;
+  }
+
+  /** The relay refuses `peer`'s batched beats (it takes none, or is not attached there): skip the try for a while. */
+  private refusesBatch(relay: TrackerRelay, peer: string, why: NoBatchReason): void {
+    const ms = why === 'unsupported' ? NO_BATCH_RETRY_MS : NOT_ATTACHED_RETRY_MS * (0.5 + this.random() / 2);
+    this.noBatch = { peer, why, on: relay.currentRegistration, until: Date.now() + ms };
   }
 
   /** A relay beat's answer (batched or not): the tracker's own 404 means register again; anything but 200 falls back. */
@@ -507,7 +575,7 @@ export class TrackerClient {
     const p = heartbeatAnswerSchema.safeParse(json ?? {});
     if (!p.success) return {};
     if (p.data.tracker_public_key) await this.trust.absorb(p.data.tracker_public_key, p.data.tracker_keys);
-    if (p.data.tracker_peer_id) this.trackerPeerId = p.data.tracker_peer_id;
+    if (p.data.tracker_peer_id) this.setTrackerPeer(p.data.tracker_peer_id);
     if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
     const out: HeartbeatAnswer = {};
     if (p.data.assignment !== undefined) out.assignment = p.data.assignment;
@@ -528,7 +596,12 @@ export class TrackerClient {
     const relay = this.init.relay;
     const peer = this.trackerPeerId;
     if (relay?.watchPeer !== undefined && relay.state !== 'none' && peer !== undefined) {
-      const end = await relay.watchPeer(peer, signal);
+      // The relay's answer says whether the tracker is attached to it, so whether its beats may go batched.
+      const end = await relay.watchPeer(peer, signal, () => {
+        if (this.noBatch?.peer === peer && this.noBatch.why === 'not-attached') this.noBatch = undefined;
+      });
+      // Still not attached: renew what a batched beat was told (a relay that batches nothing told none).
+      if (end === 'absent' && this.noBatch?.peer === peer && this.noBatch.why === 'not-attached') this.refusesBatch(relay, peer, 'not-attached');
       if (end === 'gone') return 'gone';
       if (end === 'cancelled') return 'ended';
       if (end !== 'unsupported' || relay.state !== 'registered') return 'rearm';

@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { Identity, verifyEd25519 } from '../../src/net/identity.ts';
 import { NotRegisteredError, TrackerClient, TrackerTrust, verifySignedRoute, type TrackerRelay } from '../../src/node/tracker-client.ts';
 import { decodeBase64, encodeBase64Url } from '../../src/protocol/base64.ts';
@@ -173,7 +173,7 @@ describe('heartbeats over the relay socket', () => {
     expect((await c.heartbeat(msg(node))).heartbeatIntervalMs).toBe(2000);
     expect(http.sent).toHaveLength(1);
     expect(sentOverRelay[0]).toMatchObject({ peer: tracker.peerId, path: '/api/nodes/beat', body: { peer_id: node.peerId } });
-    expect(c.beats).toEqual({ relay: 1, http: 1, batched: 0 });
+    expect(c.beats).toEqual({ relay: 1, http: 1, batched: 0, skipped: 0 });
     // The relay cannot reach that tracker (gone): signed HTTP again, whoever answers.
     answers.push(() => reply(404, { error: { code: 'MESH_ERR_NO_SUCH_PEER', message: 'not connected' } }));
     await c.heartbeat(msg(node));
@@ -190,5 +190,108 @@ describe('heartbeats over the relay socket', () => {
     answers.push(() => reply(404, { error: { code: 'MESH_ERR_NOT_FOUND', message: 'register again' } }));
     answers.shift();
     await expect(c.heartbeat(msg(node))).rejects.toBeInstanceOf(NotRegisteredError);
+  });
+});
+
+describe('batched beats to a tracker the relay says is not attached (docs/protocol.md §9.1)', () => {
+  afterEach(() => vi.useRealTimers());
+  const msg = (node: Identity): NodeMessage => ({ peer_id: node.peerId, public_key: encodeBase64Url(node.publicKey), info: { model: 'tiny', backend: 'cpu', memory_budget_mb: 1, host: 'node' }, timestamp: Date.now() });
+  const ok = (peer: string) => ({ status: 200, headers: {}, body: new TextEncoder().encode(JSON.stringify({ assignment: null, tracker_peer_id: peer })) });
+  const KEY = encodeBase64Url(new Uint8Array(32).fill(7));
+  const noSuchPeer = (batch?: string) => ({ status: 404, body: { error: { code: 'MESH_ERR_NO_SUCH_PEER', message: 'not here', ...(batch ? { batch } : {}) } } });
+
+  /** A relay where the tracker peers in `attached` take batched beats; the others are on another relay (the request path reaches them). */
+  function fakeRelay(attached: Set<string>) {
+    const tries: string[] = [];
+    const relay = {
+      state: 'registered',
+      currentRegistration: {} as object,
+      request: async (peer: string) => ok(peer),
+      beat: (peer: string) => {
+        tries.push(peer);
+        return Promise.resolve(attached.has(peer) ? { status: 200, body: { assignment: null } } : noSuchPeer());
+      },
+      watchPeer: (peer: string, _signal?: AbortSignal, onAttached?: () => void) => {
+        if (!attached.has(peer)) return Promise.resolve('absent' as const);
+        onAttached?.();
+        return new Promise<never>(() => {});
+      },
+    } satisfies TrackerRelay;
+    return { relay, tries };
+  }
+
+  it('tries the batch once, then beats as requests without it until the bound, a reconnect, another tracker, or the relay saying it attached', async () => {
+    vi.useFakeTimers({ toFake: ['Date'] });
+    const node = await Identity.generate();
+    const [t1, t2] = ['1'.repeat(32), '2'.repeat(32)];
+    const attached = new Set<string>();
+    const { relay, tries } = fakeRelay(attached);
+    let named = t1;
+    const http = scripted([() => json(200, { assignment: null, heartbeat_interval_ms: 5000, tracker_public_key: KEY, tracker_peer_id: named })]);
+    // random 0: the shortest bound, half of 30 s.
+    const c = new TrackerClient({ trackerUrl: 'http://tracker', fetch: http.fetch, identity: node, relay, random: () => 0 });
+    await c.register(msg(node));
+    await c.heartbeat(msg(node));
+    await c.heartbeat(msg(node));
+    expect(tries).toEqual([t1]);
+    expect(c.beats).toEqual({ relay: 2, http: 0, batched: 0, skipped: 1 });
+    expect(c.noBatchNow).toBe('not-attached');
+    // Within the bound: still skipped; past it: tried again (once), and remembered again.
+    vi.setSystemTime(Date.now() + 14_000);
+    await c.heartbeat(msg(node));
+    expect(tries).toHaveLength(1);
+    vi.setSystemTime(Date.now() + 1_500);
+    await c.heartbeat(msg(node));
+    await c.heartbeat(msg(node));
+    expect(tries).toEqual([t1, t1]);
+    // The node's relay reconnected (maybe to another relay): what the last connection said is forgotten.
+    relay.currentRegistration = {};
+    await c.heartbeat(msg(node));
+    expect(tries).toEqual([t1, t1, t1]);
+    // A watch answered "not attached" renews the memo; "attached" ends it: the next beat goes batched.
+    vi.setSystemTime(Date.now() + 10_000);
+    expect(await c.watch(new AbortController().signal)).toBe('rearm');
+    vi.setSystemTime(Date.now() + 10_000);
+    await c.heartbeat(msg(node));
+    expect(tries).toHaveLength(3);
+    attached.add(t1);
+    void c.watch(new AbortController().signal);
+    expect(c.noBatchNow).toBeUndefined();
+    await c.heartbeat(msg(node));
+    expect(tries).toHaveLength(4);
+    expect(c.beats.batched).toBe(1);
+    // Another tracker named (by an HTTP answer): not remembered, tried batched.
+    attached.delete(t1);
+    await c.heartbeat(msg(node));
+    expect(c.noBatchNow).toBe('not-attached');
+    named = t2;
+    relay.state = 'disconnected';
+    await c.heartbeat(msg(node));
+    expect(c.trackerPeerId).toBe(t2);
+    relay.state = 'registered';
+    await c.heartbeat(msg(node));
+    expect(tries.slice(-2)).toEqual([t1, t2]);
+  });
+
+  it('a tracker that takes no batches (an older one) is remembered 60 s, and not forgotten when the relay says it is attached', async () => {
+    vi.useFakeTimers({ toFake: ['Date'] });
+    const node = await Identity.generate();
+    const t1 = '1'.repeat(32);
+    const { relay, tries } = fakeRelay(new Set([t1]));
+    relay.beat = (peer: string) => {
+      tries.push(peer);
+      return Promise.resolve(noSuchPeer('unsupported'));
+    };
+    const c = new TrackerClient({ trackerUrl: 'http://tracker', fetch: scripted([() => json(200, { assignment: null, heartbeat_interval_ms: 5000, tracker_public_key: KEY, tracker_peer_id: t1 })]).fetch, identity: node, relay, random: () => 0 });
+    await c.register(msg(node));
+    await c.heartbeat(msg(node));
+    void c.watch(new AbortController().signal);
+    expect(c.noBatchNow).toBe('unsupported');
+    vi.setSystemTime(Date.now() + 59_000);
+    await c.heartbeat(msg(node));
+    expect(tries).toHaveLength(1);
+    vi.setSystemTime(Date.now() + 1_500);
+    await c.heartbeat(msg(node));
+    expect(tries).toHaveLength(2);
   });
 });

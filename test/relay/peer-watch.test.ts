@@ -58,14 +58,21 @@ describe('relay peer-watch', () => {
     await tracker.ready(5_000);
     const [a, b] = [await client(), await client()];
     expect((await a.ready()).peerWatch).toBe(true);
-    expect(await a.watchPeer('0'.repeat(32))).toBe('absent');
+    const told: string[] = [];
+    expect(await a.watchPeer('0'.repeat(32), undefined, () => told.push('absent one'))).toBe('absent');
 
-    const wa = a.watchPeer(trackerId.peerId);
-    const wb = b.watchPeer(trackerId.peerId);
+    // Each watcher hears that the peer is attached (a node learns its tracker takes beats on this relay, §9.1) …
+    const wa = a.watchPeer(trackerId.peerId, undefined, () => told.push('a'));
+    const wb = b.watchPeer(trackerId.peerId, undefined, () => told.push('b'));
     const cancel = new AbortController();
     const wc = b.watchPeer(trackerId.peerId, cancel.signal);
     cancel.abort();
     expect(await wc).toBe('cancelled');
+    await until(() => told.length === 2);
+    expect(told.sort()).toEqual(['a', 'b']);
+    // … a watcher joining a watch already answered at once.
+    const wa2 = a.watchPeer(trackerId.peerId, undefined, () => told.push('a2'));
+    expect(told).toContain('a2');
     // A second connection with the tracker's key replaces the first: the tracker is still here.
     const again = new RelayClient({ relayUrl: relay.url, WebSocket: NodeWebSocket, identity: trackerId });
     clients.push(again);
@@ -78,6 +85,7 @@ describe('relay peer-watch', () => {
     expect(settled).toBe(false);
     again.close();
     expect(await wa).toBe('gone');
+    expect(await wa2).toBe('gone');
     expect(await wb).toBe('gone');
   });
 

@@ -8,13 +8,20 @@ import pino from 'pino';
 import { describe, expect, it } from 'vitest';
 import { Identity } from '../../src/net/identity.ts';
 import { RelayClient } from '../../src/net/relay-client.ts';
-import { TrackerClient } from '../../src/node/tracker-client.ts';
+import { TrackerClient, type TrackerRelay } from '../../src/node/tracker-client.ts';
 import { relayHandlerFor, startTracker } from '../../src/tracker/server.ts';
 import { NodeWebSocket } from '../helpers/ws-host.ts';
 import { startRelayProcess } from '../helpers/relay-process.ts';
 import { FakeNode, makeTracker, smallSpec } from '../helpers/tracker.ts';
 
 const json = (v: unknown) => new TextEncoder().encode(JSON.stringify(v));
+const until = async (cond: () => boolean, ms = 5_000): Promise<void> => {
+  const t0 = Date.now();
+  while (!cond()) {
+    if (Date.now() - t0 > ms) throw new Error('condition not met in time');
+    await new Promise((r) => setTimeout(r, 10));
+  }
+};
 const parse = (b: Uint8Array | AsyncIterable<Uint8Array>) => JSON.parse(new TextDecoder().decode(b as Uint8Array)) as { assignment?: unknown; heartbeat_interval_ms?: number; error?: { code: string; message: string } };
 
 describe('heartbeats over the relay socket', () => {
@@ -67,7 +74,7 @@ describe('heartbeats over a real relay', () => {
       const reg = await tc.register(node.message(Date.now()));
       expect(reg.tracker_peer_id).toBe(tracker.identity.peerId);
       for (let i = 0; i < 3; i++) expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
-      expect(tc.beats).toEqual({ relay: 3, http: 0, batched: 3 });
+      expect(tc.beats).toEqual({ relay: 3, http: 0, batched: 3, skipped: 0 });
       const metrics = await (await fetch(`${tracker.url}/metrics`)).text();
       expect(metrics).toMatch(/meshnet_tracker_registrations_total\{kind="heartbeat",result="ok"\} 3/);
       // Another peer of the relay cannot beat for this node: the relay stamps who really sent it.
@@ -109,12 +116,12 @@ describe('heartbeats over a real relay', () => {
       expect(JSON.parse(tracker.relayBeats({ type: 'beats' }))).toMatchObject({ type: 'error', code: 'MESH_ERR_BAD_REQUEST' });
       expect(await (await fetch(`${tracker.url}/metrics`)).text()).toMatch(/meshnet_tracker_beat_batches_total\{result="malformed"\} 2/);
       expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
-      expect(tc.beats).toEqual({ relay: 4, http: 0, batched: 4 });
+      expect(tc.beats).toEqual({ relay: 4, http: 0, batched: 4, skipped: 0 });
       // A node of an older build (no beat()) beats over the request path, as before.
       const oldStyle = new TrackerClient({ trackerUrl: tracker.url, fetch: globalThis.fetch, identity: node.identity, relay: { get state() { return client.state; }, request: (p, r, o) => client.request(p, r, o) } });
       await oldStyle.register(node.message(Date.now()));
       expect((await oldStyle.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
-      expect(oldStyle.beats).toEqual({ relay: 1, http: 0, batched: 0 });
+      expect(oldStyle.beats).toEqual({ relay: 1, http: 0, batched: 0, skipped: 0 });
 
       // The relay gone: beats go signed over HTTP, and back over the relay once it returns.
       await relay.stop();
@@ -125,6 +132,56 @@ describe('heartbeats over a real relay', () => {
       client.close();
       await tracker.close();
       await relay.stop();
+    }
+  });
+
+  it('a node whose tracker is not attached to its relay tries the batch once, beats without it meanwhile, and batches again once the tracker attaches there', async () => {
+    const [a, b] = await Promise.all([startRelayProcess(), startRelayProcess()]);
+    // The tracker dials relay a, and fails over to b when a goes; the node is on b.
+    const tracker = await startTracker({ port: 0, relayUrl: `${a.url},${b.url}`, logLevel: 'silent', heartbeatIntervalMs: 1000, models: [] }, { modelSpecs: [smallSpec()], logger: pino({ level: 'silent' }) });
+    const node = await FakeNode.create({ memory_budget_mb: 64 });
+    const client = new RelayClient({ relayUrl: b.url, WebSocket: NodeWebSocket, identity: node.identity });
+    const watches = new AbortController();
+    try {
+      client.start();
+      await client.ready(10_000);
+      let tries = 0;
+      const counted: TrackerRelay = {
+        get state() {
+          return client.state;
+        },
+        get currentRegistration() {
+          return client.currentRegistration;
+        },
+        request: (p, r, o) => client.request(p, r, o),
+        watchPeer: (p, s, attached) => client.watchPeer(p, s, attached),
+        beat: (p, body, ms) => {
+          tries++;
+          return client.beat(p, body, ms);
+        },
+      };
+      const tc = new TrackerClient({ trackerUrl: tracker.url, fetch: globalThis.fetch, identity: node.identity, relay: counted });
+      const reg = await tc.register(node.message(Date.now()));
+      for (let i = 0; i < 3; i++) expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
+      // Tried batched once (relay b: no such peer), then the request path at once (b has no such peer either: signed HTTP).
+      expect(tries).toBe(1);
+      expect(tc.beats).toEqual({ relay: 0, http: 3, batched: 0, skipped: 2 });
+      // The relay's peer-watch says the same: not attached there (the watch is asked again after the next beat).
+      expect(await tc.watch(watches.signal)).toBe('rearm');
+      expect(tc.noBatchNow).toBe('not-attached');
+      // Relay a goes: the tracker fails over to b. The node's next watch hears it is attached: batched at once.
+      await a.stop();
+      await until(() => tracker.relay?.state === 'registered' && tracker.relay.relayUrl.endsWith(`:${b.port}`), 10_000);
+      void tc.watch(watches.signal);
+      await until(() => tc.noBatchNow === undefined);
+      expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
+      expect(tries).toBe(2);
+      expect(tc.beats).toEqual({ relay: 1, http: 3, batched: 1, skipped: 2 });
+    } finally {
+      watches.abort();
+      client.close();
+      await tracker.close();
+      await Promise.all([a.stop(), b.stop()]);
     }
   });
 });

@@ -70,9 +70,13 @@ export function trackerRelay(relay: () => RelayClient | undefined): TrackerRelay
     get state() {
       return relay()?.state ?? 'none';
     },
+    // A new object at each registration (and per client): the tracker client forgets what an earlier connection said.
+    get currentRegistration() {
+      return relay()?.currentRegistration;
+    },
     request: (peer: string, req: OutgoingRequest, opts?: RequestOptions) => relay()?.request(peer, req, opts) ?? Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay')),
     // The relay tells when the tracker's peer detaches (peer-watch): no HTTP watch stream held to the tracker.
-    watchPeer: (peer: string, signal?: AbortSignal) => relay()?.watchPeer(peer, signal) ?? Promise.resolve('unsupported' as const),
+    watchPeer: (peer: string, signal?: AbortSignal, onAttached?: () => void) => relay()?.watchPeer(peer, signal, onAttached) ?? Promise.resolve('unsupported' as const),
     // The beat as a `beat` message the relay batches towards the tracker (beat-batch); undefined: as a request.
     beat: (peer: string, body: unknown, timeoutMs: number) => relay()?.beat(peer, body, timeoutMs),
   };
