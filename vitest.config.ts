@@ -26,9 +26,6 @@ const OWN_PROCESS = [
   'node/runtime/duty-cycle',
   'shard/device-sampler',
   ...['cluster-outage', 'cluster', 'many-chats', 'model-load', 'process', 'real-nodes', 'relay-beat', 'scale', 'watch-hub'].map((n) => `tracker/${n}`),
-  // Expects two chats posted together to reach the head in the order posted; after other suites in its
-  // process they did not, once in one run.
-  'tracker/admission',
 ].map((n) => `test/${n}.test.ts`);
 const SHARED_UNIT = readdirSync('test', { recursive: true, encoding: 'utf8' })
   .map((p) => `test/${p.split(sep).join('/')}`)

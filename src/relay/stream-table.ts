@@ -15,10 +15,13 @@
  * The server (server.ts) feeds it what its sockets receive and gives it a
  * PeerSocket per connection; tests drive it the same way with in-memory
  * sockets and a clock of their own.
+ *
+ * What is not routing lives beside it: the connection shapes (peer-conn.ts),
+ * the streams' indexes (stream-book.ts), what the relay sends of its own and
+ * the slow-consumer rule (outbox.ts), who watches whom (peer-watch.ts), and
+ * heartbeats batched per tracker (beat-batcher.ts).
  */
-import { randomBytes } from 'node:crypto';
 import {
-  BEAT_BATCH_FEATURE,
   FLAG_END,
   FLAG_ONE_WAY,
   FrameKind,
@@ -26,8 +29,6 @@ import {
   PEER_ID_BYTES,
   bodyFieldsFor,
   decodeFrame,
-  encodeCancelFrame,
-  encodeErrorFrame,
   encodeResponseFrame,
   encodeStreamErrorFrame,
   envelopeBody,
@@ -45,51 +46,18 @@ import { CLOSE } from '../protocol/close-codes.ts';
 import { BeatBatcher } from './beat-batcher.ts';
 import type { RelayMetrics } from './metrics.ts';
 import type { RelayOptions } from './options.ts';
+import { Outbox } from './outbox.ts';
+import { FAST_PATH_PROTOCOL, PeerConn, type PeerSocket, type RpcCaller, type Stream } from './peer-conn.ts';
+import { PeerWatch } from './peer-watch.ts';
+import { StreamBook } from './stream-book.ts';
 
-/** The capability a peer announces in `info.protocols` to receive binary frames. */
-export const FAST_PATH_PROTOCOL = 'mesh-frames/1';
-
-/** What the table needs of one connection: the server's WebSocket, a test's array. */
-export interface PeerSocket {
-  readonly isOpen: boolean;
-  /** Bytes queued towards the far side and not yet written. */
-  readonly bufferedAmount: number;
-  send(data: Uint8Array | string): void;
-  close(code: number, reason: string): void;
-}
+// The connection shapes live in peer-conn.ts; server.ts, federation.ts, trunks.ts and the tests import them from here.
+export { FAST_PATH_PROTOCOL, PeerConn, RpcCaller, type LinkPipe, type PeerSocket, type StreamPath } from './peer-conn.ts';
 
 /** The few pino methods the table logs through. */
 export interface TableLogger {
   info(obj: object, msg: string): void;
   warn(obj: object, msg: string): void;
-}
-
-export type StreamPath = 'fast' | 'rpc' | 'envelope';
-type Caller = PeerConn | RpcCaller;
-
-/** One request in flight through the relay. */
-interface Stream {
-  caller: Caller;
-  /** The caller's own id (fast path: stream id; `/rpc`: request_id). */
-  callerId: number | string;
-  target: PeerConn;
-  /** The relay's id towards the target. */
-  relayStreamId: number;
-  /** `/rpc` or legacy-target streams travel as JSON envelopes with this id. */
-  relayRequestId: string | null;
-  deadline: number;
-  startedAt: number;
-  path: StreamPath;
-  /** A one-way request (FLAG_ONE_WAY): forgotten silently at its deadline. */
-  oneWay?: boolean;
-  /**
-   * The target's RESPONSE head went on to the caller (a streamed answer is
-   * under way): a failure from now on ends the stream with a DATA|END|ERROR
-   * frame, never a second RESPONSE.
-   */
-  answered?: boolean;
-  /** `target` is a link: the peer over there. */
-  remotePeer?: string;
 }
 
 /**
@@ -98,17 +66,6 @@ interface Stream {
  * stream. Callers watch for errors at least this long (chain pushes: 2 s).
  */
 export const ONE_WAY_WINDOW_MS = 2_000;
-
-/**
- * How frames reach another relay of the cluster (a trunk WebSocket, or
- * NATS): a REQUEST or CANCEL is addressed to a peer over there; answers
- * travel as plain frames on the link's PeerSocket.
- */
-export interface LinkPipe {
-  /** Which relay (for logs and errors). */
-  readonly relayId: string;
-  sendAddressed(targetId: string, frame: Uint8Array): void;
-}
 
 /** First byte of a trunk message that carries a frame addressed to a peer: `0xF1 | peer id (16 B) | frame`. Never a frame version. */
 export const ADDRESSED_FRAME = 0xf1;
@@ -127,54 +84,6 @@ export interface TableFederation {
   peerRemoved(peer: PeerConn): void;
 }
 
-/** A registered peer's connection, or (with `link`) a link to another relay of the cluster. */
-export class PeerConn {
-  readonly kind = 'peer' as const;
-  /** Streams this peer called, by its own stream id. */
-  readonly outgoing = new Map<number, Stream>();
-  /** Streams addressed to this peer, by the relay's stream id. */
-  readonly incoming = new Map<number, Stream>();
-  /** Of `incoming`, the one-way requests still in their window (not counted against maxInFlightPerPeer). */
-  oneWayIn = 0;
-  nextStreamId = 1;
-  /** When the peer registered (ms since epoch): of two registrations of one key in a cluster, the newer wins. */
-  readonly registeredAt = Date.now();
-  /** The peers this one asked to be told about when they detach (`watch-peer`); undefined until it asks. */
-  watching: Set<string> | undefined;
-  /** A tracker that declared BEAT_BATCH_FEATURE in its register info: beats to it may travel batched. */
-  readonly acceptsBeats: boolean;
-  constructor(
-    readonly socket: PeerSocket,
-    readonly id: string,
-    readonly idBytes: Uint8Array,
-    readonly info: Record<string, unknown>,
-    readonly fastPath: boolean,
-    /** Set for a link to another relay: requests to it are addressed, requests from it carry their source already. */
-    readonly link?: LinkPipe,
-  ) {
-    const features = info.features;
-    this.acceptsBeats = Array.isArray(features) && features.includes(BEAT_BATCH_FEATURE);
-  }
-
-  allocStreamId(): number {
-    // Skip ids still in use after a wrap-around (2^32 requests on one socket).
-    do {
-      this.nextStreamId = this.nextStreamId >= 0xffffffff ? 1 : this.nextStreamId + 1;
-    } while (this.incoming.has(this.nextStreamId));
-    return this.nextStreamId;
-  }
-}
-
-/** An `/rpc/<peer_id>` socket: JSON requests to one target. */
-export class RpcCaller {
-  readonly kind = 'rpc' as const;
-  readonly pending = new Map<string, Stream>();
-  constructor(
-    readonly socket: PeerSocket,
-    readonly targetId: string,
-  ) {}
-}
-
 export interface StreamTableInit {
   options: Pick<RelayOptions, 'maxBodyBytes' | 'maxInFlightPerPeer' | 'requestTimeoutMs' | 'maxPeers' | 'highWaterBytes' | 'maxBufferedBytes'> & Partial<Pick<RelayOptions, 'beatBatchMs'>>;
   metrics: RelayMetrics;
@@ -184,8 +93,6 @@ export interface StreamTableInit {
 }
 
 const utf8 = new TextEncoder();
-/** How many peers one peer may watch at once (a node watches its tracker: one, a few in a cluster). */
-const MAX_WATCHES_PER_PEER = 16;
 
 /** `n` bytes at `offset` as lowercase hex; a Buffer (what ws delivers) converts natively. */
 function hexAt(data: Uint8Array, offset: number, n: number): string {
@@ -195,10 +102,6 @@ function hexAt(data: Uint8Array, offset: number, n: number): string {
 
 export class StreamTable {
   readonly peers = new Map<string, PeerConn>();
-  /** Who watches each peer id (`watch-peer`): told `peer-gone` when it detaches. */
-  private readonly watchers = new Map<string, Set<PeerConn>>();
-  private readonly streams = new Set<Stream>();
-  private readonly jsonPending = new Map<string, Stream>();
   /** New requests are refused (503) and registrations too (1013). */
   closing = false;
   /** Called when the last stream finishes while closing. */
@@ -209,8 +112,9 @@ export class StreamTable {
   private readonly metrics: RelayMetrics;
   private readonly logger: TableLogger;
   private readonly now: () => number;
-  // Label lookups hash their label object on every call; bind the histogram's once.
-  private readonly latencyBy: Record<StreamPath, { observe(v: number): void }>;
+  private readonly book: StreamBook;
+  private readonly out: Outbox;
+  private readonly watch: PeerWatch;
   /** Heartbeats batched towards trackers (beat-batch); undefined when batching is off (beatBatchMs 0). */
   readonly beats: BeatBatcher | undefined;
 
@@ -220,20 +124,21 @@ export class StreamTable {
     this.logger = init.logger;
     this.now = init.now ?? (() => performance.now());
     const m = init.metrics;
-    m.hot.inFlight = () => this.streams.size;
-    this.latencyBy = { fast: m.latency.labels('fast'), rpc: m.latency.labels('rpc'), envelope: m.latency.labels('envelope') };
+    this.book = new StreamBook(this.o.requestTimeoutMs, m, this.now);
+    this.out = new Outbox(this.o.maxBufferedBytes, m, this.logger);
+    this.watch = new PeerWatch(this.peers, this.out);
     const beatBatchMs = this.o.beatBatchMs ?? 0;
     if (beatBatchMs > 0) {
       // eslint-disable-next-line @typescript-eslint/no-this-alias -- the getter below reads the table's flag as it is then
       const table = this;
-      const host = { peers: this.peers, now: this.now, sendTo: (socket: PeerSocket, text: string) => this.sendTo(socket, text), get closing() { return table.closing; } };
+      const host = { peers: this.peers, now: this.now, sendTo: (socket: PeerSocket, text: string) => this.out.sendTo(socket, text), get closing() { return table.closing; } };
       this.beats = new BeatBatcher(host, { beatBatchMs, requestTimeoutMs: this.o.requestTimeoutMs, highWaterBytes: this.o.highWaterBytes }, m);
     }
   }
 
   /** Requests waiting for their final answer frame. */
   get inFlight(): number {
-    return this.streams.size;
+    return this.book.size;
   }
 
   // ------------------------------------------------------------ peers
@@ -272,17 +177,10 @@ export class StreamTable {
       this.federation?.peerRemoved(peer);
       // Only a peer really gone reaches here: one replaced by a newer connection of its key left the map first
       // (addPeer), so its watchers hear nothing.
-      this.tellWatchers(peer.id);
+      this.watch.detached(peer.id);
     }
     this.beats?.peerGone(peer);
-    if (peer.watching !== undefined) {
-      for (const id of peer.watching) {
-        const set = this.watchers.get(id);
-        set?.delete(peer);
-        if (set?.size === 0) this.watchers.delete(id);
-      }
-      peer.watching = undefined;
-    }
+    this.watch.watcherGone(peer);
     for (const s of [...peer.incoming.values()]) this.failStream(s, 'MESH_ERR_PEER_GONE', peer.link ? `the link to relay ${peer.link.relayId} (peer ${s.remotePeer}) was lost before the answer` : `peer ${peer.id} went away before answering`, false);
     // The targets learn the caller did not ask to stop (it may reconnect and ask again): FLAG_CALLER_GONE.
     for (const s of [...peer.outgoing.values()]) this.failStream(s, 'MESH_ERR_CANCELLED', 'caller went away', true, true);
@@ -290,7 +188,7 @@ export class StreamTable {
 
   /** An `/rpc` socket closed: forget its streams (late answers are dropped). */
   removeRpcCaller(caller: RpcCaller): void {
-    for (const s of [...caller.pending.values()]) this.dropStream(s);
+    for (const s of [...caller.pending.values()]) this.book.drop(s);
   }
 
   // ------------------------------------------------------------ fast path
@@ -309,7 +207,7 @@ export class StreamTable {
       return;
     }
     const head = readFrameHead(data);
-    if (head.version !== 1) return this.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
+    if (head.version !== 1) return this.out.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
     switch (head.kind) {
       case FrameKind.Request:
         return this.onRequestFrame(peer, data, head.streamId, head.flags);
@@ -329,18 +227,18 @@ export class StreamTable {
         if ((head.flags & FLAG_END) !== 0) this.completeStream(s);
         writeStreamId(data, s.callerId as number);
         hot.bytesOut += data.byteLength;
-        this.sendTo(s.caller.socket, data);
+        this.out.sendTo(s.caller.socket, data);
         return;
       }
       case FrameKind.Cancel: {
         const s = peer.outgoing.get(head.streamId);
         if (s === undefined) return;
-        this.dropStream(s);
-        if (s.relayRequestId === null) this.sendCancel(s);
+        this.book.drop(s);
+        if (s.relayRequestId === null) this.out.sendCancel(s);
         return;
       }
       default:
-        return this.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unknown frame kind ${head.kind}`);
+        return this.out.frameError(peer.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unknown frame kind ${head.kind}`);
     }
   }
 
@@ -350,21 +248,21 @@ export class StreamTable {
    * written by the relay the caller is attached to).
    */
   private onRequestFrame(peer: PeerConn, data: Uint8Array, streamId: number, flags: number, linkTarget?: string): void {
-    if (data.byteLength < 26) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request frame shorter than its 26-byte head');
+    if (data.byteLength < 26) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request frame shorter than its 26-byte head');
     const metaLen = data[24]! | (data[25]! << 8);
-    if (26 + metaLen > data.byteLength) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request meta runs past the frame');
-    if (peer.outgoing.has(streamId)) return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', `stream ${streamId} is already in flight on this connection`);
+    if (26 + metaLen > data.byteLength) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', 'request meta runs past the frame');
+    if (peer.outgoing.has(streamId)) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', `stream ${streamId} is already in flight on this connection`);
     const targetId = linkTarget ?? hexAt(data, 8, PEER_ID_BYTES);
     const target = this.peers.get(targetId);
     if (target === undefined) {
       // Not attached here: another relay of the cluster may hold it (never passed on twice: a link's requests are for our own peers).
       if (linkTarget === undefined && this.federation !== undefined) return this.forwardToLink(peer, data, streamId, flags, targetId);
-      return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay${this.federation ? ' or any relay of its cluster' : ''}`);
+      return this.out.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay${this.federation ? ' or any relay of its cluster' : ''}`);
     }
-    if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
+    if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
     const oneWay = (flags & FLAG_ONE_WAY) !== 0 && target.fastPath;
     const refused = this.admission(target, oneWay);
-    if (refused) return this.frameError(peer.socket, streamId, refused[0], refused[1]);
+    if (refused) return this.out.frameError(peer.socket, streamId, refused[0], refused[1]);
     if (!target.fastPath) return this.forwardFrameAsEnvelope(peer, data, streamId, target);
     if (oneWay && target.oneWayIn >= this.o.maxInFlightPerPeer) {
       // So many one-way requests in their window: this one goes on without one (no report if the target leaves now).
@@ -377,7 +275,7 @@ export class StreamTable {
       target.socket.send(data);
       return;
     }
-    const s = this.openStream(peer, streamId, target, 'fast', false);
+    const s = this.book.open(peer, streamId, target, 'fast', false);
     if (oneWay) {
       // One-way (a chained hop's push): no answer comes. The stream is kept only for a short window, so
       // that the caller still hears PEER_GONE when the target leaves just after taking it; then it is
@@ -397,12 +295,12 @@ export class StreamTable {
   /** A request for a peer attached to another relay of the cluster: over the link towards it, stream ids renamed as for a local target. */
   private forwardToLink(peer: PeerConn, data: Uint8Array, streamId: number, flags: number, targetId: string): void {
     const link = this.federation!.linkFor(targetId);
-    if (link === undefined) return this.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay or any relay of its cluster`);
-    if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
-    if (this.closing) return this.frameError(peer.socket, streamId, 'MESH_ERR_SHUTTING_DOWN', 'relay is shutting down; retry on another relay');
+    if (link === undefined) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_NO_SUCH_PEER', `peer ${targetId} is not connected to this relay or any relay of its cluster`);
+    if (requestBodyBytes(data) > this.o.maxBodyBytes) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_TOO_LARGE', `body of ${requestBodyBytes(data)} bytes is over this relay's limit of ${this.o.maxBodyBytes}`);
+    if (this.closing) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_SHUTTING_DOWN', 'relay is shutting down; retry on another relay');
     // The far relay admits per peer; here only the link itself can be full.
-    if (link.socket.bufferedAmount > this.o.highWaterBytes) return this.frameError(peer.socket, streamId, 'MESH_ERR_BACKPRESSURE', `the link to relay ${link.link!.relayId} is not keeping up (${link.socket.bufferedAmount} bytes queued)`);
-    const s = this.openStream(peer, streamId, link, 'fast', false);
+    if (link.socket.bufferedAmount > this.o.highWaterBytes) return this.out.frameError(peer.socket, streamId, 'MESH_ERR_BACKPRESSURE', `the link to relay ${link.link!.relayId} is not keeping up (${link.socket.bufferedAmount} bytes queued)`);
+    const s = this.book.open(peer, streamId, link, 'fast', false);
     s.remotePeer = targetId;
     if ((flags & FLAG_ONE_WAY) !== 0) {
       // The far relay keeps its own window and reports the target leaving within it; ours only has to outlast it.
@@ -423,7 +321,7 @@ export class StreamTable {
   onLinkFrame(link: PeerConn, targetId: string, frame: Uint8Array): void {
     if (frame.byteLength < 8) return this.dropLinkMessage(link, 'frame shorter than its 8-byte head');
     const head = readFrameHead(frame);
-    if (head.version !== 1) return this.frameError(link.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
+    if (head.version !== 1) return this.out.frameError(link.socket, head.streamId, 'MESH_ERR_BAD_FRAME', `unsupported frame version ${head.version}; this relay speaks 1`);
     if (head.kind === FrameKind.Request) {
       this.metrics.hot.cluster.in++;
       return this.onRequestFrame(link, frame, head.streamId, head.flags, targetId);
@@ -438,25 +336,17 @@ export class StreamTable {
     this.logger.warn({ relay_id: link.link?.relayId, why }, 'malformed message from another relay dropped');
   }
 
-  /** CANCEL towards a stream's target (addressed when the target is a link). */
-  private sendCancel(s: Stream, callerGone = false): void {
-    const frame = encodeCancelFrame(s.relayStreamId, callerGone);
-    if (s.target.link !== undefined) {
-      if (s.target.socket.isOpen) s.target.link.sendAddressed(s.remotePeer!, frame);
-    } else this.sendTo(s.target.socket, frame);
-  }
-
   /** An ADR-era target only reads JSON envelopes: translate this one request. */
   private forwardFrameAsEnvelope(peer: PeerConn, data: Uint8Array, streamId: number, target: PeerConn): void {
     let f;
     try {
       f = decodeFrame(data);
     } catch (e) {
-      return this.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', (e as Error).message);
+      return this.out.frameError(peer.socket, streamId, 'MESH_ERR_BAD_FRAME', (e as Error).message);
     }
     if (f.kind !== FrameKind.Request) return;
-    const s = this.openStream(peer, streamId, target, 'envelope', true);
-    this.sendTo(target.socket, JSON.stringify({ type: 'relay-http-request', request_id: s.relayRequestId, method: f.method, path: f.path, headers: f.headers, ...bodyFieldsFor(f.body, f.headers) }));
+    const s = this.book.open(peer, streamId, target, 'envelope', true);
+    this.out.sendTo(target.socket, JSON.stringify({ type: 'relay-http-request', request_id: s.relayRequestId, method: f.method, path: f.path, headers: f.headers, ...bodyFieldsFor(f.body, f.headers) }));
   }
 
   // ------------------------------------------------------------ JSON on /ws
@@ -467,84 +357,41 @@ export class StreamTable {
     try {
       msg = JSON.parse(text);
     } catch {
-      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: 'message is not JSON' }));
+      this.out.textError(peer.socket, 'MESH_ERR_BAD_REQUEST', 'message is not JSON');
       return;
     }
     const type = (msg as { type?: unknown } | null)?.type;
     if (type === 'beat' && this.beats) return this.beats.onBeat(peer, msg, text.length);
     if (type === 'beats-answer' && this.beats) return this.beats.onAnswer(peer, msg);
-    if (type === 'watch-peer' || type === 'unwatch-peer') return this.onWatch(peer, type, (msg as { peer_id?: unknown }).peer_id);
+    if (type === 'watch-peer' || type === 'unwatch-peer') return this.watch.onMessage(peer, type, (msg as { peer_id?: unknown }).peer_id);
     if (type !== 'relay-http-response') {
-      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `unexpected message type ${JSON.stringify(type)} on a registered connection` }));
+      this.out.textError(peer.socket, 'MESH_ERR_BAD_REQUEST', `unexpected message type ${JSON.stringify(type)} on a registered connection`);
       return;
     }
     const parsed = relayHttpResponseSchema.safeParse(msg);
     if (!parsed.success) {
-      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `malformed relay-http-response: ${parsed.error.issues[0]?.message ?? ''}` }));
+      this.out.textError(peer.socket, 'MESH_ERR_BAD_REQUEST', `malformed relay-http-response: ${parsed.error.issues[0]?.message ?? ''}`);
       return;
     }
-    const s = this.jsonPending.get(parsed.data.request_id);
+    const s = this.book.byRequestId(parsed.data.request_id);
     if (s === undefined || s.target !== peer) return; // late, or not this peer's to answer
     this.completeStream(s);
     this.deliverEnvelopeAnswer(s, parsed.data);
   }
 
-  /**
-   * `watch-peer`: tell this peer (once) when `target` detaches from this
-   * relay; answered `peer-watch` with whether it is attached here now (a peer
-   * that is not is not watched: it may be on another relay of a cluster, or gone).
-   */
-  private onWatch(peer: PeerConn, type: 'watch-peer' | 'unwatch-peer', target: unknown): void {
-    if (typeof target !== 'string' || !/^[0-9a-f]{32}$/.test(target)) {
-      this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_BAD_REQUEST', message: `${type} needs peer_id: 32 lowercase hex digits` }));
-      return;
-    }
-    if (type === 'unwatch-peer') {
-      peer.watching?.delete(target);
-      const set = this.watchers.get(target);
-      set?.delete(peer);
-      if (set?.size === 0) this.watchers.delete(target);
-      return;
-    }
-    const attached = this.peers.has(target);
-    if (attached && !peer.watching?.has(target)) {
-      if ((peer.watching?.size ?? 0) >= MAX_WATCHES_PER_PEER) {
-        this.sendTo(peer.socket, JSON.stringify({ type: 'error', code: 'MESH_ERR_TOO_LARGE', message: `a peer watches at most ${MAX_WATCHES_PER_PEER} peers` }));
-        return;
-      }
-      (peer.watching ??= new Set()).add(target);
-      let set = this.watchers.get(target);
-      if (set === undefined) this.watchers.set(target, (set = new Set()));
-      set.add(peer);
-    }
-    this.sendTo(peer.socket, JSON.stringify({ type: 'peer-watch', peer_id: target, attached }));
-  }
-
-  /** `id` detached: each peer watching it hears `peer-gone` once. */
-  private tellWatchers(id: string): void {
-    const set = this.watchers.get(id);
-    if (set === undefined) return;
-    this.watchers.delete(id);
-    const text = JSON.stringify({ type: 'peer-gone', peer_id: id });
-    for (const w of set) {
-      w.watching?.delete(id);
-      this.sendTo(w.socket, text);
-    }
-  }
-
   private deliverEnvelopeAnswer(s: Stream, r: RelayHttpResponse): void {
     if (s.caller.kind === 'rpc') {
       const fields = r.body_base64 !== undefined ? { body_base64: r.body_base64 } : r.body !== undefined ? { body: r.body } : {};
-      this.rpcAnswer(s.caller, s.callerId as string, r.status, normalizeHeaders(r.headers), fields);
+      this.out.rpcAnswer(s.caller, s.callerId as string, r.status, normalizeHeaders(r.headers), fields);
       return;
     }
     let body: Uint8Array;
     try {
       body = envelopeBody(r);
     } catch {
-      return this.frameError(s.caller.socket, s.callerId as number, 'MESH_ERR_UPSTREAM', 'peer answered with invalid base64');
+      return this.out.frameError(s.caller.socket, s.callerId as number, 'MESH_ERR_UPSTREAM', 'peer answered with invalid base64');
     }
-    this.sendTo(s.caller.socket, encodeResponseFrame({ streamId: s.callerId as number, status: r.status, headers: normalizeHeaders(r.headers), body }));
+    this.out.sendTo(s.caller.socket, encodeResponseFrame({ streamId: s.callerId as number, status: r.status, headers: normalizeHeaders(r.headers), body }));
   }
 
   // ------------------------------------------------------------ /rpc
@@ -573,16 +420,14 @@ export class StreamTable {
     if (target === undefined) return this.rpcError(caller, req.request_id, 'MESH_ERR_NO_SUCH_PEER', `peer ${caller.targetId} is not connected to this relay`);
     const refused = this.admission(target);
     if (refused) return this.rpcError(caller, req.request_id, refused[0], refused[1]);
-    const s = this.openStream(caller, req.request_id, target, 'rpc', true);
+    const s = this.book.open(caller, req.request_id, target, 'rpc', true);
     const fields = req.body_base64 !== undefined ? { body_base64: req.body_base64 } : req.body !== undefined ? { body: req.body } : {};
-    this.sendTo(target.socket, JSON.stringify({ type: 'relay-http-request', request_id: s.relayRequestId, method: req.method.toUpperCase(), path: req.path, headers: req.headers, ...fields }));
+    this.out.sendTo(target.socket, JSON.stringify({ type: 'relay-http-request', request_id: s.relayRequestId, method: req.method.toUpperCase(), path: req.path, headers: req.headers, ...fields }));
   }
 
   /** Answer an `/rpc` caller with an error the relay produced. */
   rpcError(caller: RpcCaller, requestId: string | null, code: MeshErrorCode, message: string): void {
-    const e = new MeshError(code, message);
-    this.metrics.errors.inc({ code });
-    this.rpcAnswer(caller, requestId, e.status, { 'content-type': 'application/json' }, { body: JSON.stringify(e.toBody()) });
+    this.out.rpcError(caller, requestId, code, message);
   }
 
   // ------------------------------------------------------------ deadlines, shutdown
@@ -591,8 +436,8 @@ export class StreamTable {
   sweep(): void {
     this.beats?.sweep();
     const now = this.now();
-    for (const s of this.streams) {
-      if (s.deadline <= now && s.oneWay) this.dropStream(s);
+    for (const s of this.book.all) {
+      if (s.deadline <= now && s.oneWay) this.book.drop(s);
       else if (s.deadline <= now) this.failStream(s, 'MESH_ERR_TIMEOUT', `peer ${s.target.id} did not answer within ${this.o.requestTimeoutMs} ms`, true);
     }
   }
@@ -605,59 +450,27 @@ export class StreamTable {
   /** Answer every stream still in flight with `code` (the grace period is over). */
   failAll(code: MeshErrorCode, message: string): void {
     this.beats?.failAll(code, message);
-    for (const s of [...this.streams]) this.failStream(s, code, message, true);
+    for (const s of [...this.book.all]) this.failStream(s, code, message, true);
   }
 
   // ------------------------------------------------------------ streams
 
-  private rpcAnswer(caller: RpcCaller, requestId: string | null, status: number, headers: Record<string, string>, fields: { body_base64?: string; body?: string }): void {
-    this.sendTo(caller.socket, JSON.stringify({ request_id: requestId, status, headers, ...fields }));
-  }
-
-  private frameError(socket: PeerSocket, streamId: number, code: MeshErrorCode, message: string): void {
-    this.metrics.errors.inc({ code });
-    this.sendTo(socket, encodeErrorFrame(streamId, new MeshError(code, message)));
-  }
-
-  /** Send unless the reader has stopped reading: then it is dropped, the only bounded choice. */
-  private sendTo(socket: PeerSocket, data: Uint8Array | string): void {
-    if (!socket.isOpen) return;
-    if (socket.bufferedAmount > this.o.maxBufferedBytes) {
-      this.logger.warn({ buffered: socket.bufferedAmount }, 'slow consumer disconnected');
-      socket.close(CLOSE.slowConsumer, 'slow consumer: too much unread data');
-      return;
-    }
-    this.metrics.hot.messages++;
-    socket.send(data);
-  }
-
   /** Finish a stream with an error produced by the relay (peer gone, timeout, shutdown). */
   private failStream(s: Stream, code: MeshErrorCode, message: string, notifyTarget: boolean, callerGone = false): void {
-    if (!this.dropStream(s)) return;
-    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) this.sendCancel(s, callerGone);
-    if (s.caller.kind === 'rpc') this.rpcError(s.caller, s.callerId as string, code, message);
+    if (!this.book.drop(s)) return;
+    if (notifyTarget && !s.oneWay && s.target.socket.isOpen && s.path !== 'rpc' && s.relayRequestId === null) this.out.sendCancel(s, callerGone);
+    if (s.caller.kind === 'rpc') this.out.rpcError(s.caller, s.callerId as string, code, message);
     else if (s.answered) {
       // The caller already has this stream's RESPONSE head: the error ends the body instead.
       this.metrics.errors.inc({ code });
-      this.sendTo(s.caller.socket, encodeStreamErrorFrame(s.callerId as number, new MeshError(code, message)));
-    } else this.frameError(s.caller.socket, s.callerId as number, code, message);
+      this.out.sendTo(s.caller.socket, encodeStreamErrorFrame(s.callerId as number, new MeshError(code, message)));
+    } else this.out.frameError(s.caller.socket, s.callerId as number, code, message);
   }
 
-  /** Forget a stream everywhere; false when it was already gone. */
-  private dropStream(s: Stream): boolean {
-    if (!this.streams.delete(s)) return false;
-    s.target.incoming.delete(s.relayStreamId);
-    if (s.oneWay) s.target.oneWayIn--;
-    if (s.relayRequestId !== null) this.jsonPending.delete(s.relayRequestId);
-    if (s.caller.kind === 'rpc') s.caller.pending.delete(s.callerId as string);
-    else s.caller.outgoing.delete(s.callerId as number);
-    return true;
-  }
-
+  /** The stream got its final answer; the last one while closing calls onDrained. */
   private completeStream(s: Stream): void {
-    if (!this.dropStream(s)) return;
-    this.latencyBy[s.path].observe((this.now() - s.startedAt) / 1000);
-    if (this.closing && this.streams.size === 0) this.onDrained?.();
+    if (!this.book.complete(s)) return;
+    if (this.closing && this.book.size === 0) this.onDrained?.();
   }
 
   /** Why a new request to `target` cannot be taken now, if it cannot. */
@@ -667,26 +480,5 @@ export class StreamTable {
     if (!oneWay && target.incoming.size - target.oneWayIn >= this.o.maxInFlightPerPeer) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} has ${target.incoming.size - target.oneWayIn} requests in flight (limit ${this.o.maxInFlightPerPeer})`];
     if (target.socket.bufferedAmount > this.o.highWaterBytes) return ['MESH_ERR_BACKPRESSURE', `peer ${target.id} is not keeping up (${target.socket.bufferedAmount} bytes queued)`];
     return null;
-  }
-
-  private openStream(caller: Caller, callerId: number | string, target: PeerConn, path: StreamPath, json: boolean): Stream {
-    const now = this.now();
-    const s: Stream = {
-      caller,
-      callerId,
-      target,
-      relayStreamId: target.allocStreamId(),
-      relayRequestId: json ? randomBytes(12).toString('hex') : null,
-      deadline: now + this.o.requestTimeoutMs,
-      startedAt: now,
-      path,
-    };
-    this.streams.add(s);
-    target.incoming.set(s.relayStreamId, s);
-    if (s.relayRequestId !== null) this.jsonPending.set(s.relayRequestId, s);
-    if (caller.kind === 'rpc') caller.pending.set(callerId as string, s);
-    else caller.outgoing.set(callerId as number, s);
-    this.metrics.hot.hops[path]++;
-    return s;
   }
 }
