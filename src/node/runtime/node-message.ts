@@ -3,6 +3,7 @@
  * heartbeat: who it is, where it is reached, what it offers, how it does,
  * what it serves (docs/protocol.md). Built afresh from the runtime's facts
  * each time; only the timestamps carry over, each later than the last.
+ * The same facts give the node's own fields of GET /info (nodeInfo).
  */
 import { encodeBase64Url } from '../../protocol/base64.ts';
 import type { NodeMessage, NodeStats } from '../../protocol/tracker.ts';
@@ -12,7 +13,7 @@ import type { RelayClient } from '../../net/relay-client.ts';
 import type { RtcState } from '../../net/rtc-pool.ts';
 import { kvHeartbeat } from '../tracker-session.ts';
 import { RUNTIME_VERSION, type RuntimeConfig } from './config.ts';
-import type { DataChannels } from './data-channels.ts';
+import type { DataChannels, DataChannelsInfo } from './data-channels.ts';
 import type { RuntimeHost } from './host.ts';
 import type { LoadedSpan } from './span.ts';
 import type { NodeActivity } from './stats.ts';
@@ -91,6 +92,33 @@ export function nodeMessage(f: NodeMessageFacts): NodeMessage {
     ...(f.draining ? { draining: true } : {}),
     ...(stored && stored.model === f.model ? { stored: { start_layer: stored.startLayer, end_layer: stored.endLayer } } : {}),
     timestamp,
+  };
+}
+
+/** What the surfaces counted, for /info: /forward served per surface, chained forwards, the data channels. */
+export interface NodeInfoCounts {
+  served: Readonly<Record<string, number>>;
+  chained: number;
+  rtc: DataChannelsInfo | undefined;
+}
+
+/** The node's fields of GET /info, after the executor's: who and where it is, the paths its hops take, the span's backend. */
+export function nodeInfo(f: NodeMessageFacts, c: NodeInfoCounts, span: LoadedSpan): Record<string, unknown> {
+  return {
+    peer_id: f.identity.peerId,
+    host: f.host.name,
+    ...(f.endpoint ? { endpoint: f.endpoint } : {}),
+    relay_addr: f.relay?.relayAddr ?? null,
+    forwards_served: { ...c.served },
+    hops_sent: { ...f.sent },
+    paths: f.paths(),
+    ...(c.rtc === undefined ? {} : { data_channels: c.rtc }),
+    chain_forwards: c.chained,
+    draining: f.draining,
+    duty_cycle: f.duty,
+    // A head's speculative decoding: drafted and accepted tokens, trips and the tokens they gave.
+    ...(span.pipeline ? { speculation: span.pipeline.speculationStats() } : {}),
+    ...span.backend.details,
   };
 }
 

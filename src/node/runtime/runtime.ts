@@ -40,7 +40,7 @@ import { DataChannels, type DataChannelsInfo } from './data-channels.ts';
 import { DeviceRecovery } from './device-recovery.ts';
 import { DrainGate, type DrainReason, type DrainStatus } from './drain.ts';
 import { DutyCycle } from './duty-cycle.ts';
-import { MessageStamps, hopPaths, nodeMessage, type HopPath } from './node-message.ts';
+import { MessageStamps, hopPaths, nodeInfo, nodeMessage, type HopPath, type NodeMessageFacts } from './node-message.ts';
 import { createNodeRelay } from './node-relay.ts';
 import { createNodeTransport } from './node-transport.ts';
 import { createNodeTrust } from './node-trust.ts';
@@ -369,7 +369,12 @@ export class NodeRuntime {
 
   /** What the node tells the tracker now: who it is, what it offers, how it does, what it serves. */
   nodeMessage(): NodeMessage {
-    return nodeMessage({
+    return nodeMessage(this.facts());
+  }
+
+  /** The node's facts now, for its messages to the tracker and its /info. */
+  private facts(): NodeMessageFacts {
+    return {
       identity: this.identity,
       host: this.host,
       config: this.config,
@@ -385,7 +390,7 @@ export class NodeRuntime {
       paths: () => this.hopPaths(),
       sent: this.transport.sent,
       stamps: this.stamps,
-    });
+    };
   }
 
   // ------------------------------------------------------------ internals
@@ -421,22 +426,7 @@ export class NodeRuntime {
       version: RUNTIME_VERSION,
       isPaused: () => this.paused,
       duty: this.duty,
-      extraInfo: (span) => ({
-        peer_id: this.identity.peerId,
-        host: this.host.name,
-        ...(this.endpoint ? { endpoint: this.endpoint } : {}),
-        relay_addr: this.relay?.relayAddr ?? null,
-        forwards_served: { ...this.handler.served },
-        hops_sent: { ...this.transport.sent },
-        paths: this.hopPaths(),
-        ...optional('data_channels', this.rtcInfo()),
-        chain_forwards: this.handler.chained,
-        draining: this.drain.draining,
-        duty_cycle: this.duty.fraction,
-        // A head's speculative decoding: drafted and accepted tokens, trips and the tokens they gave.
-        ...(span.pipeline ? { speculation: span.pipeline.speculationStats() } : {}),
-        ...span.backend.details,
-      }),
+      extraInfo: (span) => nodeInfo(this.facts(), { served: this.handler.served, chained: this.handler.chained, rtc: this.rtcInfo() }, span),
       hopMode: this.config.hopMode ?? 'chain',
       ...(this.config.draftModelUrl ? { draftModelUrl: this.config.draftModelUrl } : {}),
       ...(this.config.speculation === false ? { speculation: false } : {}),
@@ -497,9 +487,4 @@ export class NodeRuntime {
       }
     }
   }
-}
-
-/** `{ [key]: value }`, or nothing when the value is undefined. */
-function optional<K extends string, V>(key: K, value: V | undefined): { [k in K]?: V } {
-  return value === undefined ? {} : ({ [key]: value } as { [k in K]?: V });
 }
