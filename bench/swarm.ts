@@ -45,7 +45,7 @@
  *
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15] [--settle-min-s S]
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh] [--shared-http]
- *                          [--donor-procs N[,M...]]
+ *                          [--donor-procs N[,M...]] [--beat-modes beating,paused] [--no-probe]
  *                          [--bin PATH ...] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
  *
@@ -55,6 +55,12 @@
  * before the ramp and after the window, for bench/heap-diff.ts (the snapshot
  * before the ramp adds to the RSS read as the baseline: take memory per donor
  * from a run without it).
+ *
+ * `--beat-modes beating,paused`: each run twice, the donors beating and then
+ * with their beats paused over the window (answered in their own process,
+ * the tracker hears nothing; its --dead-after-missed-heartbeats is raised so
+ * it keeps them): the tracker's fixed cost, and per beat what beating adds to
+ * it. `--no-probe`: no route-pick probes in the window.
  *
  * `--shared-http`: one HTTP pool for every donor instead of one each (fewer
  * sockets and objects in the simulator; registrations then reuse warm
@@ -111,6 +117,18 @@ const SHARED_HTTP = flag('shared-http');
 /** Donor processes (bench/lib/swarm-pool.ts); by default one per 2,500 donors. A list (`1,2`) runs each in turn, side by side. */
 const DONOR_PROCS: Array<number | undefined> = opt('donor-procs') === undefined ? [undefined] : opt('donor-procs')!.split(',').map((x) => Math.max(1, Number(x)));
 const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
+/**
+ * `beating` (the default) and/or `paused`, each run in turn with the same build: in a paused run the donors
+ * stop beating for the window (each beat answered in its own process with the tracker's last answer), so the
+ * tracker's CPU there is its fixed cost with that many donors registered and attached. With `paused` in the
+ * list every run's tracker gets --dead-after-missed-heartbeats PAUSE_DEAD_AFTER, so the sweep keeps the
+ * silent donors (the trackers of all runs alike: a build without the flag cannot be used with it).
+ */
+const BEAT_MODES = (opt('beat-modes') ?? 'beating').split(',') as Array<'beating' | 'paused'>;
+if (BEAT_MODES.some((m) => m !== 'beating' && m !== 'paused')) throw new Error(`--beat-modes: beating and/or paused, not ${opt('beat-modes')}`);
+const PAUSE_DEAD_AFTER = 1000;
+/** No route-pick probes (GET /api/route every 500 ms) in the window: the tracker's CPU is then only the swarm's. */
+const PROBES = !flag('no-probe');
 const LABEL = opt('label') ?? 'current';
 /** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
 const PROF = opt('prof');
@@ -244,12 +262,21 @@ function chatLoop(trackerUrls: string[]): Chats {
 
 interface RunResult {
   bin: string;
+  /** 'paused': the donors did not beat in the window (--beat-modes). */
+  beat_mode: 'beating' | 'paused';
+  route_probes: boolean;
+  /** Tracker CPU over the window, ms per second (all trackers). */
+  tracker_cpu_ms_per_s: number;
+  /** A beating run beside a paused one (same build, donors): the paused run's CPU (ms/s), and the µs each beat adds to it. */
+  fixed_ms_per_s?: number;
+  per_beat_us_over_paused?: number;
   settle_s: number;
   tracker_kib_per_donor_window_median: number;
   tracker_kib_per_donor_window_max: number;
   long_period_donors: number;
   donors: number;
   window_s: number;
+  window_from_tracker_start_s: number;
   tracker_cpu_pct: number;
   tracker_us_per_call: number;
   tracker_calls: number;
@@ -300,6 +327,11 @@ interface RunResult {
   /** Of beats_relay, those the relay batched to the tracker (beat-batch). */
   beats_batched: number;
   churn_left: number;
+  /** Of churn_left, those registered at the tracker as they left; of those, still registered when removals were read. */
+  churn_left_registered: number;
+  churn_left_unremoved: number;
+  /** How long after the window the bench waited for the leavers' removals before reading the count. */
+  churn_removal_wait_s: number;
   churn_joined: number;
   /** Per process (with --loop-probe): event-loop delay, stalls and GC pauses over the window. */
   loop?: Record<string, LoopSummary>;
@@ -393,7 +425,25 @@ function quantileOfHist(h: Hist, q: number): number {
   return Infinity;
 }
 
-async function runOnce(binSpec: string, donorCount: number, donorProcs: number | undefined, swarmUrl: string, smallUrl: string): Promise<RunResult> {
+/**
+ * After a churned window: wait (at most 4 heartbeat periods plus 30 s) until no tracker holds more nodes than
+ * the mesh and the live registered donors, i.e. every leaver was removed. Returns how many still were not (the
+ * smallest registry over the trackers: in a cluster the leader removes first, the others follow it through KV).
+ */
+async function leaversStillRegistered(urls: string[], pool: DonorPool, meshNodes: number): Promise<{ still: number; waitedS: number }> {
+  const t0 = performance.now();
+  let still: number;
+  for (;;) {
+    const sizes = await Promise.all(urls.map(async (u) => ((await (await fetch(`${u}/healthz`)).json()) as { nodes: number }).nodes));
+    const live = (await pool.status()).registered;
+    still = Math.max(0, Math.min(...sizes) - meshNodes - live);
+    if (still === 0 || performance.now() - t0 > 4 * HEARTBEAT_MS + 30_000) break;
+    await sleep(1000);
+  }
+  return { still, waitedS: Math.round((performance.now() - t0) / 100) / 10 };
+}
+
+async function runOnce(binSpec: string, donorCount: number, donorProcs: number | undefined, beatMode: 'beating' | 'paused', swarmUrl: string, smallUrl: string): Promise<RunResult> {
   // `PATH::FLAGS`: the tracker of this run gets FLAGS (space-separated) as node flags, e.g. a smaller young generation.
   const [bin, flags] = binSpec.split('::') as [string, string | undefined];
   const extraNodeArgs = flags ? flags.split(' ').filter(Boolean) : [];
@@ -426,8 +476,9 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       relays.push(r);
       relayPorts.push(r.port);
     }
+    const trackerSpawnedAt = performance.now();
     for (let i = 0; i < TRACKERS; i++) {
-      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...cluster], {}, bin, [...trackerNodeArgs(), ...extraNodeArgs]);
+      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...(BEAT_MODES.includes('paused') ? ['--dead-after-missed-heartbeats', String(PAUSE_DEAD_AFTER)] : []), ...cluster], {}, bin, [...trackerNodeArgs(), ...extraNodeArgs]);
       const l = await tp.waitFor((e) => e.event === 'listening');
       trackers.push(Object.assign(tp, { url: l.url as string }));
     }
@@ -499,6 +550,11 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       simProbe?.reset();
     }
     await donorPool.record();
+    if (beatMode === 'paused') {
+      await donorPool.pause(true);
+      // The beats already sent are answered before the window counts.
+      await sleep(1000);
+    }
     const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const simBefore = process.cpuUsage();
     const w0 = performance.now();
@@ -513,7 +569,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     let probing = true;
     let probes = 0;
     const probe = (async () => {
-      while (probing) {
+      while (probing && PROBES) {
         const p0 = performance.now();
         const r = await fetch(`${trackerFor(probes++)}/api/route?model=swarm`).catch(() => undefined);
         if (r?.status === 200) picks.push(performance.now() - p0);
@@ -525,7 +581,9 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
 
     // Churn: each second, CHURN/60 of the donors leave and as many join (in the same donor process, picked at random).
     let left = 0;
+    let leftRegistered = 0;
     let joined = 0;
+    const churnCalls: Array<Promise<void>> = [];
     const churnTimer = CHURN > 0 ? setInterval(() => {
       const n = (donorCount * CHURN) / 60;
       const whole = Math.floor(n) + (Math.random() < n - Math.floor(n) ? 1 : 0);
@@ -536,7 +594,10 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       }
       for (const [c, join] of by) {
         joined += join.length;
-        void donorPool.churn(c, join.length, join).then((l) => void (left += l), () => {});
+        churnCalls.push(donorPool.churn(c, join.length, join).then((l) => {
+          left += l.left;
+          leftRegistered += l.leftRegistered;
+        }, () => {}));
       }
     }, 1000) : undefined;
 
@@ -609,6 +670,10 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const sim = process.cpuUsage(simBefore);
     const w = await donorPool.collect();
     await chats?.stop();
+    await Promise.all(churnCalls);
+    // The donors that left late in the window are removed only after their deadline (3 periods, plus any lateness
+    // the tracker excuses): wait until every tracker has dropped them, so each leaver is one removal in the count.
+    const leftover = CHURN > 0 ? await leaversStillRegistered(trackers.map((t) => t.url), donorPool, MESH ? 3 : 0) : { still: 0, waitedS: 0 };
     const removalsAfter = await removals();
     const loop = LOOP_DIR ? await loopSummary([...procs.map((p) => ({ name: p.name, pid: p.pid() })), ...donorPool.pids.map((pid, i) => ({ name: `sim${i + 1}`, pid })), { name: 'bench', pid: process.pid }]) : undefined;
     const heapDonors = w.alive;
@@ -632,11 +697,16 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const ttft = chats ? [...chats.ttftMs].sort((a, b) => a - b) : [];
     return {
       bin: binSpec,
+      beat_mode: beatMode,
+      route_probes: PROBES,
       donors: donorCount,
       settle_s: settleS,
       long_period_donors: longPeriods,
       window_s: windowS,
+      // Seconds from the first tracker's spawn: the window's span in its CPU profile (bench/cpuprofile-top.ts --from-s/--to-s).
+      window_from_tracker_start_s: (w0 - trackerSpawnedAt) / 1000,
       tracker_cpu_pct: (trackerCpuMs / (windowS * 1000)) * 100,
+      tracker_cpu_ms_per_s: trackerCpuMs / windowS,
       tracker_us_per_call: calls ? (trackerCpuMs * 1000) / calls : NaN,
       tracker_calls: calls,
       heartbeats: count('heartbeat'),
@@ -656,8 +726,13 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       error_codes: w.errorCodes,
       register_failures: outcomes('register'),
       dropped_404: w.dropped,
-      // Removals of donors that never left (those that did are expected to go).
-      tracker_removals_missed: removalsAfter - removalsBefore - left,
+      // Removals of donors that never left (those that did are expected to go): counted after the leavers' deadlines
+      // passed, less each leaver the tracker held as it left (one still registering is never removed) and has dropped.
+      // In a cluster only the leader removes, so the sum over trackers counts each removal once.
+      tracker_removals_missed: removalsAfter - removalsBefore - (leftRegistered - leftover.still),
+      churn_left_registered: leftRegistered,
+      churn_left_unremoved: leftover.still,
+      churn_removal_wait_s: leftover.waitedS,
       shed_answers: w.shed,
       // Every tracker holds the whole registry: the largest growth of one.
       tracker_kib_per_donor: Math.max(...trackers.map((_, i) => rssAfter[`tracker${i + 1}`]! - rssBefore[`tracker${i + 1}`]!)) / donorCount,
@@ -712,10 +787,12 @@ try {
   for (const n of DONORS) {
     for (const bin of BINS) {
       for (const procs of DONOR_PROCS) {
-        console.log(`\n--- ${n} donors, ${bin}${procs ? `, ${procs} donor processes` : ''}`);
-        const r = await runOnce(bin, n, procs, swarmServer.url, smallServer?.url ?? '');
-        results.push(r);
-        console.log(JSON.stringify(r));
+        for (const mode of BEAT_MODES) {
+          console.log(`\n--- ${n} donors, ${bin}${procs ? `, ${procs} donor processes` : ''}, beats ${mode}`);
+          const r = await runOnce(bin, n, procs, mode, swarmServer.url, smallServer?.url ?? '');
+          results.push(r);
+          console.log(JSON.stringify(r));
+        }
       }
     }
   }
@@ -725,11 +802,12 @@ try {
 }
 
 const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js(?=$|::)/, '').split('/').pop()! : LABEL);
+const runName = (r: RunResult) => `${binName(r.bin)}${BEAT_MODES.length > 1 || r.beat_mode === 'paused' ? ` (${r.beat_mode})` : ''}`;
 printTable(
   `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
   ['run', 'donors', 'procs', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
   results.map((r) => [
-    binName(r.bin),
+    runName(r),
     r.donors,
     r.donor_procs,
     r.tracker_cpu_pct,
@@ -756,10 +834,20 @@ printTable(
   ]),
 );
 for (const r of results) {
-  for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${binName(r.bin)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
+  for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${runName(r)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
 }
 for (const r of results) if (Object.keys(r.error_codes).length) console.log(`answers not 200 (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.error_codes)}`);
 for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
 console.log(`load average (1 min) at start ${loadBefore.toFixed(2)}, at end ${loadavg()[0]!.toFixed(2)}`);
-writeResult(OUT, { bench: 'swarm', label: LABEL, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
+// Beating against paused with the same build and donors: the tracker's fixed cost (ms of CPU a second with the
+// donors registered and attached, no beat) and what each beat adds on top of it.
+for (const p of results.filter((r) => r.beat_mode === 'paused')) {
+  const b = results.find((r) => r.beat_mode === 'beating' && r.bin === p.bin && r.donors === p.donors && r.donor_procs === p.donor_procs);
+  if (!b) continue;
+  const perBeatUs = ((b.tracker_cpu_ms_per_s - p.tracker_cpu_ms_per_s) * 1000) / (b.heartbeats / b.window_s);
+  console.log(`fixed vs per beat (${binName(p.bin)}, ${p.donors} donors): fixed ${p.tracker_cpu_ms_per_s.toFixed(1)} ms/s (${((p.tracker_cpu_ms_per_s * 1000) / (b.heartbeats / b.window_s)).toFixed(1)} µs per beat at the beating run's rate), beating ${b.tracker_cpu_ms_per_s.toFixed(1)} ms/s, ${(b.heartbeats / b.window_s).toFixed(0)} beats/s: ${perBeatUs.toFixed(1)} µs per beat on top of the fixed cost`);
+  b.per_beat_us_over_paused = perBeatUs;
+  b.fixed_ms_per_s = p.tracker_cpu_ms_per_s;
+}
+writeResult(OUT, { bench: 'swarm', label: LABEL, beat_modes: BEAT_MODES, route_probes: PROBES, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
 process.exit(0);

@@ -4,7 +4,7 @@
  * bench's requests over IPC. It exits when the bench goes (IPC closed).
  */
 import { Agent } from 'undici';
-import type { ChildCounters, ChildInit, ChildRequest, ChildRestartStatus, ChildStarted, ChildStatus, ChildWindow } from './swarm-pool.ts';
+import type { ChildChurn, ChildCounters, ChildInit, ChildRequest, ChildRestartStatus, ChildStarted, ChildStatus, ChildWindow } from './swarm-pool.ts';
 import { Donor, SwarmStats, type CallKind } from './swarm-donors.ts';
 import { SWARM_BUDGETS } from './swarm-shape.ts';
 
@@ -22,12 +22,14 @@ let init: ChildInit | undefined;
 let sharedAgent: Agent | undefined;
 let window: { stall0: number; cpu0: NodeJS.CpuUsage; t0: number } | undefined;
 let restart: { at: number; mine: Donor[] } | undefined;
+/** Beats paused (op 'pause'): each donor's beat is answered in the process with the tracker's last answer. */
+let beatsPaused = false;
 
 async function makeDonor(i: number): Promise<Entry> {
   const c = init!;
   const [mb, format] = SWARM_BUDGETS[i % SWARM_BUDGETS.length]!;
   const relay = i % c.relayUrls.length;
-  const donor = await Donor.create({ relayUrl: c.relayUrls[relay]!, trackerUrl: c.trackerUrls[i % c.trackerUrls.length]!, model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats, ...(sharedAgent ? { agent: sharedAgent } : {}) });
+  const donor = await Donor.create({ relayUrl: c.relayUrls[relay]!, trackerUrl: c.trackerUrls[i % c.trackerUrls.length]!, model: 'swarm', memoryBudgetMb: mb, weightFormat: format, loadMs: 500 + (i % 10) * 150, stats, paused: () => beatsPaused, ...(sharedAgent ? { agent: sharedAgent } : {}) });
   const e = { donor, relay };
   entries.push(e);
   return e;
@@ -68,19 +70,25 @@ async function handle(req: ChildRequest): Promise<unknown> {
       stats.recording = true;
       window = { stall0: stats.loop.now(), cpu0: process.cpuUsage(), t0: performance.now() };
       return null;
+    case 'pause':
+      beatsPaused = req.paused;
+      return null;
     case 'counters':
       return { shed: stats.shed, dropped: stats.dropped, errorCodes: Object.fromEntries(stats.errorCodes) } satisfies ChildCounters;
     case 'churn': {
       let left = 0;
+      // Those the tracker holds as they go: only these will be removed for missed heartbeats (one still registering is not).
+      let leftRegistered = 0;
       for (let k = 0; k < req.leave; k++) {
         const live = alive();
         const e = live[Math.floor(Math.random() * live.length)];
         if (!e) break;
+        if (e.donor.registered) leftRegistered++;
         e.donor.close();
         left++;
       }
       void startDonors(req.join).catch(() => {});
-      return left;
+      return { left, leftRegistered } satisfies ChildChurn;
     }
     case 'restart-mark':
       restart = { at: req.at, mine: alive().filter((e) => e.relay === req.relay).map((e) => e.donor) };

@@ -151,6 +151,12 @@ export interface DonorConfig {
    * swarm's tracker does not get.
    */
   agent?: Agent;
+  /**
+   * While true the donor's beats go nowhere (swarm --beat-modes paused): each is answered at once, in the
+   * process, with the tracker's last answer, and not counted; the session keeps its period and state.
+   * The tracker then carries its registered, attached donors with no beat at all: its fixed cost.
+   */
+  paused?: () => boolean;
 }
 
 /** The `error.code` of a mesh error body (docs/protocol.md), if it is one. */
@@ -260,6 +266,8 @@ export class Donor {
         throw e;
       }
     }) as typeof fetch;
+    const paused = this.c.paused;
+    let lastBeat: Awaited<ReturnType<RelayClient['beat']>> | undefined;
     // Heartbeats over the relay socket, timed like the HTTP ones (the client falls back to HTTP when they fail).
     const timedRelay: TrackerRelay = {
       get state() {
@@ -287,6 +295,7 @@ export class Donor {
       watchPeer: (peer, signal, onAttached) => relay.watchPeer(peer, signal, onAttached),
       // As a node: the beat as a `beat` message the relay batches (a relay with beat-batch), timed like the others.
       beat(peer, body, timeoutMs) {
+        if (lastBeat && paused?.()) return Promise.resolve(lastBeat);
         const p = relay.beat(peer, body, timeoutMs);
         if (p === undefined) return undefined;
         const t0 = performance.now();
@@ -297,6 +306,7 @@ export class Donor {
             const outcome = r.status === 200 ? 'ok' : r.status === 404 && code === 'MESH_ERR_NOT_FOUND' ? 'http-404' : `relay-${r.status}`;
             stats.record('heartbeat', performance.now() - t0, outcome, s0);
             if (r.status !== 200) stats.recordCode(`heartbeat batched ${outcome}`, code);
+            else lastBeat = r;
             return r;
           },
           (e: unknown) => {

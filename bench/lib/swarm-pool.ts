@@ -37,6 +37,8 @@ export type ChildRequest =
   /** Start the measured window: stats reset, recording on, stall clock and CPU read. */
   | { op: 'record' }
   | { op: 'counters' }
+  /** Beats stop (each answered in the donor's process with the tracker's last answer) or go on again. */
+  | { op: 'pause'; paused: boolean }
   /** `leave` donors leave silently (random among the live ones); the `join` indices join. */
   | { op: 'churn'; leave: number; join: number[] }
   /** Remember the live donors on this relay, to follow their return after a restart at `at` (Date.now()). */
@@ -62,6 +64,12 @@ export interface ChildCounters {
   shed: number;
   dropped: number;
   errorCodes: Record<string, number>;
+}
+
+export interface ChildChurn {
+  left: number;
+  /** Of those, the ones registered at the tracker as they left (the others will never be removed). */
+  leftRegistered: number;
 }
 
 export interface ChildRestartStatus {
@@ -224,6 +232,10 @@ export class DonorPool {
     await this.all(() => ({ op: 'record' }));
   }
 
+  async pause(paused: boolean): Promise<void> {
+    await this.all(() => ({ op: 'pause', paused }));
+  }
+
   async counters(): Promise<ChildCounters> {
     const all = await this.all<ChildCounters>(() => ({ op: 'counters' }));
     const errorCodes: Record<string, number> = {};
@@ -232,8 +244,8 @@ export class DonorPool {
   }
 
   /** In child `c`, `leave` donors leave and the `join` indices join; resolves to how many left. */
-  churn(c: number, leave: number, join: number[]): Promise<number> {
-    return this.children[c]!.request<number>({ op: 'churn', leave, join });
+  churn(c: number, leave: number, join: number[]): Promise<ChildChurn> {
+    return this.children[c]!.request<ChildChurn>({ op: 'churn', leave, join });
   }
 
   async restartMark(relay: number, at: number): Promise<number> {

@@ -16,16 +16,29 @@
  * with backoff: reconnectDelay in relay-options.ts), registering again under
  * the same peer id. An outage shorter than `outageBudgetMs` is waited out:
  * requests made meanwhile wait for the new registration instead of failing.
+ *
+ * Beside it: relay-dial.ts (one socket's handshake), relay-urls.ts (which
+ * relay to dial), relay-outage.ts (waiting an outage out), peer-watches.ts
+ * (`peer-watch`), beat-calls.ts (`beat` messages), frame-mux.ts (the
+ * registered connection).
  */
 import { BEAT_BATCH_FEATURE } from '../protocol/beat-batch.ts';
 import { BeatCalls, type BeatReply } from './beat-calls.ts';
-import { CLUSTER_FEATURE, ONE_WAY_FEATURE, PEER_WATCH_FEATURE, challengeSchema, registeredSchema, type MeshReply } from '../protocol/envelopes.ts';
+import { CLUSTER_FEATURE, ONE_WAY_FEATURE, PEER_WATCH_FEATURE, type MeshReply, type RegisteredMsg } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FrameMux } from './frame-mux.ts';
 import type { Identity } from './identity.ts';
 import type { MeshHandler, MeshStreamReply, OutgoingRequest, RelayLogEntry, RequestOptions } from './contract.ts';
+import { PeerWatches, type PeerWatchEnd } from './peer-watches.ts';
+import { openRelaySocket, RelayDial } from './relay-dial.ts';
 import { reconnectDelay, resolveRelayClientOptions, type RelayClientOptions } from './relay-options.ts';
-import { WS_OPEN, type SocketMessageEvent, type WebSocketConstructor, type WebSocketLike } from './socket.ts';
+import { RelayOutage } from './relay-outage.ts';
+import { RelayUrls } from './relay-urls.ts';
+import type { WebSocketConstructor, WebSocketLike } from './socket.ts';
+
+// Their homes now; callers import them from here as before.
+export type { PeerWatchEnd } from './peer-watches.ts';
+export { relayWsUrl, relayWsUrls } from './relay-urls.ts';
 
 /** The protocols this client speaks, announced in `info.protocols`. */
 export const RELAY_CLIENT_PROTOCOLS = ['mesh-frames/1'] as const;
@@ -85,52 +98,10 @@ export interface Registration {
   beatBatch?: boolean;
 }
 
-/**
- * How a watchPeer() ended: `gone` the relay said the peer detached; `absent`
- * it was not attached to this relay when asked; `lost` this connection to the
- * relay dropped (watches go with it); `unsupported` the relay has no
- * `peer-watch`, or this client is not registered; `cancelled` the signal.
- */
-export type PeerWatchEnd = 'gone' | 'absent' | 'lost' | 'unsupported' | 'cancelled';
-
-/** One watchPeer() call: how it ends, and whom to tell when the relay says the peer is attached. */
-interface PeerWatcher {
-  done: (end: PeerWatchEnd) => void;
-  onAttached?: () => void;
-}
-
-/** `relayUrl` as a list of `/ws` URLs (split on commas, duplicates dropped). */
-export function relayWsUrls(relayUrl: string | readonly string[]): string[] {
-  const list = (typeof relayUrl === 'string' ? [relayUrl] : [...relayUrl]).flatMap((u) => u.split(',')).map((u) => u.trim()).filter((u) => u !== '');
-  if (list.length === 0) throw new TypeError('no relay URL given');
-  return [...new Set(list.map(relayWsUrl))];
-}
-
-/** The `/ws` endpoint for a relay base URL. */
-export function relayWsUrl(relayUrl: string): string {
-  const u = new URL(relayUrl);
-  if (u.protocol === 'http:') u.protocol = 'ws:';
-  else if (u.protocol === 'https:') u.protocol = 'wss:';
-  if (u.protocol !== 'ws:' && u.protocol !== 'wss:') throw new TypeError(`relay URL must be ws(s):// or http(s)://, got ${relayUrl}`);
-  if (u.pathname === '' || u.pathname === '/') u.pathname = '/ws';
-  return u.toString();
-}
-
-/** One socket from open to registered (or to its end, whichever first). */
-interface Dial {
-  socket: WebSocketLike;
-  registerTimer: ReturnType<typeof setTimeout> | undefined;
-  done: boolean;
-}
-
 export class RelayClient {
   readonly options: RelayClientOptions;
   /** The relays this client may dial: the ones it was given, then the ones a relay of a cluster named. */
-  private readonly wsUrls: string[];
-  /** How many of `wsUrls` were given (the rest were learned). */
-  private readonly givenUrls: number;
-  /** Which of `wsUrls` the current (or next) attempt dials. */
-  private urlIndex = 0;
+  private readonly urls: RelayUrls;
   private readonly WebSocketCtor: WebSocketConstructor;
   private readonly identity: Identity;
   private readonly info: Record<string, unknown>;
@@ -139,7 +110,7 @@ export class RelayClient {
   private handler: MeshHandler | undefined;
 
   /** The socket while it registers. */
-  private dial: Dial | undefined;
+  private dial: RelayDial | undefined;
   /** The registered connection. */
   private mux: FrameMux | undefined;
   private stateValue: RelayClientState = RelayClientState.Idle;
@@ -148,30 +119,19 @@ export class RelayClient {
   private registration: Registration | undefined;
   private readonly stateListeners = new Set<(e: RelayStateEvent) => void>();
   private readyWaiters: Array<{ resolve: (r: Registration) => void; reject: (e: unknown) => void }> = [];
-  /** When (performance.now) the registered connection was last lost; kept after it is back (the outage's window). */
-  private lostAt: number | undefined;
-  /** True from a lost registration until the next one. */
-  private inOutage = false;
-  /** Reconnect attempts since the outage outlived its budget. */
-  private pastBudget = 0;
-  /** Fires when the outage outlives its budget: waiting requests fail then. */
-  private outageTimer: ReturnType<typeof setTimeout> | undefined;
-  /**
-   * watchPeer() calls waiting, by the peer they watch; settled by the relay's notices or when the connection drops.
-   * `attached`: the relay answered that the peer is attached to it (the watches hold until it is gone).
-   */
-  private readonly peerWatches = new Map<string, { watchers: Set<PeerWatcher>; attached: boolean }>();
+  /** From a lost registration to the next: requests made meanwhile wait for it (within the budget). */
+  private readonly outage: RelayOutage;
+  /** watchPeer() calls waiting; settled by the relay's notices or when the connection drops. */
+  private readonly peerWatches = new PeerWatches((err) => this.log({ level: 'error', event: 'protocol', message: "a peer watch's onAttached threw", error: err }));
   /** beat() calls waiting for their answers on the registered connection (they fail when it drops). */
   private beatCalls = new BeatCalls();
   /** A tracker's handler for batches of beats (setBeatsHandler): the answer text, sent back at once. */
   private beatsHandler: ((msg: object) => string | undefined) | undefined;
-  /** Requests waiting for the registration while the connection is down (within the budget). */
-  private readonly outageWaiters = new Set<{ resolve: () => void; reject: (e: unknown) => void }>();
 
   constructor(init: RelayClientInit) {
     this.options = resolveRelayClientOptions(init);
-    this.wsUrls = relayWsUrls(init.relayUrl);
-    this.givenUrls = this.wsUrls.length;
+    this.urls = new RelayUrls(init.relayUrl);
+    this.outage = new RelayOutage(this.options.outageBudgetMs);
     this.WebSocketCtor = init.WebSocket;
     this.identity = init.identity;
     this.handler = init.handler;
@@ -182,7 +142,7 @@ export class RelayClient {
 
   /** The `/ws` URL of the relay this client is registered at (or dials next). */
   get wsUrl(): string {
-    return this.wsUrls[this.urlIndex]!;
+    return this.urls.current;
   }
 
   /** Base URL (`ws(s)://host:port`) of that relay. */
@@ -222,8 +182,7 @@ export class RelayClient {
 
   /** While a lost connection is being waited out: ms until its budget runs out (0: registered, or not waiting any more). */
   outageLeftMs(): number {
-    if (!this.inOutage || this.lostAt === undefined) return 0;
-    return Math.max(0, this.lostAt + this.options.outageBudgetMs - performance.now());
+    return this.outage.leftMs();
   }
 
   /**
@@ -233,33 +192,14 @@ export class RelayClient {
    * worth waiting out. 0 when there was no outage or it is over.
    */
   outageWindowLeftMs(): number {
-    if (this.lostAt === undefined) return 0;
-    return Math.max(0, this.lostAt + this.options.outageBudgetMs - performance.now());
+    return this.outage.windowLeftMs();
   }
 
   /** Resolves once registered: at once when it is, after the reconnect while an outage is waited out; rejects once the outage outlives its budget, on close(), or when `signal` aborts. */
   whenRegistered(signal?: AbortSignal): Promise<void> {
     if (this.mux !== undefined) return Promise.resolve();
     if (this.outageLeftMs() <= 0) return Promise.reject(this.notRegistered());
-    if (signal?.aborted) return Promise.reject(new MeshError('MESH_ERR_CANCELLED', 'cancelled while the relay was reconnecting'));
-    return new Promise<void>((resolve, reject) => {
-      const onAbort = (): void => {
-        this.outageWaiters.delete(w);
-        reject(new MeshError('MESH_ERR_CANCELLED', 'cancelled while the relay was reconnecting'));
-      };
-      const w = {
-        resolve: () => {
-          signal?.removeEventListener('abort', onAbort);
-          resolve();
-        },
-        reject: (e: unknown) => {
-          signal?.removeEventListener('abort', onAbort);
-          reject(e);
-        },
-      };
-      this.outageWaiters.add(w);
-      signal?.addEventListener('abort', onAbort, { once: true });
-    });
+    return this.outage.wait(signal);
   }
 
   /** Incoming requests whose handler has not finished. */
@@ -282,61 +222,10 @@ export class RelayClient {
   watchPeer(peerId: string, signal?: AbortSignal, onAttached?: () => void): Promise<PeerWatchEnd> {
     const mux = this.mux;
     if (mux === undefined || this.registration?.peerWatch !== true) return Promise.resolve('unsupported');
-    if (signal?.aborted) return Promise.resolve('cancelled');
-    return new Promise<PeerWatchEnd>((resolve) => {
-      let entry = this.peerWatches.get(peerId);
-      const first = entry === undefined;
-      if (entry === undefined) this.peerWatches.set(peerId, (entry = { watchers: new Set(), attached: false }));
-      const watcher: PeerWatcher = {
-        done: (end: PeerWatchEnd): void => {
-          signal?.removeEventListener('abort', onAbort);
-          resolve(end);
-        },
-        ...(onAttached ? { onAttached } : {}),
-      };
-      const onAbort = (): void => {
-        const e = this.peerWatches.get(peerId);
-        e?.watchers.delete(watcher);
-        if (e?.watchers.size === 0) {
-          this.peerWatches.delete(peerId);
-          if (this.mux === mux) void mux.send(JSON.stringify({ type: 'unwatch-peer', peer_id: peerId }));
-        }
-        watcher.done('cancelled');
-      };
-      entry.watchers.add(watcher);
-      signal?.addEventListener('abort', onAbort, { once: true });
-      if (first) void mux.send(JSON.stringify({ type: 'watch-peer', peer_id: peerId }));
-      else if (entry.attached) this.tellAttached(watcher);
-    });
-  }
-
-  /** The relay's `peer-watch` / `peer-gone`: settle the watches of that peer (a peer attached here stays watched until gone). */
-  private onPeerNotice(msg: { type: 'peer-watch' | 'peer-gone'; peer_id: string; attached?: unknown }): void {
-    if (msg.type === 'peer-watch' && msg.attached !== false) {
-      const entry = this.peerWatches.get(msg.peer_id);
-      if (entry === undefined || entry.attached) return;
-      entry.attached = true;
-      for (const w of entry.watchers) this.tellAttached(w);
-      return;
-    }
-    this.settlePeerWatches(msg.type === 'peer-gone' ? 'gone' : 'absent', msg.peer_id);
-  }
-
-  private tellAttached(w: PeerWatcher): void {
-    try {
-      w.onAttached?.();
-    } catch (err) {
-      this.log({ level: 'error', event: 'protocol', message: 'a peer watch\'s onAttached threw', error: err });
-    }
-  }
-
-  private settlePeerWatches(end: PeerWatchEnd, peerId?: string): void {
-    const ids = peerId === undefined ? [...this.peerWatches.keys()] : [peerId];
-    for (const id of ids) {
-      const entry = this.peerWatches.get(id);
-      this.peerWatches.delete(id);
-      for (const w of entry?.watchers ?? []) w.done(end);
-    }
+    // On this connection only: its watches end with it ('lost').
+    return this.peerWatches.watch(peerId, (text) => {
+      if (this.mux === mux) void mux.send(text);
+    }, signal, onAttached);
   }
 
   /**
@@ -407,7 +296,7 @@ export class RelayClient {
     if (this.stateValue === RelayClientState.Closed) return;
     if (this.reconnectTimer !== undefined) clearTimeout(this.reconnectTimer);
     this.reconnectTimer = undefined;
-    this.endOutage(new MeshError('MESH_ERR_SHUTTING_DOWN', 'relay client closed while it was reconnecting'));
+    this.outage.settle(new MeshError('MESH_ERR_SHUTTING_DOWN', 'relay client closed while it was reconnecting'));
     this.stateValue = RelayClientState.Closed;
     if (this.dial) this.endDial(this.dial, 'closed by this node');
     this.mux?.close('closed by this node', { pendingError: new MeshError('MESH_ERR_SHUTTING_DOWN', 'relay client closed while the request was in flight') });
@@ -452,22 +341,11 @@ export class RelayClient {
   }
 
   private notRegistered(): MeshError {
-    if (this.lostAt !== undefined && this.inOutage) {
-      return new MeshError('MESH_ERR_UNAVAILABLE', `relay ${this.wsUrl} unreachable for ${Math.round(performance.now() - this.lostAt)} ms (still reconnecting); use another path`, { reason: 'relay-unreachable' });
+    const lost = this.outage.lostForMs();
+    if (lost !== undefined) {
+      return new MeshError('MESH_ERR_UNAVAILABLE', `relay ${this.wsUrl} unreachable for ${Math.round(lost)} ms (still reconnecting); use another path`, { reason: 'relay-unreachable' });
     }
     return new MeshError('MESH_ERR_UNAVAILABLE', `not registered with the relay (state ${this.stateValue}); await ready() or use another path`);
-  }
-
-  /** The connection is back, closed, or the outage outlived its budget: settle the requests waiting for it. */
-  private endOutage(err?: unknown): void {
-    if (this.outageTimer !== undefined) clearTimeout(this.outageTimer);
-    this.outageTimer = undefined;
-    const waiters = [...this.outageWaiters];
-    this.outageWaiters.clear();
-    for (const w of waiters) {
-      if (err === undefined) w.resolve();
-      else w.reject(err);
-    }
   }
 
   // ------------------------------------------------------------ connecting
@@ -475,80 +353,31 @@ export class RelayClient {
   private connect(): void {
     this.reconnectTimer = undefined;
     this.setState({ state: RelayClientState.Connecting, attempt: this.attempt, peerId: this.peerId });
+    const url = this.wsUrl;
     let socket: WebSocketLike;
     try {
-      socket = new this.WebSocketCtor(this.wsUrl);
-      // Node's `ws` can hand us its Buffer as is ('nodebuffer'); a browser ignores
-      // that value, and then 'arraybuffer' it is. Saves a copy of every frame.
-      socket.binaryType = 'nodebuffer';
-      if (socket.binaryType !== 'nodebuffer') socket.binaryType = 'arraybuffer';
+      socket = openRelaySocket(this.WebSocketCtor, url);
     } catch (e) {
-      this.log({ level: 'warn', event: 'connection', message: `cannot open ${this.wsUrl}: ${(e as Error).message}`, error: e });
+      this.log({ level: 'warn', event: 'connection', message: `cannot open ${url}: ${(e as Error).message}`, error: e });
       this.scheduleReconnect('socket constructor failed');
       return;
     }
-    const dial: Dial = { socket, registerTimer: undefined, done: false };
-    this.dial = dial;
-    dial.registerTimer = setTimeout(() => this.dialFailed(dial, `not registered within ${this.options.registerTimeoutMs} ms`), this.options.registerTimeoutMs);
-    socket.onmessage = (ev) => this.onHandshakeMessage(dial, ev);
-    socket.onclose = (ev) => this.dialFailed(dial, `socket closed (code ${ev.code ?? '?'}${ev.reason ? `: ${ev.reason}` : ''})`);
-    // An error is always followed by close; log it, let close decide.
-    socket.onerror = (ev) => {
-      if (!dial.done) this.log({ level: 'debug', event: 'connection', message: `socket error on ${this.wsUrl}`, error: ev });
-    };
+    this.dial = new RelayDial({
+      socket,
+      url,
+      identity: this.identity,
+      info: this.info,
+      registerTimeoutMs: this.options.registerTimeoutMs,
+      onRegistered: (dial, msg) => this.onRegistered(dial, msg),
+      onFailed: (dial, reason) => this.dialFailed(dial, reason),
+      log: (entry) => this.log(entry),
+    });
   }
 
-  /** Before registration only the handshake is read; frames and envelopes are not ours to answer yet. */
-  private onHandshakeMessage(dial: Dial, ev: SocketMessageEvent): void {
-    if (dial.done) return;
-    if (typeof ev.data !== 'string') {
-      this.ignore('binary frame before registration');
-      return;
-    }
-    let msg: unknown;
-    try {
-      msg = JSON.parse(ev.data);
-    } catch {
-      this.ignore('text message is not JSON');
-      return;
-    }
-    const type = (msg as { type?: unknown } | null)?.type;
-    if (type === 'challenge') this.onChallenge(dial, msg);
-    else if (type === 'registered') this.onRegistered(dial, msg);
-    else if (type === 'error') {
-      const m = msg as { code?: unknown; message?: unknown };
-      this.log({ level: 'warn', event: 'relay-error', message: `relay says ${String(m.code)}: ${String(m.message)}` });
-    } else this.ignore(`${JSON.stringify(type)} message before registration`);
-  }
-
-  private onChallenge(dial: Dial, msg: unknown): void {
-    const parsed = challengeSchema.safeParse(msg);
-    if (!parsed.success) {
-      this.dialFailed(dial, 'relay sent a malformed challenge');
-      return;
-    }
-    this.identity.registerMessage(parsed.data.nonce, this.info).then(
-      (reg) => {
-        if (dial.done) return;
-        try {
-          dial.socket.send(JSON.stringify(reg));
-        } catch (e) {
-          this.dialFailed(dial, `cannot send register: ${(e as Error).message}`);
-        }
-      },
-      (e: unknown) => this.dialFailed(dial, `cannot sign the challenge: ${(e as Error).message}`),
-    );
-  }
-
-  private onRegistered(dial: Dial, msg: unknown): void {
-    const parsed = registeredSchema.safeParse(msg);
-    if (!parsed.success) {
-      this.ignore('malformed registered message');
-      return;
-    }
-    if (parsed.data.peer_id !== this.peerId) {
+  private onRegistered(dial: RelayDial, msg: RegisteredMsg): void {
+    if (msg.peer_id !== this.peerId) {
       // The relay derived another id from our key: a protocol disagreement frames would be misrouted under.
-      this.log({ level: 'error', event: 'protocol', message: `relay registered us as ${parsed.data.peer_id}, our key gives ${this.peerId}` });
+      this.log({ level: 'error', event: 'protocol', message: `relay registered us as ${msg.peer_id}, our key gives ${this.peerId}` });
     }
     this.endDial(dial);
     // From here on the socket is the mux's.
@@ -559,7 +388,7 @@ export class RelayClient {
       onLog: this.onLog,
       onClose: (reason) => this.onMuxClosed(mux, reason),
       onPeerNotice: (m) => {
-        if (this.mux === mux) this.onPeerNotice(m);
+        if (this.mux === mux) this.peerWatches.onNotice(m);
       },
       onBeatAnswer: (m) => {
         if (this.mux === mux && !this.beatCalls.onAnswer(m)) this.ignore('beat-answer that answers no beat waiting (late or malformed)');
@@ -571,107 +400,61 @@ export class RelayClient {
     });
     this.mux = mux;
     this.attempt = 0;
-    this.pastBudget = 0;
     this.registration = {
-      peerId: parsed.data.peer_id,
-      relayAddr: parsed.data.relay_addr,
-      oneWay: parsed.data.features?.includes(ONE_WAY_FEATURE) === true,
-      cluster: parsed.data.features?.includes(CLUSTER_FEATURE) === true,
-      peerWatch: parsed.data.features?.includes(PEER_WATCH_FEATURE) === true,
-      beatBatch: parsed.data.features?.includes(BEAT_BATCH_FEATURE) === true,
+      peerId: msg.peer_id,
+      relayAddr: msg.relay_addr,
+      oneWay: msg.features?.includes(ONE_WAY_FEATURE) === true,
+      cluster: msg.features?.includes(CLUSTER_FEATURE) === true,
+      peerWatch: msg.features?.includes(PEER_WATCH_FEATURE) === true,
+      beatBatch: msg.features?.includes(BEAT_BATCH_FEATURE) === true,
     };
-    this.learnRelays(parsed.data.relays);
-    const outageMs = this.inOutage && this.lostAt !== undefined ? Math.round(performance.now() - this.lostAt) : undefined;
-    this.inOutage = false;
-    this.setState({ state: RelayClientState.Registered, attempt: 0, peerId: parsed.data.peer_id, relayAddr: parsed.data.relay_addr, ...(outageMs !== undefined ? { outageMs } : {}) });
+    this.urls.learn(msg.relays);
+    const outageMs = this.outage.back();
+    this.setState({ state: RelayClientState.Registered, attempt: 0, peerId: msg.peer_id, relayAddr: msg.relay_addr, ...(outageMs !== undefined ? { outageMs } : {}) });
     for (const w of this.readyWaiters.splice(0)) w.resolve(this.registration);
-    this.endOutage();
+    this.outage.settle();
   }
 
-  /**
-   * A relay of a cluster names its relays at registration: they join the
-   * list after the given ones, so a node given one URL can fail over too
-   * (at most 16 learned; a URL that is not ws(s) is ignored).
-   */
-  private learnRelays(relays: readonly string[] | undefined): void {
-    if (!relays) return;
-    for (const r of relays) {
-      let ws: string;
-      try {
-        ws = relayWsUrl(r);
-      } catch {
-        continue;
-      }
-      if (this.wsUrls.includes(ws)) continue;
-      if (this.wsUrls.length - this.givenUrls >= 16) break;
-      this.wsUrls.push(ws);
-    }
-  }
-
-  /** The next attempt dials the next relay of the list (with one relay: the same one). */
-  private nextRelay(): void {
-    this.urlIndex = (this.urlIndex + 1) % this.wsUrls.length;
-  }
-
-  /** The dial is over (registered, failed or closed): stop its timer and let go of its socket. */
-  private endDial(dial: Dial, closeReason?: string): void {
-    dial.done = true;
-    if (dial.registerTimer !== undefined) clearTimeout(dial.registerTimer);
-    dial.registerTimer = undefined;
+  /** The dial is over (registered, failed or closed): let go of it, closing its socket when `closeReason` is given. */
+  private endDial(dial: RelayDial, closeReason?: string): void {
+    dial.end(closeReason);
     if (this.dial === dial) this.dial = undefined;
-    const socket = dial.socket;
-    socket.onmessage = null;
-    socket.onclose = null;
-    // Not null: `ws` reports a close() before the handshake ended as an 'error' event, and one with
-    // no listener is an uncaught exception (a LinkPool closed while a link was still dialling).
-    socket.onerror = ignoreError;
-    if (closeReason === undefined) return;
-    try {
-      if (socket.readyState <= WS_OPEN) socket.close(1000, closeReason.slice(0, 120));
-    } catch {
-      // a socket that refuses close() is already going away
-    }
   }
 
-  private dialFailed(dial: Dial, reason: string): void {
+  private dialFailed(dial: RelayDial, reason: string): void {
     if (dial.done) return;
     this.endDial(dial, reason);
     if (this.stateValue === RelayClientState.Closed) return;
     this.log({ level: 'info', event: 'connection', message: `disconnected from ${this.wsUrl}: ${reason}` });
-    this.nextRelay();
+    this.urls.next();
     this.scheduleReconnect(reason);
   }
 
   private onMuxClosed(mux: FrameMux, reason: string): void {
     if (this.mux !== mux) return;
     this.mux = undefined;
-    this.settlePeerWatches('lost');
+    this.peerWatches.settle('lost');
     // A fresh set per connection: a late answer on the next one cannot settle a beat of this one.
     const calls = this.beatCalls;
     this.beatCalls = new BeatCalls();
     calls.failAll(new MeshError('MESH_ERR_PEER_GONE', `relay connection lost (${reason}) before the heartbeat's answer`));
     if (this.stateValue === RelayClientState.Closed) return;
     this.attempt = 0;
-    this.lostAt = performance.now();
-    this.inOutage = true;
-    if (this.options.outageBudgetMs > 0) {
-      this.outageTimer = setTimeout(() => {
-        this.outageTimer = undefined;
-        this.log({ level: 'warn', event: 'outage', message: `no relay reachable for ${this.options.outageBudgetMs} ms (now trying ${this.wsUrl}); requests over it fail until one is back (still reconnecting)` });
-        this.endOutage(this.notRegistered());
-      }, this.options.outageBudgetMs);
-    }
+    this.outage.begin(() => {
+      this.log({ level: 'warn', event: 'outage', message: `no relay reachable for ${this.options.outageBudgetMs} ms (now trying ${this.wsUrl}); requests over it fail until one is back (still reconnecting)` });
+      this.outage.settle(this.notRegistered());
+    });
     this.log({ level: 'warn', event: 'connection', message: `disconnected from ${this.wsUrl}: ${reason}` });
     // Another relay of the list first: the one that dropped us may be gone (with one relay, the same one again).
-    this.nextRelay();
+    this.urls.next();
     this.scheduleReconnect(reason, true);
   }
 
   private scheduleReconnect(reason: string, lost = false): void {
     if (this.stateValue === RelayClientState.Closed) return;
-    const since = this.inOutage && this.lostAt !== undefined ? performance.now() - this.lostAt : 0;
-    const delay = reconnectDelay(this.options, this.attempt, since, this.pastBudget, this.random());
-    if (this.inOutage && since >= this.options.outageBudgetMs) this.pastBudget++;
+    const since = this.outage.lostForMs() ?? 0;
+    const delay = reconnectDelay(this.options, this.attempt, since, this.outage.pastBudget, this.random());
+    if (this.outage.active && since >= this.options.outageBudgetMs) this.outage.pastBudget++;
     this.attempt++;
     this.setState({ state: RelayClientState.Disconnected, attempt: this.attempt, peerId: this.peerId, retryInMs: delay, reason, ...(lost ? { lost } : {}) });
     this.reconnectTimer = setTimeout(() => this.connect(), delay);
@@ -704,5 +487,3 @@ export class RelayClient {
     }
   }
 }
-
-function ignoreError(): void {}

@@ -6,21 +6,19 @@
  * replacement routes come back signed by the tracker and are checked here,
  * so a head sends activations only where the tracker said.
  *
+ * Beside it: relay-beats.ts (a heartbeat over the relay, batched or as a
+ * request, before the signed HTTP one), tracker-trust.ts (which tracker keys
+ * routes are taken from), signed-routes.ts (checking a route's signature).
  * Host-agnostic: `fetch` is injected.
  */
-import { decodeBase64 as decodeBase64Url, encodeBase64Url } from '../protocol/base64.ts';
+import { encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError, remoteError } from '../protocol/errors.ts';
 import {
   canonicalJson,
   registerAnswerSchema,
   replaceAnswerSchema,
-  routeSchema,
-  routeSigningMessage,
-  chainReplySigningMessage,
   assignmentSchema,
-  trackerCertMessage,
   trackerKeySchema,
-  type TrackerKey,
   type NodeMessage,
   type RegisterAnswer,
   type ReplaceRequest,
@@ -28,38 +26,16 @@ import {
   type RouteHop,
   type Assignment,
 } from '../protocol/tracker.ts';
-import { verifyEd25519, type Identity } from '../net/identity.ts';
-import type { MeshReply } from '../protocol/envelopes.ts';
-import type { OutgoingRequest, RequestOptions } from '../net/contract.ts';
-import type { PeerWatchEnd } from '../net/relay-client.ts';
-import type { BeatReply } from '../net/beat-calls.ts';
+import type { Identity } from '../net/identity.ts';
 import { z } from 'zod';
+import { RelayBeats, type BeatCounts, type NoBatchReason, type TrackerRelay } from './relay-beats.ts';
+import { verifySignedRoute } from './signed-routes.ts';
+import { TrackerTrust } from './tracker-trust.ts';
 
-/** The node's relay connection as the tracker client uses it: heartbeats to the tracker's peer over the socket. */
-export interface TrackerRelay {
-  /** RelayClient's state ('registered' …), or 'none' when the node has no relay. */
-  readonly state: string;
-  request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
-  /** RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say; `onAttached` when it says the peer is attached to it. */
-  watchPeer?(peerId: string, signal?: AbortSignal, onAttached?: () => void): Promise<PeerWatchEnd>;
-  /** RelayClient.currentRegistration: a new object at each registration (undefined while not registered); what the relay said is forgotten when it changes. */
-  readonly currentRegistration?: object | undefined;
-  /** RelayClient.beat: the heartbeat as a `beat` message the relay batches; undefined when the relay does not batch. */
-  beat?(peerId: string, body: unknown, timeoutMs: number): Promise<BeatReply> | undefined;
-}
-
-/** The keys a node takes routes from: one tracker's, or every tracker of its cluster. */
-export type TrackerKeys = Uint8Array | readonly Uint8Array[] | undefined;
-
-function keyList(k: TrackerKeys): readonly Uint8Array[] {
-  return k === undefined ? [] : k instanceof Uint8Array ? [k] : k;
-}
-
-/** True when any of `keys` verifies `sig` over `message` (a notice, a check plan: signed by one tracker of the cluster). */
-export async function signedByAny(keys: TrackerKeys, message: Uint8Array, sig: Uint8Array, verify: (key: Uint8Array, message: Uint8Array, sig: Uint8Array) => Promise<boolean>): Promise<boolean> {
-  for (const k of keyList(keys)) if (await verify(k, message, sig)) return true;
-  return false;
-}
+// Their homes now; callers import them from here as before.
+export type { BeatCounts, NoBatchReason, TrackerRelay } from './relay-beats.ts';
+export { verifyChainReply, verifySignedRoute, VerifiedRoutes, type VerifiedRoute } from './signed-routes.ts';
+export { signedByAny, TrackerTrust, type TrackerKeys } from './tracker-trust.ts';
 
 export interface TrackerClientInit {
   /** Base URL, e.g. http://127.0.0.1:8080 */
@@ -111,31 +87,6 @@ export class WatchUnsupportedError extends MeshError {
   }
 }
 
-/** After the relay said a tracker takes no batched beats, how long its beats go as requests before trying again, ms. */
-const NO_BATCH_RETRY_MS = 60_000;
-
-/**
- * After the relay said the tracker is not attached to it (on another relay of
- * a cluster, or not back after a restart), how long its beats go as requests
- * without the batched try, ms: a random time in [half, whole], so the nodes
- * told at once (a tracker's restart) do not all try again at once. Sooner when
- * the relay's peer-watch says the tracker attached (the watch asks again after
- * each beat while it is not), and renewed each time it says it is not: a
- * bound for a relay connection that gives no such news.
- */
-const NOT_ATTACHED_RETRY_MS = 30_000;
-
-/** Why beats to a tracker skip the batched try: the relay said it takes none (an older tracker), or is not attached there. */
-export type NoBatchReason = 'unsupported' | 'not-attached';
-
-/** Why beats to a tracker peer skip the batched try for now: what the relay said, on which registration, until when (ms since epoch). */
-interface NoBatch {
-  peer: string;
-  why: NoBatchReason;
-  on: object | undefined;
-  until: number;
-}
-
 /** Longest pause between two asks for a replacement while the tracker has none, ms. */
 const REPLACE_POLL_MAX_MS = 500;
 
@@ -169,177 +120,6 @@ export async function signBody<T>(identity: Identity, body: T): Promise<{ body: 
   return { body, signature: encodeBase64Url(sig) };
 }
 
-/** Verify a tracker-signed route text for `headPeerId`; returns the parsed hops or throws MESH_ERR_FORBIDDEN. */
-export async function verifySignedRoute(trackerKey: TrackerKeys, headPeerId: string, routeText: string, expiresAt: number, signature: string, now: number): Promise<RouteHop[]> {
-  return (await verifyRouteWith(trackerKey, headPeerId, routeText, expiresAt, signature, now)).hops;
-}
-
-/** verifySignedRoute, and which key it verified with (any tracker of the cluster may have signed). */
-async function verifyRouteWith(trackerKey: TrackerKeys, headPeerId: string, routeText: string, expiresAt: number, signature: string, now: number): Promise<{ hops: RouteHop[]; key: Uint8Array }> {
-  const keys = keyList(trackerKey);
-  if (keys.length === 0) throw new MeshError('MESH_ERR_FORBIDDEN', 'this head has no tracker key yet (not registered with a tracker, and none configured): it accepts no route');
-  if (!Number.isSafeInteger(expiresAt)) throw new MeshError('MESH_ERR_FORBIDDEN', 'route expiry is not an integer (ms since epoch)');
-  if (expiresAt < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expiresAt} ms ago; ask the tracker for a fresh one`);
-  let sig: Uint8Array;
-  try {
-    sig = decodeBase64Url(signature);
-  } catch {
-    throw new MeshError('MESH_ERR_FORBIDDEN', 'route signature is not base64url');
-  }
-  const message = routeSigningMessage(headPeerId, expiresAt, routeText);
-  let by: Uint8Array | undefined;
-  for (const k of keys) {
-    if (await verifyEd25519(k, message, sig)) {
-      by = k;
-      break;
-    }
-  }
-  if (!by) throw new MeshError('MESH_ERR_FORBIDDEN', 'the route is not signed by the tracker for this head; a head accepts routes only from its tracker (or a tracker of its cluster)');
-  let raw: unknown;
-  try {
-    raw = JSON.parse(routeText);
-  } catch {
-    throw new MeshError('MESH_ERR_BAD_REQUEST', 'the signed route is not JSON');
-  }
-  // A route whose head runs every layer itself lists no downstream hop: accept the empty list too.
-  const p = (Array.isArray(raw) && raw.length === 0 ? routeSchema.or(z.array(z.never()).max(0)) : routeSchema).safeParse(raw);
-  if (!p.success) throw new MeshError('MESH_ERR_BAD_REQUEST', `the signed route is not a hop list: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
-  return { hops: p.data, key: by };
-}
-
-/** A route the tracker's signature was checked on; one object per signature while it stays cached. */
-export interface VerifiedRoute {
-  readonly hops: readonly RouteHop[];
-}
-
-/**
- * Routes verified by signature (a head's /generate, a chain hop's steps): the
- * tracker hands the chats that start on one route within a few seconds the
- * same signed route (route-signer.ts), so the signature is checked once per
- * tracker key, head, text and expiry (an Ed25519 verification per chat or
- * step otherwise); the expiry on every call. A known route comes back synchronously (no promise,
- * no extra turn on a step's critical path).
- */
-export class VerifiedRoutes {
-  private readonly map = new Map<string, { key: Uint8Array; head: string; text: string; expires: number; route: VerifiedRoute }>();
-
-  get(key: TrackerKeys, head: string, text: string, expires: number, signature: string, now: number): VerifiedRoute | Promise<VerifiedRoute> {
-    const hit = this.map.get(signature);
-    // Valid while the key that verified it is still one this node takes routes from.
-    if (hit && hit.head === head && hit.text === text && hit.expires === expires && keyList(key).some((k) => sameBytes(hit.key, k))) {
-      if (expires < now) throw new MeshError('MESH_ERR_FORBIDDEN', `the route expired ${now - expires} ms ago; ask the tracker for a fresh one`);
-      return hit.route;
-    }
-    return this.verify(key, head, text, expires, signature, now);
-  }
-
-  private async verify(key: TrackerKeys, head: string, text: string, expires: number, signature: string, now: number): Promise<VerifiedRoute> {
-    const { hops, key: by } = await verifyRouteWith(key, head, text, expires, signature, now);
-    if (this.map.size >= 256) this.map.clear();
-    const route: VerifiedRoute = { hops };
-    this.map.set(signature, { key: by, head, text, expires, route });
-    return route;
-  }
-}
-
-function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a === b) return true;
-  if (a.byteLength !== b.byteLength) return false;
-  for (let i = 0; i < a.byteLength; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
-/** True when `signature` is the tracker's over `replyText` as `headPeerId`'s reply address for a route expiring at `expiresAt` (chainReplySigningMessage). */
-export async function verifyChainReply(trackerKey: TrackerKeys, headPeerId: string, expiresAt: number, replyText: string, signature: string): Promise<boolean> {
-  const keys = keyList(trackerKey);
-  if (keys.length === 0) return false;
-  let sig: Uint8Array;
-  try {
-    sig = decodeBase64Url(signature);
-  } catch {
-    return false;
-  }
-  const message = chainReplySigningMessage(headPeerId, expiresAt, replyText);
-  for (const k of keys) if (await verifyEd25519(k, message, sig)) return true;
-  return false;
-}
-
-/**
- * The tracker keys a node takes routes from. A tracker alone: the key it
- * answers with. A cluster: every tracker's key its answers list, and, once
- * an operator key is known (configured, or pinned from the first answer
- * with a certificate), only those the operator certified. A key stays
- * usable for a while after its tracker stops being listed (routes it signed
- * live on for their TTL).
- */
-export class TrackerTrust {
-  private readonly keys = new Map<string, { key: Uint8Array; listedAt: number }>();
-  private readonly certified = new Set<string>();
-  private list: Uint8Array[] = [];
-  operatorKey: string | undefined;
-
-  constructor(
-    operatorKey?: string,
-    /** How long an unlisted key stays trusted, ms. */
-    private readonly keepMs = 10 * 60_000,
-  ) {
-    this.operatorKey = operatorKey;
-  }
-
-  /** The keys to check a route against, the answering tracker's first. */
-  get current(): readonly Uint8Array[] {
-    return this.list;
-  }
-
-  /** Exactly this key (or none) from now on, until a tracker answers. */
-  only(key: Uint8Array | undefined): void {
-    this.keys.clear();
-    this.list = key ? [key] : [];
-    if (key) this.keys.set(encodeBase64Url(key), { key, listedAt: Date.now() });
-  }
-
-  /** What a tracker answered: its own key, and the cluster's list when it is in one. */
-  async absorb(answering: string | undefined, listed: readonly TrackerKey[] | undefined, now = Date.now()): Promise<void> {
-    const accepted: string[] = [];
-    if (listed && listed.length > 0) {
-      if (!this.operatorKey) this.operatorKey = listed.find((k) => k.cert)?.cert?.operator_key;
-      for (const k of listed) if (!this.operatorKey || (await this.certifiedKey(k, now))) accepted.push(k.public_key);
-      if (!this.operatorKey && answering) accepted.push(answering);
-    } else if (answering && !this.operatorKey) accepted.push(answering);
-    for (const k of accepted) {
-      let key: Uint8Array;
-      try {
-        key = decodeBase64Url(k);
-      } catch {
-        continue;
-      }
-      if (key.byteLength === 32) this.keys.set(k, { key, listedAt: now });
-    }
-    for (const [k, v] of this.keys) if (now - v.listedAt > this.keepMs) this.keys.delete(k);
-    const first = answering ? this.keys.get(answering) : undefined;
-    this.list = [...(first ? [first.key] : []), ...[...this.keys.entries()].filter(([k]) => k !== answering).map(([, v]) => v.key)];
-  }
-
-  private async certifiedKey(k: TrackerKey, now: number): Promise<boolean> {
-    const c = k.cert;
-    if (!c || c.operator_key !== this.operatorKey || c.expires_at < now) return false;
-    const id = `${k.public_key}:${c.expires_at}:${c.signature}`;
-    if (this.certified.has(id)) return true;
-    let op: Uint8Array;
-    let sig: Uint8Array;
-    try {
-      op = decodeBase64Url(c.operator_key);
-      sig = decodeBase64Url(c.signature);
-    } catch {
-      return false;
-    }
-    if (!(await verifyEd25519(op, trackerCertMessage(k.public_key, c.expires_at), sig))) return false;
-    if (this.certified.size > 1024) this.certified.clear();
-    this.certified.add(id);
-    return true;
-  }
-}
-
 /** A replacement span, and (when the tracker signed one) the head's whole route with it in place, for chained hops. */
 export interface Replacement {
   hops: RouteHop[];
@@ -354,21 +134,17 @@ export class TrackerClient {
   readonly trust: TrackerTrust;
   /** The peer id of the tracker that answered last: heartbeats go to it over the relay. */
   private trackerPeer: string | undefined;
-  /**
-   * Heartbeats sent over the relay socket / as signed HTTP requests; of the relay ones, those the relay batched (`beat`
-   * messages); `skipped`: beats that went without the batched try, the relay having said it would refuse it.
-   */
-  readonly beats = { relay: 0, http: 0, batched: 0, skipped: 0 };
-  /** A tracker peer the relay said takes no batched beats (not attached there, or older): its beats skip the batched try meanwhile. */
-  private noBatch: NoBatch | undefined;
-  private readonly random: () => number;
+  /** Heartbeats by the way they went (BeatCounts). */
+  readonly beats: BeatCounts = { relay: 0, http: 0, batched: 0, skipped: 0 };
+  /** Heartbeats over the relay, batched or as requests, and what the relay said of batching. */
+  private readonly relayBeats: RelayBeats<HeartbeatAnswer>;
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
     this.timeoutMs = init.requestTimeoutMs ?? 10_000;
     this.replaceDeadlineMs = init.replaceDeadlineMs ?? 30_000;
     this.trust = new TrackerTrust(init.operatorKey);
-    this.random = init.random ?? Math.random;
+    this.relayBeats = new RelayBeats(init.relay, { timeoutMs: this.timeoutMs, random: init.random ?? Math.random, counts: this.beats, answer: (status, json) => this.relayBeatAnswer(status, json) });
   }
 
   /** The peer id of the tracker that answered last: heartbeats go to it over the relay. */
@@ -378,15 +154,13 @@ export class TrackerClient {
 
   private setTrackerPeer(id: string | undefined): void {
     // Another tracker: what the relay said of the last one is not news of this one.
-    if (id !== this.trackerPeer) this.noBatch = undefined;
+    if (id !== this.trackerPeer) this.relayBeats.forget();
     this.trackerPeer = id;
   }
 
   /** Why beats to the current tracker skip the batched try now (docs/protocol.md §9.1), or undefined: they try it. */
   get noBatchNow(): NoBatchReason | undefined {
-    const relay = this.init.relay;
-    const peer = this.trackerPeer;
-    return relay !== undefined && peer !== undefined && this.skipsBatch(relay, peer) ? this.noBatch?.why : undefined;
+    return this.relayBeats.reason(this.trackerPeer);
   }
 
   /** The keys a route must be signed with (one of them); undefined before any tracker answered. */
@@ -484,82 +258,13 @@ export class TrackerClient {
    * signed HTTP request.
    */
   async heartbeat(msg: NodeMessage): Promise<HeartbeatAnswer> {
-    const overRelay = await this.relayBeat(msg);
+    const overRelay = await this.relayBeats.send(this.trackerPeer, msg);
     if (overRelay) return overRelay;
     this.beats.http++;
     const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg));
     if (status === 404) throw new NotRegisteredError();
     if (status !== 200) this.fail('/api/nodes/heartbeat', status, json);
     return this.beatAnswer(json);
-  }
-
-  /** The beat over the relay; undefined when it could not be (no relay, no tracker peer, a relay or tracker error): send it signed. */
-  private async relayBeat(msg: NodeMessage): Promise<HeartbeatAnswer | undefined> {
-    const relay = this.init.relay;
-    const peer = this.trackerPeerId;
-    if (!relay || !peer || relay.state !== 'registered') return undefined;
-    const batched = await this.batchedBeat(relay, peer, msg);
-    if (batched !== undefined) return batched === 'timeout' ? undefined : batched;
-    let reply: MeshReply;
-    try {
-      reply = await relay.request(peer, { method: 'POST', path: '/api/nodes/beat', headers: { 'content-type': 'application/json' }, body: utf8.encode(JSON.stringify(msg)) }, { timeoutMs: this.timeoutMs });
-    } catch {
-      return undefined;
-    }
-    let json: unknown;
-    try {
-      json = JSON.parse(new TextDecoder().decode(reply.body));
-    } catch {
-      return undefined;
-    }
-    return this.relayBeatAnswer(reply.status, json);
-  }
-
-  /**
-   * The beat as a `beat` message the relay batches (docs/protocol.md §9.1):
-   * the answer; 'timeout' when none came in time (the same relay and tracker
-   * would be as slow on the request path: straight to HTTP); undefined when
-   * it could not go batched (an older relay, a tracker not attached there or
-   * not taking batches, a relay error): the request path then, as before.
-   */
-  private async batchedBeat(relay: TrackerRelay, peer: string, msg: NodeMessage): Promise<HeartbeatAnswer | 'timeout' | undefined> {
-    if (this.skipsBatch(relay, peer)) {
-      this.beats.skipped++;
-      return undefined;
-    }
-    let reply: BeatReply | undefined;
-    try {
-      reply = await relay.beat?.(peer, msg, this.timeoutMs);
-    } catch (e) {
-      return (e as MeshError).code === 'MESH_ERR_TIMEOUT' ? 'timeout' : undefined;
-    }
-    if (reply === undefined) return undefined;
-    const error = (reply.body as { error?: { code?: unknown; batch?: unknown } } | null)?.error;
-    // The tracker is attached there but takes no batches (an older one), or is not attached there (on another relay of a
-    // cluster, or not back yet after a restart): the request path, and for a while without asking first.
-    if (error?.code === 'MESH_ERR_NO_SUCH_PEER') {
-      this.refusesBatch(relay, peer, error.batch === 'unsupported' ? 'unsupported' : 'not-attached');
-      return undefined;
-    }
-    const answer = await this.relayBeatAnswer(reply.status, reply.body);
-    if (answer !== undefined) this.beats.batched++;
-    return answer;
-  }
-
-  /** The relay said it would refuse `peer`'s batched beats, on the registration in force and within the bound. */
-  private skipsBatch(relay: TrackerRelay, peer: string): boolean {
-    const m = this.noBatch;
-    if (m === undefined) return false;
-    if (m.peer === peer && m.on === relay.currentRegistration && m.until > Date.now()) return true;
-    // Over (the bound passed), or said on another connection (the node's relay reconnected: maybe to another relay).
-    this.noBatch = undefined;
-    return false;
-  }
-
-  /** The relay refuses `peer`'s batched beats (it takes none, or is not attached there): skip the try for a while. */
-  private refusesBatch(relay: TrackerRelay, peer: string, why: NoBatchReason): void {
-    const ms = why === 'unsupported' ? NO_BATCH_RETRY_MS : NOT_ATTACHED_RETRY_MS * (0.5 + this.random() / 2);
-    this.noBatch = { peer, why, on: relay.currentRegistration, until: Date.now() + ms };
   }
 
   /** A relay beat's answer (batched or not): the tracker's own 404 means register again; anything but 200 falls back. */
@@ -597,11 +302,8 @@ export class TrackerClient {
     const peer = this.trackerPeerId;
     if (relay?.watchPeer !== undefined && relay.state !== 'none' && peer !== undefined) {
       // The relay's answer says whether the tracker is attached to it, so whether its beats may go batched.
-      const end = await relay.watchPeer(peer, signal, () => {
-        if (this.noBatch?.peer === peer && this.noBatch.why === 'not-attached') this.noBatch = undefined;
-      });
-      // Still not attached: renew what a batched beat was told (a relay that batches nothing told none).
-      if (end === 'absent' && this.noBatch?.peer === peer && this.noBatch.why === 'not-attached') this.refusesBatch(relay, peer, 'not-attached');
+      const end = await relay.watchPeer(peer, signal, () => this.relayBeats.attached(peer));
+      if (end === 'absent') this.relayBeats.absent(peer);
       if (end === 'gone') return 'gone';
       if (end === 'cancelled') return 'ended';
       if (end !== 'unsupported' || relay.state !== 'registered') return 'rearm';

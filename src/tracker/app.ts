@@ -13,6 +13,7 @@ import type { Logger } from 'pino';
 import { decodeBase64, encodeBase64Url } from '../protocol/base64.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { beatBatchSchema } from '../protocol/beat-batch.ts';
+import { plainBeatBatch } from '../protocol/node-message-check.ts';
 import type { Identity } from '../net/identity.ts';
 import type { MeshResponse } from '../protocol/envelopes.ts';
 import { Admission } from './admission.ts';
@@ -208,6 +209,12 @@ export function createTracker(deps: TrackerDeps): Tracker {
       }
     },
     relayBeats(msg) {
+      // The usual batch passes a hand check (node-message-check.ts); anything else, and every error, is the schema's.
+      const plain = plainBeatBatch(msg);
+      if (plain) {
+        metrics.beatBatches.inc({ result: 'ok' });
+        return JSON.stringify({ type: 'beats-answer', batch: plain.batch, answers: ctx.relayBeats(plain.beats) });
+      }
       const p = beatBatchSchema.safeParse(msg);
       if (!p.success) {
         // A relay's bug, not a node's: the whole batch is refused, the relay answers each of its beats, the connection stays.

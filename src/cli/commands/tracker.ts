@@ -70,7 +70,8 @@ export function configure(cmd: Command): void {
     .option('--wire-dtype <[NAME=]DTYPE>', `activations between hops: bf16 (half the bytes), f16, or f32 (a split gives the un-split tokens exactly); NAME= sets one model's (repeatable). Default: ${d.wireDtype}`, wireDtypeArg, [])
     .option('--max-tokens-limit <n>', 'largest max_tokens a client may ask for', int, d.maxTokensLimit)
     .option('--default-max-tokens <n>', 'max_tokens when a request gives none', int, d.defaultMaxTokens)
-    .option('--heartbeat-interval-ms <n>', 'heartbeat period given to nodes; a node missing 3 is removed', int, d.heartbeatIntervalMs)
+    .option('--heartbeat-interval-ms <n>', `heartbeat period given to nodes; a node missing --dead-after-missed-heartbeats (${d.deadAfterMissedHeartbeats}) is removed`, int, d.heartbeatIntervalMs)
+    .option('--dead-after-missed-heartbeats <n>', 'heartbeat periods of silence after which a node is removed (bench/swarm.ts raises it to hold donors whose beats it pauses)', int, d.deadAfterMissedHeartbeats)
     .option('--rejoin-grace-ms <n>', 'a node removed for silence may come back with its span: for this long no serving node is moved onto its layers (new and idle nodes still take them)', int, d.rejoinGraceMs)
     .option('--kv-context <n>', 'tokens of KV cache reserved per node when sizing spans', int, d.kvReserveContextTokens)
     .option('--hop-latency-ms <n>', 'estimated network cost of one hop, for routing', int, d.hopLatencyMs)
@@ -109,6 +110,7 @@ export function configure(cmd: Command): void {
         maxTokensLimit: o.maxTokensLimit as number,
         defaultMaxTokens: o.defaultMaxTokens as number,
         heartbeatIntervalMs: o.heartbeatIntervalMs as number,
+        deadAfterMissedHeartbeats: o.deadAfterMissedHeartbeats as number,
         rejoinGraceMs: o.rejoinGraceMs as number,
         kvReserveContextTokens: o.kvContext as number,
         hopLatencyMs: o.hopLatencyMs as number,

@@ -25,31 +25,33 @@
  * MESH_ERR_BUSY at once; the generation then ends with an error event naming
  * that node, and the tracker routes it elsewhere or queues it.
  *
+ * This module plans each step (the prompt, drafts, the head's own layers)
+ * and turns its answer into token events (stop strings, EOS, max_tokens); a
+ * step's rows travel the hops in hop-steps.ts (chain or star, replacement,
+ * replay, the step budget), and generation.ts holds the state both share.
+ *
  * Host-agnostic: the executor, tokenizer, transports and tracker are injected.
  */
 import { MeshError } from '../../protocol/errors.ts';
-import { H } from '../../protocol/headers.ts';
 import { encodeTensor, type Dtype, dtypeBytes } from '../../protocol/tensor.ts';
 import type { GenerateEvent, GenerateRequest, RouteHop } from '../../protocol/tracker.ts';
-import { concatBytes } from '../../protocol/bytes.ts';
 import type { ForwardRequest, ForwardResult } from '../../shard/contract.ts';
 import { PositionMismatchError } from '../../shard/errors.ts';
-import type { SamplingParams } from '../../shard/sampling.ts';
 import { StopMatcher, StreamDecoder } from '../../model/text-stream.ts';
 import type { HopTransport } from '../../net/hop-transport.ts';
 import type { RouteProof } from '../../net/rtc-signal.ts';
-import { History, busyError, errorEvent, isRebuilding, parseTokenAnswer, sessionIdFor, type TokenAnswer } from './pipeline-parts.ts';
-import { isStochasticDraft, MAX_DRAFT, type DraftProposal } from '../../shard/speculative.ts';
-import { encodeDraft } from '../../protocol/draft.ts';
+import { History, errorEvent, isRebuilding, sessionIdFor } from './pipeline-parts.ts';
+import { isStochasticDraft } from '../../shard/speculative.ts';
 import { AdaptiveK, type CarriedPolicy } from './speculation/adaptive-k.ts';
 import type { Drafter } from './speculation/drafter.ts';
 import { promptLookupFor } from './speculation/prompt-lookup.ts';
-import { Speculator, addCounters, emptyCounters, type SpeculationCounters, type StepOutcome, type StepPlan } from './speculation/speculator.ts';
-import { ChainInbox, ChainState, ChainStepError, chainStep, type SignedRouteText } from './chain-driver.ts';
-import { HopFailover, ReplayMismatch, recoveredEvent, type Chunk, type HopState, type PendingRecovery, type ReplaceSpan, type SendRows } from './hop-failover.ts';
+import { Speculator, addCounters, emptyCounters, type SpeculationCounters, type StepPlan } from './speculation/speculator.ts';
+import { ChainInbox, ChainState, type SignedRouteText } from './chain-driver.ts';
+import type { HopState, ReplaceSpan } from './hop-failover.ts';
+import { specHeaders, type Generation, type StepAnswer } from './generation.ts';
+import { HopSteps } from './hop-steps.ts';
 import { trace } from '../../protocol/trace.ts';
-import type { GenerationTrace, HeadVerify } from '../verify/head-verify.ts';
-import { ATTEST_HEADER } from '../../verify/attest.ts';
+import type { HeadVerify } from '../verify/head-verify.ts';
 import type { SignedPlan } from '../verify/verifier.ts';
 
 /** What the driver needs of the head's ShardExecutor. */
@@ -71,6 +73,7 @@ export interface HeadTokenizer {
 }
 
 export type { ReplaceSpan, Replacement } from './hop-failover.ts';
+export { STEP_BUDGET_FACTOR, STEP_BUDGET_FLOOR_MS } from './hop-steps.ts';
 
 export interface PipelineOptions {
   /** Wire dtype of activations between hops. @defaultValue 'bf16' */
@@ -111,11 +114,6 @@ export interface DraftContext {
 /** A generation's drafter (undefined: none for this request, e.g. a draft model it names that is not here). */
 export type DrafterFactory = (req: GenerateRequest, ctx: DraftContext) => Drafter | undefined;
 
-/** A hop's one-token step is given up on after this many times the recent step (the step budget)… */
-export const STEP_BUDGET_FACTOR = 5;
-/** …but never sooner than this, ms (a slow donor's step, a busy machine's stall). */
-export const STEP_BUDGET_FLOOR_MS = 2_000;
-
 export interface PipelineInit extends Partial<PipelineOptions> {
   executor: HeadExecutor;
   tokenizer: HeadTokenizer;
@@ -127,39 +125,6 @@ export interface PipelineInit extends Partial<PipelineOptions> {
   onLog?: (message: string) => void;
   /** The drafter of each generation (absent: prompt lookup, with the request's prediction). */
   drafter?: DrafterFactory;
-}
-
-/** One generation's state, shared by its steps. */
-interface Generation {
-  headPeerId: string;
-  /** The KV session id on every hop. */
-  session: string;
-  /** Positions the session reaches at most (sessionTokens, X-Meshnet-Session-Tokens). */
-  declared: number;
-  /** The head runs layers [0, localEnd) itself. */
-  localEnd: number;
-  /** The downstream hops, replacements spliced in. */
-  hops: HopState[];
-  /** X-Meshnet-Sampling for the last hop. */
-  sampling: string;
-  /** The same, for a head that runs the last layer itself. */
-  localSampling: SamplingParams;
-  chain: ChainState;
-  /** Events to yield after the current step (recoveries). */
-  pending: GenerateEvent[];
-  /** Replacements so far (up to maxRecoveries). */
-  recoveries: number;
-  /** Resumes on a failed hop the tracker found answering again (up to MAX_SAME_NODE_RESUMES, hop-failover.ts). */
-  sameNode: number;
-  /** Tokens every hop's cache holds before the current step. */
-  position: number;
-  /** How each step was computed (start, rows fed): a replay resends the history in these same chunks. */
-  steps: Chunk[];
-  signal: AbortSignal | undefined;
-  /** What the spot-checks need of this generation (attestations, steps, tokens); absent: no checks. */
-  checks: GenerationTrace | undefined;
-  /** Rows were cut back after a speculative step (the next step started before the previous one ended). */
-  cut?: boolean;
 }
 
 export interface GenerateOptions {
@@ -175,20 +140,18 @@ export class PipelineDriver {
   /** Where last hops hand back chained steps' tokens (POST /chain/token). */
   readonly chainInbox = new ChainInbox();
   private readonly rowBytes: number;
-  /** A failed hop's replacement and a hop's replay (hop-failover.ts). */
-  private readonly failover: HopFailover;
+  /** How a step's rows travel the hops: chain or star, replacement and replay, the step budget (hop-steps.ts). */
+  private readonly hopSteps: HopSteps;
   private readonly specTotals = emptyCounters();
   /** What each drafter's generations learnt (Drafter.memoryKey → the k policy's state): the next one starts from it. */
   private readonly carried = new Map<string, CarriedPolicy>();
-  /** Moving average of this head's one-token steps, ms, over its generations: sets the step budget. */
-  private recentStepMs: number | undefined;
 
   constructor(private readonly init: PipelineInit) {
     const o = { ...PIPELINE_DEFAULTS };
     for (const k of Object.keys(PIPELINE_DEFAULTS) as Array<keyof PipelineOptions>) if (init[k] !== undefined) (o as Record<string, unknown>)[k] = init[k];
     this.options = o;
     this.rowBytes = init.executor.config.hiddenSize * dtypeBytes(o.wireDtype);
-    this.failover = new HopFailover({ replace: init.replace, maxRecoveries: o.maxRecoveries, rowBytes: this.rowBytes, onLog: init.onLog });
+    this.hopSteps = new HopSteps(init, o, this.chainInbox, this.rowBytes);
   }
 
   /** What a head audit (verify/audit.ts) runs on: this head's executor, tokenizer, transport and wire dtype. */
@@ -304,7 +267,7 @@ export class PipelineDriver {
         const t0 = performance.now();
         const answer = await this.step(run, sp, () => [...history.slice(0, run.position), ...sp.tokens]);
         // A one-row step sets the step budget; one that recovered a hop is no measure of the usual one.
-        if (sp.tokens.length === 1 && run.pending.length === 0) this.observeStep(performance.now() - t0);
+        if (sp.tokens.length === 1 && run.pending.length === 0) this.hopSteps.observeStep(performance.now() - t0);
         speculator?.settle(sp, answer, { batchFull: answer.batchFull });
         // The checks judge every token the step emitted, each from its row, over the rows that stay.
         // A sampling drafter's step: the acceptance rule drew its tokens, and a check replays that rule against its draft.
@@ -405,16 +368,7 @@ export class PipelineDriver {
     // `input` holds this step's rows, or every row when the previous hop replayed (its history is then rebuilt whole).
     const input: Uint8Array = encodeTensor(local.data, this.options.wireDtype);
     run.checks?.local(fed.at, fed.ids, input);
-    // A hop the tracker now distrusts (a check proved it wrong) is replaced before this step, by the star's replay.
-    const verify = this.init.verify;
-    const distrusted = verify !== undefined && run.hops.some((h) => verify.distrusted(h.hop.peer_id));
-    if (!distrusted && run.chain.usable(run.hops)) {
-      const { headPeerId, session, position, sampling, declared, signal } = run;
-      const got = await this.chainStepOrStar(run.chain, run.hops, input, { headPeerId, session, position, seq, total, sampling, declared, signal, spec, decode: isDecodeStep(position, seq), onAttest: (h) => run.checks?.attest(h) });
-      trace?.('step-done', run.session, run.position);
-      if (got) return got;
-    }
-    return this.starStep(run, input, seq, total, spec);
+    return this.hopSteps.run(run, input, seq, total, spec);
   }
 
   /** The head's own layers for a step (its cache rebuilt from the token history when it was dropped); a busy head is MESH_ERR_BUSY naming it. */
@@ -445,214 +399,8 @@ export class PipelineDriver {
     }
   }
 
-  /**
-   * The step as a star: the head sends `input` to each hop in turn and each
-   * answers it; a failed hop is replaced and replayed, a 409 replayed once.
-   */
-  private async starStep(run: Generation, input: Uint8Array, seq: number, total: number, spec: SpecHeaders): Promise<StepAnswer> {
-    const { hops, session, position, sampling, declared, signal } = run;
-    let recovery: PendingRecovery | undefined;
-    /** Hops replayed after a 409 in this step: each gets one replay. */
-    const replayed409 = new Set<HopState>();
-
-    for (let i = 0; i < hops.length; ) {
-      const hs = hops[i]!;
-      if (this.init.verify?.distrusted(hs.hop.peer_id)) {
-        // Its caches and everything after it hold rows derived from its lies: replace it, and replay every later hop.
-        this.init.onLog?.(`hop ${hs.hop.peer_id} is distrusted by the tracker (a check found it lying); replacing it`);
-        recovery = await this.failover.replace(hops, i, new MeshError('MESH_ERR_FORBIDDEN', `hop ${hs.hop.peer_id} is quarantined`), { headPeerId: run.headPeerId, current: recovery, t0: performance.now(), signal, count: run, chain: run.chain });
-        for (let k = i + 1; k < hops.length; k++) hops[k]!.synced = false;
-        continue;
-      }
-      hs.history.extendTo(total, input);
-      const last = i === hops.length - 1;
-      const t0 = performance.now();
-      let replayed: Uint8Array[] | null = null;
-      let reply;
-      try {
-        // A replay after a cut sends padded rows in place of the rejected ones: this hop's new chain is not what the head kept.
-        if (!hs.synced && run.cut) run.checks?.uncheckableHop(hs.hop.peer_id, 'it was rebuilt after rows were cut back (a replay pads the cut rows)');
-        if (!hs.synced) {
-          const send: SendRows = (body, pos, rows, rollbackFrom) => this.sendRows(hs, body, pos, rows, session, last, sampling, declared, signal, rollbackFrom !== undefined ? { rollbackFrom } : {});
-          replayed = await this.failover.replay(hs, [...run.steps, { start: position, width: 0 }], last, send);
-        }
-        reply = await this.sendRows(hs, input.subarray(input.byteLength - seq * this.rowBytes), position, seq, session, last, sampling, declared, signal, { ...spec, draft: last ? spec.draft : undefined, decode: isDecodeStep(position, seq) });
-      } catch (e) {
-        if (signal?.aborted || (e instanceof MeshError && (e.code === 'MESH_ERR_CANCELLED' || e.code === 'MESH_ERR_BUSY'))) throw e;
-        if (e instanceof ReplayMismatch) {
-          if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again while being replayed`);
-          replayed409.add(hs);
-          continue;
-        }
-        recovery = await this.failover.replace(hops, i, e, { headPeerId: run.headPeerId, current: recovery, t0, signal, count: run, chain: run.chain });
-        continue; // retry index i, now the first replacement hop
-      }
-      const rowsSent = seq;
-      if (reply.status === 409) {
-        // The hop lost the session's cache (it restarted, the session idled past its TTL, or the step ran twice): replay it, once.
-        if (replayed409.has(hs)) throw new MeshError('MESH_ERR_POSITION_MISMATCH', `hop ${hs.hop.peer_id} answered 409 again after a replay`);
-        replayed409.add(hs);
-        this.init.onLog?.(`hop ${hs.hop.peer_id} answered 409 at position ${position}; replaying ${position} rows`);
-        hs.synced = false;
-        continue;
-      }
-      if (reply.status === 503) throw busyError(hs.hop, reply);
-      hs.synced = true;
-      run.checks?.attest(reply.headers);
-      if (recovery && i >= recovery.untilIndex) {
-        run.pending.push(recoveredEvent(recovery));
-        recovery = undefined;
-      }
-      if (last) return stepAnswer(parseTokenAnswer(reply.body, hs.hop), spec, reply.headers[H.batchFull] === '1');
-      const answered = reply.headers[H.dtype];
-      if (answered !== undefined && answered !== this.options.wireDtype) {
-        throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${H.dtype} ${answered.slice(0, 16)} to a ${this.options.wireDtype} request`);
-      }
-      if (reply.body.byteLength !== rowsSent * this.rowBytes) {
-        throw new MeshError('MESH_ERR_UPSTREAM', `hop ${hs.hop.peer_id} answered ${reply.body.byteLength} bytes for ${rowsSent} rows of ${this.rowBytes}`);
-      }
-      // Zero-copy: the hop's answer (same dtype) is the next hop's body. After a replay the next
-      // hop may need every row (when it is a fresh replacement too): hand it the replay's outputs as well.
-      input = replayed && !hops[i + 1]!.synced ? concatBytes([...replayed, reply.body]) : reply.body;
-      i++;
-    }
-    throw new MeshError('MESH_ERR_INTERNAL', 'the route has no last hop');
-  }
-
-  /**
-   * The step down the chain; undefined when it failed and must run as a star
-   * (hops may hold the step already: the star's 409 replay puts them right,
-   * and leaves every hop in sync for the next chained step).
-   */
-  private async chainStepOrStar(chain: ChainState, hops: HopState[], input: Uint8Array, s: ChainStepArgs): Promise<StepAnswer | undefined> {
-    hops[0]!.history.extendTo(s.total, input);
-    const t0 = performance.now();
-    try {
-      const r = await chainStep({
-        transport: this.init.transport,
-        inbox: this.chainInbox,
-        headPeerId: s.headPeerId,
-        signed: chain.signed!,
-        hops: hops.map((h) => h.hop),
-        body: input,
-        dtype: this.options.wireDtype,
-        hidden: this.init.executor.config.hiddenSize,
-        seq: s.seq,
-        position: s.position,
-        session: s.session,
-        sampling: s.sampling,
-        declared: s.declared,
-        // A verification (a few rows after the prompt) is timed as a decode step.
-        timeoutMs: chain.timeout(s.decode ? 1 : s.seq, s.decode ? this.options.decodeTimeoutMs : this.options.prefillTimeoutMs, undefined, this.recentStepMs),
-        extra: specHeaderMap(s.spec),
-        ...(s.signal ? { signal: s.signal } : {}),
-      });
-      chain.observe(s.decode ? 1 : s.seq, performance.now() - t0);
-      if (r.attest !== undefined) s.onAttest?.({ [ATTEST_HEADER]: r.attest });
-      const ans = parseTokenAnswer(r.token, hops.at(-1)!.hop);
-      // The rows came with the token; without them the hops after the first could not be replayed from history: replay all from the head's own rows.
-      if (!chain.file(hops, r.rows, s.total, s.seq * this.rowBytes)) {
-        this.init.onLog?.(`chain step at position ${s.position}: the last hop handed back ${r.rows.byteLength} bytes of rows, not ${(hops.length - 1) * s.seq * this.rowBytes}; the generation goes on as a star`);
-        chain.off = true;
-        for (const h of hops) h.synced = false;
-      }
-      return stepAnswer(ans, s.spec, r.batchFull === true);
-    } catch (e) {
-      if (s.signal?.aborted) throw new MeshError('MESH_ERR_CANCELLED', 'the generation was cancelled');
-      if (!(e instanceof ChainStepError)) throw e;
-      chain.failed();
-      if (e.error.code === 'MESH_ERR_BUSY') {
-        const hop = hops.find((h) => h.hop.peer_id === e.peer)?.hop ?? hops[0]!.hop;
-        throw new MeshError('MESH_ERR_BUSY', `hop ${hop.peer_id} [${hop.start_layer}, ${hop.end_layer}): ${e.error.message}`, { peer_id: hop.peer_id, ...e.error.details });
-      }
-      this.init.onLog?.(`chain step at position ${s.position} failed at hop ${e.peer ?? '(unknown)'} (${e.error.code}: ${e.error.message}); running it as a star`);
-      return undefined;
-    }
-  }
-
-  /** One /forward of `rows` rows at `pos`; a 409 or a 503 MESH_ERR_BUSY comes back as the reply (the caller replays, or gives up). */
-  private sendRows(hs: HopState, body: Uint8Array, pos: number, rows: number, session: string, last: boolean, sampling: string, declared: number, signal: AbortSignal | undefined, spec: SpecHeaders & { decode?: boolean } = {}) {
-    const headers: Record<string, string> = {
-      [H.shape]: `1,${rows},${this.init.executor.config.hiddenSize}`,
-      [H.dtype]: this.options.wireDtype,
-      [H.session]: session,
-      [H.position]: String(pos),
-      [H.startLayer]: String(hs.hop.start_layer),
-      [H.endLayer]: String(hs.hop.end_layer),
-      'content-type': 'application/octet-stream',
-    };
-    if (last) headers[H.sampling] = sampling;
-    // Opening the session: the hop reserves KV room for all of it now, or refuses before computing anything.
-    if (pos === 0) headers[H.sessionTokens] = String(declared);
-    Object.assign(headers, specHeaderMap(spec));
-    // A verification's rows each may cost up to a one-row step on a compute-bound hop: its budget counts them.
-    const timeout = rows > 1 && !spec.decode ? this.options.prefillTimeoutMs : this.stepBudgetMs(rows);
-    return this.init.transport.send(hs.hop, { method: 'POST', path: '/forward', headers, body }, timeout, signal, { sample: rows === 1, ...(hs.proof ? { proof: hs.proof } : {}) });
-  }
-
   /** How long one hop may take to answer a one-token step (all its paths together) before it counts as failed. */
   stepBudgetMs(rows = 1): number {
-    const max = this.options.decodeTimeoutMs;
-    if (this.recentStepMs === undefined) return max;
-    return Math.min(max, Math.max(STEP_BUDGET_FLOOR_MS, Math.round(STEP_BUDGET_FACTOR * this.recentStepMs * rows)));
+    return this.hopSteps.stepBudgetMs(rows);
   }
-
-  private observeStep(ms: number): void {
-    this.recentStepMs = this.recentStepMs === undefined ? ms : this.recentStepMs + 0.2 * (ms - this.recentStepMs);
-  }
-
-}
-
-interface ChainStepArgs {
-  /** The hops' attestations that came with the token (head-verify.ts). */
-  onAttest?: (headers: Record<string, string>) => void;
-  headPeerId: string;
-  session: string;
-  position: number;
-  seq: number;
-  total: number;
-  sampling: string;
-  declared: number;
-  signal: AbortSignal | undefined;
-  spec: SpecHeaders;
-  /** A decode step (a verification's few rows included): timed as one. */
-  decode: boolean;
-}
-
-/** What a step emits. */
-interface StepAnswer extends StepOutcome {
-  /** A hop said its batches run full. */
-  batchFull: boolean;
-}
-
-/** A step's speculative-decoding headers: the drafts (to the hop with the LM head) and the rollback bound (to every hop). */
-interface SpecHeaders {
-  draft?: DraftProposal | undefined;
-  rollbackFrom?: number | undefined;
-}
-
-function specHeaders(sp: StepPlan): SpecHeaders {
-  return { ...(sp.draft ? { draft: sp.draft } : {}), ...(sp.rollbackFrom !== undefined ? { rollbackFrom: sp.rollbackFrom } : {}) };
-}
-
-function specHeaderMap(s: SpecHeaders): Record<string, string> {
-  const out: Record<string, string> = {};
-  if (s.draft) out[H.draft] = encodeDraft(s.draft);
-  if (s.rollbackFrom !== undefined) out[H.rollback] = String(s.rollbackFrom);
-  return out;
-}
-
-/** Steps after the prompt with at most a verification's rows are timed as decode steps. */
-function isDecodeStep(position: number, seq: number): boolean {
-  return seq === 1 || (position > 0 && seq <= MAX_DRAFT + 1);
-}
-
-/** The last hop's token JSON as what the step emits: its accepted drafts, then its token. */
-function stepAnswer(ans: TokenAnswer, spec: SpecHeaders, batchFull: boolean): StepAnswer {
-  const accepted = ans.accepted ?? 0;
-  const ids = spec.draft?.ids ?? [];
-  if (accepted > ids.length) throw new MeshError('MESH_ERR_UPSTREAM', `the last hop accepted ${accepted} drafted tokens of ${ids.length}`);
-  const tokens = [...ids.slice(0, accepted), ans.token_id];
-  const logprobs = ans.logprobs && ans.logprobs.length === tokens.length ? ans.logprobs : [...new Array<number>(accepted).fill(0), ans.logprob];
-  return { tokens, logprobs, accepted, batchFull };
 }

@@ -8,6 +8,7 @@
  */
 import { MeshError } from '../../protocol/errors.ts';
 import type { BeatAnswerEntry } from '../../protocol/beat-batch.ts';
+import { plainNodeMessage } from '../../protocol/node-message-check.ts';
 import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
 import { notLoadedYet, type TrackerContext } from '../context.ts';
 import { wireDtypeOf } from '../options.ts';
@@ -104,13 +105,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
    * per beat for a request, once per batch for a batch.
    */
   function vouchedBeat(from: string, raw: unknown): RegisterAnswer {
-    const parsed = nodeMessageSchema.safeParse(raw);
-    if (!parsed.success) {
-      metrics.registrations.inc({ kind: 'heartbeat', result: 'malformed' });
-      const issue = parsed.error.issues[0]!;
-      throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected a NodeMessage`);
-    }
-    const msg = parsed.data;
+    // The usual beat passes a hand check (node-message-check.ts); anything else, and every error, is the schema's.
+    const msg = plainNodeMessage(raw) ?? schemaNodeMessage(raw);
     if (msg.peer_id !== from) {
       metrics.registrations.inc({ kind: 'heartbeat', result: 'refused' });
       throw new MeshError('MESH_ERR_FORBIDDEN', `this heartbeat speaks for ${msg.peer_id}, but the relay says it comes from ${from}`);
@@ -130,6 +126,16 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     return answerFor(n);
   }
   const beatsOk = metrics.registrations.labels({ kind: 'heartbeat', result: 'ok' });
+
+  function schemaNodeMessage(raw: unknown): NodeMessage {
+    const parsed = nodeMessageSchema.safeParse(raw);
+    if (!parsed.success) {
+      metrics.registrations.inc({ kind: 'heartbeat', result: 'malformed' });
+      const issue = parsed.error.issues[0]!;
+      throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected a NodeMessage`);
+    }
+    return parsed.data;
+  }
 
   /**
    * A heartbeat over the relay socket (`POST /api/nodes/beat`, body: the
