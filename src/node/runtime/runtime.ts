@@ -23,7 +23,8 @@
  * The runtime holds the pieces together; each is built in its own module:
  * the hop transport (node-transport.ts), the relay client (node-relay.ts),
  * verification's parts (node-trust.ts), data channels (data-channels.ts),
- * and what the tracker is told (node-message.ts).
+ * what the tracker is told (node-message.ts), and joining the tracker and
+ * taking its assignments (tracker-link.ts).
  */
 import { MeshError } from '../../protocol/errors.ts';
 import type { Assignment, NodeMessage } from '../../protocol/tracker.ts';
@@ -31,8 +32,6 @@ import type { HopTransport } from '../../net/hop-transport.ts';
 import { Identity } from '../../net/identity.ts';
 import type { LinkDialer, MeshHandler } from '../../net/contract.ts';
 import type { RelayClient } from '../../net/relay-client.ts';
-import { TrackerClient } from '../tracker-client.ts';
-import { TrackerSession } from '../tracker-session.ts';
 import { NodeHandler, type Surface } from './handler.ts';
 import type { RuntimeHost, SpanSpec } from './host.ts';
 import { SpanSlot, baseUrl, loadSpan, type LoadedSpan, type SpanLoadContext } from './span.ts';
@@ -42,11 +41,12 @@ import { DeviceRecovery } from './device-recovery.ts';
 import { DrainGate, type DrainReason, type DrainStatus } from './drain.ts';
 import { DutyCycle } from './duty-cycle.ts';
 import { MessageStamps, hopPaths, nodeMessage, type HopPath } from './node-message.ts';
-import { createNodeRelay, trackerRelay } from './node-relay.ts';
+import { createNodeRelay } from './node-relay.ts';
 import { createNodeTransport } from './node-transport.ts';
 import { createNodeTrust } from './node-trust.ts';
 import { NodeState, deriveState } from './state.ts';
 import { NodeActivity } from './stats.ts';
+import { TrackerLink } from './tracker-link.ts';
 import type { LoadProgress, RuntimeEvent } from './events.ts';
 import type { Attestor } from '../../verify/attestor.ts';
 import { DistrustSet, FinishedStore, HeadVerify } from '../verify/head-verify.ts';
@@ -75,8 +75,8 @@ export class NodeRuntime {
   private readonly links: LinkDialer | undefined;
   /** Data channels to other nodes (pages); none on a host without WebRTC, or with them turned off. */
   private readonly channels: DataChannels;
-  private tracker: TrackerClient | undefined;
-  private session: TrackerSession | undefined;
+  /** The tracker's client and session, the assignment's answer (tracker-link.ts). */
+  private readonly trackerLink: TrackerLink;
   private started = false;
   /** Whether new sessions are taken: the donor's pause, the battery, the page's lifecycle. */
   readonly drain: DrainGate;
@@ -84,8 +84,6 @@ export class NodeRuntime {
   readonly duty = new DutyCycle();
   /** Every message the tracker gets is stamped later than the last. */
   private readonly stamps = new MessageStamps();
-  /** Said once: a static span's wire dtype differs from the tracker's. */
-  private warnedWireDtype = false;
   private budget: number;
   private epoch = 0;
   private stateValue: NodeState = NodeState.Idle;
@@ -114,11 +112,12 @@ export class NodeRuntime {
     readonly identity: Identity,
   ) {
     this.budget = config.memoryBudgetBytes;
+    this.trackerLink = new TrackerLink(this, { relay: () => this.relay, current: (epoch) => this.current(epoch), changed: () => this.changed(), emit: (e) => this.emit(e), gaveUp: (span) => this.recovery.gaveUp(span) });
     this.drain = new DrainGate({
       ...(config.drainGraceMs !== undefined ? { graceMs: config.drainGraceMs } : {}),
       onChange: () => {
         this.changed();
-        void this.session?.beatNow();
+        void this.trackerLink.session?.beatNow();
       },
     });
     if (config.dutyCycle !== undefined) this.duty.set(config.dutyCycle);
@@ -129,7 +128,7 @@ export class NodeRuntime {
       config: config.rtc,
       hasRelay: config.relayUrl !== undefined,
       relay: () => this.relay,
-      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      trackerKey: () => this.trackerLink.tracker?.trackerKey ?? config.trackerKey,
     });
     const links = host.links?.(identity);
     this.links = links;
@@ -138,8 +137,8 @@ export class NodeRuntime {
       identity,
       host,
       transport: this.transport,
-      tracker: () => this.tracker,
-      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      tracker: () => this.trackerLink.tracker,
+      trackerKey: () => this.trackerLink.tracker?.trackerKey ?? config.trackerKey,
       model: () => this.slot.current?.spec.model ?? this.model ?? '',
       executor: () => this.slot.current?.executor,
     });
@@ -153,7 +152,7 @@ export class NodeRuntime {
       activity: this.activity,
       span: () => this.slot.current,
       loadingInfo: () => ({ peer_id: identity.peerId, host: host.name, model: this.model ?? null, start_layer: null, end_layer: null, loading: this.slot.busy }),
-      trackerKey: () => this.tracker?.trackerKey ?? config.trackerKey,
+      trackerKey: () => this.trackerLink.tracker?.trackerKey ?? config.trackerKey,
       transport: this.transport,
       injectDelayMs: config.injectDelayMs ?? 0,
       drain: this.drain,
@@ -175,7 +174,7 @@ export class NodeRuntime {
         this.changed();
         this.emit({ type: 'serving', span: next.spec, loadMs, backend: next.backend.kind, ...(next.rebuilt ? { rebuilt: next.rebuilt } : {}) });
         // Tell the tracker what we serve as soon as the span is up.
-        void this.session?.beatNow();
+        void this.trackerLink.session?.beatNow();
       },
       onFailure: (error, spec) => {
         this.loading = undefined;
@@ -203,7 +202,7 @@ export class NodeRuntime {
     return this.relay?.relayAddr;
   }
   get trackerRegistered(): boolean {
-    return this.session?.isRegistered ?? false;
+    return this.trackerLink.session?.isRegistered ?? false;
   }
   get memoryBudgetBytes(): number {
     return this.budget;
@@ -264,7 +263,7 @@ export class NodeRuntime {
     }
     if (this.config.trackerUrl) {
       try {
-        await this.joinTracker(epoch);
+        await this.trackerLink.join(epoch);
       } catch (e) {
         if (epoch === this.epoch) this.fail(e);
         throw e;
@@ -332,13 +331,13 @@ export class NodeRuntime {
     this.drain.stop('frozen');
     this.drain.stop('leaving');
     // Beat even when nothing changed here: the worker may have been frozen before it saw "frozen", while the tracker saw the beacon.
-    if (!changed) void this.session?.beatNow();
+    if (!changed) void this.trackerLink.session?.beatNow();
   }
 
   /** The donor's duty cycle, applied at once and told to the tracker. */
   setDutyCycle(fraction: number): void {
     this.duty.set(fraction);
-    void this.session?.beatNow();
+    void this.trackerLink.session?.beatNow();
   }
 
   /**
@@ -349,7 +348,7 @@ export class NodeRuntime {
   async setMemoryBudget(bytes: number): Promise<void> {
     this.budget = bytes;
     this.slot.current?.executor.setMemoryBudget(bytes);
-    void this.session?.beatNow();
+    void this.trackerLink.session?.beatNow();
   }
 
   /** The KV caches' share of the budget: what the span's weights leave (the whole budget before a span is loaded). */
@@ -403,69 +402,11 @@ export class NodeRuntime {
       trackerUrl: this.config.trackerUrl,
       isCurrent: (r) => r === this.relay,
       changed: () => this.changed(),
-      beatNow: () => void this.session?.beatNow(),
+      beatNow: () => void this.trackerLink.session?.beatNow(),
     });
     this.relay = relay;
     relay.start();
     return relay;
-  }
-
-  private async joinTracker(epoch: number): Promise<void> {
-    if (this.session) {
-      // Still registered (a retry after a span failed): ask for the assignment again.
-      this.slot.clearQueue();
-      await this.session.beatNow();
-      return;
-    }
-    const trackerUrl = this.config.trackerUrl!;
-    const client = new TrackerClient({ trackerUrl, fetch: this.host.fetch, identity: this.identity, relay: trackerRelay(() => this.relay), onDistrust: (list) => this.distrust.replace(list), ...(this.config.operatorKey ? { operatorKey: this.config.operatorKey } : {}) });
-    if (this.model === undefined) {
-      const models = await client.models();
-      if (models.length === 0) throw new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} names no model`);
-      this.model = models[0]!;
-    }
-    this.current(epoch);
-    this.tracker = client;
-    const session = new TrackerSession({
-      client,
-      message: () => this.nodeMessage(),
-      onRegistered: (ans) => this.emit({ type: 'registered', assignment: ans.assignment }),
-      onAssignment: (a) => this.onAssignment(a),
-      onLog: (level, m) => this.host.log(level, m),
-      ...(this.config.drainBeacons ? { onDrainBeacon: (b: { url: string; body: string }) => this.handDrainBeacon(b) } : {}),
-    });
-    this.session = session;
-    try {
-      await session.start();
-    } catch (e) {
-      const err = new MeshError('MESH_ERR_UNAVAILABLE', `the tracker at ${trackerUrl} did not accept this node: ${(e as Error).message}`);
-      if (!this.config.retryFailedLoads) throw err;
-      this.host.log('warn', `${err.message}; trying again every heartbeat`);
-    }
-  }
-
-  private handDrainBeacon(b: { url: string; body: string }): Promise<void> | undefined {
-    this.emit({ type: 'drain-beacon', ...b });
-    const take = this.config.drainBeacons;
-    return typeof take === 'function' ? take(b) : undefined;
-  }
-
-  private onAssignment(a: Assignment | null): void {
-    this.assignment = a;
-    if (!a) {
-      this.notice = new MeshError('MESH_ERR_UNAVAILABLE', `the tracker assigned no layers: ${formatMib(this.budget)} does not hold one layer of ${this.model}`);
-      this.changed();
-      return;
-    }
-    const staticDtype = this.config.span?.wireDtype ?? 'bf16';
-    if (this.config.span && a.wire_dtype && a.wire_dtype !== staticDtype && !this.warnedWireDtype) {
-      this.warnedWireDtype = true;
-      this.host.log('warn', `the tracker's wire dtype for ${a.model} is ${a.wire_dtype}, this static span's is ${staticDtype}: hops will refuse one another's activations (give --wire-dtype ${a.wire_dtype})`);
-    }
-    // A span that failed is retried only by retry(), not on every heartbeat (unless failed loads are retried); a static span stays.
-    if (this.error !== undefined || this.config.span) return;
-    // A span whose lost device could not be rebuilt is loaded afresh at each assignment (the same spec would be kept as is).
-    void this.slot.assign({ model: a.model, modelUrl: baseUrl(a.model_url), startLayer: a.start_layer, endLayer: a.end_layer, ...(a.wire_dtype ? { wireDtype: a.wire_dtype } : {}) }, this.recovery.gaveUp(this.slot.current));
   }
 
   private loadContext(epoch: number): SpanLoadContext {
@@ -501,7 +442,7 @@ export class NodeRuntime {
       ...(this.config.speculation === false ? { speculation: false } : {}),
       attestor: this.attestor,
       headVerify: (model) => new HeadVerify({ peerId: this.identity.peerId, model, attestor: this.attestor, verifier: this.verifier, distrust: this.distrust, transport: this.transport, finished: this.finished }),
-      replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.tracker!.replace(model, hop, signal, route) : undefined,
+      replace: this.config.trackerUrl ? (model) => (hop, signal, route) => this.trackerLink.tracker!.replace(model, hop, signal, route) : undefined,
       onPhase: (phase, spec, config, progress) => {
         this.loading = { phase, spec, config, progress };
         this.lastSpan = { spec, numLayers: config.numLayers };
@@ -525,8 +466,7 @@ export class NodeRuntime {
   }
 
   private stopNetwork(): void {
-    this.session?.close();
-    this.session = undefined;
+    this.trackerLink.close();
     this.relay?.close();
     this.relay = undefined;
     this.transport.close();
@@ -557,10 +497,6 @@ export class NodeRuntime {
       }
     }
   }
-}
-
-function formatMib(bytes: number): string {
-  return `${Math.round((bytes / 2 ** 20) * 10) / 10} MiB`;
 }
 
 /** `{ [key]: value }`, or nothing when the value is undefined. */
