@@ -11,7 +11,7 @@
  * holds the two to the same answers over mutated messages.
  */
 import { MAX_BEATS_PER_BATCH } from './beat-batch.ts';
-import type { NodeMessage } from './tracker.ts';
+import { HOP_PATHS, RTC_STATES, type NodeMessage } from './tracker.ts';
 
 type Obj = Record<string, unknown>;
 
@@ -63,6 +63,36 @@ function info(v: unknown): boolean {
   });
 }
 
+const HOP_PATH_SET: ReadonlySet<unknown> = new Set(HOP_PATHS);
+const RTC_STATE_SET: ReadonlySet<unknown> = new Set(RTC_STATES);
+
+/** hopCountsSchema: a count per path, each optional. */
+const hopCounts = (v: unknown) => isObj(v) && every(v, (k, x) => HOP_PATH_SET.has(k) && intNonNeg(x));
+
+/** One of `hop_paths`: the peer, the path its last hop took, its data channel's state, the hops sent it. */
+const hopPath = (v: unknown) =>
+  isObj(v) &&
+  'peer_id' in v &&
+  'path' in v &&
+  'sent' in v &&
+  every(v, (k, x) => {
+    switch (k) {
+      case 'peer_id':
+        return typeof x === 'string' && PEER_ID.test(x);
+      case 'path':
+        return HOP_PATH_SET.has(x);
+      case 'rtc':
+        return RTC_STATE_SET.has(x);
+      case 'sent':
+        return hopCounts(x);
+      default:
+        return false;
+    }
+  });
+
+/** A head's speculation counters: all four, counts. */
+const speculation = (v: unknown) => isObj(v) && 'drafted' in v && 'accepted' in v && 'trips' in v && 'tokens' in v && every(v, (k, x) => (k === 'drafted' || k === 'accepted' || k === 'trips' || k === 'tokens') && intNonNeg(x));
+
 function stats(v: unknown): boolean {
   if (!isObj(v) || !('rpm' in v && 'layer_ms' in v && 'queue_depth' in v && 'kv_free_bytes' in v && 'tokens_served' in v)) return false;
   return every(v, (k, x) => {
@@ -83,7 +113,14 @@ function stats(v: unknown): boolean {
         return intPos(x);
       case 'batch_sizes':
         return Array.isArray(x) && x.length <= 1025 && x.every(intNonNeg);
-      // speculation, hops_sent, hop_paths and anything new: the schema's.
+      // What a serving node sends once it has sent hops, and a head's speculation: a real node's beat takes this path too.
+      case 'hops_sent':
+        return hopCounts(x);
+      case 'hop_paths':
+        return Array.isArray(x) && x.length <= 32 && x.every(hopPath);
+      case 'speculation':
+        return speculation(x);
+      // Anything new: the schema's.
       default:
         return false;
     }

@@ -23,7 +23,7 @@ const donor = {
   serving: { start_layer: 0, end_layer: 4 },
   timestamp: 1_764_000_000_000,
 };
-/** A node's, with the fields the hand check leaves to the schema. */
+/** A serving head's, as src/node/runtime/node-message.ts builds it once it has sent hops: every optional field. */
 const node = {
   ...donor,
   endpoint: 'http://127.0.0.1:1234',
@@ -31,7 +31,16 @@ const node = {
   draining: false,
   stored: null,
   info: { ...donor.info, host: 'node', pinned: false, duty_cycle: 0.5 },
-  stats: { ...donor.stats, batch_sizes: [0, 5, 2], hops_sent: { fast: 3 } },
+  stats: {
+    ...donor.stats,
+    batch_sizes: [0, 5, 2],
+    speculation: { drafted: 12, accepted: 9, trips: 4, tokens: 13 },
+    hops_sent: { rtc: 1, fast: 3, rpc: 0, link: 0, direct: 0 },
+    hop_paths: [
+      { peer_id: 'cd'.repeat(16), path: 'fast', sent: { rtc: 0, fast: 3, rpc: 0, link: 0, direct: 0 } },
+      { peer_id: 'ef'.repeat(16), path: 'rtc', rtc: 'open', sent: { rtc: 1 } },
+    ],
+  },
 };
 
 const BAD: unknown[] = [undefined, null, true, false, 0, -1, 0.5, 1.5, 2 ** 53, 1e300, -0.01, '', 'x', 'q4', 'node', 'a'.repeat(41), 'a'.repeat(201), 'a'.repeat(501), [], [1], {}, { start_layer: 0 }, { start_layer: 0, end_layer: 0 }, { start_layer: 1, end_layer: 2, x: 1 }];
@@ -43,7 +52,12 @@ function* mutations(o: Record<string, unknown>): Generator<Record<string, unknow
     yield rest;
     for (const v of BAD) yield { ...o, [k]: v };
     const inner = o[k];
-    if (inner && typeof inner === 'object' && !Array.isArray(inner)) for (const m of mutations(inner as Record<string, unknown>)) yield { ...o, [k]: m };
+    if (Array.isArray(inner)) {
+      // Each object in an array (hop_paths) mutated in place too.
+      for (const [i, el] of inner.entries()) {
+        if (el && typeof el === 'object') for (const m of mutations(el as Record<string, unknown>)) yield { ...o, [k]: inner.map((x, j) => (j === i ? m : x)) };
+      }
+    } else if (inner && typeof inner === 'object') for (const m of mutations(inner as Record<string, unknown>)) yield { ...o, [k]: m };
   }
   yield { ...o, extra: 1 };
 }
@@ -68,9 +82,14 @@ describe('the hand check of heartbeats', () => {
     // Some mutations are still valid (an optional field dropped, another value in range) and pass; most do not.
     expect(taken).toBeGreaterThan(10);
     expect(total).toBeGreaterThan(500);
-    // A node's extra stats are left to the schema (it takes them).
-    expect(plainNodeMessage(node)).toBeUndefined();
-    expect(nodeMessageSchema.safeParse(node).success).toBe(true);
+    // A serving head's beat, with its hop paths and speculation, takes the hand check as is too.
+    expect(plainNodeMessage(node)).toBe(node);
+    expect(nodeMessageSchema.parse(node)).toEqual(node);
+    // Past the schema's 32 hop paths, or with a speculation counter missing: the schema decides (and refuses).
+    for (const m of [{ ...node, stats: { ...node.stats, hop_paths: new Array(33).fill(node.stats.hop_paths[0]) } }, { ...node, stats: { ...node.stats, speculation: { drafted: 1, accepted: 1, trips: 1 } } }]) {
+      expect(plainNodeMessage(m)).toBeUndefined();
+      expect(nodeMessageSchema.safeParse(m).success).toBe(false);
+    }
   });
 
   it('takes a relay\'s usual batch as is and leaves anything else to the schema', () => {
