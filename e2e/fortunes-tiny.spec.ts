@@ -179,8 +179,13 @@ test('in a network namespace the pages chain over WebRTC data channels: ≥ 99 %
     stranger.close();
   }
   // The page keeps serving, and its channels come back (dialled again on the next hops, after a 1 s pause).
+  // The pause first: on an idle machine everything since the close takes well under 1 s, so a chat now would
+  // run inside the pause and dial nothing ('failed' is how /info shows a peer in the pause).
+  await until(async () => (await infos()).every((i) => i.paths.every((p) => p.rtc !== 'failed')) || undefined, 5_000, 'the pause after the close over');
   expect(await streamChat(client, PROMPTS[0]!)).toEqual(wants[0]);
-  await until(async () => (await infos()).every((i) => i.paths.every((p) => p.rtc === 'open')) || undefined, 10_000, 'the channels open again');
+  await until(async () => (await infos()).every((i) => i.paths.every((p) => p.rtc === 'open')) || undefined, 10_000, 'the channels open again').catch(async (e: Error) => {
+    throw new Error(`${e.message}: ${JSON.stringify((await infos()).map((i) => ({ peer: i.peer_id, paths: i.paths, channels: i.data_channels })))}`);
+  });
 });
 
 test('three ?hop=star pages: the head drives every hop, the pages after it count no chained step, same answer; with relay-only ICE and no TURN server their data channels cannot open, and every hop goes by the relay', async () => {
