@@ -23,51 +23,35 @@
  * request must start and end on a segment boundary.
  */
 import type { ModelConfig } from '../model/config.ts';
-import { EMBED_TENSOR, FINAL_NORM_TENSOR, LM_HEAD_TENSOR, layerTensorNames } from '../model/config.ts';
-import { buildEmbedGraph, IO } from '../model/graph.ts';
+import { IO } from '../model/graph.ts';
 import { DEFAULT_SAMPLER_CANDIDATES } from '../model/sampler-graph.ts';
-import { buildFusedLayersGraph, buildLastRowHeadGraph, FUSED_IO, fusedLayerBytes, fusedProjectionNames, HEAD_IO, quantizingSource, type FusedWeights } from '../model/fused-graph.ts';
-import type { Q4Matrix } from '../model/quantize.ts';
-import { hostData, isDeviceTensor, type BackendSessionOptions, type BackendTensor, type DeviceTensor, type OnnxBackend, type OnnxSession, type RunValue } from './backend.ts';
+import { FUSED_IO, HEAD_IO, type FusedWeights } from '../model/fused-graph.ts';
+import { hostData, isDeviceTensor, type BackendTensor, type DeviceTensor, type OnnxSession, type RunValue } from './backend.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { layerRangeError } from './errors.ts';
-import type { ForwardRequest, ForwardResult, SpanExecutor, WeightLoader } from './contract.ts';
+import type { ForwardRequest, ForwardResult, SpanExecutor } from './contract.ts';
 import { checkForwardInput, gatherRows } from './forward-input.ts';
 import { BatchQueue, DEFAULT_MAX_BATCH, type BatchStats } from './batch-queue.ts';
 import { fusedBatchKey, runFusedBatch } from './fused-batch.ts';
 import { BatchScratch } from './batch-scratch.ts';
 import type { KvSession, KvStats } from './kv-store.ts';
-import { checkSpan, segmentBounds, segmentSpan, type Segment } from './segments.ts';
+import { checkSpan, segmentSpan, type Segment } from './segments.ts';
 import { SessionKv, type ExecutorKvOptions } from './session-kv.ts';
 import { LayerKvStorage, layerKvBytesPerToken, type KvBuffer, type LayerKv } from './layer-kv.ts';
-import { CaptureLane, uploadWeights, withWeights, type CaptureStats, type LaneSegment } from './capture-lane.ts';
+import { CaptureLane, type CaptureStats } from './capture-lane.ts';
+import { openFusedSessions, type FusedHoldings, type FusedLoadOptions } from './fused-sessions.ts';
 import type { DeviceSamplingStats } from './device-sampler.ts';
 import { HeadTokenPicker } from './head-token.ts';
 import { validateSampling, type SamplingParams } from './sampling.ts';
 import { checkDraft, judgedRows, tokenFromRows, verifyGreedyPicks, type DraftProposal } from './speculative.ts';
 import type { SamplerChoice, SamplerPathStats } from './sampler-choice.ts';
 
-/** Quantized projections kept across loads (IndexedDB in the browser), by HF tensor name. */
-export interface Q4Cache {
-  get(name: string): Promise<Q4Matrix | undefined>;
-  put(name: string, m: Q4Matrix): Promise<void>;
-}
+// Hosts hand the executor their Q4Cache: it is named where they name the executor.
+export type { Q4Cache } from './fused-sessions.ts';
 
-export interface FusedExecutorOptions extends ExecutorKvOptions {
-  config: ModelConfig;
-  backend: OnnxBackend;
-  weights: WeightLoader;
-  startLayer: number;
-  endLayer: number;
-  /** Projection weights: f32 MatMul or 4-bit MatMulNBits. */
-  projections: FusedWeights;
-  q4Cache?: Q4Cache;
+export interface FusedExecutorOptions extends ExecutorKvOptions, FusedLoadOptions {
   /** Positions one session may reach; default min(maxPositionEmbeddings, 2048). */
   maxContext?: number;
-  segmentBoundaries?: number[];
-  /** Default 1 GiB. */
-  maxSegmentBytes?: number;
-  sessionOptions?: BackendSessionOptions;
   /** Most one-token steps of different sessions run as one batch (fused-batch.ts); 1 runs every request alone. @defaultValue 16 */
   maxBatch?: number;
   /**
@@ -188,64 +172,11 @@ export class FusedShardExecutor implements SpanExecutor {
     const { startLayer: a, endLayer: b } = o;
     checkSpan(cfg.numLayers, a, b);
     const maxContext = o.maxContext ?? Math.min(cfg.maxPositionEmbeddings, 2048);
-    const bounds = fusedSegmentBounds(cfg, a, b, o);
-    const device = o.backend.device !== undefined;
-    const sessionOptions = (deviceOutputs: string[]): BackendSessionOptions => ({ ...o.sessionOptions, ...(device ? { deviceOutputs } : {}) });
-
     const capture = o.graphCapture === true && o.backend.device !== undefined;
-    const laneSegments: LaneSegment[] = [];
-    const opened: OnnxSession[] = [];
-    const open = async (bytes: Uint8Array, deviceOutputs: string[]) => {
-      const s = await o.backend.createSession(bytes, sessionOptions(deviceOutputs));
-      opened.push(s);
-      return s;
-    };
-    const uploaded: DeviceTensor[] = [];
+    const held: FusedHoldings = { sessions: [], deviceWeights: [] };
     let lane: CaptureLane | null = null;
     try {
-      let weightBytes = 0;
-      const segments: Segment[] = [];
-      for (let i = 0; i + 1 < bounds.length; i++) {
-        const start = bounds[i]!;
-        const end = bounds[i + 1]!;
-        const names: string[] = [];
-        for (let l = start; l < end; l++) names.push(...layerTensorNames(cfg, l));
-        const src = await o.weights(names);
-        const projNames: string[] = [];
-        for (let l = start; l < end; l++) {
-          const p = fusedProjectionNames(l, cfg);
-          projNames.push(...p.qkv, p.o, ...p.gateUp, p.down);
-        }
-        const q4 = o.projections === 'q4' ? await quantizedSource(src, projNames, o.q4Cache) : undefined;
-        const built = buildFusedLayersGraph(cfg, src, start, end, { weights: o.projections, maxContext, ...(q4 ? { q4 } : {}), ...(capture ? { weightsAsInputs: true } : {}) });
-        weightBytes += built.weightBytes;
-        let session = await open(built.bytes, [FUSED_IO.hiddenOut]);
-        if (capture) {
-          // One copy of the weights on the device, fed to this session and to the captured one.
-          const weights = await uploadWeights(o.backend.device!, built.externalWeights ?? []);
-          uploaded.push(...Object.values(weights));
-          session = withWeights(session, weights);
-          laneSegments.push({ start, end, bytes: built.bytes, weights });
-        }
-        segments.push({ start, end, session });
-      }
-      let embed: OnnxSession | null = null;
-      if (a === 0) {
-        const built = buildEmbedGraph(cfg, await o.weights([EMBED_TENSOR]));
-        weightBytes += built.weightBytes;
-        embed = await open(built.bytes, [IO.hiddenOut]);
-      }
-      let head: OnnxSession | null = null;
-      if (b === cfg.numLayers) {
-        const headName = cfg.tieWordEmbeddings ? EMBED_TENSOR : LM_HEAD_TENSOR;
-        const src = await o.weights([FINAL_NORM_TENSOR, headName]);
-        // A tied head is the embedding table, which the embedding reads exactly: it stays f32.
-        const headWeights = o.projections === 'q4' && !cfg.tieWordEmbeddings ? 'q4' : 'f32';
-        const q4 = headWeights === 'q4' ? await quantizedSource(src, [headName], o.q4Cache) : undefined;
-        const built = buildLastRowHeadGraph(cfg, src, { weights: headWeights, ...(q4 ? { q4 } : {}) });
-        weightBytes += built.weightBytes;
-        head = await open(built.bytes, [HEAD_IO.logits]);
-      }
+      const { segments, embed, head, weightBytes, laneSegments } = await openFusedSessions(o, maxContext, capture, held);
       let laneBytes = 0;
       let exec: FusedShardExecutor | null = null;
       if (capture) {
@@ -256,12 +187,12 @@ export class FusedShardExecutor implements SpanExecutor {
       }
       exec = new FusedShardExecutor(o, maxContext, segments, embed, head, weightBytes, laneBytes);
       exec.lane = lane;
-      exec.deviceWeights.push(...uploaded);
+      exec.deviceWeights.push(...held.deviceWeights);
       return exec;
     } catch (e) {
-      await Promise.allSettled(opened.map((s) => s.release()));
+      await Promise.allSettled(held.sessions.map((s) => s.release()));
       await lane?.dispose();
-      for (const t of uploaded) t.dispose();
+      for (const t of held.deviceWeights) t.dispose();
       throw e;
     }
   }
@@ -484,36 +415,4 @@ export class FusedShardExecutor implements SpanExecutor {
     if (session === STATELESS) throw layerRangeError('reserved session id', { startLayer: this.startLayer, endLayer: this.endLayer });
     return { session: await this.kv.reserve(session, start, end, position, seq, declared, rollbackFrom), stateless: false };
   }
-}
-
-/** Layer cuts: the caller's, else greedy groups of at most maxSegmentBytes. */
-function fusedSegmentBounds(cfg: ModelConfig, a: number, b: number, o: FusedExecutorOptions): number[] {
-  let cuts = o.segmentBoundaries;
-  if (!cuts) {
-    const limit = o.maxSegmentBytes ?? 2 ** 30;
-    const per = fusedLayerBytes(cfg, o.projections);
-    const perSegment = Math.max(1, Math.floor(limit / per));
-    cuts = [];
-    for (let l = a + perSegment; l < b; l += perSegment) cuts.push(l);
-  }
-  return segmentBounds(a, b, cuts);
-}
-
-/** Quantized matrices for `names`, from the cache or quantized now (and stored for the next load). */
-async function quantizedSource(src: Parameters<typeof quantizingSource>[0], names: string[], cache: Q4Cache | undefined) {
-  const quantize = quantizingSource(src);
-  const got = new Map<string, Q4Matrix>();
-  for (const name of names) {
-    let m = await cache?.get(name);
-    if (!m) {
-      m = quantize(name);
-      await cache?.put(name, m);
-    }
-    got.set(name, m);
-  }
-  return (name: string): Q4Matrix => {
-    const m = got.get(name);
-    if (!m) throw new RangeError(`no quantized matrix for ${name}`);
-    return m;
-  };
 }
