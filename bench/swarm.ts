@@ -71,358 +71,44 @@
  * come from one run on the same machine. `--bin PATH::FLAGS` gives that
  * run's tracker FLAGS as node flags (e.g. `::--max-semi-space-size=4`).
  */
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
-import { startRelayProcess, type RelayProcess } from '../test/helpers/relay-process.ts';
-import { spawnMeshnet, until, type NodeProc, type Proc } from '../test/helpers/mesh.ts';
-import { cpuMs } from './lib/proc-cpu.ts';
-import { loadAverage1m, printTable, quantile, writeResult } from './lib/stats.ts';
+import { loadAverage1m, quantile, writeResult } from './lib/stats.ts';
 import { SWARM_CONFIG } from './lib/swarm-shape.ts';
 import { DonorPool, defaultDonorProcs } from './lib/swarm-pool.ts';
-import { startNats, type NatsServer } from '../test/helpers/cluster.ts';
 import { startLoopProbe } from './lib/loop-probe.mjs';
+import { parseSwarmOptions, type BeatMode } from './lib/swarm-options.ts';
+import { SwarmCluster } from './lib/swarm-cluster.ts';
+import { chatLoop, type Chats } from './lib/swarm-chats.ts';
+import { cpuOf, heapSnapshots, loopSummary, profilingNodeArgs, rssKiB } from './lib/proc-readings.ts';
+import { histogram, mergeHist, metricValue, quantileOfHist } from './lib/metrics-scrape.ts';
+import { reportRuns, type RunResult } from './lib/swarm-report.ts';
 
 const argv = process.argv.slice(2);
 if (argv.includes('--help')) {
   process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*?|^ \* ?/gm, ''));
   process.exit(0);
 }
-const opt = (name: string) => {
-  const i = argv.indexOf(`--${name}`);
-  return i >= 0 ? argv[i + 1] : undefined;
-};
-const opts = (name: string) => argv.flatMap((a, i) => (a === `--${name}` && argv[i + 1] ? [argv[i + 1]!] : []));
-const flag = (name: string) => argv.includes(`--${name}`);
-const quick = flag('quick');
-const DONORS = (opt('donors') ?? (quick ? '300' : '1000')).split(',').map(Number);
-const MINUTES = Number(opt('minutes') ?? (quick ? 0.5 : 1));
-const RAMP_S = Number(opt('ramp-s') ?? (quick ? 10 : 30));
-const SETTLE_S = Number(opt('settle-s') ?? (quick ? 5 : 15));
-/** The settle lasts at least this long, then until every donor beats at the configured period again (at most --settle-s). */
-const SETTLE_MIN_S = Number(opt('settle-min-s') ?? SETTLE_S);
-const RELAYS = Number(opt('relays') ?? 1);
-const TRACKERS = Number(opt('trackers') ?? 1);
-const NATS = flag('nats') || TRACKERS > 1;
-/** Relays join the cluster too (their federation: a donor on one relay reaches a tracker on another over the fast path). */
-const RELAY_NATS = NATS && !flag('no-relay-nats');
-const CHURN = Number(opt('churn') ?? 0);
-const RELAY_RESTART = flag('relay-restart');
-const MESH = !flag('no-mesh');
-/** One HTTP pool for all donors of a donor process (bench/lib/swarm-donors.ts DonorConfig.agent): fewer sockets and objects in the simulator. */
-const SHARED_HTTP = flag('shared-http');
-/** Donor processes (bench/lib/swarm-pool.ts); by default one per 2,500 donors. A list (`1,2`) runs each in turn, side by side. */
-const DONOR_PROCS: Array<number | undefined> = opt('donor-procs') === undefined ? [undefined] : opt('donor-procs')!.split(',').map((x) => Math.max(1, Number(x)));
-const HEARTBEAT_MS = Number(opt('heartbeat-ms') ?? 5000);
-/**
- * `beating` (the default) and/or `paused`, each run in turn with the same build: in a paused run the donors
- * stop beating for the window (each beat answered in its own process with the tracker's last answer), so the
- * tracker's CPU there is its fixed cost with that many donors registered and attached. With `paused` in the
- * list every run's tracker gets --dead-after-missed-heartbeats PAUSE_DEAD_AFTER, so the sweep keeps the
- * silent donors (the trackers of all runs alike: a build without the flag cannot be used with it).
- */
-const BEAT_MODES = (opt('beat-modes') ?? 'beating').split(',') as Array<'beating' | 'paused'>;
-if (BEAT_MODES.some((m) => m !== 'beating' && m !== 'paused')) throw new Error(`--beat-modes: beating and/or paused, not ${opt('beat-modes')}`);
-const PAUSE_DEAD_AFTER = 1000;
-/** No route-pick probes (GET /api/route every 500 ms) in the window: the tracker's CPU is then only the swarm's. */
-const PROBES = !flag('no-probe');
-const LABEL = opt('label') ?? 'current';
-/** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
-const PROF = opt('prof');
-/**
- * Event-loop probes (bench/lib/loop-probe.mjs) in the tracker, relay and
- * mesh processes and in this simulator: delay percentiles, stalls and GC
- * pauses over the window, so a heartbeat tail can be pinned on a process.
- */
-const LOOP_DIR = opt('loop-probe');
-/** Heap snapshots of the tracker into this directory: before the ramp and after the window (bench/heap-diff.ts compares them). */
-const HEAP_DIR = opt('heap-snapshot');
-const here = fileURLToPath(new URL('.', import.meta.url));
-const OUT = opt('out') ?? join(here, 'results', 'swarm.json');
+const o = parseSwarmOptions(argv);
 const LOOP_IMPORT = `--import ${new URL('./lib/loop-probe.mjs', import.meta.url).href}`;
-if (LOOP_DIR) {
-  mkdirSync(LOOP_DIR, { recursive: true });
+if (o.loopDir) {
+  mkdirSync(o.loopDir, { recursive: true });
   // Children inherit it (the relay helper passes this process's environment on).
-  process.env.MESHNET_LOOP_PROBE_DIR = LOOP_DIR;
+  process.env.MESHNET_LOOP_PROBE_DIR = o.loopDir;
   process.env.NODE_OPTIONS = `${process.env.NODE_OPTIONS ?? ''} ${LOOP_IMPORT}`.trim();
 }
 // This process runs the chats and probes; the donors' processes ('sim1'…) get their probe from NODE_OPTIONS.
-const simProbe = LOOP_DIR ? startLoopProbe('bench', LOOP_DIR) : undefined;
-const BINS = opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../bin/meshnet.js', import.meta.url))];
-
-/** The tracker's node flags: a CPU profile, a heap snapshot on SIGTTIN. */
-function trackerNodeArgs(): string[] {
-  return [...(PROF ? ['--cpu-prof', `--cpu-prof-dir=${PROF}`] : []), ...(HEAP_DIR ? ['--heapsnapshot-signal=SIGTTIN', `--diagnostic-dir=${HEAP_DIR}`] : [])];
-}
-
-/** Signal each tracker for a heap snapshot and wait until every file is written (its size stops changing). */
-async function heapSnapshots(pids: Array<number | undefined>): Promise<void> {
-  if (!HEAP_DIR) return;
-  mkdirSync(HEAP_DIR, { recursive: true });
-  const before = new Set(readdirSync(HEAP_DIR));
-  for (const pid of pids) if (pid !== undefined) process.kill(pid, 'SIGTTIN');
-  const size = (f: string) => statSync(join(HEAP_DIR, f)).size;
-  let last = '';
-  for (const t0 = Date.now(); Date.now() - t0 < 120_000; ) {
-    await sleep(1000);
-    const fresh = readdirSync(HEAP_DIR).filter((f) => !before.has(f));
-    const now = fresh.map((f) => `${f}:${size(f)}`).join(',');
-    if (fresh.length >= pids.length && now === last) return;
-    last = now;
-  }
-}
+const simProbe = o.loopDir ? startLoopProbe('bench', o.loopDir) : undefined;
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
-/** CPU ms of a process so far; NaN once it is gone (a process that died mid-run must not end the bench). */
-function cpuOf(pid: number | undefined): number {
-  try {
-    return cpuMs(pid).all;
-  } catch {
-    return NaN;
-  }
-}
-
-function rssKiB(pid: number | undefined): number {
-  if (pid === undefined) return NaN;
-  try {
-    const m = /VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? Number(m[1]) : NaN;
-  } catch {
-    return NaN;
-  }
-}
 
 interface ProcRef {
   name: string;
   pid: () => number | undefined;
-}
-
-interface Chats {
-  ok: number;
-  failed: number;
-  tokensPerS: number[];
-  ttftMs: number[];
-  errors: string[];
-  stop(): Promise<void>;
-}
-
-/** Streamed chats one after another, through each tracker in turn, until stopped. */
-function chatLoop(trackerUrls: string[]): Chats {
-  const c: Chats = { ok: 0, failed: 0, tokensPerS: [], ttftMs: [], errors: [], stop: async () => {} };
-  let running = true;
-  const done = (async () => {
-    for (let i = 0; running; i++) {
-      const t0 = performance.now();
-      const trackerUrl = trackerUrls[i % trackerUrls.length]!;
-      try {
-        const res = await fetch(`${trackerUrl}/v1/chat/completions`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: `Tell me about swarm number ${i}.` }], max_tokens: 16, temperature: 0, stream: true, stream_options: { include_usage: true } }),
-        });
-        if (res.status !== 200 || !res.body) throw new Error(`HTTP ${res.status}: ${(await res.text()).slice(0, 200)}`);
-        let first = 0;
-        let tokens = 0;
-        let buf = '';
-        const dec = new TextDecoder();
-        for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-          if (!first) first = performance.now();
-          buf += dec.decode(chunk, { stream: true });
-          let k: number;
-          while ((k = buf.indexOf('\n\n')) >= 0) {
-            const line = buf.slice(0, k).trim();
-            buf = buf.slice(k + 2);
-            if (!line.startsWith('data:') || line.includes('[DONE]')) continue;
-            const msg = JSON.parse(line.slice(5)) as { error?: { message: string }; usage?: { completion_tokens: number } };
-            if (msg.error) throw new Error(msg.error.message);
-            if (msg.usage) tokens = msg.usage.completion_tokens;
-          }
-        }
-        const end = performance.now();
-        c.ok++;
-        c.ttftMs.push(first - t0);
-        if (tokens > 1) c.tokensPerS.push(((tokens - 1) * 1000) / (end - first));
-      } catch (e) {
-        c.failed++;
-        if (c.errors.length < 5) c.errors.push((e as Error).message);
-        await sleep(500);
-      }
-    }
-  })();
-  c.stop = async () => {
-    running = false;
-    await done;
-  };
-  return c;
-}
-
-interface RunResult {
-  bin: string;
-  /** 'paused': the donors did not beat in the window (--beat-modes). */
-  beat_mode: 'beating' | 'paused';
-  route_probes: boolean;
-  /** Tracker CPU over the window, ms per second (all trackers). */
-  tracker_cpu_ms_per_s: number;
-  /** A beating run beside a paused one (same build, donors): the paused run's CPU (ms/s), and the µs each beat adds to it. */
-  fixed_ms_per_s?: number;
-  per_beat_us_over_paused?: number;
-  settle_s: number;
-  tracker_kib_per_donor_window_median: number;
-  tracker_kib_per_donor_window_max: number;
-  long_period_donors: number;
-  donors: number;
-  window_s: number;
-  window_from_tracker_start_s: number;
-  tracker_cpu_pct: number;
-  tracker_us_per_call: number;
-  tracker_calls: number;
-  heartbeats: number;
-  heartbeat_p50_ms: number;
-  heartbeat_p99_ms: number;
-  heartbeat_p50_less_sim_stall_ms: number;
-  heartbeat_p99_less_sim_stall_ms: number;
-  /** The worst donor process's own stall over the window (each one's in sim_stalled_ms_each). */
-  sim_stalled_ms: number;
-  sim_stalled_ms_each: number[];
-  /** Donor processes, and each one's CPU over the window in % of a core (sim_cpu_pct is their sum plus the bench's own). */
-  donor_procs: number;
-  sim_cpu_pct_each: number[];
-  bench_cpu_pct: number;
-  sim_rss_mib_each: number[];
-  /** Heartbeat periods the live donors were last told at the window's end: ms → donors. */
-  heartbeat_periods: Record<string, number>;
-  heartbeat_failures: Record<string, number>;
-  /** Answers that were not 200 by kind, outcome and error code: who refused (the relay or the tracker), and why. */
-  error_codes: Record<string, number>;
-  register_failures: Record<string, number>;
-  dropped_404: number;
-  tracker_removals_missed: number;
-  shed_answers: number;
-  tracker_kib_per_donor: number;
-  tracker_kib_per_donor_end: number;
-  nats_kib_per_donor: number;
-  tracker_cpu_pct_each: number[];
-  route_pick_tracker_p50_ms: number;
-  route_pick_tracker_p99_ms: number;
-  route_picks: number;
-  relay_kib_per_donor: number;
-  tracker_rss_mib: number;
-  relay_cpu_pct: number;
-  sim_cpu_pct: number;
-  route_pick_p50_ms: number;
-  route_pick_p99_ms: number;
-  route_pick_failures: number;
-  chats_ok: number;
-  chats_failed: number;
-  chat_tokens_per_s: number;
-  chat_ttft_ms: number;
-  chat_errors: string[];
-  /** Heartbeats sent over the relay socket / as signed HTTP (all donors, whole run). */
-  beats_relay: number;
-  beats_http: number;
-  /** Of beats_relay, those the relay batched to the tracker (beat-batch). */
-  beats_batched: number;
-  churn_left: number;
-  /** Of churn_left, those registered at the tracker as they left; of those, still registered when removals were read. */
-  churn_left_registered: number;
-  churn_left_unremoved: number;
-  /** How long after the window the bench waited for the leavers' removals before reading the count. */
-  churn_removal_wait_s: number;
-  churn_joined: number;
-  /** Per process (with --loop-probe): event-loop delay, stalls and GC pauses over the window. */
-  loop?: Record<string, LoopSummary>;
-  relay_restart?: { donors: number; all_back_s: number | null; back_in_60s: number; shed_during: number; dropped_during: number; relay_back_s: number; error_codes_during: Record<string, number> };
-}
-
-interface LoopSummary {
-  delay_ms: { p50: number; p99: number; max: number };
-  elu: number;
-  stalls: number;
-  stall_ms: number;
-  worst_stalls: Array<{ at: number; ms: number }>;
-  gc_pauses: number;
-  gc_ms: number;
-  gc_max_ms: number;
-  heap_used_mib: number;
-}
-
-/** Each probed process's window, read from its probe file (written every 2 s). */
-async function loopSummary(procs: Array<{ name: string; pid: number | undefined }>): Promise<Record<string, LoopSummary>> {
-  simProbe?.write();
-  await sleep(2200);
-  const files = readdirSync(LOOP_DIR!);
-  const out: Record<string, LoopSummary> = {};
-  for (const p of procs) {
-    const f = files.find((x) => x.endsWith(`-${p.pid}.json`));
-    if (!f) continue;
-    const d = JSON.parse(readFileSync(join(LOOP_DIR!, f), 'utf8')) as { delay_ms: { p50: number; p99: number; max: number }; elu: number; stalls: Array<{ at: number; ms: number }>; gcs: Array<{ ms: number }>; heap_used_mib: number };
-    out[p.name] = {
-      delay_ms: { p50: d.delay_ms.p50, p99: d.delay_ms.p99, max: d.delay_ms.max },
-      elu: d.elu,
-      stalls: d.stalls.length,
-      stall_ms: d.stalls.reduce((a, s) => a + s.ms, 0),
-      worst_stalls: [...d.stalls].sort((a, b) => b.ms - a.ms).slice(0, 10),
-      gc_pauses: d.gcs.length,
-      gc_ms: d.gcs.reduce((a, g) => a + g.ms, 0),
-      gc_max_ms: Math.max(0, ...d.gcs.map((g) => g.ms)),
-      heap_used_mib: d.heap_used_mib,
-    };
-  }
-  return out;
-}
-
-async function metricValue(url: string, name: string, labels: Record<string, string> = {}): Promise<number> {
-  const text = await (await fetch(`${url}/metrics`)).text();
-  let sum = 0;
-  for (const line of text.split('\n')) {
-    if (!line.startsWith(name)) continue;
-    const m = /^([a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$/.exec(line);
-    if (!m || m[1] !== name) continue;
-    const l = m[2] ?? '';
-    if (Object.entries(labels).every(([k, v]) => l.includes(`${k}="${v}"`))) sum += Number(m[3]);
-  }
-  return sum;
-}
-
-interface Hist {
-  /** Upper bounds (s) and cumulative counts. */
-  buckets: Array<[number, number]>;
-  count: number;
-}
-
-async function histogram(url: string, name: string): Promise<Hist> {
-  const text = await (await fetch(`${url}/metrics`)).text().catch(() => '');
-  const buckets: Array<[number, number]> = [];
-  let count = 0;
-  for (const line of text.split('\n')) {
-    const b = new RegExp(`^${name}_bucket\\{le="([^"]+)"\\} ([0-9.e+-]+)$`).exec(line);
-    if (b) buckets.push([b[1] === '+Inf' ? Infinity : Number(b[1]), Number(b[2])]);
-    const c = new RegExp(`^${name}_count ([0-9.e+-]+)$`).exec(line);
-    if (c) count = Number(c[1]);
-  }
-  return { buckets, count };
-}
-
-/** The window's histogram: each tracker's after minus before, summed. */
-function mergeHist(after: Hist[], before: Hist[]): Hist {
-  const out: Hist = { buckets: (after[0]?.buckets ?? []).map(([le]) => [le, 0]), count: 0 };
-  after.forEach((h, i) => {
-    const b = before[i]!;
-    out.count += h.count - b.count;
-    h.buckets.forEach(([, v], k) => (out.buckets[k]![1] += v - (b.buckets[k]?.[1] ?? 0)));
-  });
-  return out;
-}
-
-/** The bucket bound under which fraction q of the observations lie (an upper bound on the quantile). */
-function quantileOfHist(h: Hist, q: number): number {
-  if (h.count === 0) return NaN;
-  for (const [le, v] of h.buckets) if (v >= q * h.count) return le;
-  return Infinity;
 }
 
 /**
@@ -437,68 +123,23 @@ async function leaversStillRegistered(urls: string[], pool: DonorPool, meshNodes
     const sizes = await Promise.all(urls.map(async (u) => ((await (await fetch(`${u}/healthz`)).json()) as { nodes: number }).nodes));
     const live = (await pool.status()).registered;
     still = Math.max(0, Math.min(...sizes) - meshNodes - live);
-    if (still === 0 || performance.now() - t0 > 4 * HEARTBEAT_MS + 30_000) break;
+    if (still === 0 || performance.now() - t0 > 4 * o.heartbeatMs + 30_000) break;
     await sleep(1000);
   }
   return { still, waitedS: Math.round((performance.now() - t0) / 100) / 10 };
 }
 
-async function runOnce(binSpec: string, donorCount: number, donorProcs: number | undefined, beatMode: 'beating' | 'paused', swarmUrl: string, smallUrl: string): Promise<RunResult> {
+async function runOnce(binSpec: string, donorCount: number, donorProcs: number | undefined, beatMode: BeatMode, swarmUrl: string, smallUrl: string): Promise<RunResult> {
   // `PATH::FLAGS`: the tracker of this run gets FLAGS (space-separated) as node flags, e.g. a smaller young generation.
   const [bin, flags] = binSpec.split('::') as [string, string | undefined];
   const extraNodeArgs = flags ? flags.split(' ').filter(Boolean) : [];
-  const relays: RelayProcess[] = [];
-  const relayPorts: number[] = [];
-  const trackers: Array<Proc & { url: string }> = [];
-  const nodes: NodeProc[] = [];
+  const cluster = new SwarmCluster(o, bin);
+  const { relays, trackers } = cluster;
   let pool: DonorPool | undefined;
   let chats: Chats | undefined;
-  let nats: NatsServer | undefined;
-  let natsWatch: ReturnType<typeof setInterval> | undefined;
   try {
-    if (NATS) nats = await startNats();
-    // nats-server must outlive the run: if it goes, say so with the end of its log (a Go panic, a signal) at once.
-    natsWatch = nats
-      ? setInterval(() => {
-          try {
-            process.kill(nats!.pid, 0);
-          } catch {
-            clearInterval(natsWatch);
-            natsWatch = undefined;
-            console.log(`  nats-server (pid ${nats!.pid}) is GONE; its log ends:\n${nats!.log().slice(-4000)}`);
-          }
-        }, 500)
-      : undefined;
-    natsWatch?.unref();
-    const cluster = nats ? ['--nats', nats.url, '--cluster', 'swarm'] : [];
-    for (let i = 0; i < RELAYS; i++) {
-      const r = await startRelayProcess(RELAY_NATS ? cluster : [], bin);
-      relays.push(r);
-      relayPorts.push(r.port);
-    }
-    const trackerSpawnedAt = performance.now();
-    for (let i = 0; i < TRACKERS; i++) {
-      const tp = spawnMeshnet(['tracker', '--port', '0', '--log-level', 'warn', '--model', `swarm=${swarmUrl}`, ...(MESH ? ['--model', `small=${smallUrl}`] : []), '--relay', relays[i % RELAYS]!.url, '--heartbeat-interval-ms', String(HEARTBEAT_MS), ...(BEAT_MODES.includes('paused') ? ['--dead-after-missed-heartbeats', String(PAUSE_DEAD_AFTER)] : []), ...cluster], {}, bin, [...trackerNodeArgs(), ...extraNodeArgs]);
-      const l = await tp.waitFor((e) => e.event === 'listening');
-      trackers.push(Object.assign(tp, { url: l.url as string }));
-    }
-    const trackerFor = (i: number) => trackers[i % TRACKERS]!.url;
-
-    if (MESH) {
-      for (let i = 0; i < 3; i++) {
-        const p = spawnMeshnet(['node', '--port', '0', '--threads', '1', '--relay', relays[0]!.url, '--tracker', trackerFor(i), '--model', 'small', '--budget-mb', '60'], {}, bin);
-        const nl = await p.waitFor((e) => e.event === 'listening');
-        const n = Object.assign(p, { peerId: nl.peer_id as string, endpoint: nl.endpoint as string, relayAddr: (nl.relay_addr as string | null) ?? null });
-        nodes.push(n);
-        await n.waitFor((e) => e.event === 'serving', 120_000);
-      }
-      for (const t of trackers) {
-        await until(async () => {
-          const r = await fetch(`${t.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'small', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 }) });
-          return r.status === 200;
-        }, 60_000, 'the 3-node mesh serving a chat');
-      }
-    }
+    await cluster.start(swarmUrl, smallUrl, [...profilingNodeArgs(o.prof, o.heapDir), ...extraNodeArgs]);
+    const { nats, trackerSpawnedAt } = cluster;
 
     const procs: ProcRef[] = [
       ...trackers.map((t, i) => ({ name: `tracker${i + 1}`, pid: () => t.child.pid })),
@@ -506,43 +147,43 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       ...(nats ? [{ name: 'nats', pid: () => nats!.pid }] : []),
     ];
     await sleep(1000);
-    await heapSnapshots(trackers.map((t) => t.child.pid));
+    await heapSnapshots(o.heapDir, trackers.map((t) => t.child.pid));
     const rssBefore = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
 
     // The donors' processes, then the ramp: donors join at a steady rate, spread over the relays and trackers.
     const procsN = donorProcs ?? defaultDonorProcs(donorCount);
-    pool = await DonorPool.start(procsN, { relayUrls: relays.map((r) => r.url), trackerUrls: trackers.map((t) => t.url), heartbeatMs: HEARTBEAT_MS, sharedHttp: SHARED_HTTP });
+    pool = await DonorPool.start(procsN, { relayUrls: relays.map((r) => r.url), trackerUrls: trackers.map((t) => t.url), heartbeatMs: o.heartbeatMs, sharedHttp: o.sharedHttp });
     const donorPool = pool;
     let made = 0;
     const t0 = performance.now();
-    const perTick = Math.max(1, Math.ceil((donorCount * 100) / (RAMP_S * 1000)));
+    const perTick = Math.max(1, Math.ceil((donorCount * 100) / (o.rampS * 1000)));
     while (made < donorCount) {
       const batch: number[] = [];
       for (let k = 0; k < perTick && made < donorCount; k++) batch.push(made++);
       donorPool.start(batch);
-      const due = t0 + (made / donorCount) * RAMP_S * 1000;
+      const due = t0 + (made / donorCount) * o.rampS * 1000;
       const wait = due - performance.now();
       if (wait > 0) await sleep(wait);
     }
     const started = await donorPool.started();
     const rampS = (performance.now() - t0) / 1000;
     console.log(`  ${donorCount} donors in ${procsN} processes started in ${rampS.toFixed(1)} s; ${started.registered} registered${started.failures.length ? `; start failures e.g. ${started.failures.join(' | ')}` : ''}`);
-    // Settle: at least SETTLE_MIN_S, then until every donor was told the configured period again (a tracker behind
-    // during the ramp hands out up to 60 s, and a donor hears the shorter one only at its next beat), at most SETTLE_S.
+    // Settle: at least --settle-min-s, then until every donor was told the configured period again (a tracker behind
+    // during the ramp hands out up to 60 s, and a donor hears the shorter one only at its next beat), at most --settle-s.
     const s0 = performance.now();
-    await sleep(Math.min(SETTLE_S, SETTLE_MIN_S) * 1000);
-    while (performance.now() - s0 < SETTLE_S * 1000 && (await donorPool.status()).longPeriods > 0) await sleep(1000);
+    await sleep(Math.min(o.settleS, o.settleMinS) * 1000);
+    while (performance.now() - s0 < o.settleS * 1000 && (await donorPool.status()).longPeriods > 0) await sleep(1000);
     const longPeriods = (await donorPool.status()).longPeriods;
     const settleS = Math.round((performance.now() - s0) / 1000);
-    console.log(`  settled in ${settleS} s; ${longPeriods} donors still on a period over ${HEARTBEAT_MS} ms`);
+    console.log(`  settled in ${settleS} s; ${longPeriods} donors still on a period over ${o.heartbeatMs} ms`);
     const rssAfter = Object.fromEntries(procs.map((p) => [p.name, rssKiB(p.pid())]));
 
     // The measured window.
-    if (MESH) chats = chatLoop(trackers.map((t) => t.url));
+    if (o.mesh) chats = chatLoop(trackers.map((t) => t.url));
     const removals = async () => (await Promise.all(trackers.map((t) => metricValue(t.url, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN)))).reduce((a, b) => a + b, 0);
     const removalsBefore = await removals();
     const picksBefore = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
-    if (LOOP_DIR) {
+    if (o.loopDir) {
       // SIGUSR2 resets the probes of our node processes; nats-server takes SIGUSR2 as "enter lame duck mode"
       // and shuts down ten seconds later: never send it there.
       for (const p of procs) if (p.name !== 'nats' && p.pid() !== undefined) process.kill(p.pid()!, 'SIGUSR2');
@@ -558,7 +199,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const cpuBefore = Object.fromEntries(procs.map((p) => [p.name, cpuOf(p.pid())]));
     const simBefore = process.cpuUsage();
     const w0 = performance.now();
-    const windowMs = MINUTES * 60_000;
+    const windowMs = o.minutes * 60_000;
     // The tracker's RSS every 5 s of the window: one reading at its end catches the heap wherever its GC cycle is.
     const rssSamples: number[] = [];
     const rssTimer = setInterval(() => rssSamples.push(rssKiB(trackers[0]!.child.pid)), 5_000);
@@ -569,9 +210,9 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     let probing = true;
     let probes = 0;
     const probe = (async () => {
-      while (probing && PROBES) {
+      while (probing && o.probes) {
         const p0 = performance.now();
-        const r = await fetch(`${trackerFor(probes++)}/api/route?model=swarm`).catch(() => undefined);
+        const r = await fetch(`${cluster.trackerFor(probes++)}/api/route?model=swarm`).catch(() => undefined);
         if (r?.status === 200) picks.push(performance.now() - p0);
         else pickFailures++;
         await r?.arrayBuffer().catch(() => {});
@@ -579,13 +220,13 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       }
     })();
 
-    // Churn: each second, CHURN/60 of the donors leave and as many join (in the same donor process, picked at random).
+    // Churn: each second, --churn/60 of the donors leave and as many join (in the same donor process, picked at random).
     let left = 0;
     let leftRegistered = 0;
     let joined = 0;
     const churnCalls: Array<Promise<void>> = [];
-    const churnTimer = CHURN > 0 ? setInterval(() => {
-      const n = (donorCount * CHURN) / 60;
+    const churnTimer = o.churn > 0 ? setInterval(() => {
+      const n = (donorCount * o.churn) / 60;
       const whole = Math.floor(n) + (Math.random() < n - Math.floor(n) ? 1 : 0);
       const by = new Map<number, number[]>();
       for (let k = 0; k < whole; k++) {
@@ -603,32 +244,14 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
 
     // Relay restart: mid-window, the first relay goes down and comes back on its port.
     let restart: RunResult['relay_restart'];
-    const restartJob = RELAY_RESTART ? (async () => {
+    const restartJob = o.relayRestart ? (async () => {
       await sleep(windowMs / 2 - 30_000 > 0 ? windowMs / 2 - 30_000 : windowMs / 4);
       const r0 = relays[0]!;
       const before = await donorPool.counters();
       const at = Date.now();
       const mine = await donorPool.restartMark(0, at);
       await r0.stop('SIGKILL');
-      // Back on its port (its donors reconnect there); a port its old sockets still hold is tried again.
-      for (let tries = 0; ; tries++) {
-        try {
-          relays[0] = await startRelayProcess(['--port', String(relayPorts[0]), ...(RELAY_NATS ? cluster : [])], bin);
-          break;
-        } catch (e) {
-          if (tries >= 40) throw e;
-          if (tries === 0) {
-            let natsAlive = false;
-            try {
-              if (nats) natsAlive = process.kill(nats.pid, 0);
-            } catch {
-              // gone
-            }
-            console.log(`  relay restart: ${(e as Error).message.trim()}; trying again every 250 ms${nats ? ` (nats-server ${natsAlive ? 'alive' : 'GONE'}; its log ends: ${nats.log().slice(-1500)})` : ''}`);
-          }
-          await sleep(250);
-        }
-      }
+      await cluster.startRelayAgain(0);
       const relayBackS = (Date.now() - at) / 1000;
       console.log(`  relay restarted ${relayBackS.toFixed(2)} s after the kill`);
       let allBack: number | null = null;
@@ -673,12 +296,12 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     await Promise.all(churnCalls);
     // The donors that left late in the window are removed only after their deadline (3 periods, plus any lateness
     // the tracker excuses): wait until every tracker has dropped them, so each leaver is one removal in the count.
-    const leftover = CHURN > 0 ? await leaversStillRegistered(trackers.map((t) => t.url), donorPool, MESH ? 3 : 0) : { still: 0, waitedS: 0 };
+    const leftover = o.churn > 0 ? await leaversStillRegistered(trackers.map((t) => t.url), donorPool, o.mesh ? 3 : 0) : { still: 0, waitedS: 0 };
     const removalsAfter = await removals();
-    const loop = LOOP_DIR ? await loopSummary([...procs.map((p) => ({ name: p.name, pid: p.pid() })), ...donorPool.pids.map((pid, i) => ({ name: `sim${i + 1}`, pid })), { name: 'bench', pid: process.pid }]) : undefined;
+    const loop = o.loopDir ? await loopSummary(o.loopDir, simProbe, [...procs.map((p) => ({ name: p.name, pid: p.pid() })), ...donorPool.pids.map((pid, i) => ({ name: `sim${i + 1}`, pid })), { name: 'bench', pid: process.pid }]) : undefined;
     const heapDonors = w.alive;
-    await heapSnapshots(trackers.map((t) => t.child.pid));
-    if (HEAP_DIR) console.log(`  heap snapshots in ${HEAP_DIR}: the last pair is before the ramp and after the window, ${heapDonors} donors`);
+    await heapSnapshots(o.heapDir, trackers.map((t) => t.child.pid));
+    if (o.heapDir) console.log(`  heap snapshots in ${o.heapDir}: the last pair is before the ramp and after the window, ${heapDonors} donors`);
     const picksAfter = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
     const pickHist = mergeHist(picksAfter, picksBefore);
 
@@ -689,7 +312,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const calls = count('heartbeat') + count('register');
     const hb = w.latency.heartbeat.sort((a, b) => a - b);
     const hbLess = w.latencyLessStall.heartbeat.sort((a, b) => a - b);
-    const outcomes = (k: 'heartbeat' | 'register') => Object.fromEntries([...w.outcomes[k]].filter(([o]) => o !== 'ok'));
+    const outcomes = (k: 'heartbeat' | 'register') => Object.fromEntries([...w.outcomes[k]].filter(([outcome]) => outcome !== 'ok'));
     const benchCpuMs = (sim.user + sim.system) / 1000;
     const relayRssGrowth = relays.reduce((s, _, i) => s + (rssAfter[`relay${i + 1}`]! - rssBefore[`relay${i + 1}`]!), 0);
     const pk = [...picks].sort((a, b) => a - b);
@@ -698,7 +321,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     return {
       bin: binSpec,
       beat_mode: beatMode,
-      route_probes: PROBES,
+      route_probes: o.probes,
       donors: donorCount,
       settle_s: settleS,
       long_period_donors: longPeriods,
@@ -769,25 +392,21 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
   } finally {
     await chats?.stop().catch(() => {});
     await pool?.close();
-    await Promise.all(nodes.map((n) => n.stop()));
-    await Promise.all(trackers.map((t) => t.stop()));
-    await Promise.all(relays.map((r) => r.stop()));
-    clearInterval(natsWatch);
-    await nats?.stop();
+    await cluster.stop();
   }
 }
 
 const dir = mkdtempSync(join(tmpdir(), 'meshnet-swarm-'));
 writeFileSync(join(dir, 'config.json'), JSON.stringify(SWARM_CONFIG));
 const swarmServer: StaticServer = await startStaticServer({ root: dir });
-const smallServer: StaticServer | undefined = MESH ? await startStaticServer({ root: await ensureModel('small') }) : undefined;
+const smallServer: StaticServer | undefined = o.mesh ? await startStaticServer({ root: await ensureModel('small') }) : undefined;
 const loadBefore = loadavg()[0]!;
 const results: RunResult[] = [];
 try {
-  for (const n of DONORS) {
-    for (const bin of BINS) {
-      for (const procs of DONOR_PROCS) {
-        for (const mode of BEAT_MODES) {
+  for (const n of o.donors) {
+    for (const bin of o.bins) {
+      for (const procs of o.donorProcs) {
+        for (const mode of o.beatModes) {
           console.log(`\n--- ${n} donors, ${bin}${procs ? `, ${procs} donor processes` : ''}, beats ${mode}`);
           const r = await runOnce(bin, n, procs, mode, swarmServer.url, smallServer?.url ?? '');
           results.push(r);
@@ -801,53 +420,6 @@ try {
   await smallServer?.close();
 }
 
-const binName = (b: string) => (BINS.length > 1 ? b.replace(/\/bin\/meshnet\.js(?=$|::)/, '').split('/').pop()! : LABEL);
-const runName = (r: RunResult) => `${binName(r.bin)}${BEAT_MODES.length > 1 || r.beat_mode === 'paused' ? ` (${r.beat_mode})` : ''}`;
-printTable(
-  `simulated swarm: ${MINUTES} min window, heartbeats every ${HEARTBEAT_MS / 1000} s${CHURN ? `, churn ${CHURN * 100}%/min` : ''}${MESH ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-  ['run', 'donors', 'procs', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
-  results.map((r) => [
-    runName(r),
-    r.donors,
-    r.donor_procs,
-    r.tracker_cpu_pct,
-    r.tracker_us_per_call,
-    r.heartbeat_p50_ms,
-    r.heartbeat_p99_ms,
-    r.heartbeat_p99_less_sim_stall_ms,
-    r.sim_stalled_ms / 1000,
-    Object.values(r.heartbeat_failures).reduce((a, b) => a + b, 0),
-    r.dropped_404,
-    r.tracker_removals_missed,
-    r.shed_answers,
-    r.tracker_kib_per_donor,
-    r.tracker_kib_per_donor_end,
-    r.tracker_kib_per_donor_window_median,
-    r.tracker_kib_per_donor_window_max,
-    r.relay_kib_per_donor,
-    r.nats_kib_per_donor,
-    r.route_pick_p99_ms,
-    r.route_pick_tracker_p99_ms,
-    `${r.chats_ok}/${r.chats_failed}`,
-    r.chat_tokens_per_s,
-    r.sim_cpu_pct,
-  ]),
-);
-for (const r of results) {
-  for (const [name, l] of Object.entries(r.loop ?? {})) console.log(`loop ${runName(r)} ${r.donors} ${name}: delay p50 ${l.delay_ms.p50} p99 ${l.delay_ms.p99} max ${l.delay_ms.max} ms, elu ${l.elu.toFixed(2)}, ${l.stalls} stalls (${l.stall_ms} ms), ${l.gc_pauses} GC pauses >= 5 ms (${l.gc_ms.toFixed(0)} ms, max ${l.gc_max_ms}), heap ${l.heap_used_mib.toFixed(0)} MiB`);
-}
-for (const r of results) if (Object.keys(r.error_codes).length) console.log(`answers not 200 (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.error_codes)}`);
-for (const r of results) if (r.relay_restart) console.log(`relay restart (${binName(r.bin)}, ${r.donors}): ${JSON.stringify(r.relay_restart)}`);
-console.log(`load average (1 min) at start ${loadBefore.toFixed(2)}, at end ${loadavg()[0]!.toFixed(2)}`);
-// Beating against paused with the same build and donors: the tracker's fixed cost (ms of CPU a second with the
-// donors registered and attached, no beat) and what each beat adds on top of it.
-for (const p of results.filter((r) => r.beat_mode === 'paused')) {
-  const b = results.find((r) => r.beat_mode === 'beating' && r.bin === p.bin && r.donors === p.donors && r.donor_procs === p.donor_procs);
-  if (!b) continue;
-  const perBeatUs = ((b.tracker_cpu_ms_per_s - p.tracker_cpu_ms_per_s) * 1000) / (b.heartbeats / b.window_s);
-  console.log(`fixed vs per beat (${binName(p.bin)}, ${p.donors} donors): fixed ${p.tracker_cpu_ms_per_s.toFixed(1)} ms/s (${((p.tracker_cpu_ms_per_s * 1000) / (b.heartbeats / b.window_s)).toFixed(1)} µs per beat at the beating run's rate), beating ${b.tracker_cpu_ms_per_s.toFixed(1)} ms/s, ${(b.heartbeats / b.window_s).toFixed(0)} beats/s: ${perBeatUs.toFixed(1)} µs per beat on top of the fixed cost`);
-  b.per_beat_us_over_paused = perBeatUs;
-  b.fixed_ms_per_s = p.tracker_cpu_ms_per_s;
-}
-writeResult(OUT, { bench: 'swarm', label: LABEL, beat_modes: BEAT_MODES, route_probes: PROBES, load_average_1m: loadAverage1m(loadBefore), minutes: MINUTES, heartbeat_ms: HEARTBEAT_MS, churn: CHURN, relays: RELAYS, trackers: TRACKERS, nats: NATS, mesh: MESH, runs: results });
+reportRuns(results, o, loadBefore);
+writeResult(o.out, { bench: 'swarm', label: o.label, beat_modes: o.beatModes, route_probes: o.probes, load_average_1m: loadAverage1m(loadBefore), minutes: o.minutes, heartbeat_ms: o.heartbeatMs, churn: o.churn, relays: o.relays, trackers: o.trackers, nats: o.nats, mesh: o.mesh, runs: results });
 process.exit(0);
