@@ -117,7 +117,7 @@ export function nodeStatus(n: NodeRecord): NodeStatus {
 /** A message's stats into the record: the latest, the rolling history, the smoothed layer time. `kvHeldAtBeat`: this tracker's KV on the node now. */
 export function absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number, kvHeldAtBeat: number): void {
   if (!stats) return;
-  if (!rec.stats || !sameFlat(rec.stats, stats)) rec.stats = stats;
+  if (!rec.stats || !sameData(rec.stats, stats)) rec.stats = stats;
   rec.kvHeldAtBeat = kvHeldAtBeat;
   // The oldest sample is reused once the history is full (no new long-lived object per beat).
   const sample = rec.history.length >= HISTORY ? rec.history.shift()! : ({} as StatsSample);
@@ -183,15 +183,24 @@ export function setAddresses(rec: NodeRecord, msg: NodeMessage): void {
   } else delete rec.endpoint;
 }
 
-/** Same keys, and each value the same primitive (an object-valued field counts as a change). */
-export function sameFlat(a: object, b: object): boolean {
+/**
+ * The same JSON data: same keys, and each value the same primitive or, recursively, the same array or
+ * object. A beat's parsed copy that says nothing new is then dropped and the record keeps its long-lived
+ * object, instead of the GC promoting a fresh one every beat (a serving node's stats hold arrays and
+ * objects: `batch_sizes`, `hops_sent`, `hop_paths`). Only for validated messages: they are small and acyclic.
+ */
+export function sameData(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (typeof a !== 'object' || typeof b !== 'object' || a === null || b === null) return false;
+  if (Array.isArray(a)) {
+    if (!Array.isArray(b) || a.length !== b.length) return false;
+    for (let i = 0; i < a.length; i++) if (!sameData(a[i], b[i])) return false;
+    return true;
+  }
+  if (Array.isArray(b)) return false;
   const ka = Object.keys(a);
   if (ka.length !== Object.keys(b).length) return false;
-  for (const k of ka) {
-    const x = (a as Record<string, unknown>)[k];
-    if (typeof x === 'object' && x !== null) return false;
-    if (x !== (b as Record<string, unknown>)[k] || !(k in b)) return false;
-  }
+  for (const k of ka) if (!(k in b) || !sameData((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k])) return false;
   return true;
 }
 

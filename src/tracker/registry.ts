@@ -20,7 +20,7 @@ import type { NodeInfo, NodeMessage } from '../protocol/tracker.ts';
 import { chooseSpanIn, type Move, type Span } from './assignment.ts';
 import { availability, coverageOf, spanGroups } from './availability.ts';
 import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
-import { absorbStats, budgetBytes, copyRemote, NodeStatus, nodeStatus, sameFlat, sameSpan, setAddresses, unreachableWhy, validSpan, type NodeRecord, type RemoteRecord } from './node-record.ts';
+import { absorbStats, budgetBytes, copyRemote, NodeStatus, nodeStatus, sameData, sameSpan, setAddresses, unreachableWhy, validSpan, type NodeRecord, type RemoteRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
 import { kvFree, kvNeed, PeerLedgers } from './peer-ledgers.ts';
 import { ModelPlacement, type Contribution } from './placement.ts';
@@ -170,8 +170,8 @@ export class NodeRegistry {
   private contributionCurrent(n: NodeRecord): boolean {
     const c = n.contribution;
     if (!c) return true;
-    const want = this.contributionOf(n);
-    return sameSpan(c.assignment, want.assignment) && sameSpan(c.serving, want.serving) && c.status === want.status;
+    // What contributionOf would say, without making one: the sweep asks this of every node.
+    return sameSpan(c.assignment, this.holds(n) ? n.assignment : null) && sameSpan(c.serving, this.routable(n) ? n.serving : null) && c.status === this.status(n);
   }
 
   /** A generation starts (+1) or ends (-1) on `n`: its load, so its place among the nodes of its span. */
@@ -295,7 +295,7 @@ export class NodeRegistry {
       rec.lateAtSeen = this.lateMs();
       // What did not change keeps its old object: a beat's parsed copies then die young instead of
       // replacing thousands of long-lived objects a second, which the GC would copy and promote.
-      if (!sameFlat(rec.info, msg.info)) rec.info = msg.info;
+      if (!sameData(rec.info, msg.info)) rec.info = msg.info;
       if (rec.publicKey !== msg.public_key) rec.publicKey = msg.public_key;
       setAddresses(rec, msg);
       if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;

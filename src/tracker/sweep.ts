@@ -17,6 +17,8 @@ import type { RejoinGrace } from './rejoin-grace.ts';
 
 /** Sweeps between rebalances when nothing changed (throughput drifts: a move may pay off later). */
 const REBALANCE_EVERY_SWEEPS = 6;
+/** Sweeps between exact recounts of the placement sums (a minute at the 5 s sweep). */
+const RECOUNT_EVERY_SWEEPS = 12;
 
 export type SweepOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'balanceQuality' | 'now'> &
   Partial<Pick<TrackerOptions, 'rejoinGraceMs'>> & { lateMs?: () => number };
@@ -75,9 +77,11 @@ export class PlacementSweep {
     // A drain past its grace, a quarantine begun or ended: the sums follow.
     for (const n of stale) this.hands.edit(n, () => {});
     this.sweeps++;
+    // Exact sums again every few sweeps: rounding drifts slowly, and a recount walks every node's layers.
+    const recount = (this.sweeps - 1) % RECOUNT_EVERY_SWEEPS === 0;
     for (const m of this.reg.models.keys()) {
       const p = this.reg.placement(m);
-      p.recount();
+      if (recount) p.recount();
       const graceEnded = now >= this.grace.nextEnd(m);
       if (decide && (p.dirty || graceEnded || this.sweeps % REBALANCE_EVERY_SWEEPS === 0)) this.rebalance(m);
     }

@@ -77,4 +77,38 @@ describe('heartbeats that change nothing', () => {
     p.recount();
     expect({ assigned: [...p.assigned.count], serving: [...p.serving.count] }).toEqual(before);
   });
+
+  it('keep the stats of a serving node (its batch sizes, hops per path, next hop) while they say the same, and take them when a count moves', () => {
+    let now = 1_000;
+    const reg = new NodeRegistry([spec], { ...resolveTrackerOptions({}), now: () => now });
+    const sent = (fast: number) => ({ rtc: 0, fast, rpc: 0, link: 0, direct: 0 });
+    // As src/node/runtime/node-message.ts sends it once the node has sent hops.
+    const serving = (t: number, fast: number): NodeMessage => {
+      const m = message('c', 4, t);
+      const batch = new Array<number>(17).fill(0);
+      batch[1] = fast;
+      return { ...m, stats: { ...m.stats!, batch_sizes: batch, hops_sent: sent(fast), hop_paths: [{ peer_id: 'd'.repeat(32), path: 'fast', rtc: 'none', sent: sent(fast) }] } } as NodeMessage;
+    };
+    let t = 1;
+    reg.register(parsed(serving(t++, 7)));
+    reg.heartbeat(parsed(serving(t++, 7)));
+    const c = reg.nodes.get('c')!;
+    const kept = c.stats;
+    for (let i = 0; i < 5; i++) {
+      now += 100;
+      reg.heartbeat(parsed(serving(t++, 7)));
+    }
+    expect(c.stats).toBe(kept);
+    // One hop more, deep in the next hop's counts: a change.
+    const m = parsed(serving(t++, 7));
+    m.stats!.hop_paths![0]!.sent.fast = 8;
+    reg.heartbeat(m);
+    expect(c.stats).not.toBe(kept);
+    expect(c.stats!.hop_paths![0]!.sent.fast).toBe(8);
+    // A path gone from the list is a change too.
+    const fewer = parsed(serving(t, 7));
+    fewer.stats!.hop_paths = [];
+    reg.heartbeat(fewer);
+    expect(c.stats!.hop_paths).toEqual([]);
+  });
 });

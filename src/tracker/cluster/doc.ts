@@ -18,7 +18,7 @@
  */
 import { z } from 'zod';
 import { nodeInfoSchema, nodeStatsSchema } from '../../protocol/tracker.ts';
-import { sameSpan } from '../node-record.ts';
+import { sameData, sameSpan } from '../node-record.ts';
 import type { NodeRecord, RemoteRecord } from '../registry.ts';
 
 const count = z.number().int().nonnegative();
@@ -163,7 +163,8 @@ export const keys = {
 export function beatNeedsWrite(n: NodeRecord, d: NodeDoc | undefined, now: number, refreshMs: number): boolean {
   if (!d) return true;
   if (!sameSpan(n.serving, d.serving) || n.publicKey !== d.public_key || n.relayAddr !== d.relay_addr || n.endpoint !== d.endpoint) return true;
-  if (JSON.stringify(n.info) !== JSON.stringify(d.info) || n.draining !== (d.draining === true)) return true;
+  // NodeInfo is flat: compared field by field, not as two JSON strings made on every beat.
+  if (!sameData(n.info, d.info) || n.draining !== (d.draining === true)) return true;
   if (now - d.last_seen > refreshMs) return true;
   const a = n.stats;
   const b = d.stats;

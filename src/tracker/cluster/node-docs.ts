@@ -35,6 +35,11 @@ export interface NodeDocsInit {
 export class NodeDocs {
   /** Stored node documents with their revisions (what a CAS write builds on). */
   private readonly nodes = new Map<string, { doc: NodeDoc; rev: number }>();
+  /**
+   * The stored documents that are tombstones, with when their grace ends: the leader's burial looks only at
+   * these (a scan of every document twice a second was 9 % of a 10,000-node leader's busy thread).
+   */
+  private readonly tombstones = new Map<string, number>();
   /** Node documents to write (by peer id) and why. */
   private readonly pending = new Map<string, ChangeKind | 'remove'>();
   private readonly trustOps = new Map<string, Promise<void>>();
@@ -68,7 +73,7 @@ export class NodeDocs {
     const had = this.nodes.get(id);
     if (had && had.rev >= e.revision) return; // our own write, already applied
     if (del) {
-      this.nodes.delete(id);
+      this.forgetDoc(id);
       this.init.registry.removeRemote(id);
       return;
     }
@@ -77,7 +82,7 @@ export class NodeDocs {
       if (doc) this.init.dropped('node', `${e.key}: names peer ${doc.peer_id}`);
       return;
     }
-    this.nodes.set(id, { doc, rev: e.revision });
+    this.keep(id, doc, e.revision);
     if (doc.vacated_until !== undefined) {
       // Dropped for silence by the leader, in its rejoin grace: gone here too, its span held from moves till then.
       this.init.registry.vacateRemote(remoteOf(doc), doc.vacated_until);
@@ -91,18 +96,31 @@ export class NodeDocs {
     if (doc.trust) this.onTrust?.(id, doc.trust);
   }
 
+  private keep(id: string, doc: NodeDoc, rev: number): void {
+    this.nodes.set(id, { doc, rev });
+    if (doc.vacated_until !== undefined) this.tombstones.set(id, doc.vacated_until);
+    else this.tombstones.delete(id);
+  }
+
+  private forgetDoc(id: string): void {
+    this.nodes.delete(id);
+    this.tombstones.delete(id);
+  }
+
   /** Tombstones being deleted (by peer id): one delete each at a time. */
   private readonly burying = new Set<string>();
 
   /** The leader deletes the documents of nodes whose rejoin grace ended (unless rewritten since: then they are back). */
   buryTombstones(now: number): void {
-    for (const [id, { doc, rev }] of this.nodes) {
-      if (doc.vacated_until === undefined || doc.vacated_until > now || this.burying.has(id)) continue;
+    for (const [id, until] of this.tombstones) {
+      if (until > now || this.burying.has(id)) continue;
+      const rev = this.nodes.get(id)?.rev;
+      if (rev === undefined) continue;
       this.burying.add(id);
       void this.init.kv()
         .delete(keys.node(id), { previousSeq: rev })
         .then(() => {
-          if (this.nodes.get(id)?.rev === rev) this.nodes.delete(id);
+          if (this.nodes.get(id)?.rev === rev) this.forgetDoc(id);
         })
         .catch(() => undefined)
         .finally(() => this.burying.delete(id));
@@ -130,7 +148,7 @@ export class NodeDocs {
         const rev = cur ? await this.init.kv().update(key, body, cur.rev) : await this.init.kv().create(key, body);
         const now = this.nodes.get(peerId);
         if (!now || now.rev < rev) {
-          this.nodes.set(peerId, { doc: next, rev });
+          this.keep(peerId, next, rev);
           // What we wrote may carry another tracker's decision (a move or a quarantine we had not seen yet): our copy takes it,
           // since the watch will not bring back an older revision than ours.
           const local = this.init.registry.nodes.get(peerId);
@@ -155,7 +173,7 @@ export class NodeDocs {
   private async refresh(peerId: string): Promise<void> {
     const e = await this.init.kv().get(keys.node(peerId)).catch(() => null);
     if (!e || e.operation !== 'PUT') {
-      this.nodes.delete(peerId);
+      this.forgetDoc(peerId);
       return;
     }
     this.entry(e, peerId, false);
@@ -234,10 +252,10 @@ export class NodeDocs {
         if (until !== undefined) {
           const doc: NodeDoc = { ...cur.doc, vacated_until: until, by: this.init.me };
           const rev = await this.init.kv().update(keys.node(peer), JSON.stringify(doc), cur.rev);
-          if ((this.nodes.get(peer)?.rev ?? 0) < rev) this.nodes.set(peer, { doc, rev });
+          if ((this.nodes.get(peer)?.rev ?? 0) < rev) this.keep(peer, doc, rev);
         } else {
           await this.init.kv().delete(keys.node(peer), { previousSeq: cur.rev });
-          this.nodes.delete(peer);
+          this.forgetDoc(peer);
         }
         this.init.writes.inc({ kind: 'remove', result: 'ok' });
       } catch (e) {
@@ -308,6 +326,7 @@ export class NodeDocs {
   /** The bucket was lost and opened again: nothing is stored, as far as we know. */
   forget(): void {
     this.nodes.clear();
+    this.tombstones.clear();
   }
 
   /** Write back the nodes this tracker heard from within their deadline (the bucket was lost). */

@@ -38,6 +38,9 @@ export interface TrackerPeersInit {
   logger: Pick<Logger, 'info' | 'warn'>;
 }
 
+/** How long the trackers found on a relay are reused for beat targets, ms. */
+const NEAR_TTL_MS = 250;
+
 interface Peer {
   doc?: TrackerDoc;
   beaconAt: number;
@@ -46,6 +49,13 @@ interface Peer {
 
 export class TrackerPeers {
   private readonly trackers = new Map<string, Peer>();
+  /**
+   * What every answer reads (each heartbeat's answer names a beat target and lists the keys), kept between
+   * changes of the trackers' documents rather than rebuilt per beat: the keys until a document changes, the
+   * trackers on a relay for at most NEAR_TTL_MS (a tracker turning overdue is seen that much later).
+   */
+  private keysCache: Array<{ public_key: string; cert?: TrackerDoc['cert'] }> | undefined;
+  private readonly nearCache = new Map<string, { near: string[]; at: number }>();
 
   constructor(private readonly init: TrackerPeersInit) {}
 
@@ -58,6 +68,7 @@ export class TrackerPeers {
     const s = this.init.self;
     const doc: TrackerDoc = { v: 1, peer_id: s.peerId, public_key: s.publicKey, url: s.url, ...(s.relay ? { relay: s.relay } : {}), ...(s.cert ? { cert: s.cert } : {}), started_at: this.init.startedAt };
     this.trackers.set(s.peerId, { doc, beaconAt: this.init.now(), behind: false });
+    this.changed();
     await this.init.kv().put(keys.tracker(s.peerId), JSON.stringify(doc)).catch((e: unknown) => this.init.logger.warn({ err: (e as Error).message }, 'cluster: tracker key not announced yet'));
   }
 
@@ -65,11 +76,18 @@ export class TrackerPeers {
   stored(id: string, doc: TrackerDoc): void {
     const t = this.trackers.get(id);
     this.trackers.set(id, { doc, beaconAt: t?.beaconAt ?? this.init.now(), behind: t?.behind ?? false });
+    this.changed();
+  }
+
+  private changed(): void {
+    this.keysCache = undefined;
+    this.nearCache.clear();
   }
 
   /** A tracker's document was deleted from the bucket. */
   deleted(id: string): void {
     this.trackers.delete(id);
+    this.changed();
   }
 
   /** A tracker's `seen` batch arrived at `now`. */
@@ -93,6 +111,7 @@ export class TrackerPeers {
     for (const [id, t] of this.trackers) {
       if (id === this.me || now - t.beaconAt <= this.init.trackerGoneMs) continue;
       this.trackers.delete(id);
+      this.changed();
       this.init.logger.info({ tracker: id }, 'cluster: a tracker went silent; its routes in flight are released');
       await this.init.kv().delete(keys.tracker(id)).catch(() => undefined);
       await after(id);
@@ -107,20 +126,31 @@ export class TrackerPeers {
   beatTarget(n: NodeRecord): string {
     const base = relayBase(n.relayAddr);
     if (!base) return this.me;
-    const now = this.init.now();
-    const near: string[] = [];
-    for (const [id, t] of this.trackers) if (t.doc?.relay === base && (id === this.me || now - t.beaconAt <= this.init.overdueMs)) near.push(id);
+    const near = this.near(base);
     if (near.length === 0) return this.me;
-    near.sort();
     let h = 0;
     for (let i = 0; i < 8; i++) h = (h * 16 + parseInt(n.peerId[i]!, 16)) >>> 0;
     return near[h % near.length]!;
   }
 
-  /** The route-signing keys of every tracker of the cluster (what nodes accept routes from). */
+  /** The trackers attached to relay `base` and not overdue, sorted. */
+  private near(base: string): string[] {
+    const now = this.init.now();
+    const hit = this.nearCache.get(base);
+    if (hit && now - hit.at < NEAR_TTL_MS) return hit.near;
+    const near: string[] = [];
+    for (const [id, t] of this.trackers) if (t.doc?.relay === base && (id === this.me || now - t.beaconAt <= this.init.overdueMs)) near.push(id);
+    near.sort();
+    this.nearCache.set(base, { near, at: now });
+    return near;
+  }
+
+  /** The route-signing keys of every tracker of the cluster (what nodes accept routes from). The same array until one changes (answers share it): callers must not modify it. */
   trackerKeys(): Array<{ public_key: string; cert?: TrackerDoc['cert'] }> {
+    if (this.keysCache) return this.keysCache;
     const out: Array<{ public_key: string; cert?: TrackerDoc['cert'] }> = [];
     for (const t of this.trackers.values()) if (t.doc) out.push({ public_key: t.doc.public_key, ...(t.doc.cert ? { cert: t.doc.cert } : {}) });
+    this.keysCache = out;
     return out;
   }
 
