@@ -24,7 +24,7 @@
  */
 import { BEAT_BATCH_FEATURE } from '../protocol/beat-batch.ts';
 import { BeatCalls, type BeatReply } from './beat-calls.ts';
-import { CLUSTER_FEATURE, ONE_WAY_FEATURE, PEER_WATCH_FEATURE, type MeshReply, type RegisteredMsg } from '../protocol/envelopes.ts';
+import { CLUSTER_FEATURE, ONE_WAY_FEATURE, PEER_BACK_FEATURE, PEER_WATCH_FEATURE, type MeshReply, type RegisteredMsg } from '../protocol/envelopes.ts';
 import { MeshError } from '../protocol/errors.ts';
 import { FrameMux } from './frame-mux.ts';
 import type { Identity } from './identity.ts';
@@ -94,6 +94,8 @@ export interface Registration {
   cluster?: boolean;
   /** The relay says when a watched peer detaches (announced `peer-watch`): watchPeer(). */
   peerWatch?: boolean;
+  /** The relay holds a watch of a peer not attached to it and says when it attaches (announced `peer-back`). */
+  peerBack?: boolean;
   /** The relay batches heartbeats towards trackers (announced `beat-batch`): beat(). */
   beatBatch?: boolean;
 }
@@ -122,7 +124,7 @@ export class RelayClient {
   /** From a lost registration to the next: requests made meanwhile wait for it (within the budget). */
   private readonly outage: RelayOutage;
   /** watchPeer() calls waiting; settled by the relay's notices or when the connection drops. */
-  private readonly peerWatches = new PeerWatches((err) => this.log({ level: 'error', event: 'protocol', message: "a peer watch's onAttached threw", error: err }));
+  private readonly peerWatches = new PeerWatches((err) => this.log({ level: 'error', event: 'protocol', message: "a peer watch's onAttached or onAbsent threw", error: err }));
   /** beat() calls waiting for their answers on the registered connection (they fail when it drops). */
   private beatCalls = new BeatCalls();
   /** A tracker's handler for batches of beats (setBeatsHandler): the answer text, sent back at once. */
@@ -217,15 +219,19 @@ export class RelayClient {
    * tracker this way instead of holding an HTTP stream to it. `onAttached`
    * is called when the relay answers that the peer is attached to it (at
    * once when an earlier watch of the same peer was answered so): the node
-   * then knows its tracker takes beats on this relay.
+   * then knows its tracker takes beats on this relay. On a relay with
+   * `peer-back` a peer not attached to it does not end the watch `absent`:
+   * `onAbsent` is called, and `onAttached` later if it attaches there.
    */
-  watchPeer(peerId: string, signal?: AbortSignal, onAttached?: () => void): Promise<PeerWatchEnd> {
+  watchPeer(peerId: string, signal?: AbortSignal, onAttached?: () => void, onAbsent?: () => void): Promise<PeerWatchEnd> {
     const mux = this.mux;
-    if (mux === undefined || this.registration?.peerWatch !== true) return Promise.resolve('unsupported');
+    const reg = this.registration;
+    if (mux === undefined || reg?.peerWatch !== true) return Promise.resolve('unsupported');
     // On this connection only: its watches end with it ('lost').
-    return this.peerWatches.watch(peerId, (text) => {
+    const send = (text: string): void => {
       if (this.mux === mux) void mux.send(text);
-    }, signal, onAttached);
+    };
+    return this.peerWatches.watch(peerId, send, reg.peerBack === true, signal, { ...(onAttached ? { onAttached } : {}), ...(onAbsent ? { onAbsent } : {}) });
   }
 
   /**
@@ -406,6 +412,7 @@ export class RelayClient {
       oneWay: msg.features?.includes(ONE_WAY_FEATURE) === true,
       cluster: msg.features?.includes(CLUSTER_FEATURE) === true,
       peerWatch: msg.features?.includes(PEER_WATCH_FEATURE) === true,
+      peerBack: msg.features?.includes(PEER_BACK_FEATURE) === true,
       beatBatch: msg.features?.includes(BEAT_BATCH_FEATURE) === true,
     };
     this.urls.learn(msg.relays);

@@ -9,7 +9,9 @@
  * batches (an older one), or one not attached to this relay (on another relay
  * of a cluster, or not back after a restart), gets its beats as requests
  * without the try first; the relay's peer-watch of the tracker renews that, or
- * ends it as soon as the tracker attaches. Host-agnostic.
+ * ends it as soon as the tracker attaches (a relay with `peer-back` says so
+ * unasked; with an older one the watch is asked again after each beat).
+ * Host-agnostic.
  */
 import type { MeshError } from '../protocol/errors.ts';
 import type { MeshReply } from '../protocol/envelopes.ts';
@@ -23,8 +25,12 @@ export interface TrackerRelay {
   /** RelayClient's state ('registered' …), or 'none' when the node has no relay. */
   readonly state: string;
   request(peerId: string, req: OutgoingRequest, opts?: RequestOptions): Promise<MeshReply>;
-  /** RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say; `onAttached` when it says the peer is attached to it. */
-  watchPeer?(peerId: string, signal?: AbortSignal, onAttached?: () => void): Promise<PeerWatchEnd>;
+  /**
+   * RelayClient.watchPeer: resolves when the relay says the peer detached, or why it will not say; `onAttached` when it
+   * says the peer is attached to it; `onAbsent` when it says it is not and holds the watch (`peer-back`: it will say when
+   * the peer attaches, and the watch goes on).
+   */
+  watchPeer?(peerId: string, signal?: AbortSignal, onAttached?: () => void, onAbsent?: () => void): Promise<PeerWatchEnd>;
   /** RelayClient.currentRegistration: a new object at each registration (undefined while not registered); what the relay said is forgotten when it changes. */
   readonly currentRegistration?: object | undefined;
   /** RelayClient.beat: the heartbeat as a `beat` message the relay batches; undefined when the relay does not batch. */
@@ -50,9 +56,11 @@ const NO_BATCH_RETRY_MS = 60_000;
  * a cluster, or not back after a restart), how long its beats go as requests
  * without the batched try, ms: a random time in [half, whole], so the nodes
  * told at once (a tracker's restart) do not all try again at once. Sooner when
- * the relay's peer-watch says the tracker attached (the watch asks again after
- * each beat while it is not), and renewed each time it says it is not: a
- * bound for a relay connection that gives no such news.
+ * the relay's peer-watch says the tracker attached (a relay with `peer-back`
+ * says so when it does; with an older one the watch asks again after each beat
+ * while it is not), and renewed each time it says it is not (with `peer-back`:
+ * at each beat while the relay holds the watch): a bound for a relay
+ * connection that gives no such news.
  */
 const NOT_ATTACHED_RETRY_MS = 30_000;
 

@@ -100,11 +100,24 @@ export class TrackerUnreachableError extends MeshError {
 /**
  * How a watch ended (TrackerClient.watch): `ended` the HTTP stream ended (the
  * tracker went away, or the signal aborted); `gone` the relay said the
- * tracker's peer detached; `rearm` nothing is known (not watching now: the
- * last beat did not go over the relay, the relay connection dropped, the
- * tracker is not on this relay): watch again after the next beat tells.
+ * tracker's peer detached; `unreachable` a beat or registration found the
+ * tracker unreachable while the relay held the watch for it not attached
+ * there (`peer-back`: no `peer-gone` can come then); `rearm` nothing is known
+ * (not watching now: the last beat did not go over the relay, the relay
+ * connection dropped, the tracker is not on this relay of an older build,
+ * another tracker was named, the node registered again): watch again after
+ * the next beat tells.
  */
-export type WatchEnd = 'ended' | 'gone' | 'rearm';
+export type WatchEnd = 'ended' | 'gone' | 'unreachable' | 'rearm';
+
+/** A watch of the tracker over the relay, while it waits: what the relay said of the tracker (`absent`: not attached there, and it holds the watch: `peer-back`). */
+interface RelayWatch {
+  peer: string;
+  said: 'asked' | 'attached' | 'absent';
+  stop: AbortController;
+  /** Why the client stopped it (not the caller's signal). */
+  why?: 'rearm' | 'unreachable';
+}
 
 /** The tracker forgot this node (it restarted): register again. */
 export class NotRegisteredError extends MeshError {
@@ -138,6 +151,8 @@ export class TrackerClient {
   readonly beats: BeatCounts = { relay: 0, http: 0, batched: 0, skipped: 0 };
   /** Heartbeats over the relay, batched or as requests, and what the relay said of batching. */
   private readonly relayBeats: RelayBeats<HeartbeatAnswer>;
+  /** The watch of the tracker over the relay in progress (watch()). */
+  private relayWatch: RelayWatch | undefined;
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
@@ -153,9 +168,25 @@ export class TrackerClient {
   }
 
   private setTrackerPeer(id: string | undefined): void {
-    // Another tracker: what the relay said of the last one is not news of this one.
-    if (id !== this.trackerPeer) this.relayBeats.forget();
+    // Another tracker: what the relay said of the last one is not news of this one (and a held watch is of the wrong peer).
+    if (id !== this.trackerPeer) {
+      this.relayBeats.forget();
+      this.endHeldWatch('rearm');
+    }
     this.trackerPeer = id;
+  }
+
+  /**
+   * The relay holds the watch of a tracker not attached to it (`peer-back`):
+   * it will say when the tracker attaches there, but nothing of it elsewhere.
+   * End it on what it cannot tell: the tracker unreachable (a beat refused),
+   * another tracker, a registration again (the slow safety re-ask).
+   */
+  private endHeldWatch(why: 'rearm' | 'unreachable'): void {
+    const w = this.relayWatch;
+    if (w?.said !== 'absent') return;
+    w.why = why;
+    w.stop.abort();
   }
 
   /** Why beats to the current tracker skip the batched try now (docs/protocol.md §9.1), or undefined: they try it. */
@@ -174,7 +205,8 @@ export class TrackerClient {
     this.trust.only(key);
   }
 
-  private async post(path: string, payload: unknown, signal?: AbortSignal): Promise<{ status: number; json: unknown }> {
+  /** `beat`: a heartbeat or registration, whose finding the tracker unreachable ends a watch the relay holds for it. */
+  private async post(path: string, payload: unknown, signal?: AbortSignal, beat = false): Promise<{ status: number; json: unknown }> {
     const signals = [AbortSignal.timeout(this.timeoutMs), ...(signal ? [signal] : [])];
     let res: Response;
     try {
@@ -189,6 +221,7 @@ export class TrackerClient {
       const why = `tracker ${this.base} unreachable for ${path}: ${(e as { cause?: { code?: string } }).cause?.code ?? (e as Error).message}`;
       // A timeout is a tracker that is slow (behind), not gone.
       if ((e as Error).name === 'TimeoutError' || signals[0]!.aborted) throw new MeshError('MESH_ERR_UNAVAILABLE', why);
+      if (beat) this.endHeldWatch('unreachable');
       throw new TrackerUnreachableError(why);
     }
     const text = await res.text();
@@ -220,13 +253,15 @@ export class TrackerClient {
   }
 
   async register(msg: NodeMessage): Promise<RegisterAnswer> {
-    const { status, json } = await this.post('/api/nodes/register', await signBody(this.init.identity, msg));
+    const { status, json } = await this.post('/api/nodes/register', await signBody(this.init.identity, msg), undefined, true);
     if (status !== 200 && status !== 201) this.fail('/api/nodes/register', status, json);
     const p = registerAnswerSchema.safeParse(json);
     if (!p.success) throw new MeshError('MESH_ERR_UPSTREAM', `tracker register answer: ${p.error.issues[0]!.path.join('.')}: ${p.error.issues[0]!.message}`);
     await this.trust.absorb(p.data.tracker_public_key, p.data.tracker_keys);
     this.setTrackerPeer(p.data.tracker_peer_id);
     if (p.data.distrust) this.init.onDistrust?.(p.data.distrust);
+    // Registered again (the tracker forgot this node): a held watch is asked again after the next beat.
+    this.endHeldWatch('rearm');
     return p.data;
   }
 
@@ -258,10 +293,14 @@ export class TrackerClient {
    * signed HTTP request.
    */
   async heartbeat(msg: NodeMessage): Promise<HeartbeatAnswer> {
+    // The relay holds the watch of this tracker, not attached to it (peer-back): it is still not, or the relay would
+    // have said. Renewed at each beat, as each watch asked again and answered "not attached" renewed it on an older relay.
+    const w = this.relayWatch;
+    if (w?.said === 'absent' && w.peer === this.trackerPeer) this.relayBeats.absent(w.peer);
     const overRelay = await this.relayBeats.send(this.trackerPeer, msg);
     if (overRelay) return overRelay;
     this.beats.http++;
-    const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg));
+    const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg), undefined, true);
     if (status === 404) throw new NotRegisteredError();
     if (status !== 200) this.fail('/api/nodes/heartbeat', status, json);
     return this.beatAnswer(json);
@@ -293,7 +332,11 @@ export class TrackerClient {
    * `peer-watch` asks that relay to say when the tracker's peer (the one its
    * beats go to) detaches, and holds no connection to the tracker: `gone`
    * when it did, `rearm` when no such news can come now (the tracker is not
-   * attached to this relay, the relay connection dropped: see WatchEnd).
+   * attached to a relay without `peer-back`, the relay connection dropped:
+   * see WatchEnd). A relay with `peer-back` holds the watch of a tracker not
+   * attached to it and says when it attaches: the watch waits for that (no
+   * asking again after each beat), then for `peer-gone`; meanwhile a beat
+   * that finds the tracker unreachable ends it `unreachable`.
    * Otherwise (no relay, a relay without `peer-watch`, a tracker with no
    * peer id) the HTTP stream, as httpWatch().
    */
@@ -301,11 +344,35 @@ export class TrackerClient {
     const relay = this.init.relay;
     const peer = this.trackerPeerId;
     if (relay?.watchPeer !== undefined && relay.state !== 'none' && peer !== undefined) {
-      // The relay's answer says whether the tracker is attached to it, so whether its beats may go batched.
-      const end = await relay.watchPeer(peer, signal, () => this.relayBeats.attached(peer));
+      const w: RelayWatch = { peer, said: 'asked', stop: new AbortController() };
+      const onAbort = (): void => w.stop.abort();
+      signal.addEventListener('abort', onAbort, { once: true });
+      if (signal.aborted) w.stop.abort();
+      this.relayWatch = w;
+      let end;
+      try {
+        // The relay's answers say whether the tracker is attached to it, so whether its beats may go batched.
+        end = await relay.watchPeer(
+          peer,
+          w.stop.signal,
+          () => {
+            w.said = 'attached';
+            this.relayBeats.attached(peer);
+          },
+          () => {
+            w.said = 'absent';
+            this.relayBeats.absent(peer);
+            // Another tracker was named while the relay had not answered yet: not this watch's peer any more.
+            if (this.trackerPeer !== peer) this.endHeldWatch('rearm');
+          },
+        );
+      } finally {
+        signal.removeEventListener('abort', onAbort);
+        if (this.relayWatch === w) this.relayWatch = undefined;
+      }
       if (end === 'absent') this.relayBeats.absent(peer);
       if (end === 'gone') return 'gone';
-      if (end === 'cancelled') return 'ended';
+      if (end === 'cancelled') return signal.aborted ? 'ended' : (w.why ?? 'rearm');
       if (end !== 'unsupported' || relay.state !== 'registered') return 'rearm';
       // A relay without peer-watch: the HTTP stream, as before.
     }

@@ -7,7 +7,8 @@
  *   start() ── register ──▶ onAssignment(a)
  *      ├─ every interval: heartbeat ──▶ onAssignment(a)   (404 → register)
  *      └─ watch: the relay tells when the tracker's peer detaches (a node whose
- *         beats go over a relay with `peer-watch`), else GET /api/nodes/watch
+ *         beats go over a relay with `peer-watch`; with `peer-back` also when a
+ *         tracker not attached there attaches), else GET /api/nodes/watch
  *         held open; when the tracker went away (or a beat found it unreachable)
  *         heartbeats come every 250 ms → 1 s until one is answered (a
  *         restarted tracker answers 404 → register at once), then it watches again
@@ -141,9 +142,11 @@ export class TrackerSession {
    * each time the watch ends or cannot be opened, heartbeat on a short
    * schedule until the tracker answers, so a restarted tracker has this node
    * again within about a second of its return, not a heartbeat period later.
-   * Between relay watches (the tracker not attached to the relay, the relay
-   * reconnecting) the next beat tells: one that finds the tracker unreachable starts the same short
-   * schedule. Stops on close(), or for good when the tracker has no watch
+   * Between relay watches (the tracker not attached to a relay without
+   * `peer-back`, the relay reconnecting) the next beat tells: one that finds
+   * the tracker unreachable starts the same short schedule; a relay with
+   * `peer-back` holds the watch instead, and such a beat ends it
+   * (`unreachable`) with the same effect. Stops on close(), or for good when the tracker has no watch
    * stream (heartbeats alone then).
    */
   private async watch(): Promise<void> {

@@ -42,6 +42,16 @@ export const CLUSTER_FEATURE = 'cluster';
  */
 export const PEER_WATCH_FEATURE = 'peer-watch';
 
+/**
+ * The `registered` feature of a relay that holds a watch of a peer not
+ * attached to it (docs/protocol.md §9): the `peer-watch` answer says
+ * `attached: false` and, when that peer attaches to this relay later, the
+ * relay sends `{type:'peer-watch', peer_id, attached: true}` unasked; the
+ * watch then goes on as an attached one (`peer-gone` when it detaches). A
+ * peer of a relay without it asks again to learn that the peer attached.
+ */
+export const PEER_BACK_FEATURE = 'peer-back';
+
 /** A register message's key and signature, decoded; or why the sender must be refused, and with which close code of §8. */
 export type RegisterCredentials =
   | { ok: true; publicKey: Uint8Array; signature: Uint8Array; info: Record<string, unknown> }

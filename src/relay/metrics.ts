@@ -16,13 +16,15 @@ export interface HotCounters {
   messages: number;
   /** Requests in flight now; the server installs the real getter. */
   inFlight: () => number;
+  /** Peer watches held now (PeerWatch installs the real getter): of peers attached here, and of peers not attached here yet. */
+  watches: () => { attached: number; pending: number };
   /** Requests that crossed to (out) or came from (in) another relay of the cluster. */
   cluster: { in: number; out: number };
 }
 
 export function createRelayMetrics() {
   const registry = new Registry();
-  const hot: HotCounters = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0, inFlight: () => 0, cluster: { in: 0, out: 0 } };
+  const hot: HotCounters = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0, inFlight: () => 0, watches: () => ({ attached: 0, pending: 0 }), cluster: { in: 0, out: 0 } };
   const reported = { bytesIn: 0, bytesOut: 0, hops: { fast: 0, rpc: 0, envelope: 0 }, oneWay: 0, messages: 0, cluster: { in: 0, out: 0 } };
   const peers = new Gauge({ name: 'meshnet_relay_peers', help: 'Registered peers', registers: [registry] });
   const inFlight = new Gauge({
@@ -33,6 +35,18 @@ export function createRelayMetrics() {
       this.set(hot.inFlight());
     },
   });
+  const peerWatches = new Gauge({
+    name: 'meshnet_relay_peer_watches',
+    help: 'Peer watches held: of peers attached here (peer-gone to come), of peers not attached here (pending: attached to come, peer-back)',
+    labelNames: ['state'] as const,
+    registers: [registry],
+    collect() {
+      const w = hot.watches();
+      this.set({ state: 'attached' }, w.attached);
+      this.set({ state: 'pending' }, w.pending);
+    },
+  });
+  const watchAsks = new Counter({ name: 'meshnet_relay_watch_peer_total', help: 'watch-peer messages received (a node of an older build asks again after every heartbeat while its tracker is not attached here)', registers: [registry] });
   const hops = new Counter({
     name: 'meshnet_relay_hops_total',
     help: 'Requests forwarded to a peer, by path',
@@ -93,6 +107,6 @@ export function createRelayMetrics() {
     buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
     registers: [registry],
   });
-  return { registry, hot, peers, inFlight, hops, messages, bytes, errors, latency, cluster, clusterDropped, clusterLinks, beats, beatBatches };
+  return { registry, hot, peers, inFlight, peerWatches, watchAsks, hops, messages, bytes, errors, latency, cluster, clusterDropped, clusterLinks, beats, beatBatches };
 }
 export type RelayMetrics = ReturnType<typeof createRelayMetrics>;

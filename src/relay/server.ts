@@ -17,7 +17,7 @@ import pino, { type Logger } from 'pino';
 import { WebSocket, WebSocketServer, type RawData } from 'ws';
 import { connectNats, type NatsHandle, type NatsStatus } from '../cluster/nats.ts';
 import { Federation } from './federation.ts';
-import { BEAT_BATCH_FEATURE, CLUSTER_FEATURE, MeshError, ONE_WAY_FEATURE, PEER_ID_BYTES, PEER_WATCH_FEATURE, parseRegister, registrationMessage } from '../protocol/index.ts';
+import { BEAT_BATCH_FEATURE, CLUSTER_FEATURE, MeshError, ONE_WAY_FEATURE, PEER_BACK_FEATURE, PEER_ID_BYTES, PEER_WATCH_FEATURE, parseRegister, registrationMessage } from '../protocol/index.ts';
 import { createRelayMetrics, type RelayMetrics } from './metrics.ts';
 import { resolveRelayOptions, type RelayOptions } from './options.ts';
 import { CLOSE } from '../protocol/close-codes.ts';
@@ -138,9 +138,17 @@ export async function startRelay(partial: Partial<RelayOptions> = {}): Promise<R
     // `cluster`: peers on every relay of the cluster are reachable on this connection's fast path.
     // `peer-watch`: the relay says when a watched peer detaches (a node watching its tracker).
     // `beat-batch`: a node may send its heartbeat as a `beat` message; the relay batches them per tracker (docs/protocol.md §9.1).
-    const features = [ONE_WAY_FEATURE, PEER_WATCH_FEATURE, ...(table.beats ? [BEAT_BATCH_FEATURE] : []), ...(federation ? [CLUSTER_FEATURE] : [])];
+    // `peer-back`: it holds a watch of a peer not attached to it, and says when that peer attaches.
+    const features = [ONE_WAY_FEATURE, PEER_WATCH_FEATURE, PEER_BACK_FEATURE, ...(table.beats ? [BEAT_BATCH_FEATURE] : []), ...(federation ? [CLUSTER_FEATURE] : [])];
     const registered = () => {
-      if (socket.isOpen) socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}`, features, ...(federation ? { relays: federation.relayUrls().slice(0, 64) } : {}) }));
+      if (!socket.isOpen) return;
+      socket.ws.send(JSON.stringify({ type: 'registered', peer_id: v.id, relay_addr: `${publicUrl}/rpc/${v.id}`, features, ...(federation ? { relays: federation.relayUrls().slice(0, 64) } : {}) }));
+      try {
+        table.announced(peer);
+      } catch (e) {
+        // Run from a promise in a cluster: a bug here is logged, never an unhandled rejection.
+        logger.error({ err: e }, 'telling the watchers of a peer that it attached failed');
+      }
     };
     // In a cluster, `registered` once NATS has the peer's subscription: from then on every relay finds it.
     if (federation) void federation.announced().then(registered);

@@ -126,7 +126,7 @@ export class StreamTable {
     const m = init.metrics;
     this.book = new StreamBook(this.o.requestTimeoutMs, m, this.now);
     this.out = new Outbox(this.o.maxBufferedBytes, m, this.logger);
-    this.watch = new PeerWatch(this.peers, this.out);
+    this.watch = new PeerWatch(this.peers, this.out, m);
     const beatBatchMs = this.o.beatBatchMs ?? 0;
     if (beatBatchMs > 0) {
       // eslint-disable-next-line @typescript-eslint/no-this-alias -- the getter below reads the table's flag as it is then
@@ -166,6 +166,16 @@ export class StreamTable {
     this.logger.info({ peer_id: id, fast_path: peer.fastPath }, 'peer registered');
     this.federation?.peerAdded(peer);
     return peer;
+  }
+
+  /**
+   * The peer was told it is registered (`registered` sent; in a cluster once
+   * NATS has it): those that watched it while it was not attached hear that
+   * it is (PEER_BACK_FEATURE). Not at addPeer: a peer told first would see
+   * beats before its own `registered`.
+   */
+  announced(peer: PeerConn): void {
+    if (this.peers.get(peer.id) === peer) this.watch.attached(peer.id);
   }
 
   /** The peer's socket closed (or a link to another relay): its streams end (502 to its callers, CANCEL to its targets). */

@@ -59,7 +59,14 @@ describe('relay peer-watch', () => {
     const [a, b] = [await client(), await client()];
     expect((await a.ready()).peerWatch).toBe(true);
     const told: string[] = [];
-    expect(await a.watchPeer('0'.repeat(32), undefined, () => told.push('absent one'))).toBe('absent');
+    // A peer not attached: answered absent, and (peer-back) the watch is held until it attaches or is cancelled.
+    const stopAbsent = new AbortController();
+    const absent = a.watchPeer('0'.repeat(32), stopAbsent.signal, () => told.push('absent one'), () => told.push('held'));
+    await until(() => told.length === 1);
+    expect(told).toEqual(['held']);
+    stopAbsent.abort();
+    expect(await absent).toBe('cancelled');
+    told.length = 0;
 
     // Each watcher hears that the peer is attached (a node learns its tracker takes beats on this relay, §9.1) …
     const wa = a.watchPeer(trackerId.peerId, undefined, () => told.push('a'));

@@ -37,7 +37,7 @@ describe('registration on /ws', () => {
     ws.send(JSON.stringify(registerMessage(keys, challenge.nonce as string)));
     const reg = await nextJson(ws);
     const expectedId = await peerIdFromPublicKey(new Uint8Array(keys.publicRaw));
-    expect(reg).toEqual({ type: 'registered', peer_id: expectedId, relay_addr: `${relay.url}/rpc/${expectedId}`, features: ['one-way', 'peer-watch', 'beat-batch'] });
+    expect(reg).toEqual({ type: 'registered', peer_id: expectedId, relay_addr: `${relay.url}/rpc/${expectedId}`, features: ['one-way', 'peer-watch', 'peer-back', 'beat-batch'] });
     expect(await peersOnRelay()).toContain(expectedId);
     ws.close();
   });

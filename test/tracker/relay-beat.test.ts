@@ -146,6 +146,8 @@ describe('heartbeats over a real relay', () => {
       client.start();
       await client.ready(10_000);
       let tries = 0;
+      let asks = 0;
+      let heldTold = 0;
       const counted: TrackerRelay = {
         get state() {
           return client.state;
@@ -154,7 +156,13 @@ describe('heartbeats over a real relay', () => {
           return client.currentRegistration;
         },
         request: (p, r, o) => client.request(p, r, o),
-        watchPeer: (p, s, attached) => client.watchPeer(p, s, attached),
+        watchPeer: (p, s, attached, absent) => {
+          asks++;
+          return client.watchPeer(p, s, attached, () => {
+            heldTold++;
+            absent?.();
+          });
+        },
         beat: (p, body, ms) => {
           tries++;
           return client.beat(p, body, ms);
@@ -166,14 +174,16 @@ describe('heartbeats over a real relay', () => {
       // Tried batched once (relay b: no such peer), then the request path at once (b has no such peer either: signed HTTP).
       expect(tries).toBe(1);
       expect(tc.beats).toEqual({ relay: 0, http: 3, batched: 0, skipped: 2 });
-      // The relay's peer-watch says the same: not attached there (the watch is asked again after the next beat).
-      expect(await tc.watch(watches.signal)).toBe('rearm');
+      // The relay's peer-watch says the same: not attached there; relay b (peer-back) holds the watch.
+      void tc.watch(watches.signal);
+      await until(() => heldTold === 1);
       expect(tc.noBatchNow).toBe('not-attached');
-      // Relay a goes: the tracker fails over to b. The node's next watch hears it is attached: batched at once.
+      // Relay a goes: the tracker fails over to b, and b says so on the watch it held: batched at once, not asked again.
       await a.stop();
       await until(() => tracker.relay?.state === 'registered' && tracker.relay.relayUrl.endsWith(`:${b.port}`), 10_000);
-      void tc.watch(watches.signal);
       await until(() => tc.noBatchNow === undefined);
+      expect(asks).toBe(1);
+      expect(await (await fetch(`${b.httpUrl}/metrics`)).text()).toMatch(/meshnet_relay_watch_peer_total 1\b/);
       expect((await tc.heartbeat(node.message(Date.now()))).assignment).toEqual(reg.assignment);
       expect(tries).toBe(2);
       expect(tc.beats).toEqual({ relay: 1, http: 3, batched: 1, skipped: 2 });

@@ -75,8 +75,8 @@ export function trackerRelay(relay: () => RelayClient | undefined): TrackerRelay
       return relay()?.currentRegistration;
     },
     request: (peer: string, req: OutgoingRequest, opts?: RequestOptions) => relay()?.request(peer, req, opts) ?? Promise.reject(new MeshError('MESH_ERR_UNAVAILABLE', 'no relay')),
-    // The relay tells when the tracker's peer detaches (peer-watch): no HTTP watch stream held to the tracker.
-    watchPeer: (peer: string, signal?: AbortSignal, onAttached?: () => void) => relay()?.watchPeer(peer, signal, onAttached) ?? Promise.resolve('unsupported' as const),
+    // The relay tells when the tracker's peer detaches (peer-watch), and when it attaches (peer-back): no HTTP watch stream held to the tracker.
+    watchPeer: (peer: string, signal?: AbortSignal, onAttached?: () => void, onAbsent?: () => void) => relay()?.watchPeer(peer, signal, onAttached, onAbsent) ?? Promise.resolve('unsupported' as const),
     // The beat as a `beat` message the relay batches towards the tracker (beat-batch); undefined: as a request.
     beat: (peer: string, body: unknown, timeoutMs: number) => relay()?.beat(peer, body, timeoutMs),
   };
