@@ -417,15 +417,20 @@ export class NodeRegistry {
     return true;
   }
 
-  /** Another tracker heard from the node at `at` and told it `intervalMs`: its deadline moves as if we had. */
-  touch(peerId: string, at: number, intervalMs?: number): void {
-    const rec = this.nodes.get(peerId);
-    if (!rec) return;
-    if (at > rec.lastSeen) {
-      rec.lastSeen = at;
-      rec.lateAtSeen = this.lateMs();
+  /** Another tracker heard from these nodes at `at` and told them `intervalMs` (one `seen` batch): their deadlines move as if we had. */
+  touch(peerIds: readonly string[], at: number, intervalMs: number): void {
+    // Once per batch, not per node: a batch names every node another tracker heard from in a second.
+    const late = this.lateMs();
+    const period = Math.max(this.o.heartbeatIntervalMs, intervalMs);
+    for (const id of peerIds) {
+      const rec = this.nodes.get(id);
+      if (!rec) continue;
+      if (at > rec.lastSeen) {
+        rec.lastSeen = at;
+        rec.lateAtSeen = late;
+      }
+      rec.intervalMs = period;
     }
-    if (intervalMs !== undefined) rec.intervalMs = Math.max(this.o.heartbeatIntervalMs, intervalMs);
   }
 
   private lateMs(): number {

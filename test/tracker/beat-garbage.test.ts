@@ -9,6 +9,7 @@
 import { describe, expect, it } from 'vitest';
 import type { NodeMessage } from '../../src/protocol/tracker.ts';
 import { resolveTrackerOptions } from '../../src/tracker/options.ts';
+import { sameData } from '../../src/tracker/node-record.ts';
 import { NodeRegistry } from '../../src/tracker/registry.ts';
 import { smallSpec } from '../helpers/tracker.ts';
 
@@ -110,5 +111,23 @@ describe('heartbeats that change nothing', () => {
     fewer.stats!.hop_paths = [];
     reg.heartbeat(fewer);
     expect(c.stats!.hop_paths).toEqual([]);
+  });
+
+  it('compare JSON data deep: key order aside, any added, missing or changed value, at any depth, is a change', () => {
+    const a = { x: 1, y: [1, { z: 'q', w: null }], v: true };
+    expect(sameData(a, JSON.parse(JSON.stringify(a)))).toBe(true);
+    expect(sameData(a, { v: true, y: [1, { w: null, z: 'q' }], x: 1 })).toBe(true);
+    for (const b of [
+      { x: 1, y: [1, { z: 'q', w: null }] },
+      { x: 1, y: [1, { z: 'q', w: null }], v: true, u: 0 },
+      { x: 1, y: [1, { z: 'q', w: 0 }], v: true },
+      { x: 1, y: [1, { z: 'q' }], v: true },
+      { x: 1, y: [1, { z: 'q', w: null }, 2], v: true },
+      { x: 1, y: { 0: 1, 1: { z: 'q', w: null } }, v: true },
+      { x: '1', y: [1, { z: 'q', w: null }], v: true },
+    ])
+      expect(sameData(a, b), JSON.stringify(b)).toBe(false);
+    expect(sameData([], {})).toBe(false);
+    expect(sameData(null, {})).toBe(false);
   });
 });

@@ -47,7 +47,7 @@
  * - A malformed document or batch is dropped and counted
  *   (`meshnet_tracker_cluster_dropped_total{kind}`), never applied.
  *
- * This file holds the bucket, its watch, the `seen` batches and late time;
+ * This file holds the bucket, its watch and late time; the `seen` batches are seen-batches.ts,
  * the nodes' documents and their writes are node-docs.ts, the other
  * trackers tracker-peers.ts, the lease leader-lease.ts, the chats' KV room
  * route-leases.ts.
@@ -61,10 +61,11 @@ import type { LeaseObserver } from '../admission.ts';
 import type { TrackerMetrics } from '../metrics.ts';
 import type { ChangeKind, NodeRecord, NodeRegistry } from '../registry.ts';
 import type { TrustCounters, TrustOutcome } from '../verify/trust.ts';
-import { keys, leaseDocSchema, nodeDocSchema, routeDocSchema, seenSchema, trackerDocSchema, type TrackerDoc } from './doc.ts';
+import { keys, leaseDocSchema, nodeDocSchema, routeDocSchema, trackerDocSchema, type TrackerDoc } from './doc.ts';
 import { LeaderLease } from './leader-lease.ts';
 import { NodeDocs } from './node-docs.ts';
 import { RouteLeases } from './route-leases.ts';
+import { SeenBatches } from './seen-batches.ts';
 import { TrackerPeers, type ClusterSelf } from './tracker-peers.ts';
 
 // Who the tracker is, and which relay an address names, live with the cluster's trackers; importers find them here too.
@@ -121,8 +122,7 @@ export class ClusterStore implements LeaseObserver {
   private readonly peers: TrackerPeers;
   private readonly leaderLease: LeaderLease;
   private readonly routeLeases: RouteLeases;
-  /** Peers heard from since the last batch. */
-  private seenIds = new Set<string>();
+  private readonly seen: SeenBatches;
   private wasConnected = true;
   private lateTotal = 0;
   private lastLateTick = 0;
@@ -164,6 +164,18 @@ export class ClusterStore implements LeaseObserver {
     this.peers = new TrackerPeers({ kv, self: init.self, startedAt: this.startedAt, overdueMs: this.o.overdueMs, trackerGoneMs: this.o.trackerGoneMs, now: () => this.o.now(), logger });
     this.leaderLease = new LeaderLease({ kv, me: init.self.peerId, connected, leaseMs: this.o.leaseMs, now: () => this.o.now(), logger });
     this.routeLeases = new RouteLeases({ kv, me: init.self.peerId, connected, registry: init.registry, logger });
+    this.seen = new SeenBatches({
+      nats: init.nats,
+      subject: this.subjects.seen,
+      me: init.self.peerId,
+      registry: init.registry,
+      load: init.load,
+      connected,
+      now: () => this.o.now(),
+      beacon: (by, behind, now) => this.peers.beacon(by, behind, now),
+      dropped: (kind, why) => this.drop(kind, why),
+      logger,
+    });
     this.docs = new NodeDocs({
       kv,
       me: init.self.peerId,
@@ -175,7 +187,7 @@ export class ClusterStore implements LeaseObserver {
       now: () => this.o.now(),
       parse: (e) => this.parse(nodeDocSchema, e, 'node'),
       dropped: (kind, why) => this.drop(kind, why),
-      heard: (peerId) => this.heard(peerId),
+      heard: (peerId) => this.seen.heard(peerId),
     });
   }
 
@@ -185,8 +197,8 @@ export class ClusterStore implements LeaseObserver {
     await s.openBucket();
     await s.watch();
     await s.announce();
-    s.sub = init.nats.nc.subscribe(s.subjects.seen, { callback: (err, msg) => (err ? undefined : s.onSeen(msg.data)) });
-    s.timers.push(setInterval(() => s.publishSeen(), s.o.seenEveryMs));
+    s.sub = init.nats.nc.subscribe(s.subjects.seen, { callback: (err, msg) => (err ? undefined : s.seen.received(msg.data)) });
+    s.timers.push(setInterval(() => s.seen.publish(), s.o.seenEveryMs));
     s.timers.push(setInterval(() => void s.tickLease(), Math.max(200, Math.floor(s.o.leaseMs / 3))));
     s.timers.push(setInterval(() => s.tickLate(), 500));
     s.timers.push(setInterval(() => void s.checkBucket(), 2000));
@@ -291,43 +303,6 @@ export class ClusterStore implements LeaseObserver {
       default:
         this.drop('key', `unknown key ${e.key}`);
     }
-  }
-
-  // ------------------------------------------------------------ liveness batches
-
-  /** A heartbeat arrived here: its node goes into the next batch. */
-  heard(peerId: string): void {
-    this.seenIds.add(peerId);
-  }
-
-  private publishSeen(): void {
-    if (!this.connected) return;
-    const ids = [...this.seenIds];
-    this.seenIds = new Set();
-    const msg = JSON.stringify({ v: 1, by: this.me, interval_ms: this.init.load.intervalMs(), behind: this.init.load.current.behind, ids });
-    try {
-      this.init.nats.nc.publish(this.subjects.seen, msg);
-    } catch (e) {
-      // The ids go into the next batch.
-      for (const id of ids) this.seenIds.add(id);
-      this.init.logger.debug({ err: (e as Error).message }, 'cluster: seen batch not sent');
-    }
-  }
-
-  private onSeen(data: Uint8Array): void {
-    let raw: unknown;
-    try {
-      raw = JSON.parse(new TextDecoder().decode(data));
-    } catch {
-      return this.drop('seen', 'not JSON');
-    }
-    const p = seenSchema.safeParse(raw);
-    if (!p.success) return this.drop('seen', `${p.error.issues[0]?.path.join('.')}: ${p.error.issues[0]?.message}`);
-    const s = p.data;
-    const now = this.o.now();
-    this.peers.beacon(s.by, s.behind, now);
-    if (s.by === this.me) return;
-    for (const id of s.ids) this.init.registry.touch(id, now, s.interval_ms);
   }
 
   // ------------------------------------------------------------ late time, leadership
