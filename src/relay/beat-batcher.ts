@@ -32,6 +32,11 @@ export interface BeatPeer {
   readonly socket: BeatSocket;
   /** A tracker that declared the batch feature when it registered. */
   readonly acceptsBeats: boolean;
+  /**
+   * It was sent `registered` (in a cluster, once NATS has it). Before that its client ignores every message,
+   * so a batch sent then is never answered: its beats wait here until it is (StreamTable.announced).
+   */
+  readonly announced: boolean;
 }
 
 /** The socket an answer goes back on (the table's PeerSocket). */
@@ -124,7 +129,7 @@ export class BeatBatcher {
     q.parts.push(`{"from":"${peer.id}","body":${JSON.stringify(body)}}`);
     q.callers.push({ peer, id });
     this.metrics.beats.inc();
-    if (q.parts.length >= MAX_BEATS_PER_BATCH) this.flush(target, q);
+    if (q.parts.length >= MAX_BEATS_PER_BATCH && target.announced) this.flush(target, q);
     else if (this.timer === undefined) {
       this.timer = setTimeout(this.flushOnTimer, this.o.beatBatchMs);
       this.timer.unref?.();
@@ -195,17 +200,30 @@ export class BeatBatcher {
     this.pending.clear();
   }
 
+  /** `target` was sent `registered`: the beats that waited for it leave now. */
+  announced(target: BeatPeer): void {
+    const q = this.queues.get(target);
+    if (q !== undefined) this.flush(target, q);
+  }
+
   private flushAll(): void {
-    for (const [target, q] of this.queues) this.flush(target, q);
+    // A target not told it is registered yet keeps its queue (bounded by MAX_BEATS_PENDING_PER_TARGET) until it is.
+    for (const [target, q] of this.queues) if (target.announced) this.flush(target, q);
   }
 
   private flush(target: BeatPeer, q: Queue): void {
     this.queues.delete(target);
-    this.nextBatch = this.nextBatch >= 0xffffffff ? 1 : this.nextBatch + 1;
-    const batch = this.nextBatch;
-    this.sent.set(batch, { target, callers: q.callers, deadline: this.host.now() + this.o.requestTimeoutMs });
-    this.metrics.beatBatches.inc();
-    this.host.sendTo(target.socket, `{"type":"beats","batch":${batch},"beats":[${q.parts.join(',')}]}`);
+    // One message as a rule; several only for a queue that waited past MAX_BEATS_PER_BATCH for its target's `registered`.
+    for (let i = 0; i < q.parts.length; i += MAX_BEATS_PER_BATCH) {
+      const n = Math.min(MAX_BEATS_PER_BATCH, q.parts.length - i);
+      const parts = n === q.parts.length ? q.parts : q.parts.slice(i, i + n);
+      const callers = n === q.callers.length ? q.callers : q.callers.slice(i, i + n);
+      this.nextBatch = this.nextBatch >= 0xffffffff ? 1 : this.nextBatch + 1;
+      const batch = this.nextBatch;
+      this.sent.set(batch, { target, callers, deadline: this.host.now() + this.o.requestTimeoutMs });
+      this.metrics.beatBatches.inc();
+      this.host.sendTo(target.socket, `{"type":"beats","batch":${batch},"beats":[${parts.join(',')}]}`);
+    }
   }
 
   private settle(batch: number, s: Sent): void {

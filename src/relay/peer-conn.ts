@@ -75,6 +75,8 @@ export class PeerConn {
   watching: Set<string> | undefined;
   /** A tracker that declared BEAT_BATCH_FEATURE in its register info: beats to it may travel batched. */
   readonly acceptsBeats: boolean;
+  /** It was sent `registered` (StreamTable.announced): its client reads messages from then on. */
+  announced = false;
   constructor(
     readonly socket: PeerSocket,
     readonly id: string,
