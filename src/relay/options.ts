@@ -29,11 +29,9 @@ export interface RelayOptions {
   shutdownGraceMs: number;
   /**
    * How long heartbeats addressed to one tracker wait to leave together (beat-batch, docs/protocol.md §9.1), ms;
-   * 0 turns batching off (the feature is not announced). Unset: 10 on its own, 50 in a cluster (`nats`). A tracker
-   * pays per message (its read, its answer's write, ~100 µs on a loopback here) about as much as per beat, and a
-   * cluster's tracker gets only part of a relay's beats: at 10,000 donors over 3 trackers 10 ms cost 66.9 µs a beat
-   * and 50 ms 49.8; on its own, one tracker's heartbeat p99 (≤ 100 ms) keeps the shorter window
-   * (docs/benchmarks.md, session 8). @defaultValue 10, or 50 with `nats`
+   * 0 turns batching off (the feature is not announced). 50 ms cut a steady cluster's tracker CPU per beat by a
+   * quarter, but it doubled the relay's stalls when a relay restarted and dropped live donors, and it put one
+   * tracker's heartbeat p99 over 100 ms (docs/benchmarks.md, session 8). @defaultValue 10
    */
   beatBatchMs: number;
   /** pino level. @defaultValue 'info' */
@@ -64,11 +62,8 @@ export const RELAY_DEFAULTS: RelayOptions = {
   clusterPath: 'link',
 };
 
-/** The beat window of a relay in a cluster when none is given (see beatBatchMs). */
-export const CLUSTER_BEAT_BATCH_MS = 50;
-
 export function resolveRelayOptions(partial: Partial<RelayOptions>): RelayOptions {
-  const o: RelayOptions = { ...RELAY_DEFAULTS, ...(partial.nats?.length ? { beatBatchMs: CLUSTER_BEAT_BATCH_MS } : {}) };
+  const o: RelayOptions = { ...RELAY_DEFAULTS };
   for (const [k, v] of Object.entries(partial)) if (v !== undefined) (o as unknown as Record<string, unknown>)[k] = v;
   for (const k of ['maxBodyBytes', 'maxInFlightPerPeer', 'requestTimeoutMs', 'maxPeers', 'pingIntervalMs', 'registerTimeoutMs', 'highWaterBytes', 'maxBufferedBytes'] as const) {
     if (!Number.isFinite(o[k]) || o[k] <= 0) throw new TypeError(`relay option ${k} must be a positive number, got ${o[k]}`);

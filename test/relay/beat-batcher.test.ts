@@ -70,10 +70,10 @@ describe('beats for a tracker not yet told it is registered', () => {
 });
 
 describe('the beat window', () => {
-  it('is 10 ms for a relay on its own and 50 ms in a cluster, unless given', () => {
+  it('is 10 ms, in a cluster too, unless given', () => {
     expect(resolveRelayOptions({}).beatBatchMs).toBe(10);
-    expect(resolveRelayOptions({ nats: ['nats://127.0.0.1:4222'] }).beatBatchMs).toBe(50);
-    expect(resolveRelayOptions({ nats: ['nats://127.0.0.1:4222'], beatBatchMs: 10 }).beatBatchMs).toBe(10);
+    expect(resolveRelayOptions({ nats: ['nats://127.0.0.1:4222'] }).beatBatchMs).toBe(10);
+    expect(resolveRelayOptions({ nats: ['nats://127.0.0.1:4222'], beatBatchMs: 50 }).beatBatchMs).toBe(50);
     expect(resolveRelayOptions({ beatBatchMs: 0 }).beatBatchMs).toBe(0);
     expect(() => resolveRelayOptions({ beatBatchMs: -1 })).toThrow(/beatBatchMs/);
   });
