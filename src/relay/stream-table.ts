@@ -174,8 +174,7 @@ export class StreamTable {
    * it is (PEER_BACK_FEATURE), and the beats batched for it meanwhile leave.
    * Not at addPeer: a peer sent anything before its own `registered`
    * ignores it (relay-dial.ts), so a batch sent then was never answered and
-   * its beats failed 30 s later (1,602 of them in a 10,000-donor run with a
-   * relay restart, when the trackers came back).
+   * its beats failed after the request timeout.
    */
   announced(peer: PeerConn): void {
     peer.announced = true;

@@ -157,8 +157,8 @@ export class NodeRegistry {
   private contributionOf(n: NodeRecord): Contribution {
     const status = this.status(n);
     return {
-      assignment: this.holds(n) ? n.assignment : null,
-      serving: this.routable(n) ? n.serving : null,
+      assignment: this.countedAssignment(n),
+      serving: this.countedServing(n),
       throughput: this.throughput(n),
       cost: this.routeCost(n),
       status,
@@ -171,7 +171,15 @@ export class NodeRegistry {
     const c = n.contribution;
     if (!c) return true;
     // What contributionOf would say, without making one: the sweep asks this of every node.
-    return sameSpan(c.assignment, this.holds(n) ? n.assignment : null) && sameSpan(c.serving, this.routable(n) ? n.serving : null) && c.status === this.status(n);
+    return sameSpan(c.assignment, this.countedAssignment(n)) && sameSpan(c.serving, this.countedServing(n)) && c.status === this.status(n);
+  }
+
+  private countedAssignment(n: NodeRecord): Span | null {
+    return this.holds(n) ? n.assignment : null;
+  }
+
+  private countedServing(n: NodeRecord): Span | null {
+    return this.routable(n) ? n.serving : null;
   }
 
   /** A generation starts (+1) or ends (-1) on `n`: its load, so its place among the nodes of its span. */
