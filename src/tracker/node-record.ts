@@ -1,10 +1,12 @@
 /**
  * What the tracker keeps of one node (NodeRecord), the form another tracker
- * of the cluster writes it in (RemoteRecord), and the pure steps that read a
- * node's message into a record: its status, its addresses, its stats. The
- * registry (registry.ts) owns the records; nothing here keeps state.
+ * of the cluster writes it in (RemoteRecord), and what is read off records:
+ * a node's status, whether the tracker can reach it, its budget, whether two
+ * spans or two parsed messages say the same. What a message writes into a
+ * record is node-intake.ts. The registry (registry.ts) owns the records;
+ * nothing here keeps state.
  */
-import type { NodeInfo, NodeMessage, NodeStats } from '../protocol/tracker.ts';
+import type { NodeInfo, NodeStats } from '../protocol/tracker.ts';
 import type { Span } from './assignment.ts';
 import type { ModelSpec } from './model-registry.ts';
 import type { Contribution } from './placement.ts';
@@ -103,61 +105,11 @@ export interface RemoteRecord {
   quarantinedUntil?: number | undefined;
 }
 
-/** Heartbeats whose figures a record keeps for the dashboard. */
-const HISTORY = 12;
-const EWMA_ALPHA = 0.3;
-
 export function nodeStatus(n: NodeRecord): NodeStatus {
   if (n.draining && n.serving) return NodeStatus.Draining;
   if (!n.assignment) return NodeStatus.Idle;
   if (n.serving && n.serving.start === n.assignment.start && n.serving.end === n.assignment.end) return NodeStatus.Serving;
   return NodeStatus.Loading;
-}
-
-/** A message's stats into the record: the latest, the rolling history, the smoothed layer time. `kvHeldAtBeat`: this tracker's KV on the node now. */
-export function absorbStats(rec: NodeRecord, stats: NodeStats | undefined, now: number, kvHeldAtBeat: number): void {
-  if (!stats) return;
-  if (!rec.stats || !sameData(rec.stats, stats)) rec.stats = stats;
-  rec.kvHeldAtBeat = kvHeldAtBeat;
-  // The oldest sample is reused once the history is full (no new long-lived object per beat).
-  const sample = rec.history.length >= HISTORY ? rec.history.shift()! : ({} as StatsSample);
-  sample.at = now;
-  sample.rpm = stats.rpm;
-  sample.layer_ms = stats.layer_ms;
-  rec.history.push(sample);
-  if (rec.history.length > HISTORY) rec.history.splice(0, rec.history.length - HISTORY);
-  // A node that has not run a step yet reports 0: keep the estimate until it has.
-  if (stats.layer_ms > 0) rec.layerMsEwma = rec.layerMsEwma === undefined ? stats.layer_ms : rec.layerMsEwma + EWMA_ALPHA * (stats.layer_ms - rec.layerMsEwma);
-}
-
-/**
- * Another tracker's copy of a record into ours: what it decided and heard. What only this tracker counts
- * (generations in flight, failures, the stats history) stays; last seen, the period and a busy mark only grow.
- * `fresh`: ours was just made. `lateMs`: the tracker's late time now (RegistryOptions.lateMs).
- */
-export function copyRemote(rec: NodeRecord, r: RemoteRecord, fresh: boolean, lateMs: () => number): void {
-  rec.peerId = r.peerId;
-  rec.publicKey = r.publicKey;
-  if (r.relayAddr !== undefined) rec.relayAddr = r.relayAddr;
-  else delete rec.relayAddr;
-  if (r.endpoint !== undefined) rec.endpoint = r.endpoint;
-  else delete rec.endpoint;
-  rec.info = r.info;
-  rec.assignment = r.assignment;
-  rec.serving = r.serving;
-  if (r.stats !== undefined) rec.stats = r.stats;
-  if (r.layerMsEwma !== undefined) rec.layerMsEwma = r.layerMsEwma;
-  rec.registeredAt = r.registeredAt;
-  // Seen: the later of what we heard and what the writer heard.
-  if (fresh || r.lastSeen > rec.lastSeen) {
-    rec.lastSeen = Math.max(rec.lastSeen ?? 0, r.lastSeen);
-    rec.lateAtSeen = lateMs();
-  }
-  rec.intervalMs = Math.max(rec.intervalMs ?? 0, r.intervalMs);
-  rec.busyUntil = Math.max(rec.busyUntil ?? 0, r.busyUntil);
-  rec.kvHeldAtBeat = r.kvHeldAtBeat;
-  rec.draining = r.draining;
-  rec.drainingSince = r.drainingSince;
 }
 
 /** Why the tracker cannot reach `n` now, as far as it knows (registry.unreachableWhy); undefined: it can. */
@@ -172,15 +124,6 @@ export function unreachableWhy(n: NodeRecord, trackerRelayUp: boolean | undefine
 
 export function sameSpan(a: Span | null | undefined, b: Span | null | undefined): boolean {
   return a === b || (!!a && !!b && a.start === b.start && a.end === b.end);
-}
-
-export function setAddresses(rec: NodeRecord, msg: NodeMessage): void {
-  if (msg.relay_addr !== undefined) {
-    if (rec.relayAddr !== msg.relay_addr) rec.relayAddr = msg.relay_addr;
-  } else delete rec.relayAddr;
-  if (msg.endpoint !== undefined) {
-    if (rec.endpoint !== msg.endpoint) rec.endpoint = msg.endpoint;
-  } else delete rec.endpoint;
 }
 
 /**

@@ -8,23 +8,28 @@
  * registers again carrying the span it serves, and the tracker adopts that
  * span as its assignment. No state needs to survive a restart.
  *
- * This file keeps the records and their share of the placement sums (every
- * change goes through `edit`, so the sums stay exact); the jobs done over
- * them live beside it, each behind the registry's own methods: the sweep
- * and rebalance (sweep.ts), route choice (route-choice.ts), the
- * availability map (availability.ts), what is kept by peer id beyond a
- * record (peer-ledgers.ts, rejoin-grace.ts).
+ * This file keeps the records and the placement sums, and decides what a
+ * register or heartbeat does: which record, which span. The jobs done over
+ * them live beside it, each behind the registry's own methods: what a
+ * message writes into a record (node-intake.ts), each node's share of the
+ * sums, which every change goes through (node-shares.ts), another
+ * tracker's copy (remote-copies.ts), the sweep and rebalance (sweep.ts),
+ * route choice (route-choice.ts), the availability map (availability.ts),
+ * what is kept by peer id beyond a record (peer-ledgers.ts, rejoin-grace.ts).
  */
 import { MeshError } from '../protocol/errors.ts';
 import type { NodeInfo, NodeMessage } from '../protocol/tracker.ts';
 import { chooseSpanIn, type Move, type Span } from './assignment.ts';
 import { availability, coverageOf, spanGroups } from './availability.ts';
 import { sizedFor, spanBytes, type ModelSpec } from './model-registry.ts';
-import { absorbStats, budgetBytes, copyRemote, NodeStatus, nodeStatus, sameData, sameSpan, setAddresses, unreachableWhy, validSpan, type NodeRecord, type RemoteRecord } from './node-record.ts';
+import { absorbStats, beatInto, registerInto, sameSizing } from './node-intake.ts';
+import { budgetBytes, nodeStatus, unreachableWhy, validSpan, type NodeRecord, type NodeStatus, type RemoteRecord } from './node-record.ts';
+import { NodeShares } from './node-shares.ts';
 import type { TrackerOptions } from './options.ts';
 import { kvFree, kvNeed, PeerLedgers } from './peer-ledgers.ts';
-import { ModelPlacement, type Contribution } from './placement.ts';
+import { ModelPlacement } from './placement.ts';
 import { RejoinGrace } from './rejoin-grace.ts';
+import { RemoteCopies } from './remote-copies.ts';
 import { RouteChoice } from './route-choice.ts';
 import { drainCoverMs, PlacementSweep } from './sweep.ts';
 import type { RoutePlan, ServingNode } from './routing.ts';
@@ -69,6 +74,9 @@ export class NodeRegistry {
   private readonly ledgers = new PeerLedgers();
   /** Nodes this tracker removed, and the spans of the silent ones held from moves for their rejoin grace. */
   private readonly grace = new RejoinGrace();
+  /** Every change to a record goes through its `edit`, so the sums stay exact. */
+  private readonly shares: NodeShares;
+  private readonly remote: RemoteCopies;
   private readonly routing: RouteChoice;
   private readonly sweeper: PlacementSweep;
 
@@ -78,13 +86,15 @@ export class NodeRegistry {
     private readonly events: RegistryEvents = {},
   ) {
     this.models = new Map(models.map((m) => [m.name, m]));
+    this.shares = new NodeShares(this, o);
+    this.remote = new RemoteCopies(this, this.byId, this.shares, this.ledgers, this.grace, o, (n, reason) => this.drop(n, reason, true));
     this.routing = new RouteChoice(this, o);
     this.sweeper = new PlacementSweep(
       this,
       {
-        edit: (n, change) => this.edit(n, change),
+        edit: (n, change) => this.shares.edit(n, change),
         dropSilent: (n) => this.drop(n, 'missed heartbeats', false, true),
-        current: (n) => this.contributionCurrent(n),
+        current: (n) => this.shares.current(n),
         assigned: (n) => this.events.onChanged?.(n, 'assigned'),
         moved: (n, mv) => {
           this.events.onMoved?.(n, mv);
@@ -135,53 +145,6 @@ export class NodeRegistry {
     return nodeStatus(n);
   }
 
-  /** The cost routing ranks a node by among the nodes of its span (routing.ts hopCostMs per layer). */
-  private routeCost(n: NodeRecord): number {
-    return this.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
-  }
-
-  /**
-   * Whether a node counts as holding its assignment for placement (new nodes' spans, rebalancing):
-   * a draining node does for a while — a short freeze or pause moves nobody — and then does not, so
-   * joiners and spare nodes cover the layers of a node paused for long. A quarantined one does not.
-   */
-  private holds(n: NodeRecord): boolean {
-    return (!n.draining || n.drainingSince === undefined || this.o.now() - n.drainingSince < drainCoverMs(this.o)) && !this.excluded(n.peerId);
-  }
-
-  /**
-   * The node's share of its model's sums: its assignment while it holds it
-   * for placement, its served span while new sessions may be routed through
-   * it (the availability map and routing's span groups count only those).
-   */
-  private contributionOf(n: NodeRecord): Contribution {
-    const status = this.status(n);
-    return {
-      assignment: this.countedAssignment(n),
-      serving: this.countedServing(n),
-      throughput: this.throughput(n),
-      cost: this.routeCost(n),
-      status,
-      mover: n.serving !== null && status === NodeStatus.Loading,
-    };
-  }
-
-  /** Is the node's share of the sums still what it would be now (a drain's grace or a quarantine changes it with no message)? */
-  private contributionCurrent(n: NodeRecord): boolean {
-    const c = n.contribution;
-    if (!c) return true;
-    // What contributionOf would say, without making one: the sweep asks this of every node.
-    return sameSpan(c.assignment, this.countedAssignment(n)) && sameSpan(c.serving, this.countedServing(n)) && c.status === this.status(n);
-  }
-
-  private countedAssignment(n: NodeRecord): Span | null {
-    return this.holds(n) ? n.assignment : null;
-  }
-
-  private countedServing(n: NodeRecord): Span | null {
-    return this.routable(n) ? n.serving : null;
-  }
-
   /** A generation starts (+1) or ends (-1) on `n`: its load, so its place among the nodes of its span. */
   addInFlight(n: NodeRecord, delta: number): void {
     if (this.nodes.get(n.peerId) !== n || !n.contribution) {
@@ -189,25 +152,7 @@ export class NodeRegistry {
       n.inFlight = Math.max(0, n.inFlight + delta);
       return;
     }
-    this.edit(n, () => (n.inFlight = Math.max(0, n.inFlight + delta)));
-  }
-
-  /**
-   * Change a node: take its share out of its model's sums, apply `change`,
-   * put the new share in. Placement is marked for a rebalance when what it
-   * decides on moved (spans, status), not on a throughput's drift.
-   */
-  private edit(n: NodeRecord, change: () => void): void {
-    const p = this.placement(n.info.model);
-    const before = n.contribution;
-    // The sums hold `before` (not the record's fields), so the change can be made first: most heartbeats
-    // change nothing the sums count, and then the record stays where it is (no re-sort, no new share kept).
-    change();
-    const after = this.contributionOf(n);
-    if (before && sameContribution(before, after) && p.nodes.has(n)) return;
-    p.detach(n);
-    p.attach(n, after);
-    if (!before || !sameSpan(before.assignment, after.assignment) || !sameSpan(before.serving, after.serving) || before.status !== after.status) p.dirty = true;
+    this.shares.edit(n, () => (n.inFlight = Math.max(0, n.inFlight + delta)));
   }
 
   /** A verified register message: (re)create the record and give it an assignment. */
@@ -215,42 +160,17 @@ export class NodeRegistry {
     const model = this.model(msg.info.model);
     const now = this.o.now();
     const prev = this.nodes.get(msg.peer_id);
-    const draining = msg.draining === true;
     const wasDropped = !prev && this.grace.wasDropped(msg.peer_id);
-    const wasDraining = prev?.draining === true;
-    const prevDrainingSince = prev?.drainingSince;
     if (prev && prev.info.model !== msg.info.model) {
       // Another model now: it leaves the old one's placement for good.
       this.placement(prev.info.model).forget(prev);
       this.placement(prev.info.model).dirty = true;
     } else if (prev) this.placement(prev.info.model).detach(prev);
-    const keep = prev && prev.info.model === msg.info.model && prev.assignment && prev.info.memory_budget_mb === msg.info.memory_budget_mb && prev.info.weight_format === msg.info.weight_format ? prev.assignment : null;
-    // The same record object when the node comes back: generations in flight hold it (inFlight).
-    const rec: NodeRecord = prev ?? ({ history: [], inFlight: 0, failures: 0, busyUntil: 0, layerMsEwma: undefined, contribution: undefined } as unknown as NodeRecord);
-    rec.peerId = msg.peer_id;
-    rec.publicKey = msg.public_key;
-    setAddresses(rec, msg);
-    rec.info = msg.info;
-    rec.assignment = null;
-    rec.serving = validSpan(msg.serving, model);
-    rec.registeredAt = now;
-    rec.lastSeen = now;
-    rec.lateAtSeen = this.lateMs();
-    rec.intervalMs = rec.intervalMs ?? this.o.heartbeatIntervalMs;
-    rec.kvHeldAtBeat = 0;
-    rec.failures = this.ledgers.failuresOf(msg.peer_id);
-    // A quarantine outlives the record: a node cannot wash it by registering again.
-    const quarantined = this.ledgers.quarantinedUntil(msg.peer_id);
-    if (quarantined > now) rec.quarantinedUntil = quarantined;
-    if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;
-    else delete rec.relayConnected;
-    delete rec.unreachable;
-    rec.draining = draining;
-    rec.drainingSince = draining ? (wasDraining ? prevDrainingSince : now) : undefined;
-    rec.lastTimestamp = msg.timestamp;
+    const keep = prev && prev.assignment && sameSizing(prev.info, msg.info) ? prev.assignment : null;
+    const rec = registerInto(prev, msg, model, now, this.lateMs(), this.o.heartbeatIntervalMs, this.ledgers);
     this.byId.set(rec.peerId, rec);
     this.grace.back(rec.peerId);
-    this.absorbStats(rec, msg.stats, now);
+    absorbStats(rec, msg.stats, now, this.ledgers.kvHeldOn(rec.peerId));
     const p = this.placement(model.name);
     if (keep) {
       // Re-registration (reconnect): keep what it was asked to hold.
@@ -268,7 +188,7 @@ export class NodeRegistry {
       const budget = budgetBytes(msg.info);
       rec.assignment = this.restorable(model, budget, msg.serving ?? msg.stored, msg.info.weight_format, p.assigned.count) ?? chooseSpanIn(model, budget, p.assigned, msg.info.weight_format);
     }
-    p.attach(rec, this.contributionOf(rec));
+    p.attach(rec, this.shares.contributionOf(rec));
     p.dirty = true;
     this.events.onChanged?.(rec, 'register');
     return rec;
@@ -288,35 +208,10 @@ export class NodeRegistry {
     // An older message than one applied (a drain beacon or a beat the browser released after the page resumed): it says nothing new.
     if (msg.timestamp < rec.lastTimestamp) return rec;
     // A new budget or weight format changes how many layers fit: size the node again.
-    if (rec.info.model !== msg.info.model || rec.info.memory_budget_mb !== msg.info.memory_budget_mb || rec.info.weight_format !== msg.info.weight_format) return this.register(msg);
+    if (!sameSizing(rec.info, msg.info)) return this.register(msg);
     const now = this.o.now();
     const model = this.model(rec.info.model);
-    this.edit(rec, () => {
-      // At an equal timestamp a drain holds: the page's beacon and the heartbeat it was signed beside may arrive in either order.
-      const draining = msg.draining === true || (msg.timestamp === rec.lastTimestamp && rec.draining);
-      if (draining !== rec.draining) {
-        rec.draining = draining;
-        rec.drainingSince = draining ? now : undefined;
-      }
-      rec.lastTimestamp = msg.timestamp;
-      rec.lastSeen = now;
-      rec.lateAtSeen = this.lateMs();
-      // What did not change keeps its old object: a beat's parsed copies then die young instead of
-      // replacing thousands of long-lived objects a second, which the GC would copy and promote.
-      if (!sameData(rec.info, msg.info)) rec.info = msg.info;
-      if (rec.publicKey !== msg.public_key) rec.publicKey = msg.public_key;
-      setAddresses(rec, msg);
-      if (msg.relay_connected !== undefined) rec.relayConnected = msg.relay_connected;
-      else delete rec.relayConnected;
-      // Back on its relay (it beats at once when it is): the tracker's way to it is there again.
-      if (msg.relay_connected === true) delete rec.unreachable;
-      if (msg.serving !== undefined) {
-        const serving = validSpan(msg.serving, model);
-        if (!sameSpan(rec.serving, serving)) rec.serving = serving;
-      }
-      if (rec.info.pinned && rec.serving) rec.assignment = rec.serving;
-      this.absorbStats(rec, msg.stats, now);
-    });
+    this.shares.edit(rec, () => beatInto(rec, msg, model, now, this.lateMs(), this.ledgers.kvHeldOn(rec.peerId)));
     this.events.onChanged?.(rec, 'heartbeat');
     return rec;
   }
@@ -354,62 +249,14 @@ export class NodeRegistry {
     return unreachableWhy(n, trackerRelayUp);
   }
 
-  /**
-   * A record as another tracker of the cluster stored it: create or update
-   * the local copy (placement sums follow). What only this tracker counts
-   * (generations in flight, failures, the stats history) stays. Nothing is
-   * decided here and no event fires: the change is not ours to announce.
-   */
+  /** A record as another tracker of the cluster stored it: create or update the local copy (remote-copies.ts). */
   applyRemote(r: RemoteRecord): NodeRecord | undefined {
-    if (!this.models.has(r.info.model)) return undefined;
-    let rec = this.nodes.get(r.peerId);
-    if (rec && rec.info.model !== r.info.model) {
-      this.placement(rec.info.model).forget(rec);
-      rec.contribution = undefined;
-    }
-    const fresh = !rec;
-    // Alive in the store (it registered again, at another tracker): its rejoin grace is over.
-    this.grace.endVacated(r.peerId);
-    if (!rec) {
-      rec = { history: [], inFlight: 0, failures: this.ledgers.failuresOf(r.peerId), contribution: undefined, lateAtSeen: this.lateMs(), draining: false, drainingSince: undefined, lastTimestamp: 0 } as unknown as NodeRecord;
-      this.byId.set(r.peerId, rec);
-    }
-    const target = rec;
-    const apply = () => {
-      copyRemote(target, r, fresh, () => this.lateMs());
-      if (r.quarantinedUntil !== undefined && r.quarantinedUntil > (target.quarantinedUntil ?? 0)) {
-        target.quarantinedUntil = r.quarantinedUntil;
-        if (r.quarantinedUntil > this.ledgers.quarantinedUntil(r.peerId)) this.ledgers.noteQuarantine(r.peerId, r.quarantinedUntil);
-      }
-    };
-    if (target.contribution) this.edit(target, apply);
-    else {
-      apply();
-      const p = this.placement(target.info.model);
-      p.attach(target, this.contributionOf(target));
-      p.dirty = true;
-    }
-    return target;
+    return this.remote.apply(r);
   }
 
-  /**
-   * Another tracker of the cluster (the leader) dropped the node for silence
-   * and keeps its layers from moves until `until` (its shared document says
-   * so: `vacated_until`, cluster/doc.ts): drop the local copy, and hold its
-   * span as absent as the dropper does, so a leader elected meanwhile keeps
-   * the same rejoin grace.
-   */
+  /** Another tracker (the leader) dropped the node for silence and keeps its layers from moves until `until`: so do we. */
   vacateRemote(r: RemoteRecord, until: number): void {
-    const rec = this.nodes.get(r.peerId);
-    if (rec) this.drop(rec, 'dropped for silence by another tracker', true);
-    else this.grace.noteDropped(r.peerId);
-    if (until <= this.o.now() || !r.assignment || !this.models.has(r.info.model)) {
-      this.grace.endVacated(r.peerId);
-      return;
-    }
-    const layerMs = r.layerMsEwma !== undefined && r.layerMsEwma > 0 ? r.layerMsEwma : this.o.defaultLayerMs;
-    this.grace.noteVacated(r.peerId, { model: r.info.model, span: r.assignment, throughput: 1000 / layerMs, until });
-    this.placement(r.info.model).dirty = true;
+    this.remote.vacate(r, until);
   }
 
   /** When the rejoin grace of a node dropped for silence ends (ms since epoch); undefined: it has none. */
@@ -419,34 +266,16 @@ export class NodeRegistry {
 
   /** Another tracker of the cluster removed the node: drop the local copy (no rebalance: the remover did its own). */
   removeRemote(peerId: string, reason = 'removed by another tracker'): boolean {
-    const rec = this.nodes.get(peerId);
-    if (!rec) return false;
-    this.drop(rec, reason, true);
-    return true;
+    return this.remote.remove(peerId, reason);
   }
 
   /** Another tracker heard from these nodes at `at` and told them `intervalMs` (one `seen` batch): their deadlines move as if we had. */
   touch(peerIds: readonly string[], at: number, intervalMs: number): void {
-    // Once per batch, not per node: a batch names every node another tracker heard from in a second.
-    const late = this.lateMs();
-    const period = Math.max(this.o.heartbeatIntervalMs, intervalMs);
-    for (const id of peerIds) {
-      const rec = this.nodes.get(id);
-      if (!rec) continue;
-      if (at > rec.lastSeen) {
-        rec.lastSeen = at;
-        rec.lateAtSeen = late;
-      }
-      rec.intervalMs = period;
-    }
+    this.remote.touch(peerIds, at, intervalMs);
   }
 
   private lateMs(): number {
     return this.o.lateMs?.() ?? 0;
-  }
-
-  private absorbStats(rec: NodeRecord, stats: NodeMessage['stats'], now: number): void {
-    absorbStats(rec, stats, now, this.ledgers.kvHeldOn(rec.peerId));
   }
 
   /** Tell the registry what heartbeat period the node was just given (its deadline counts in it). */
@@ -531,7 +360,6 @@ export class NodeRegistry {
     this.ledgers.holdKv(peerId, bytes);
   }
 
-  /** The node answered MESH_ERR_BUSY: route no new session to it for `ms`. */
   /**
    * A quarantine (a check proved the node wrong) until `until`: routing leaves the node out
    * (`isQuarantined`), and in a cluster every tracker learns it through the node's document.
@@ -602,8 +430,4 @@ export class NodeRegistry {
   spanGroups(modelName: string): Array<{ start_layer: number; end_layer: number; serving: number; loading: number }> {
     return spanGroups(this, modelName);
   }
-}
-
-function sameContribution(a: Contribution, b: Contribution): boolean {
-  return sameSpan(a.assignment, b.assignment) && sameSpan(a.serving, b.serving) && a.throughput === b.throughput && a.cost === b.cost && a.status === b.status && a.mover === b.mover;
 }
