@@ -105,8 +105,9 @@ export class TrackerUnreachableError extends MeshError {
  * there (`peer-back`: no `peer-gone` can come then); `rearm` nothing is known
  * (not watching now: the last beat did not go over the relay, the relay
  * connection dropped, the tracker is not on this relay of an older build,
- * another tracker was named, the node registered again): watch again after
- * the next beat tells.
+ * another tracker was named, the node registered again, an answer named the
+ * tracker's peer while the HTTP stream was held for want of it): watch again
+ * after the next beat tells.
  */
 export type WatchEnd = 'ended' | 'gone' | 'unreachable' | 'rearm';
 
@@ -153,6 +154,8 @@ export class TrackerClient {
   private readonly relayBeats: RelayBeats<HeartbeatAnswer>;
   /** The watch of the tracker over the relay in progress (watch()). */
   private relayWatch: RelayWatch | undefined;
+  /** Ends the HTTP watch held only because no answer had named the tracker's peer yet (watch()). */
+  private httpUntilPeer: AbortController | undefined;
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
@@ -174,6 +177,8 @@ export class TrackerClient {
       this.endHeldWatch('rearm');
     }
     this.trackerPeer = id;
+    // Now the relay can watch the tracker: the HTTP stream held meanwhile gives way to it.
+    if (id !== undefined) this.httpUntilPeer?.abort();
   }
 
   /**
@@ -375,6 +380,23 @@ export class TrackerClient {
       if (end === 'cancelled') return signal.aborted ? 'ended' : (w.why ?? 'rearm');
       if (end !== 'unsupported' || relay.state !== 'registered') return 'rearm';
       // A relay without peer-watch: the HTTP stream, as before.
+    } else if (relay?.watchPeer !== undefined && relay.state !== 'none' && peer === undefined) {
+      // No answer has named the tracker's peer yet (the first registration failed: refused while the tracker sheds load,
+      // unreachable): the HTTP stream meanwhile, and the relay's watch as soon as an answer names it. Held on, such
+      // streams outlived the crowd that made them: each costs the tracker a write every 20 s, and at 10,000 donors
+      // over a shedding start they were half its beats' write syscalls (docs/benchmarks.md, session 9).
+      const stop = new AbortController();
+      const onAbort = (): void => stop.abort();
+      signal.addEventListener('abort', onAbort, { once: true });
+      if (signal.aborted) stop.abort();
+      this.httpUntilPeer = stop;
+      try {
+        await this.httpWatch(stop.signal);
+      } finally {
+        signal.removeEventListener('abort', onAbort);
+        if (this.httpUntilPeer === stop) this.httpUntilPeer = undefined;
+      }
+      return stop.signal.aborted && !signal.aborted ? 'rearm' : 'ended';
     }
     await this.httpWatch(signal);
     return 'ended';

@@ -295,3 +295,68 @@ describe('batched beats to a tracker the relay says is not attached (docs/protoc
     expect(tries).toHaveLength(2);
   });
 });
+
+describe('the HTTP watch held for want of a tracker peer id', () => {
+  const msg = (node: Identity): NodeMessage => ({ peer_id: node.peerId, public_key: encodeBase64Url(node.publicKey), info: { model: 'tiny', backend: 'cpu', memory_budget_mb: 1, host: 'node' }, timestamp: Date.now() });
+  const KEY = encodeBase64Url(new Uint8Array(32).fill(7));
+  const T1 = '1'.repeat(32);
+
+  /** A tracker that refuses the first registration (shedding load), then answers; its watch streams stay open until cancelled. */
+  function shedding() {
+    const streams: Array<{ cancelled: boolean }> = [];
+    let registrations = 0;
+    const fetch = (async (url: string) => {
+      if (String(url).endsWith('/api/nodes/watch')) {
+        const s = { cancelled: false };
+        streams.push(s);
+        return new Response(new ReadableStream({ cancel: () => void (s.cancelled = true) }), { status: 200, headers: { 'content-type': 'text/event-stream' } });
+      }
+      if (registrations++ === 0) return json(503, { error: { code: 'MESH_ERR_UNAVAILABLE', message: 'the tracker is overloaded' } });
+      return json(200, { assignment: null, heartbeat_interval_ms: 5000, tracker_public_key: KEY, tracker_peer_id: T1 });
+    }) as typeof globalThis.fetch;
+    return { fetch, streams };
+  }
+
+  it('gives way to the relay watch as soon as an answer names the tracker', async () => {
+    const node = await Identity.generate();
+    const t = shedding();
+    const watched: string[] = [];
+    const relay = {
+      state: 'registered',
+      request: () => Promise.reject(new Error('not used')),
+      watchPeer: (peer: string) => {
+        watched.push(peer);
+        return new Promise<never>(() => {});
+      },
+    } satisfies TrackerRelay;
+    const c = new TrackerClient({ trackerUrl: 'http://tracker', fetch: t.fetch, identity: node, relay });
+    await expect(c.register(msg(node))).rejects.toThrow();
+    let end: string | undefined;
+    void c.watch(new AbortController().signal).then((e) => (end = e));
+    await vi.waitFor(() => expect(t.streams).toHaveLength(1));
+    await c.register(msg(node));
+    await vi.waitFor(() => expect(end).toBe('rearm'));
+    expect(t.streams[0]!.cancelled).toBe(true);
+    // Watched again: over the relay, no second stream.
+    void c.watch(new AbortController().signal);
+    expect(watched).toEqual([T1]);
+    expect(t.streams).toHaveLength(1);
+  });
+
+  it('is kept by a node with no relay (nothing else can watch), and ended by its own signal', async () => {
+    const node = await Identity.generate();
+    const t = shedding();
+    const c = new TrackerClient({ trackerUrl: 'http://tracker', fetch: t.fetch, identity: node });
+    await expect(c.register(msg(node))).rejects.toThrow();
+    const stop = new AbortController();
+    let end: string | undefined;
+    void c.watch(stop.signal).then((e) => (end = e));
+    await vi.waitFor(() => expect(t.streams).toHaveLength(1));
+    await c.register(msg(node));
+    await new Promise((r) => setTimeout(r, 20));
+    expect(end).toBeUndefined();
+    expect(t.streams[0]!.cancelled).toBe(false);
+    stop.abort();
+    await vi.waitFor(() => expect(end).toBe('ended'));
+  });
+});
