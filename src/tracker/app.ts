@@ -77,11 +77,30 @@ export interface Tracker {
 
 const encoder = new TextEncoder();
 
+/** A `beats-answer` around the JSON text of its answers (the batch number is a checked integer). */
+function beatsAnswer(batch: number, answers: string): string {
+  return `{"type":"beats-answer","batch":${batch},"answers":${answers}}`;
+}
+
 export function createTracker(deps: TrackerDeps): Tracker {
   const { options: o, logger, metrics, identity } = deps;
   const recentRoutes: RecentRoute[] = [];
 
   const load = new LoadMonitor({ baseIntervalMs: o.heartbeatIntervalMs });
+  // Bound once: a batch of beats is counted ~100 times a second per relay, and inc(labels) hashes the labels each time.
+  const batchesOk = metrics.beatBatches.labels({ result: 'ok' });
+  // The counts the node gauge shows, per model (updateNodeGauge).
+  const nodeGaugeShown = new Map<string, Record<string, number>>();
+  const nodeGaugeStale = (): boolean => {
+    if (nodeGaugeShown.size !== registry.models.size) return true;
+    for (const m of registry.models.keys()) {
+      const shown = nodeGaugeShown.get(m);
+      if (!shown) return true;
+      const counts = registry.statusCounts(m);
+      for (const k in counts) if (counts[k as keyof typeof counts] !== shown[k]) return true;
+    }
+    return false;
+  };
   const nodeKeys = new NodeKeys();
   const link: { cluster?: ClusterStore } = {};
   // Late time excused from nodes' deadlines: this tracker's own, and the cluster's (a tracker behind or unheard, NATS lost).
@@ -158,10 +177,15 @@ export function createTracker(deps: TrackerDeps): Tracker {
       throw new MeshError('MESH_ERR_NOT_FOUND', 'no heartbeat route');
     },
     updateNodeGauge() {
-      // From the counts the registry keeps per model (O(models)), not a walk over every node.
+      // From the counts the registry keeps per model (O(models)), not a walk over every node; and only when one moved:
+      // it runs once per batch of beats, and a reset and a labelled set per status cost more than the comparison.
+      if (!nodeGaugeStale()) return;
       metrics.nodes.reset();
+      nodeGaugeShown.clear();
       for (const m of registry.models.keys()) {
-        for (const [status, n] of Object.entries(registry.statusCounts(m))) if (n > 0) metrics.nodes.set({ model: m, status }, n);
+        const counts = registry.statusCounts(m);
+        nodeGaugeShown.set(m, { ...counts });
+        for (const [status, n] of Object.entries(counts)) if (n > 0) metrics.nodes.set({ model: m, status }, n);
       }
     },
     admission,
@@ -212,8 +236,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
       // The usual batch passes a hand check (node-message-check.ts); anything else, and every error, is the schema's.
       const plain = plainBeatBatch(msg);
       if (plain) {
-        metrics.beatBatches.inc({ result: 'ok' });
-        return JSON.stringify({ type: 'beats-answer', batch: plain.batch, answers: ctx.relayBeats(plain.beats) });
+        batchesOk.inc();
+        return beatsAnswer(plain.batch, ctx.relayBeats(plain.beats));
       }
       const p = beatBatchSchema.safeParse(msg);
       if (!p.success) {
@@ -225,8 +249,8 @@ export function createTracker(deps: TrackerDeps): Tracker {
         logger.warn({ err: error.message }, 'malformed batch of heartbeats from the relay refused');
         return JSON.stringify(typeof batch === 'number' && Number.isInteger(batch) && batch >= 0 ? { type: 'beats-answer', batch, error } : { type: 'error', ...error });
       }
-      metrics.beatBatches.inc({ result: 'ok' });
-      return JSON.stringify({ type: 'beats-answer', batch: p.data.batch, answers: ctx.relayBeats(p.data.beats) });
+      batchesOk.inc();
+      return beatsAnswer(p.data.batch, ctx.relayBeats(p.data.beats));
     },
     attachCluster(store) {
       link.cluster = store;

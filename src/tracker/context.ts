@@ -19,7 +19,6 @@ import type { RoutePlan } from './routing.ts';
 import type { VerificationService } from './verify/service.ts';
 import type { WatchHub } from './watch-hub.ts';
 import type { RegisterAnswer } from '../protocol/tracker.ts';
-import type { BeatAnswerEntry } from '../protocol/beat-batch.ts';
 
 export interface RecentRoute {
   at: number;
@@ -52,8 +51,8 @@ export interface TrackerContext {
   nodeKeys: NodeKeys;
   /** A heartbeat that came over the relay from `from` (routes/nodes.ts): the answer, or a MeshError. */
   relayBeat(from: string | undefined, body: Uint8Array): RegisterAnswer;
-  /** A relay's batch of heartbeats (routes/nodes.ts): one answer per beat, in order (never throws for one beat). */
-  relayBeats(beats: ReadonlyArray<{ from: string; body: unknown }>): BeatAnswerEntry[];
+  /** A relay's batch of heartbeats (routes/nodes.ts): the JSON text of its `answers` (one BeatAnswerEntry per beat, in order; never throws for one beat). */
+  relayBeats(beats: ReadonlyArray<{ from: string; body: unknown }>): string;
   /** The cluster store when the tracker runs as one replica of several (`--nats`); undefined alone. */
   readonly cluster: ClusterStore | undefined;
   /** The KV admission queue: chats wait here when no route has room (the same one as generation.admission). */

@@ -7,7 +7,6 @@
  *                               away, so nodes notice a restart at once and register again
  */
 import { MeshError } from '../../protocol/errors.ts';
-import type { BeatAnswerEntry } from '../../protocol/beat-batch.ts';
 import { plainNodeMessage } from '../../protocol/node-message-check.ts';
 import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
 import { notLoadedYet, type TrackerContext } from '../context.ts';
@@ -22,6 +21,17 @@ const utf8Decoder = new TextDecoder();
 /** A comment on each watch stream this often, ms (below the idle timeouts of common proxies). */
 const WATCH_KEEPALIVE_MS = 20_000;
 
+/** The parts of one batch's answers that are the same for every node (sharedAnswer). */
+interface SharedAnswer {
+  interval: number;
+  /** From `,"heartbeat_interval_ms":` to `"tracker_peer_id":`. */
+  mid: string;
+  /** The tracker keys, if any, and the closing brace. */
+  tail: string;
+  /** Per model: the assignment's text around its two layer numbers. */
+  assignments: Map<string, { head: string; tail: string }>;
+}
+
 export function nodeRoutes(app: App, ctx: TrackerContext): void {
   const { options: o, registry, metrics, logger } = ctx;
 
@@ -35,11 +45,54 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       assignment: n.assignment && { model: model.name, start_layer: n.assignment.start, end_layer: n.assignment.end, model_url: model.url, wire_dtype: wireDtypeOf(o, model.name) },
       heartbeat_interval_ms: interval,
       tracker_public_key: ctx.publicKey,
-      ...(ctx.verification.enabled ? { distrust: ctx.verification.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until })) } : {}),
+      ...(ctx.verification.enabled ? { distrust: distrustNow() } : {}),
       // In a cluster: a tracker on the node's own relay, so its beats never cross between relays.
       tracker_peer_id: ctx.cluster?.beatTarget(n) ?? ctx.identity.peerId,
       ...(keys ? { tracker_keys: keys } : {}),
     };
+  }
+
+  function distrustNow(): Array<{ peer_id: string; until: number }> {
+    return ctx.verification.distrusted().map((d) => ({ peer_id: d.peer_id, until: d.until }));
+  }
+
+  /**
+   * What every answer of one batch holds alike, as JSON text, made once a
+   * batch: the period, the tracker's key, the distrust list and the cluster's
+   * tracker keys were rebuilt and stringified for every beat (the distrust
+   * list by a walk of the quarantines), though a synchronous pass cannot see
+   * them change. The tracker keys' text is kept until the list changes
+   * (tracker-peers.ts keeps the same array till then).
+   */
+  function sharedAnswer(): SharedAnswer {
+    const interval = ctx.load.intervalMs();
+    const keys = ctx.cluster?.trackerKeys();
+    if (keys !== keysText.of) keysText = { of: keys, text: keys ? `,"tracker_keys":${JSON.stringify(keys)}}` : '}' };
+    return {
+      interval,
+      mid: `,"heartbeat_interval_ms":${interval},"tracker_public_key":${JSON.stringify(ctx.publicKey)}${ctx.verification.enabled ? `,"distrust":${JSON.stringify(distrustNow())}` : ''},"tracker_peer_id":`,
+      tail: keysText.text,
+      assignments: new Map(),
+    };
+  }
+  let keysText: { of: unknown; text: string } = { of: null, text: '}' };
+
+  /** answerFor(n) as JSON text, character for character (test/tracker/beat-answer-text.test.ts), from a batch's shared parts. */
+  function answerText(n: NodeRecord, shared: SharedAnswer): string {
+    registry.toldInterval(n, shared.interval);
+    const a = n.assignment;
+    let assignment = 'null';
+    if (a) {
+      let parts = shared.assignments.get(n.info.model);
+      if (!parts) {
+        const model = registry.models.get(n.info.model)!;
+        const dtype = wireDtypeOf(o, model.name);
+        parts = { head: `{"model":${JSON.stringify(model.name)},"start_layer":`, tail: `,"model_url":${JSON.stringify(model.url)}${dtype !== undefined ? `,"wire_dtype":${JSON.stringify(dtype)}` : ''}}` };
+        shared.assignments.set(n.info.model, parts);
+      }
+      assignment = `${parts.head}${a.start},"end_layer":${a.end}${parts.tail}`;
+    }
+    return `{"assignment":${assignment}${shared.mid}${JSON.stringify(ctx.cluster?.beatTarget(n) ?? ctx.identity.peerId)}${shared.tail}`;
   }
 
   async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat', admit?: (peerId: string) => void): Promise<NodeMessage> {
@@ -104,7 +157,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
    * counts it ok, updates the node gauge and kicks the admission queue: once
    * per beat for a request, once per batch for a batch.
    */
-  function vouchedBeat(from: string, raw: unknown): RegisterAnswer {
+  function vouchedBeat(from: string, raw: unknown): NodeRecord {
     // The usual beat passes a hand check (node-message-check.ts); anything else, and every error, is the schema's.
     const msg = plainNodeMessage(raw) ?? schemaNodeMessage(raw);
     if (msg.peer_id !== from) {
@@ -123,7 +176,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     const wasDraining = known.draining;
     const n = registry.heartbeat(msg);
     if (n.draining !== wasDraining) logger.info({ peer_id: n.peerId, serving: n.serving }, n.draining ? 'node draining: no new sessions routed to it' : 'node takes sessions again');
-    return answerFor(n);
+    return n;
   }
   const beatsOk = metrics.registrations.labels({ kind: 'heartbeat', result: 'ok' });
 
@@ -151,7 +204,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     } catch {
       throw new MeshError('MESH_ERR_BAD_REQUEST', 'body is not JSON: send the NodeMessage');
     }
-    const answer = vouchedBeat(from, raw);
+    const answer = answerFor(vouchedBeat(from, raw));
     beatsOk.inc();
     ctx.updateNodeGauge();
     ctx.admission.kick();
@@ -162,19 +215,25 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
    * A relay's batch of heartbeats (docs/protocol.md §9.1), in one pass: each
    * checked exactly as a single relay beat, each answered alone (one node's
    * error never touches another's answer); the gauge and the admission queue
-   * once for the batch, not once per beat.
+   * once for the batch, not once per beat. The answers go out as JSON text
+   * built from parts the batch shares (sharedAnswer), not as objects
+   * stringified whole.
    */
   ctx.relayBeats = (beats) => {
-    const answers: BeatAnswerEntry[] = new Array(beats.length);
+    const texts: string[] = new Array(beats.length);
+    let shared: SharedAnswer | undefined;
     let ok = 0;
     for (let i = 0; i < beats.length; i++) {
       try {
-        answers[i] = { status: 200, body: vouchedBeat(beats[i]!.from, beats[i]!.body) };
+        const n = vouchedBeat(beats[i]!.from, beats[i]!.body);
+        // Made at the first beat answered 200 (a batch of errors only needs none).
+        shared ??= sharedAnswer();
+        texts[i] = `{"status":200,"body":${answerText(n, shared)}}`;
         ok++;
       } catch (e) {
         const err = e instanceof MeshError ? e : new MeshError('MESH_ERR_INTERNAL', 'internal error; the tracker keeps serving');
         if (!(e instanceof MeshError)) logger.error({ err: e, peer_id: beats[i]!.from }, 'batched relay heartbeat failed');
-        answers[i] = { status: err.status, body: err.toBody() };
+        texts[i] = JSON.stringify({ status: err.status, body: err.toBody() });
       }
     }
     if (ok > 0) {
@@ -182,7 +241,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       ctx.updateNodeGauge();
       ctx.admission.kick();
     }
-    return answers;
+    return `[${texts.join(',')}]`;
   };
 
   app.post('/api/nodes/heartbeat', async ({ req }) => {
