@@ -46,7 +46,7 @@
  *   npx tsx bench/swarm.ts [--donors 1000,2000,5000] [--minutes 1] [--ramp-s 30] [--settle-s 15] [--settle-min-s S]
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh] [--shared-http]
  *                          [--donor-procs N[,M...]] [--beat-modes beating,paused] [--no-probe]
- *                          [--bin PATH ...] [--label NAME] [--out FILE]
+ *                          [--bin PATH ...] [--donors-per-bin] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
  *
  * `--loop-probe`: event-loop delay, stalls and GC pauses of every process over
@@ -70,10 +70,13 @@
  * in turn (a baseline checkout's and this one's), so before/after figures
  * come from one run on the same machine. `--bin PATH::FLAGS` gives that
  * run's tracker FLAGS as node flags (e.g. `::--max-semi-space-size=4`).
+ * `--donors-per-bin`: each run's donors are that bin's checkout's too (its
+ * bench/lib/swarm-child.ts, so its src/node), for a change on the nodes' side;
+ * without it every run's donors are this checkout's.
  */
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
 import { startStaticServer, type StaticServer } from '../src/cli/static-server.ts';
@@ -152,7 +155,8 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
 
     // The donors' processes, then the ramp: donors join at a steady rate, spread over the relays and trackers.
     const procsN = donorProcs ?? defaultDonorProcs(donorCount);
-    pool = await DonorPool.start(procsN, { relayUrls: relays.map((r) => r.url), trackerUrls: trackers.map((t) => t.url), heartbeatMs: o.heartbeatMs, sharedHttp: o.sharedHttp });
+    const donorEntry = o.donorsPerBin ? join(dirname(bin), '..', 'bench', 'lib', 'swarm-child.ts') : undefined;
+    pool = await DonorPool.start(procsN, { relayUrls: relays.map((r) => r.url), trackerUrls: trackers.map((t) => t.url), heartbeatMs: o.heartbeatMs, sharedHttp: o.sharedHttp }, donorEntry);
     const donorPool = pool;
     let made = 0;
     const t0 = performance.now();
@@ -320,6 +324,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const ttft = chats ? [...chats.ttftMs].sort((a, b) => a - b) : [];
     return {
       bin: binSpec,
+      ...(donorEntry ? { donors_from: donorEntry } : {}),
       beat_mode: beatMode,
       route_probes: o.probes,
       donors: donorCount,

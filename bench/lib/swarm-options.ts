@@ -56,6 +56,8 @@ export interface SwarmOptions {
   out: string;
   /** bin/meshnet.js of each build to run, each as `PATH` or `PATH::NODE-FLAGS` for its trackers. */
   bins: string[];
+  /** The donors of each --bin's run are that checkout's (its bench/lib/swarm-child.ts and src/node), not this one's. */
+  donorsPerBin: boolean;
 }
 
 export function parseSwarmOptions(argv: string[]): SwarmOptions {
@@ -95,5 +97,6 @@ export function parseSwarmOptions(argv: string[]): SwarmOptions {
     heapDir: opt('heap-snapshot'),
     out: opt('out') ?? fileURLToPath(new URL('../results/swarm.json', import.meta.url)),
     bins: opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../../bin/meshnet.js', import.meta.url))],
+    donorsPerBin: flag('donors-per-bin'),
   };
 }

@@ -171,9 +171,11 @@ export class DonorPool {
     private readonly relays: number,
   ) {}
 
-  /** Fork `n` children (`sim1`…`simN`, the name their loop probe takes) and give each the cluster's addresses. */
-  static async start(n: number, init: ChildInit): Promise<DonorPool> {
-    const entry = fileURLToPath(new URL('./swarm-child.ts', import.meta.url));
+  /**
+   * Fork `n` children (`sim1`…`simN`, the name their loop probe takes) and give each the cluster's addresses.
+   * `entry`: another checkout's swarm-child.ts, so that the donors run that checkout's node code (`--donors-per-bin`).
+   */
+  static async start(n: number, init: ChildInit, entry = fileURLToPath(new URL('./swarm-child.ts', import.meta.url))): Promise<DonorPool> {
     const children = Array.from({ length: n }, (_, i) => new Child(i, fork(entry, [`sim${i + 1}`], { serialization: 'advanced', stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })));
     const pool = new DonorPool(children, Math.max(1, init.relayUrls.length));
     try {

@@ -12,6 +12,8 @@ import type { BeatMode, SwarmOptions } from './swarm-options.ts';
 
 export interface RunResult {
   bin: string;
+  /** `--donors-per-bin`: the swarm-child.ts the donors of this run ran. */
+  donors_from?: string;
   /** 'paused': the donors did not beat in the window (--beat-modes). */
   beat_mode: BeatMode;
   route_probes: boolean;
