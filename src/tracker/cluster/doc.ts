@@ -151,6 +151,30 @@ export const seenSchema = z.object({
 });
 export type Seen = z.infer<typeof seenSchema>;
 
+const PEER_ID = /^[0-9a-f]{32}$/;
+
+/**
+ * A `seen` batch as {@link seenSchema} would give it, checked by hand; undefined when the schema must
+ * decide (anything unusual: a key it does not know, a wrong type), whose verdict then stands. Every
+ * tracker checks each other tracker's batch every second, thousands of peer ids, and zod's walk of them
+ * cost as much as applying them (test/tracker/seen-check.test.ts holds the two to the same answers).
+ */
+export function plainSeen(raw: unknown): Seen | undefined {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return undefined;
+  const r = raw as Record<string, unknown>;
+  let keys = 0;
+  for (const k in r) {
+    if (!Object.hasOwn(r, k)) return undefined;
+    keys++;
+  }
+  const { v, by, interval_ms: interval, behind, ids } = r;
+  if (keys !== 5 || v !== 1 || typeof by !== 'string' || !PEER_ID.test(by) || typeof behind !== 'boolean') return undefined;
+  if (typeof interval !== 'number' || !Number.isFinite(interval) || interval <= 0) return undefined;
+  if (!Array.isArray(ids) || ids.length > 100_000) return undefined;
+  for (const id of ids) if (typeof id !== 'string' || !PEER_ID.test(id)) return undefined;
+  return r as Seen;
+}
+
 /** KV keys of the registry bucket. */
 export const keys = {
   node: (peer: string) => `node.${peer}`,
