@@ -47,11 +47,14 @@
  *                          [--relays 1] [--trackers 1] [--nats] [--churn 0.05] [--relay-restart] [--no-mesh] [--shared-http]
  *                          [--donor-procs N[,M...]] [--beat-modes beating,paused] [--no-probe]
  *                          [--bin PATH ...] [--donors-per-bin] [--label NAME] [--out FILE]
- *                          [--loop-probe DIR] [--prof DIR] [--heap-snapshot DIR]
+ *                          [--loop-probe DIR] [--prof DIR] [--prof-relays DIR] [--heap-snapshot DIR]
+ *                          [--relay-args "FLAGS"]
  *
  * `--loop-probe`: event-loop delay, stalls and GC pauses of every process over
  * the window (bench/lib/loop-probe.mjs), printed and kept in the JSON; `--prof`:
- * a CPU profile of each tracker; `--heap-snapshot`: tracker heap snapshots
+ * a CPU profile of each tracker (`--prof-relays`: of each relay, at 10 ms
+ * sampling); `--relay-args`: flags for every relay (e.g. "--beat-batch-ms 50");
+ * `--heap-snapshot`: tracker heap snapshots
  * before the ramp and after the window, for bench/heap-diff.ts (the snapshot
  * before the ramp adds to the RSS read as the baseline: take memory per donor
  * from a run without it).

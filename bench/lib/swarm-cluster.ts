@@ -11,7 +11,7 @@ import { PAUSE_DEAD_AFTER, type SwarmOptions } from './swarm-options.ts';
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-export type ClusterOptions = Pick<SwarmOptions, 'nats' | 'relayNats' | 'relays' | 'trackers' | 'mesh' | 'heartbeatMs' | 'beatModes'>;
+export type ClusterOptions = Pick<SwarmOptions, 'nats' | 'relayNats' | 'relays' | 'trackers' | 'mesh' | 'heartbeatMs' | 'beatModes' | 'profRelays' | 'relayArgs'>;
 
 export class SwarmCluster {
   readonly relays: RelayProcess[] = [];
@@ -50,7 +50,7 @@ export class SwarmCluster {
     this.natsWatch?.unref();
     this.clusterArgs = nats ? ['--nats', nats.url, '--cluster', 'swarm'] : [];
     for (let i = 0; i < o.relays; i++) {
-      const r = await startRelayProcess(o.relayNats ? this.clusterArgs : [], bin);
+      const r = await startRelayProcess(this.relayArgs(), bin, this.relayNodeArgs());
       this.relays.push(r);
       this.relayPorts.push(r.port);
     }
@@ -78,6 +78,15 @@ export class SwarmCluster {
     }
   }
 
+  private relayArgs(): string[] {
+    return [...(this.o.relayNats ? this.clusterArgs : []), ...this.o.relayArgs];
+  }
+
+  /** A relay's node flags: its CPU profile at 10 ms sampling (the default 1 ms makes a 10-minute profile huge). */
+  private relayNodeArgs(): string[] {
+    return this.o.profRelays ? ['--cpu-prof', `--cpu-prof-dir=${this.o.profRelays}`, '--cpu-prof-interval=10000'] : [];
+  }
+
   /** The tracker the i-th donor, node or probe talks to: round robin. */
   trackerFor(i: number): string {
     return this.trackers[i % this.o.trackers]!.url;
@@ -88,7 +97,7 @@ export class SwarmCluster {
     const nats = this.nats;
     for (let tries = 0; ; tries++) {
       try {
-        this.relays[i] = await startRelayProcess(['--port', String(this.relayPorts[i]), ...(this.o.relayNats ? this.clusterArgs : [])], this.bin);
+        this.relays[i] = await startRelayProcess(['--port', String(this.relayPorts[i]), ...this.relayArgs()], this.bin, this.relayNodeArgs());
         break;
       } catch (e) {
         if (tries >= 40) throw e;

@@ -45,6 +45,10 @@ export interface SwarmOptions {
   label: string;
   /** Write a CPU profile of each tracker process into this directory (node --cpu-prof). */
   prof: string | undefined;
+  /** Write a CPU profile of each relay process into this directory (a relay SIGKILLed by --relay-restart writes none; its successor does). */
+  profRelays: string | undefined;
+  /** Extra `meshnet relay` flags for every relay of the run (e.g. `--beat-batch-ms 50`), space-separated. */
+  relayArgs: string[];
   /**
    * Event-loop probes (bench/lib/loop-probe.mjs) in the tracker, relay and
    * mesh processes and in this simulator: delay percentiles, stalls and GC
@@ -93,6 +97,8 @@ export function parseSwarmOptions(argv: string[]): SwarmOptions {
     probes: !flag('no-probe'),
     label: opt('label') ?? 'current',
     prof: opt('prof'),
+    profRelays: opt('prof-relays'),
+    relayArgs: (opt('relay-args') ?? '').split(' ').filter(Boolean),
     loopDir: opt('loop-probe'),
     heapDir: opt('heap-snapshot'),
     out: opt('out') ?? fileURLToPath(new URL('../results/swarm.json', import.meta.url)),

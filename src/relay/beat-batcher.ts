@@ -1,11 +1,14 @@
 /**
  * Heartbeats batched towards a tracker (docs/protocol.md §9.1): the relay's
- * side of BEAT_BATCH_FEATURE. Beats addressed to one tracker wait here at
- * most one window (`beatBatchMs`) or until MAX_BEATS_PER_BATCH are queued,
- * then leave as ONE `beats` message; the tracker's ONE `beats-answer` is
- * fanned back out, one `beat-answer` per node. A tracker then pays one
- * WebSocket message, one parse and one answer per window instead of one
- * request stream per beat (what cost it ~150 µs a beat).
+ * side of BEAT_BATCH_FEATURE. Beats addressed to one tracker wait here until
+ * `beatBatchFill` are queued, or at most `beatBatchMs` after the first of
+ * them, then leave as ONE `beats` message; the tracker's ONE `beats-answer`
+ * is fanned back out, one `beat-answer` per node. A tracker then pays one
+ * WebSocket message, one parse and one answer per batch instead of one
+ * request stream per beat (what cost it ~150 µs a beat). It pays about as
+ * much per message as per beat, so a batch should hold a few dozen beats;
+ * the fill sends a busy tracker's batch as soon as it does, so only a
+ * tracker with few beats waits the whole window.
  *
  * Every beat gets exactly one answer: the tracker's, or the relay's own error
  * (target not here or not taking batches, backpressure, the tracker leaving,
@@ -62,6 +65,8 @@ interface Caller {
 interface Queue {
   parts: string[];
   callers: Caller[];
+  /** When it leaves at the latest (its first beat's arrival plus the window), if its target was told it is registered by then. */
+  due: number;
 }
 
 /** A batch sent to a tracker, waiting for its answer. */
@@ -81,14 +86,17 @@ export class BeatBatcher {
   private readonly pending = new Map<BeatPeer, number>();
   private nextBatch = 0;
   private timer: ReturnType<typeof setTimeout> | undefined;
+  /** When `timer` fires. */
+  private timerAt = Infinity;
   private readonly flushOnTimer = (): void => {
     this.timer = undefined;
-    this.flushAll();
+    this.timerAt = Infinity;
+    this.flushDue();
   };
 
   constructor(
     private readonly host: BeatBatcherHost,
-    private readonly o: { beatBatchMs: number; requestTimeoutMs: number; highWaterBytes: number },
+    private readonly o: { beatBatchMs: number; beatBatchFill: number; requestTimeoutMs: number; highWaterBytes: number },
     private readonly metrics: RelayMetrics,
   ) {}
 
@@ -124,16 +132,16 @@ export class BeatBatcher {
     }
     this.pending.set(target, pending + 1);
     let q = this.queues.get(target);
-    if (q === undefined) this.queues.set(target, (q = { parts: [], callers: [] }));
+    if (q === undefined) {
+      q = { parts: [], callers: [], due: this.host.now() + this.o.beatBatchMs };
+      this.queues.set(target, q);
+      this.armFor(q.due);
+    }
     // `from` is the relay's word for who sent it, as on the fast path; the body goes on as the node wrote it.
     q.parts.push(`{"from":"${peer.id}","body":${JSON.stringify(body)}}`);
     q.callers.push({ peer, id });
     this.metrics.beats.inc();
-    if (q.parts.length >= MAX_BEATS_PER_BATCH && target.announced) this.flush(target, q);
-    else if (this.timer === undefined) {
-      this.timer = setTimeout(this.flushOnTimer, this.o.beatBatchMs);
-      this.timer.unref?.();
-    }
+    if (q.parts.length >= this.o.beatBatchFill && target.announced) this.flush(target, q);
   }
 
   /** A `beats-answer` from a peer: fan its answers out to the nodes of that batch. */
@@ -191,6 +199,7 @@ export class BeatBatcher {
   failAll(code: MeshErrorCode, message: string): void {
     if (this.timer !== undefined) clearTimeout(this.timer);
     this.timer = undefined;
+    this.timerAt = Infinity;
     for (const q of this.queues.values()) this.failCallers(q.callers, code, message);
     this.queues.clear();
     for (const [batch, s] of this.sent) {
@@ -206,9 +215,26 @@ export class BeatBatcher {
     if (q !== undefined) this.flush(target, q);
   }
 
-  private flushAll(): void {
-    // A target not told it is registered yet keeps its queue (bounded by MAX_BEATS_PENDING_PER_TARGET) until it is.
-    for (const [target, q] of this.queues) if (target.announced) this.flush(target, q);
+  /** Send the queues whose window is over, then wait for the next one's. */
+  private flushDue(): void {
+    const now = this.host.now();
+    let next = Infinity;
+    for (const [target, q] of this.queues) {
+      // A target not told it is registered yet keeps its queue (bounded by MAX_BEATS_PENDING_PER_TARGET) until it is (announced()).
+      if (!target.announced) continue;
+      if (q.due <= now) this.flush(target, q);
+      else next = Math.min(next, q.due);
+    }
+    if (next !== Infinity) this.armFor(next);
+  }
+
+  /** The timer fires by `at` (one timer for every queue: there is a queue per tracker, a handful). */
+  private armFor(at: number): void {
+    if (at >= this.timerAt) return;
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    this.timerAt = at;
+    this.timer = setTimeout(this.flushOnTimer, Math.max(0, at - this.host.now()));
+    this.timer.unref?.();
   }
 
   private flush(target: BeatPeer, q: Queue): void {

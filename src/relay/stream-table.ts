@@ -45,7 +45,7 @@ import {
 import { CLOSE } from '../protocol/close-codes.ts';
 import { BeatBatcher } from './beat-batcher.ts';
 import type { RelayMetrics } from './metrics.ts';
-import type { RelayOptions } from './options.ts';
+import { RELAY_DEFAULTS, type RelayOptions } from './options.ts';
 import { Outbox } from './outbox.ts';
 import { FAST_PATH_PROTOCOL, PeerConn, type PeerSocket, type RpcCaller, type Stream } from './peer-conn.ts';
 import { PeerWatch } from './peer-watch.ts';
@@ -85,7 +85,7 @@ export interface TableFederation {
 }
 
 export interface StreamTableInit {
-  options: Pick<RelayOptions, 'maxBodyBytes' | 'maxInFlightPerPeer' | 'requestTimeoutMs' | 'maxPeers' | 'highWaterBytes' | 'maxBufferedBytes'> & Partial<Pick<RelayOptions, 'beatBatchMs'>>;
+  options: Pick<RelayOptions, 'maxBodyBytes' | 'maxInFlightPerPeer' | 'requestTimeoutMs' | 'maxPeers' | 'highWaterBytes' | 'maxBufferedBytes'> & Partial<Pick<RelayOptions, 'beatBatchMs' | 'beatBatchFill'>>;
   metrics: RelayMetrics;
   logger: TableLogger;
   /** ms, monotonic. @defaultValue performance.now */
@@ -132,7 +132,7 @@ export class StreamTable {
       // eslint-disable-next-line @typescript-eslint/no-this-alias -- the getter below reads the table's flag as it is then
       const table = this;
       const host = { peers: this.peers, now: this.now, sendTo: (socket: PeerSocket, text: string) => this.out.sendTo(socket, text), get closing() { return table.closing; } };
-      this.beats = new BeatBatcher(host, { beatBatchMs, requestTimeoutMs: this.o.requestTimeoutMs, highWaterBytes: this.o.highWaterBytes }, m);
+      this.beats = new BeatBatcher(host, { beatBatchMs, beatBatchFill: this.o.beatBatchFill ?? RELAY_DEFAULTS.beatBatchFill, requestTimeoutMs: this.o.requestTimeoutMs, highWaterBytes: this.o.highWaterBytes }, m);
     }
   }
 

@@ -13,9 +13,9 @@ export interface RelayProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** Start a real `meshnet relay` process and wait for its listening line. */
-export async function startRelayProcess(args: string[] = [], bin = BIN): Promise<RelayProcess> {
-  const child = spawn(process.execPath, [bin, 'relay', '--port', '0', '--log-level', 'warn', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+/** Start a real `meshnet relay` process and wait for its listening line; `nodeArgs` go to node itself (a CPU profile). */
+export async function startRelayProcess(args: string[] = [], bin = BIN, nodeArgs: string[] = []): Promise<RelayProcess> {
+  const child = spawn(process.execPath, [...nodeArgs, bin, 'relay', '--port', '0', '--log-level', 'warn', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   child.stderr!.on('data', (d) => (err += d));
   const lines = createInterface({ input: child.stdout! });

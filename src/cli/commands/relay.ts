@@ -1,6 +1,6 @@
 /** `meshnet relay`: options from src/relay/options.ts; the server is loaded when the command runs. */
 import type { Command } from 'commander';
-import { RELAY_DEFAULTS } from '../../relay/options.ts';
+import { CLUSTER_BEAT_BATCH_MS, RELAY_DEFAULTS } from '../../relay/options.ts';
 import { InvalidArgumentError } from 'commander';
 import { parseNatsServers } from '../../cluster/nats.ts';
 import { checkClusterName } from '../../cluster/subjects.ts';
@@ -40,7 +40,8 @@ export function configure(cmd: Command): void {
     .option('--max-peers <n>', 'registered peers at most', int, RELAY_DEFAULTS.maxPeers)
     .option('--ping-interval-ms <n>', 'liveness ping period', int, RELAY_DEFAULTS.pingIntervalMs)
     .option('--high-water-bytes <n>', 'target send-buffer level above which new requests get 503', int, RELAY_DEFAULTS.highWaterBytes)
-    .option('--beat-batch-ms <n>', 'heartbeats to one tracker wait this long to leave in one message (0: no batching)', int, RELAY_DEFAULTS.beatBatchMs)
+    .option('--beat-batch-ms <n>', `heartbeats to one tracker wait at most this long to leave in one message (0: no batching; default ${RELAY_DEFAULTS.beatBatchMs}, ${CLUSTER_BEAT_BATCH_MS} with --nats)`, int)
+    .option('--beat-batch-fill <n>', 'a tracker\'s heartbeats leave at once when this many wait (1-512)', int, RELAY_DEFAULTS.beatBatchFill)
     .option('--log-level <level>', 'pino log level (silent, error, warn, info, debug)', RELAY_DEFAULTS.logLevel)
     .option('--nats <urls>', 'join a cluster of relays through these NATS servers (nats://host:port, comma-separated or repeated); without it the relay runs on its own', natsArg)
     .option('--cluster <name>', 'cluster name shared by its relays and trackers', clusterArg, RELAY_DEFAULTS.cluster)
@@ -62,7 +63,8 @@ export function configure(cmd: Command): void {
         maxPeers: o.maxPeers as number,
         pingIntervalMs: o.pingIntervalMs as number,
         highWaterBytes: o.highWaterBytes as number,
-        beatBatchMs: o.beatBatchMs as number,
+        beatBatchMs: o.beatBatchMs as number | undefined,
+        beatBatchFill: o.beatBatchFill as number,
         logLevel: o.logLevel as string,
       }).catch((e: unknown) => {
         throw e instanceof NatsUnreachableError ? new CliError(e.message) : e;
