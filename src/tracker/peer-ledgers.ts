@@ -36,7 +36,11 @@ export class PeerLedgers {
     return this.quarantineLedger.get(peerId) ?? 0;
   }
 
+  /** The latest end of any quarantine noted (0: none): none is in force once it is past. */
+  latestQuarantineEnd = 0;
+
   noteQuarantine(peerId: string, until: number): void {
+    this.latestQuarantineEnd = Math.max(this.latestQuarantineEnd, until);
     this.quarantineLedger.delete(peerId);
     if (this.quarantineLedger.size >= LEDGER_PEERS) this.quarantineLedger.delete(this.quarantineLedger.keys().next().value!);
     this.quarantineLedger.set(peerId, until);

@@ -70,6 +70,11 @@ export class NodeRegistry {
    * routing leaves it out at once).
    */
   excluded: (peerId: string) => boolean = () => false;
+  /**
+   * May `excluded` say yes to anyone now? False only when it says no to every peer id: the sweep then skips
+   * asking it per node. Whoever sets `excluded` sets this too (the default, like `excluded`'s, excludes nobody).
+   */
+  anyExcluded: () => boolean = () => false;
   /** Failures, quarantines and KV leases by peer id, beyond the records. */
   private readonly ledgers = new PeerLedgers();
   /** Nodes this tracker removed, and the spans of the silent ones held from moves for their rejoin grace. */
@@ -94,7 +99,7 @@ export class NodeRegistry {
       {
         edit: (n, change) => this.shares.edit(n, change),
         dropSilent: (n) => this.drop(n, 'missed heartbeats', false, true),
-        current: (n) => this.shares.current(n),
+        current: (n, at) => this.shares.current(n, at),
         assigned: (n) => this.events.onChanged?.(n, 'assigned'),
         moved: (n, mv) => {
           this.events.onMoved?.(n, mv);
@@ -376,6 +381,11 @@ export class NodeRegistry {
   /** Quarantined now, by this tracker's judgement or another's. */
   isQuarantined(peerId: string): boolean {
     return this.ledgers.quarantinedUntil(peerId) > this.o.now();
+  }
+
+  /** Is any node (registered or not) quarantined now, by this tracker's judgement or another's? */
+  anyQuarantined(): boolean {
+    return this.ledgers.latestQuarantineEnd > this.o.now();
   }
 
   /** Nodes quarantined now, with the end of it (expired entries are forgotten). */

@@ -13,6 +13,7 @@ import { chooseMove } from './move-choice.ts';
 import { budgetBytes, sameSpan, type NodeRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
 import type { ModelPlacement } from './placement.ts';
+import type { ShareCheck } from './node-shares.ts';
 import type { RejoinGrace } from './rejoin-grace.ts';
 
 /** Sweeps between rebalances when nothing changed (throughput drifts: a move may pay off later). */
@@ -30,6 +31,8 @@ export interface SweepSource {
   placement(modelName: string): ModelPlacement<NodeRecord>;
   throughput(n: NodeRecord): number;
   excluded(peerId: string): boolean;
+  /** May any node be excluded now? False lets the scan skip `excluded` for every node. */
+  anyExcluded(): boolean;
 }
 
 /** How the sweep changes records: only through the registry, which keeps the sums and tells its listeners. */
@@ -38,8 +41,8 @@ export interface SweepHands {
   edit(n: NodeRecord, change: () => void): void;
   /** Remove a node gone silent (its span is held for the rejoin grace). */
   dropSilent(n: NodeRecord): void;
-  /** Is `n`'s share of the sums what it would be now? */
-  current(n: NodeRecord): boolean;
+  /** Is `n`'s share of the sums what it would be at `at.now`? */
+  current(n: NodeRecord, at: ShareCheck): boolean;
   assigned(n: NodeRecord): void;
   moved(n: NodeRecord, move: Move): void;
 }
@@ -69,9 +72,11 @@ export class PlacementSweep {
     const late = this.o.lateMs?.() ?? 0;
     const dead: NodeRecord[] = [];
     const stale: NodeRecord[] = [];
+    // Read once for the scan: it visits every node at every tracker of a cluster each period.
+    const at: ShareCheck = { now, anyExcluded: this.reg.anyExcluded() };
     for (const n of this.reg.nodes.values()) {
       if (decide && this.silentTooLong(n, now, late)) dead.push(n);
-      else if (!this.hands.current(n)) stale.push(n);
+      else if (!this.hands.current(n, at)) stale.push(n);
     }
     for (const n of dead) this.hands.dropSilent(n);
     // A drain past its grace, a quarantine begun or ended: the sums follow.

@@ -169,6 +169,11 @@ export class VerificationService {
     return this.trust.quarantined(peer) || this.d.registry.isQuarantined(peer);
   }
 
+  /** May `excluded` say yes to anyone now? False: nobody is quarantined, here or by another tracker. */
+  anyExcluded(): boolean {
+    return this.trust.anyQuarantined() || this.d.registry.anyQuarantined();
+  }
+
   /** Keys a check plan may be signed with: this tracker's, and in a cluster every other tracker's. */
   private planKeys(): Uint8Array[] {
     return [this.d.identity.publicKey, ...(this.d.peerTrackerKeys?.() ?? [])];

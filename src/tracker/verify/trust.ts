@@ -120,6 +120,8 @@ export class TrustBook {
   /** Newest last. */
   readonly offenceLog: OffenceRecord[] = [];
   private readonly o: TrustOptions;
+  /** The latest end of any quarantine this book set (0: none). */
+  private latestQuarantineEnd = 0;
 
   constructor(o: Partial<TrustOptions> & Pick<TrustOptions, 'now' | 'random'>) {
     this.o = { ...TRUST_DEFAULTS, ...o };
@@ -198,11 +200,17 @@ export class TrustBook {
     const now = this.o.now();
     const until = Math.max(r.quarantinedUntil, now + this.o.quarantineMs * 2 ** Math.min(20, r.offences - 1));
     r.quarantinedUntil = until;
+    this.latestQuarantineEnd = Math.max(this.latestQuarantineEnd, until);
     const rec: OffenceRecord = { id: `off-${now.toString(36)}-${Math.floor(this.o.random() * 1e9).toString(36)}`, at: now, until, ...o };
     this.offenceLog.push(rec);
     if (this.offenceLog.length > this.o.keepOffences) this.offenceLog.splice(0, this.offenceLog.length - this.o.keepOffences);
     this.o.onQuarantine?.(o.peer, until);
     return rec;
+  }
+
+  /** Is any peer quarantined now? (False: `quarantined` says no to every peer; checked once by a sweep over every node.) */
+  anyQuarantined(): boolean {
+    return this.latestQuarantineEnd > this.o.now();
   }
 
   quarantined(peer: string): boolean {
