@@ -15,7 +15,7 @@
  */
 import type { MeshError } from '../protocol/errors.ts';
 import type { MeshReply } from '../protocol/envelopes.ts';
-import type { NodeMessage } from '../protocol/tracker.ts';
+import type { NodeBeat } from '../protocol/tracker.ts';
 import type { OutgoingRequest, RequestOptions } from '../net/contract.ts';
 import type { PeerWatchEnd } from '../net/relay-client.ts';
 import type { BeatReply } from '../net/beat-calls.ts';
@@ -98,9 +98,9 @@ export class RelayBeats<A> {
   ) {}
 
   /** The beat to tracker `peer` over the relay; undefined when it could not be (no relay, no tracker peer, a relay or tracker error): send it signed. */
-  async send(peer: string | undefined, msg: NodeMessage): Promise<A | undefined> {
+  async send(peer: string | undefined, msg: NodeBeat): Promise<A | undefined> {
     const relay = this.relay;
-    if (!relay || !peer || relay.state !== 'registered') return undefined;
+    if (!relay || !peer || !this.tries(peer)) return undefined;
     const batched = await this.batched(relay, peer, msg);
     if (batched !== undefined) return batched === 'timeout' ? undefined : batched;
     let reply: MeshReply;
@@ -116,6 +116,11 @@ export class RelayBeats<A> {
       return undefined;
     }
     return this.o.answer(reply.status, json);
+  }
+
+  /** Whether a beat to `peer` goes over the relay now (else straight to signed HTTP). */
+  tries(peer: string | undefined): boolean {
+    return this.relay !== undefined && peer !== undefined && this.relay.state === 'registered';
   }
 
   /** Why beats to `peer` skip the batched try now, or undefined: they try it. */
@@ -145,7 +150,7 @@ export class RelayBeats<A> {
    * it could not go batched (an older relay, a tracker not attached there or
    * not taking batches, a relay error): the request path then, as before.
    */
-  private async batched(relay: TrackerRelay, peer: string, msg: NodeMessage): Promise<A | 'timeout' | undefined> {
+  private async batched(relay: TrackerRelay, peer: string, msg: NodeBeat): Promise<A | 'timeout' | undefined> {
     if (this.skips(relay, peer)) {
       this.o.counts.skipped++;
       return undefined;

@@ -28,7 +28,9 @@ import {
 } from '../protocol/tracker.ts';
 import type { Identity } from '../net/identity.ts';
 import { z } from 'zod';
+import { BeatBaseline } from './beat-baseline.ts';
 import { RelayBeats, type BeatCounts, type NoBatchReason, type TrackerRelay } from './relay-beats.ts';
+import { NotRegisteredError, TrackerUnreachableError, WatchUnsupportedError } from './tracker-errors.ts';
 import { verifySignedRoute } from './signed-routes.ts';
 import { TrackerTrust } from './tracker-trust.ts';
 
@@ -36,6 +38,7 @@ import { TrackerTrust } from './tracker-trust.ts';
 export type { BeatCounts, NoBatchReason, TrackerRelay } from './relay-beats.ts';
 export { verifyChainReply, verifySignedRoute, VerifiedRoutes, type VerifiedRoute } from './signed-routes.ts';
 export { signedByAny, TrackerTrust, type TrackerKeys } from './tracker-trust.ts';
+export { NotRegisteredError, TrackerUnreachableError, WatchUnsupportedError } from './tracker-errors.ts';
 
 export interface TrackerClientInit {
   /** Base URL, e.g. http://127.0.0.1:8080 */
@@ -72,30 +75,18 @@ const heartbeatAnswerSchema = z
     heartbeat_interval_ms: z.number().int().positive().optional(),
     tracker_public_key: z.string().optional(),
     distrust: z.array(z.object({ peer_id: z.string(), until: z.number() })).max(10_000).optional(),
+    takes_same: z.boolean().optional(),
     tracker_peer_id: z.string().regex(/^[0-9a-f]{32}$/).optional(),
     tracker_keys: z.array(trackerKeySchema).max(64).optional(),
   })
   .loose();
 const trackerInfoSchema = z.object({ models: z.array(z.string()) }).loose();
 
-export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number };
-
-/** The tracker has no `GET /api/nodes/watch` (an older one). */
-export class WatchUnsupportedError extends MeshError {
-  constructor() {
-    super('MESH_ERR_NOT_FOUND', 'the tracker has no /api/nodes/watch');
-  }
-}
+/** `takesSame`: the tracker takes beats that leave out what it has (`same`). */
+export type HeartbeatAnswer = { assignment?: Assignment | null; heartbeatIntervalMs?: number; takesSame?: boolean };
 
 /** Longest pause between two asks for a replacement while the tracker has none, ms. */
 const REPLACE_POLL_MAX_MS = 500;
-
-/** The tracker could not be reached at all (connection refused or reset, no such host): not a timeout, not an answer. */
-export class TrackerUnreachableError extends MeshError {
-  constructor(message: string) {
-    super('MESH_ERR_UNAVAILABLE', message);
-  }
-}
 
 /**
  * How a watch ended (TrackerClient.watch): `ended` the HTTP stream ended (the
@@ -118,13 +109,6 @@ interface RelayWatch {
   stop: AbortController;
   /** Why the client stopped it (not the caller's signal). */
   why?: 'rearm' | 'unreachable';
-}
-
-/** The tracker forgot this node (it restarted): register again. */
-export class NotRegisteredError extends MeshError {
-  constructor() {
-    super('MESH_ERR_NOT_FOUND', 'the tracker does not know this node (it restarted?); register again');
-  }
 }
 
 const utf8 = new TextEncoder();
@@ -156,6 +140,8 @@ export class TrackerClient {
   private relayWatch: RelayWatch | undefined;
   /** Ends the HTTP watch held only because no answer had named the tracker's peer yet (watch()). */
   private httpUntilPeer: AbortController | undefined;
+  /** What the tracker acknowledged of this node's fields: heartbeats leave out what is unchanged (`same`, beat-baseline.ts). */
+  private readonly baseline = new BeatBaseline();
 
   constructor(private readonly init: TrackerClientInit) {
     this.base = init.trackerUrl.replace(/\/+$/, '');
@@ -174,6 +160,7 @@ export class TrackerClient {
     // Another tracker: what the relay said of the last one is not news of this one (and a held watch is of the wrong peer).
     if (id !== this.trackerPeer) {
       this.relayBeats.forget();
+      this.baseline.reset();
       this.endHeldWatch('rearm');
     }
     this.trackerPeer = id;
@@ -258,6 +245,7 @@ export class TrackerClient {
   }
 
   async register(msg: NodeMessage): Promise<RegisterAnswer> {
+    this.baseline.reset();
     const { status, json } = await this.post('/api/nodes/register', await signBody(this.init.identity, msg), undefined, true);
     if (status !== 200 && status !== 201) this.fail('/api/nodes/register', status, json);
     const p = registerAnswerSchema.safeParse(json);
@@ -302,10 +290,16 @@ export class TrackerClient {
     // have said. Renewed at each beat, as each watch asked again and answered "not attached" renewed it on an older relay.
     const w = this.relayWatch;
     if (w?.said === 'absent' && w.peer === this.trackerPeer) this.relayBeats.absent(w.peer);
-    const overRelay = await this.relayBeats.send(this.trackerPeer, msg);
-    if (overRelay) return overRelay;
+    const peer = this.trackerPeer;
+    const on = this.init.relay?.currentRegistration;
+    if (this.relayBeats.tries(peer)) {
+      const beat = this.baseline.delta(`relay:${peer}`, on, msg);
+      const overRelay = await this.baseline.settle(beat, this.relayBeats.send(peer, beat.body), (a) => a && a.takesSame === true);
+      if (overRelay) return overRelay;
+    }
     this.beats.http++;
-    const { status, json } = await this.post('/api/nodes/heartbeat', await signBody(this.init.identity, msg), undefined, true);
+    const beat = this.baseline.delta(`http:${this.base}`, on, msg);
+    const { status, json } = await this.baseline.settle(beat, this.post('/api/nodes/heartbeat', await signBody(this.init.identity, beat.body), undefined, true), (r) => r.status === 200 && (r.json as { takes_same?: unknown } | undefined)?.takes_same === true);
     if (status === 404) throw new NotRegisteredError();
     if (status !== 200) this.fail('/api/nodes/heartbeat', status, json);
     return this.beatAnswer(json);
@@ -329,6 +323,7 @@ export class TrackerClient {
     const out: HeartbeatAnswer = {};
     if (p.data.assignment !== undefined) out.assignment = p.data.assignment;
     if (p.data.heartbeat_interval_ms !== undefined) out.heartbeatIntervalMs = p.data.heartbeat_interval_ms;
+    if (p.data.takes_same === true) out.takesSame = true;
     return out;
   }
 

@@ -1,7 +1,8 @@
 /**
- * A hand-written check of the usual NodeMessage and relay `beats` message,
- * for the tracker's hot path (thousands of heartbeats a second): it accepts
- * only what the zod schemas (tracker.ts nodeMessageSchema, beat-batch.ts
+ * A hand-written check of the usual NodeMessage, heartbeat body (with or
+ * without `same`) and relay `beats` message, for the tracker's hot path
+ * (thousands of heartbeats a second): it accepts only what the zod schemas
+ * (tracker.ts nodeMessageSchema / nodeBeatSchema, beat-batch.ts
  * beatBatchSchema) accept *and* would give back unchanged — no key they do not
  * know, no field this check does not cover. Anything else answers undefined,
  * and the caller runs the schema, whose verdict and error message stand. So
@@ -11,7 +12,7 @@
  * holds the two to the same answers over mutated messages.
  */
 import { MAX_BEATS_PER_BATCH } from './beat-batch.ts';
-import { HOP_PATHS, RTC_STATES, type NodeMessage } from './tracker.ts';
+import { HOP_PATHS, RTC_STATES, SAME_FIELDS, type NodeBeat, type NodeMessage } from './tracker.ts';
 
 type Obj = Record<string, unknown>;
 
@@ -127,12 +128,34 @@ function stats(v: unknown): boolean {
   });
 }
 
+const SAME_SET: ReadonlySet<unknown> = new Set(SAME_FIELDS);
+
 /**
- * `raw` itself, typed, when it is a NodeMessage nodeMessageSchema takes as is
- * (and would return equal); undefined when the schema must decide.
+ * A heartbeat's `same`: known names, each once, none of them also sent (the
+ * schema's rules). `lists` gets which of `public_key` / `info` it names: the
+ * two the body may then lack.
  */
-export function plainNodeMessage(raw: unknown): NodeMessage | undefined {
-  if (!isObj(raw) || !('peer_id' in raw && 'public_key' in raw && 'info' in raw && 'timestamp' in raw)) return undefined;
+function sameList(raw: Obj, v: unknown, lists: { public_key: boolean; info: boolean }): boolean {
+  if (!Array.isArray(v) || v.length < 1 || v.length > SAME_FIELDS.length) return false;
+  for (let i = 0; i < v.length; i++) {
+    const name = v[i] as unknown;
+    if (!SAME_SET.has(name) || v.indexOf(name) !== i || Object.hasOwn(raw, name as string)) return false;
+    if (name === 'public_key') lists.public_key = true;
+    else if (name === 'info') lists.info = true;
+  }
+  return true;
+}
+
+/**
+ * `raw` itself, typed, when it is a heartbeat body nodeBeatSchema takes as
+ * is (and would return equal), `same` or not; undefined when the schema
+ * must decide.
+ */
+export function plainNodeBeat(raw: unknown): NodeBeat | undefined {
+  if (!isObj(raw) || !('peer_id' in raw && 'timestamp' in raw)) return undefined;
+  const lists = { public_key: false, info: false };
+  if ('same' in raw && !sameList(raw, raw.same, lists)) return undefined;
+  if (!(lists.public_key || 'public_key' in raw) || !(lists.info || 'info' in raw)) return undefined;
   const ok = every(raw, (k, x) => {
     switch (k) {
       case 'peer_id':
@@ -154,11 +177,22 @@ export function plainNodeMessage(raw: unknown): NodeMessage | undefined {
         return typeof x === 'boolean';
       case 'timestamp':
         return Number.isSafeInteger(x);
+      case 'same':
+        // Checked above.
+        return true;
       default:
         return false;
     }
   });
-  return ok ? (raw as NodeMessage) : undefined;
+  return ok ? (raw as NodeBeat) : undefined;
+}
+
+/**
+ * `raw` itself, typed, when it is a NodeMessage nodeMessageSchema takes as is
+ * (and would return equal); undefined when the schema must decide.
+ */
+export function plainNodeMessage(raw: unknown): NodeMessage | undefined {
+  return isObj(raw) && !('same' in raw) ? (plainNodeBeat(raw) as NodeMessage | undefined) : undefined;
 }
 
 /** A relay's `beats` message as beatBatchSchema would give it; undefined when the schema must decide. */

@@ -134,6 +134,37 @@ export const nodeMessageSchema = z.object({
 });
 export type NodeMessage = z.infer<typeof nodeMessageSchema>;
 
+/**
+ * The fields a heartbeat may leave out when they are as in the last message
+ * of this node the tracker applied, naming them in `same` (docs/protocol.md
+ * §9): what a node resends unchanged on nearly every beat. `serving`,
+ * `draining`, `relay_connected`, `timestamp` and `peer_id` always travel.
+ */
+export const SAME_FIELDS = ['public_key', 'info', 'relay_addr', 'endpoint', 'stored', 'stats'] as const;
+export type SameField = (typeof SAME_FIELDS)[number];
+
+/**
+ * Body of a heartbeat (`POST /api/nodes/heartbeat`, a relay beat, a batched
+ * one): a NodeMessage, or one whose `same` names fields it leaves out. No
+ * `same`: a NodeMessage exactly. A registration never carries `same`.
+ */
+export const nodeBeatSchema = nodeMessageSchema
+  .extend({
+    public_key: nodeMessageSchema.shape.public_key.optional(),
+    info: nodeInfoSchema.optional(),
+    same: z.array(z.enum(SAME_FIELDS)).min(1).max(SAME_FIELDS.length).optional(),
+  })
+  .superRefine((m, ctx) => {
+    const same = m.same ?? [];
+    same.forEach((name, i) => {
+      if (same.indexOf(name) !== i) ctx.addIssue({ code: 'custom', path: ['same', i], message: `"${name}" is listed twice` });
+      else if (m[name] !== undefined) ctx.addIssue({ code: 'custom', path: ['same', i], message: `"${name}" is both sent and listed in "same": send it, or list it and leave it out` });
+    });
+    if (m.public_key === undefined && !same.includes('public_key')) ctx.addIssue({ code: 'custom', path: ['public_key'], message: 'required unless listed in "same"' });
+    if (m.info === undefined && !same.includes('info')) ctx.addIssue({ code: 'custom', path: ['info'], message: 'required unless listed in "same"' });
+  });
+export type NodeBeat = z.infer<typeof nodeBeatSchema>;
+
 /** A signed message: `signature` is base64url Ed25519 over canonicalJson(body). */
 export const signedSchema = <T extends z.ZodTypeAny>(body: T) => z.object({ body, signature: z.string().min(40).max(200) });
 
@@ -172,6 +203,8 @@ export const registerAnswerSchema = z.object({
    * at once (it replaces the hop by its usual replay). Optional: older trackers send none.
    */
   distrust: z.array(z.object({ peer_id: peerId, until: z.number().int() })).max(10_000).optional(),
+  /** The tracker takes heartbeats with `same` (nodeBeatSchema): a node sends them only to one that says so. Absent: an older tracker. */
+  takes_same: z.literal(true).optional(),
   /** The answering tracker's peer id: heartbeats may go to it over the relay (optional: older trackers). */
   tracker_peer_id: peerId.optional(),
   /** Every tracker of its cluster (a tracker alone: absent). A route signed by any of them is the cluster's. */

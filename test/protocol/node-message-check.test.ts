@@ -8,8 +8,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import { beatBatchSchema } from '../../src/protocol/beat-batch.ts';
-import { plainBeatBatch, plainNodeMessage } from '../../src/protocol/node-message-check.ts';
-import { nodeMessageSchema } from '../../src/protocol/tracker.ts';
+import { plainBeatBatch, plainNodeBeat, plainNodeMessage } from '../../src/protocol/node-message-check.ts';
+import { nodeBeatSchema, nodeMessageSchema } from '../../src/protocol/tracker.ts';
 import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
 const peer = 'ab'.repeat(16);
@@ -90,6 +90,46 @@ describe('the hand check of heartbeats', () => {
       expect(plainNodeMessage(m)).toBeUndefined();
       expect(nodeMessageSchema.safeParse(m).success).toBe(false);
     }
+  });
+
+  it('takes a beat that names what it left out (same) as is and agrees with zod on every mutation', () => {
+    /** `base` less `same`'s fields, naming them. */
+    const less = (base: Record<string, unknown>, same: string[]): Record<string, unknown> => {
+      const m: Record<string, unknown> = { ...base, same };
+      for (const f of same) delete m[f];
+      return m;
+    };
+    const idle = less(donor, ['public_key', 'info', 'relay_addr', 'stats']);
+    const serving = less(node, ['public_key', 'info', 'endpoint', 'stored']);
+    expect(plainNodeBeat(idle)).toBe(idle);
+    expect(nodeBeatSchema.parse(idle)).toEqual(idle);
+    expect(plainNodeBeat(serving)).toBe(serving);
+    // A full message is a beat too; a NodeMessage never has same.
+    expect(plainNodeBeat(donor)).toBe(donor);
+    expect(plainNodeMessage(idle)).toBeUndefined();
+    expect(nodeMessageSchema.safeParse(donor).success).toBe(true);
+    let taken = 0;
+    const extra: Array<Record<string, unknown>> = [
+      { ...idle, same: ['info', 'info', 'public_key'] },
+      { ...idle, same: ['info', 'timestamp', 'public_key'] },
+      { ...idle, info: donor.info },
+      { ...idle, same: ['public_key'] },
+      { ...idle, same: ['info'] },
+      { ...idle, same: new Array(7).fill('info') },
+      { ...idle, same: 'info' },
+      { ...serving, stored: null },
+    ];
+    for (const m of [...mutations(idle), ...mutations(serving), ...extra]) {
+      const fast = plainNodeBeat(m);
+      const z = nodeBeatSchema.safeParse(m);
+      if (fast === undefined) continue;
+      taken++;
+      expect(z.success, JSON.stringify(m)).toBe(true);
+      expect(fast).toEqual(z.data);
+    }
+    expect(taken).toBeGreaterThan(10);
+    // Each malformed extra is refused by the schema (the hand check leaves it to it).
+    for (const m of extra) expect(nodeBeatSchema.safeParse(m).success, JSON.stringify(m)).toBe(false);
   });
 
   it('takes a relay\'s usual batch as is and leaves anything else to the schema', () => {

@@ -7,8 +7,9 @@
  *                               away, so nodes notice a restart at once and register again
  */
 import { MeshError } from '../../protocol/errors.ts';
-import { plainNodeMessage } from '../../protocol/node-message-check.ts';
-import { nodeMessageSchema, signedSchema, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
+import { plainNodeBeat } from '../../protocol/node-message-check.ts';
+import { nodeBeatSchema, nodeMessageSchema, signedSchema, type NodeBeat, type NodeMessage, type RegisterAnswer } from '../../protocol/tracker.ts';
+import { filledBeat, notRegistered } from '../beat-delta.ts';
 import { notLoadedYet, type TrackerContext } from '../context.ts';
 import { wireDtypeOf } from '../options.ts';
 import { json, readJson, streamResponse, type App } from '../http.ts';
@@ -16,6 +17,7 @@ import type { NodeRecord } from '../registry.ts';
 import { WATCH_HEADERS } from '../watch-hub.ts';
 
 const nodeMessage = signedSchema(nodeMessageSchema);
+const signedBeat = signedSchema(nodeBeatSchema);
 const utf8 = new TextEncoder();
 const utf8Decoder = new TextDecoder();
 /** A comment on each watch stream this often, ms (below the idle timeouts of common proxies). */
@@ -46,6 +48,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
       heartbeat_interval_ms: interval,
       tracker_public_key: ctx.publicKey,
       ...(ctx.verification.enabled ? { distrust: distrustNow() } : {}),
+      takes_same: true,
       // In a cluster: a tracker on the node's own relay, so its beats never cross between relays.
       tracker_peer_id: ctx.cluster?.beatTarget(n) ?? ctx.identity.peerId,
       ...(keys ? { tracker_keys: keys } : {}),
@@ -70,7 +73,7 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
     if (keys !== keysText.of) keysText = { of: keys, text: keys ? `,"tracker_keys":${JSON.stringify(keys)}}` : '}' };
     return {
       interval,
-      mid: `,"heartbeat_interval_ms":${interval},"tracker_public_key":${JSON.stringify(ctx.publicKey)}${ctx.verification.enabled ? `,"distrust":${JSON.stringify(distrustNow())}` : ''},"tracker_peer_id":`,
+      mid: `,"heartbeat_interval_ms":${interval},"tracker_public_key":${JSON.stringify(ctx.publicKey)}${ctx.verification.enabled ? `,"distrust":${JSON.stringify(distrustNow())}` : ''},"takes_same":true,"tracker_peer_id":`,
       tail: keysText.text,
       assignments: new Map(),
     };
@@ -97,22 +100,37 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
 
   async function signedNodeMessage(req: Request, kind: 'register' | 'heartbeat', admit?: (peerId: string) => void): Promise<NodeMessage> {
     const raw = await readJson(req, o.maxBodyBytes);
-    const parsed = nodeMessage.safeParse(raw);
+    const parsed = (kind === 'register' ? nodeMessage : signedBeat).safeParse(raw);
     if (!parsed.success) {
       metrics.registrations.inc({ kind, result: 'malformed' });
       const issue = parsed.error.issues[0]!;
       throw new MeshError('MESH_ERR_BAD_REQUEST', `field "${issue.path.join('.') || '(root)'}": ${issue.message}; expected {body: NodeMessage, signature}`);
     }
+    const signedBody = (raw as { body: unknown }).body;
+    // The schema would strip it and the signature covers it: say so rather than register from half a message.
+    if (kind === 'register' && Object.hasOwn(signedBody as object, 'same')) {
+      metrics.registrations.inc({ kind, result: 'malformed' });
+      throw new MeshError('MESH_ERR_BAD_REQUEST', 'field "body.same": a registration sends every field; "same" is for heartbeats');
+    }
     admit?.(parsed.data.body.peer_id);
+    const body = parsed.data.body as NodeBeat;
+    let msg: NodeMessage;
     try {
-      // Over the body as sent: fields a newer node adds (and this schema strips) are signed too.
-      ctx.nodeKeys.verifyNodeMessage(parsed.data, o.now(), o.maxClockSkewMs, (raw as { body: unknown }).body);
+      // Fields listed in `same` from the record (its key among them: the signature is checked against the registered one).
+      msg = filledBeat(body, body.same === undefined ? undefined : registry.nodes.get(body.peer_id));
     } catch (e) {
-      metrics.registrations.inc({ kind, result: 'refused' });
-      logger.warn({ peer_id: parsed.data.body.peer_id, kind, err: (e as Error).message }, 'signed node message refused');
+      metrics.registrations.inc({ kind, result: 'unknown' });
       throw e;
     }
-    return parsed.data.body;
+    try {
+      // Over the body as sent: fields a newer node adds (and this schema strips) are signed too.
+      ctx.nodeKeys.verifyNodeMessage({ body: msg, signature: parsed.data.signature }, o.now(), o.maxClockSkewMs, signedBody);
+    } catch (e) {
+      metrics.registrations.inc({ kind, result: 'refused' });
+      logger.warn({ peer_id: msg.peer_id, kind, err: (e as Error).message }, 'signed node message refused');
+      throw e;
+    }
+    return msg;
   }
 
   app.post('/api/nodes/register', async ({ req }) => {
@@ -159,16 +177,18 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
    */
   function vouchedBeat(from: string, raw: unknown): NodeRecord {
     // The usual beat passes a hand check (node-message-check.ts); anything else, and every error, is the schema's.
-    const msg = plainNodeMessage(raw) ?? schemaNodeMessage(raw);
-    if (msg.peer_id !== from) {
+    const beat = plainNodeBeat(raw) ?? schemaNodeBeat(raw);
+    if (beat.peer_id !== from) {
       metrics.registrations.inc({ kind: 'heartbeat', result: 'refused' });
-      throw new MeshError('MESH_ERR_FORBIDDEN', `this heartbeat speaks for ${msg.peer_id}, but the relay says it comes from ${from}`);
+      throw new MeshError('MESH_ERR_FORBIDDEN', `this heartbeat speaks for ${beat.peer_id}, but the relay says it comes from ${from}`);
     }
     const known = registry.nodes.get(from);
     if (!known) {
       metrics.registrations.inc({ kind: 'heartbeat', result: 'unknown' });
-      throw new MeshError('MESH_ERR_NOT_FOUND', `peer ${from} is not registered here (tracker restarted or node expired); register again`);
+      throw notRegistered(from);
     }
+    // Fields listed in `same` are the record's: its key among them, which then matches.
+    const msg = filledBeat(beat, known);
     if (known.publicKey !== msg.public_key) {
       metrics.registrations.inc({ kind: 'heartbeat', result: 'refused' });
       throw new MeshError('MESH_ERR_FORBIDDEN', 'public_key differs from the registered one: register again (signed)');
@@ -180,8 +200,8 @@ export function nodeRoutes(app: App, ctx: TrackerContext): void {
   }
   const beatsOk = metrics.registrations.labels({ kind: 'heartbeat', result: 'ok' });
 
-  function schemaNodeMessage(raw: unknown): NodeMessage {
-    const parsed = nodeMessageSchema.safeParse(raw);
+  function schemaNodeBeat(raw: unknown): NodeBeat {
+    const parsed = nodeBeatSchema.safeParse(raw);
     if (!parsed.success) {
       metrics.registrations.inc({ kind: 'heartbeat', result: 'malformed' });
       const issue = parsed.error.issues[0]!;
