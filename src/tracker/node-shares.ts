@@ -14,7 +14,7 @@ import type { Span } from './assignment.ts';
 import { NodeStatus, nodeStatus, sameSpan, type NodeRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
 import type { Contribution, ModelPlacement } from './placement.ts';
-import { drainCoverMs } from './sweep.ts';
+import { drainCoverMs, type ShareCheck } from './sweep.ts';
 
 /** What a node's share reads of the registry. */
 export interface ShareSource {
@@ -23,16 +23,6 @@ export interface ShareSource {
   layerMs(n: NodeRecord): number;
   routable(n: NodeRecord): boolean;
   excluded(peerId: string): boolean;
-}
-
-/**
- * What `current` reads once per sweep instead of once per node: the time, and
- * whether any node is excluded now (false: `excluded` would say no to every
- * peer id, so its two map lookups per node can be skipped).
- */
-export interface ShareCheck {
-  now: number;
-  anyExcluded: boolean;
 }
 
 export type ShareOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'now'>;

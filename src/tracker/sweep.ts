@@ -13,7 +13,6 @@ import { chooseMove } from './move-choice.ts';
 import { budgetBytes, sameSpan, type NodeRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
 import type { ModelPlacement } from './placement.ts';
-import type { ShareCheck } from './node-shares.ts';
 import type { RejoinGrace } from './rejoin-grace.ts';
 
 /** Sweeps between rebalances when nothing changed (throughput drifts: a move may pay off later). */
@@ -33,6 +32,16 @@ export interface SweepSource {
   excluded(peerId: string): boolean;
   /** May any node be excluded now? False lets the scan skip `excluded` for every node. */
   anyExcluded(): boolean;
+}
+
+/**
+ * What `SweepHands.current` reads once per sweep instead of once per node: the time, and
+ * whether any node is excluded now (false: `excluded` would say no to every
+ * peer id, so its two map lookups per node can be skipped).
+ */
+export interface ShareCheck {
+  now: number;
+  anyExcluded: boolean;
 }
 
 /** How the sweep changes records: only through the registry, which keeps the sums and tells its listeners. */
