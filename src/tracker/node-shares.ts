@@ -70,16 +70,16 @@ export class NodeShares {
 
   /**
    * Is the node's share of the sums still what it would be now (a drain's grace or a quarantine changes it with no message)?
-   * `at`: the sweep's time and whether anyone is excluded, read once for all its nodes (absent: read here).
+   * `at`: the sweep's time and whether anyone is excluded, read once for all its nodes.
    */
-  current(n: NodeRecord, at?: ShareCheck): boolean {
+  current(n: NodeRecord, at: ShareCheck): boolean {
     const c = n.contribution;
     if (!c) return true;
     // What contributionOf would say, without making one: the sweep asks this of every node. A node neither draining
     // nor (nobody is) excluded counts its assignment and its served span as they are: no clock, no quarantine lookups
     // (at 10,000 nodes those were most of each sweep, every 5 s at every tracker of a cluster).
-    if (at && !at.anyExcluded && !n.draining) return sameSpan(c.assignment, n.assignment) && sameSpan(c.serving, n.serving) && c.status === nodeStatus(n);
-    return sameSpan(c.assignment, this.countedAssignment(n, at?.now)) && sameSpan(c.serving, this.countedServing(n)) && c.status === nodeStatus(n);
+    if (!at.anyExcluded && !n.draining) return sameSpan(c.assignment, n.assignment) && sameSpan(c.serving, n.serving) && c.status === nodeStatus(n);
+    return sameSpan(c.assignment, this.countedAssignment(n, at.now)) && sameSpan(c.serving, this.countedServing(n)) && c.status === nodeStatus(n);
   }
 
   private countedAssignment(n: NodeRecord, now?: number): Span | null {
