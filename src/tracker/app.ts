@@ -150,7 +150,7 @@ export function createTracker(deps: TrackerDeps): Tracker {
     onTrustOutcome: (peer, outcome, now) => link.cluster?.trustOutcome(peer, outcome, now),
   });
   registry.excluded = (peer) => verification.excluded(peer);
-  registry.anyExcluded = () => verification.anyExcluded();
+  registry.exclusionsEnd = () => verification.exclusionsEnd();
   const publicKey = encodeBase64Url(identity.publicKey);
   const startedAt = o.now();
   const watch = new WatchHub({ hello: () => JSON.stringify({ tracker_public_key: publicKey, started_at: startedAt, heartbeat_interval_ms: o.heartbeatIntervalMs }) });

@@ -28,6 +28,13 @@ export interface ShareSource {
 export type ShareOptions = Pick<TrackerOptions, 'heartbeatIntervalMs' | 'deadAfterMissedHeartbeats' | 'now'>;
 
 export class NodeShares {
+  /**
+   * When a share may next go stale with no change to its record: the earliest end of a drain cover among
+   * the shares that count a draining node's assignment (Infinity: none does). Every share made notes its
+   * own; {@link rescan} starts it again for a scan of every node, whose `current` notes those still counted.
+   */
+  private coverEnds = Infinity;
+
   constructor(
     private readonly reg: ShareSource,
     private readonly o: ShareOptions,
@@ -58,8 +65,10 @@ export class NodeShares {
    */
   contributionOf(n: NodeRecord): Contribution {
     const status = nodeStatus(n);
+    const assignment = this.countedAssignment(n);
+    if (assignment && n.draining) this.noteCover(n);
     return {
-      assignment: this.countedAssignment(n),
+      assignment,
       serving: this.countedServing(n),
       throughput: this.reg.throughput(n),
       cost: this.routeCost(n),
@@ -79,7 +88,28 @@ export class NodeShares {
     // nor (nobody is) excluded counts its assignment and its served span as they are: no clock, no quarantine lookups
     // (at 10,000 nodes those were most of each sweep, every 5 s at every tracker of a cluster).
     if (!at.anyExcluded && !n.draining) return sameSpan(c.assignment, n.assignment) && sameSpan(c.serving, n.serving) && c.status === nodeStatus(n);
+    if (c.assignment && n.draining) this.noteCover(n, at.now);
     return sameSpan(c.assignment, this.countedAssignment(n, at.now)) && sameSpan(c.serving, this.countedServing(n)) && c.status === nodeStatus(n);
+  }
+
+  /**
+   * Until when every share stays current if no record changes and no exclusion begins or ends: the earliest
+   * end of a drain cover a share still counts (Infinity: no share counts a draining node's assignment).
+   */
+  nextCoverEnd(): number {
+    return this.coverEnds;
+  }
+
+  /** A scan asks `current` of every node now: the covers still counted are noted again as it goes (ended ones drop out). */
+  rescan(): void {
+    this.coverEnds = Infinity;
+  }
+
+  /** `n` is draining and its share counts its assignment: that stops when its cover ends. Past ends (at `now`) are not kept. */
+  private noteCover(n: NodeRecord, now?: number): void {
+    if (n.drainingSince === undefined) return;
+    const end = n.drainingSince + drainCoverMs(this.o);
+    if (end > (now ?? -Infinity) && end < this.coverEnds) this.coverEnds = end;
   }
 
   private countedAssignment(n: NodeRecord, now?: number): Span | null {

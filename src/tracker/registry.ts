@@ -71,10 +71,12 @@ export class NodeRegistry {
    */
   excluded: (peerId: string) => boolean = () => false;
   /**
-   * May `excluded` say yes to anyone now? False only when it says no to every peer id: the sweep then skips
-   * asking it per node. Whoever sets `excluded` sets this too (the default, like `excluded`'s, excludes nobody).
+   * The latest end of any exclusion `excluded` has said or will say yes for, ms since epoch (0: none ever): past
+   * it, `excluded` says no to every peer id, so the sweep skips asking it per node, and a follower's sweep skips
+   * its scan once it has scanned after that end. Whoever sets `excluded` sets this too (the default, like
+   * `excluded`'s, excludes nobody).
    */
-  anyExcluded: () => boolean = () => false;
+  exclusionsEnd: () => number = () => 0;
   /** Failures, quarantines and KV leases by peer id, beyond the records. */
   private readonly ledgers = new PeerLedgers();
   /** Nodes this tracker removed, and the spans of the silent ones held from moves for their rejoin grace. */
@@ -100,6 +102,8 @@ export class NodeRegistry {
         edit: (n, change) => this.shares.edit(n, change),
         dropSilent: (n) => this.drop(n, 'missed heartbeats', false, true),
         current: (n, at) => this.shares.current(n, at),
+        nextCoverEnd: () => this.shares.nextCoverEnd(),
+        rescan: () => this.shares.rescan(),
         assigned: (n) => this.events.onChanged?.(n, 'assigned'),
         moved: (n, mv) => {
           this.events.onMoved?.(n, mv);
@@ -109,6 +113,11 @@ export class NodeRegistry {
       this.grace,
       o,
     );
+  }
+
+  /** May `excluded` say yes to anyone now? False: it says no to every peer id. */
+  anyExcluded(): boolean {
+    return this.exclusionsEnd() > this.o.now();
   }
 
   private get byId(): Map<string, NodeRecord> {
@@ -386,6 +395,11 @@ export class NodeRegistry {
   /** Is any node (registered or not) quarantined now, by this tracker's judgement or another's? */
   anyQuarantined(): boolean {
     return this.ledgers.latestQuarantineEnd > this.o.now();
+  }
+
+  /** The latest end of any quarantine noted here (this tracker's or another's), ms since epoch; 0: none. */
+  latestQuarantineEnd(): number {
+    return this.ledgers.latestQuarantineEnd;
   }
 
   /** Nodes quarantined now, with the end of it (expired entries are forgotten). */

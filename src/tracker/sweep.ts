@@ -30,8 +30,11 @@ export interface SweepSource {
   placement(modelName: string): ModelPlacement<NodeRecord>;
   throughput(n: NodeRecord): number;
   excluded(peerId: string): boolean;
-  /** May any node be excluded now? False lets the scan skip `excluded` for every node. */
-  anyExcluded(): boolean;
+  /**
+   * The latest end of any exclusion `excluded` has said yes for, ms since epoch (0: none). Past it nobody is
+   * excluded, so the scan skips `excluded` for every node; and once a scan ran after it, no exclusion's end is left to find.
+   */
+  exclusionsEnd(): number;
 }
 
 /**
@@ -52,6 +55,10 @@ export interface SweepHands {
   dropSilent(n: NodeRecord): void;
   /** Is `n`'s share of the sums what it would be at `at.now`? */
   current(n: NodeRecord, at: ShareCheck): boolean;
+  /** The earliest time a share goes stale with no message (a drain cover it counts ends); Infinity: none. */
+  nextCoverEnd(): number;
+  /** A scan of every node begins: `current` notes again the drain covers still counted. */
+  rescan(): void;
   assigned(n: NodeRecord): void;
   moved(n: NodeRecord, move: Move): void;
 }
@@ -63,6 +70,8 @@ export function drainCoverMs(o: Pick<TrackerOptions, 'deadAfterMissedHeartbeats'
 
 export class PlacementSweep {
   private sweeps = 0;
+  /** The time of the last scan of every node (-Infinity: none yet). */
+  private scannedAt = -Infinity;
 
   constructor(
     private readonly reg: SweepSource,
@@ -74,22 +83,31 @@ export class PlacementSweep {
   /**
    * Drop nodes silent past their deadline, then rebalance each model whose
    * placement changed (and every few sweeps regardless: throughputs drift).
-   * O(nodes) for the scan, O(layers) per model for the sums. Returns the removed ids.
+   * O(nodes) for the scan, O(layers) per model for the sums. A follower
+   * (`decide` false) scans only when a share may have gone stale since its
+   * last scan (a drain cover ended, an exclusion began or ended). Returns the removed ids.
    */
   sweep(decide: boolean): string[] {
     const now = this.o.now();
-    const late = this.o.lateMs?.() ?? 0;
     const dead: NodeRecord[] = [];
-    const stale: NodeRecord[] = [];
     // Read once for the scan: it visits every node at every tracker of a cluster each period.
-    const at: ShareCheck = { now, anyExcluded: this.reg.anyExcluded() };
-    for (const n of this.reg.nodes.values()) {
-      if (decide && this.silentTooLong(n, now, late)) dead.push(n);
-      else if (!this.hands.current(n, at)) stale.push(n);
+    const exclusionsEnd = this.reg.exclusionsEnd();
+    // A follower's scan looks only for stale shares, and one goes stale with no message only when a drain cover it
+    // counts ends or an exclusion begins or ends: with none of those since the last scan it would find nothing.
+    if (decide || now < this.scannedAt || exclusionsEnd > this.scannedAt || this.hands.nextCoverEnd() <= now) {
+      const late = this.o.lateMs?.() ?? 0;
+      const stale: NodeRecord[] = [];
+      const at: ShareCheck = { now, anyExcluded: exclusionsEnd > now };
+      this.scannedAt = now;
+      this.hands.rescan();
+      for (const n of this.reg.nodes.values()) {
+        if (decide && this.silentTooLong(n, now, late)) dead.push(n);
+        else if (!this.hands.current(n, at)) stale.push(n);
+      }
+      for (const n of dead) this.hands.dropSilent(n);
+      // A drain past its grace, a quarantine begun or ended: the sums follow.
+      for (const n of stale) this.hands.edit(n, () => {});
     }
-    for (const n of dead) this.hands.dropSilent(n);
-    // A drain past its grace, a quarantine begun or ended: the sums follow.
-    for (const n of stale) this.hands.edit(n, () => {});
     this.sweeps++;
     // Exact sums again every few sweeps: rounding drifts slowly, and a recount walks every node's layers.
     const recount = (this.sweeps - 1) % RECOUNT_EVERY_SWEEPS === 0;

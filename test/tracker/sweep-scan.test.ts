@@ -3,9 +3,13 @@
  * with nobody quarantined it reads no clock and no quarantine per node,
  * and a quarantine begun, ended or learned from another tracker still
  * takes the node's share out of the sums (and puts it back) at the next
- * sweep, as the per-node lookups did.
+ * sweep, as the per-node lookups did. A follower's sweep (no decisions)
+ * skips the scan when no share can have gone stale since its last one,
+ * and still scans when a drain cover ends or a quarantine begins or ends;
+ * a leader's always scans (for silent nodes).
  */
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import { NodeShares } from '../../src/tracker/node-shares.ts';
 import { TrustBook } from '../../src/tracker/verify/trust.ts';
 import { FakeNode, makeTracker, type TestTracker } from '../helpers/tracker.ts';
 
@@ -69,6 +73,81 @@ describe('the sweep scan', () => {
     expect(t.verification.anyExcluded()).toBe(false);
     t.sweep();
     expect(onLayer0(t)).toEqual(new Set([a.peerId, b.peerId]));
+  });
+});
+
+/** How many nodes the sweeps in `f` asked `current` of. */
+function scanned(f: () => void): number {
+  const spy = vi.spyOn(NodeShares.prototype, 'current');
+  try {
+    f();
+    return spy.mock.calls.length;
+  } finally {
+    spy.mockRestore();
+  }
+}
+
+const follower = (t: TestTracker) => () => void t.registry.sweep({ decide: false });
+const leader = (t: TestTracker) => () => void t.registry.sweep({ decide: true });
+/** How many nodes the placement sums count as assigned layer 0. */
+const assigned0 = (t: TestTracker) => t.registry.placement('small').assigned.count[0];
+
+describe("a follower's sweep", () => {
+  afterEach(() => vi.restoreAllMocks());
+
+  it('skips its scan when no share can have gone stale since the last one; a leader always scans', async () => {
+    const t = await makeTracker({ deadAfterMissedHeartbeats: 1000 });
+    await serving(t, 0, 12);
+    await serving(t, 0, 12);
+    expect(scanned(follower(t))).toBe(2);
+    t.clock.now += 5000;
+    expect(scanned(follower(t))).toBe(0);
+    expect(scanned(leader(t))).toBe(2);
+    t.clock.now += 5000;
+    expect(scanned(follower(t))).toBe(0);
+  });
+
+  it('still finds a drain past its cover, once', async () => {
+    const t = await makeTracker({ heartbeatIntervalMs: 1000, deadAfterMissedHeartbeats: 3 });
+    await serving(t, 0, 12);
+    const b = await serving(t, 0, 12);
+    expect(scanned(follower(t))).toBe(2);
+    expect(assigned0(t)).toBe(2);
+    t.clock.now += 100;
+    expect((await b.post(t, '/api/nodes/heartbeat', t.clock.now, { draining: true })).status).toBe(200);
+    // Within its cover the draining node still holds its layers for placement: nothing to find yet.
+    t.clock.now += 2000;
+    expect(scanned(follower(t))).toBe(0);
+    expect(assigned0(t)).toBe(2);
+    // Its cover (3 × 1 s) ended: the scan runs and its share leaves the sums.
+    t.clock.now += 1000;
+    expect(scanned(follower(t))).toBe(2);
+    expect(assigned0(t)).toBe(1);
+    t.clock.now += 1000;
+    expect(scanned(follower(t))).toBe(0);
+  });
+
+  it('still finds a quarantine begun and one ended, even one that began and ended between two sweeps', async () => {
+    const t = await makeTracker({ deadAfterMissedHeartbeats: 1000 });
+    const a = await serving(t, 0, 12);
+    const b = await serving(t, 0, 12);
+    expect(scanned(follower(t))).toBe(2);
+    t.registry.quarantine(b.peerId, t.clock.now + 30_000);
+    expect(scanned(follower(t))).toBe(2);
+    expect(onLayer0(t)).toEqual(new Set([a.peerId]));
+    t.clock.now += 30_001;
+    expect(scanned(follower(t))).toBe(2);
+    expect(onLayer0(t)).toEqual(new Set([a.peerId, b.peerId]));
+    t.clock.now += 5000;
+    expect(scanned(follower(t))).toBe(0);
+    // Begun and ended between two sweeps, with a beat of b's in it (its share then left the sums).
+    t.registry.quarantine(b.peerId, t.clock.now + 1000);
+    await b.heartbeat(t);
+    expect(onLayer0(t)).toEqual(new Set([a.peerId]));
+    t.clock.now += 5000;
+    expect(scanned(follower(t))).toBe(2);
+    expect(onLayer0(t)).toEqual(new Set([a.peerId, b.peerId]));
+    expect(scanned(follower(t))).toBe(0);
   });
 });
 

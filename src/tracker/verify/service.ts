@@ -174,6 +174,11 @@ export class VerificationService {
     return this.trust.anyQuarantined() || this.d.registry.anyQuarantined();
   }
 
+  /** The latest end of any quarantine `excluded` counts (here or by another tracker), ms since epoch; 0: none. */
+  exclusionsEnd(): number {
+    return Math.max(this.trust.latestQuarantineEnd, this.d.registry.latestQuarantineEnd());
+  }
+
   /** Keys a check plan may be signed with: this tracker's, and in a cluster every other tracker's. */
   private planKeys(): Uint8Array[] {
     return [this.d.identity.publicKey, ...(this.d.peerTrackerKeys?.() ?? [])];

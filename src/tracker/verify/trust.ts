@@ -121,7 +121,7 @@ export class TrustBook {
   readonly offenceLog: OffenceRecord[] = [];
   private readonly o: TrustOptions;
   /** The latest end of any quarantine this book set (0: none). */
-  private latestQuarantineEnd = 0;
+  private latestEnd = 0;
 
   constructor(o: Partial<TrustOptions> & Pick<TrustOptions, 'now' | 'random'>) {
     this.o = { ...TRUST_DEFAULTS, ...o };
@@ -200,7 +200,7 @@ export class TrustBook {
     const now = this.o.now();
     const until = Math.max(r.quarantinedUntil, now + this.o.quarantineMs * 2 ** Math.min(20, r.offences - 1));
     r.quarantinedUntil = until;
-    this.latestQuarantineEnd = Math.max(this.latestQuarantineEnd, until);
+    this.latestEnd = Math.max(this.latestEnd, until);
     const rec: OffenceRecord = { id: `off-${now.toString(36)}-${Math.floor(this.o.random() * 1e9).toString(36)}`, at: now, until, ...o };
     this.offenceLog.push(rec);
     if (this.offenceLog.length > this.o.keepOffences) this.offenceLog.splice(0, this.offenceLog.length - this.o.keepOffences);
@@ -210,7 +210,12 @@ export class TrustBook {
 
   /** Is any peer quarantined now? (False: `quarantined` says no to every peer; checked once by a sweep over every node.) */
   anyQuarantined(): boolean {
-    return this.latestQuarantineEnd > this.o.now();
+    return this.latestEnd > this.o.now();
+  }
+
+  /** The latest end of any quarantine this book set, ms since epoch (0: none): nobody is quarantined past it. */
+  get latestQuarantineEnd(): number {
+    return this.latestEnd;
   }
 
   quarantined(peer: string): boolean {
