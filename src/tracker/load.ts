@@ -18,6 +18,7 @@
  *   get 503 with Retry-After (heartbeats are always answered).
  */
 import { performance, type EventLoopUtilization } from 'node:perf_hooks';
+import { Ticker } from './ticker.ts';
 
 export interface LoadMonitorOptions {
   /** The period nodes are told when the tracker keeps up, ms. */
@@ -50,7 +51,7 @@ export interface LoadState {
 
 export class LoadMonitor {
   private readonly o: Required<LoadMonitorOptions>;
-  private timer: ReturnType<typeof setInterval> | undefined;
+  private stopTicks: (() => void) | undefined;
   private lastTick = 0;
   private lastElu: EventLoopUtilization | undefined;
   private late = 0;
@@ -64,17 +65,17 @@ export class LoadMonitor {
     this.state = { utilization: 0, lagMs: 0, behind: false, intervalMs: o.baseIntervalMs, lateMs: 0 };
   }
 
-  start(): void {
-    if (this.timer) return;
+  /** Tick every `tickMs` on `ticker` (the tracker's shared clock: ticker.ts), or on a timer of its own. */
+  start(ticker: Ticker = new Ticker(this.o.tickMs)): void {
+    if (this.stopTicks) return;
     this.lastTick = performance.now();
     this.lastElu = performance.eventLoopUtilization();
-    this.timer = setInterval(() => this.tick(), this.o.tickMs);
-    this.timer.unref?.();
+    this.stopTicks = ticker.every(this.o.tickMs, () => this.tick());
   }
 
   stop(): void {
-    if (this.timer) clearInterval(this.timer);
-    this.timer = undefined;
+    this.stopTicks?.();
+    this.stopTicks = undefined;
   }
 
   /** One measurement (the timer calls it; tests may call it with their own figures). */

@@ -22,6 +22,7 @@ import { createTrackerMetrics } from './metrics.ts';
 import { hubAwareLoader } from './hub-models.ts';
 import { ModelCatalog, type ModelRetryOptions, type ModelSpec } from './model-registry.ts';
 import { resolveTrackerOptions, type TrackerOptions } from './options.ts';
+import { Ticker } from './ticker.ts';
 
 export interface RunningTracker extends Tracker {
   url: string;
@@ -129,6 +130,8 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
       logger.warn({ err: (e as Error).message }, 'relay not reachable yet; retrying in the background');
     }
   }
+  // One clock for the periodic jobs (load tick, cluster store, sweep): the process wakes once a beat for all (ticker.ts).
+  const ticker = new Ticker();
   let cluster: ClusterStore | undefined;
   if (nats && clusterCode) {
     const { ClusterStore, certifyTracker } = clusterCode;
@@ -145,6 +148,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
         logger,
         metrics,
         load: tracker.load,
+        ticker,
       });
       tracker.attachCluster(cluster);
       logger.info({ cluster: o.cluster, nats: o.nats, nodes: tracker.registry.nodes.size, leader: cluster.leader() }, 'joined the cluster');
@@ -162,15 +166,14 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     relay.on('state', (e) => e.state === 'registered' && announce());
     announce();
   }
-  tracker.load.start();
-  const sweeper = setInterval(() => {
+  tracker.load.start(ticker);
+  const stopSweeps = ticker.every(o.heartbeatIntervalMs, () => {
     try {
       tracker.sweep();
     } catch (e) {
       logger.error({ err: e }, 'sweep failed');
     }
-  }, o.heartbeatIntervalMs);
-  sweeper.unref();
+  });
   logger.info({ url: served.url, peer_id: identity.peerId, relay: o.relayUrl ?? null }, 'tracker listening');
   return {
     ...tracker,
@@ -180,7 +183,7 @@ export async function startTracker(partial: Partial<TrackerOptions>, extras: Sta
     relay,
     async close() {
       catalog.close();
-      clearInterval(sweeper);
+      stopSweeps();
       tracker.load.stop();
       await cluster?.close();
       await nats?.close();

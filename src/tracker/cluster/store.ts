@@ -60,6 +60,7 @@ import { trackerSubjects } from '../../cluster/subjects.ts';
 import type { LeaseObserver } from '../admission.ts';
 import type { TrackerMetrics } from '../metrics.ts';
 import type { ChangeKind, NodeRecord, NodeRegistry } from '../registry.ts';
+import { Ticker } from '../ticker.ts';
 import type { TrustCounters, TrustOutcome } from '../verify/trust.ts';
 import { keys, leaseDocSchema, nodeDocSchema, routeDocSchema, trackerDocSchema, type TrackerDoc } from './doc.ts';
 import { LeaderLease } from './leader-lease.ts';
@@ -99,6 +100,8 @@ export interface ClusterStoreInit {
   metrics: Pick<TrackerMetrics, 'clusterDropped' | 'clusterWrites'>;
   /** The heartbeat period this tracker hands out now, and whether it is behind (load.ts). */
   load: { intervalMs(): number; readonly current: { behind: boolean } };
+  /** The tracker's shared clock (ticker.ts) the store's periodic jobs run on; absent: a clock of the store's own. */
+  ticker?: Ticker;
 }
 
 export interface ClusterStatus {
@@ -129,7 +132,8 @@ export class ClusterStore implements LeaseObserver {
   private readonly startedAt: number;
   private bucketLost = false;
   private closed = false;
-  private timers: Array<ReturnType<typeof setInterval>> = [];
+  /** What stops each periodic job. */
+  private timers: Array<() => void> = [];
   private sub: Subscription | undefined;
   private watchGen = 0;
   dropped = 0;
@@ -198,11 +202,12 @@ export class ClusterStore implements LeaseObserver {
     await s.watch();
     await s.announce();
     s.sub = init.nats.nc.subscribe(s.subjects.seen, { callback: (err, msg) => (err ? undefined : s.seen.received(msg.data)) });
-    s.timers.push(setInterval(() => s.seen.publish(), s.o.seenEveryMs));
-    s.timers.push(setInterval(() => void s.tickLease(), Math.max(200, Math.floor(s.o.leaseMs / 3))));
-    s.timers.push(setInterval(() => s.tickLate(), 500));
-    s.timers.push(setInterval(() => void s.checkBucket(), 2000));
-    for (const t of s.timers) t.unref?.();
+    // On the tracker's one clock (500 ms beats by default): at the defaults all four wake the process together.
+    const ticker = init.ticker ?? new Ticker();
+    s.timers.push(ticker.every(500, () => s.tickLate()));
+    s.timers.push(ticker.every(s.o.seenEveryMs, () => s.seen.publish()));
+    s.timers.push(ticker.every(Math.max(200, Math.floor(s.o.leaseMs / 3)), () => void s.tickLease()));
+    s.timers.push(ticker.every(2000, () => void s.checkBucket()));
     void s.tickLease();
     return s;
   }
@@ -481,7 +486,7 @@ export class ClusterStore implements LeaseObserver {
 
   async close(): Promise<void> {
     this.closed = true;
-    for (const t of this.timers) clearInterval(t);
+    for (const stop of this.timers) stop();
     this.watchGen++;
     this.sub?.unsubscribe();
     if (this.connected) {
