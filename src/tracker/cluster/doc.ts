@@ -86,7 +86,13 @@ export function nodeDocOf(n: NodeRecord, by: string): NodeDoc {
   };
 }
 
-export function remoteOf(d: NodeDoc): RemoteRecord {
+/** The fields of a node document the registry's copy is made of (a parsed document, or what node-docs.ts keeps of one: stored-doc.ts). */
+export type RemoteFields = Pick<
+  NodeDoc,
+  'peer_id' | 'public_key' | 'relay_addr' | 'endpoint' | 'info' | 'assignment' | 'serving' | 'stats' | 'layer_ms_ewma' | 'registered_at' | 'last_seen' | 'interval_ms' | 'busy_until' | 'kv_held_at_beat' | 'draining' | 'draining_since' | 'quarantined_until'
+>;
+
+export function remoteOf(d: RemoteFields): RemoteRecord {
   return {
     peerId: d.peer_id,
     publicKey: d.public_key,
@@ -184,7 +190,7 @@ export const keys = {
 };
 
 /** Does the stored document miss something routing reads from `n` (so a heartbeat must be written)? */
-export function beatNeedsWrite(n: NodeRecord, d: NodeDoc | undefined, now: number, refreshMs: number): boolean {
+export function beatNeedsWrite(n: NodeRecord, d: Pick<NodeDoc, 'serving' | 'public_key' | 'relay_addr' | 'endpoint' | 'info' | 'draining' | 'last_seen' | 'stats' | 'layer_ms_ewma'> | undefined, now: number, refreshMs: number): boolean {
   if (!d) return true;
   if (!sameSpan(n.serving, d.serving) || n.publicKey !== d.public_key || n.relayAddr !== d.relay_addr || n.endpoint !== d.endpoint) return true;
   // NodeInfo is flat: compared field by field, not as two JSON strings made on every beat.

@@ -14,6 +14,7 @@ import type { ChangeKind, NodeRecord, NodeRegistry } from '../registry.ts';
 import { applyOutcome, type TrustCounters, type TrustOutcome } from '../verify/trust.ts';
 import { isConflict } from './conflict.ts';
 import { beatNeedsWrite, keys, nodeDocOf, remoteOf, type NodeDoc } from './doc.ts';
+import { StoredDoc } from './stored-doc.ts';
 
 export interface NodeDocsInit {
   kv: () => KV;
@@ -33,8 +34,13 @@ export interface NodeDocsInit {
 }
 
 export class NodeDocs {
-  /** Stored node documents with their revisions (what a CAS write builds on). */
-  private readonly nodes = new Map<string, { doc: NodeDoc; rev: number }>();
+  /**
+   * Stored node documents with their revisions (what a CAS write builds on), keyed by the records' own peer id
+   * strings: a key cut from the KV entry's would keep that whole string alive beside it.
+   */
+  private readonly nodes = new Map<string, StoredDoc>();
+  /** The ids of the trackers that wrote documents, each kept once (stored-doc.ts). */
+  private readonly writers = new Map<string, string>();
   /**
    * The stored documents that are tombstones, with when their grace ends: the leader's burial looks only at
    * these (a scan of every document twice a second was 9 % of a 10,000-node leader's busy thread).
@@ -51,7 +57,7 @@ export class NodeDocs {
   /** Check counters stored by the cluster for a node go to `sink` (the verification service: app.ts), those read at start first. */
   set onTrust(sink: ((peerId: string, counters: TrustCounters) => void) | undefined) {
     this.trustSink = sink;
-    if (sink) for (const [peer, { doc }] of this.nodes) if (doc.trust) sink(peer, doc.trust);
+    if (sink) for (const [peer, stored] of this.nodes) if (stored.trust) sink(peer, stored.trust);
   }
 
   get onTrust(): ((peerId: string, counters: TrustCounters) => void) | undefined {
@@ -82,24 +88,30 @@ export class NodeDocs {
       if (doc) this.init.dropped('node', `${e.key}: names peer ${doc.peer_id}`);
       return;
     }
-    this.keep(id, doc, e.revision);
-    if (doc.vacated_until !== undefined) {
+    const stored = this.keep(id, doc, e.revision);
+    if (stored.vacated_until !== undefined) {
       // Dropped for silence by the leader, in its rejoin grace: gone here too, its span held from moves till then.
-      this.init.registry.vacateRemote(remoteOf(doc), doc.vacated_until);
-      if (doc.trust) this.onTrust?.(id, doc.trust);
+      this.init.registry.vacateRemote(remoteOf(stored), stored.vacated_until);
+      if (stored.trust) this.onTrust?.(id, stored.trust);
       return;
     }
-    const r = remoteOf(doc);
+    // What the document says the same as the record keeps the record's objects (the copy shares them).
+    const r = remoteOf(stored);
     // A tracker (re)starting: everything stored counts as just seen, until the batches tell it otherwise.
     if (snapshot) r.lastSeen = Math.max(r.lastSeen, this.init.now());
     this.init.registry.applyRemote(r);
-    if (doc.trust) this.onTrust?.(id, doc.trust);
+    if (stored.trust) this.onTrust?.(id, stored.trust);
   }
 
-  private keep(id: string, doc: NodeDoc, rev: number): void {
-    this.nodes.set(id, { doc, rev });
-    if (doc.vacated_until !== undefined) this.tombstones.set(id, doc.vacated_until);
+  /** `doc`, stored at `rev`, becomes our copy; what it says the same as the registry's record (or the last copy) shares their objects. */
+  private keep(id: string, doc: NodeDoc, rev: number): StoredDoc {
+    const prev = this.nodes.get(id);
+    const rec = this.init.registry.nodes.get(id);
+    const stored = new StoredDoc(rev, doc, rec?.peerId ?? prev?.peer_id ?? doc.peer_id, rec ?? prev, this.writers);
+    this.nodes.set(stored.peer_id, stored);
+    if (stored.vacated_until !== undefined) this.tombstones.set(stored.peer_id, stored.vacated_until);
     else this.tombstones.delete(id);
+    return stored;
   }
 
   private forgetDoc(id: string): void {
@@ -136,13 +148,13 @@ export class NodeDocs {
     const key = keys.node(peerId);
     for (let attempt = 0; attempt < 4; attempt++) {
       const cur = this.nodes.get(peerId);
-      const built = build(cur?.doc);
+      const built = build(cur?.doc());
       if (!built) return 'none';
       // A quarantine stored by any tracker stays until it ends, whatever this write is about.
-      const quarantined = Math.max(cur?.doc.quarantined_until ?? 0, built.quarantined_until ?? 0);
+      const quarantined = Math.max(cur?.quarantined_until ?? 0, built.quarantined_until ?? 0);
       let next = quarantined > 0 ? { ...built, quarantined_until: quarantined } : built;
       // So do the check counters: only a judgement (trustOutcome) changes them.
-      if (!next.trust && cur?.doc.trust) next = { ...next, trust: cur.doc.trust };
+      if (!next.trust && cur?.trust) next = { ...next, trust: cur.trust };
       try {
         const body = JSON.stringify(next);
         const rev = cur ? await this.init.kv().update(key, body, cur.rev) : await this.init.kv().create(key, body);
@@ -153,7 +165,7 @@ export class NodeDocs {
           // since the watch will not bring back an older revision than ours.
           const local = this.init.registry.nodes.get(peerId);
           if (local && (!sameSpan(local.assignment, next.assignment) || (next.quarantined_until ?? 0) > (local.quarantinedUntil ?? 0))) this.init.registry.applyRemote(remoteOf(next));
-          if (next.trust && next.trust !== cur?.doc.trust) this.onTrust?.(peerId, next.trust);
+          if (next.trust && next.trust !== cur?.trust) this.onTrust?.(peerId, next.trust);
         }
         this.init.writes.inc({ kind, result: 'ok' });
         return 'ok';
@@ -200,7 +212,7 @@ export class NodeDocs {
       'register',
     );
     if (r === 'failed') this.pending.set(n.peerId, 'register');
-    const stored = this.nodes.get(n.peerId)?.doc;
+    const stored = this.nodes.get(n.peerId);
     if (stored && !sameSpan(stored.assignment, n.assignment)) this.init.registry.applyRemote(remoteOf(stored));
   }
 
@@ -209,7 +221,7 @@ export class NodeDocs {
     if (kind === 'register') return; // commitRegistration, awaited by the answer
     if (kind === 'heartbeat') {
       this.init.heard(n.peerId);
-      if (!beatNeedsWrite(n, this.nodes.get(n.peerId)?.doc, this.init.now(), this.init.docRefreshMs)) return;
+      if (!beatNeedsWrite(n, this.nodes.get(n.peerId), this.init.now(), this.init.docRefreshMs)) return;
     }
     this.pending.set(n.peerId, kind);
     this.scheduleFlush();
@@ -250,7 +262,7 @@ export class NodeDocs {
       const until = registry.nodes.has(peer) ? undefined : registry.vacatedUntil(peer);
       try {
         if (until !== undefined) {
-          const doc: NodeDoc = { ...cur.doc, vacated_until: until, by: this.init.me };
+          const doc: NodeDoc = { ...cur.doc(), vacated_until: until, by: this.init.me };
           const rev = await this.init.kv().update(keys.node(peer), JSON.stringify(doc), cur.rev);
           if ((this.nodes.get(peer)?.rev ?? 0) < rev) this.keep(peer, doc, rev);
         } else {
