@@ -48,12 +48,16 @@
  *                          [--donor-procs N[,M...]] [--beat-modes beating,paused] [--no-probe]
  *                          [--bin PATH ...] [--donors-per-bin] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--prof-relays DIR] [--heap-snapshot DIR]
- *                          [--relay-args "FLAGS"]
+ *                          [--relay-args "FLAGS"] [--sim-nice N]
  *
  * `--loop-probe`: event-loop delay, stalls and GC pauses of every process over
  * the window (bench/lib/loop-probe.mjs), printed and kept in the JSON; `--prof`:
  * a CPU profile of each tracker (`--prof-relays`: of each relay, at 10 ms
  * sampling); `--relay-args`: flags for every relay (e.g. "--beat-batch-ms 50");
+ * `--sim-nice N`: the donor processes run at nice N (a real swarm's donors
+ * are on their own machines, not on the trackers' two cores); the pick's
+ * CPU time (`pick CPU p99`) beside its clock time tells its own work from
+ * its waits for a core either way.
  * `--heap-snapshot`: tracker heap snapshots
  * before the ramp and after the window, for bench/heap-diff.ts (the snapshot
  * before the ramp adds to the RSS read as the baseline: take memory per donor
@@ -78,7 +82,7 @@
  * without it every run's donors are this checkout's.
  */
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { loadavg, tmpdir } from 'node:os';
+import { loadavg, setPriority, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ensureModel } from '../src/cli/models.ts';
@@ -161,6 +165,8 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const donorEntry = o.donorsPerBin ? join(dirname(bin), '..', 'bench', 'lib', 'swarm-child.ts') : undefined;
     pool = await DonorPool.start(procsN, { relayUrls: relays.map((r) => r.url), trackerUrls: trackers.map((t) => t.url), heartbeatMs: o.heartbeatMs, sharedHttp: o.sharedHttp }, donorEntry);
     const donorPool = pool;
+    // --sim-nice: the donors yield the cores to the trackers, as donors on their own machines would.
+    if (o.simNice) for (const pid of donorPool.pids) if (pid !== undefined) setPriority(pid, o.simNice);
     let made = 0;
     const t0 = performance.now();
     const perTick = Math.max(1, Math.ceil((donorCount * 100) / (o.rampS * 1000)));
@@ -190,6 +196,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     const removals = async () => (await Promise.all(trackers.map((t) => metricValue(t.url, 'meshnet_tracker_node_removals_total', { reason: 'missed heartbeats' }).catch(() => NaN)))).reduce((a, b) => a + b, 0);
     const removalsBefore = await removals();
     const picksBefore = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
+    const pickCpuBefore = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_cpu_seconds')));
     if (o.loopDir) {
       // SIGUSR2 resets the probes of our node processes; nats-server takes SIGUSR2 as "enter lame duck mode"
       // and shuts down ten seconds later: never send it there.
@@ -311,6 +318,7 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
     if (o.heapDir) console.log(`  heap snapshots in ${o.heapDir}: the last pair is before the ramp and after the window, ${heapDonors} donors`);
     const picksAfter = await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_seconds')));
     const pickHist = mergeHist(picksAfter, picksBefore);
+    const pickCpuHist = mergeHist(await Promise.all(trackers.map((t) => histogram(t.url, 'meshnet_tracker_route_pick_cpu_seconds'))), pickCpuBefore);
 
     const trackerCpus = trackers.map((_, i) => cpuAfter[`tracker${i + 1}`]! - cpuBefore[`tracker${i + 1}`]!);
     const trackerCpuMs = trackerCpus.reduce((a, b) => a + b, 0);
@@ -377,6 +385,10 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       route_pick_tracker_p50_ms: quantileOfHist(pickHist, 0.5) * 1000,
       route_pick_tracker_p99_ms: quantileOfHist(pickHist, 0.99) * 1000,
       route_picks: pickHist.count,
+      // The CPU the tracker used during those picks: what the clock time has above it was waiting for a core.
+      route_pick_tracker_cpu_p50_ms: quantileOfHist(pickCpuHist, 0.5) * 1000,
+      route_pick_tracker_cpu_p99_ms: quantileOfHist(pickCpuHist, 0.99) * 1000,
+      sim_nice: o.simNice,
       relay_kib_per_donor: relayRssGrowth / donorCount,
       tracker_rss_mib: rssAfter.tracker1! / 1024,
       relay_cpu_pct: (relayCpuMs / (windowS * 1000)) * 100,

@@ -62,6 +62,11 @@ export interface SwarmOptions {
   bins: string[];
   /** The donors of each --bin's run are that checkout's (its bench/lib/swarm-child.ts and src/node), not this one's. */
   donorsPerBin: boolean;
+  /**
+   * Nice value of the donor processes (0: as the rest). A real swarm's donors run on their own machines; here they
+   * share two cores with the trackers, and a positive value lets the trackers run first when both want a core.
+   */
+  simNice: number;
 }
 
 export function parseSwarmOptions(argv: string[]): SwarmOptions {
@@ -104,5 +109,12 @@ export function parseSwarmOptions(argv: string[]): SwarmOptions {
     out: opt('out') ?? fileURLToPath(new URL('../results/swarm.json', import.meta.url)),
     bins: opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../../bin/meshnet.js', import.meta.url))],
     donorsPerBin: flag('donors-per-bin'),
+    simNice: niceValue(opt('sim-nice')),
   };
+}
+
+function niceValue(v: string | undefined): number {
+  const n = Number(v ?? 0);
+  if (!Number.isInteger(n) || n < 0 || n > 19) throw new Error(`--sim-nice: an integer from 0 to 19, not ${v}`);
+  return n;
 }

@@ -61,6 +61,11 @@ export interface RunResult {
   route_pick_tracker_p50_ms: number;
   route_pick_tracker_p99_ms: number;
   route_picks: number;
+  /** The tracker process's CPU time during its route picks (bucket bounds): the pick's work, without its waits for a core. */
+  route_pick_tracker_cpu_p50_ms: number;
+  route_pick_tracker_cpu_p99_ms: number;
+  /** The donor processes' nice value (--sim-nice). */
+  sim_nice: number;
   relay_kib_per_donor: number;
   tracker_rss_mib: number;
   relay_cpu_pct: number;
@@ -99,7 +104,7 @@ export function reportRuns(results: RunResult[], o: SwarmOptions, loadBefore: nu
   const runName = (r: RunResult) => `${binName(r.bin)}${o.beatModes.length > 1 || r.beat_mode === 'paused' ? ` (${r.beat_mode})` : ''}`;
   printTable(
     `simulated swarm: ${o.minutes} min window, heartbeats every ${o.heartbeatMs / 1000} s${o.churn ? `, churn ${o.churn * 100}%/min` : ''}${o.mesh ? ', 3-node mesh chatting' : ''} (shared 2-core machine)`,
-    ['run', 'donors', 'procs', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
+    ['run', 'donors', 'procs', 'tracker CPU %', 'µs/call', 'hb p50 ms', 'hb p99 ms', 'hb p99 less sim stall', 'sim stalled s', 'hb failed', 'dropped (404)', 'removed live', 'shed', 'tracker KiB/donor', 'at window end', 'window median', 'window max', 'relay KiB/donor', 'NATS KiB/donor', 'route p99 ms (probe)', 'pick p99 ms (tracker)', 'pick CPU p99 ms', 'chats ok/failed', 'chat tok/s', 'sim CPU %'],
     results.map((r) => [
       runName(r),
       r.donors,
@@ -122,6 +127,7 @@ export function reportRuns(results: RunResult[], o: SwarmOptions, loadBefore: nu
       r.nats_kib_per_donor,
       r.route_pick_p99_ms,
       r.route_pick_tracker_p99_ms,
+      r.route_pick_tracker_cpu_p99_ms,
       `${r.chats_ok}/${r.chats_failed}`,
       r.chat_tokens_per_s,
       r.sim_cpu_pct,

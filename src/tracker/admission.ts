@@ -201,12 +201,8 @@ export class Admission {
   }
 
   private pick(model: string, tokens: number, exclude: ReadonlySet<string> | undefined): RoutePlan | undefined {
-    const t0 = performance.now();
-    try {
-      return this.registry.pickWithRoom(model, tokens, exclude);
-    } finally {
-      this.metrics?.routePick?.observe((performance.now() - t0) / 1000);
-    }
+    const pick = () => this.registry.pickWithRoom(model, tokens, exclude);
+    return this.metrics?.routePick ? this.metrics.routePick.time(pick) : pick();
   }
 
   /** Stop the poll timer and refuse every waiting chat (the tracker is closing). */

@@ -90,9 +90,7 @@ export function routeRoutes(app: App, ctx: TrackerContext): void {
 
   app.get('/api/route', async ({ url }) => {
     const modelName = url.searchParams.get('model') ?? [...registry.models.keys()][0] ?? '';
-    const t0 = performance.now();
-    const plan = registry.pick(modelName);
-    metrics.routePick.observe((performance.now() - t0) / 1000);
+    const plan = metrics.routePick.time(() => registry.pick(modelName));
     ctx.recordRoute('inspect', modelName, plan);
     const head = plan.hops[0]!.id;
     const hops = routeHops(registry, plan, true);
