@@ -48,14 +48,16 @@
  *                          [--donor-procs N[,M...]] [--beat-modes beating,paused] [--no-probe]
  *                          [--bin PATH ...] [--donors-per-bin] [--label NAME] [--out FILE]
  *                          [--loop-probe DIR] [--prof DIR] [--prof-relays DIR] [--heap-snapshot DIR]
- *                          [--relay-args "FLAGS"] [--sim-nice N]
+ *                          [--relay-args "FLAGS"] [--sim-nice N] [--mesh-nice N]
  *
  * `--loop-probe`: event-loop delay, stalls and GC pauses of every process over
  * the window (bench/lib/loop-probe.mjs), printed and kept in the JSON; `--prof`:
  * a CPU profile of each tracker (`--prof-relays`: of each relay, at 10 ms
  * sampling); `--relay-args`: flags for every relay (e.g. "--beat-batch-ms 50");
  * `--sim-nice N`: the donor processes run at nice N (a real swarm's donors
- * are on their own machines, not on the trackers' two cores); the pick's
+ * are on their own machines, not on the trackers' two cores); `--mesh-nice N`:
+ * the 3-node mesh's processes too (its nodes compute a chat's tokens at
+ * nice 0 beside the trackers otherwise); the pick's
  * CPU time (`pick CPU p99`) beside its clock time tells its own work from
  * its waits for a core either way.
  * `--heap-snapshot`: tracker heap snapshots
@@ -95,7 +97,7 @@ import { parseSwarmOptions, type BeatMode } from './lib/swarm-options.ts';
 import { SwarmCluster } from './lib/swarm-cluster.ts';
 import { chatLoop, type Chats } from './lib/swarm-chats.ts';
 import { cpuOf, heapSnapshots, loopSummary, profilingNodeArgs, rssKiB } from './lib/proc-readings.ts';
-import { histogram, mergeHist, metricValue, quantileOfHist } from './lib/metrics-scrape.ts';
+import { histMs, histogram, mergeHist, metricValue, quantileOfHist } from './lib/metrics-scrape.ts';
 import { reportRuns, type RunResult } from './lib/swarm-report.ts';
 
 const argv = process.argv.slice(2);
@@ -150,6 +152,8 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
   try {
     await cluster.start(swarmUrl, smallUrl, [...profilingNodeArgs(o.prof, o.heapDir), ...extraNodeArgs]);
     const { nats, trackerSpawnedAt } = cluster;
+    // --mesh-nice: the mesh's nodes yield the cores to the control plane, as nodes on their own machines would.
+    if (o.meshNice) for (const n of cluster.nodes) if (n.child.pid !== undefined) setPriority(n.child.pid, o.meshNice);
 
     const procs: ProcRef[] = [
       ...trackers.map((t, i) => ({ name: `tracker${i + 1}`, pid: () => t.child.pid })),
@@ -388,7 +392,10 @@ async function runOnce(binSpec: string, donorCount: number, donorProcs: number |
       // The CPU the tracker used during those picks: what the clock time has above it was waiting for a core.
       route_pick_tracker_cpu_p50_ms: quantileOfHist(pickCpuHist, 0.5) * 1000,
       route_pick_tracker_cpu_p99_ms: quantileOfHist(pickCpuHist, 0.99) * 1000,
+      route_pick_tracker_hist_ms: histMs(pickHist),
+      route_pick_tracker_cpu_hist_ms: histMs(pickCpuHist),
       sim_nice: o.simNice,
+      mesh_nice: o.meshNice,
       relay_kib_per_donor: relayRssGrowth / donorCount,
       tracker_rss_mib: rssAfter.tracker1! / 1024,
       relay_cpu_pct: (relayCpuMs / (windowS * 1000)) * 100,

@@ -54,3 +54,8 @@ export function quantileOfHist(h: Hist, q: number): number {
   for (const [le, v] of h.buckets) if (v >= q * h.count) return le;
   return Infinity;
 }
+
+/** The histogram's buckets with their bounds in ms (JSON has no Infinity: the last bucket's bound is null). */
+export function histMs(h: Hist): Array<[number | null, number]> {
+  return h.buckets.map(([le, v]) => [Number.isFinite(le) ? Math.round(le * 1e6) / 1e3 : null, v]);
+}

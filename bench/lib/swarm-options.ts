@@ -67,6 +67,8 @@ export interface SwarmOptions {
    * share two cores with the trackers, and a positive value lets the trackers run first when both want a core.
    */
   simNice: number;
+  /** The 3-node mesh's processes' nice value (--mesh-nice). */
+  meshNice: number;
 }
 
 export function parseSwarmOptions(argv: string[]): SwarmOptions {
@@ -109,12 +111,13 @@ export function parseSwarmOptions(argv: string[]): SwarmOptions {
     out: opt('out') ?? fileURLToPath(new URL('../results/swarm.json', import.meta.url)),
     bins: opts('bin').length ? opts('bin') : [fileURLToPath(new URL('../../bin/meshnet.js', import.meta.url))],
     donorsPerBin: flag('donors-per-bin'),
-    simNice: niceValue(opt('sim-nice')),
+    simNice: niceValue('sim-nice', opt('sim-nice')),
+    meshNice: niceValue('mesh-nice', opt('mesh-nice')),
   };
 }
 
-function niceValue(v: string | undefined): number {
+function niceValue(flagName: string, v: string | undefined): number {
   const n = Number(v ?? 0);
-  if (!Number.isInteger(n) || n < 0 || n > 19) throw new Error(`--sim-nice: an integer from 0 to 19, not ${v}`);
+  if (!Number.isInteger(n) || n < 0 || n > 19) throw new Error(`--${flagName}: an integer from 0 to 19, not ${v}`);
   return n;
 }

@@ -64,8 +64,12 @@ export interface RunResult {
   /** The tracker process's CPU time during its route picks (bucket bounds): the pick's work, without its waits for a core. */
   route_pick_tracker_cpu_p50_ms: number;
   route_pick_tracker_cpu_p99_ms: number;
-  /** The donor processes' nice value (--sim-nice). */
+  /** The window's route picks by bucket, summed over the trackers: [upper bound in ms (null: +Inf), picks at or under it] (cumulative). */
+  route_pick_tracker_hist_ms: Array<[number | null, number]>;
+  route_pick_tracker_cpu_hist_ms: Array<[number | null, number]>;
+  /** The donor processes' nice value (--sim-nice), and the 3-node mesh's (--mesh-nice). */
   sim_nice: number;
+  mesh_nice: number;
   relay_kib_per_donor: number;
   tracker_rss_mib: number;
   relay_cpu_pct: number;
