@@ -11,9 +11,9 @@
  * (or to `to`, when it ends later: X-Meshnet-End-Layer), costing a hop's
  * network latency + its compute (layer_ms × layers) × (1 + its load). The
  * boundaries form a DAG, so shortest paths are a single pass in boundary
- * order (Dijkstra without a heap); we keep the K cheapest per boundary so
- * traffic can be spread over near-optimal routes in proportion to their
- * throughput instead of piling on the single fastest chain.
+ * order; we keep the K cheapest per boundary so traffic can be spread over
+ * near-optimal routes in proportion to their throughput instead of piling
+ * on the single fastest chain.
  */
 
 export interface ServingNode {
@@ -67,57 +67,143 @@ function planOf(p: Partial): RoutePlan {
   return { hops: hops.reverse(), costMs: p.costMs };
 }
 
-/** Insert into a list sorted by cost, after its equals, keeping at most `keep`. */
-function insertKept(into: Partial[], r: Partial, keep: number): void {
-  let k = into.length;
-  while (k > 0 && into[k - 1]!.costMs > r.costMs) k--;
-  if (k >= keep) return;
-  into.splice(k, 0, r);
-  if (into.length > keep) into.length = keep;
+function perLayer(n: ServingNode): number {
+  return n.layerMs * (1 + Math.max(0, n.load));
+}
+
+function sortedByCost(nodes: readonly ServingNode[]): boolean {
+  for (let k = 1; k < nodes.length; k++) if (perLayer(nodes[k]!) < perLayer(nodes[k - 1]!)) return false;
+  return true;
+}
+
+/** A span's nodes, cheapest per layer first (so their hop costs over any stretch rise with the index). */
+interface SpanNodes {
+  start: number;
+  end: number;
+  nodes: ServingNode[];
+}
+
+/**
+ * One way into a boundary not yet taken: route `i` of boundary `b` extended
+ * by node `j` of span `g`. Ties between equal costs go by (b, g, i, j), the
+ * order the search took them in when it pushed every pair, so the routes
+ * kept (and which of equal routes is kept) are the same.
+ */
+interface Step {
+  costMs: number;
+  b: number;
+  g: number;
+  i: number;
+  j: number;
+}
+
+function before(x: Step, y: Step): boolean {
+  if (x.costMs !== y.costMs) return x.costMs < y.costMs;
+  if (x.b !== y.b) return x.b < y.b;
+  if (x.g !== y.g) return x.g < y.g;
+  if (x.i !== y.i) return x.i < y.i;
+  return x.j < y.j;
+}
+
+/** A binary min-heap of steps; a few hundred at most, so a plain array. */
+class StepHeap {
+  /** Takes `steps` over, as a heap built in place (linear time, not a push each). */
+  constructor(private readonly a: Step[]) {
+    for (let k = (a.length >> 1) - 1; k >= 0; k--) this.down(k, a[k]!);
+  }
+  get size(): number {
+    return this.a.length;
+  }
+  push(s: Step): void {
+    const a = this.a;
+    let k = a.length;
+    a.push(s);
+    while (k > 0) {
+      const up = (k - 1) >> 1;
+      if (!before(s, a[up]!)) break;
+      a[k] = a[up]!;
+      k = up;
+    }
+    a[k] = s;
+  }
+  pop(): Step {
+    const a = this.a;
+    const top = a[0]!;
+    const last = a.pop()!;
+    if (a.length > 0) this.down(0, last);
+    return top;
+  }
+  /** Settles `s` at slot `k` or below. */
+  private down(k: number, s: Step): void {
+    const a = this.a;
+    for (;;) {
+      let c = 2 * k + 1;
+      if (c >= a.length) break;
+      if (c + 1 < a.length && before(a[c + 1]!, a[c]!)) c++;
+      if (!before(a[c]!, s)) break;
+      a[k] = a[c]!;
+      k = c;
+    }
+    a[k] = s;
+  }
 }
 
 /**
  * The K cheapest routes covering [from, to), cheapest first; empty when no
- * chain exists. Nodes of one span are taken cheapest first, and a node (or a
- * route so far) that cannot beat the K-th route already found ends the
- * search along it: with thousands of nodes of a few spans the search looks
- * at a handful of each, not every pair of route and node.
+ * chain exists. Boundaries are settled in order: the routes into boundary e
+ * are the K cheapest of (a route into some b < e) + (a node whose span runs
+ * from at or before b to e). For one span and one b those sums form a table
+ * sorted along both sides (routes into b cheapest first, the span's nodes
+ * cheapest first), so a heap holding each table's next cell yields them in
+ * cost order and stops after K: the search takes about K cells per boundary
+ * and one per (span, b), whether a span holds 10 nodes or 2,000.
  */
 export function findRoutes(nodes: readonly ServingNode[], from: number, to: number, costs: RoutingCosts): RoutePlan[] {
   const keep = costs.keep ?? 16;
   const lat = costs.hopLatencyMs;
-  // Nodes by span, each span's nodes by their cost per layer (the order of their hop costs over any stretch).
-  const bySpan = new Map<string, { start: number; end: number; nodes: Array<{ n: ServingNode; perLayer: number }> }>();
+  // Nodes by span, in the order spans first appear; each span's nodes by their cost per layer.
+  const bySpan = new Map<number, SpanNodes>();
   for (const n of nodes) {
     if (n.end <= from || n.start >= to) continue;
-    const key = `${n.start}:${n.end}`;
+    const key = n.start * 0x10000 + n.end;
     let g = bySpan.get(key);
     if (!g) bySpan.set(key, (g = { start: n.start, end: n.end, nodes: [] }));
-    g.nodes.push({ n, perLayer: n.layerMs * (1 + Math.max(0, n.load)) });
+    g.nodes.push(n);
   }
-  const groups = [...bySpan.values()];
-  for (const g of groups) g.nodes.sort((a, b) => a.perLayer - b.perLayer);
+  const groups: SpanNodes[] = [];
+  const ending: number[][] = Array.from({ length: to + 1 }, () => []);
+  for (const g of bySpan.values()) {
+    // Array sort is stable: equal nodes keep the order they came in. The tracker's candidates come sorted already.
+    if (!sortedByCost(g.nodes)) g.nodes.sort((x, y) => perLayer(x) - perLayer(y));
+    ending[Math.min(g.end, to)]!.push(groups.length);
+    groups.push(g);
+  }
   const best: Partial[][] = Array.from({ length: to + 1 }, () => []);
   best[from] = [{ costMs: 0, hop: null, prev: null }];
-  for (let b = from; b < to; b++) {
-    const here = best[b]!;
-    if (here.length === 0) continue;
-    for (const g of groups) {
-      if (!(g.start <= b && b < g.end)) continue;
-      const e = Math.min(g.end, to);
-      const into = best[e]!;
-      const cheapest = hopCostMs(g.nodes[0]!.n, b, e, lat);
-      for (const p of here) {
-        // `here` is cheapest first: once even the cheapest node cannot make the cut, no later route can.
-        if (into.length >= keep && p.costMs + cheapest >= into[keep - 1]!.costMs) break;
-        for (const { n } of g.nodes) {
-          const c = p.costMs + hopCostMs(n, b, e, lat);
-          if (into.length >= keep && c >= into[keep - 1]!.costMs) break;
-          // A node appears once per route: a second visit would mean reusing its KV session twice.
-          if (holds(p, n.id)) continue;
-          insertKept(into, { costMs: c, hop: { id: n.id, start: b, end: e }, prev: p }, keep);
-        }
+  for (let e = from + 1; e <= to; e++) {
+    const spans = ending[e]!;
+    if (spans.length === 0) continue;
+    const first: Step[] = [];
+    for (const g of spans) {
+      const span = groups[g]!;
+      for (let b = Math.max(span.start, from); b < e; b++) {
+        const here = best[b]!;
+        if (here.length > 0) first.push({ costMs: here[0]!.costMs + hopCostMs(span.nodes[0]!, b, e, lat), b, g, i: 0, j: 0 });
       }
+    }
+    const heap = new StepHeap(first);
+    const into = best[e]!;
+    while (into.length < keep && heap.size > 0) {
+      const s = heap.pop();
+      const span = groups[s.g]!;
+      const here = best[s.b]!;
+      const p = here[s.i]!;
+      const n = span.nodes[s.j]!;
+      // A node appears once per route: a second visit would mean reusing its KV session twice.
+      if (!holds(p, n.id)) into.push({ costMs: s.costMs, hop: { id: n.id, start: s.b, end: e }, prev: p });
+      // Each cell has one way in (from its left, or from above in the first column), so none is taken twice.
+      if (s.j + 1 < span.nodes.length) heap.push({ costMs: p.costMs + hopCostMs(span.nodes[s.j + 1]!, s.b, e, lat), b: s.b, g: s.g, i: s.i, j: s.j + 1 });
+      if (s.j === 0 && s.i + 1 < here.length) heap.push({ costMs: here[s.i + 1]!.costMs + hopCostMs(span.nodes[0]!, s.b, e, lat), b: s.b, g: s.g, i: s.i + 1, j: 0 });
     }
   }
   return best[to]!.map(planOf);
