@@ -154,6 +154,11 @@ export class SpanGroup<N> {
     return this.items;
   }
 
+  /** The cost `nodes[i]` was put in with (what routing ranks it by, kept beside it so a pick need not work it out again). */
+  costAt(i: number): number {
+    return this.costs[i]!;
+  }
+
   /** First index whose cost is above `cost` (after its equals: insertion order among equals). */
   private upper(cost: number): number {
     let lo = 0;

@@ -342,6 +342,11 @@ export class NodeRegistry {
     return !n.draining && !this.excluded(n.peerId);
   }
 
+  /** {@link routable} for one pick's nodes: with no exclusion in force, no lookup per node. */
+  routableNow(): (n: NodeRecord) => boolean {
+    return this.anyExcluded() ? (n) => this.routable(n) : (n) => !n.draining;
+  }
+
   /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. O(nodes): routing uses {@link routeCandidates}. */
   servingNodes(model: string, exclude?: ReadonlySet<string>, keep?: (n: NodeRecord) => boolean): ServingNode[] {
     return this.routing.servingNodes(model, exclude, keep);

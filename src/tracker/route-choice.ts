@@ -9,7 +9,7 @@ import type { ModelSpec } from './model-registry.ts';
 import type { NodeRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
 import type { ModelPlacement } from './placement.ts';
-import { findRoutes, formatLayers, pickRoute, type RoutePlan, type ServingNode } from './routing.ts';
+import { findRoutes, formatLayers, perLayerMs, pickRoute, type RoutePlan, type ServingNode } from './routing.ts';
 
 /** Routes kept per boundary (routing.ts) and so the nodes of one span routing needs at most. */
 const ROUTES_KEPT = 16;
@@ -19,6 +19,8 @@ export interface RouteSource {
   model(name: string): ModelSpec;
   placement(modelName: string): ModelPlacement<NodeRecord>;
   routable(n: NodeRecord): boolean;
+  /** {@link routable} for the nodes of one pick: the same answers, with what holds for all of them asked once. */
+  routableNow(): (n: NodeRecord) => boolean;
   layerMs(n: NodeRecord): number;
   kvNeed(n: NodeRecord, tokens: number): number;
   kvFree(n: NodeRecord): number;
@@ -33,7 +35,7 @@ export class RouteChoice {
   ) {}
 
   private servingNode(n: NodeRecord): ServingNode {
-    return { id: n.peerId, start: n.serving!.start, end: n.serving!.end, layerMs: this.reg.layerMs(n), load: (n.stats?.queue_depth ?? 0) + n.inFlight };
+    return { id: n.peerId, start: n.serving!.start, end: n.serving!.end, perLayerMs: perLayerMs(this.reg.layerMs(n), (n.stats?.queue_depth ?? 0) + n.inFlight) };
   }
 
   /** Nodes of `model` that serve a span now (and pass `keep`), as routing sees them. O(nodes): routing uses {@link routeCandidates}. */
@@ -58,13 +60,18 @@ export class RouteChoice {
    */
   routeCandidates(model: string, exclude?: ReadonlySet<string>, keep?: (n: NodeRecord) => boolean): ServingNode[] {
     const out: ServingNode[] = [];
+    const routable = this.reg.routableNow();
     for (const g of this.reg.placement(model).groups.values()) {
+      const { start, end } = g.span;
+      const nodes = g.nodes;
       // Cheapest first: the first K that pass are the K cheapest that pass.
       let taken = 0;
-      for (const n of g.nodes) {
-        if (exclude?.has(n.peerId) || !this.reg.routable(n) || (keep && !keep(n))) continue;
-        out.push(this.servingNode(n));
-        if (++taken === ROUTES_KEPT) break;
+      for (let i = 0; i < nodes.length && taken < ROUTES_KEPT; i++) {
+        const n = nodes[i]!;
+        if (exclude?.has(n.peerId) || !routable(n) || (keep && !keep(n))) continue;
+        // The group's own copy of the node's cost: with thousands of donors, their records are mostly out of the CPU's caches.
+        out.push({ id: n.peerId, start, end, perLayerMs: g.costAt(i) });
+        taken++;
       }
     }
     return out;

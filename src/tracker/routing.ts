@@ -21,10 +21,17 @@ export interface ServingNode {
   start: number;
   /** Exclusive. */
   end: number;
-  /** ms per layer per decode step. */
-  layerMs: number;
-  /** Requests waiting at the node (its queue + what this tracker has in flight through it). */
-  load: number;
+  /**
+   * What one layer of a decode step costs through it: its ms per layer ×
+   * (1 + its load), the load being the requests waiting at the node (its
+   * queue + what this tracker has in flight through it). {@link perLayerMs}.
+   */
+  perLayerMs: number;
+}
+
+/** A node's cost per layer, from its speed and its load (negative load counts as none). */
+export function perLayerMs(layerMs: number, load: number): number {
+  return layerMs * (1 + Math.max(0, load));
 }
 
 export interface PlannedHop {
@@ -46,7 +53,7 @@ export interface RoutingCosts {
 }
 
 export function hopCostMs(n: ServingNode, start: number, end: number, hopLatencyMs: number): number {
-  return hopLatencyMs + n.layerMs * (end - start) * (1 + Math.max(0, n.load));
+  return hopLatencyMs + n.perLayerMs * (end - start);
 }
 
 /** A route being built: the last hop and the route before it (routes share their prefixes). */
@@ -67,12 +74,8 @@ function planOf(p: Partial): RoutePlan {
   return { hops: hops.reverse(), costMs: p.costMs };
 }
 
-function perLayer(n: ServingNode): number {
-  return n.layerMs * (1 + Math.max(0, n.load));
-}
-
 function sortedByCost(nodes: readonly ServingNode[]): boolean {
-  for (let k = 1; k < nodes.length; k++) if (perLayer(nodes[k]!) < perLayer(nodes[k - 1]!)) return false;
+  for (let k = 1; k < nodes.length; k++) if (nodes[k]!.perLayerMs < nodes[k - 1]!.perLayerMs) return false;
   return true;
 }
 
@@ -174,7 +177,7 @@ export function findRoutes(nodes: readonly ServingNode[], from: number, to: numb
   const ending: number[][] = Array.from({ length: to + 1 }, () => []);
   for (const g of bySpan.values()) {
     // Array sort is stable: equal nodes keep the order they came in. The tracker's candidates come sorted already.
-    if (!sortedByCost(g.nodes)) g.nodes.sort((x, y) => perLayer(x) - perLayer(y));
+    if (!sortedByCost(g.nodes)) g.nodes.sort((x, y) => x.perLayerMs - y.perLayerMs);
     ending[Math.min(g.end, to)]!.push(groups.length);
     groups.push(g);
   }

@@ -3,11 +3,11 @@ import { Identity } from '../../src/net/identity.ts';
 import { replaceAnswerSchema, routeSchema } from '../../src/protocol/tracker.ts';
 import { decodeBase64 } from '../../src/protocol/base64.ts';
 import { verifyChainReply } from '../../src/node/tracker-client.ts';
-import { findRoutes, missingLayers, pickRoute, type ServingNode } from '../../src/tracker/routing.ts';
+import { findRoutes, missingLayers, perLayerMs, pickRoute, type ServingNode } from '../../src/tracker/routing.ts';
 import { signBody, verifyRoute } from '../../src/tracker/signing.ts';
 import { FakeNode, makeTracker } from '../helpers/tracker.ts';
 
-const node = (id: string, start: number, end: number, layerMs = 1, load = 0): ServingNode => ({ id, start, end, layerMs, load });
+const node = (id: string, start: number, end: number, layerMs = 1, load = 0): ServingNode => ({ id, start, end, perLayerMs: perLayerMs(layerMs, load) });
 
 /** Register a node that already serves [start, end) (e.g. started with fixed layers). */
 async function serving(t: Awaited<ReturnType<typeof makeTracker>>, start: number, end: number, layerMs: number, extra: { endpoint?: string } = {}): Promise<FakeNode> {

@@ -14,7 +14,7 @@ import { bestMove, chooseSpan, chooseSpanIn, coverage, rebalance, type Rebalance
 import { serveApp } from '../../src/tracker/http.ts';
 import { LoadMonitor } from '../../src/tracker/load.ts';
 import { NodeStatus } from '../../src/tracker/registry.ts';
-import { findRoutes, type ServingNode } from '../../src/tracker/routing.ts';
+import { findRoutes, perLayerMs, type ServingNode } from '../../src/tracker/routing.ts';
 import { naiveCoverage, naiveFindRoutes } from '../helpers/tracker-reference.ts';
 import { FakeNode, MIB, layerMib, makeTracker, smallSpec, type TestTracker } from '../helpers/tracker.ts';
 
@@ -23,7 +23,7 @@ const L = spec.numLayers;
 
 const servingNodeArb = fc
   .array(fc.record({ start: fc.integer({ min: 0, max: L - 1 }), len: fc.integer({ min: 1, max: L }), ms: fc.integer({ min: 1, max: 9 }), load: fc.integer({ min: 0, max: 3 }) }), { minLength: 1, maxLength: 40 })
-  .map((xs) => xs.map((x, i): ServingNode => ({ id: `n${i}`, start: x.start, end: Math.min(L, x.start + x.len), layerMs: x.ms + i * 1e-4, load: x.load })));
+  .map((xs) => xs.map((x, i): ServingNode => ({ id: `n${i}`, start: x.start, end: Math.min(L, x.start + x.len), perLayerMs: perLayerMs(x.ms + i * 1e-4, x.load) })));
 
 describe('route search over thousands of nodes', () => {
   it('finds the same K cheapest routes as trying every node at every boundary', () => {
