@@ -5,17 +5,24 @@
  * the budgets and formats bench/swarm.ts uses), each serving the span it was
  * assigned, with its own speed, queue and KV room. For each N it times, side
  * by side in one run:
- *   - now: `registry.pickWithRoom` (KV room checked on the K cheapest of each
- *     span, read off the span groups kept sorted by cost, then the K-best
- *     search and the draw);
+ *   - with room (`now` in the JSON): `registry.pickWithRoom` (KV room
+ *     checked on the K cheapest of each span, read off the span groups kept
+ *     sorted by cost, then the K-best search and the draw);
  *   - every node: the same pick over every serving node with room (the
  *     registry's O(N) list of serving nodes into the plain route search of
  *     test/helpers/tracker-reference.ts, as the tracker searched before it
  *     kept its sums: every node at every boundary).
  * Both pick among the same cheapest routes (test/tracker/scale.test.ts checks
  * the searches agree); the ratio is what keeping the groups sorted saves.
+ * It also times `registry.pick` (what `GET /api/route` does: no KV test).
  *
- *   npx tsx bench/route-pick.ts [--donors 1000,5000,10000] [--picks 2000]
+ * `--cold`: between two picks the registry takes 1,000 heartbeats of other
+ * donors and the process allocates ~1 MB, as a loaded tracker does between
+ * two route probes (~700 beats a second each), so the picks find the
+ * records out of the CPU's caches and young garbage about, as they do
+ * there; picks back to back read everything from cache.
+ *
+ *   npx tsx bench/route-pick.ts [--donors 1000,5000,10000] [--picks 2000] [--cold]
  */
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -37,10 +44,15 @@ const opt = (name: string) => {
 };
 const DONORS = (opt('donors') ?? '1000,5000,10000').split(',').map(Number);
 const PICKS = Number(opt('picks') ?? 2000);
+const COLD = argv.includes('--cold');
 const OUT = opt('out') ?? join(fileURLToPath(new URL('.', import.meta.url)), 'results', 'route-pick.json');
 
 
+/** Each donor's last heartbeat, so `--cold` can send the next. */
+const beats: NodeMessage[] = [];
+
 function swarm(n: number): NodeRegistry {
+  beats.length = 0;
   const o = resolveTrackerOptions({ logLevel: 'silent' });
   const spec = sizeModel('swarm', 'http://models.test/swarm', parseModelConfig(SWARM_CONFIG), o);
   const rnd = mulberry32(n);
@@ -59,19 +71,38 @@ function swarm(n: number): NodeRegistry {
     if (!rec.assignment) continue;
     const budget = mb * 1024 * 1024;
     const used = Math.floor(rnd() * 0.9 * budget);
-    reg.heartbeat({
+    const beat = {
       ...base,
       timestamp: now + 1,
       serving: { start_layer: rec.assignment.start, end_layer: rec.assignment.end },
       stats: { rpm: 0, layer_ms: 2 + rnd() * 20, queue_depth: Math.floor(rnd() * 3), kv_free_bytes: budget - used, tokens_served: 0, kv_budget_bytes: budget, kv_used_bytes: used, kv_bytes_per_token: 4096 },
-    } as NodeMessage);
+    } as NodeMessage;
+    reg.heartbeat(beat);
+    beats.push(beat);
   }
   return reg;
+}
+
+let beaten = 0;
+// Kept until the next round, as a tracker keeps recent requests a while.
+let _garbage: unknown[] = [];
+/** What a loaded tracker does between two picks (`--cold`). */
+function meanwhile(reg: NodeRegistry): void {
+  if (!COLD) return;
+  for (let k = 0; k < 1000; k++) {
+    const b = beats[beaten++ % beats.length]!;
+    const next = { ...b, timestamp: b.timestamp + 1, stats: { ...b.stats! } } as NodeMessage;
+    reg.heartbeat(next);
+    beats[(beaten - 1) % beats.length] = next;
+  }
+  _garbage = Array.from({ length: 20_000 }, (_, i) => ({ i, s: `x${i}` }));
 }
 
 interface Row {
   donors: number;
   serving: number;
+  pick_p50_us: number;
+  pick_p99_us: number;
   now_p50_us: number;
   now_p99_us: number;
   every_node_p50_us: number;
@@ -88,9 +119,15 @@ for (const n of DONORS) {
   const random = mulberry32(11);
   const fast: number[] = [];
   const slow: number[] = [];
-  // Alternate the two ways, so both see the same machine load.
+  const bare: number[] = [];
+  // Alternate the ways, so all see the same machine load.
   for (let i = 0; i < PICKS; i++) {
+    meanwhile(reg);
     let t0 = performance.now();
+    reg.pick('swarm');
+    bare.push((performance.now() - t0) * 1000);
+    meanwhile(reg);
+    t0 = performance.now();
     if (!reg.pickWithRoom('swarm', TOKENS)) throw new Error('no route with room');
     fast.push((performance.now() - t0) * 1000);
     if (i % 20 === 0) {
@@ -102,9 +139,12 @@ for (const n of DONORS) {
   }
   fast.sort((a, b) => a - b);
   slow.sort((a, b) => a - b);
+  bare.sort((a, b) => a - b);
   const row: Row = {
     donors: n,
     serving: reg.servingNodes('swarm').length,
+    pick_p50_us: quantile(bare, 0.5),
+    pick_p99_us: quantile(bare, 0.99),
     now_p50_us: quantile(fast, 0.5),
     now_p99_us: quantile(fast, 0.99),
     every_node_p50_us: quantile(slow, 0.5),
@@ -116,8 +156,8 @@ for (const n of DONORS) {
 }
 
 printTable(
-  `route pick with KV room, one process (${PICKS} picks per size; "every node": 1 in 20), shared 2-core machine`,
-  ['donors', 'serving', 'now p50 µs', 'now p99 µs', 'every node p50 µs', 'every node p99 µs', 'every node / now (p50)'],
-  rows.map((r) => [r.donors, r.serving, r.now_p50_us, r.now_p99_us, r.every_node_p50_us, r.every_node_p99_us, r.ratio_p50]),
+  `route picks, one process (${PICKS} picks per size; "every node": 1 in 20; ${COLD ? 'cold: 1,000 beats and ~1 MB of garbage before each' : 'back to back'}), shared 2-core machine`,
+  ['donors', 'serving', 'pick p50 µs', 'pick p99 µs', 'with room p50 µs', 'with room p99 µs', 'every node p50 µs', 'every node p99 µs', 'every node / with room (p50)'],
+  rows.map((r) => [r.donors, r.serving, r.pick_p50_us, r.pick_p99_us, r.now_p50_us, r.now_p99_us, r.every_node_p50_us, r.every_node_p99_us, r.ratio_p50]),
 );
-writeResult(OUT, { bench: 'route-pick', picks: PICKS, tokens: TOKENS, runs: rows });
+writeResult(OUT, { bench: 'route-pick', picks: PICKS, tokens: TOKENS, cold: COLD, runs: rows });
