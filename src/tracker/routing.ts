@@ -89,8 +89,9 @@ interface SpanNodes {
 /**
  * One way into a boundary not yet taken: route `i` of boundary `b` extended
  * by node `j` of span `g`. Ties between equal costs go by (b, g, i, j), the
- * order the search took them in when it pushed every pair, so the routes
- * kept (and which of equal routes is kept) are the same.
+ * order a search pushing every route through every node tries them in (as
+ * this one did before the heap), so the same routes are kept, and the same
+ * one of two equal routes.
  */
 interface Step {
   costMs: number;
@@ -108,7 +109,7 @@ function before(x: Step, y: Step): boolean {
   return x.j < y.j;
 }
 
-/** A binary min-heap of steps; a few hundred at most, so a plain array. */
+/** A binary min-heap of steps: hundreds at most, so a plain array. */
 class StepHeap {
   /** Takes `steps` over, as a heap built in place (linear time, not a push each). */
   constructor(private readonly a: Step[]) {
@@ -202,7 +203,8 @@ export function findRoutes(nodes: readonly ServingNode[], from: number, to: numb
       const here = best[s.b]!;
       const p = here[s.i]!;
       const n = span.nodes[s.j]!;
-      // A node appears once per route: a second visit would mean reusing its KV session twice.
+      // A node appears once per route: a second visit would mean reusing its KV session twice. (A hop ends
+      // where its node's span ends, so only a node listed under two spans could come back.)
       if (!holds(p, n.id)) into.push({ costMs: s.costMs, hop: { id: n.id, start: s.b, end: e }, prev: p });
       // Each cell has one way in (from its left, or from above in the first column), so none is taken twice.
       if (s.j + 1 < span.nodes.length) heap.push({ costMs: p.costMs + hopCostMs(span.nodes[s.j + 1]!, s.b, e, lat), b: s.b, g: s.g, i: s.i, j: s.j + 1 });
