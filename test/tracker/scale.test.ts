@@ -49,6 +49,20 @@ describe('route search over thousands of nodes', () => {
     );
   });
 
+  it('finds the same K cheapest costs when many routes cost the same', () => {
+    // Whole-ms speeds and loads: ties everywhere. Ids are unique, so no route could hold a node twice (a hop
+    // ends where its node's span ends) and the K cheapest costs do not depend on which of equal routes is kept.
+    const tiedArb = fc
+      .array(fc.record({ start: fc.integer({ min: 0, max: L - 1 }), len: fc.integer({ min: 1, max: L }), ms: fc.integer({ min: 1, max: 3 }), load: fc.integer({ min: 0, max: 2 }) }), { minLength: 1, maxLength: 40 })
+      .map((xs) => xs.map((x, i): ServingNode => ({ id: `n${i}`, start: x.start, end: Math.min(L, x.start + x.len), perLayerMs: perLayerMs(x.ms, x.load) })));
+    fc.assert(
+      fc.property(tiedArb, fc.integer({ min: 0, max: 3 }), fc.integer({ min: 1, max: 16 }), fc.integer({ min: 0, max: L - 1 }), (nodes, lat, keep, from) => {
+        expect(findRoutes(nodes, from, L, { hopLatencyMs: lat, keep }).map((r) => r.costMs)).toEqual(naiveFindRoutes(nodes, from, L, lat, keep).map((r) => r.costMs));
+      }),
+      { numRuns: 300 },
+    );
+  });
+
   it('routes the registry picks from (the cheapest few of each span) give the routes of every serving node', async () => {
     const t = await makeTracker();
     // 120 nodes on a handful of spans, with speeds and loads that differ.
