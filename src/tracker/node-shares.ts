@@ -14,6 +14,7 @@ import type { Span } from './assignment.ts';
 import { NodeStatus, nodeStatus, sameSpan, type NodeRecord } from './node-record.ts';
 import type { TrackerOptions } from './options.ts';
 import type { Contribution, ModelPlacement } from './placement.ts';
+import { perLayerMs } from './routing.ts';
 import { drainCoverMs, type ShareCheck } from './sweep.ts';
 
 /** What a node's share reads of the registry. */
@@ -129,9 +130,9 @@ export class NodeShares {
     return (!n.draining || n.drainingSince === undefined || (now ?? this.o.now()) - n.drainingSince < drainCoverMs(this.o)) && !this.reg.excluded(n.peerId);
   }
 
-  /** The cost routing ranks a node by among the nodes of its span (routing.ts hopCostMs per layer). */
+  /** The cost routing ranks a node by among the nodes of its span, and reads off the group in a pick (routing.ts perLayerMs). */
   private routeCost(n: NodeRecord): number {
-    return this.reg.layerMs(n) * (1 + Math.max(0, (n.stats?.queue_depth ?? 0) + n.inFlight));
+    return perLayerMs(this.reg.layerMs(n), (n.stats?.queue_depth ?? 0) + n.inFlight);
   }
 }
 
